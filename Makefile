@@ -1,0 +1,47 @@
+# dspark-launch: `make test` sets everything up from nothing; `make demo` runs the main job.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.dspark-stack
+PYTEST_ARGS ?=
+
+.PHONY: test test-compat demo demo-down bench-cli venv testbed-deps clean
+
+venv: $(STAMP)
+
+# The CPU test stack. torch==2.13.0+cpu is not on PyPI: pip finds it through its own
+# configuration on these machines; elsewhere export PIP_EXTRA_INDEX_URL=<PyTorch's CPU index>.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[cpu,test]'
+	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm.config` beside torch+cpu.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+	@if [ -f tests/vllm_ray_cpu_plugin/pyproject.toml ]; then $(PY) -m pip install -q --no-deps -e tests/vllm_ray_cpu_plugin; fi
+	touch $(STAMP)
+
+# The two-node testbed needs sshd (Debian openssh-server) when run as root.
+testbed-deps:
+	@if [ "$$(id -u)" = 0 ] && [ ! -x /usr/sbin/sshd ]; then \
+		printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server; \
+		rc=$$?; rm -f /usr/sbin/policy-rc.d; exit $$rc; \
+	fi
+
+test: $(STAMP) testbed-deps
+	$(PY) -m pytest -m "not compat" $(PYTEST_ARGS)
+
+test-compat: $(STAMP)
+	$(PY) -m pytest -m compat $(PYTEST_ARGS)
+
+bench-cli: $(STAMP)
+	$(PY) bench/cli_startup.py
+
+demo: $(STAMP)
+	$(PY) -m dspark_launch config show --env-file .env.dspark.example
+	@echo
+	@echo "The full demo (two network-namespace nodes, real SSH, Ray and vLLM on CPU) arrives with the serving work."
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

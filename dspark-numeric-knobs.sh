@@ -1,0 +1,186 @@
+# shellcheck shell=bash
+# dspark-numeric-knobs.sh: the registry of every numeric knob dspark-launch reads.
+#
+# One `dspark_knob` line per knob is the single source of truth:
+#   dspark_knob NAME TYPE DEFAULT MIN MAX RANGE "DESCRIPTION"
+# TYPE  int   : optional sign, ASCII digits, base 10 ("010" is ten, never octal)
+#       float : optional sign, ASCII digits with at most one '.', no exponent
+# RANGE hard  : a value outside MIN..MAX is an error
+#       soft  : below MIN warns and uses DEFAULT; above MAX warns and uses MAX
+# `dspark_knob_alias ALIAS NAME` accepts ALIAS for NAME with a warning.
+#
+# The Python launcher parses these lines (it never executes this file).
+# Sourced by bash, the file validates every knob present in the environment and
+# exports its canonical value; bad input prints one line on stderr and the
+# source returns 2. Safe under `set -euo pipefail`.
+#
+# Value rules, identical in bash and Python: surrounding ASCII whitespace
+# (space, tab, CR, LF) is trimmed; blank means unset (the default); only ASCII
+# digits count, so non-ASCII digits such as "٣" are rejected. The canonical
+# form drops '+' and leading zeros; floats drop trailing fractional zeros and
+# always keep one fractional digit ("0.90" -> "0.9", "1" -> "1.0").
+
+# ---- the registry ----------------------------------------------------------
+_dspark_registry() {
+# Hotfix
+dspark_knob DSPARK_MAX_INFLIGHT_PREFILLS   int   1        1    3        soft "Requests allowed mid-prefill (partial prefill) at once; the scheduler hotfix caps it at 3"
+dspark_knob_alias DSPARKMAXINFLIGHTPREFILLS DSPARK_MAX_INFLIGHT_PREFILLS
+dspark_knob DSPARK_ISSUE43_SCHED_DIAG      int   0        0    1        hard "1 logs one scheduler diagnostics line per step (prefill/decode tokens, in-flight prefills)"
+# Serving
+dspark_knob MAX_NUM_SEQS                   int   6        1    1024     hard "vllm --max-num-seqs: requests running at once"
+dspark_knob MAX_NUM_BATCHED_TOKENS         int   8192     16   1048576  hard "vllm --max-num-batched-tokens: token budget of one scheduler step"
+dspark_knob LONG_PREFILL_TOKEN_THRESHOLD   int   1024     0    1048576  hard "vllm --long-prefill-token-threshold: most prompt tokens one request gets per step (0 = no limit)"
+dspark_knob MAX_MODEL_LEN                  int   1048576  16   4194304  hard "vllm --max-model-len: longest context in tokens"
+dspark_knob GPU_MEMORY_UTILIZATION         float 0.835    0.05 0.95     hard "vllm --gpu-memory-utilization: share of (unified) memory vLLM may take"
+dspark_knob ENABLE_PREFIX_CACHING          int   1        0    1        hard "1 passes --enable-prefix-caching to vllm serve"
+dspark_knob HF_HUB_OFFLINE                 int   0        0    1        hard "1 forbids Hugging Face hub downloads (model must be in the local cache or a path)"
+dspark_knob VLLM_PORT                      int   8888     1    65535    hard "TCP port of the OpenAI-compatible API"
+dspark_knob START_TIMEOUT_S                int   1800     10   86400    hard "seconds to wait for vllm serve to answer after launch"
+dspark_knob HEALTH_TIMEOUT_S               int   5        1    600      hard "seconds one health or status probe may take"
+# Cluster
+dspark_knob RAY_PORT                       int   6379     1    65535    hard "TCP port of the Ray head (GCS) on the fabric IP"
+dspark_knob RAY_OBJECT_STORE_MB            int   2048     80   1048576  hard "Ray object store per node, MiB (else Ray claims 30% of RAM)"
+dspark_knob GPUS_PER_NODE                  int   1        1    8        hard "GPUs each node must advertise to Ray (1 on a GB10)"
+dspark_knob SSH_PORT                       int   22       1    65535    hard "SSH port of the worker nodes"
+dspark_knob SSH_CONNECT_TIMEOUT_S          int   10       1    300      hard "seconds before an SSH connection attempt fails"
+dspark_knob CLUSTER_JOIN_TIMEOUT_S         int   120      5    3600     hard "seconds to wait for every node to join Ray"
+}
+
+# ---- validation (bash side) -------------------------------------------------
+# Prints the canonical form of a valid number of TYPE, or returns 1.
+_dspark_canonical() {
+  local type=$1 value=$2 sign="" int frac=""
+  case $value in
+    [+-]*) sign=${value:0:1}; value=${value:1} ;;
+  esac
+  [[ $sign == "+" ]] && sign=""
+  if [[ $type == int ]]; then
+    [[ $value =~ ^[0123456789]+$ ]] || return 1
+    int=$value
+  else
+    [[ $value =~ ^([0123456789]*)(\.([0123456789]*))?$ ]] || return 1
+    int=${BASH_REMATCH[1]} frac=${BASH_REMATCH[3]}
+    [[ -n $int$frac ]] || return 1
+    while [[ $frac == *0 ]]; do frac=${frac%0}; done
+    [[ -n $frac ]] || frac=0
+  fi
+  while [[ ${#int} -gt 1 && $int == 0* ]]; do int=${int#0}; done
+  [[ -n $int ]] || int=0
+  if [[ $int == 0 && ( -z $frac || $frac == 0 ) ]]; then sign=""; fi
+  if [[ $type == int ]]; then
+    printf '%s%s\n' "$sign" "$int"
+  else
+    printf '%s%s.%s\n' "$sign" "$int" "$frac"
+  fi
+}
+
+# Compares two canonical numbers without arithmetic (no overflow): prints -1, 0 or 1.
+_dspark_compare() {
+  local a=$1 b=$2 ai af bi bf
+  if [[ $a == -* && $b != -* ]]; then echo -1; return; fi
+  if [[ $a != -* && $b == -* ]]; then echo 1; return; fi
+  if [[ $a == -* ]]; then
+    # both negative: the larger magnitude is the smaller number
+    _dspark_compare "${b#-}" "${a#-}"; return
+  fi
+  ai=${a%%.*} bi=${b%%.*}
+  af="" bf=""
+  [[ $a == *.* ]] && af=${a#*.}
+  [[ $b == *.* ]] && bf=${b#*.}
+  if (( ${#ai} != ${#bi} )); then
+    (( ${#ai} < ${#bi} )) && echo -1 || echo 1; return
+  fi
+  if [[ $ai != "$bi" ]]; then
+    [[ $ai < $bi ]] && echo -1 || echo 1; return
+  fi
+  while (( ${#af} < ${#bf} )); do af+=0; done
+  while (( ${#bf} < ${#af} )); do bf+=0; done
+  if [[ $af == "$bf" ]]; then echo 0; elif [[ $af < $bf ]]; then echo -1; else echo 1; fi
+}
+
+_dspark_trim() {
+  local v=$1
+  v=${v#"${v%%[!$' \t\r\n']*}"}
+  v=${v%"${v##*[!$' \t\r\n']}"}
+  printf '%s' "$v"
+}
+
+# Validates one value; prints "CANONICAL" and warnings on stderr; returns 2 on error.
+_dspark_check_value() {
+  local name=$1 type=$2 default=$3 min=$4 max=$5 range=$6 raw=$7 source=$8 value canonical
+  value=$(_dspark_trim "$raw")
+  if [[ -z $value ]]; then
+    printf '%s\n' "$default"; return 0
+  fi
+  if ! canonical=$(_dspark_canonical "$type" "$value"); then
+    printf 'dspark: error: %s=%q from %s is not a base-10 %s; allowed: %s..%s\n' \
+      "$name" "$raw" "$source" "$([[ $type == int ]] && echo integer || echo decimal number)" "$min" "$max" >&2
+    return 2
+  fi
+  if [[ $(_dspark_compare "$canonical" "$min") == -1 ]]; then
+    if [[ $range == soft ]]; then
+      printf 'dspark: warning: %s=%s from %s is below %s; using the default %s\n' "$name" "$canonical" "$source" "$min" "$default" >&2
+      printf '%s\n' "$default"; return 0
+    fi
+    printf 'dspark: error: %s=%s from %s is below the minimum; allowed: %s..%s\n' "$name" "$canonical" "$source" "$min" "$max" >&2
+    return 2
+  fi
+  if [[ $(_dspark_compare "$canonical" "$max") == 1 ]]; then
+    if [[ $range == soft ]]; then
+      printf 'dspark: warning: %s=%s from %s is above %s; the scheduler caps it at %s\n' "$name" "$canonical" "$source" "$max" "$max" >&2
+      printf '%s\n' "$max"; return 0
+    fi
+    printf 'dspark: error: %s=%s from %s is above the maximum; allowed: %s..%s\n' "$name" "$canonical" "$source" "$min" "$max" >&2
+    return 2
+  fi
+  printf '%s\n' "$canonical"
+}
+
+declare -gA _DSPARK_KNOB_SPEC=()
+declare -gA _DSPARK_KNOB_ALIAS=()
+_dspark_status=0
+
+dspark_knob() {
+  _DSPARK_KNOB_SPEC[$1]="$2 $3 $4 $5 $6"
+}
+
+dspark_knob_alias() {
+  _DSPARK_KNOB_ALIAS[$1]=$2
+}
+
+# Validates every registered knob present in the environment and exports it.
+dspark_validate_environment() {
+  local name alias spec type default min max range canonical alias_value
+  local -A checked=()
+  for alias in "${!_DSPARK_KNOB_ALIAS[@]}"; do
+    name=${_DSPARK_KNOB_ALIAS[$alias]}
+    [[ -n ${!alias+x} ]] || continue
+    read -r type default min max range <<<"${_DSPARK_KNOB_SPEC[$name]}"
+    alias_value=$(_dspark_check_value "$alias" "$type" "$default" "$min" "$max" "$range" "${!alias}" environment) || return 2
+    if [[ -n ${!name+x} ]]; then
+      canonical=$(_dspark_check_value "$name" "$type" "$default" "$min" "$max" "$range" "${!name}" environment) || return 2
+      if [[ $canonical != "$alias_value" ]]; then
+        printf 'dspark: error: %s=%q and its alias %s=%q from environment disagree; set only %s\n' \
+          "$name" "${!name}" "$alias" "${!alias}" "$name" >&2
+        return 2
+      fi
+    fi
+    printf 'dspark: warning: %s is an alias; spell it %s\n' "$alias" "$name" >&2
+    export "$name=$alias_value"
+    checked[$name]=1
+  done
+  for name in "${!_DSPARK_KNOB_SPEC[@]}"; do
+    [[ -n ${!name+x} && -z ${checked[$name]+x} ]] || continue
+    read -r type default min max range <<<"${_DSPARK_KNOB_SPEC[$name]}"
+    canonical=$(_dspark_check_value "$name" "$type" "$default" "$min" "$max" "$range" "${!name}" environment) || return 2
+    export "$name=$canonical"
+  done
+}
+
+_dspark_registry
+dspark_validate_environment || _dspark_status=2
+if [[ $_dspark_status -ne 0 ]]; then
+  unset _dspark_status
+  return 2 2>/dev/null || exit 2
+fi
+unset _dspark_status

@@ -1,0 +1,112 @@
+"""`dspark config ...`: show, check, get and init the settings. Never imports ray, vllm or torch."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dspark_launch.cli.output import emit_json, fail, table, warn_all
+from dspark_launch.errors import EXIT_BAD_CONFIG, EXIT_FAILED, ConfigError, DsparkError
+
+app = typer.Typer(help="Show, check and initialise the configuration.", no_args_is_help=True)
+
+EnvFileOption = Annotated[
+    Optional[str],
+    typer.Option("--env-file", help="Env file to read (default: $DSPARK_ENV_FILE, ./.env.dspark, the example).",
+                 show_default=False),
+]
+
+
+def load_settings(env_file: str | None, strict: bool = False):
+    from dspark_launch.config.settings import resolve
+
+    try:
+        settings = resolve(env_file=env_file)
+    except DsparkError as error:
+        raise fail(error) from None
+    warn_all(settings.warnings)
+    if strict and settings.warnings:
+        raise fail(ConfigError(f"{len(settings.warnings)} warning(s) and --strict is set"))
+    return settings
+
+
+@app.command()
+def show(
+    env_file: EnvFileOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Every setting with its effective value, where it came from, and notes."""
+    settings = load_settings(env_file)
+    entries = list(settings.entries.values())
+    if as_json:
+        emit_json({
+            "env_file": str(settings.env_file),
+            "from_example": settings.from_example,
+            "settings": [
+                {"name": e.name, "value": e.shown, "source": e.source, "group": e.group,
+                 "secret": e.secret, "notes": list(e.notes)}
+                for e in entries
+            ],
+            "warnings": list(settings.warnings),
+        })
+        return
+    print(f"env file: {settings.env_file}{'  (example)' if settings.from_example else ''}")
+    for group in dict.fromkeys(e.group for e in entries):
+        rows = [(e.name, e.shown or '""', e.source, "; ".join(e.notes)) for e in entries if e.group == group]
+        print(f"\n[{group}]")
+        print(table(("NAME", "VALUE", "SOURCE", "NOTES"), rows, indent="  "))
+
+
+@app.command()
+def check(
+    env_file: EnvFileOption = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as errors.")] = False,
+) -> None:
+    """Exit 0 when the configuration is valid, 2 when it is not."""
+    settings = load_settings(env_file, strict=strict)
+    print(f"configuration OK: {len(settings.entries)} settings, env file {settings.env_file}")
+
+
+@app.command()
+def get(
+    name: Annotated[str, typer.Argument(help="Setting name, e.g. DSPARK_MAX_INFLIGHT_PREFILLS.")],
+    env_file: EnvFileOption = None,
+) -> None:
+    """The effective value of one setting, alone (secrets print as set/unset)."""
+    from dspark_launch.config.registry import load_registry
+
+    canonical = load_registry().aliases.get(name, name)
+    settings = load_settings(env_file)
+    if canonical not in settings.entries:
+        raise fail(ConfigError(f"{name}: no such setting; allowed: a name from `dspark config show`"))
+    print(settings.entries[canonical].shown)
+
+
+@app.command(hidden=True)
+def docs() -> None:
+    """Print the settings reference that docs/configuration.md embeds."""
+    from dspark_launch.config.docs import settings_reference
+
+    print(settings_reference(), end="")
+
+
+@app.command()
+def init(
+    path: Annotated[Path, typer.Option("--path", help="Where to write the env file.")] = Path(".env.dspark"),
+) -> None:
+    """Copy the example to .env.dspark with mode 0600; never overwrites."""
+    from dspark_launch.config.envfile import packaged_example
+
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise fail(DsparkError(f"{path} already exists; edit it, or remove it first")) from None
+    except OSError as exc:
+        raise fail(DsparkError(f"{path}: cannot create it ({exc.strerror})")) from None
+    with os.fdopen(fd, "wb") as out, open(packaged_example(), "rb") as example:
+        shutil.copyfileobj(example, out)
+    print(f"wrote {path} (mode 0600); set DSPARK_HEAD_IP, DSPARK_WORKER_HOSTS and DSPARK_FABRIC_IFNAME")

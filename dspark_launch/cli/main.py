@@ -1,0 +1,34 @@
+"""The `dspark` entry point: the root command and its sub-commands."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from dspark_launch import __version__
+from dspark_launch.cli import config_cmd
+
+app = typer.Typer(
+    name="dspark",
+    help="Serve DeepSeek-V4-Flash with vLLM over Ray across DGX Spark nodes.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(config_cmd.app, name="config")
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"dspark-launch {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        Optional[bool],
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = None,
+) -> None:
+    """Serve DeepSeek-V4-Flash with vLLM over Ray across DGX Spark nodes."""

@@ -1,0 +1,1 @@
+"""Configuration: the knob registry, env files, validation and the frozen settings."""

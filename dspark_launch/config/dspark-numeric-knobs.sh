@@ -1,0 +1,1 @@
+../../dspark-numeric-knobs.sh

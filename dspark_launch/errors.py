@@ -1,0 +1,22 @@
+"""Exit codes and the errors that carry them; one meaning everywhere."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_CONFIG = 2
+EXIT_ALREADY_RUNNING = 3
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+
+
+class DsparkError(Exception):
+    """An operator-facing failure: one line, and the exit code it maps to."""
+
+    exit_code = EXIT_FAILED
+
+
+class ConfigError(DsparkError):
+    """Bad configuration: nothing was started or written."""
+
+    exit_code = EXIT_BAD_CONFIG

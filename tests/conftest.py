@@ -1,0 +1,34 @@
+"""Shared fixtures. Helpers for the config tests live here; heavier ones in their own modules."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+REGISTRY_SH = REPO / "dspark-numeric-knobs.sh"
+
+
+def run_dspark(args, env=None, cwd=None, timeout=60):
+    """Run the real CLI in a subprocess, with a clean DSPARK_/knob-free environment plus `env`."""
+    base = {k: v for k, v in os.environ.items() if not _is_ours(k)}
+    base.update(env or {})
+    return subprocess.run([sys.executable, "-m", "dspark_launch", *args], capture_output=True, text=True,
+                          env=base, cwd=cwd or REPO, timeout=timeout)
+
+
+def _is_ours(name: str) -> bool:
+    from dspark_launch.config.registry import load_registry
+    from dspark_launch.config.settings import known_names
+
+    return name in known_names(load_registry()) or name.startswith("DSPARK")
+
+
+@pytest.fixture
+def clean_environ():
+    """An environment dict without any of our settings, for resolve(environ=...)."""
+    return {k: v for k, v in os.environ.items() if not _is_ours(k)}

@@ -1,0 +1,166 @@
+"""Resolving settings: precedence, env-file parsing, provenance, warnings and errors."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import strategies as st
+
+from dspark_launch.config.registry import load_registry
+from dspark_launch.config.settings import resolve
+from dspark_launch.errors import ConfigError
+
+
+def write(tmp_path, text: str | bytes, name=".env.dspark"):
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    path.chmod(0o600)
+    return path
+
+
+def test_precedence_cli_environment_file_default(tmp_path, clean_environ):
+    path = write(tmp_path, "VLLM_PORT=9000\nMAX_NUM_SEQS=8\nRAY_PORT=7000\n")
+    environ = {**clean_environ, "VLLM_PORT": "9100", "MAX_NUM_SEQS": "8"}
+    s = resolve(env_file=str(path), environ=environ, cli={"VLLM_PORT": ("9200", "--port")})
+    assert (s["VLLM_PORT"], s.entries["VLLM_PORT"].source) == ("9200", "CLI --port")
+    assert s["MAX_NUM_SEQS"] == "8" and s.entries["MAX_NUM_SEQS"].source == "environment"
+    assert s["RAY_PORT"] == "7000" and s.entries["RAY_PORT"].source == f"{path}:3"
+    assert s["MAX_NUM_BATCHED_TOKENS"] == "8192" and s.entries["MAX_NUM_BATCHED_TOKENS"].source == "default"
+
+
+def test_environment_overriding_the_file_warns_once(tmp_path, clean_environ):
+    path = write(tmp_path, "VLLM_PORT=9000\nMAX_NUM_SEQS=8\n")
+    s = resolve(env_file=str(path), environ={**clean_environ, "VLLM_PORT": "9100", "MAX_NUM_SEQS": "008"})
+    overrides = [w for w in s.warnings if "overrides" in w]
+    assert overrides == [f"VLLM_PORT from the environment overrides {path}:1 (9000 -> 9100)"]
+
+
+def test_bom_crlf_quotes_and_export(tmp_path, clean_environ):
+    path = write(tmp_path, b'\xef\xbb\xbfexport VLLM_PORT=9001\r\nMAX_NUM_SEQS="7"\r\n'
+                           b"DSPARK_SERVED_MODEL_NAME='tiny'\r\n# comment\r\nDSPARK_MAX_INFLIGHT_PREFILLS= 2 \r\n")
+    s = resolve(env_file=str(path), environ=clean_environ)
+    assert (s["VLLM_PORT"], s["MAX_NUM_SEQS"], s["DSPARK_SERVED_MODEL_NAME"]) == ("9001", "7", "tiny")
+    assert s["DSPARK_MAX_INFLIGHT_PREFILLS"] == "2"
+    assert s.entries["DSPARK_MAX_INFLIGHT_PREFILLS"].source == f"{path}:5"
+
+
+def test_env_file_is_never_executed(tmp_path, clean_environ):
+    marker = tmp_path / "pwned"
+    path = write(tmp_path, f"DSPARK_MODEL=$(touch {marker})\nVLLM_EXTRA_ARGS=`touch {marker}`\n")
+    s = resolve(env_file=str(path), environ=clean_environ)
+    assert not marker.exists()
+    assert s["DSPARK_MODEL"] == f"$(touch {marker})"
+
+
+def test_error_names_variable_value_file_line_and_allowed(tmp_path, clean_environ):
+    path = write(tmp_path, "# knobs\nMAX_NUM_SEQS=8\nDSPARK_MAX_INFLIGHT_PREFILLS=2.0\n")
+    with pytest.raises(ConfigError) as err:
+        resolve(env_file=str(path), environ=clean_environ)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "DSPARK_MAX_INFLIGHT_PREFILLS=2.0" in message and f"{path}:3" in message and "1..3" in message
+    assert err.value.exit_code == 2
+
+
+def test_cap_clamped_and_defaulted_with_notes(tmp_path, clean_environ):
+    s = resolve(env_file=str(write(tmp_path, "DSPARK_MAX_INFLIGHT_PREFILLS=64\n")), environ=clean_environ)
+    assert s["DSPARK_MAX_INFLIGHT_PREFILLS"] == "3"
+    assert "clamped" in s.entries["DSPARK_MAX_INFLIGHT_PREFILLS"].notes
+    assert any("caps it at 3" in w for w in s.warnings)
+    s = resolve(env_file=str(write(tmp_path, "DSPARK_MAX_INFLIGHT_PREFILLS=-1\n")), environ=clean_environ)
+    assert s["DSPARK_MAX_INFLIGHT_PREFILLS"] == "1"
+    assert any("using the default 1" in w for w in s.warnings)
+
+
+def test_alias_in_file_and_conflict(tmp_path, clean_environ):
+    s = resolve(env_file=str(write(tmp_path, "DSPARKMAXINFLIGHTPREFILLS=2\n")), environ=clean_environ)
+    assert s["DSPARK_MAX_INFLIGHT_PREFILLS"] == "2"
+    assert "alias DSPARKMAXINFLIGHTPREFILLS used" in s.entries["DSPARK_MAX_INFLIGHT_PREFILLS"].notes
+    assert any("spell it DSPARK_MAX_INFLIGHT_PREFILLS" in w for w in s.warnings)
+    path = write(tmp_path, "DSPARKMAXINFLIGHTPREFILLS=2\nDSPARK_MAX_INFLIGHT_PREFILLS=3\n")
+    with pytest.raises(ConfigError, match="disagree; set only DSPARK_MAX_INFLIGHT_PREFILLS"):
+        resolve(env_file=str(path), environ=clean_environ)
+
+
+def test_unknown_keys_get_did_you_mean(tmp_path, clean_environ):
+    path = write(tmp_path, "DSPARK_MAX_INFLIGHT_PREFILL=2\nMAX_NUM_SEQ=4\nUNRELATED=1\n")
+    s = resolve(env_file=str(path), environ={**clean_environ, "DSPARK_HEADIP": "1.2.3.4"})
+    text = "\n".join(s.warnings)
+    assert "DSPARK_MAX_INFLIGHT_PREFILL" in text and "did you mean DSPARK_MAX_INFLIGHT_PREFILLS?" in text
+    assert "did you mean MAX_NUM_SEQS?" in text
+    assert "did you mean DSPARK_HEAD_IP?" in text
+    assert "UNRELATED" not in text
+
+
+def test_secrets_never_shown(tmp_path, clean_environ):
+    path = write(tmp_path, "VLLM_API_KEY=sk-very-secret\n")
+    s = resolve(env_file=str(path), environ=clean_environ)
+    assert s.entries["VLLM_API_KEY"].shown == "set" and s.entries["DSPARK_API_KEYS"].shown == "unset"
+    assert "sk-very-secret" not in repr(s.public_values()) and "sk-very-secret" not in "".join(s.warnings)
+    bad = write(tmp_path, "VLLM_API_KEY=sk-hidden\\value\n")
+    with pytest.raises(ConfigError) as err:
+        resolve(env_file=str(bad), environ=clean_environ)
+    assert "sk-hidden" not in str(err.value) and "<redacted>" in str(err.value)
+
+
+def test_secret_file_readable_by_others_warns(tmp_path, clean_environ):
+    path = write(tmp_path, "VLLM_API_KEY=sk-x\n")
+    assert not any("chmod 600" in w for w in resolve(env_file=str(path), environ=clean_environ).warnings)
+    path.chmod(0o644)
+    assert any(f"chmod 600 {path}" in w for w in resolve(env_file=str(path), environ=clean_environ).warnings)
+
+
+def test_cross_knob_checks(tmp_path, clean_environ):
+    s = resolve(env_file=str(write(tmp_path, "LONG_PREFILL_TOKEN_THRESHOLD=0\n")), environ=clean_environ)
+    assert any("starve decode" in w for w in s.warnings)
+    s = resolve(env_file=str(write(tmp_path, "LONG_PREFILL_TOKEN_THRESHOLD=9000\n")), environ=clean_environ)
+    assert any("starve decode" in w for w in s.warnings)
+    s = resolve(env_file=str(write(tmp_path, "LONG_PREFILL_TOKEN_THRESHOLD=1024\n")), environ=clean_environ)
+    assert not any("starve decode" in w for w in s.warnings)
+    for text, fragment in (("VLLM_PORT=7000\nRAY_PORT=7000\n", "collides with RAY_PORT"),
+                           ("MAX_NUM_SEQS=64\nMAX_NUM_BATCHED_TOKENS=32\n", "below MAX_NUM_SEQS"),
+                           ("VLLM_API_KEY=a\nDSPARK_API_KEYS=b c\n", "both set"),
+                           ("DSPARK_WORKER_HOSTS=a b\nDSPARK_WORKER_IPS=10.0.0.2\n", "one fabric IP per worker")):
+        with pytest.raises(ConfigError, match=fragment):
+            resolve(env_file=str(write(tmp_path, text)), environ=clean_environ)
+
+
+def test_env_file_choice(tmp_path, clean_environ):
+    explicit = write(tmp_path, "VLLM_PORT=9001\n", "a.env")
+    other = write(tmp_path, "VLLM_PORT=9002\n", "b.env")
+    write(tmp_path, "VLLM_PORT=9003\n")
+    environ = {**clean_environ, "DSPARK_ENV_FILE": str(other)}
+    assert resolve(env_file=str(explicit), environ=environ, cwd=tmp_path)["VLLM_PORT"] == "9001"
+    assert resolve(environ=environ, cwd=tmp_path)["VLLM_PORT"] == "9002"
+    s = resolve(environ=clean_environ, cwd=tmp_path)
+    assert s["VLLM_PORT"] == "9003" and not s.from_example
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    s = resolve(environ=clean_environ, cwd=empty)
+    assert s.from_example and any("example" in w for w in s.warnings)
+    with pytest.raises(ConfigError, match="no such file"):
+        resolve(env_file=str(tmp_path / "missing"), environ=clean_environ)
+
+
+_LINE = st.one_of(
+    st.tuples(st.sampled_from([k.name for k in load_registry().knobs] + ["DSPARKMAXINFLIGHTPREFILLS",
+              "VLLM_HOST", "RAY_AUTH_MODE", "VLLM_API_KEY", "DSPARK_WORKER_IPS", "DSPARK_NOPE"]),
+              st.text(alphabet=" \t+-.0123456789abx\u0663'\"\\$#=", max_size=10)).map(lambda kv: f"{kv[0]}={kv[1]}"),
+    st.text(max_size=20),
+)
+
+
+@hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(_LINE, max_size=8), crlf=st.booleans(), bom=st.booleans())
+def test_random_env_files_give_settings_or_a_clean_config_error(tmp_path, clean_environ, lines, crlf, bom):
+    text = ("\r\n" if crlf else "\n").join(lines)
+    data = (b"\xef\xbb\xbf" if bom else b"") + text.encode("utf-8", "surrogatepass")
+    path = tmp_path / "random.env"
+    path.write_bytes(data)
+    try:
+        s = resolve(env_file=str(path), environ=clean_environ)
+    except ConfigError as error:
+        assert "\n" not in str(error) and str(error)
+        return
+    cap = int(s["DSPARK_MAX_INFLIGHT_PREFILLS"])
+    assert 1 <= cap <= 3

@@ -1,0 +1,47 @@
+"""The example env file documents every setting, with the registry's defaults."""
+
+from __future__ import annotations
+
+from dspark_launch.config.envfile import read_env_file
+from dspark_launch.config.registry import load_registry
+from dspark_launch.config.text_settings import TEXT_SETTINGS
+from tests.conftest import REPO
+
+EXAMPLE = REPO / ".env.dspark.example"
+# Placeholders an operator must replace; everything else must equal its default.
+PLACEHOLDERS = {"DSPARK_HEAD_IP", "DSPARK_WORKER_HOSTS", "DSPARK_FABRIC_IFNAME"}
+
+
+def test_every_knob_is_in_the_example_with_its_default():
+    values = read_env_file(EXAMPLE, True).values
+    for knob in load_registry().knobs:
+        assert knob.name in values, f"{knob.name} missing from {EXAMPLE.name}"
+        assert values[knob.name] == knob.default, f"{knob.name}: example {values[knob.name]!r}, registry {knob.default!r}"
+
+
+def test_every_text_setting_is_in_the_example():
+    values = read_env_file(EXAMPLE, True).values
+    for spec in TEXT_SETTINGS:
+        assert spec.name in values, f"{spec.name} missing from {EXAMPLE.name}"
+        if spec.name not in PLACEHOLDERS:
+            assert values[spec.name] == spec.default, spec.name
+    for name in PLACEHOLDERS:
+        assert values[name], f"{name} needs a placeholder in the example"
+
+
+def test_example_sets_nothing_unknown():
+    known = {k.name for k in load_registry().knobs} | {s.name for s in TEXT_SETTINGS}
+    assert set(read_env_file(EXAMPLE, True).values) <= known
+
+
+def test_example_groups_follow_the_registry_groups():
+    text = EXAMPLE.read_text()
+    for group in ("cluster", "fabric", "serving knobs", "hotfix", "security"):
+        assert f"# ---- {group} " in text
+
+
+def test_docs_reference_is_generated_from_the_registry():
+    from dspark_launch.config.docs import settings_reference
+
+    assert settings_reference() in (REPO / "docs" / "configuration.md").read_text(), \
+        "docs/configuration.md is stale: regenerate the block with `dspark config docs`"
