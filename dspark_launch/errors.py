@@ -20,3 +20,7 @@ class ConfigError(DsparkError):
     """Bad configuration: nothing was started or written."""
 
     exit_code = EXIT_BAD_CONFIG
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived; like KeyboardInterrupt, it unwinds through rollbacks."""

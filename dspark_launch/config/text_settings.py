@@ -58,6 +58,14 @@ def _ifname_list(value: str) -> str:
     return ",".join(names)
 
 
+def _env_names(value: str) -> str:
+    names = value.replace(",", " ").split()
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name, re.ASCII):
+            raise ValueError("space-separated environment variable names")
+    return " ".join(names)
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def check(value: str) -> str:
         if value not in allowed:
@@ -130,6 +138,9 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
     TextSetting("DSPARK_SSH_HOST_KEY_CHECK", "yes", "cluster",
                 "StrictHostKeyChecking for workers: yes, or accept-new to trust a first-seen key",
                 _choice("yes", "accept-new")),
+    TextSetting("DSPARK_FORWARD_ENV", "", "cluster",
+                "Names of variables passed from the launcher's environment to every node's Ray and to vllm serve",
+                _env_names),
     TextSetting("DSPARK_STATE_DIR", "", "cluster",
                 "State folder (pids, logs, Ray token); default $XDG_STATE_HOME/dspark"),
     # fabric

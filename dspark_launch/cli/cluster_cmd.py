@@ -1,0 +1,109 @@
+"""`dspark cluster up|down` and `dspark status`: the Ray half of the launcher."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Annotated
+
+import typer
+
+from dspark_launch.cli.config_cmd import EnvFileOption, load_settings
+from dspark_launch.cli.output import emit_json, fail, table
+from dspark_launch.cli.reporter import ConsoleReporter
+from dspark_launch.cli.signals import interruptible
+from dspark_launch.errors import EXIT_FAILED, DsparkError
+
+app = typer.Typer(help="Bring the Ray cluster up or down across the nodes.", no_args_is_help=True)
+
+
+def load_spec(env_file: str | None):
+    from dspark_launch.cluster.spec import cluster_spec
+
+    settings = load_settings(env_file)
+    try:
+        return settings, cluster_spec(settings)
+    except DsparkError as error:
+        raise fail(error) from None
+
+
+def _print_failure(error: DsparkError) -> None:
+    for line in getattr(error, "extra", []):
+        print(line, file=sys.stderr)
+
+
+def run_up(spec, reporter):
+    from dspark_launch.cluster.lifecycle import cluster_up
+
+    def interrupted(code: int) -> None:
+        print(f"dspark: interrupted; everything this run started was stopped (exit {code})", file=sys.stderr)
+
+    with interruptible(interrupted):
+        try:
+            return cluster_up(spec, reporter)
+        except DsparkError as error:
+            _print_failure(error)
+            if error.exit_code == EXIT_FAILED:
+                print(f"dspark: error: {error}", file=sys.stderr)
+                print(f"dspark: rolled back; logs in {spec.state_dir / 'logs'}", file=sys.stderr)
+                raise typer.Exit(EXIT_FAILED) from None
+            raise fail(error) from None
+
+
+@app.command()
+def up(env_file: EnvFileOption = None) -> None:
+    """Start Ray on every node, verify each node, and apply the scheduler hotfix everywhere."""
+    _, spec = load_spec(env_file)
+    reporter = ConsoleReporter()
+    result = run_up(spec, reporter)
+    print("version matrix:")
+    print("\n".join(result.matrix))
+    for name, report in result.state.hotfix.items():
+        status = report["status"]
+        print(f"hotfix {name}: {status['state']} (patch {status.get('patch_version')}, vLLM {status.get('vllm_version')})")
+    print(f"cluster up: {len(spec.nodes)} nodes, Ray at {spec.ray_address}")
+
+
+@app.command()
+def down(env_file: EnvFileOption = None) -> None:
+    """Stop what the launcher started on every node (never a machine-wide `ray stop`)."""
+    _, spec = load_spec(env_file)
+    run_down(spec)
+
+
+def run_down(spec) -> None:
+    from dspark_launch.cluster.lifecycle import cluster_down
+
+    try:
+        unreachable = cluster_down(spec, ConsoleReporter())
+    except DsparkError as error:
+        raise fail(error) from None
+    if unreachable:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def render_status(data: dict) -> str:
+    rows = []
+    for n in data["nodes"]:
+        versions = n.get("versions") or {}
+        rows.append((n["name"], n["ip"], "yes" if n["reachable"] else "NO", "alive" if n["ray_alive"] else "down",
+                     n.get("registered_ip") or "-", "-" if n.get("gpus") is None else f"{n['gpus']:g}",
+                     versions.get("vllm") or "-", versions.get("ray") or "-", n.get("hotfix") or "-"))
+    started = data.get("started_at")
+    since = f", up {time.time() - started:.0f} s" if started and data["state"] != "down" else ""
+    head = f"cluster: {data['state']} (Ray {data['ray_address']}{since})"
+    return head + "\n" + table(("NODE", "IP", "REACHABLE", "RAY", "REGISTERED", "GPUS", "VLLM", "RAY VER", "HOTFIX"),
+                               rows, indent="  ")
+
+
+def status_command(env_file: str | None, as_json: bool) -> None:
+    from dspark_launch.cluster.lifecycle import cluster_status
+
+    _, spec = load_spec(env_file)
+    data = cluster_status(spec)
+    if as_json:
+        emit_json(data)
+    else:
+        print(render_status(data))
+    if data["state"] in ("degraded",):
+        raise typer.Exit(EXIT_FAILED)

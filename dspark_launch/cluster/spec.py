@@ -1,0 +1,131 @@
+"""The cluster as the settings describe it: nodes, how to reach them, what each must carry."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dspark_launch.cluster.transport import LocalTransport, SSHTransport, Transport
+from dspark_launch.config.settings import Settings
+from dspark_launch.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str  # "head", "worker1", ...
+    ip: str  # fabric IP: Ray's --node-ip-address and VLLM_HOST_IP
+    ssh_host: str | None  # None for the head (local)
+    transport: Transport
+
+    @property
+    def is_head(self) -> bool:
+        return self.ssh_host is None
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.ip})"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    nodes: tuple[Node, ...]
+    ray_port: int
+    ray_address: str
+    fabric_ifname: str
+    node_env: tuple[tuple[str, str], ...]  # the fabric and NCCL settings every node's Ray gets
+    forward_env: tuple[str, ...]  # names passed from the launcher's environment to every node
+    gpus_per_node: int
+    object_store_bytes: int
+    auth_mode: str
+    dashboard: str
+    state_dir: Path
+    join_timeout_s: int
+    ssh_timeout_s: int
+    config_digest: str
+    auth_token: str = field(default="", repr=False)  # configured RAY_AUTH_TOKEN; else generated
+
+    @property
+    def head(self) -> Node:
+        return self.nodes[0]
+
+    @property
+    def workers(self) -> tuple[Node, ...]:
+        return self.nodes[1:]
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise ConfigError(f"--node {name}: no such node; allowed: {', '.join(n.name for n in self.nodes)}")
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "dspark"
+
+
+def state_dir_of(settings: Settings) -> Path:
+    return Path(settings["DSPARK_STATE_DIR"]).expanduser() if settings["DSPARK_STATE_DIR"] else default_state_dir()
+
+
+def _require_real_hosts(settings: Settings) -> None:
+    for name in ("DSPARK_HEAD_IP", "DSPARK_WORKER_HOSTS", "DSPARK_FABRIC_IFNAME"):
+        entry = settings.entries[name]
+        if settings.from_example and entry.source.startswith(str(settings.env_file)):
+            raise ConfigError(
+                f"{name}={entry.value} from {entry.source} is a placeholder from the example file; "
+                "allowed: your own hosts: run `dspark config init` and set them in .env.dspark")
+        if not entry.value:
+            raise ConfigError(f"{name} is not set ({entry.source}); allowed: see .env.dspark.example")
+
+
+def cluster_spec(settings: Settings) -> ClusterSpec:
+    """The nodes to contact; refuses placeholders so nothing reaches an address nobody configured."""
+    _require_real_hosts(settings)
+    hosts = settings["DSPARK_WORKER_HOSTS"].split()
+    ips = settings["DSPARK_WORKER_IPS"].split() or [h.rsplit("@", 1)[-1].strip("[]") for h in hosts]
+    for host, ip in zip(hosts, ips):
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            raise ConfigError(f"DSPARK_WORKER_IPS: worker {host} has no fabric IP "
+                              f"({settings.entries['DSPARK_WORKER_IPS'].source}); allowed: one IP per worker") from None
+    head_ip = settings["DSPARK_HEAD_IP"]
+    if head_ip in ips or len(set(ips)) != len(ips):
+        raise ConfigError(f"DSPARK_WORKER_IPS={' '.join(ips)}: every node needs its own fabric IP "
+                          f"(head {head_ip}); allowed: distinct addresses")
+    python = settings["DSPARK_WORKER_PYTHON"] or sys.executable
+    ssh = dict(port=settings.int("SSH_PORT"), user=settings["DSPARK_SSH_USER"], key=settings["DSPARK_SSH_KEY"],
+               host_key_check=settings["DSPARK_SSH_HOST_KEY_CHECK"],
+               connect_timeout=settings.int("SSH_CONNECT_TIMEOUT_S"),
+               extra_options=tuple(shlex.split(settings["DSPARK_SSH_OPTIONS"])))
+    nodes = [Node("head", head_ip, None, LocalTransport())]
+    for index, (host, ip) in enumerate(zip(hosts, ips), start=1):
+        nodes.append(Node(f"worker{index}", ip, host, SSHTransport(host=host.rsplit("@", 1)[-1], python=python,
+                                                                     **{**ssh, "user": _user(host, ssh["user"])})))
+    ifname = settings["DSPARK_FABRIC_IFNAME"]
+    node_env = [(var, settings[var] or ifname) for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")]
+    if settings["NCCL_IB_HCA"]:
+        node_env += [("NCCL_IB_HCA", settings["NCCL_IB_HCA"]), ("NCCL_IB_DISABLE", "0")]
+    port = settings.int("RAY_PORT")
+    return ClusterSpec(
+        nodes=tuple(nodes), ray_port=port, ray_address=f"{_bracket(head_ip)}:{port}", fabric_ifname=ifname,
+        node_env=tuple(node_env), forward_env=tuple(settings["DSPARK_FORWARD_ENV"].split()),
+        gpus_per_node=settings.int("GPUS_PER_NODE"),
+        object_store_bytes=settings.int("RAY_OBJECT_STORE_MB") * 1024 * 1024,
+        auth_mode=settings["RAY_AUTH_MODE"], dashboard=settings["DSPARK_RAY_DASHBOARD"],
+        state_dir=state_dir_of(settings), join_timeout_s=settings.int("CLUSTER_JOIN_TIMEOUT_S"),
+        ssh_timeout_s=settings.int("SSH_CONNECT_TIMEOUT_S"), config_digest=settings.digest(),
+        auth_token=settings["RAY_AUTH_TOKEN"])
+
+
+def _user(host: str, default: str) -> str:
+    return host.split("@", 1)[0] if "@" in host else default
+
+
+def _bracket(ip: str) -> str:
+    return f"[{ip}]" if ":" in ip else ip

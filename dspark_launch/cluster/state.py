@@ -1,0 +1,141 @@
+"""The state folder (mode 0700): what this launcher started, where, and the lock.
+
+Nothing secret is written to `state.json`; the Ray token has its own 0600 file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from dspark_launch.errors import ConfigError, DsparkError
+
+STATE_FILE = "state.json"
+LOCK_FILE = "lock"
+TOKEN_FILE = "ray-auth-token"
+
+
+class LockHeld(DsparkError):
+    """Another launcher holds the state folder's lock."""
+
+
+@dataclass
+class NodeRecord:
+    name: str
+    ip: str
+    ssh_host: str | None
+    marker: str  # DSPARK_OWNER value of every process we started on this node
+    processes: list[dict] = field(default_factory=list)  # {pid, start_time, cmd}
+    ray_temp_dir: str = ""
+    ray_log: str = ""
+
+
+@dataclass
+class ClusterState:
+    ray_address: str
+    config_digest: str
+    started_at: float
+    launcher_version: str
+    nodes: list[NodeRecord]
+    hotfix: dict = field(default_factory=dict)  # node name -> report
+    versions: dict = field(default_factory=dict)  # node name -> version row
+    server: dict = field(default_factory=dict)  # filled by the serve layer
+
+    def node(self, name: str) -> NodeRecord | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+
+def ensure_state_dir(path: Path) -> Path:
+    """Create the folder 0700, or fail with one line before anything starts."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(path, 0o700)
+        probe = path / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"DSPARK_STATE_DIR={path}: not writable ({exc.strerror}); "
+                          "allowed: a folder this user can create and write") from None
+    return path
+
+
+def _write_private(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def save_state(state_dir: Path, state: ClusterState) -> None:
+    _write_private(state_dir / STATE_FILE, json.dumps(asdict(state), indent=2) + "\n")
+
+
+def load_state(state_dir: Path) -> ClusterState | None:
+    try:
+        data = json.loads((state_dir / STATE_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    data["nodes"] = [NodeRecord(**node) for node in data["nodes"]]
+    return ClusterState(**data)
+
+
+def clear_state(state_dir: Path) -> None:
+    try:
+        (state_dir / STATE_FILE).unlink()
+    except FileNotFoundError:
+        pass
+
+
+def ray_token(state_dir: Path, configured: str) -> str:
+    """The configured token, else the one generated at first start (kept 0600)."""
+    if configured:
+        return configured
+    path = state_dir / TOKEN_FILE
+    if path.is_file():
+        return path.read_text().strip()
+    token = secrets.token_hex(32)
+    _write_private(path, token + "\n")
+    return token
+
+
+@contextmanager
+def state_lock(state_dir: Path) -> Iterator[None]:
+    """flock on the state folder; a second launcher fails naming the holder's pid."""
+    path = state_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise LockHeld(f"another dspark (pid {holder}) holds {path}; wait for it or stop it") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def lock_holder(state_dir: Path) -> str | None:
+    """The pid holding the lock, or None when free; never takes it for long or rewrites it."""
+    path = state_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)
+    return None
