@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.testbed.fixture import testbed, testbed_clean  # noqa: F401  (the two-node testbed)
+
 REPO = Path(__file__).resolve().parent.parent
 REGISTRY_SH = REPO / "dspark-numeric-knobs.sh"
 

@@ -94,16 +94,3 @@ def render_status(data: dict) -> str:
     head = f"cluster: {data['state']} (Ray {data['ray_address']}{since})"
     return head + "\n" + table(("NODE", "IP", "REACHABLE", "RAY", "REGISTERED", "GPUS", "VLLM", "RAY VER", "HOTFIX"),
                                rows, indent="  ")
-
-
-def status_command(env_file: str | None, as_json: bool) -> None:
-    from dspark_launch.cluster.lifecycle import cluster_status
-
-    _, spec = load_spec(env_file)
-    data = cluster_status(spec)
-    if as_json:
-        emit_json(data)
-    else:
-        print(render_status(data))
-    if data["state"] in ("degraded",):
-        raise typer.Exit(EXIT_FAILED)

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from dspark_launch import __version__
-from dspark_launch.cli import cluster_cmd, config_cmd
+from dspark_launch.cli import cluster_cmd, config_cmd, service_cmd
 
 app = typer.Typer(
     name="dspark",
@@ -19,20 +19,10 @@ app.add_typer(config_cmd.app, name="config")
 app.add_typer(cluster_cmd.app, name="cluster")
 
 
-@app.command()
-def status(
-    env_file: config_cmd.EnvFileOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output (schema in docs/cluster.md).")] = False,
-) -> None:
-    """The cluster at a glance: nodes, Ray, versions, hotfix; exit 1 when degraded."""
-    cluster_cmd.status_command(env_file, as_json)
-
-
-@app.command()
-def stop(env_file: config_cmd.EnvFileOption = None) -> None:
-    """Stop what the launcher started on every node; idempotent."""
-    _, spec = cluster_cmd.load_spec(env_file)
-    cluster_cmd.run_down(spec)
+for command in (service_cmd.start, service_cmd.stop, service_cmd.restart, service_cmd.status, service_cmd.logs,
+                service_cmd.smoke):
+    app.command()(command)
+app.command("systemd-unit")(service_cmd.systemd_unit)
 
 
 def _version(value: bool) -> None:

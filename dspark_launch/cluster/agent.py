@@ -4,9 +4,11 @@
 SSH; everything it needs (including secrets for a child's environment) travels on
 stdin, never on argv. Stdlib only, so it answers in well under a second.
 
-Processes the launcher starts carry `DSPARK_OWNER=<marker>` in their environment,
-which Ray passes on to every daemon and worker it spawns. Stopping finds them by
-that marker, and checks each pid's start time so a reused pid is never signalled.
+Processes the launcher starts carry `DSPARK_OWNER=<marker>` in their environment
+and run in a session of their own. Ray passes the environment to most daemons and
+workers; the ones it starts with a scrubbed environment (its dashboard and
+runtime-env agents) stay in the session. Stopping finds processes by either, and
+checks each pid's start time so a reused pid is never signalled.
 """
 
 from __future__ import annotations
@@ -26,13 +28,26 @@ from pathlib import Path
 OWNER_VAR = "DSPARK_OWNER"
 
 
-def _start_time(pid: int) -> int | None:
-    """Clock ticks since boot when `pid` started (field 22 of /proc/PID/stat)."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat after the command name: [0] is field 3 (state)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat[stat.rindex(")") + 2:].split()[19])
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def _start_time(pid: int) -> int | None:
+    """Clock ticks since boot when `pid` started (field 22); None when gone or a zombie."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def _session(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[3]) if fields else None
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -42,24 +57,34 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
-def owned_processes(marker: str) -> list[dict]:
-    """Every live process whose environment carries DSPARK_OWNER=marker."""
+def owned_processes(marker: str, sessions: list[dict] = ()) -> list[dict]:
+    """Every live process carrying DSPARK_OWNER=marker, or living in one of our sessions.
+
+    A session counts only for processes started after its leader was, so a
+    recycled session id never matches someone else's processes.
+    """
     if not marker.startswith("dspark-"):
         raise ValueError(f"refusing to match processes on marker {marker!r}")
     needle = f"{OWNER_VAR}={marker}".encode()
+    ours = {s["sid"]: s["start_time"] for s in sessions}
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
-        try:
-            environ = Path(entry.path, "environ").read_bytes()
-        except OSError:
+        pid = int(entry.name)
+        started = _start_time(pid)
+        if started is None:
             continue
-        if needle in environ.split(b"\0"):
-            pid = int(entry.name)
-            started = _start_time(pid)
-            if started is not None:
-                found.append({"pid": pid, "start_time": started, "cmd": " ".join(_cmdline(pid))[:200]})
+        sid = _session(pid)
+        in_session = sid in ours and started >= ours[sid]
+        if not in_session:
+            try:
+                environ = Path(entry.path, "environ").read_bytes()
+            except OSError:
+                continue
+            if needle not in environ.split(b"\0"):
+                continue
+        found.append({"pid": pid, "start_time": started, "sid": sid, "cmd": " ".join(_cmdline(pid))[:200]})
     return found
 
 
@@ -99,6 +124,8 @@ def op_interface(req: dict) -> dict:
 def op_port_free(req: dict) -> dict:
     family = socket.AF_INET6 if ":" in req["ip"] else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # As servers do: a port with only TIME_WAIT leftovers of a stopped Ray is free to listen on.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((req["ip"], int(req["port"])))
         except OSError as exc:
@@ -113,15 +140,18 @@ def op_run(req: dict) -> dict:
         Path(req["log"]).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     log = open(req["log"], "ab") if req.get("log") else subprocess.DEVNULL
     try:
-        proc = subprocess.run(req["argv"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=req.get("timeout"), start_new_session=True)
-        code = proc.returncode
-    except subprocess.TimeoutExpired:
-        code = None
+        proc = subprocess.Popen(req["argv"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        session = {"sid": proc.pid, "start_time": _start_time(proc.pid) or 0}
+        try:
+            code = proc.wait(timeout=req.get("timeout"))
+        except subprocess.TimeoutExpired:
+            code = None
     finally:
         if log is not subprocess.DEVNULL:
             log.close()
-    return {"returncode": code, "processes": owned_processes(req["marker"])}
+    sessions = [*req.get("sessions", []), session]
+    return {"returncode": code, "session": session, "processes": owned_processes(req["marker"], sessions)}
 
 
 def op_spawn(req: dict) -> dict:
@@ -131,11 +161,12 @@ def op_spawn(req: dict) -> dict:
     with open(req["log"], "ab") as log:
         proc = subprocess.Popen(req["argv"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, cwd=req.get("cwd"))
-    return {"pid": proc.pid, "start_time": _start_time(proc.pid)}
+    started = _start_time(proc.pid)
+    return {"pid": proc.pid, "start_time": started, "session": {"sid": proc.pid, "start_time": started or 0}}
 
 
 def op_owned(req: dict) -> dict:
-    return {"processes": owned_processes(req["marker"])}
+    return {"processes": owned_processes(req["marker"], req.get("sessions", []))}
 
 
 def op_alive(req: dict) -> dict:
@@ -144,7 +175,7 @@ def op_alive(req: dict) -> dict:
 
 def op_stop(req: dict) -> dict:
     """SIGTERM our processes (by marker, plus recorded pids whose start time still matches), then SIGKILL."""
-    targets = {p["pid"]: p for p in owned_processes(req["marker"])}
+    targets = {p["pid"]: p for p in owned_processes(req["marker"], req.get("sessions", []))}
     for proc in req.get("processes", []):
         if proc["pid"] not in targets and _alive(proc):
             targets[proc["pid"]] = proc
@@ -182,6 +213,27 @@ def op_tail(req: dict) -> dict:
             continue
         lines += [f"==> {path} <=="] + text
     return {"lines": lines}
+
+
+def op_meminfo(req: dict) -> dict:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return {"total_bytes": int(line.split()[1]) * 1024}
+    return {"total_bytes": None}
+
+
+def op_read(req: dict) -> dict:
+    """Bytes of a log from `offset` on (at most 1 MiB), for `logs --follow`."""
+    try:
+        with open(req["path"], "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            offset = min(int(req.get("offset", 0)), size)
+            handle.seek(offset)
+            data = handle.read(1 << 20)
+    except OSError as exc:
+        return {"text": "", "offset": 0, "missing": exc.strerror}
+    return {"text": data.decode(errors="replace"), "offset": offset + len(data)}
 
 
 def op_glob(req: dict) -> dict:

@@ -53,27 +53,34 @@ def node_health(spec: ClusterSpec, state: ClusterState) -> dict[str, str]:
 def cluster_up(spec: ClusterSpec, reporter: rc.Reporter) -> UpResult:
     ensure_state_dir(spec.state_dir)
     with state_lock(spec.state_dir):
-        existing = load_state(spec.state_dir)
-        repair: list[str] = []
-        if existing is not None:
-            health = node_health(spec, existing)
-            if all(h == "alive" for h in health.values()) and existing.config_digest == spec.config_digest:
-                raise AlreadyRunning(f"the cluster is already up ({existing.ray_address}); `dspark status` shows it")
-            if health.get("head") == "alive" and existing.config_digest == spec.config_digest:
-                repair = [name for name, h in health.items() if h != "alive"]
-                reporter.warn(f"half-up cluster: {', '.join(repair)} down; repairing")
-            else:
-                _stop_leftovers(spec, existing, reporter)
-                clear_state(spec.state_dir)
-                existing = None
-        return _bring_up(spec, reporter, existing, repair)
+        return cluster_up_locked(spec, reporter)
 
 
-def _stop_leftovers(spec: ClusterSpec, state: ClusterState, reporter: rc.Reporter) -> None:
-    """A stale state (head gone, or config changed): stop what is left of ours, by marker and start time."""
+def cluster_up_locked(spec: ClusterSpec, reporter: rc.Reporter) -> UpResult:
+    """`cluster up` for a caller that holds the state lock."""
+    existing = load_state(spec.state_dir)
+    repair: list[str] = []
+    if existing is not None:
+        health = node_health(spec, existing)
+        if all(h == "alive" for h in health.values()) and existing.config_digest == spec.config_digest:
+            raise AlreadyRunning(f"the cluster is already up ({existing.ray_address}); `dspark status` shows it")
+        if health.get("head") == "alive" and existing.config_digest == spec.config_digest:
+            repair = [name for name, h in health.items() if h != "alive"]
+            reporter.warn(f"half-up cluster: {', '.join(repair)} down; repairing")
+            _stop_leftovers(spec, existing, reporter, only=repair)
+        else:
+            _stop_leftovers(spec, existing, reporter)
+            clear_state(spec.state_dir)
+            existing = None
+    return _bring_up(spec, reporter, existing, repair)
+
+
+def _stop_leftovers(spec: ClusterSpec, state: ClusterState, reporter: rc.Reporter,
+                    only: list[str] | None = None) -> None:
+    """Stop what is left of a previous run (all nodes, or `only` these), by marker, session and start time."""
     for node in spec.nodes:
         record = state.node(node.name)
-        if record is None:
+        if record is None or (only is not None and node.name not in only):
             continue
         try:
             answer = rc.stop_node(node, record)
@@ -118,27 +125,31 @@ def cluster_down(spec: ClusterSpec, reporter: rc.Reporter) -> list[str]:
     """Stop what we started on every node; returns the nodes that could not be reached."""
     ensure_state_dir(spec.state_dir)
     with state_lock(spec.state_dir):
-        state = load_state(spec.state_dir)
-        if state is None:
-            reporter.phase("nothing to stop: no cluster started from this state folder")
-            return []
-        unreachable = []
-        for node in reversed(spec.nodes):
-            record = state.node(node.name)
-            if record is None:
-                continue
-            try:
-                answer = rc.stop_node(node, record)
-                reporter.phase(f"{node.label}: stopped {len(answer['stopped'])} process(es)")
-                if answer["left"]:
-                    unreachable.append(node.name)
-                    reporter.warn(f"{node.label}: pids {answer['left']} did not stop")
-            except rc.ClusterFailure as exc:
+        return cluster_down_locked(spec, reporter)
+
+
+def cluster_down_locked(spec: ClusterSpec, reporter: rc.Reporter) -> list[str]:
+    state = load_state(spec.state_dir)
+    if state is None:
+        reporter.phase("nothing to stop: no cluster started from this state folder")
+        return []
+    unreachable = []
+    for node in reversed(spec.nodes):
+        record = state.node(node.name)
+        if record is None:
+            continue
+        try:
+            answer = rc.stop_node(node, record)
+            reporter.phase(f"{node.label}: stopped {len(answer['stopped'])} process(es)")
+            if answer["left"]:
                 unreachable.append(node.name)
-                reporter.warn(str(exc))
-        if not unreachable:
-            clear_state(spec.state_dir)
-        return unreachable
+                reporter.warn(f"{node.label}: pids {answer['left']} did not stop")
+        except rc.ClusterFailure as exc:
+            unreachable.append(node.name)
+            reporter.warn(str(exc))
+    if not unreachable:
+        clear_state(spec.state_dir)
+    return unreachable
 
 
 def cluster_status(spec: ClusterSpec) -> dict:

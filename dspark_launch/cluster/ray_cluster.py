@@ -157,8 +157,9 @@ class Bringup:
         self.reporter.phase(f"starting Ray on {node.label}")
         answer = call(node, {"op": "run", "argv": ray_start_argv(self.spec, node, self.python_of(node)),
                              "env": node_env(self.spec, node, self.token_env), "marker": record.marker,
-                             "log": record.ray_log, "timeout": RAY_START_TIMEOUT_S},
+                             "log": record.ray_log, "timeout": RAY_START_TIMEOUT_S, "sessions": record.sessions},
                       "ray start", RAY_START_TIMEOUT_S + 30)
+        record.sessions.append(answer["session"])
         record.processes = answer["processes"]
         if answer["returncode"] != 0:
             tail = call(node, {"op": "tail", "paths": [record.ray_log], "lines": 15}, "ray log")["lines"]
@@ -170,8 +171,7 @@ class Bringup:
         for name, record in self.records.items():
             node = self.spec.node(name)
             try:
-                answer = call(node, {"op": "stop", "marker": record.marker, "processes": record.processes},
-                              "rollback", 60)
+                answer = stop_node(node, record)
                 if answer["left"]:
                     problems.append(f"{node.label}: pids {answer['left']} survived SIGKILL")
             except ClusterFailure as exc:
@@ -245,16 +245,21 @@ def verify_nodes(spec: ClusterSpec, ray, alive: dict[str, dict], reporter: Repor
 
 
 def hotfix_all(spec: ClusterSpec, ray, alive: dict[str, dict], reporter: Reporter) -> dict[str, dict]:
+    """Apply then verify on every node; any node failing aborts (after all have reported)."""
     from dspark_launch.cluster import node_tasks
 
-    reports = {}
+    reports, failures = {}, []
     for node in spec.nodes:
         reporter.phase(f"applying the scheduler hotfix on {node.label}")
         report = run_pinned(ray, alive[node.ip]["NodeID"], node_tasks.apply_hotfix, 120)
-        if report["apply"]["code"] != 0 or report["status"]["code"] != 0:
-            raise ClusterFailure(node.label, "hotfix", report["status"]["message"] if report["apply"]["code"] == 0
-                                 else report["apply"]["message"])
         reports[node.name] = report
+        failed = report["apply"] if report["apply"]["code"] != 0 else report["status"]
+        if failed["code"] != 0:
+            failures.append((node, failed["message"]))
+    if failures:
+        node, message = failures[0]
+        others = [f"{n.label}: {m}" for n, m in failures[1:]]
+        raise ClusterFailure(node.label, "hotfix", message, others)
     return reports
 
 
@@ -268,7 +273,8 @@ def persist(spec: ClusterSpec, state: ClusterState) -> None:
 
 
 def stop_node(node: Node, record: NodeRecord) -> dict:
-    return call(node, {"op": "stop", "marker": record.marker, "processes": record.processes}, "stop", 90)
+    return call(node, {"op": "stop", "marker": record.marker, "processes": record.processes,
+                       "sessions": record.sessions}, "stop", 90)
 
 
 CORE_PROCESSES = ("raylet", "gcs_server")

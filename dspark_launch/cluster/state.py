@@ -31,7 +31,8 @@ class NodeRecord:
     ip: str
     ssh_host: str | None
     marker: str  # DSPARK_OWNER value of every process we started on this node
-    processes: list[dict] = field(default_factory=list)  # {pid, start_time, cmd}
+    processes: list[dict] = field(default_factory=list)  # {pid, start_time, sid, cmd}
+    sessions: list[dict] = field(default_factory=list)  # {sid, start_time} of each process group we started
     ray_temp_dir: str = ""
     ray_log: str = ""
 

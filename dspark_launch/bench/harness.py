@@ -1,0 +1,615 @@
+"""Drive the real vLLM v1 scheduler step by step, without a model.
+
+The harness builds vLLM's own ``Scheduler`` or ``AsyncScheduler`` (stock, or
+from a copy of ``scheduler.py`` patched by the issue-27 hotfix), feeds it a
+synthetic workload, answers every step with a model-runner output (no token
+for a request still prefilling, one sampled token otherwise) and records what
+the scheduler decided at each step. Tests and the benchmark compute their
+metrics from the returned :class:`RunResult`.
+
+Nothing here imports vLLM at module import time; the first scheduler built in
+a process costs a few seconds (vLLM inspects the model config in a
+subprocess; cached per ``VLLM_CACHE_ROOT``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import functools
+import json
+import math
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import types
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+ENV_VAR = "DSPARK_MAX_INFLIGHT_PREFILLS"
+DIAG_ENV_VAR = "DSPARK_ISSUE43_SCHED_DIAG"
+SAMPLED_TOKEN = 7
+EOS_TOKEN = 2
+PATCHED_MODULE_NAME = "dspark_issue27_patched_scheduler"
+PATCHED_ASYNC_MODULE_NAME = "dspark_issue27_patched_async_scheduler"
+
+# A tiny Llama config: vLLM reads it to build ModelConfig; no weights needed.
+TINY_MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "num_hidden_layers": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float32",
+}
+
+
+# ---------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestSpec:
+    """One synthetic request. Requests of a `prefix_group` share their first
+    `shared_prefix_len` prompt tokens (for prefix caching)."""
+
+    req_id: str
+    arrival_step: int
+    prompt_len: int
+    max_tokens: int
+    prefix_group: str | None = None
+    shared_prefix_len: int = 0
+    resumable: bool = False  # a streaming-input session (keeps its KV between turns)
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerSpec:
+    """How to build the scheduler. `cap` is the raw DSPARK_MAX_INFLIGHT_PREFILLS
+    value set while constructing a patched scheduler (None: unset)."""
+
+    policy: str = "stock"  # "stock" | "patched"
+    cap: int | str | None = None
+    async_scheduling: bool = False
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int = 256
+    num_blocks: int = 4096
+    block_size: int = 16
+    enable_prefix_caching: bool = False
+    max_model_len: int = 16384
+    diag: bool = False
+    # Further environment set (value) or unset (None) while constructing the
+    # scheduler, e.g. (("DSPARK_PREFILL_GATE_MODE", "1"),).
+    extra_env: tuple[tuple[str, str | None], ...] = ()
+
+    @property
+    def label(self) -> str:
+        kind = "async" if self.async_scheduling else "sync"
+        if self.policy == "stock":
+            return f"stock/{kind}"
+        if self.policy == "patched":
+            return f"cap={self.cap}/{kind}"
+        return f"{self.policy}:{self.cap}/{kind}"
+
+
+# ---------------------------------------------------------------------------
+# Records
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class StepRecord:
+    """What the scheduler did in one step.
+
+    `decode_active`: running requests past their prefill when the step began.
+    `mid_prefill`: running requests still prefilling after the step (vLLM's
+    own `is_prefill_chunk`, read right after `schedule()`).
+    `sampled`/`finished` are filled when the step's output is processed.
+    """
+
+    step: int
+    scheduled: dict[str, int]
+    decode_active: frozenset[str]
+    mid_prefill: frozenset[str]
+    preempted: frozenset[str]
+    sampled: dict[str, int] = dataclasses.field(default_factory=dict)
+    finished: frozenset[str] = frozenset()
+    # req_id -> tokens already computed before this step's chunk (its position).
+    start: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.scheduled.values())
+
+    @property
+    def decode_tokens(self) -> int:
+        return sum(n for r, n in self.scheduled.items() if r in self.decode_active)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return self.total_tokens - self.decode_tokens
+
+    @property
+    def partial_prefill_tokens(self) -> int:
+        """Tokens scheduled to requests that stay mid-prefill after the step."""
+        return sum(n for r, n in self.scheduled.items() if r in self.mid_prefill)
+
+    @property
+    def decode_skipped(self) -> frozenset[str]:
+        """Decode-active requests that got no token budget this step."""
+        return frozenset(self.decode_active - self.scheduled.keys() - self.preempted)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); nan for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return float(ordered[rank - 1])
+
+
+@dataclasses.dataclass
+class RunResult:
+    spec: SchedulerSpec
+    workload: tuple[RequestSpec, ...]
+    steps: list[StepRecord]
+    token_steps: dict[str, list[int]]  # req_id -> steps whose output gave it a token
+    finished: set[str]
+    preemptions: int
+    effective_cap: int | None  # _dspark_max_inflight_prefills of a patched scheduler
+
+    @property
+    def unfinished(self) -> set[str]:
+        return {r.req_id for r in self.workload} - self.finished
+
+    @property
+    def arrival(self) -> dict[str, int]:
+        return {r.req_id: r.arrival_step for r in self.workload}
+
+    def max_concurrent_partial_prefills(self) -> int:
+        return max((len(s.mid_prefill) for s in self.steps), default=0)
+
+    def max_partial_prefill_tokens(self) -> int:
+        return max((s.partial_prefill_tokens for s in self.steps), default=0)
+
+    def max_prefill_tokens_in_decode_steps(self) -> int:
+        """Most prefill tokens riding in one step that also served decodes."""
+        return max((s.prefill_tokens for s in self.steps if s.decode_tokens), default=0)
+
+    def latency_proxy(self, req_ids: Iterable[str] | None = None) -> list[int]:
+        """Batch tokens processed between consecutive tokens of each stream.
+
+        For every pair of consecutive tokens of a request, the total tokens of
+        the steps after the first up to and including the one that produced
+        the second: the work a decode stream waits through per token.
+        """
+        totals = [s.total_tokens for s in self.steps]
+        prefix = [0]
+        for t in totals:
+            prefix.append(prefix[-1] + t)
+        wanted = self.token_steps.keys() if req_ids is None else req_ids
+        out: list[int] = []
+        for rid in wanted:
+            produced = self.token_steps.get(rid, [])
+            for a, b in zip(produced, produced[1:]):
+                out.append(prefix[b + 1] - prefix[a + 1])
+        return out
+
+    def longest_gap(self, req_id: str) -> int:
+        """Most steps between two consecutive tokens of one request (0 if < 2)."""
+        produced = self.token_steps.get(req_id, [])
+        return max((b - a for a, b in zip(produced, produced[1:])), default=0)
+
+    def longest_decode_gap(self, req_ids: Iterable[str] | None = None) -> int:
+        wanted = self.token_steps.keys() if req_ids is None else req_ids
+        return max((self.longest_gap(r) for r in wanted), default=0)
+
+    def ttft_steps(self) -> dict[str, int]:
+        """Steps from arrival to first token, counting both ends (1 = same step)."""
+        arrival = self.arrival
+        return {
+            rid: produced[0] - arrival[rid] + 1
+            for rid, produced in self.token_steps.items()
+            if produced
+        }
+
+    def summary(
+        self, streams: Iterable[str] | None = None, prompts: Iterable[str] | None = None
+    ) -> dict:
+        """The numbers the docs table and the benchmark report.
+
+        Latency proxy and decode gaps are taken over `streams`, time to first
+        token over `prompts` (both default to every request).
+        """
+        streams = list(self.token_steps) if streams is None else list(streams)
+        ttft_by_req = self.ttft_steps()
+        wanted = ttft_by_req.keys() if prompts is None else prompts
+        ttft = [ttft_by_req[r] for r in wanted if r in ttft_by_req]
+        proxy = self.latency_proxy(streams)
+        return {
+            "label": self.spec.label,
+            "effective_cap": self.effective_cap,
+            "steps": len(self.steps),
+            "finished": len(self.finished),
+            "requests": len(self.workload),
+            "max_concurrent_partial_prefills": self.max_concurrent_partial_prefills(),
+            "max_partial_prefill_tokens_per_step": self.max_partial_prefill_tokens(),
+            "max_prefill_tokens_in_decode_step": self.max_prefill_tokens_in_decode_steps(),
+            "latency_proxy_p50": percentile(proxy, 50),
+            "latency_proxy_p99": percentile(proxy, 99),
+            "latency_proxy_max": max(proxy, default=0),
+            "latency_proxy_mean": sum(proxy) / len(proxy) if proxy else math.nan,
+            "preemptions": self.preemptions,
+            "longest_decode_gap_steps": self.longest_decode_gap(streams),
+            "ttft_mean_steps": sum(ttft) / len(ttft) if ttft else math.nan,
+            "ttft_max_steps": max(ttft, default=0),
+        }
+
+
+# ---------------------------------------------------------------------------
+# Environment and scheduler construction
+# ---------------------------------------------------------------------------
+
+
+def prepare_environment(base_dir: str | os.PathLike) -> pathlib.Path:
+    """Point vLLM's caches and sockets under `base_dir` (unless already set)
+    and write the tiny model config; returns the model folder."""
+    base = pathlib.Path(base_dir)
+    for var, sub in (("VLLM_CACHE_ROOT", "vllm-cache"), ("VLLM_RPC_BASE_PATH", "vllm-rpc")):
+        if var not in os.environ:
+            (base / sub).mkdir(parents=True, exist_ok=True)
+            os.environ[var] = str(base / sub)
+    model_dir = base / "tiny-model"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(TINY_MODEL_CONFIG), encoding="utf-8")
+    return model_dir
+
+
+@contextlib.contextmanager
+def scoped_env(values: dict[str, str | None]) -> Iterator[None]:
+    """Set (or unset, for None) environment variables, restoring them after."""
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _load_module(name: str, path: pathlib.Path) -> types.ModuleType:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+@functools.lru_cache(maxsize=None)
+def patched_scheduler_classes(workdir: str | None = None) -> tuple[type, type]:
+    """(Scheduler, AsyncScheduler) built from a patched copy of the installed
+    scheduler.py. The installed vLLM is never modified.
+
+    The copy is patched by the hotfix's own `apply` and loaded as a module of
+    its own. AsyncScheduler subclasses the Scheduler it imports, so its source
+    is executed with `vllm.v1.core.sched.scheduler` resolving to the patched
+    module for the duration of the import.
+    """
+    import vllm.v1.core.sched.async_scheduler as stock_async
+    import vllm.v1.core.sched.scheduler as stock
+
+    from dspark_launch.hotfix import issue27_patch
+
+    if workdir is None:
+        workdir = tempfile.mkdtemp(prefix="dspark-issue27-")
+        atexit.register(shutil.rmtree, workdir, True)
+    root = pathlib.Path(workdir)
+    copy = root / "patched_scheduler" / "scheduler.py"
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(stock.__file__, copy)
+    result = issue27_patch.apply(copy)
+    if not result.ok:
+        raise RuntimeError(f"issue-27 patch did not apply to a copy of {stock.__file__}: {result.message}")
+    patched = _load_module(PATCHED_MODULE_NAME, copy)
+
+    async_copy = copy.with_name("async_scheduler.py")
+    shutil.copyfile(stock_async.__file__, async_copy)
+    real = sys.modules["vllm.v1.core.sched.scheduler"]
+    sys.modules["vllm.v1.core.sched.scheduler"] = patched
+    try:
+        patched_async = _load_module(PATCHED_ASYNC_MODULE_NAME, async_copy)
+    finally:
+        sys.modules["vllm.v1.core.sched.scheduler"] = real
+    assert issubclass(patched_async.AsyncScheduler, patched.Scheduler)
+    return patched.Scheduler, patched_async.AsyncScheduler
+
+
+#: Further scheduler policies by name: provider(spec) -> (Scheduler, AsyncScheduler)
+#: classes. The benchmark registers its comparison-only variants here.
+POLICY_PROVIDERS: dict[str, Callable[[SchedulerSpec], tuple[type, type]]] = {}
+
+
+def stock_scheduler_classes() -> tuple[type, type]:
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    return Scheduler, AsyncScheduler
+
+
+def build_vllm_config(spec: SchedulerSpec, model_dir: str | os.PathLike):
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+
+    model_config = ModelConfig(
+        model=str(model_dir),
+        skip_tokenizer_init=True,
+        max_model_len=spec.max_model_len,
+        dtype="float32",
+        seed=0,
+    )
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        max_model_len=spec.max_model_len,
+        long_prefill_token_threshold=spec.long_prefill_token_threshold,
+        enable_chunked_prefill=True,
+        is_encoder_decoder=False,
+        async_scheduling=spec.async_scheduling,
+    )
+    cache_config = CacheConfig(
+        block_size=spec.block_size,
+        cache_dtype="auto",
+        enable_prefix_caching=spec.enable_prefix_caching,
+    )
+    cache_config.num_gpu_blocks = spec.num_blocks
+    return VllmConfig(
+        scheduler_config=scheduler_config,
+        model_config=model_config,
+        cache_config=cache_config,
+    )
+
+
+def build_scheduler(spec: SchedulerSpec, model_dir: str | os.PathLike, vllm_config=None):
+    """A real vLLM scheduler for `spec`; a patched one reads its cap from the
+    environment set here for the duration of the constructor only.
+    `vllm_config` overrides the one built from `spec` (it must agree with it)."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    if spec.policy == "patched":
+        sync_cls, async_cls = patched_scheduler_classes()
+    elif spec.policy == "stock":
+        sync_cls, async_cls = stock_scheduler_classes()
+    elif spec.policy in POLICY_PROVIDERS:
+        sync_cls, async_cls = POLICY_PROVIDERS[spec.policy](spec)
+    else:
+        raise ValueError(f"unknown policy {spec.policy!r}")
+    if vllm_config is None:
+        vllm_config = build_vllm_config(spec, model_dir)
+    kv_cache_config = KVCacheConfig(
+        num_blocks=spec.num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["layer"],
+                FullAttentionSpec(
+                    block_size=spec.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+                ),
+            )
+        ],
+    )
+    env = {
+        ENV_VAR: None if spec.cap is None else str(spec.cap),
+        DIAG_ENV_VAR: "1" if spec.diag else None,
+        **dict(spec.extra_env),
+    }
+    cls = async_cls if spec.async_scheduling else sync_cls
+    with scoped_env(env):
+        return cls(
+            vllm_config=vllm_config,
+            kv_cache_config=kv_cache_config,
+            block_size=spec.block_size,
+            log_stats=True,
+            structured_output_manager=StructuredOutputManager(vllm_config),
+        )
+
+
+def _block_hasher(spec: SchedulerSpec, vllm_config):
+    if not spec.enable_prefix_caching:
+        return None
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    hash_fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    return get_request_block_hasher(spec.block_size, hash_fn)
+
+
+def prompt_tokens(req: RequestSpec) -> list[int]:
+    """Deterministic prompt ids; distinct per request beyond a shared prefix."""
+    shared: list[int] = []
+    if req.prefix_group is not None and req.shared_prefix_len:
+        seed = sum(map(ord, req.prefix_group))
+        shared = [10 + (seed * 131 + i * 17) % 1000 for i in range(req.shared_prefix_len)]
+    seed = sum(ord(c) * 31**k for k, c in enumerate(req.req_id)) % 100003
+    own = [10 + (seed * 7919 + i * 37) % 1000 for i in range(req.prompt_len - len(shared))]
+    return shared + own
+
+
+def make_request(req: RequestSpec, block_hasher=None):
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    params = SamplingParams(max_tokens=req.max_tokens)
+    params.update_from_generation_config({}, eos_token_id=EOS_TOKEN)
+    return Request(
+        request_id=req.req_id,
+        prompt_token_ids=prompt_tokens(req),
+        sampling_params=params,
+        pooling_params=None,
+        block_hasher=block_hasher,
+        resumable=req.resumable,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Driving
+# ---------------------------------------------------------------------------
+
+
+def _model_output(sched_output, sampled: dict[str, list[int]]):
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    req_ids = list(sched_output.num_scheduled_tokens)
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+        sampled_token_ids=[sampled[rid] for rid in req_ids],
+    )
+
+
+def run_workload(
+    spec: SchedulerSpec,
+    workload: Sequence[RequestSpec],
+    model_dir: str | os.PathLike,
+    max_steps: int = 5000,
+    scheduler=None,
+    before_schedule: Callable[[object, int], None] | None = None,
+) -> RunResult:
+    """Run `workload` to completion (or `max_steps`) and record every step.
+
+    With async scheduling the next step is scheduled before the previous
+    step's output is processed (pipeline depth 2), as vLLM's engine core does.
+    A prebuilt `scheduler` may be passed (it must match `spec`);
+    `before_schedule(scheduler, step)` runs before each `schedule()` call.
+    """
+    sched = scheduler if scheduler is not None else build_scheduler(spec, model_dir)
+    hasher = _block_hasher(spec, sched.vllm_config)
+    arrivals: dict[int, list[RequestSpec]] = {}
+    for req in workload:
+        arrivals.setdefault(req.arrival_step, []).append(req)
+    last_arrival = max(arrivals, default=0)
+    depth = 2 if spec.async_scheduling else 1
+
+    steps: list[StepRecord] = []
+    token_steps: dict[str, list[int]] = {r.req_id: [] for r in workload}
+    finished: set[str] = set()
+    in_flight: deque = deque()
+
+    def process_oldest() -> None:
+        sched_output, sampled, record = in_flight.popleft()
+        outputs = sched.update_from_output(sched_output, _model_output(sched_output, sampled))
+        done = set()
+        for engine_outputs in outputs.values():
+            for out in engine_outputs.outputs:
+                if out.new_token_ids:
+                    record.sampled[out.request_id] = len(out.new_token_ids)
+                    token_steps[out.request_id].append(record.step)
+                if out.finish_reason is not None:
+                    done.add(out.request_id)
+        record.finished = frozenset(done)
+        finished.update(done)
+
+    for step in range(max_steps):
+        for req in arrivals.get(step, ()):
+            sched.add_request(make_request(req, hasher))
+        if before_schedule is not None:
+            before_schedule(sched, step)
+        if step > last_arrival and not sched.has_requests() and not in_flight:
+            break
+        decode_active = frozenset(r.request_id for r in sched.running if not r.is_prefill_chunk)
+        sched_output = sched.schedule()
+        scheduled = dict(sched_output.num_scheduled_tokens)
+        still_prefilling = {r.request_id for r in sched.running if r.is_prefill_chunk}
+        sampled = {rid: [] if rid in still_prefilling else [SAMPLED_TOKEN] for rid in scheduled}
+        requests = sched.requests
+        record = StepRecord(
+            step=step,
+            scheduled=scheduled,
+            decode_active=decode_active,
+            mid_prefill=frozenset(still_prefilling),
+            preempted=frozenset(sched_output.preempted_req_ids or ()),
+            start={rid: requests[rid].num_computed_tokens - n for rid, n in scheduled.items()},
+        )
+        steps.append(record)
+        in_flight.append((sched_output, sampled, record))
+        if len(in_flight) >= depth or not scheduled:
+            while in_flight:
+                process_oldest()
+                if len(in_flight) < depth and scheduled:
+                    break
+    while in_flight:
+        process_oldest()
+
+    return RunResult(
+        spec=spec,
+        workload=tuple(workload),
+        steps=steps,
+        token_steps=token_steps,
+        finished=finished,
+        preemptions=_count_preemptions(steps),
+        effective_cap=getattr(sched, "_dspark_max_inflight_prefills", None),
+    )
+
+
+def _count_preemptions(steps: Sequence[StepRecord]) -> int:
+    return sum(len(s.preempted) for s in steps)
+
+
+# ---------------------------------------------------------------------------
+# Workloads
+# ---------------------------------------------------------------------------
+
+
+def wave_workload(
+    n_streams: int = 4,
+    stream_prompt: int = 48,
+    stream_tokens: int = 200,
+    n_wave: int = 8,
+    wave_prompt: int = 1500,
+    wave_tokens: int = 8,
+    wave_step: int = 4,
+    shared_prefix_len: int = 0,
+) -> list[RequestSpec]:
+    """Decode-active streams, then a wave of long prompts arriving at once.
+
+    With `shared_prefix_len`, the wave's prompts share a common prefix
+    (a system prompt), which prefix caching can reuse.
+    """
+    streams = [
+        RequestSpec(f"stream-{i}", 0, stream_prompt, stream_tokens) for i in range(n_streams)
+    ]
+    group = "system" if shared_prefix_len else None
+    wave = [
+        RequestSpec(f"wave-{i}", wave_step, wave_prompt, wave_tokens, group, shared_prefix_len)
+        for i in range(n_wave)
+    ]
+    return streams + wave
+
+
+def stream_ids(workload: Iterable[RequestSpec]) -> list[str]:
+    return [r.req_id for r in workload if r.req_id.startswith("stream-")]

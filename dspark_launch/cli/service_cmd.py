@@ -1,0 +1,265 @@
+"""`dspark start|stop|restart|status|logs|smoke|systemd-unit`: the service day to day."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dspark_launch.cli.cluster_cmd import load_spec, render_status
+from dspark_launch.cli.config_cmd import EnvFileOption
+from dspark_launch.cli.output import emit_json, fail
+from dspark_launch.cli.reporter import ConsoleReporter
+from dspark_launch.cli.signals import interruptible
+from dspark_launch.errors import EXIT_FAILED, DsparkError
+
+HostOption = Annotated[Optional[str], typer.Option("--host", help="API bind address (beats VLLM_HOST).")]
+PortOption = Annotated[Optional[str], typer.Option("--port", help="API port (beats VLLM_PORT).")]
+
+
+def _load(env_file, host=None, port=None):
+    from dspark_launch.cli.config_cmd import load_settings_with
+    from dspark_launch.cluster.spec import cluster_spec
+
+    cli = {}
+    if host is not None:
+        cli["VLLM_HOST"] = (host, "--host")
+    if port is not None:
+        cli["VLLM_PORT"] = (port, "--port")
+    settings = load_settings_with(env_file, cli)
+    try:
+        return settings, cluster_spec(settings)
+    except DsparkError as error:
+        raise fail(error) from None
+
+
+def _report_failure(error: DsparkError, spec) -> None:
+    for line in getattr(error, "extra", []):
+        print(line, file=sys.stderr)
+    print(f"dspark: error: {error}", file=sys.stderr)
+    if error.exit_code == EXIT_FAILED:
+        print(f"dspark: everything this run started was stopped; logs in {spec.state_dir / 'logs'}", file=sys.stderr)
+
+
+def do_start(settings, spec, strict: bool, foreground: bool) -> None:
+    from dspark_launch.serve import service
+
+    reporter = ConsoleReporter()
+
+    def interrupted(code: int) -> None:
+        print(f"dspark: interrupted; everything this run started was stopped (exit {code})", file=sys.stderr)
+
+    with interruptible(interrupted):
+        try:
+            result = service.start(settings, spec, reporter, strict=strict)
+        except DsparkError as error:
+            _report_failure(error, spec)
+            raise typer.Exit(error.exit_code) from None
+        server = result.server
+        print(f"serving {server['model']} as {server['served_name']} at {server['url']}/v1")
+        print(f"KV cache: {server.get('kv_cache_tokens') or 'unknown'} tokens; "
+              f"in-flight prefill cap: {server.get('scheduler_cap')} (from DSPARK_MAX_INFLIGHT_PREFILLS)")
+        for name, report in (result.hotfix or {}).items():
+            st = report["status"]
+            print(f"hotfix {name}: {st['state']} (patch {st['patch_version']}, vLLM {st['vllm_version']})")
+        if foreground:
+            _stay_attached(settings, spec, server)
+
+
+def _stay_attached(settings, spec, server) -> None:
+    """For a supervisor: exit non-zero when the server dies; stop everything on SIGTERM/SIGINT."""
+    from dspark_launch.serve import service
+
+    try:
+        while service.server_alive(spec, server):
+            time.sleep(2)
+    except BaseException:
+        service.stop(spec, ConsoleReporter(quiet=True))
+        raise
+    for line in service.tails(spec, server):
+        print(line, file=sys.stderr)
+    print(f"dspark: error: vllm serve (pid {server['pid']}) exited; log {server['log']}", file=sys.stderr)
+    service.stop(spec, ConsoleReporter(quiet=True))
+    raise typer.Exit(EXIT_FAILED)
+
+
+def start(
+    env_file: EnvFileOption = None,
+    host: HostOption = None,
+    port: PortOption = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Refuse when the memory pre-flight says it won't fit.")] = False,
+    foreground: Annotated[bool, typer.Option("--foreground", help="Stay attached; exit non-zero if the server dies.")] = False,
+) -> None:
+    """Bring up Ray on every node, apply the hotfix everywhere, serve, and wait until the API answers."""
+    settings, spec = _load(env_file, host, port)
+    do_start(settings, spec, strict, foreground)
+
+
+def stop(env_file: EnvFileOption = None) -> None:
+    """Stop the server, then Ray on every node; idempotent."""
+    from dspark_launch.serve import service
+
+    _, spec = _load(env_file)
+    try:
+        unreachable = service.stop(spec, ConsoleReporter())
+    except DsparkError as error:
+        raise fail(error) from None
+    if unreachable:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def restart(
+    env_file: EnvFileOption = None,
+    host: HostOption = None,
+    port: PortOption = None,
+    strict: Annotated[bool, typer.Option("--strict")] = False,
+) -> None:
+    """Stop, then start with the env file as it is now."""
+    from dspark_launch.serve import service
+
+    settings, spec = _load(env_file, host, port)
+    try:
+        service.stop(spec, ConsoleReporter())
+    except DsparkError as error:
+        raise fail(error) from None
+    do_start(settings, spec, strict, False)
+
+
+def status(
+    env_file: EnvFileOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema in docs/operations.md).")] = False,
+) -> None:
+    """Nodes, Ray, versions, hotfix, the server, its metrics, and drift from the env file."""
+    from dspark_launch.serve import service
+
+    settings, spec = _load(env_file)
+    data = service.status(settings, spec)
+    if as_json:
+        emit_json(data)
+    else:
+        print(render_status(data))
+        s = data["server"]
+        if s["state"] == "down" and not s["pid"]:
+            print("server: not started")
+        else:
+            uptime = f", up {s['uptime_s']} s" if s["uptime_s"] is not None else ""
+            print(f"server: {s['state']} (pid {s['pid']}{uptime}) {s['url']}  cap {s['cap']}  "
+                  f"KV cache {s['kv_cache_tokens']} tokens")
+            m = s["metrics"]
+            if m:
+                print(f"  running {m.get('vllm:num_requests_running', 0):g}  waiting "
+                      f"{m.get('vllm:num_requests_waiting', 0):g}  KV cache used "
+                      f"{100 * m.get('vllm:kv_cache_usage_perc', 0):.1f}%")
+            for d in s["drift"]:
+                print(f"  drift: {d['name']} {d['running']} -> {d['configured']}: restart to apply")
+    if data["state"] == "degraded":
+        raise typer.Exit(EXIT_FAILED)
+
+
+def logs(
+    env_file: EnvFileOption = None,
+    node: Annotated[Optional[str], typer.Option("--node", help="A node's Ray logs (head, worker1, ...).")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines.")] = False,
+    tail: Annotated[int, typer.Option("--tail", "-n", help="Lines to show first.")] = 40,
+) -> None:
+    """The server log (default) or one node's Ray logs."""
+    from dspark_launch.cluster import ray_cluster as rc
+    from dspark_launch.cluster.state import load_state
+
+    _, spec = _load(env_file)
+    state = load_state(spec.state_dir)
+    if node is None:
+        target, paths = spec.head, [str(spec.state_dir / "logs" / "vllm-serve.log")]
+    else:
+        target = spec.node(node)
+        record = state.node(node) if state else None
+        paths = rc.ray_log_paths(target, record) if record else []
+    if not paths:
+        raise fail(DsparkError(f"no logs for {target.label}: nothing started there from this state folder"))
+    try:
+        for line in rc.call(target, {"op": "tail", "paths": paths, "lines": tail}, "logs")["lines"]:
+            print(line)
+        if follow:
+            offsets = {p: rc.call(target, {"op": "read", "path": p, "offset": 1 << 62}, "logs")["offset"] for p in paths}
+            while True:
+                for path in paths:
+                    answer = rc.call(target, {"op": "read", "path": path, "offset": offsets[path]}, "logs")
+                    offsets[path] = answer["offset"]
+                    sys.stdout.write(answer["text"])
+                sys.stdout.flush()
+                time.sleep(1)
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+    except DsparkError as error:
+        raise fail(error) from None
+
+
+def smoke(
+    env_file: EnvFileOption = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, max=256)] = 4,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, max=4096)] = 16,
+    timeout: Annotated[float, typer.Option("--timeout")] = 120.0,
+) -> None:
+    """N parallel chat requests; a line each; non-zero exit if any fails."""
+    from dspark_launch.cluster.state import load_state
+    from dspark_launch.serve import http
+    from dspark_launch.serve.plan import api_key
+
+    settings, spec = _load(env_file)
+    state = load_state(spec.state_dir)
+    if not state or not state.server:
+        raise fail(DsparkError("no server started from this state folder; run `dspark start`"))
+    url, model, key = state.server["url"], state.server["served_name"], api_key(settings)
+
+    def one(i: int):
+        began = time.monotonic()
+        reply = http.request(f"{url}/v1/chat/completions", key, {
+            "model": model, "max_tokens": max_tokens, "temperature": 0,
+            "messages": [{"role": "user", "content": f"Say hello ({i})."}]}, timeout)
+        return i, reply, time.monotonic() - began
+
+    failed = 0
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        for i, reply, took in pool.map(one, range(concurrency)):
+            if reply.status == 200:
+                usage = reply.json().get("usage", {})
+                print(f"request {i}: ok {took:.2f} s, {usage.get('completion_tokens', '?')} tokens")
+            else:
+                failed += 1
+                print(f"request {i}: FAILED HTTP {reply.status or 'unreachable'} after {took:.2f} s")
+    print(f"{concurrency - failed} passed, {failed} failed")
+    if failed:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def systemd_unit(env_file: EnvFileOption = None) -> None:
+    """Print a systemd unit for the head node (`dspark start --foreground`)."""
+    from dspark_launch.config.settings import resolve
+
+    exe = shutil.which("dspark") or f"{sys.executable} -m dspark_launch"
+    env = Path(env_file or resolve().env_file).resolve()
+    print(f"""[Unit]
+Description=DeepSeek-V4-Flash on DGX Spark (dspark-launch: Ray across the nodes + vLLM)
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=simple
+WorkingDirectory={env.parent}
+ExecStart={exe} start --foreground --env-file {env}
+ExecStop={exe} stop --env-file {env}
+# 3 = already running and healthy (e.g. started by hand before the unit).
+SuccessExitStatus=3 143
+Restart=on-failure
+RestartSec=30
+TimeoutStartSec=infinity
+TimeoutStopSec=120
+KillMode=mixed
+
+[Install]
+WantedBy=multi-user.target""")

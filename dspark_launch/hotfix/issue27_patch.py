@@ -1,0 +1,1 @@
+../../patches/hotfix-dsv4-issue27-partial-prefill-concurrency.py

@@ -1,0 +1,1 @@
+"""Serving: the `vllm serve` command, its checks, launch, health and metrics."""

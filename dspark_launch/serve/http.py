@@ -1,0 +1,64 @@
+"""Small HTTP client for the server's endpoints (stdlib urllib; the key goes in a header)."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int  # 0 when the server could not be reached
+    body: str
+
+    def json(self):
+        return json.loads(self.body)
+
+
+def request(url: str, key: str = "", payload: dict | None = None, timeout: float = 5.0) -> Reply:
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    data = json.dumps(payload).encode() if payload is not None else None
+    req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return Reply(resp.status, resp.read().decode(errors="replace"))
+    except urllib.error.HTTPError as exc:
+        return Reply(exc.code, exc.read().decode(errors="replace"))
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return Reply(0, "")
+
+
+def served_models(base_url: str, key: str, timeout: float) -> list[str]:
+    reply = request(f"{base_url}/v1/models", key, timeout=timeout)
+    if reply.status != 200:
+        return []
+    try:
+        return [m["id"] for m in reply.json().get("data", [])]
+    except (ValueError, KeyError, TypeError):
+        return []
+
+
+def complete(base_url: str, key: str, model: str, prompt: str, max_tokens: int, timeout: float) -> Reply:
+    return request(f"{base_url}/v1/completions", key,
+                   {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}, timeout)
+
+
+_METRIC = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})?\s+([0-9.eE+-]+|NaN)$")
+WANTED_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+
+
+def metrics(base_url: str, timeout: float) -> dict[str, float]:
+    reply = request(f"{base_url}/metrics", timeout=timeout)
+    found: dict[str, float] = {}
+    if reply.status != 200:
+        return found
+    for line in reply.body.splitlines():
+        match = _METRIC.match(line)
+        if match and match.group(1) in WANTED_METRICS and match.group(1) not in found:
+            found[match.group(1)] = float(match.group(2))
+    return found

