@@ -1,0 +1,202 @@
+"""The whole `dspark start` on the two-namespace testbed: real SSH, real Ray, real vLLM (CPU),
+the tiny model served with tensor parallel 2 across both nodes.
+
+The server is started as few times as the assertions allow: start, restart, foreground.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_cluster import VENV_BIN, _describe, dspark, our_pids, write_env
+from tests.tiny_model import build_tiny_model
+
+pytestmark = [pytest.mark.testbed, pytest.mark.serving]
+
+API_KEY = "sk-dspark-test-7f3a9c2e41"
+FORWARD = "DSPARK_TEST_RAY_CPU_PLATFORM VLLM_CPU_KVCACHE_SPACE VLLM_CACHE_ROOT VLLM_RPC_BASE_PATH"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+def serving_env(tb, tmp_path: Path, model: Path, **extra: str) -> Path:
+    values = dict(DSPARK_MODEL=str(model), DSPARK_SERVED_MODEL_NAME="tiny", MAX_MODEL_LEN="256",
+                  MAX_NUM_BATCHED_TOKENS="256", LONG_PREFILL_TOKEN_THRESHOLD="32", HF_HUB_OFFLINE="1",
+                  VLLM_PORT="8000", VLLM_EXTRA_ARGS="--enforce-eager", DSPARK_ISSUE43_SCHED_DIAG="1",
+                  DSPARK_FORWARD_ENV=FORWARD, START_TIMEOUT_S="400", VLLM_API_KEY=API_KEY)
+    return write_env(tb, tmp_path, **{**values, **extra})
+
+
+def launcher_env(tmp_path: Path) -> dict[str, str]:
+    for name in ("vllm-cache", "rpc"):
+        (tmp_path / name).mkdir(exist_ok=True)
+    return {"DSPARK_TEST_RAY_CPU_PLATFORM": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "VLLM_RPC_BASE_PATH": str(tmp_path / "rpc")}
+
+
+def run(tb, tmp_path, env_file, *args, timeout=600):
+    return tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], env=launcher_env(tmp_path),
+                   timeout=timeout)
+
+
+def set_knob(env_file: Path, name: str, value: str) -> None:
+    lines = [l for l in env_file.read_text().splitlines() if not l.startswith(f"{name}=")]
+    env_file.write_text("\n".join(lines + [f"{name}={value}"]) + "\n")
+
+
+def state(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "state" / "state.json").read_text())
+
+
+def status(tb, tmp_path, env_file) -> tuple[int, dict]:
+    proc = run(tb, tmp_path, env_file, "status", "--json")
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def processes_named(tb, node: str, needle: str) -> list[int]:
+    found = []
+    for pid in tb.pids_in(node, include_infra=False):
+        try:
+            if needle in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def files_containing(root: Path, needle: bytes) -> list[str]:
+    hits = []
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = Path(dirpath, name)
+            try:
+                if path.is_file() and needle in path.read_bytes():
+                    hits.append(str(path))
+            except OSError:
+                pass
+    return hits
+
+
+def test_start_serve_drift_restart_kill_stop(testbed_clean, tmp_path, tiny_model):
+    tb = testbed_clean
+    env = serving_env(tb, tmp_path, tiny_model)
+    outputs = []
+
+    started = run(tb, tmp_path, env, "start")
+    outputs.append(started.stdout + started.stderr)
+    assert started.returncode == 0, started.stderr[-4000:]
+    assert "serving " in started.stdout and "in-flight prefill cap: 1" in started.stdout
+    assert "hotfix head: applied" in started.stdout and "hotfix worker1: applied" in started.stdout
+
+    # Tensor parallel rank 1 runs on the worker node, rank 0 on the head.
+    assert processes_named(tb, "worker1", "RayWorkerProc"), "no vLLM Ray worker on worker1"
+    assert processes_named(tb, "head", "RayWorkerProc"), "no vLLM Ray worker on head"
+
+    smoke = run(tb, tmp_path, env, "smoke", "--concurrency", "3")
+    outputs.append(smoke.stdout + smoke.stderr)
+    assert smoke.returncode == 0 and "3 passed, 0 failed" in smoke.stdout, smoke.stdout + smoke.stderr
+
+    # The EngineCore's scheduler is the patched one and uses the validated cap.
+    log = (tmp_path / "state" / "logs" / "vllm-serve.log").read_text(errors="replace")
+    assert "dspark-issue27 hotfix v1 active: cap=1" in log
+    steps = [l for l in log.splitlines() if "dspark-issue27 step=" in l]
+    assert steps and all(" cap=1 " in l for l in steps)
+
+    code, data = status(tb, tmp_path, env)
+    outputs.append(json.dumps(data))
+    assert code == 0 and data["state"] == "up", data
+    assert [(n["name"], n["ray_alive"], n["registered_ip"]) for n in data["nodes"]] == [
+        ("head", True, "10.213.0.1"), ("worker1", True, "10.213.0.2")]
+    assert data["server"]["healthy"] and data["server"]["cap"] == 1 and data["server"]["drift"] == []
+
+    again = run(tb, tmp_path, env, "start")
+    assert again.returncode == 3, again.stderr
+
+    # Edit the cap: status shows the drift, restart applies it.
+    set_knob(env, "DSPARK_MAX_INFLIGHT_PREFILLS", "2")
+    text = run(tb, tmp_path, env, "status")
+    assert "drift: DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2: restart to apply" in text.stdout
+    code, data = status(tb, tmp_path, env)
+    assert {"name": "DSPARK_MAX_INFLIGHT_PREFILLS", "running": "1", "configured": "2"} in data["server"]["drift"]
+    restarted = run(tb, tmp_path, env, "restart")
+    outputs.append(restarted.stdout + restarted.stderr)
+    assert restarted.returncode == 0, restarted.stderr[-4000:]
+    code, data = status(tb, tmp_path, env)
+    assert data["server"]["drift"] == [] and data["server"]["cap"] == 2
+    log = (tmp_path / "state" / "logs" / "vllm-serve.log").read_text(errors="replace")
+    assert "dspark-issue27 hotfix v1 active: cap=2" in log
+
+    # No key in the launcher's output, status, the state folder, the server log, Ray logs, or any argv.
+    secret = API_KEY.encode()
+    assert all(API_KEY not in out for out in outputs)
+    assert files_containing(tmp_path / "state", secret) == []
+    ray_dirs = {r["ray_temp_dir"] for r in state(tmp_path)["nodes"]}
+    for ray_dir in ray_dirs:
+        assert files_containing(Path(ray_dir), secret) == [], ray_dir
+    for node in ("head", "worker1"):
+        for pid in tb.pids_in(node):
+            try:
+                assert secret not in Path(f"/proc/{pid}/cmdline").read_bytes(), _describe({pid})
+            except FileNotFoundError:
+                pass
+
+    # The server dies: status says so.
+    server_pid = state(tmp_path)["server"]["pid"]
+    os.kill(server_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        code, data = status(tb, tmp_path, env)
+        if data["server"]["state"] == "dead":
+            break
+        time.sleep(1)
+    assert data["server"]["state"] == "dead" and data["state"] == "degraded" and code == 1
+
+    stopped = run(tb, tmp_path, env, "stop")
+    assert stopped.returncode == 0, stopped.stderr
+    left = our_pids(tb, "head") | our_pids(tb, "worker1")
+    assert left == set(), _describe(left)
+
+
+def test_foreground_exits_nonzero_when_the_server_dies(testbed_clean, tmp_path, tiny_model):
+    tb = testbed_clean
+    env = serving_env(tb, tmp_path, tiny_model)
+    proc = tb.popen("head", [str(VENV_BIN / "dspark"), "start", "--foreground", "--env-file", str(env)],
+                    env=launcher_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("hotfix worker1:"):
+                break
+        assert any(l.startswith("serving ") for l in seen), "".join(seen)[-4000:]
+        os.kill(state(tmp_path)["server"]["pid"], signal.SIGKILL)
+        rest, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, "".join(seen) + rest
+    assert "vllm serve (pid" in rest and "exited" in rest
+    left = our_pids(tb, "head") | our_pids(tb, "worker1")
+    assert left == set(), _describe(left)
+
+
+def test_unknown_vllm_flag_fails_the_argument_check(testbed_clean, tmp_path, tiny_model):
+    tb = testbed_clean
+    env = serving_env(tb, tmp_path, tiny_model, VLLM_EXTRA_ARGS="--max-num-partial-prefills 2")
+    proc = run(tb, tmp_path, env, "start")
+    assert proc.returncode == 2, proc.stderr
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("dspark: error:")]
+    assert len(errors) == 1 and "--max-num-partial-prefills" in errors[0] and "VLLM_EXTRA_ARGS" in errors[0]
+    assert not (tmp_path / "state").exists()
+    assert our_pids(tb, "head") == set() and our_pids(tb, "worker1") == set()
