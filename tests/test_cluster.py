@@ -231,3 +231,27 @@ def _describe(pids: set[int]) -> str:
         except OSError:
             out.append(f"{pid} gone")
     return "; ".join(out)
+
+
+def test_three_nodes(testbed, tmp_path):
+    """1 head + 2 workers: the same code, one more namespace (a testbed of its own)."""
+    from tests.testbed.fixture import extra_testbed
+
+    tb = extra_testbed(nodes=3)
+    tb.up()
+    try:
+        env = write_env(tb, tmp_path)
+        up = dspark(tb, env, "cluster", "up")
+        assert up.returncode == 0, up.stderr
+        assert "hotfix worker2: applied" in up.stdout
+        code, data = status_json(tb, env)
+        assert code == 0 and data["state"] == "up"
+        assert [(n["name"], n["registered_ip"]) for n in data["nodes"]] == [
+            ("head", "10.213.0.1"), ("worker1", "10.213.0.2"), ("worker2", "10.213.0.3")]
+        logs = dspark(tb, env, "logs", "--node", "worker2", "--tail", "5")
+        assert logs.returncode == 0 and "ray-start-worker2.log" in logs.stdout and "raylet.out" in logs.stdout
+        assert dspark(tb, env, "stop").returncode == 0
+        left = our_pids(tb, "head") | our_pids(tb, "worker1") | our_pids(tb, "worker2")
+        assert left == set(), _describe(left)
+    finally:
+        tb.down()
