@@ -200,3 +200,17 @@ def test_unknown_vllm_flag_fails_the_argument_check(testbed_clean, tmp_path, tin
     assert len(errors) == 1 and "--max-num-partial-prefills" in errors[0] and "VLLM_EXTRA_ARGS" in errors[0]
     assert not (tmp_path / "state").exists()
     assert our_pids(tb, "head") == set() and our_pids(tb, "worker1") == set()
+
+
+def test_server_dying_during_start_is_a_failure_not_a_timeout(testbed_clean, tmp_path, tiny_model):
+    tb = testbed_clean
+    # Parses fine, but the engine refuses it at start: longer than the model's 1024 positions.
+    env = serving_env(tb, tmp_path, tiny_model, MAX_MODEL_LEN="65536", START_TIMEOUT_S="600")
+    began = time.monotonic()
+    proc = run(tb, tmp_path, env, "start")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "vllm serve exited during start" in proc.stderr
+    assert "==> " in proc.stderr and "vllm-serve.log" in proc.stderr  # the log tails are printed
+    assert time.monotonic() - began < 400
+    left = our_pids(tb, "head") | our_pids(tb, "worker1")
+    assert left == set(), _describe(left)
