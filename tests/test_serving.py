@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.launcher_env import launcher_env, serving_values
 from tests.test_cluster import VENV_BIN, _describe, dspark, our_pids, write_env
 from tests.tiny_model import build_tiny_model
 
 pytestmark = [pytest.mark.testbed, pytest.mark.serving]
 
 API_KEY = "sk-dspark-test-7f3a9c2e41"
-FORWARD = "DSPARK_TEST_RAY_CPU_PLATFORM VLLM_CPU_KVCACHE_SPACE VLLM_CACHE_ROOT VLLM_RPC_BASE_PATH"
 
 
 @pytest.fixture(scope="module")
@@ -31,22 +31,13 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 def serving_env(tb, tmp_path: Path, model: Path, **extra: str) -> Path:
-    values = dict(DSPARK_MODEL=str(model), DSPARK_SERVED_MODEL_NAME="tiny", MAX_MODEL_LEN="256",
-                  MAX_NUM_BATCHED_TOKENS="256", LONG_PREFILL_TOKEN_THRESHOLD="32", HF_HUB_OFFLINE="1",
-                  VLLM_PORT="8000", VLLM_EXTRA_ARGS="--enforce-eager", DSPARK_ISSUE43_SCHED_DIAG="1",
-                  DSPARK_FORWARD_ENV=FORWARD, START_TIMEOUT_S="400", VLLM_API_KEY=API_KEY)
+    values = {**serving_values(model), "DSPARK_ISSUE43_SCHED_DIAG": "1", "START_TIMEOUT_S": "400",
+              "VLLM_API_KEY": API_KEY}
     return write_env(tb, tmp_path, **{**values, **extra})
 
 
-def launcher_env(tmp_path: Path) -> dict[str, str]:
-    for name in ("vllm-cache", "rpc"):
-        (tmp_path / name).mkdir(exist_ok=True)
-    return {"DSPARK_TEST_RAY_CPU_PLATFORM": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-            "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "VLLM_RPC_BASE_PATH": str(tmp_path / "rpc")}
-
-
 def run(tb, tmp_path, env_file, *args, timeout=600):
-    return tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], env=launcher_env(tmp_path),
+    return tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], env=launcher_env(tmp_path / "scratch"),
                    timeout=timeout)
 
 
@@ -172,7 +163,7 @@ def test_foreground_exits_nonzero_when_the_server_dies(testbed_clean, tmp_path, 
     tb = testbed_clean
     env = serving_env(tb, tmp_path, tiny_model)
     proc = tb.popen("head", [str(VENV_BIN / "dspark"), "start", "--foreground", "--env-file", str(env)],
-                    env=launcher_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                    env=launcher_env(tmp_path / "scratch"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     try:
         for line in proc.stdout:
