@@ -27,21 +27,25 @@ class UpResult:
     matrix: list[str] = field(default_factory=list)
 
 
-def _python_of(spec: ClusterSpec):
-    def python(node: Node) -> str:
-        transport = node.transport
-        return getattr(transport, "python")
-
-    return python
+def _python_of(node: Node) -> str:
+    return node.transport.python
 
 
-def node_health(spec: ClusterSpec, state: ClusterState) -> dict[str, str]:
+def _reachable(node: Node) -> bool:
+    try:
+        rc.call(node, {"op": "probe"}, "probe", 20)
+        return True
+    except rc.ClusterFailure:
+        return False
+
+
+def node_health(spec: ClusterSpec, state: ClusterState | None) -> dict[str, str]:
     """Per node: "alive", "dead" or "unreachable", from the recorded Ray daemons."""
     health = {}
     for node in spec.nodes:
-        record = state.node(node.name)
+        record = state.node(node.name) if state else None
         if record is None:
-            health[node.name] = "dead"
+            health[node.name] = "dead" if _reachable(node) else "unreachable"
             continue
         try:
             health[node.name] = "alive" if rc.node_alive(node, record) else "dead"
@@ -92,7 +96,7 @@ def _stop_leftovers(spec: ClusterSpec, state: ClusterState, reporter: rc.Reporte
 
 def _bring_up(spec: ClusterSpec, reporter: rc.Reporter, existing: ClusterState | None,
               repair: list[str]) -> UpResult:
-    bringup = rc.Bringup(spec, reporter, _python_of(spec))
+    bringup = rc.Bringup(spec, reporter, _python_of)
     to_start = [n for n in spec.nodes if existing is None or n.name in repair]
     try:
         rc.preflight(spec, reporter, to_start)
@@ -157,7 +161,7 @@ def cluster_status(spec: ClusterSpec) -> dict:
     state = load_state(spec.state_dir)
     busy = _lock_busy(spec)
     nodes = []
-    health = node_health(spec, state) if state else {n.name: "down" for n in spec.nodes}
+    health = node_health(spec, state)
     for node in spec.nodes:
         record = state.node(node.name) if state else None
         versions = (state.versions.get(node.name) if state else None) or {}

@@ -24,6 +24,7 @@ class NodeUnreachable(DsparkError):
 
 class Transport(Protocol):
     description: str
+    python: str  # the interpreter that runs the agent (and Ray) on that node
 
     def call(self, request: dict, timeout: float) -> dict: ...
 
