@@ -203,7 +203,7 @@ def known_names(registry: Registry) -> set[str]:
 def _unknown_key_warnings(names: Iterable[str], where, known: set[str], any_close: bool) -> list[str]:
     warnings = []
     for name in names:
-        if name in known or name.startswith("DSPARK_TEST_"):
+        if name in known or name.startswith("DSPARK_TEST"):  # test hooks: DSPARK_TEST_*, DSPARK_TESTBED_*
             continue
         close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
         if name.startswith("DSPARK") or (any_close and close):
