@@ -8,6 +8,12 @@ the prompts' KV blocks crowd out running streams. This file patches the
 installed ``vllm/v1/core/sched/scheduler.py`` in place so that ``Scheduler``
 (and ``AsyncScheduler``, its subclass) stops admitting new prompts while
 ``DSPARK_MAX_INFLIGHT_PREFILLS`` requests (at most 3) are still prefilling.
+``DSPARK_PREFILL_GATE_MODE`` picks the gate: 0, the plain count; 1 (default),
+the count plus a bound on the prefill tokens of each step ((cap + 1/2) x
+``long_prefill_token_threshold``), prompts that finish within the step let
+through beside the in-flight ones, and long prompts blocked by the count
+stepped over (at most 8 per step) so that short ones behind them are not held
+back (docs/benchmarks.md has the measurements behind it).
 
 Usage::
 
@@ -45,10 +51,17 @@ import sys
 import tempfile
 import zlib
 
-PATCH_VERSION = 1
+PATCH_VERSION = 2
 MAX_INFLIGHT_CAP = 3
 ENV_VAR = "DSPARK_MAX_INFLIGHT_PREFILLS"
 DIAG_ENV_VAR = "DSPARK_ISSUE43_SCHED_DIAG"
+GATE_MODE_ENV_VAR = "DSPARK_PREFILL_GATE_MODE"
+#: 0: count gate only (patch v1). 1: count gate + per-step prefill token bound,
+#: short-prompt room and stepping over blocked long prompts.
+GATE_MODES = (0, 1)
+DEFAULT_GATE_MODE = 1
+#: Long prompts a mode-1 gate steps over in one step, at most.
+MAX_SKIPS = 8
 
 #: vLLM (major, minor) range whose scheduler layout this patch knows.
 SUPPORTED_RANGE = ((0, 25), (0, 33))
@@ -81,6 +94,10 @@ _DSPARK_I27_PATCH_VERSION = {patch_version}
 _DSPARK_I27_MAX_CAP = {max_cap}
 _DSPARK_I27_ENV = "{env_var}"
 _DSPARK_I27_DIAG_ENV = "{diag_env_var}"
+_DSPARK_I27_MODE_ENV = "{mode_env_var}"
+_DSPARK_I27_MODES = {modes}
+_DSPARK_I27_DEFAULT_MODE = {default_mode}
+_DSPARK_I27_MAX_SKIPS = {max_skips}
 
 
 def _dspark_i27_parse_cap(raw, fallback):
@@ -105,6 +122,25 @@ def _dspark_i27_parse_cap(raw, fallback):
     return min(value, _DSPARK_I27_MAX_CAP), False
 
 
+def _dspark_i27_parse_mode(raw):
+    """Return (mode, bad) for a raw DSPARK_PREFILL_GATE_MODE value.
+
+    Unset or blank means the default mode; a base-10 integer that is not a
+    known mode, or anything else, is `bad` (the caller warns) and also gives
+    the default.
+    """
+    if raw is None or not raw.strip():
+        return _DSPARK_I27_DEFAULT_MODE, False
+    text = raw.strip()
+    digits = text[1:] if text[0] in "+-" else text
+    if not digits or any(c not in "0123456789" for c in digits):
+        return _DSPARK_I27_DEFAULT_MODE, True
+    value = int(text)
+    if value not in _DSPARK_I27_MODES:
+        return _DSPARK_I27_DEFAULT_MODE, True
+    return value, False
+
+
 def _dspark_i27_init(sched):
     # The environment is read here, once per scheduler, never in schedule().
     fallback = getattr(sched.scheduler_config, "max_num_partial_prefills", None) or 1
@@ -117,12 +153,32 @@ def _dspark_i27_init(sched):
             _DSPARK_I27_ENV, raw, cap,
         )
     sched._dspark_max_inflight_prefills = cap
+    raw_mode = _dspark_i27_os.environ.get(_DSPARK_I27_MODE_ENV)
+    mode, bad_mode = _dspark_i27_parse_mode(raw_mode)
+    if bad_mode:
+        logger.warning(
+            "dspark-issue27: ignoring %s=%r (expected one of %s); using gate mode %d",
+            _DSPARK_I27_MODE_ENV, raw_mode, "/".join(map(str, _DSPARK_I27_MODES)), mode,
+        )
+    sched._dspark_gate_mode = mode
+    # Mode 1 bounds the prefill tokens of a step at (cap + 1/2) chunks. It
+    # needs a chunk size (long_prefill_token_threshold > 0) and chunked
+    # prefill (without it a prompt longer than the bound could never start).
+    threshold = getattr(sched.scheduler_config, "long_prefill_token_threshold", 0) or 0
+    chunked = bool(getattr(sched.scheduler_config, "enable_chunked_prefill", False))
+    if mode == 1 and threshold > 0 and chunked:
+        sched._dspark_chunk = threshold
+        sched._dspark_step_bound = cap * threshold + threshold // 2
+    else:
+        sched._dspark_chunk = 0
+        sched._dspark_step_bound = 0
     diag = _dspark_i27_os.environ.get(_DSPARK_I27_DIAG_ENV, "")
     sched._dspark_diag = diag.strip().lower() in ("1", "true", "yes", "on")
     sched._dspark_diag_step = 0
     logger.info(
-        "dspark-issue27 hotfix v%d active: cap=%d in-flight partial prefills",
-        _DSPARK_I27_PATCH_VERSION, cap,
+        "dspark-issue27 hotfix v%d active: cap=%d in-flight partial prefills, "
+        "gate mode %d, step bound %s prefill tokens",
+        _DSPARK_I27_PATCH_VERSION, cap, mode, sched._dspark_step_bound or "none",
     )
 
 
@@ -141,18 +197,59 @@ def _dspark_i27_stays_partial(request, num_scheduled):
 
 
 def _dspark_i27_running_partials(sched, num_scheduled_tokens):
-    """Partial prefills in `running` once the running loop's tokens are done.
+    """(partial prefills, prefill tokens claimed) in `running` once the
+    running loop's tokens are done.
 
     Called once per step, after the running loop and before admission: a
     prefill whose last chunk was scheduled above no longer counts, one that
-    got a middle chunk (or none) does. Admissions add to this count.
+    got a middle chunk (or none) does. Admissions add to this count. Only
+    requests that began the step prefilling are looked at: a decode request
+    short of tokens is one the token budget ran out on, and then nothing is
+    admitted anyway. With a step bound (mode 1) each prefilling request claims
+    its next chunk, min(threshold, tokens left), or what it got if more.
     """
     count = 0
+    spent = 0
+    chunk = sched._dspark_chunk
+    get = num_scheduled_tokens.get
     for request in sched.running:
-        scheduled = num_scheduled_tokens.get(request.request_id, 0)
-        if _dspark_i27_stays_partial(request, scheduled):
-            count += 1
-    return count
+        if request.is_prefill_chunk:
+            scheduled = get(request.request_id, 0)
+            left = (
+                request.num_tokens + request.num_output_placeholders
+                - request.num_computed_tokens
+            )
+            if not scheduled or scheduled < left:
+                count += 1
+            if chunk:
+                spent += max(scheduled, min(left, chunk))
+    return count, spent
+
+
+def _dspark_i27_gated(sched, request, token_budget):
+    """Whether the gate holds `request` back once the count reached the cap.
+
+    Requests holding KV blocks never are. Mode 0 holds back every other one;
+    mode 1 only those that would still be prefilling after this step (a
+    prompt that finishes within the step's room passes).
+    """
+    if _dspark_i27_holds_kv(request):
+        return False
+    if not sched._dspark_gate_mode:
+        return True
+    return _dspark_i27_stays_partial_if_admitted(sched, request, token_budget)
+
+
+def _dspark_i27_stays_partial_if_admitted(sched, request, token_budget):
+    """Whether `request` would still be prefilling after a first chunk now.
+
+    An upper bound on its tokens (prefix-cache hits are not known yet): a
+    prompt that may finish within this step's room counts as short.
+    """
+    need = request.num_tokens - request.num_computed_tokens
+    threshold = sched._dspark_chunk
+    room = min(token_budget, threshold) if threshold else token_budget
+    return need > room
 
 
 def _dspark_i27_holds_kv(request):
@@ -165,7 +262,7 @@ def _dspark_i27_holds_kv(request):
     )
 
 
-def _dspark_i27_diag(sched, num_scheduled_tokens, inflight):
+def _dspark_i27_diag(sched, num_scheduled_tokens, inflight, spent=0):
     sched._dspark_diag_step += 1
     prefill_tokens = decode_tokens = decode_reqs = 0
     prefill_parts = []
@@ -203,10 +300,11 @@ def _dspark_i27_diag(sched, num_scheduled_tokens, inflight):
     logger.info(
         "dspark-issue27 step=%d cap=%d inflight=%d prefill_tokens=%d "
         "decode_tokens=%d decode_reqs=%d decode_skipped=%d legacy_inflight=%s "
-        "prefill=[%s] skipped=[%s]",
+        "mode=%d bound=%s claimed=%d prefill=[%s] skipped=[%s]",
         sched._dspark_diag_step, sched._dspark_max_inflight_prefills, inflight,
         prefill_tokens, decode_tokens, decode_reqs, len(skipped),
         "-" if legacy_after is None else legacy_after,
+        sched._dspark_gate_mode, sched._dspark_step_bound or "-", spent,
         ",".join(prefill_parts), ",".join(skipped),
     )
     if legacy_after is not None and legacy_after != inflight:
@@ -220,23 +318,42 @@ def _dspark_i27_diag(sched, num_scheduled_tokens, inflight):
         )
 '''
 
-_GATE_CODE = (
-    "                if (  " + _INJECT_TAG + "\n"
-    "                    _dspark_partial >= self._dspark_max_inflight_prefills\n"
-    "                    and not _dspark_i27_holds_kv(request_queue.peek_request())\n"
-    "                ):\n"
-    "                    break\n"
-)
+def _gate_code(skip: str) -> str:
+    """The admission gate; `skip` moves the peeked request out of this step's
+    way in the layout's own manner (it keeps its place in the queue)."""
+    return (
+        "                if (  " + _INJECT_TAG + "\n"
+        "                    _dspark_partial >= self._dspark_max_inflight_prefills\n"
+        "                    and _dspark_i27_gated(self, request_queue.peek_request(), token_budget)\n"
+        "                ):\n"
+        "                    if not self._dspark_gate_mode or _dspark_skips >= _DSPARK_I27_MAX_SKIPS:\n"
+        "                        break\n"
+        "                    _dspark_skips += 1\n"
+        + skip
+        + "                    continue\n"
+    )
+
+
+# vLLM 0.31 .. 0.33: the waiting loop's own `skip_request` helper.
+_SKIP_031 = "                    skip_request(request_queue)\n"
+# vLLM 0.25 .. 0.30: what the loop itself does to skip a request.
+_SKIP_025 = "                    step_skipped_waiting.prepend_request(request_queue.pop_request())\n"
 
 
 @dataclasses.dataclass(frozen=True)
 class _Site:
-    """One place the patch edits: `anchor` must occur exactly once."""
+    """One place the patch edits: `anchor` must occur exactly once.
+
+    `code` is one text for every anchor, or one per anchor alternative; each
+    alternative may also `require` text elsewhere in the file (the names its
+    code uses), which must occur at least once.
+    """
 
     name: str
     anchors: tuple[str, ...]  # alternatives (per vLLM version); exactly one matches
-    code: str
+    code: str | tuple[str, ...]
     before: bool = False  # insert before the anchor instead of after it
+    requires: tuple[str, ...] = ()  # per anchor alternative ("" = nothing)
 
 
 _SITES: tuple[_Site, ...] = (
@@ -248,9 +365,12 @@ _SITES: tuple[_Site, ...] = (
     _Site(
         "waiting-section",
         ("        # Next, schedule the WAITING requests.\n",),
-        "        _dspark_partial = _dspark_i27_running_partials(  " + _INJECT_TAG + "\n"
+        "        _dspark_partial, _dspark_spent = _dspark_i27_running_partials(  " + _INJECT_TAG + "\n"
         "            self, num_scheduled_tokens\n"
-        "        )\n",
+        "        )\n"
+        "        if self._dspark_step_bound:  " + _INJECT_TAG + "\n"
+        "            token_budget = min(token_budget, max(0, self._dspark_step_bound - _dspark_spent))\n"
+        "        _dspark_skips = 0  " + _INJECT_TAG + "\n",
         before=True,
     ),
     _Site(
@@ -266,7 +386,11 @@ _SITES: tuple[_Site, ...] = (
             "                request_queue = self._select_waiting_queue_for_scheduling()\n"
             "                assert request_queue is not None\n",
         ),
-        _GATE_CODE,
+        (_gate_code(_SKIP_031), _gate_code(_SKIP_025)),
+        requires=(
+            "            def skip_request(from_queue: RequestQueue) -> None:\n",
+            "                    step_skipped_waiting.prepend_request(request)\n",
+        ),
     ),
     _Site(
         "admission",
@@ -283,7 +407,7 @@ _SITES: tuple[_Site, ...] = (
         "constraints-check",
         ("        # Check if the scheduling constraints are satisfied.\n",),
         "        if self._dspark_diag:  " + _INJECT_TAG + "\n"
-        "            _dspark_i27_diag(self, num_scheduled_tokens, _dspark_partial)\n",
+        "            _dspark_i27_diag(self, num_scheduled_tokens, _dspark_partial, _dspark_spent)\n",
         before=True,
     ),
 )
@@ -347,7 +471,13 @@ def render_patched(original: bytes, patch_version: int = PATCH_VERSION) -> bytes
             first = site.anchors[0].strip().splitlines()[0]
             raise LayoutError(site.name, f"anchor '{site.name}' not found exactly once (expected e.g. `{first}`)")
         anchor = hits[0]
-        replacement = site.code + anchor if site.before else anchor + site.code
+        index = site.anchors.index(anchor)
+        code = site.code if isinstance(site.code, str) else site.code[index]
+        needed = site.requires[index] if site.requires else ""
+        if needed and needed not in text:
+            first = needed.strip().splitlines()[0]
+            raise LayoutError(site.name, f"anchor '{site.name}' needs `{first}`, which this layout lacks")
+        replacement = code + anchor if site.before else anchor + code
         text = text.replace(anchor, replacement, 1)
 
     marker = json.dumps(
@@ -358,12 +488,7 @@ def render_patched(original: bytes, patch_version: int = PATCH_VERSION) -> bytes
         },
         sort_keys=True,
     )
-    helpers = HELPERS_SOURCE.format(
-        patch_version=patch_version,
-        max_cap=MAX_INFLIGHT_CAP,
-        env_var=ENV_VAR,
-        diag_env_var=DIAG_ENV_VAR,
-    )
+    helpers = _helpers(patch_version)
     block = "\n".join(
         [
             _BLOCK_BEGIN,
@@ -423,18 +548,27 @@ def parse_cap(raw: str | None, fallback: int = 1) -> tuple[int, bool]:
     return _HELPERS_NS["_dspark_i27_parse_cap"](raw, fallback)
 
 
+def parse_gate_mode(raw: str | None) -> tuple[int, bool]:
+    """The injected parser itself: (mode, bad) for a raw DSPARK_PREFILL_GATE_MODE."""
+    return _HELPERS_NS["_dspark_i27_parse_mode"](raw)
+
+
+def _helpers(patch_version: int) -> str:
+    return HELPERS_SOURCE.format(
+        patch_version=patch_version,
+        max_cap=MAX_INFLIGHT_CAP,
+        env_var=ENV_VAR,
+        diag_env_var=DIAG_ENV_VAR,
+        mode_env_var=GATE_MODE_ENV_VAR,
+        modes=repr(GATE_MODES),
+        default_mode=DEFAULT_GATE_MODE,
+        max_skips=MAX_SKIPS,
+    )
+
+
 _HELPERS_NS: dict = {}
 exec(  # the same source that goes into scheduler.py; defines functions only
-    compile(
-        HELPERS_SOURCE.format(
-            patch_version=PATCH_VERSION,
-            max_cap=MAX_INFLIGHT_CAP,
-            env_var=ENV_VAR,
-            diag_env_var=DIAG_ENV_VAR,
-        ),
-        "<dspark-issue27-helpers>",
-        "exec",
-    ),
+    compile(_helpers(PATCH_VERSION), "<dspark-issue27-helpers>", "exec"),
     _HELPERS_NS,
 )
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 ENV_VAR = "DSPARK_MAX_INFLIGHT_PREFILLS"
 DIAG_ENV_VAR = "DSPARK_ISSUE43_SCHED_DIAG"
+GATE_MODE_ENV_VAR = "DSPARK_PREFILL_GATE_MODE"
 SAMPLED_TOKEN = 7
 EOS_TOKEN = 2
 PATCHED_MODULE_NAME = "dspark_issue27_patched_scheduler"
@@ -70,6 +71,9 @@ class RequestSpec:
     prefix_group: str | None = None
     shared_prefix_len: int = 0
     resumable: bool = False  # a streaming-input session (keeps its KV between turns)
+    # Arrival in modelled milliseconds instead of `arrival_step` (run_workload
+    # with a `step_time` model); the step it actually arrived at is recorded.
+    arrival_ms: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +172,8 @@ class RunResult:
     finished: set[str]
     preemptions: int
     effective_cap: int | None  # _dspark_max_inflight_prefills of a patched scheduler
+    # Steps at which requests with `arrival_ms` actually arrived.
+    timed_arrivals: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def unfinished(self) -> set[str]:
@@ -175,7 +181,7 @@ class RunResult:
 
     @property
     def arrival(self) -> dict[str, int]:
-        return {r.req_id: r.arrival_step for r in self.workload}
+        return {r.req_id: self.timed_arrivals.get(r.req_id, r.arrival_step) for r in self.workload}
 
     def max_concurrent_partial_prefills(self) -> int:
         return max((len(s.mid_prefill) for s in self.steps), default=0)
@@ -425,6 +431,7 @@ def build_scheduler(spec: SchedulerSpec, model_dir: str | os.PathLike, vllm_conf
     env = {
         ENV_VAR: None if spec.cap is None else str(spec.cap),
         DIAG_ENV_VAR: "1" if spec.diag else None,
+        GATE_MODE_ENV_VAR: None,  # the hotfix's default gate mode unless extra_env sets one
         **dict(spec.extra_env),
     }
     cls = async_cls if spec.async_scheduling else sync_cls
@@ -499,6 +506,7 @@ def run_workload(
     max_steps: int = 5000,
     scheduler=None,
     before_schedule: Callable[[object, int], None] | None = None,
+    step_time: Callable[[StepRecord], float] | None = None,
 ) -> RunResult:
     """Run `workload` to completion (or `max_steps`) and record every step.
 
@@ -506,13 +514,22 @@ def run_workload(
     step's output is processed (pipeline depth 2), as vLLM's engine core does.
     A prebuilt `scheduler` may be passed (it must match `spec`);
     `before_schedule(scheduler, step)` runs before each `schedule()` call.
+    Requests with `arrival_ms` arrive once the modelled time, the sum of
+    `step_time(record)` over the steps so far, reaches it (an idle scheduler
+    jumps to the next arrival); `step_time` is required for them.
     """
     sched = scheduler if scheduler is not None else build_scheduler(spec, model_dir)
     hasher = _block_hasher(spec, sched.vllm_config)
     arrivals: dict[int, list[RequestSpec]] = {}
+    timed = deque(sorted((r for r in workload if r.arrival_ms is not None), key=lambda r: r.arrival_ms))
+    if timed and step_time is None:
+        raise ValueError("requests with arrival_ms need a step_time model")
     for req in workload:
-        arrivals.setdefault(req.arrival_step, []).append(req)
+        if req.arrival_ms is None:
+            arrivals.setdefault(req.arrival_step, []).append(req)
     last_arrival = max(arrivals, default=0)
+    clock_ms = 0.0
+    timed_arrivals: dict[str, int] = {}
     depth = 2 if spec.async_scheduling else 1
 
     steps: list[StepRecord] = []
@@ -537,9 +554,15 @@ def run_workload(
     for step in range(max_steps):
         for req in arrivals.get(step, ()):
             sched.add_request(make_request(req, hasher))
+        if timed and not sched.has_requests() and not in_flight:
+            clock_ms = max(clock_ms, timed[0].arrival_ms)  # idle until the next arrival
+        while timed and timed[0].arrival_ms <= clock_ms:
+            req = timed.popleft()
+            timed_arrivals[req.req_id] = step
+            sched.add_request(make_request(req, hasher))
         if before_schedule is not None:
             before_schedule(sched, step)
-        if step > last_arrival and not sched.has_requests() and not in_flight:
+        if step > last_arrival and not timed and not sched.has_requests() and not in_flight:
             break
         decode_active = frozenset(r.request_id for r in sched.running if not r.is_prefill_chunk)
         sched_output = sched.schedule()
@@ -556,6 +579,8 @@ def run_workload(
             start={rid: requests[rid].num_computed_tokens - n for rid, n in scheduled.items()},
         )
         steps.append(record)
+        if step_time is not None:
+            clock_ms += step_time(record)
         in_flight.append((sched_output, sampled, record))
         if len(in_flight) >= depth or not scheduled:
             while in_flight:
@@ -573,6 +598,7 @@ def run_workload(
         finished=finished,
         preemptions=_count_preemptions(steps),
         effective_cap=getattr(sched, "_dspark_max_inflight_prefills", None),
+        timed_arrivals=timed_arrivals,
     )
 
 

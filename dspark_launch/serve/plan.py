@@ -61,6 +61,7 @@ def serve_plan(settings: Settings, spec: ClusterSpec, forwarded: dict[str, str],
     env.update(forwarded)
     env.update({
         "DSPARK_MAX_INFLIGHT_PREFILLS": settings["DSPARK_MAX_INFLIGHT_PREFILLS"],
+        "DSPARK_PREFILL_GATE_MODE": settings["DSPARK_PREFILL_GATE_MODE"],
         "DSPARK_ISSUE43_SCHED_DIAG": settings["DSPARK_ISSUE43_SCHED_DIAG"],
         "RAY_ADDRESS": spec.ray_address,
         "VLLM_HOST_IP": spec.head.ip,

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Fill the generated tables of docs/benchmarks.md from a `dspark bench scheduler` JSON result.
+
+    python bench/scheduler_docs.py [bench/results/scheduler.json] [docs/benchmarks.md]
+
+Rewrites the text between each `<!-- BEGIN GENERATED: NAME -->` and
+`<!-- END GENERATED: NAME -->` pair; everything else is left as written.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from dspark_launch.bench import report  # noqa: E402
+from dspark_launch.bench.policies import CAP1, SHIPPED  # noqa: E402
+
+
+def m0_vs_m1(result: dict) -> str:
+    runs = {(r["workload"], r["policy"]): r for r in result["runs"] if r["scheduler"] == "Scheduler"}
+    head = ("workload", "p99 proxy m0 / m1", "p99 ITL model ms m0 / m1", "TTFT steps m0 / m1",
+            "TTFT model ms m0 / m1 (ratio)", "stock / stock+thr TTFT model ms", "preemptions m0 / m1",
+            "longest gap m0 / m1")
+    rows = []
+    for w in result["workloads"]:
+        name = w["name"]
+        a, b = runs[(name, CAP1)], runs[(name, SHIPPED)]
+        s, st = runs[(name, "stock")], runs[(name, "stock+thr")]
+        ratio = b["ttft_model_ms"]["mean"] / a["ttft_model_ms"]["mean"]
+        rows.append([
+            name,
+            f"{a['latency_proxy_tokens']['p99']:.0f} / {b['latency_proxy_tokens']['p99']:.0f}",
+            f"{a['itl_model_ms']['p99']:.0f} / {b['itl_model_ms']['p99']:.0f}",
+            f"{a['ttft_steps']['mean']:.1f} / {b['ttft_steps']['mean']:.1f}",
+            f"{a['ttft_model_ms']['mean']:.0f} / {b['ttft_model_ms']['mean']:.0f} ({ratio:.3f})",
+            f"{s['ttft_model_ms']['mean']:.0f} / {st['ttft_model_ms']['mean']:.0f}",
+            f"{a['preemptions']} / {b['preemptions']}",
+            f"{a['longest_gap_steps']} / {b['longest_gap_steps']}",
+        ])
+    return report.table(rows, head, markdown=True)
+
+
+def targets(result: dict) -> str:
+    lines = []
+    for t in result["targets"]:
+        lines.append(f"- **{'Met' if t['met'] else 'Not met'}**: {t['text']}. "
+                     f"`{json.dumps(t['numbers'], sort_keys=True)}`")
+    return "\n".join(lines)
+
+
+def blocks(result: dict) -> dict[str, str]:
+    return {
+        "summary": report.summary_table(result, "Scheduler", markdown=True),
+        "m0-vs-m1": m0_vs_m1(result),
+        "overhead": report.overhead_text(result.get("overhead"), markdown=True),
+        "targets": targets(result),
+        "runs": report.runs_table(result, "Scheduler", markdown=True),
+    }
+
+
+def fill(text: str, parts: dict[str, str]) -> str:
+    for name, body in parts.items():
+        pattern = re.compile(
+            r"(<!-- BEGIN GENERATED: " + re.escape(name) + r" -->\n).*?(<!-- END GENERATED: " + re.escape(name) + r" -->)",
+            re.S,
+        )
+        if not pattern.search(text):
+            raise SystemExit(f"no generated block {name!r} in the document")
+        text = pattern.sub(lambda m: m.group(1) + body.rstrip("\n") + "\n" + m.group(2), text)
+    return text
+
+
+def main(argv: list[str]) -> int:
+    result_path = pathlib.Path(argv[0]) if argv else REPO / "bench" / "results" / "scheduler.json"
+    doc_path = pathlib.Path(argv[1]) if len(argv) > 1 else REPO / "docs" / "benchmarks.md"
+    result = json.loads(result_path.read_text(encoding="utf-8"))
+    doc_path.write_text(fill(doc_path.read_text(encoding="utf-8"), blocks(result)), encoding="utf-8")
+    print(f"filled {doc_path} from {result_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

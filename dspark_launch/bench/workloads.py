@@ -1,0 +1,225 @@
+"""Workloads of the scheduler benchmark, shaped like the reported cases.
+
+Token counts are given at full size (the GB10 deployment: budget 8192,
+threshold 1024) and multiplied by `scale` (e.g. 1/64 for CI). Output lengths
+(decode steps) and arrival steps are not scaled, so every shape keeps its
+number of steps: a 32K prompt at threshold 1024 takes 32 chunks at any scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+
+from dspark_launch.bench.harness import RequestSpec
+
+K = 1000  # "8K" is 8,000 tokens: real prompts are not multiples of the chunk size
+FULL_BUDGET = 8192
+FULL_THRESHOLD = 1024
+STREAM_PROMPT = 512  # full-size prompt of a decoding stream
+BLOCK_SIZE = 16
+
+
+def scaled(tokens: int, scale: Fraction) -> int:
+    return max(1, int(tokens * scale))
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """Requests plus the scheduler settings they run under.
+
+    `kind`: wave | steady | kv-pressure. `n_streams`: requests decoding when
+    the prompts of interest arrive (for the ideal time to first token).
+    `prompts`: ids whose time to first token is reported.
+    """
+
+    name: str
+    kind: str
+    requests: tuple[RequestSpec, ...]
+    prompts: tuple[str, ...]
+    n_streams: int
+    max_num_seqs: int
+    budget: int
+    threshold: int
+    num_blocks: int
+    max_model_len: int
+    scale: Fraction
+    params: dict
+
+    def scheduler_kwargs(self) -> dict:
+        return dict(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.budget,
+            long_prefill_token_threshold=self.threshold,
+            num_blocks=self.num_blocks,
+            block_size=BLOCK_SIZE,
+            max_model_len=self.max_model_len,
+        )
+
+    def describe(self) -> dict:
+        """The exact workload, for the JSON output."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "params": self.params,
+            "scale": str(self.scale),
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.budget,
+            "long_prefill_token_threshold": self.threshold,
+            "num_blocks": self.num_blocks,
+            "block_size": BLOCK_SIZE,
+            "max_model_len": self.max_model_len,
+            "n_streams": self.n_streams,
+            "requests": [
+                [r.req_id, r.arrival_step if r.arrival_ms is None else None, r.arrival_ms,
+                 r.prompt_len, r.max_tokens]
+                for r in self.requests
+            ],
+        }
+
+
+def _settings(scale: Fraction) -> tuple[int, int]:
+    return scaled(FULL_BUDGET, scale), scaled(FULL_THRESHOLD, scale)
+
+
+def _max_len(requests: Sequence[RequestSpec]) -> int:
+    longest = max(r.prompt_len + r.max_tokens for r in requests)
+    return max(1024, int(math.ceil(longest / 1024) * 1024))
+
+
+def _blocks(tokens: int) -> int:
+    return math.ceil(tokens / BLOCK_SIZE)
+
+
+def wave(prompt_k: int, n_wave: int, max_num_seqs: int, scale: Fraction, n_streams: int = 4,
+         wave_tokens: int = 32) -> Workload:
+    """`n_streams` streams decoding, then `n_wave` cold prompts of `prompt_k` K tokens at once.
+
+    The streams keep decoding until well after the wave is prefilled at cap 1.
+    KV pool: everything fits (no pressure).
+    """
+    budget, threshold = _settings(scale)
+    prompt = scaled(prompt_k * K, scale)
+    stream_prompt = scaled(STREAM_PROMPT, scale)
+    arrival = 2 + math.ceil(stream_prompt / max(1, budget // max(1, n_streams)))
+    serial_steps = n_wave * math.ceil(prompt / threshold)
+    stream_tokens = serial_steps + 2 * wave_tokens + 16
+    streams = [RequestSpec(f"stream-{i}", 0, stream_prompt, stream_tokens) for i in range(n_streams)]
+    prompts = [RequestSpec(f"wave-{i}", arrival, prompt, wave_tokens) for i in range(n_wave)]
+    requests = streams + prompts
+    tokens = sum(r.prompt_len + r.max_tokens for r in requests)
+    return Workload(
+        name=f"wave-{prompt_k}k-x{n_wave}-seqs{max_num_seqs}",
+        kind="wave",
+        requests=tuple(requests),
+        prompts=tuple(r.req_id for r in prompts),
+        n_streams=n_streams,
+        max_num_seqs=max_num_seqs,
+        budget=budget,
+        threshold=threshold,
+        num_blocks=_blocks(tokens) + 64,
+        max_model_len=_max_len(requests),
+        scale=scale,
+        params={"prompt_tokens_full": prompt_k * K, "n_wave": n_wave, "n_streams": n_streams,
+                "wave_output_tokens": wave_tokens, "arrival_step": arrival},
+    )
+
+
+# Prompt sizes of the steady loads, in K tokens. "docs": mostly mid-size
+# prompts, now and then a long document (mean 11.75K); "chat": mostly short
+# chats with a long document now and then (mean 4.4K).
+STEADY_MIX = (2, 8, 1, 16, 4, 32, 2, 1, 8, 62, 1, 4)
+CHAT_MIX = (1, 0.5, 2, 1, 0.3, 32, 1, 0.5, 4, 1, 2, 8)
+
+
+def steady(scale: Fraction, n_prompts: int = 36, every_ms: float = 1200.0, n_streams: int = 2,
+           max_num_seqs: int = 16, mix: tuple = STEADY_MIX, label: str = "docs") -> Workload:
+    """Two long-lived streams; a prompt arrives every `every_ms` of modelled
+    time (not every N steps: capped steps are lighter, so a step count would
+    offer a capped scheduler more prompts per second), sizes cycling through
+    `mix`, outputs of 48 to 111 tokens."""
+    budget, threshold = _settings(scale)
+    stream_prompt = scaled(STREAM_PROMPT, scale)
+    prompts = []
+    for i in range(n_prompts):
+        size = mix[i % len(mix)]
+        prompts.append(RequestSpec(f"req-{i:02d}", 0, scaled(int(size * K), scale), 48 + (i * 37) % 64,
+                                   arrival_ms=200.0 + i * every_ms))
+    # The streams decode until every prompt is served, even at cap 1.
+    horizon = sum(math.ceil(p.prompt_len / threshold) + p.max_tokens for p in prompts) + 64
+    streams = [RequestSpec(f"stream-{i}", 0, stream_prompt, horizon) for i in range(n_streams)]
+    requests = streams + prompts
+    tokens = sum(r.prompt_len + r.max_tokens for r in requests)
+    return Workload(
+        name=f"steady-{label}-{n_prompts}x-every{every_ms:g}ms",
+        kind="steady",
+        requests=tuple(requests),
+        prompts=tuple(r.req_id for r in prompts),
+        n_streams=n_streams,
+        max_num_seqs=max_num_seqs,
+        budget=budget,
+        threshold=threshold,
+        num_blocks=_blocks(tokens) + 64,
+        max_model_len=_max_len(requests),
+        scale=scale,
+        params={"n_prompts": n_prompts, "every_ms_model": every_ms, "mix_k": list(mix),
+                "n_streams": n_streams},
+    )
+
+
+def kv_pressure(scale: Fraction, prompt_k: int = 16, n_wave: int = 8, pool_share: float = 0.4,
+                max_num_seqs: int = 16) -> Workload:
+    """4 streams, a wave of `n_wave` x `prompt_k` K prompts, then 4 more streams
+    arriving while it is ingested, in a KV pool that holds the streams plus
+    `pool_share` of the wave's prompt tokens: too small for stock to keep
+    everything resident."""
+    budget, threshold = _settings(scale)
+    prompt = scaled(prompt_k * K, scale)
+    stream_prompt = scaled(STREAM_PROMPT, scale)
+    stream_tokens = n_wave * math.ceil(prompt / threshold) + 96
+    streams = [RequestSpec(f"stream-{i}", 0, stream_prompt, stream_tokens) for i in range(4)]
+    prompts = [RequestSpec(f"wave-{i}", 4, prompt, 64) for i in range(n_wave)]
+    late = [RequestSpec(f"stream-late-{i}", 6 + i, stream_prompt, stream_tokens) for i in range(4)]
+    requests = streams + prompts + late
+    return Workload(
+        name=f"kv-pressure-{prompt_k}k-x{n_wave}",
+        kind="kv-pressure",
+        requests=tuple(requests),
+        prompts=tuple(r.req_id for r in prompts + late),
+        n_streams=4,
+        max_num_seqs=max_num_seqs,
+        budget=budget,
+        threshold=threshold,
+        # The streams' whole lengths fit; the wave's prompts get `pool_share`
+        # of what they need (so the shape holds at any scale: outputs are not
+        # scaled, prompts are).
+        num_blocks=_blocks(int(n_wave * prompt * pool_share))
+        + sum(_blocks(r.prompt_len + r.max_tokens) for r in streams + late),
+        max_model_len=_max_len(requests),
+        scale=scale,
+        params={"prompt_tokens_full": prompt_k * K, "n_wave": n_wave, "pool_share": pool_share,
+                "late_streams": 4},
+    )
+
+
+def suite(scale: Fraction, grid: str = "full") -> list[Workload]:
+    """The benchmark's workloads. `grid`: full (every reported shape) or ci."""
+    if grid == "ci":
+        return [
+            wave(32, 8, 16, scale),
+            wave(8, 4, 6, scale),
+            steady(scale, n_prompts=16),
+            kv_pressure(scale),
+        ]
+    loads = [
+        wave(p, n, 16, scale) for p in (8, 16, 32, 62) for n in (2, 4, 8)
+    ]
+    loads += [wave(p, 8, 6, scale) for p in (8, 32, 62)]
+    loads += [
+        steady(scale),
+        steady(scale, n_prompts=48, every_ms=500.0, mix=CHAT_MIX, label="chat"),
+        kv_pressure(scale),
+    ]
+    return loads

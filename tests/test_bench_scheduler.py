@@ -1,0 +1,146 @@
+"""`dspark bench scheduler` at CI size (scale 1/64, four workloads, both
+scheduler classes): behavioural assertions only, never timings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from fractions import Fraction
+
+import pytest
+
+from dspark_launch.bench import policies, report, scheduler_bench, workloads
+from tests.conftest import REPO
+
+SCALE = Fraction(1, 64)
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    base = tmp_path_factory.mktemp("bench")
+    saved = {k: os.environ.get(k) for k in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH")}
+    for var in saved:  # vLLM's caches and sockets under the test folder
+        os.environ[var] = str(base / var.lower())
+    try:
+        import matplotlib  # noqa: F401
+
+        plot = base / "tokens.png"
+    except ImportError:  # the plot is optional (the `bench` extra)
+        plot = None
+    out = scheduler_bench.run(SCALE, grid="ci", overhead_reps=(30, 5), plot_path=plot,
+                              command=["pytest", "ci-sized"])
+    yield out
+    for var, value in saved.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+
+
+def runs(result, policy=None, workload=None, kind=None):
+    kinds = {w["name"]: w["kind"] for w in result["workloads"]}
+    return [
+        r for r in result["runs"]
+        if (policy is None or r["policy"] == policy)
+        and (workload is None or r["workload"] == workload)
+        and (kind is None or kinds[r["workload"]] == kind)
+    ]
+
+
+def test_every_policy_ran_every_workload_under_both_schedulers(result):
+    names = {p["name"] for p in result["policies"]}
+    assert {"stock", "stock+thr", "community:1", "community:2", "community:3", "hotfix-m0:1", "hotfix-m0:2",
+            "hotfix-m0:3", "hotfix-m1:1", "hotfix-m1:2", "hotfix-m1:3"} <= names
+    assert len(result["runs"]) == len(names) * len(result["workloads"]) * 2
+    assert {r["scheduler"] for r in result["runs"]} == {"Scheduler", "AsyncScheduler"}
+    assert [w["kind"] for w in result["workloads"]].count("wave") >= 1
+    assert {"steady", "kv-pressure"} <= {w["kind"] for w in result["workloads"]}
+
+
+def test_every_request_finishes(result):
+    stuck = [(r["workload"], r["policy"], r["scheduler"], r["unfinished"]) for r in result["runs"] if r["unfinished"]]
+    assert not stuck
+
+
+def test_our_policies_never_exceed_their_cap(result):
+    gated = [p for p in result["policies"] if p["kind"] in ("hotfix", "variant")]
+    assert gated
+    for pol in gated:
+        for r in runs(result, pol["name"]):
+            assert r["max_mid_prefill"] <= pol["cap"], (r["workload"], pol["name"], r["scheduler"])
+            if pol["kind"] == "hotfix":
+                assert r["effective_cap"] == pol["cap"]
+
+
+def test_mode_one_never_exceeds_its_step_bound(result):
+    loads = {w["name"]: w for w in result["workloads"]}
+    for cap in (1, 2, 3):
+        for r in runs(result, f"hotfix-m1:{cap}"):
+            threshold = loads[r["workload"]]["long_prefill_token_threshold"]
+            assert r["max_prefill_tokens_in_decode_step"] <= cap * threshold + threshold // 2, r["workload"]
+
+
+def test_stock_exceeds_the_cap_on_the_wave_load(result):
+    """With the recipe's threshold, stock vLLM puts the whole wave mid-prefill."""
+    for r in runs(result, "stock+thr", kind="wave"):
+        if r["workload"].endswith("seqs16"):
+            assert r["max_mid_prefill"] > 3, r["workload"]
+            assert r["latency_proxy_tokens"]["p99"] > runs(result, "hotfix-m0:1", r["workload"])[0]["latency_proxy_tokens"]["p99"]
+
+
+def test_kv_pressure_preempts_less_with_cap_one(result):
+    for scheduler in ("Scheduler", "AsyncScheduler"):
+        by = {r["policy"]: r for r in runs(result, kind="kv-pressure") if r["scheduler"] == scheduler}
+        assert by["stock+thr"]["preemptions"] > 0, "the pool must be small enough for stock to preempt"
+        for name in ("hotfix-m0:1", "hotfix-m1:1"):
+            assert by[name]["preemptions"] < by["stock+thr"]["preemptions"], (scheduler, name)
+            assert by[name]["preemptions"] <= by["stock"]["preemptions"], (scheduler, name)
+            assert by[name]["longest_gap_steps"] <= by["stock+thr"]["longest_gap_steps"], (scheduler, name)
+
+
+def test_json_validates_against_its_documented_schema(result, tmp_path):
+    text = json.dumps(result)
+    report.validate(json.loads(text))
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((REPO / "docs" / "bench-schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    broken = json.loads(text)
+    del broken["runs"][0]["latency_proxy_tokens"]
+    with pytest.raises(ValueError, match="schema error"):
+        report.validate(broken)
+
+
+def test_json_carries_the_exact_workload_versions_and_targets(result):
+    assert result["scale"] == "1/64" and result["grid"] == "ci"
+    assert result["versions"]["vllm"].startswith("0.")
+    assert result["versions"]["hotfix_patch_version"] >= 2
+    for w, built in zip(result["workloads"], workloads.suite(SCALE, "ci")):
+        assert w["name"] == built.name
+        assert [tuple(r) for r in w["requests"]] == [
+            (r.req_id, r.arrival_step if r.arrival_ms is None else None, r.arrival_ms, r.prompt_len, r.max_tokens)
+            for r in built.requests
+        ]
+    assert {t["id"] for t in result["targets"]} == {
+        "p99-proxy-vs-cap1", "ttft-model-vs-stock-waves", "kv-stall-vs-cap1", "overhead-256-1024",
+        "community-over-admission",
+    }
+    assert result["shipped_default"] == policies.SHIPPED
+    sizes = {sc["running"]: sc["waiting"] for sc in result["overhead"]["scenarios"]}
+    assert sizes == {6: 16, 256: 1024}
+
+
+def test_tables_and_plot(result):
+    text = report.terminal(result)
+    assert "hotfix-m1:1 *" in text and "targets" in text
+    if result["plot"] is not None:
+        png = open(result["plot"]["path"], "rb").read(8)
+        assert png == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_rejects_a_bad_scale_without_running():
+    proc = subprocess.run([sys.executable, "-m", "dspark_launch", "bench", "scheduler", "--scale", "2"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2
+    assert "scale must be in (0, 1]" in proc.stderr
