@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,15 @@ def _is_ours(name: str) -> bool:
     from dspark_launch.config.settings import known_names
 
     return name in known_names(load_registry()) or name.startswith("DSPARK")
+
+
+@pytest.fixture(autouse=True)
+def _remove_short_scratch(tmp_path):
+    """Tests that serve put vLLM's sockets in a short folder outside tmp_path; remove it after each test."""
+    yield
+    from tests.launcher_env import scratch
+
+    shutil.rmtree(scratch(tmp_path), ignore_errors=True)
 
 
 @pytest.fixture

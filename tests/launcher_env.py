@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -51,3 +52,9 @@ def write_env_file(path: Path, values: dict[str, str], header: str = "") -> Path
         handle.write(header)
         handle.write("".join(f"{k}={v}\n" for k, v in values.items()))
     return path
+
+
+def scratch(tmp_path: Path) -> Path:
+    """A short folder for vLLM's IPC sockets: a unix socket path must stay under 108 bytes,
+    which a long test name under pytest's tmp_path can exceed. Removed after each test (conftest)."""
+    return Path("/tmp") / f"dspark-scr-{hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10]}"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launcher_env import launcher_env, serving_values
+from tests.launcher_env import launcher_env, scratch, serving_values
 from tests.test_cluster import VENV_BIN, _describe, dspark, our_pids, write_env
 from tests.tiny_model import build_tiny_model
 
@@ -38,7 +38,7 @@ def serving_env(tb, tmp_path: Path, model: Path, **extra: str) -> Path:
 
 
 def run(tb, tmp_path, env_file, *args, timeout=600):
-    return tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], env=launcher_env(tmp_path / "scratch"),
+    return tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], env=launcher_env(scratch(tmp_path)),
                    timeout=timeout)
 
 
@@ -164,7 +164,7 @@ def test_foreground_exits_nonzero_when_the_server_dies(testbed_clean, tmp_path, 
     tb = testbed_clean
     env = serving_env(tb, tmp_path, tiny_model)
     proc = tb.popen("head", [str(VENV_BIN / "dspark"), "start", "--foreground", "--env-file", str(env)],
-                    env=launcher_env(tmp_path / "scratch"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                    env=launcher_env(scratch(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     try:
         for line in proc.stdout:

@@ -36,7 +36,8 @@ def run_up(spec, reporter):
     from dspark_launch.cluster.lifecycle import cluster_up
 
     def interrupted(code: int) -> None:
-        print(f"dspark: interrupted; everything this run started was stopped (exit {code})", file=sys.stderr)
+        print(f"dspark: interrupted; everything this run started was stopped (exit {code}); "
+              f"logs in {spec.state_dir / 'logs'}", file=sys.stderr)
 
     with interruptible(interrupted):
         try:
@@ -62,6 +63,9 @@ def up(env_file: EnvFileOption = None) -> None:
         status = report["status"]
         print(f"hotfix {name}: {status['state']} (patch {status.get('patch_version')}, vLLM {status.get('vllm_version')})")
     print(f"cluster up: {len(spec.nodes)} nodes, Ray at {spec.ray_address}")
+    hint = dashboard_hint(spec)
+    if hint:
+        print(hint)
 
 
 @app.command()
@@ -80,6 +84,12 @@ def run_down(spec) -> None:
         raise fail(error) from None
     if unreachable:
         raise typer.Exit(EXIT_FAILED)
+
+
+def dashboard_hint(spec) -> str | None:
+    from dspark_launch.cluster.ray_cluster import dashboard_hint as hint
+
+    return hint(spec)
 
 
 def render_status(data: dict) -> str:

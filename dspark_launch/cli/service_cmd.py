@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dspark_launch.cli.cluster_cmd import load_spec, render_status
+from dspark_launch.cli.cluster_cmd import dashboard_hint, load_spec, render_status
 from dspark_launch.cli.config_cmd import EnvFileOption
 from dspark_launch.cli.output import emit_json, fail
 from dspark_launch.cli.reporter import ConsoleReporter
@@ -52,7 +52,8 @@ def do_start(settings, spec, strict: bool, foreground: bool) -> None:
     reporter = ConsoleReporter()
 
     def interrupted(code: int) -> None:
-        print(f"dspark: interrupted; everything this run started was stopped (exit {code})", file=sys.stderr)
+        print(f"dspark: interrupted; everything this run started was stopped (exit {code}); "
+              f"logs in {spec.state_dir / 'logs'}", file=sys.stderr)
 
     with interruptible(interrupted):
         try:
@@ -67,24 +68,65 @@ def do_start(settings, spec, strict: bool, foreground: bool) -> None:
         for name, report in (result.hotfix or {}).items():
             st = report["status"]
             print(f"hotfix {name}: {st['state']} (patch {st['patch_version']}, vLLM {st['vllm_version']})")
+        hint = dashboard_hint(spec)
+        if hint:
+            print(hint)
         if foreground:
+            sys.stdout.flush()
             _stay_attached(settings, spec, server)
 
 
-def _stay_attached(settings, spec, server) -> None:
-    """For a supervisor: exit non-zero when the server dies; stop everything on SIGTERM/SIGINT."""
-    from dspark_launch.serve import service
+NODE_CHECK_S = 10  # --foreground: how often Ray on every node is checked (the server: every 2 s)
 
+
+def _nodes_down(spec) -> dict[str, str]:
+    """Nodes whose recorded Ray daemons are gone: label -> "dead" or "unreachable (why)"."""
+    from dspark_launch.cluster import lifecycle
+    from dspark_launch.cluster.state import load_state
+
+    state = load_state(spec.state_dir)
+    if state is None:
+        return {}
+    details: dict[str, str] = {}
+    health = lifecycle.node_health(spec, state, details)
+    return {spec.node(name).label: (f"unreachable ({details[name]})" if name in details else h)
+            for name, h in health.items() if h != "alive"}
+
+
+def _stay_attached(settings, spec, server) -> None:
+    """For a supervisor: exit non-zero when the server or a node's Ray dies; stop everything on SIGTERM/SIGINT."""
+    from dspark_launch.serve import logscan, service
+
+    cause = None
+    down_before: dict[str, str] = {}
+    last_check = time.monotonic()
     try:
-        while service.server_alive(spec, server):
+        while cause is None:
+            if not service.server_alive(spec, server):
+                text = Path(server["log"]).read_text(errors="replace") if Path(server["log"]).exists() else ""
+                down = _nodes_down(spec)
+                cause = f"vllm serve (pid {server['pid']}) exited: {logscan.failure(text)}"
+                if down:
+                    cause += "; Ray is down on " + ", ".join(down)
+                break
+            if time.monotonic() - last_check >= NODE_CHECK_S:
+                last_check = time.monotonic()
+                down = _nodes_down(spec)
+                lasting = {label: why for label, why in down.items() if label in down_before}
+                if lasting:  # twice in a row: not a blip
+                    cause = "Ray " + ", ".join(f"on {label} is {why}" for label, why in lasting.items()) + \
+                            f" under vllm serve (pid {server['pid']})"
+                    break
+                down_before = down
             time.sleep(2)
     except BaseException:
         service.stop(spec, ConsoleReporter(quiet=True))
         raise
     for line in service.tails(spec, server):
         print(line, file=sys.stderr)
-    print(f"dspark: error: vllm serve (pid {server['pid']}) exited; log {server['log']}", file=sys.stderr)
+    print(f"dspark: error: {cause}; log {server['log']}; node logs: `dspark logs --node NAME`", file=sys.stderr)
     service.stop(spec, ConsoleReporter(quiet=True))
+    print("dspark: stopped everything this run started; exit 1 so a supervisor restarts it", file=sys.stderr)
     raise typer.Exit(EXIT_FAILED)
 
 
@@ -157,6 +199,8 @@ def status(
                       f"{100 * m.get('vllm:kv_cache_usage_perc', 0):.1f}%")
             for d in s["drift"]:
                 print(f"  drift: {d['name']} {d['running']} -> {d['configured']}: restart to apply")
+        for problem in data.get("problems", []):
+            print(f"problem: {problem}")
     if data["state"] == "degraded":
         raise typer.Exit(EXIT_FAILED)
 

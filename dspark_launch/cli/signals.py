@@ -1,8 +1,14 @@
-"""SIGTERM unwinds like Ctrl-C, so every rollback runs; both map to their exit codes."""
+"""SIGTERM unwinds like Ctrl-C, so every rollback runs; both map to their exit codes.
+
+Only the first signal interrupts: a second Ctrl-C (or a supervisor's repeated
+SIGTERM) while the rollback stops what this run started is noted and ignored, so
+the rollback itself is never cut short and nothing is left running.
+"""
 
 from __future__ import annotations
 
 import signal
+import sys
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -11,14 +17,19 @@ import typer
 from dspark_launch.errors import EXIT_SIGINT, EXIT_SIGTERM, Terminated
 
 
-def _raise_terminated(signum, frame):
-    raise Terminated()
-
-
 @contextmanager
 def interruptible(on_interrupt) -> Iterator[None]:
     """Run a block; on SIGINT/SIGTERM call `on_interrupt(code)` and exit 130/143."""
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    interrupted = []
+
+    def handler(signum, frame):
+        if interrupted:
+            print("dspark: still stopping what this run started; please wait", file=sys.stderr, flush=True)
+            return
+        interrupted.append(signum)
+        raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     except KeyboardInterrupt:
@@ -28,4 +39,5 @@ def interruptible(on_interrupt) -> Iterator[None]:
         on_interrupt(EXIT_SIGTERM)
         raise typer.Exit(EXIT_SIGTERM) from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)

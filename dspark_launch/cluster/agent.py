@@ -8,7 +8,9 @@ Processes the launcher starts carry `DSPARK_OWNER=<marker>` in their environment
 and run in a session of their own. Ray passes the environment to most daemons and
 workers; the ones it starts with a scrubbed environment (its dashboard and
 runtime-env agents) stay in the session. Stopping finds processes by either, and
-checks each pid's start time so a reused pid is never signalled.
+checks each pid's start time (and the boot it was recorded in) so a reused pid is
+never signalled; a recorded session counts only while a process carrying the
+marker still lives in it, so a recycled session id is never taken for ours.
 """
 
 from __future__ import annotations
@@ -50,6 +52,19 @@ def _session(pid: int) -> int | None:
     return int(fields[3]) if fields else None
 
 
+def boot_id() -> str:
+    """This boot's id: start times count from boot, so a record from another boot matches nothing."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _same_boot(record: dict) -> bool:
+    recorded = record.get("boot_id")
+    return not recorded or recorded == boot_id()  # records without one predate the field
+
+
 def _cmdline(pid: int) -> list[str]:
     try:
         return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
@@ -60,14 +75,16 @@ def _cmdline(pid: int) -> list[str]:
 def owned_processes(marker: str, sessions: list[dict] = ()) -> list[dict]:
     """Every live process carrying DSPARK_OWNER=marker, or living in one of our sessions.
 
-    A session counts only for processes started after its leader was, so a
-    recycled session id never matches someone else's processes.
+    A session counts only for processes started after its leader was, in the boot
+    it was recorded in, and only while a process carrying the marker still lives
+    in it: once all of ours are gone, a session id that the kernel hands out again
+    belongs to someone else.
     """
     if not marker.startswith("dspark-"):
         raise ValueError(f"refusing to match processes on marker {marker!r}")
     needle = f"{OWNER_VAR}={marker}".encode()
-    ours = {s["sid"]: s["start_time"] for s in sessions}
-    found = []
+    ours = {s["sid"]: s["start_time"] for s in sessions if _same_boot(s)}
+    seen = []  # (pid, start time, sid, carries the marker)
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -76,20 +93,22 @@ def owned_processes(marker: str, sessions: list[dict] = ()) -> list[dict]:
         if started is None:
             continue
         sid = _session(pid)
-        in_session = sid in ours and started >= ours[sid]
-        if not in_session:
-            try:
-                environ = Path(entry.path, "environ").read_bytes()
-            except OSError:
-                continue
-            if needle not in environ.split(b"\0"):
-                continue
-        found.append({"pid": pid, "start_time": started, "sid": sid, "cmd": " ".join(_cmdline(pid))[:200]})
-    return found
+        try:
+            marked = needle in Path(entry.path, "environ").read_bytes().split(b"\0")
+        except OSError:
+            marked = False
+        if marked or (sid in ours and started >= ours[sid]):
+            seen.append((pid, started, sid, marked))
+    live_sessions = {sid for _, _, sid, marked in seen if marked}
+    this_boot = boot_id()
+    return [{"pid": pid, "start_time": started, "sid": sid, "boot_id": this_boot,
+             "cmd": " ".join(_cmdline(pid))[:200]}
+            for pid, started, sid, marked in seen if marked or sid in live_sessions]
 
 
 def _alive(proc: dict) -> bool:
-    return _start_time(proc["pid"]) == proc["start_time"]
+    """The recorded process still runs: same pid, same start time, same boot."""
+    return _same_boot(proc) and _start_time(proc["pid"]) == proc["start_time"]
 
 
 def op_probe(req: dict) -> dict:
@@ -104,8 +123,43 @@ def op_probe(req: dict) -> dict:
             except metadata.PackageNotFoundError:
                 continue
         modules[name] = {"found": spec is not None, "version": version}
-    return {"hostname": socket.gethostname(), "python": sys.executable,
-            "python_version": ".".join(map(str, sys.version_info[:3])), "modules": modules}
+    answer = {"hostname": socket.gethostname(), "python": sys.executable,
+              "python_version": ".".join(map(str, sys.version_info[:3])), "modules": modules}
+    if req.get("dashboard"):
+        answer["dashboard_missing"] = _missing_modules(DASHBOARD_MODULES)
+    if req.get("log_dir"):
+        answer["log_dir_error"] = _writable_dir(req["log_dir"])
+    return answer
+
+
+# What `ray start --include-dashboard=true` imports (ray/dashboard/optional_deps.py, Ray 2.60):
+# without them (plain `pip install ray`, as vLLM installs it) Ray refuses to start the dashboard.
+DASHBOARD_MODULES = ("aiohttp", "aiohttp_cors", "grpc", "opencensus", "opentelemetry",
+                     "opentelemetry.exporter.prometheus", "opentelemetry.proto", "prometheus_client", "pydantic")
+
+
+def _missing_modules(names) -> list[str]:
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def _writable_dir(path: str) -> str | None:
+    """None when `path` is (or can be made) a folder this user writes to; else why not."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True, mode=0o700)
+        probe = Path(path, f".write-test-{os.getpid()}")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+        probe.unlink()
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 def op_interface(req: dict) -> dict:
@@ -133,16 +187,21 @@ def op_port_free(req: dict) -> dict:
     return {"free": True}
 
 
+# API keys never reach Ray: Ray passes its daemons' environment to every worker it starts.
+NOT_FOR_RAY = ("VLLM_API_KEY", "DSPARK_API_KEYS")
+
+
 def op_run(req: dict) -> dict:
     """Run argv to completion with extra environment; the owner marker is added."""
-    env = {**os.environ, **req.get("env", {}), OWNER_VAR: req["marker"]}
+    inherited = {k: v for k, v in os.environ.items() if k not in NOT_FOR_RAY}
+    env = {**inherited, **req.get("env", {}), OWNER_VAR: req["marker"]}
     if req.get("log"):
         Path(req["log"]).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     log = open(req["log"], "ab") if req.get("log") else subprocess.DEVNULL
     try:
         proc = subprocess.Popen(req["argv"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        session = {"sid": proc.pid, "start_time": _start_time(proc.pid) or 0}
+        session = {"sid": proc.pid, "start_time": _start_time(proc.pid) or 0, "boot_id": boot_id()}
         try:
             code = proc.wait(timeout=req.get("timeout"))
         except subprocess.TimeoutExpired:
@@ -162,7 +221,8 @@ def op_spawn(req: dict) -> dict:
         proc = subprocess.Popen(req["argv"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, cwd=req.get("cwd"))
     started = _start_time(proc.pid)
-    return {"pid": proc.pid, "start_time": started, "session": {"sid": proc.pid, "start_time": started or 0}}
+    return {"pid": proc.pid, "start_time": started, "boot_id": boot_id(),
+            "session": {"sid": proc.pid, "start_time": started or 0, "boot_id": boot_id()}}
 
 
 def op_owned(req: dict) -> dict:
@@ -174,13 +234,29 @@ def op_alive(req: dict) -> dict:
 
 
 def op_stop(req: dict) -> dict:
-    """SIGTERM our processes (by marker, plus recorded pids whose start time still matches), then SIGKILL."""
-    targets = {p["pid"]: p for p in owned_processes(req["marker"], req.get("sessions", []))}
-    for proc in req.get("processes", []):
-        if proc["pid"] not in targets and _alive(proc):
-            targets[proc["pid"]] = proc
-    stopped = sorted(targets)
-    deadline = time.monotonic() + float(req.get("grace_s", 5))
+    """SIGTERM our processes (by marker, plus recorded pids whose start time still matches), then SIGKILL.
+
+    Looks again after each round: a `ray start` cut short by a rollback may have
+    forked a daemon between the first look and its own end.
+    """
+    stopped: set[int] = set()
+    left: list[int] = []
+    for _ in range(3):
+        targets = {p["pid"]: p for p in owned_processes(req["marker"], req.get("sessions", []))}
+        for proc in req.get("processes", []):
+            if proc["pid"] not in targets and _alive(proc):
+                targets[proc["pid"]] = proc
+        if not targets:
+            break
+        stopped |= set(targets)
+        left = _terminate(targets, float(req.get("grace_s", 5)))
+        if left:
+            break
+    return {"stopped": sorted(stopped), "left": left}
+
+
+def _terminate(targets: dict[int, dict], grace_s: float) -> list[int]:
+    deadline = time.monotonic() + grace_s
     sig = signal.SIGTERM
     while targets:
         for proc in list(targets.values()):
@@ -198,7 +274,7 @@ def op_stop(req: dict) -> dict:
                 break
             sig, deadline = signal.SIGKILL, time.monotonic() + 5
         time.sleep(0.2)
-    return {"stopped": stopped, "left": sorted(targets)}
+    return sorted(targets)
 
 
 def op_tail(req: dict) -> dict:
@@ -234,6 +310,21 @@ def op_read(req: dict) -> dict:
     except OSError as exc:
         return {"text": "", "offset": 0, "missing": exc.strerror}
     return {"text": data.decode(errors="replace"), "offset": offset + len(data)}
+
+
+def op_forget_ray_address(req: dict) -> dict:
+    """Drop `ray start`'s record of the last cluster in our own temp dir.
+
+    `ray start --head` refuses to start when that record names its address and any
+    process on the machine (ps, across network namespaces) mentions the same GCS
+    address: after our own stop, a stale record must not block the next start.
+    """
+    path = Path(req["temp_dir"]) / "ray_current_cluster"
+    try:
+        path.unlink()
+        return {"removed": True}
+    except FileNotFoundError:
+        return {"removed": False}
 
 
 def op_glob(req: dict) -> dict:

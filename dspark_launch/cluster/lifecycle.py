@@ -39,8 +39,12 @@ def _reachable(node: Node) -> bool:
         return False
 
 
-def node_health(spec: ClusterSpec, state: ClusterState | None) -> dict[str, str]:
-    """Per node: "alive", "dead" or "unreachable", from the recorded Ray daemons."""
+def node_health(spec: ClusterSpec, state: ClusterState | None,
+                details: dict[str, str] | None = None) -> dict[str, str]:
+    """Per node: "alive", "dead" or "unreachable", from the recorded Ray daemons.
+
+    `details`, when given, receives the reason for each node found unreachable.
+    """
     health = {}
     for node in spec.nodes:
         record = state.node(node.name) if state else None
@@ -49,8 +53,10 @@ def node_health(spec: ClusterSpec, state: ClusterState | None) -> dict[str, str]
             continue
         try:
             health[node.name] = "alive" if rc.node_alive(node, record) else "dead"
-        except rc.ClusterFailure:
+        except rc.ClusterFailure as exc:
             health[node.name] = "unreachable"
+            if details is not None:
+                details[node.name] = exc.detail
     return health
 
 
@@ -62,6 +68,8 @@ def cluster_up(spec: ClusterSpec, reporter: rc.Reporter) -> UpResult:
 
 def cluster_up_locked(spec: ClusterSpec, reporter: rc.Reporter) -> UpResult:
     """`cluster up` for a caller that holds the state lock."""
+    for warning in rc.security_warnings(spec):
+        reporter.warn(warning)
     existing = load_state(spec.state_dir)
     repair: list[str] = []
     if existing is not None:
@@ -100,15 +108,21 @@ def _bring_up(spec: ClusterSpec, reporter: rc.Reporter, existing: ClusterState |
     to_start = [n for n in spec.nodes if existing is None or n.name in repair]
     try:
         rc.preflight(spec, reporter, to_start)
+        stale: set[str] = set()
+        if existing is not None:
+            # Repairing beside a live head: Ray may still list the lost nodes' old registrations
+            # as alive for a few seconds; remember them so the wait never takes one for the new node.
+            ray = rc.ray_driver(spec, bringup.token_env)
+            stale = {n["NodeID"] for n in ray.nodes() if n["NodeManagerAddress"] in {m.ip for m in to_start}}
         for node in to_start:
             bringup.start_ray(node)
         ray = rc.ray_driver(spec, bringup.token_env)
         try:
-            alive = rc.wait_for_nodes(spec, ray, reporter)
+            alive = rc.wait_for_nodes(spec, ray, reporter, ignore=stale)
             versions = rc.verify_nodes(spec, ray, alive, reporter)
             hotfix = rc.hotfix_all(spec, ray, alive, reporter)
         finally:
-            ray.shutdown()
+            rc.ray_shutdown(ray)
     except BaseException:
         problems = bringup.rollback()
         for problem in problems:
@@ -161,7 +175,8 @@ def cluster_status(spec: ClusterSpec) -> dict:
     state = load_state(spec.state_dir)
     busy = _lock_busy(spec)
     nodes = []
-    health = node_health(spec, state)
+    details: dict[str, str] = {}
+    health = node_health(spec, state, details)
     for node in spec.nodes:
         record = state.node(node.name) if state else None
         versions = (state.versions.get(node.name) if state else None) or {}
@@ -188,18 +203,35 @@ def cluster_status(spec: ClusterSpec) -> dict:
         _add_ray_view(spec, nodes)
         if overall == "up" and any(n["registered_ip"] != n["ip"] for n in nodes):
             overall = "degraded"
+    problems = []
+    if state and overall in ("up", "degraded"):
+        for node in nodes:
+            label = f"{node['name']} ({node['ip']})"
+            if not node["reachable"]:
+                problems.append(f"{label}: unreachable ({details.get(node['name'], 'no answer')}); "
+                                f"check the fabric link and SSH to {node['ssh_host']}")
+            elif not node["ray_alive"]:
+                problems.append(f"{label}: Ray is down (its raylet is gone); `dspark logs --node {node['name']}`, "
+                                "then `dspark restart`")
+            elif node["registered_ip"] not in (None, node["ip"]):
+                problems.append(f"{label}: Ray does not list this node at its fabric IP")
     return {"state": overall, "ray_address": spec.ray_address, "config_digest": state.config_digest if state else None,
-            "started_at": state.started_at if state else None, "nodes": nodes, "checked_at": time.time()}
+            "started_at": state.started_at if state else None, "nodes": nodes, "problems": problems,
+            "checked_at": time.time()}
+
+
+RAY_VIEW_TIMEOUT_S = 20
 
 
 def _add_ray_view(spec: ClusterSpec, nodes: list[dict]) -> None:
-    """Registered IP and GPUs per node from Ray itself (skipped if the head does not answer)."""
+    """Registered IP and GPUs per node from Ray itself (skipped if the head does not answer in time)."""
     code = ("import json,ray;ray.init(address=%r,logging_level='ERROR',log_to_driver=False);"
             "print(json.dumps([{'ip':n['NodeManagerAddress'],'alive':n['Alive'],"
             "'gpus':n.get('Resources',{}).get('GPU',0)} for n in ray.nodes()]))") % spec.ray_address
     env = {**os.environ, **rc.auth_env(spec)}
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=env)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=RAY_VIEW_TIMEOUT_S, env=env)
         seen = {n["ip"]: n for n in json.loads(out.stdout.strip().splitlines()[-1]) if n["alive"]}
     except Exception:
         return

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -22,6 +24,10 @@ from dspark_launch.errors import DsparkError
 
 AGENT_TIMEOUT_S = 60
 RAY_START_TIMEOUT_S = 180
+DASHBOARD_PORT = 8265
+# Ray 2.60 binds each worker's (and driver's) gRPC server to every interface; keep them in
+# Ray's default range, named here so a firewall rule and docs/security.md can rely on it.
+WORKER_PORTS = (10002, 19999)
 VERSION_ROWS = ("python", "vllm", "ray", "torch", "cuda", "driver", "dspark_launch", "scheduler_sha256")
 
 
@@ -90,17 +96,24 @@ def node_env(spec: ClusterSpec, node: Node, token_env: dict[str, str]) -> dict[s
     env.update(token_env)
     env["VLLM_HOST_IP"] = node.ip
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    # No Prometheus exporter in the dashboard agent: Ray binds it to every interface
+    # (ray[default] installs only; docs/security.md lists what Ray 2.60 cannot bind).
+    env["RAY_enable_metrics_collection"] = "0"
     return env
 
 
 def ray_start_argv(spec: ClusterSpec, node: Node, python: str) -> list[str]:
     argv = [python, "-m", "ray.scripts.scripts", "start", "--node-ip-address", node.ip,
             "--num-gpus", str(spec.gpus_per_node), "--object-store-memory", str(spec.object_store_bytes),
-            "--temp-dir", ray_temp_dir(spec, node), "--disable-usage-stats"]
+            "--temp-dir", ray_temp_dir(spec, node), "--disable-usage-stats",
+            "--min-worker-port", str(WORKER_PORTS[0]), "--max-worker-port", str(WORKER_PORTS[1])]
     if node.is_head:
-        argv += ["--head", "--port", str(spec.ray_port)]
+        # --no-monitor: no autoscaler on a fixed set of nodes, and so no autoscaler metrics
+        # server, which Ray 2.60 binds to 0.0.0.0:44217.
+        argv += ["--head", "--port", str(spec.ray_port), "--no-monitor"]
         if spec.dashboard == "local":
-            argv += ["--include-dashboard=true", "--dashboard-host", "127.0.0.1"]
+            argv += ["--include-dashboard=true", "--dashboard-host", "127.0.0.1",
+                     "--dashboard-port", str(DASHBOARD_PORT)]
         else:
             argv += ["--include-dashboard=false"]
     else:
@@ -108,15 +121,46 @@ def ray_start_argv(spec: ClusterSpec, node: Node, python: str) -> list[str]:
     return argv
 
 
+def security_warnings(spec: ClusterSpec) -> list[str]:
+    """Lines to print before Ray starts, for settings that weaken the defaults."""
+    if spec.auth_mode == "disabled":
+        return [f"RAY_AUTH_MODE=disabled: anyone who reaches a Ray port on any node (GCS {spec.ray_address}) "
+                "can run code there; use it only on an isolated fabric (default: token); see docs/security.md"]
+    return []
+
+
+def dashboard_hint(spec: ClusterSpec) -> str | None:
+    """The SSH tunnel to the dashboard (bound to the head's 127.0.0.1), or None when it is off."""
+    if spec.dashboard != "local":
+        return None
+    import getpass
+    import socket
+
+    return (f"Ray dashboard: http://127.0.0.1:{DASHBOARD_PORT} on the head only; from your desk: "
+            f"ssh -N -L {DASHBOARD_PORT}:127.0.0.1:{DASHBOARD_PORT} {getpass.getuser()}@{socket.gethostname()} "
+            f"(or the head's address on your network), then open http://127.0.0.1:{DASHBOARD_PORT}")
+
+
 def preflight(spec: ClusterSpec, reporter: Reporter, nodes: list[Node]) -> dict[str, dict]:
     """Every check that can fail before anything starts on `nodes`; one line per failure."""
     probes = {}
     for node in nodes:
         reporter.phase(f"pre-flight {node.label}")
-        probe = call(node, {"op": "probe"}, "ssh/agent" if not node.is_head else "agent", spec.ssh_timeout_s + 30)
+        request = {"op": "probe", "log_dir": str(spec.state_dir / "logs"),
+                   "dashboard": node.is_head and spec.dashboard == "local"}
+        probe = call(node, request, "ssh/agent" if not node.is_head else "agent", spec.ssh_timeout_s + 30)
         missing = [m for m, info in probe["modules"].items() if not info["found"]]
         if missing:
             raise ClusterFailure(node.label, "python", f"{probe['python']} cannot import {', '.join(missing)}")
+        if probe.get("log_dir_error"):
+            raise ClusterFailure(node.label, "log folder",
+                                 f"{spec.state_dir / 'logs'} is not writable there ({probe['log_dir_error']})")
+        if probe.get("dashboard_missing"):
+            raise ClusterFailure(node.label, "dashboard",
+                                 f"DSPARK_RAY_DASHBOARD=local needs Ray's dashboard packages, missing "
+                                 f"{', '.join(probe['dashboard_missing'])}: pip install 'ray[default]' "
+                                 f"(the same Ray version) in {probe['python']}'s environment, "
+                                 "or set DSPARK_RAY_DASHBOARD=off")
         iface = call(node, {"op": "interface", "ifname": spec.fabric_ifname, "ip": node.ip}, "fabric interface")
         if not iface["exists"]:
             raise ClusterFailure(node.label, "fabric interface", f"no interface {spec.fabric_ifname}")
@@ -155,6 +199,7 @@ class Bringup:
     def start_ray(self, node: Node) -> None:
         record = self.record(node)
         self.reporter.phase(f"starting Ray on {node.label}")
+        call(node, {"op": "forget_ray_address", "temp_dir": record.ray_temp_dir}, "ray start")
         answer = call(node, {"op": "run", "argv": ray_start_argv(self.spec, node, self.python_of(node)),
                              "env": node_env(self.spec, node, self.token_env), "marker": record.marker,
                              "log": record.ray_log, "timeout": RAY_START_TIMEOUT_S, "sessions": record.sessions},
@@ -179,30 +224,68 @@ class Bringup:
         return problems
 
 
+def _python_signal_handlers() -> dict:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore_signal_handlers(saved: dict) -> None:
+    """Ray's core worker installs C-level handlers (SIGTERM aborts the process with a stack dump)
+    and may reset them at shutdown: put ours back so SIGTERM still unwinds through the rollback."""
+    for sig, handler in saved.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+
+
 def ray_driver(spec: ClusterSpec, token_env: dict[str, str]):
-    """Connect this process to the cluster as a Ray driver (lazy import)."""
+    """Connect this process to the cluster as a Ray driver (lazy import); end it with `ray_shutdown`."""
     os.environ.update(token_env)
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=spec.ray_address, logging_level="ERROR", log_to_driver=False,
-                 configure_logging=True, include_dashboard=False)
+        saved = _python_signal_handlers()
+        try:
+            ray.init(address=spec.ray_address, logging_level="ERROR", log_to_driver=False,
+                     configure_logging=True, include_dashboard=False)
+        finally:
+            _restore_signal_handlers(saved)
     return ray
 
 
-def alive_ray_nodes(ray) -> dict[str, dict]:
-    return {n["NodeManagerAddress"]: n for n in ray.nodes() if n.get("Alive")}
+def ray_shutdown(ray) -> None:
+    saved = _python_signal_handlers()
+    try:
+        ray.shutdown()
+    finally:
+        _restore_signal_handlers(saved)
 
 
-def wait_for_nodes(spec: ClusterSpec, ray, reporter: Reporter) -> dict[str, dict]:
+def alive_ray_nodes(ray, ignore: set[str] = frozenset()) -> dict[str, dict]:
+    return {n["NodeManagerAddress"]: n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in ignore}
+
+
+def _alive_registrations(ray, ignore: set[str]) -> dict[str, int]:
+    """How many nodes Ray lists as alive per IP (2 while a killed raylet's entry lingers beside its successor)."""
+    counts: dict[str, int] = {}
+    for n in ray.nodes():
+        if n.get("Alive") and n["NodeID"] not in ignore:
+            counts[n["NodeManagerAddress"]] = counts.get(n["NodeManagerAddress"], 0) + 1
+    return counts
+
+
+def wait_for_nodes(spec: ClusterSpec, ray, reporter: Reporter, ignore: set[str] = frozenset()) -> dict[str, dict]:
+    """Until every node is registered, once: `ignore` holds node IDs of registrations made before
+    a repair, which Ray may still list as alive until its health check drops them."""
     expected = {n.ip for n in spec.nodes}
     start = time.monotonic()
     while True:
-        alive = alive_ray_nodes(ray)
-        if expected <= set(alive):
-            return alive
+        registrations = _alive_registrations(ray, ignore)
+        if all(registrations.get(ip) == 1 for ip in expected):
+            return alive_ray_nodes(ray, ignore)
+        alive = set(registrations)
         elapsed = time.monotonic() - start
-        missing = ", ".join(n.label for n in spec.nodes if n.ip not in alive)
+        missing = ", ".join(n.label for n in spec.nodes if registrations.get(n.ip) != 1)
         if elapsed > spec.join_timeout_s:
             extra = sorted(set(alive) - expected)
             detail = f"not joined after {spec.join_timeout_s} s"

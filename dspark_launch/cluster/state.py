@@ -19,6 +19,7 @@ from dspark_launch.errors import ConfigError, DsparkError
 STATE_FILE = "state.json"
 LOCK_FILE = "lock"
 TOKEN_FILE = "ray-auth-token"
+LOGS_DIR = "logs"
 
 
 class LockHeld(DsparkError):
@@ -53,16 +54,19 @@ class ClusterState:
 
 
 def ensure_state_dir(path: Path) -> Path:
-    """Create the folder 0700, or fail with one line before anything starts."""
-    try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(path, 0o700)
-        probe = path / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(f"DSPARK_STATE_DIR={path}: not writable ({exc.strerror}); "
-                          "allowed: a folder this user can create and write") from None
+    """Create the folder 0700 and its logs/ folder, or fail with one line before anything starts."""
+    for folder in (path, path / LOGS_DIR):
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if folder == path:
+                os.chmod(path, 0o700)
+            probe = folder / ".write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            subject = f"DSPARK_STATE_DIR={path}" if folder == path else f"the log folder {folder}"
+            raise ConfigError(f"{subject}: not writable ({exc.strerror}); nothing was started; "
+                              "allowed: a folder this user can create and write (set DSPARK_STATE_DIR)") from None
     return path
 
 

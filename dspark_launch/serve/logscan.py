@@ -37,3 +37,24 @@ def hotfix_cap(text: str) -> int | None:
     """The cap the EngineCore's patched scheduler reported, None if it never did (unpatched)."""
     found = HOTFIX_ACTIVE.findall(text)
     return int(found[-1][1]) if found else None
+
+
+# The first error of a dying engine names the cause; later ones (EngineDeadError, the
+# API server's shutdown) only repeat that it died.
+_ERROR_LINE = re.compile(r"(?:^|\] |\s)((?:[A-Za-z_][\w.]*)(?:Error|Exception|Died)\b(?::[^\n]*)?)$")
+_ECHOES = ("EngineDeadError", "EngineGenerateError", "CancelledError", "KeyboardInterrupt")
+
+
+def failure(text: str) -> str:
+    """One short phrase for why the server stopped, from its log."""
+    causes = []
+    for line in text.splitlines():
+        match = _ERROR_LINE.search(line.rstrip())
+        if match and not any(echo in match.group(1) for echo in _ECHOES):
+            causes.append(match.group(1).strip())
+    if "Executor failed" in text or "EngineDeadError" in text:
+        cause = next((c for c in causes if "Executor failed" in c), causes[0] if causes else "EngineDeadError")
+        return f"the engine failed ({cause[:120]})"
+    if causes:
+        return f"it exited after {causes[-1][:120]}"
+    return "it exited (no error in its log)"

@@ -115,15 +115,17 @@ def launch(settings: Settings, spec: ClusterSpec, plan: ServePlan, state: Cluste
         os.replace(log, log.with_name(SERVER_LOG + ".1"))
     marker = f"dspark-{secrets.token_hex(4)}-server"
     reporter.phase(f"launching vllm serve on {spec.head.label}: {plan.model} as {plan.served_name}")
-    answer = rc.call(spec.head, {"op": "spawn", "argv": plan.argv, "env": plan.full_env(), "marker": marker,
-                                 "log": str(log)}, "vllm serve")
-    server = {"pid": answer["pid"], "start_time": answer["start_time"], "marker": marker,
-              "sessions": [answer["session"]], "log": str(log), "url": plan.base_url,
-              "served_name": plan.served_name, "model": plan.model, "started_at": time.time(),
+    server = {"pid": None, "start_time": None, "marker": marker, "sessions": [], "log": str(log),
+              "url": plan.base_url, "served_name": plan.served_name, "model": plan.model, "started_at": time.time(),
               "settings": settings.public_values(), "digest": settings.digest(), "cap": plan.cap}
-    state.server = server
-    save_state(spec.state_dir, state)
     try:
+        # Inside the try: an interrupt while the agent spawns still stops the server (found by its marker).
+        answer = rc.call(spec.head, {"op": "spawn", "argv": plan.argv, "env": plan.full_env(), "marker": marker,
+                                     "log": str(log)}, "vllm serve")
+        server.update(pid=answer["pid"], start_time=answer["start_time"], boot_id=answer.get("boot_id"),
+                      sessions=[answer["session"]])
+        state.server = server
+        save_state(spec.state_dir, state)
         wait_until_serving(settings, spec, plan, server, reporter)
     except BaseException:
         _stop_server(spec, server)
@@ -148,8 +150,9 @@ def wait_until_serving(settings: Settings, spec: ClusterSpec, plan: ServePlan, s
         elapsed = time.monotonic() - start
         text = _read(log)
         if not server_alive(spec, server):
-            raise ServeFailure(f"vllm serve exited during start (phase: {logscan.phase(text)}); log {log}",
-                               tails(spec, server))
+            final = _read(log)  # read again: the last lines were written as it died
+            raise ServeFailure(f"vllm serve exited during start (phase: {logscan.phase(final)}): "
+                               f"{logscan.failure(final)}; log {log}", tails(spec, server))
         if _server_healthy(plan.base_url, key, plan.served_name, probe):
             break
         if elapsed > timeout:
@@ -193,7 +196,8 @@ def tails(spec: ClusterSpec, server: dict | None, lines: int = 30) -> list[str]:
 
 
 def _stop_server(spec: ClusterSpec, server: dict) -> dict:
-    return rc.call(spec.head, {"op": "stop", "marker": server["marker"], "processes": [server],
+    processes = [server] if server.get("pid") else []
+    return rc.call(spec.head, {"op": "stop", "marker": server["marker"], "processes": processes,
                                "sessions": server.get("sessions", []), "grace_s": 15}, "stop server", 90)
 
 
@@ -234,6 +238,13 @@ def status(settings: Settings, spec: ClusterSpec) -> dict:
                      "metrics": http.metrics(server["url"], probe) if healthy else {},
                      "drift": drift(server["settings"], settings.public_values())})
     data["server"] = view
+    if server and view["state"] == "dead":
+        why = logscan.failure(_read(server["log"]))
+        data["problems"].append(f"vllm serve (pid {server['pid']}) is not running: {why}; log {server['log']}; "
+                                "`dspark restart` starts it again")
+    elif server and view["state"] == "unhealthy":
+        data["problems"].append(f"vllm serve (pid {server['pid']}) runs but {server['url']}/health does not answer "
+                                f"within {settings.int('HEALTH_TIMEOUT_S')} s; log {server['log']}")
     cluster_state = data["state"]
     if server and cluster_state == "up" and view["state"] != "up":
         data["state"] = "degraded"
