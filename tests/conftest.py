@@ -44,3 +44,22 @@ def _remove_short_scratch(tmp_path):
 def clean_environ():
     """An environment dict without any of our settings, for resolve(environ=...)."""
     return {k: v for k, v in os.environ.items() if not _is_ours(k)}
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """vLLM dirs under a temp folder (unless the run already set them), and one
+    stock scheduler built up front (the first construction inspects the model
+    in a subprocess, ~7 s)."""
+    from dspark_launch.bench import harness
+
+    base = tmp_path_factory.mktemp("issue27")
+    saved = {k: os.environ.get(k) for k in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH")}
+    path = harness.prepare_environment(base)
+    harness.build_scheduler(harness.SchedulerSpec(), path)
+    yield path
+    for var, value in saved.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value

@@ -10,7 +10,6 @@ short prompts queued behind them are not held back.
 from __future__ import annotations
 
 import logging
-import os
 
 import pytest
 
@@ -19,20 +18,6 @@ from dspark_launch.hotfix import issue27_patch as patch
 
 THRESHOLD = 256
 MODE_ENV = h.GATE_MODE_ENV_VAR
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    base = tmp_path_factory.mktemp("issue27-mode")
-    saved = {k: os.environ.get(k) for k in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH")}
-    path = h.prepare_environment(base)
-    h.build_scheduler(h.SchedulerSpec(), path)
-    yield path
-    for var, value in saved.items():
-        if value is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = value
 
 
 def spec(cap, mode, **kw) -> h.SchedulerSpec:

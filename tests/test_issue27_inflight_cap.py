@@ -19,23 +19,6 @@ ENV = h.ENV_VAR
 THRESHOLD = 256
 
 
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory):
-    """vLLM dirs under a temp folder (unless the run already set them), and one
-    stock scheduler built up front (the first construction inspects the model
-    in a subprocess, ~7 s)."""
-    base = tmp_path_factory.mktemp("issue27")
-    saved = {k: os.environ.get(k) for k in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH")}
-    path = h.prepare_environment(base)
-    h.build_scheduler(h.SchedulerSpec(), path)
-    yield path
-    for var, value in saved.items():
-        if value is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = value
-
-
 def wave() -> list[h.RequestSpec]:
     """4 decode streams, then 8 prompts of 1500 tokens arriving at once."""
     return h.wave_workload(n_streams=4, stream_tokens=120, n_wave=8, wave_prompt=1500, wave_tokens=16)
