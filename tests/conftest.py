@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -46,6 +47,20 @@ def clean_environ():
     return {k: v for k, v in os.environ.items() if not _is_ours(k)}
 
 
+@contextlib.contextmanager
+def vllm_dirs_restored():
+    """VLLM_CACHE_ROOT and VLLM_RPC_BASE_PATH as they were before the block, whatever it set."""
+    saved = {k: os.environ.get(k) for k in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH")}
+    try:
+        yield
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     """vLLM dirs under a temp folder (unless the run already set them), and one
@@ -54,12 +69,7 @@ def model_dir(tmp_path_factory):
     from dspark_launch.bench import harness
 
     base = tmp_path_factory.mktemp("issue27")
-    saved = {k: os.environ.get(k) for k in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH")}
-    path = harness.prepare_environment(base)
-    harness.build_scheduler(harness.SchedulerSpec(), path)
-    yield path
-    for var, value in saved.items():
-        if value is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = value
+    with vllm_dirs_restored():
+        path = harness.prepare_environment(base)
+        harness.build_scheduler(harness.SchedulerSpec(), path)
+        yield path

@@ -12,7 +12,7 @@ from fractions import Fraction
 import pytest
 
 from dspark_launch.bench import policies, report, scheduler_bench, workloads
-from tests.conftest import REPO
+from tests.conftest import REPO, vllm_dirs_restored
 
 SCALE = Fraction(1, 64)
 
@@ -20,23 +20,17 @@ SCALE = Fraction(1, 64)
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     base = tmp_path_factory.mktemp("bench")
-    saved = {k: os.environ.get(k) for k in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH")}
-    for var in saved:  # vLLM's caches and sockets under the test folder
-        os.environ[var] = str(base / var.lower())
     try:
         import matplotlib  # noqa: F401
 
         plot = base / "tokens.png"
     except ImportError:  # the plot is optional (the `bench` extra)
         plot = None
-    out = scheduler_bench.run(SCALE, grid="ci", overhead_reps=(30, 5), plot_path=plot,
-                              command=["pytest", "ci-sized"])
-    yield out
-    for var, value in saved.items():
-        if value is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = value
+    with vllm_dirs_restored():
+        for var in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH"):  # vLLM's caches and sockets under the test folder
+            os.environ[var] = str(base / var.lower())
+        yield scheduler_bench.run(SCALE, grid="ci", overhead_reps=(30, 5), plot_path=plot,
+                                  command=["pytest", "ci-sized"])
 
 
 def runs(result, policy=None, workload=None, kind=None):

@@ -26,7 +26,7 @@ import pytest
 
 from tests.launcher_env import launcher_env, scratch
 from tests.test_cluster import VENV_BIN, _describe, dspark, write_env
-from tests.test_serving import serving_env, state, tiny_model  # noqa: F401 (fixture)
+from tests.test_serving import read_until_served, serving_env, state, tiny_model  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.testbed
 
@@ -210,11 +210,7 @@ def test_start_exposure_secrets_and_worker_ray_loss(testbed_clean, tmp_path, tin
     proc = popen(tb, tmp_path, env, "start", "--foreground", merge=True)
     seen: list[str] = []
     try:
-        for line in proc.stdout:
-            seen.append(line)
-            if line.startswith("hotfix worker1:"):
-                break
-        assert any(l.startswith("serving ") for l in seen), "".join(seen)[-4000:]
+        seen = read_until_served(proc)
         assert not any("RAY_AUTH_MODE=disabled" in l for l in seen)  # token auth is the default: no warning
         server = state(tmp_path)["server"]
         token_file = tmp_path / "state" / "ray-auth-token"

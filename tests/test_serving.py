@@ -56,6 +56,17 @@ def status(tb, tmp_path, env_file) -> tuple[int, dict]:
     return proc.returncode, json.loads(proc.stdout)
 
 
+def read_until_served(proc) -> list[str]:
+    """Lines of a `start --foreground` (stdout with stderr merged) up to the last hotfix line; asserts it served."""
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("hotfix worker1:"):
+            break
+    assert any(l.startswith("serving ") for l in seen), "".join(seen)[-4000:]
+    return seen
+
+
 def processes_named(tb, node: str, needle: str) -> list[int]:
     found = []
     for pid in tb.pids_in(node, include_infra=False):
@@ -167,11 +178,7 @@ def test_foreground_exits_nonzero_when_the_server_dies(testbed_clean, tmp_path, 
                     env=launcher_env(scratch(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     try:
-        for line in proc.stdout:
-            seen.append(line)
-            if line.startswith("hotfix worker1:"):
-                break
-        assert any(l.startswith("serving ") for l in seen), "".join(seen)[-4000:]
+        seen = read_until_served(proc)
         os.kill(state(tmp_path)["server"]["pid"], signal.SIGKILL)
         rest, _ = proc.communicate(timeout=180)
     finally:

@@ -93,6 +93,16 @@ def _blocks(tokens: int) -> int:
     return math.ceil(tokens / BLOCK_SIZE)
 
 
+def _unpressured(name: str, kind: str, streams: list, prompts: list, max_num_seqs: int, budget: int,
+                 threshold: int, scale: Fraction, params: dict) -> Workload:
+    """A workload whose KV pool holds every request at once (64 spare blocks)."""
+    requests = streams + prompts
+    tokens = sum(r.prompt_len + r.max_tokens for r in requests)
+    return Workload(name=name, kind=kind, requests=tuple(requests), prompts=tuple(r.req_id for r in prompts),
+                    n_streams=len(streams), max_num_seqs=max_num_seqs, budget=budget, threshold=threshold,
+                    num_blocks=_blocks(tokens) + 64, max_model_len=_max_len(requests), scale=scale, params=params)
+
+
 def wave(prompt_k: int, n_wave: int, max_num_seqs: int, scale: Fraction, n_streams: int = 4,
          wave_tokens: int = 32) -> Workload:
     """`n_streams` streams decoding, then `n_wave` cold prompts of `prompt_k` K tokens at once.
@@ -108,23 +118,10 @@ def wave(prompt_k: int, n_wave: int, max_num_seqs: int, scale: Fraction, n_strea
     stream_tokens = serial_steps + 2 * wave_tokens + 16
     streams = [RequestSpec(f"stream-{i}", 0, stream_prompt, stream_tokens) for i in range(n_streams)]
     prompts = [RequestSpec(f"wave-{i}", arrival, prompt, wave_tokens) for i in range(n_wave)]
-    requests = streams + prompts
-    tokens = sum(r.prompt_len + r.max_tokens for r in requests)
-    return Workload(
-        name=f"wave-{prompt_k}k-x{n_wave}-seqs{max_num_seqs}",
-        kind="wave",
-        requests=tuple(requests),
-        prompts=tuple(r.req_id for r in prompts),
-        n_streams=n_streams,
-        max_num_seqs=max_num_seqs,
-        budget=budget,
-        threshold=threshold,
-        num_blocks=_blocks(tokens) + 64,
-        max_model_len=_max_len(requests),
-        scale=scale,
-        params={"prompt_tokens_full": prompt_k * K, "n_wave": n_wave, "n_streams": n_streams,
-                "wave_output_tokens": wave_tokens, "arrival_step": arrival},
-    )
+    return _unpressured(
+        f"wave-{prompt_k}k-x{n_wave}-seqs{max_num_seqs}", "wave", streams, prompts, max_num_seqs, budget, threshold,
+        scale, {"prompt_tokens_full": prompt_k * K, "n_wave": n_wave, "n_streams": n_streams,
+                "wave_output_tokens": wave_tokens, "arrival_step": arrival})
 
 
 # Prompt sizes of the steady loads, in K tokens. "docs": mostly mid-size
@@ -150,23 +147,10 @@ def steady(scale: Fraction, n_prompts: int = 36, every_ms: float = 1200.0, n_str
     # The streams decode until every prompt is served, even at cap 1.
     horizon = sum(math.ceil(p.prompt_len / threshold) + p.max_tokens for p in prompts) + 64
     streams = [RequestSpec(f"stream-{i}", 0, stream_prompt, horizon) for i in range(n_streams)]
-    requests = streams + prompts
-    tokens = sum(r.prompt_len + r.max_tokens for r in requests)
-    return Workload(
-        name=f"steady-{label}-{n_prompts}x-every{every_ms:g}ms",
-        kind="steady",
-        requests=tuple(requests),
-        prompts=tuple(r.req_id for r in prompts),
-        n_streams=n_streams,
-        max_num_seqs=max_num_seqs,
-        budget=budget,
-        threshold=threshold,
-        num_blocks=_blocks(tokens) + 64,
-        max_model_len=_max_len(requests),
-        scale=scale,
-        params={"n_prompts": n_prompts, "every_ms_model": every_ms, "mix_k": list(mix),
-                "n_streams": n_streams},
-    )
+    return _unpressured(
+        f"steady-{label}-{n_prompts}x-every{every_ms:g}ms", "steady", streams, prompts, max_num_seqs, budget,
+        threshold, scale, {"n_prompts": n_prompts, "every_ms_model": every_ms, "mix_k": list(mix),
+                           "n_streams": n_streams})
 
 
 def kv_pressure(scale: Fraction, prompt_k: int = 16, n_wave: int = 8, pool_share: float = 0.4,

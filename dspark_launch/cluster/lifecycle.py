@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import (ClusterState, clear_state, ensure_state_dir, load_state, lock_holder,
-                                         state_lock)
+                                         save_state, state_lock)
 from dspark_launch.errors import EXIT_ALREADY_RUNNING, DsparkError
 
 
@@ -134,7 +134,7 @@ def _bring_up(spec: ClusterSpec, reporter: rc.Reporter, existing: ClusterState |
         state = existing
         state.nodes = [bringup.records.get(n.name) or existing.node(n.name) for n in spec.nodes]
     state.versions, state.hotfix = versions, hotfix
-    rc.persist(spec, state)
+    save_state(spec.state_dir, state)
     matrix = rc.Matrix({row: {name: r.get(row) for name, r in versions.items()} for row in rc.VERSION_ROWS})
     return UpResult(state, repair, matrix.lines([n.name for n in spec.nodes]))
 

@@ -18,7 +18,7 @@ from typing import Callable, Protocol
 
 from dspark_launch import __version__
 from dspark_launch.cluster.spec import ClusterSpec, Node
-from dspark_launch.cluster.state import ClusterState, NodeRecord, ray_token, save_state
+from dspark_launch.cluster.state import ClusterState, NodeRecord, ray_token
 from dspark_launch.cluster.transport import NodeUnreachable
 from dspark_launch.errors import DsparkError
 
@@ -349,10 +349,6 @@ def hotfix_all(spec: ClusterSpec, ray, alive: dict[str, dict], reporter: Reporte
 def new_state(spec: ClusterSpec, bringup: Bringup) -> ClusterState:
     return ClusterState(ray_address=spec.ray_address, config_digest=spec.config_digest, started_at=time.time(),
                         launcher_version=__version__, nodes=[bringup.records[n.name] for n in spec.nodes])
-
-
-def persist(spec: ClusterSpec, state: ClusterState) -> None:
-    save_state(spec.state_dir, state)
 
 
 def stop_node(node: Node, record: NodeRecord) -> dict:
