@@ -1,4 +1,10 @@
-"""Small HTTP client for the server's endpoints (stdlib urllib; the key goes in a header)."""
+"""Small HTTP client for the server's endpoints (stdlib urllib; the key goes in a header).
+
+Every request goes straight to the server: no proxy from `http_proxy`/`all_proxy`
+(`127.0.0.1` is not exempt unless `no_proxy` says so, and the proxy would read the
+key in clear text), and no redirect is followed (urllib would carry the
+Authorization header to wherever a redirect points).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,14 @@ import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None  # the 3xx reaches the caller as an HTTPError: a reply, never a second request
+
+
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 
 
 @dataclass(frozen=True)
@@ -25,7 +39,7 @@ def request(url: str, key: str = "", payload: dict | None = None, timeout: float
     data = json.dumps(payload).encode() if payload is not None else None
     req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with _DIRECT.open(req, timeout=timeout) as resp:
             return Reply(resp.status, resp.read().decode(errors="replace"))
     except urllib.error.HTTPError as exc:
         return Reply(exc.code, exc.read().decode(errors="replace"))
