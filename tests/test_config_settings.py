@@ -46,7 +46,7 @@ def test_bom_crlf_quotes_and_export(tmp_path, clean_environ):
 
 def test_env_file_is_never_executed(tmp_path, clean_environ):
     marker = tmp_path / "pwned"
-    path = write(tmp_path, f"DSPARK_MODEL=$(touch {marker})\nVLLM_EXTRA_ARGS=`touch {marker}`\n")
+    path = write(tmp_path, f"DSPARK_MODEL=$(touch {marker})\nVLLM_EXTRA_ARGS=--chat-template `touch {marker}`\n")
     s = resolve(env_file=str(path), environ=clean_environ)
     assert not marker.exists()
     assert s["DSPARK_MODEL"] == f"$(touch {marker})"

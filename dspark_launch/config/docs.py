@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dspark_launch.config import forward_env, serve_flags, ssh_options
+from dspark_launch.config.checks import SECRET_WORDS
 from dspark_launch.config.registry import load_registry
-from dspark_launch.config.text_settings import TEXT_SETTINGS
+from dspark_launch.config.text_settings import RAY_TOKEN_MIN_LENGTH, TEXT_SETTINGS
 
 BEGIN = "<!-- BEGIN GENERATED: dspark config docs -->"
 END = "<!-- END GENERATED -->"
@@ -25,5 +27,35 @@ def settings_reference() -> str:
         default = f"`{s.default}`" if s.default else "(empty)"
         secret = " Secret: never printed." if s.secret else ""
         lines.append(f"| `{s.name}` | {default} | {s.group} | {s.description}.{secret} |")
+    lines += _refusal_tables()
     lines += ["", END]
     return "\n".join(lines) + "\n"
+
+
+def _refusal_tables() -> list[str]:
+    lines = ["", "### ssh options allowed in `DSPARK_SSH_OPTIONS`", "",
+             "Anything else is refused (exit 2); each is passed to ssh as `-o Keyword=value`.", "",
+             "| option | short form | value | meaning |", "|---|---|---|---|"]
+    for o in ssh_options.ALLOWED:
+        short = f"`{o.short} {o.value}`" if o.short else ""
+        lines.append(f"| `-o {o.keyword}=` | {short} | `{o.value}` | {o.meaning} |")
+    owned = "; ".join(f"`{key}`: {use}" if key.startswith("-") else f"`-o {key}=`: {use}"
+                      for key, use in ssh_options.OWNED.items())
+    lines += ["", f"Set by the launcher, refused with the setting to use: {owned}."]
+    lines += ["", "### `vllm serve` flags the launcher sets (refused in `VLLM_EXTRA_ARGS`)", "",
+              "Also refused: their underscore spellings (`--api_key`), unambiguous prefixes (`--hos`), "
+              "`-t`/`-n2` forms of the short aliases, and a positional model at the start.", "",
+              "| flag | set instead |", "|---|---|"]
+    for flag in serve_flags.LAUNCHER_FLAGS:
+        spelled = ", ".join(f"`{s}`" for s in flag.spellings)
+        instead = f"`{flag.setting}`" + (f" ({flag.why})" if flag.why else "") if flag.setting else f"(none: {flag.why})"
+        lines.append(f"| {spelled} | {instead} |")
+    lines += ["", "### Names refused in `DSPARK_FORWARD_ENV`", "",
+              f"Any name that looks like a secret (contains {', '.join(SECRET_WORDS)}, in any case), "
+              "and every name matching one of these patterns:", "",
+              "| pattern (whole name) | why |", "|---|---|"]
+    for pattern, why in forward_env.REFUSED_NAMES:
+        escaped = pattern.replace("|", " \\| ")  # a pipe inside a table cell
+        lines.append(f"| `{escaped}` | {why} |")
+    lines += ["", f"`RAY_AUTH_TOKEN`, when set, has at least {RAY_TOKEN_MIN_LENGTH} characters."]
+    return lines

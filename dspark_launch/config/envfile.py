@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -38,14 +40,31 @@ def choose_env_file(cli_path: str | None, environ: Mapping[str, str], cwd: Path)
     for given, source in ((cli_path, "--env-file"), (environ.get("DSPARK_ENV_FILE"), "DSPARK_ENV_FILE")):
         if given:
             path = Path(given).expanduser()
-            if not path.is_file():
-                raise ConfigError(f"{source}={given}: no such file; allowed: a readable env file")
+            _require_regular_file(path, f"{source}={given}")
             return path, path.name == EXAMPLE_FILENAME
     local = cwd / ENV_FILENAME
     if local.is_file():
         return local, False
     local_example = cwd / EXAMPLE_FILENAME
     return (local_example if local_example.is_file() else packaged_example()), True
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _require_regular_file(path: Path, label: str) -> None:
+    """A regular file (a link to one is fine), or /dev/null: read as an empty file, i.e. no file."""
+    allowed = "allowed: a readable env file, or /dev/null for none"
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        reason = "no such file" if exc.errno == errno.ENOENT else f"cannot read it ({exc.strerror})"
+        raise ConfigError(f"{label}: {reason}; {allowed}") from None
+    if stat.S_ISREG(mode) or os.path.realpath(path) == os.devnull:
+        return
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    raise ConfigError(f"{label}: {kind}, not a regular file; {allowed}")
 
 
 def read_env_file(path: Path, is_example: bool) -> EnvFile:

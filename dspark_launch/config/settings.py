@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import ipaddress
 import json
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
 from dspark_launch.config import numbers
+from dspark_launch.config.checks import Refused, hidden_character, looks_secret
 from dspark_launch.config.envfile import EnvFile, choose_env_file, group_or_world_readable, read_env_file
 from dspark_launch.config.registry import Knob, Registry, load_registry
-from dspark_launch.config.text_settings import META_NAMES, TEXT_SETTINGS, TextSetting, looks_secret
+from dspark_launch.config.text_settings import META_NAMES, TEXT_SETTINGS, TextSetting
 from dspark_launch.errors import ConfigError
 
 REDACTED = "<redacted>"
@@ -60,6 +63,10 @@ class Settings:
     def flag(self, name: str) -> bool:
         return self.entries[name].value == "1"
 
+    def words(self, name: str) -> tuple[str, ...]:
+        """A setting split like a shell would (DSPARK_SSH_OPTIONS, VLLM_EXTRA_ARGS); checked when resolved."""
+        return tuple(shlex.split(self.entries[name].value))
+
     def public_values(self) -> dict[str, str]:
         """Every setting's value, secrets as set/unset: safe to print, store and compare."""
         return {name: entry.shown for name, entry in self.entries.items()}
@@ -80,7 +87,7 @@ def _shown(value: str, secret: bool) -> str:
     """A raw value as an error line shows it: secrets redacted, odd whitespace made visible."""
     if secret:
         return REDACTED
-    return repr(value) if numbers.trim(value) != value or not value else value
+    return repr(value) if numbers.trim(value) != value or not value or not value.isprintable() else value
 
 
 def check_knob(knob: Knob, raw: str, source: str, label: str | None = None) -> tuple[str, list[str]]:
@@ -109,8 +116,14 @@ def _check_text(spec: TextSetting, raw: str, source: str) -> str:
     value = raw.strip()
     if not value:
         return spec.default
+    hidden = hidden_character(value)
+    if hidden:
+        raise ConfigError(f"{spec.name}={_shown(raw, spec.secret)} from {source} holds the control or invisible "
+                          f"character {hidden}; allowed: printable text")
     try:
         return spec.check(value)
+    except Refused as exc:
+        raise ConfigError(f"{spec.name} from {source} {exc}") from None
     except ValueError as exc:
         raise ConfigError(f"{spec.name}={_shown(raw, spec.secret)} from {source} is not allowed; allowed: {exc}") from None
 
@@ -237,12 +250,31 @@ def _cross_checks(entries: Mapping[str, Setting], warnings: list[str]) -> None:
         raise ConfigError(
             f"VLLM_API_KEY ({src('VLLM_API_KEY')}) and DSPARK_API_KEYS ({src('DSPARK_API_KEYS')}) are both set; "
             "allowed: one of them")
+    _check_exposure(entries, warnings)
     hosts = entries["DSPARK_WORKER_HOSTS"].value.split()
     ips = entries["DSPARK_WORKER_IPS"].value.split()
     if ips and len(ips) != len(hosts):
         raise ConfigError(
             f"DSPARK_WORKER_IPS has {len(ips)} address(es) from {src('DSPARK_WORKER_IPS')} but "
             f"DSPARK_WORKER_HOSTS has {len(hosts)}; allowed: one fabric IP per worker, same order")
+
+
+def _check_exposure(entries: Mapping[str, Setting], warnings: list[str]) -> None:
+    """An API bound beyond loopback needs a key, unless the operator says the network is trusted."""
+    host = entries["VLLM_HOST"]
+    if host.value == "localhost" or ipaddress.ip_address(host.value).is_loopback:
+        return
+    if entries["VLLM_API_KEY"].value or entries["DSPARK_API_KEYS"].value:
+        return
+    trusted = entries["DSPARK_TRUSTED_NETWORK"]
+    if trusted.value == "1":
+        warnings.append(f"VLLM_HOST={host.value} ({host.source}) without an API key: anyone who reaches "
+                        f"{host.value} can use the API (DSPARK_TRUSTED_NETWORK=1 from {trusted.source})")
+        return
+    raise ConfigError(
+        f"VLLM_HOST={host.value} from {host.source} opens the API beyond this machine without an API key; "
+        "allowed: set VLLM_API_KEY or DSPARK_API_KEYS, or DSPARK_TRUSTED_NETWORK=1 on a network you trust, "
+        "or VLLM_HOST=127.0.0.1")
 
 
 def resolve(

@@ -13,9 +13,18 @@ import shlex
 from dataclasses import dataclass
 from typing import Callable
 
+from dspark_launch.config.checks import ASCII_WORD, looks_secret, not_an_option, single_line
+from dspark_launch.config.forward_env import check_forward_names
+from dspark_launch.config.serve_flags import check_extra_args
+from dspark_launch.config.ssh_options import check_ssh_options
+
 _IFNAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}", re.ASCII)
 _HOST = re.compile(r"(?:[A-Za-z0-9_.-]+@)?(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\])", re.ASCII)
 _SERVED_NAME = re.compile(r"[A-Za-z0-9._:/-]+", re.ASCII)
+_REVISION = re.compile(r"[A-Za-z0-9._/-]+", re.ASCII)
+_SSH_USER = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,31}", re.ASCII)
+_LIST_SEPARATORS = re.compile(r"[ \t]+")
+RAY_TOKEN_MIN_LENGTH = 32  # 128 bits as hex; the generated token has 64 hex digits
 
 
 def _any(value: str) -> str:
@@ -63,6 +72,7 @@ def _env_names(value: str) -> str:
     for name in names:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name, re.ASCII):
             raise ValueError("space-separated environment variable names")
+    check_forward_names(names)
     return " ".join(names)
 
 
@@ -75,17 +85,30 @@ def _choice(*allowed: str) -> Callable[[str], str]:
     return check
 
 
-def _shell_words(value: str) -> str:
+def _serve_args(value: str) -> str:
     try:
-        shlex.split(value)
+        words = shlex.split(value)
     except ValueError as exc:
         raise ValueError(f"arguments split like a shell would ({exc})") from None
+    check_extra_args(words)
     return value
 
 
 def _served_name(value: str) -> str:
-    if not _SERVED_NAME.fullmatch(value):
-        raise ValueError("letters, digits and ._:/-")
+    if not _SERVED_NAME.fullmatch(value) or value.startswith("-"):
+        raise ValueError("letters, digits and ._:/-, not starting with '-'")
+    return value
+
+
+def _revision(value: str) -> str:
+    if not _REVISION.fullmatch(value) or value.startswith("-"):
+        raise ValueError("a commit, tag or branch: letters, digits and ._/-, not starting with '-'")
+    return value
+
+
+def _ssh_user(value: str) -> str:
+    if not _SSH_USER.fullmatch(value):
+        raise ValueError("a user name: letters, digits and ._-, not starting with '-', at most 32")
     return value
 
 
@@ -96,15 +119,23 @@ def _bind_host(value: str) -> str:
 
 
 def _api_key(value: str) -> str:
-    if any(c.isspace() or c == "\\" for c in value):
-        raise ValueError("one key without whitespace, newlines or backslashes")
+    if not ASCII_WORD.fullmatch(value) or "\\" in value:
+        raise ValueError("one key of printable ASCII, without whitespace or backslashes")
     return value
 
 
 def _api_key_list(value: str) -> str:
-    if "\n" in value or "\r" in value or "\\" in value:
-        raise ValueError("space-separated keys without newlines or backslashes")
-    return " ".join(value.split())
+    keys = _LIST_SEPARATORS.split(value)
+    if not all(ASCII_WORD.fullmatch(key) and "\\" not in key for key in keys):
+        raise ValueError("keys of printable ASCII separated by spaces (no other whitespace, no backslashes)")
+    return " ".join(keys)
+
+
+def _ray_token(value: str) -> str:
+    if not ASCII_WORD.fullmatch(value) or len(value) < RAY_TOKEN_MIN_LENGTH:
+        raise ValueError(f"at least {RAY_TOKEN_MIN_LENGTH} characters of printable ASCII without whitespace "
+                         "(e.g. `openssl rand -hex 32`)")
+    return value
 
 
 @dataclass(frozen=True)
@@ -130,19 +161,21 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
                 "Fabric IP of each worker, same order as DSPARK_WORKER_HOSTS (default: the host itself)",
                 _ip_list),
     TextSetting("DSPARK_WORKER_PYTHON", "", "cluster",
-                "Python interpreter on the workers (default: the same path as on the head)"),
-    TextSetting("DSPARK_SSH_USER", "", "cluster", "SSH user for the workers (default: ssh's own)"),
-    TextSetting("DSPARK_SSH_KEY", "", "cluster", "SSH private key file (default: ssh's own)"),
+                "Python interpreter on the workers (default: the same path as on the head)", single_line),
+    TextSetting("DSPARK_SSH_USER", "", "cluster", "SSH user for the workers (default: ssh's own)", _ssh_user),
+    TextSetting("DSPARK_SSH_KEY", "", "cluster", "SSH private key file (default: ssh's own)", single_line),
     TextSetting("DSPARK_SSH_OPTIONS", "", "cluster",
-                "Extra ssh arguments, split like a shell would (never run by one)", _shell_words),
+                "Extra ssh options, split like a shell would (never run by one); only those listed under "
+                "\"ssh options\" below", check_ssh_options),
     TextSetting("DSPARK_SSH_HOST_KEY_CHECK", "yes", "cluster",
                 "StrictHostKeyChecking for workers: yes, or accept-new to trust a first-seen key",
                 _choice("yes", "accept-new")),
     TextSetting("DSPARK_FORWARD_ENV", "", "cluster",
-                "Names of variables passed from the launcher's environment to every node's Ray and to vllm serve",
+                "Names of variables passed from the launcher's environment to every node's Ray and to vllm serve; "
+                "secrets and loader/interpreter names are refused (list below)",
                 _env_names),
     TextSetting("DSPARK_STATE_DIR", "", "cluster",
-                "State folder (pids, logs, Ray token); default $XDG_STATE_HOME/dspark"),
+                "State folder (pids, logs, Ray token); default $XDG_STATE_HOME/dspark", single_line),
     # fabric
     TextSetting("DSPARK_FABRIC_IFNAME", "", "fabric",
                 "Fabric interface (same name on every node); default for the *_SOCKET_IFNAME below",
@@ -153,15 +186,17 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
     TextSetting("NCCL_IB_HCA", "", "fabric", "RoCE HCA(s) NCCL uses, e.g. rocep1s0f1", _ifname_list),
     # serving
     TextSetting("DSPARK_MODEL", "deepseek-ai/DeepSeek-V4-Flash", "serving",
-                "Hugging Face model id or local path"),
-    TextSetting("DSPARK_MODEL_REVISION", "", "serving", "Model revision pin (commit, tag or branch)"),
+                "Hugging Face model id or local path", not_an_option),
+    TextSetting("DSPARK_MODEL_REVISION", "", "serving", "Model revision pin (commit, tag or branch)", _revision),
     TextSetting("DSPARK_SERVED_MODEL_NAME", "deepseek-v4-flash", "serving",
                 "Model name clients ask for", _served_name),
     TextSetting("VLLM_HOST", "127.0.0.1", "serving",
-                "Address the API binds to; 0.0.0.0 exposes it to every network (set an API key)",
+                "Address the API binds to; an address other than loopback needs an API key "
+                "(or DSPARK_TRUSTED_NETWORK=1)",
                 _bind_host),
     TextSetting("VLLM_EXTRA_ARGS", "", "serving",
-                "Extra vllm serve arguments, split like a shell would (never run by one)", _shell_words),
+                "Extra vllm serve arguments, split like a shell would (never run by one); the flags the launcher "
+                "sets are refused (list below)", _serve_args),
     # security
     TextSetting("VLLM_API_KEY", "", "security", "API key clients must send (never on argv)",
                 _api_key, secret=True),
@@ -172,8 +207,8 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
                 "Ray authentication: token (default) or disabled (isolated fabric only)",
                 _choice("token", "disabled")),
     TextSetting("RAY_AUTH_TOKEN", "", "security",
-                "Ray token shared by all nodes; generated into the state folder when empty",
-                secret=True),
+                f"Ray token shared by all nodes (at least {RAY_TOKEN_MIN_LENGTH} printable ASCII characters); "
+                "generated into the state folder when empty", _ray_token, secret=True),
     TextSetting("DSPARK_RAY_DASHBOARD", "off", "security",
                 "Ray dashboard: off, or local (127.0.0.1 only; reach it through an SSH tunnel)",
                 _choice("off", "local")),
@@ -181,9 +216,3 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
 
 # Names the launcher reads that are not settings of a run.
 META_NAMES = frozenset({"DSPARK_ENV_FILE"})
-
-_SECRET_WORDS = re.compile(r"KEY|TOKEN|PASSWORD|PASSWD|SECRET|CREDENTIAL", re.IGNORECASE)
-
-
-def looks_secret(name: str) -> bool:
-    return bool(_SECRET_WORDS.search(name))

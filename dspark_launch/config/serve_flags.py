@@ -1,0 +1,88 @@
+"""`VLLM_EXTRA_ARGS`: the `vllm serve` flags the launcher sets itself are refused there.
+
+vLLM takes the last value of a repeated flag, so `--host 0.0.0.0` in the extra
+arguments would open the API while `status` still shows 127.0.0.1, and
+`--api-key X` would put a key on argv, in the state and in drift output. The table
+below is the one list of those flags; `docs/configuration.md` prints it.
+
+vLLM's parser (FlexibleArgumentParser over argparse) accepts `--flag=value`,
+`--flag value`, underscores for dashes (`--api_key`) and any unambiguous prefix
+(`--hos`), and `-tp=2`, `-t 2`, `-n2` for its short aliases: all count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dspark_launch.config.checks import Refused
+
+
+@dataclass(frozen=True)
+class LauncherFlag:
+    spellings: tuple[str, ...]  # as in `vllm serve --help`: long flags, then short aliases
+    setting: str  # the setting to use instead; "" when there is none
+    why: str = ""  # why there is none
+
+
+_MULTI_NODE = "the Ray launch replaces vLLM's multiprocessing multi-node mode"
+LAUNCHER_FLAGS: tuple[LauncherFlag, ...] = (
+    LauncherFlag(("--model",), "DSPARK_MODEL"),
+    LauncherFlag(("--revision",), "DSPARK_MODEL_REVISION"),
+    LauncherFlag(("--served-model-name",), "DSPARK_SERVED_MODEL_NAME"),
+    LauncherFlag(("--host",), "VLLM_HOST"),
+    LauncherFlag(("--port",), "VLLM_PORT"),
+    LauncherFlag(("--api-key",), "VLLM_API_KEY or DSPARK_API_KEYS"),
+    LauncherFlag(("--tensor-parallel-size", "-tp"), "GPUS_PER_NODE",
+                 "the launcher passes GPUS_PER_NODE x the number of nodes"),
+    LauncherFlag(("--pipeline-parallel-size", "-pp"), "", "the launcher runs tensor parallel across the nodes"),
+    LauncherFlag(("--distributed-executor-backend",), "", "the launcher always uses Ray"),
+    LauncherFlag(("--headless", "--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port"), "",
+                 _MULTI_NODE),
+    LauncherFlag(("--max-num-seqs",), "MAX_NUM_SEQS"),
+    LauncherFlag(("--max-num-batched-tokens",), "MAX_NUM_BATCHED_TOKENS"),
+    LauncherFlag(("--long-prefill-token-threshold",), "LONG_PREFILL_TOKEN_THRESHOLD"),
+    LauncherFlag(("--max-model-len",), "MAX_MODEL_LEN"),
+    LauncherFlag(("--gpu-memory-utilization",), "GPU_MEMORY_UTILIZATION"),
+    LauncherFlag(("--enable-prefix-caching", "--no-enable-prefix-caching"), "ENABLE_PREFIX_CACHING"),
+    LauncherFlag(("--enable-chunked-prefill", "--no-enable-chunked-prefill"), "",
+                 "the scheduler hotfix needs chunked prefill on"),
+    LauncherFlag(("--config",), "", "a vLLM config file can set every flag of this table"),
+)
+
+
+def _owner(word: str) -> tuple[str, LauncherFlag] | None:
+    """The launcher flag `word` reaches in vLLM's parser (exactly or abbreviated), with its spelling."""
+    name = word.split("=", 1)[0]
+    if name.startswith("--"):
+        name = name.replace("_", "-")
+        for flag in LAUNCHER_FLAGS:
+            for spelling in flag.spellings:
+                if spelling.startswith("--") and len(name) > 2 and spelling.startswith(name):
+                    return spelling, flag
+        return None
+    for flag in LAUNCHER_FLAGS:
+        for spelling in flag.spellings:
+            if spelling.startswith("--"):
+                continue
+            # `-t` abbreviates `-tp`; a one-letter option takes its value attached (`-n2`).
+            if (len(name) >= 2 and spelling.startswith(name)) or (len(spelling) == 2 and name.startswith(spelling)):
+                return spelling, flag
+    return None
+
+
+def check_extra_args(words: list[str]) -> None:
+    """Refused naming the first word that sets a launcher flag; never shows any value."""
+    if words and not words[0].startswith("-"):
+        raise Refused("starts with a positional argument, which vllm serve takes as the model; "
+                      "allowed: flags only; set the model in DSPARK_MODEL")
+    for word in words:
+        if not word.startswith("-") or word == "-" or word[1:2].isdigit():
+            continue  # a value, or a negative number
+        owner = _owner(word)
+        if owner:
+            spelling, flag = owner
+            shown = word.split("=", 1)[0]
+            shown = spelling if not shown.startswith("--") and len(shown) > len(spelling) else shown  # `-n2`
+            reached = "" if shown.replace("_", "-") == spelling else f" (vLLM reads it as {spelling})"
+            allowed = f"set {flag.setting} instead" if flag.setting else f"leave it out ({flag.why})"
+            raise Refused(f"holds {shown}{reached}, which the launcher sets; allowed: {allowed}")
