@@ -108,3 +108,25 @@ def test_config_commands_never_import_heavy_modules():
     proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_check_env_file_dev_null_and_non_regular_files(tmp_path):
+    proc = run_dspark(["config", "check", "--env-file", "/dev/null"])
+    assert proc.returncode == 0 and "env file /dev/null" in proc.stdout, proc.stderr
+    for path, kind in ((tmp_path, "a directory"), (REPO / "nope.env", "no such file")):
+        proc = run_dspark(["config", "check", "--env-file", str(path)])
+        assert proc.returncode == 2 and kind in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_check_bad_characters_in_env_file_are_one_line(tmp_path):
+    """Values that used to pass `config check` and crash later (issue 14, point 9)."""
+    for text in (b"DSPARK_MODEL=/m\x00x\n", b"VLLM_API_KEY=sk-\xc3\xa9\n", b"RAY_AUTH_TOKEN=x\n",
+                 "DSPARK_API_KEYS=sk-aaaa\u00a0sk-bbbb\n".encode(), b"DSPARK_SSH_OPTIONS=-A\n",
+                 b"DSPARK_FORWARD_ENV=LD_PRELOAD\n", b"VLLM_EXTRA_ARGS=--port 9\n"):
+        env = tmp_path / "bad.env"
+        env.write_bytes(text)
+        env.chmod(0o600)
+        proc = run_dspark(["config", "check", "--env-file", str(env)])
+        errors = [l for l in proc.stderr.splitlines() if l.startswith("dspark: error:")]
+        assert proc.returncode == 2 and proc.stdout == "" and len(errors) == 1, (text, proc.stderr)
+        assert f"{env}:1" in errors[0] and "Traceback" not in proc.stderr and "sk-" not in proc.stderr
