@@ -151,12 +151,19 @@ def test_launcher_flags_in_extra_args_are_refused_naming_the_setting(clean_envir
     assert (f"set {flag.setting} instead" in message) if flag.setting else (flag.why in message)
 
 
-def test_api_key_value_in_extra_args_is_never_shown(clean_environ):
+def test_api_key_value_in_extra_args_is_never_shown(tmp_path, clean_environ):
     for value in ("--api-key sk-LEAKED-123", "--api_key=sk-LEAKED-123", "--api sk-LEAKED-123"):
         message = refusal(clean_environ, VLLM_EXTRA_ARGS=value)
         assert "sk-LEAKED" not in message and "VLLM_API_KEY or DSPARK_API_KEYS" in message
+    for value in ("--api-key 'sk-LEAKED-123", "--enforce-eager --api-key sk-LEAKED-123\x1b"):
+        assert "sk-LEAKED" not in refusal(clean_environ, VLLM_EXTRA_ARGS=value)  # unbalanced quote, control char
     proc = run_dspark(["config", "check", "--env-file", "/dev/null"], env={"VLLM_EXTRA_ARGS": "--api-key=sk-LEAKED-1"})
     assert proc.returncode == 2 and "sk-LEAKED" not in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
+    overridden = tmp_path / "x.env"
+    overridden.write_text("VLLM_EXTRA_ARGS=--api-key sk-LEAKED-2\n")
+    overridden.chmod(0o600)
+    proc = run_dspark(["config", "check", "--env-file", str(overridden)], env={"VLLM_EXTRA_ARGS": "--enforce-eager"})
+    assert proc.returncode == 0 and "overrides" in proc.stderr and "sk-LEAKED" not in proc.stdout + proc.stderr
 
 
 def test_positional_model_and_harmless_flags(clean_environ):

@@ -118,14 +118,15 @@ def _check_text(spec: TextSetting, raw: str, source: str) -> str:
         return spec.default
     hidden = hidden_character(value)
     if hidden:
-        raise ConfigError(f"{spec.name}={_shown(raw, spec.secret)} from {source} holds the control or invisible "
-                          f"character {hidden}; allowed: printable text")
+        raise ConfigError(f"{spec.name}={_shown(raw, spec.secret or spec.quiet)} from {source} holds the control "
+                          f"or invisible character {hidden}; allowed: printable text")
     try:
         return spec.check(value)
     except Refused as exc:
         raise ConfigError(f"{spec.name} from {source} {exc}") from None
     except ValueError as exc:
-        raise ConfigError(f"{spec.name}={_shown(raw, spec.secret)} from {source} is not allowed; allowed: {exc}") from None
+        raise ConfigError(f"{spec.name}={_shown(raw, spec.secret or spec.quiet)} from {source} is not allowed; "
+                          f"allowed: {exc}") from None
 
 
 class _Resolver:
@@ -194,7 +195,7 @@ class _Resolver:
         return Setting(knob.name, value, chosen.source, knob.group, knob.description, False, tuple(notes))
 
     def text_setting(self, spec: TextSetting) -> Setting:
-        chosen, notes = self.pick(spec.name, spec.secret, lambda raw: raw.value.strip())
+        chosen, notes = self.pick(spec.name, spec.secret or spec.quiet, lambda raw: raw.value.strip())
         if chosen is None:
             return Setting(spec.name, spec.default, "default", spec.group, spec.description, spec.secret)
         value = _check_text(spec, chosen.value, chosen.source)

@@ -121,7 +121,7 @@ def check_ssh_options(value: str) -> str:
     try:
         words = shlex.split(value)
     except ValueError as exc:
-        raise ValueError(f"ssh options split like a shell would ({exc})") from None
+        raise Refused(f"does not split like a shell would ({exc}); allowed: shell words") from None
     canonical: list[str] = []
     for _, option, argument in _pairs(words):
         canonical += ["-o", f"{option.keyword}={_checked_value(option, argument)}"]

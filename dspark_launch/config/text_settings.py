@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Callable
 
-from dspark_launch.config.checks import ASCII_WORD, looks_secret, not_an_option, single_line
+from dspark_launch.config.checks import ASCII_WORD, Refused, looks_secret, not_an_option, single_line
 from dspark_launch.config.forward_env import check_forward_names
 from dspark_launch.config.serve_flags import check_extra_args
 from dspark_launch.config.ssh_options import check_ssh_options
@@ -89,7 +89,7 @@ def _serve_args(value: str) -> str:
     try:
         words = shlex.split(value)
     except ValueError as exc:
-        raise ValueError(f"arguments split like a shell would ({exc})") from None
+        raise Refused(f"does not split like a shell would ({exc}); allowed: shell words") from None
     check_extra_args(words)
     return value
 
@@ -147,6 +147,7 @@ class TextSetting:
     check: Callable[[str], str] = _any
     secret: bool = False
     required_for_cluster: bool = False
+    quiet: bool = False  # errors never show the value: it may hold a secret (an --api-key in VLLM_EXTRA_ARGS)
 
 
 TEXT_SETTINGS: tuple[TextSetting, ...] = (
@@ -196,7 +197,7 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
                 _bind_host),
     TextSetting("VLLM_EXTRA_ARGS", "", "serving",
                 "Extra vllm serve arguments, split like a shell would (never run by one); the flags the launcher "
-                "sets are refused (list below)", _serve_args),
+                "sets are refused (list below)", _serve_args, quiet=True),
     # security
     TextSetting("VLLM_API_KEY", "", "security", "API key clients must send (never on argv)",
                 _api_key, secret=True),
