@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from dspark_launch.cluster.spec import cluster_spec
-from dspark_launch.config.serve_flags import LAUNCHER_FLAGS
+from dspark_launch.config.serve_flags import LAUNCHER_FLAGS, check_extra_args
 from dspark_launch.config.settings import resolve
 from dspark_launch.errors import ConfigError
 from tests.conftest import run_dspark
@@ -217,6 +217,18 @@ def test_the_table_covers_what_vllms_parser_reads():
     assert reached >= len(LAUNCHER_FLAGS)
     for form, changed in zip(harmless, result["changed"][len(OWNED_FORMS):]):
         assert changed is not None and not set(changed) & owned_dests, (form, changed)
+    # Every option vLLM knows, spelled exactly: refused if and only if it sets a launcher-owned destination.
+    for option, dest in dests.items():
+        refused = _is_refused([option, "1"] if option != "-h" else ["--enforce-eager", option])
+        assert refused == (dest in owned_dests), (option, dest)
+
+
+def _is_refused(words: list[str]) -> bool:
+    try:
+        check_extra_args(words)
+    except ValueError:
+        return True
+    return False
 
 
 # --------------------------------------------------------------------------- point 5: API exposure

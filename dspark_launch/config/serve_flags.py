@@ -42,7 +42,7 @@ LAUNCHER_FLAGS: tuple[LauncherFlag, ...] = (
     LauncherFlag(("--max-num-batched-tokens",), "MAX_NUM_BATCHED_TOKENS"),
     LauncherFlag(("--long-prefill-token-threshold",), "LONG_PREFILL_TOKEN_THRESHOLD"),
     LauncherFlag(("--max-model-len",), "MAX_MODEL_LEN"),
-    LauncherFlag(("--gpu-memory-utilization",), "GPU_MEMORY_UTILIZATION"),
+    LauncherFlag(("--gpu-memory-utilization", "--device-memory-utilization"), "GPU_MEMORY_UTILIZATION"),
     LauncherFlag(("--enable-prefix-caching", "--no-enable-prefix-caching"), "ENABLE_PREFIX_CACHING"),
     LauncherFlag(("--enable-chunked-prefill", "--no-enable-chunked-prefill"), "",
                  "the scheduler hotfix needs chunked prefill on"),
