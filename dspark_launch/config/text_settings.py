@@ -13,6 +13,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Callable
 
+from dspark_launch.profiles.catalog import DEFAULT_PROFILE, PROFILE_NAMES
+
 _IFNAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}", re.ASCII)
 _HOST = re.compile(r"(?:[A-Za-z0-9_.-]+@)?(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\])", re.ASCII)
 _SERVED_NAME = re.compile(r"[A-Za-z0-9._:/-]+", re.ASCII)
@@ -160,6 +162,9 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
     TextSetting("VLLM_HOST", "127.0.0.1", "serving",
                 "Address the API binds to; 0.0.0.0 exposes it to every network (set an API key)",
                 _bind_host),
+    TextSetting("DSPARK_PROFILE", DEFAULT_PROFILE, "serving",
+                "Model profile: the recipe's vllm serve flags and variables, checked against the installed vLLM "
+                "(docs/deepseek-v4-flash.md); none: only the settings' flags", _choice(*PROFILE_NAMES)),
     TextSetting("VLLM_EXTRA_ARGS", "", "serving",
                 "Extra vllm serve arguments, split like a shell would (never run by one)", _shell_words),
     # security

@@ -1,0 +1,278 @@
+"""A profile checked against what the installed vLLM offers, and the settings: the flags to run, each with its reason.
+
+Pure: the offer comes from the head's agent (`describe_installed_vllm`), the settings
+from config. Precedence of a value, highest first:
+1. `VLLM_EXTRA_ARGS` for a profile flag (the operator chose it: the profile's preference is not applied);
+2. a setting the operator gave (CLI, environment, or an env-file line that differs from the built-in default);
+3. the profile's value;
+4. the built-in default.
+An env-file line equal to the built-in default reads as a line copied from the example
+file, so the profile's value applies; to force the built-in value over a profile, give it
+on the CLI or in the environment, or choose `DSPARK_PROFILE=none`.
+Flags the launcher owns cannot be given in `VLLM_EXTRA_ARGS` (exit 2 naming the setting).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+
+from dspark_launch.config.registry import load_registry
+from dspark_launch.config.settings import Setting, Settings
+from dspark_launch.config.text_settings import TEXT_SETTINGS
+from dspark_launch.errors import ConfigError
+from dspark_launch.profiles.catalog import profile_named
+from dspark_launch.profiles.model import Preference, Profile, Speculative, Switch
+from dspark_launch.profiles.offer import OfferedFlag, VllmOffer
+
+# Settings that become `vllm serve` flags, whatever the profile: (setting, flag).
+SETTING_FLAGS: tuple[tuple[str, str], ...] = (
+    ("MAX_NUM_SEQS", "--max-num-seqs"),
+    ("MAX_NUM_BATCHED_TOKENS", "--max-num-batched-tokens"),
+    ("LONG_PREFILL_TOKEN_THRESHOLD", "--long-prefill-token-threshold"),
+    ("MAX_MODEL_LEN", "--max-model-len"),
+    ("GPU_MEMORY_UTILIZATION", "--gpu-memory-utilization"),
+)
+
+# argparse destinations the launcher owns, and what to set instead of VLLM_EXTRA_ARGS.
+LAUNCHER_OWNED: tuple[tuple[str, str], ...] = (
+    ("model", "DSPARK_MODEL"),
+    ("model_tag", "DSPARK_MODEL"),
+    ("revision", "DSPARK_MODEL_REVISION"),
+    ("served_model_name", "DSPARK_SERVED_MODEL_NAME"),
+    ("host", "VLLM_HOST"),
+    ("port", "VLLM_PORT"),
+    ("api_key", "VLLM_API_KEY or DSPARK_API_KEYS"),
+    ("tensor_parallel_size", "GPUS_PER_NODE (TP is GPUs per node x nodes)"),
+    ("distributed_executor_backend", "nothing: the launcher runs vLLM over its own Ray cluster"),
+    ("pipeline_parallel_size", "nothing: the launcher serves with tensor parallelism over all nodes"),
+    ("data_parallel_size", "nothing: the launcher serves with tensor parallelism over all nodes"),
+    ("nnodes", "nothing: the launcher runs vLLM over Ray, not the mp multi-node backend"),
+    ("node_rank", "nothing: the launcher runs vLLM over Ray, not the mp multi-node backend"),
+    ("master_addr", "nothing: the launcher runs vLLM over Ray, not the mp multi-node backend"),
+    ("headless", "nothing: the launcher runs vLLM over Ray, not the mp multi-node backend"),
+    ("enable_chunked_prefill", "nothing: always on (the scheduler hotfix gates chunked prefills)"),
+    ("enable_prefix_caching", "ENABLE_PREFIX_CACHING"),
+    *((flag[2:].replace("-", "_"), setting) for setting, flag in SETTING_FLAGS),
+)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One choice the resolution made, and why: printed by plan, start and status."""
+
+    subject: str  # "kv-cache-dtype", "MAX_MODEL_LEN", "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+    value: str  # what is used; "" when left out
+    reason: str
+
+    @property
+    def line(self) -> str:
+        return f"{self.subject} {self.value}: {self.reason}" if self.value else f"{self.subject} omitted: {self.reason}"
+
+
+@dataclass(frozen=True)
+class ResolvedProfile:
+    """What `vllm serve` runs with, apart from the launcher's own flags (host, port, TP, Ray backend, API key)."""
+
+    profile: str
+    vllm_version: str
+    model: str
+    revision: str
+    served_name: str
+    max_model_len: int
+    gpu_memory_utilization: float
+    kv_cache_dtype: str  # the chosen value, "auto" when no flag is passed
+    serve_args: tuple[str, ...]  # what follows `vllm serve`: the model first; the launcher adds its own flags
+    env: tuple[tuple[str, str], ...]  # the profile's variables for the vllm serve environment
+    decisions: tuple[Decision, ...]
+    chat: bool  # readiness and smoke use /v1/chat/completions
+
+
+def builtin_default(name: str) -> str:
+    for knob in load_registry().knobs:
+        if knob.name == name:
+            return knob.default
+    return next(spec.default for spec in TEXT_SETTINGS if spec.name == name)
+
+
+def operator_gave(entry: Setting) -> bool:
+    """True when the operator set this value (see the module docstring for the env-file rule)."""
+    if entry.source == "default":
+        return False
+    if entry.source == "environment" or entry.source.startswith("CLI"):
+        return True
+    return entry.value != builtin_default(entry.name)
+
+
+def _dest_of(token: str, offer: VllmOffer) -> OfferedFlag | None:
+    """The flag an argv token names, as the installed vLLM's parser would read it (spelling, `_`, abbreviation)."""
+    if not token.startswith("-") or token in ("-", "--"):
+        return None
+    name = token.split("=", 1)[0]
+    if name.startswith("--"):
+        name = "--" + name[2:].replace("_", "-")
+    exact = offer.flag(name)
+    if exact is not None or not name.startswith("--"):
+        return exact
+    matches = {f.dest: f for f in offer.flags for option in f.option_strings if option.startswith(name)}
+    return next(iter(matches.values())) if len(matches) == 1 else None
+
+
+def extra_args_values(settings: Settings, offer: VllmOffer) -> tuple[tuple[str, str], ...]:
+    """(destination, value) of each flag VLLM_EXTRA_ARGS sets ("on"/"off" for switches);
+    ConfigError when one belongs to the launcher."""
+    entry = settings.entries["VLLM_EXTRA_ARGS"]
+    owned = dict(LAUNCHER_OWNED)
+    tokens = shlex.split(entry.value)
+    found = []
+    for index, token in enumerate(tokens):
+        flag = _dest_of(token, offer)
+        if flag is None:
+            continue
+        if flag.dest in owned:
+            raise ConfigError(f"VLLM_EXTRA_ARGS from {entry.source} sets {token.split('=', 1)[0]}, which the "
+                              f"launcher owns; allowed: set {owned[flag.dest]} instead")
+        if "=" in token:
+            value = token.split("=", 1)[1]
+        elif flag.takes_value:
+            value = tokens[index + 1] if index + 1 < len(tokens) else ""
+        else:
+            value = "off" if token.startswith("--no-") else "on"
+        found.append((flag.dest, value))
+    return tuple(found)
+
+
+class _Resolution:
+    def __init__(self, profile: Profile, offer: VllmOffer, settings: Settings):
+        self.profile = profile
+        self.offer = offer
+        self.settings = settings
+        self.version = offer.version
+        self.overridden = dict(extra_args_values(settings, offer))
+        self.extra_source = settings.entries["VLLM_EXTRA_ARGS"].source
+        self.decisions: list[Decision] = []
+        self.flags: list[str] = []
+        self.omitted: set[str] = set()
+        self.chosen: dict[str, str] = {}
+
+    def missing(self, subject: str, wanted: str, why: str, builds: str, offered: tuple[str, ...]) -> ConfigError:
+        entry = self.settings.entries["DSPARK_PROFILE"]
+        offers = f" (it offers {', '.join(offered[:12])}{' ...' if len(offered) > 12 else ''})" if offered else ""
+        return ConfigError(
+            f"DSPARK_PROFILE={self.profile.name} from {entry.source}: {subject} {wanted} is required ({why}) but the "
+            f"installed vLLM {self.version} lacks it{offers}; allowed: a vLLM that has it ({builds}), your own "
+            f"choice in VLLM_EXTRA_ARGS, or DSPARK_PROFILE=none")
+
+    def by_operator(self, flag: OfferedFlag | None, subject: str, wanted: str) -> bool:
+        if flag is None or flag.dest not in self.overridden:
+            return False
+        value = self.overridden[flag.dest]
+        self.chosen[flag.option_strings[0]] = value
+        self.decisions.append(Decision(subject, value, f"VLLM_EXTRA_ARGS from {self.extra_source}; the "
+                                                       f"profile's {wanted} not applied"))
+        return True
+
+    def switch(self, switch: Switch) -> None:
+        subject = switch.flag.lstrip("-")
+        flag = self.offer.flag(switch.flag)
+        if self.by_operator(flag, subject, "switch"):
+            return
+        if switch.needs and switch.needs in self.omitted:
+            self.omit(switch.flag, f"needs {switch.needs}, which is left out")
+        elif flag is None:
+            if switch.required:
+                raise self.missing(switch.flag, "", switch.why, switch.builds, ())
+            self.omit(switch.flag, f"the installed vLLM {self.version} has no {switch.flag} ({switch.builds})")
+        else:
+            self.flags.append(switch.flag)
+            self.decisions.append(Decision(subject, "on", switch.why))
+
+    def omit(self, flag: str, reason: str) -> None:
+        self.omitted.add(flag)
+        self.decisions.append(Decision(flag.lstrip("-"), "", reason))
+
+    def preference(self, pref: Preference) -> None:
+        subject = pref.flag.lstrip("-")
+        flag = self.offer.flag(pref.flag)
+        if self.by_operator(flag, subject, "preference (" + ", ".join(pref.values) + ")"):
+            return
+        offered = () if flag is None else flag.choices
+        usable = [v for v in pref.values if flag is not None and (not flag.choices or v in flag.choices)]
+        if not usable:
+            if pref.required:
+                raise self.missing(pref.flag, " or ".join(pref.values), pref.why, pref.builds, offered)
+            what = ", ".join(pref.values) if flag is not None else f"no {pref.flag} at all"
+            self.omit(pref.flag, f"{what} not offered by the installed vLLM {self.version} ({pref.builds})")
+            return
+        value = usable[0]
+        skipped = pref.values[:pref.values.index(value)]
+        reason = (f"{', '.join(skipped)} not offered by the installed vLLM {self.version}" if skipped
+                  else f"the profile's {'first choice' if len(pref.values) > 1 else 'value'}, offered by vLLM "
+                       f"{self.version}")
+        self.flags += [pref.flag, value]
+        self.chosen[pref.flag] = value
+        self.decisions.append(Decision(subject, value, f"{reason}; {pref.why}"))
+
+    def speculative(self, spec: Speculative) -> None:
+        flag = self.offer.flag("--speculative-config")
+        if self.by_operator(flag, "speculative-config", "methods (" + ", ".join(spec.methods) + ")"):
+            return
+        usable = [m for m in spec.methods if flag is not None and m in self.offer.speculative_methods]
+        if not usable:
+            if spec.required:
+                raise self.missing("--speculative-config method", " or ".join(spec.methods), spec.why, spec.builds,
+                                   self.offer.speculative_methods)
+            self.omit("--speculative-config", f"method {', '.join(spec.methods)} not offered by the installed "
+                                              f"vLLM {self.version} ({spec.builds})")
+            return
+        value = json.dumps({"method": usable[0], "num_speculative_tokens": spec.num_speculative_tokens},
+                           separators=(",", ":"))
+        self.flags += ["--speculative-config", value]
+        self.decisions.append(Decision("speculative-config", value, spec.why))
+
+    def setting(self, name: str) -> str:
+        """The effective value of a setting, with a decision when the profile has a say."""
+        entry = self.settings.entries[name]
+        default = next((d for d in self.profile.settings if d.setting == name), None)
+        if default is None:
+            return entry.value
+        if operator_gave(entry):
+            if entry.value != default.value:
+                self.decisions.append(Decision(name, entry.shown, f"the operator's, from {entry.source} "
+                                                                 f"(the profile gives {default.value})"))
+            return entry.value
+        self.decisions.append(Decision(name, default.value, f"the profile's value: {default.why}"))
+        return default.value
+
+
+def resolve(profile: Profile, offer: VllmOffer, settings: Settings) -> ResolvedProfile:
+    """The flags and environment `vllm serve` runs with; ConfigError (exit 2) when a required flag is not offered."""
+    run = _Resolution(profile, offer, settings)
+    model, revision, served = (run.setting(n) for n in ("DSPARK_MODEL", "DSPARK_MODEL_REVISION",
+                                                        "DSPARK_SERVED_MODEL_NAME"))
+    args = [model, "--served-model-name", served, *(("--revision", revision) if revision else ())]
+    values = {name: run.setting(name) for name, _ in SETTING_FLAGS}
+    for name, flag in SETTING_FLAGS:
+        args += [flag, values[name]]
+    args += ["--enable-chunked-prefill",
+             "--enable-prefix-caching" if settings.flag("ENABLE_PREFIX_CACHING") else "--no-enable-prefix-caching"]
+    for pref in profile.preferences:
+        run.preference(pref)
+    for switch in profile.switches:
+        run.switch(switch)
+    if profile.speculative is not None:
+        run.speculative(profile.speculative)
+    for var in profile.env:
+        run.decisions.append(Decision(var.name, var.value, var.why))
+    args += run.flags + shlex.split(settings["VLLM_EXTRA_ARGS"])
+    return ResolvedProfile(
+        profile=profile.name, vllm_version=offer.version, model=model, revision=revision, served_name=served,
+        max_model_len=int(values["MAX_MODEL_LEN"]), gpu_memory_utilization=float(values["GPU_MEMORY_UTILIZATION"]),
+        kv_cache_dtype=run.chosen.get("--kv-cache-dtype", "auto"), serve_args=tuple(args),
+        env=tuple((v.name, v.value) for v in profile.env), decisions=tuple(run.decisions), chat=profile.chat)
+
+
+def resolve_selected(offer: VllmOffer, settings: Settings) -> ResolvedProfile:
+    """`resolve` for the profile DSPARK_PROFILE names."""
+    return resolve(profile_named(settings["DSPARK_PROFILE"]), offer, settings)
