@@ -68,6 +68,28 @@ def _env_names(value: str) -> str:
     return " ".join(names)
 
 
+_NODE_FABRIC = re.compile(r"(head|worker[1-9][0-9]*):(DSPARK_FABRIC_IFNAME|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|"
+                          r"TP_SOCKET_IFNAME|NCCL_IB_HCA|NCCL_IB_GID_INDEX)=([A-Za-z0-9_.:,-]+)", re.ASCII)
+
+
+def _gid_index(value: str) -> str:
+    if not value.isascii() or not value.isdigit():
+        raise ValueError("a GID index (ASCII digits)")
+    return value
+
+
+def _node_fabric(value: str) -> str:
+    entries = value.split()
+    for entry in entries:
+        match = _NODE_FABRIC.fullmatch(entry)
+        if not match or (match[2] == "NCCL_IB_GID_INDEX" and not match[3].isdigit()):  # ASCII: re.ASCII above
+            raise ValueError("space-separated NODE:NAME=VALUE (NODE head or workerN; NAME DSPARK_FABRIC_IFNAME, "
+                             "NCCL_IB_HCA, NCCL_IB_GID_INDEX or a *_SOCKET_IFNAME), e.g. worker1:NCCL_IB_GID_INDEX=3")
+        if match[2] != "NCCL_IB_GID_INDEX":
+            _ifname_list(match[3])
+    return " ".join(entries)
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def check(value: str) -> str:
         if value not in allowed:
@@ -152,7 +174,14 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
     TextSetting("NCCL_SOCKET_IFNAME", "", "fabric", "NCCL bootstrap interface(s)", _ifname_list),
     TextSetting("GLOO_SOCKET_IFNAME", "", "fabric", "Gloo interface(s)", _ifname_list),
     TextSetting("TP_SOCKET_IFNAME", "", "fabric", "TensorPipe interface(s)", _ifname_list),
-    TextSetting("NCCL_IB_HCA", "", "fabric", "RoCE HCA(s) NCCL uses, e.g. rocep1s0f1", _ifname_list),
+    TextSetting("NCCL_IB_HCA", "", "fabric", "RoCE HCA(s) NCCL uses, e.g. rocep1s0f1,roceP2p1s0f1; default: each node's device "
+                "behind the fabric interface and its twin port, read from its sysfs", _ifname_list),
+    TextSetting("NCCL_IB_GID_INDEX", "", "fabric",
+                "GID index NCCL uses; default: each node's RoCE v2 GID of its fabric IP, read from its sysfs",
+                _gid_index),
+    TextSetting("DSPARK_NODE_FABRIC", "", "fabric",
+                "Per-node fabric values for sites whose nodes differ: NODE:NAME=VALUE, e.g. "
+                "worker1:NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0", _node_fabric),
     # serving
     TextSetting("DSPARK_MODEL", "deepseek-ai/DeepSeek-V4-Flash", "serving",
                 "Hugging Face model id or local path"),
