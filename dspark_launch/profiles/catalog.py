@@ -7,7 +7,7 @@ serve parser (installed), and the 0.25.0 and 0.10.1.1 wheels (tests/data/README.
 from __future__ import annotations
 
 from dspark_launch.profiles.model import (
-    EnvVar, KvAnchor, KvRow, Preference, Profile, SettingDefault, Speculative, Switch,
+    EnvVar, KvAnchor, KvRow, Preference, Profile, SettingDefault, Switch,
 )
 
 GIB = 1 << 30
@@ -51,8 +51,10 @@ DEEPSEEK_V4_FLASH = Profile(
         Preference("--reasoning-parser", ("deepseek_v4",), "splits thinking from the answer (reasoning_content)",
                    "0.25.0, 0.32.0; not 0.10.1.1"),
     ),
-    speculative=Speculative(("dspark",), 5, "DeepSeek's MTP head drafts 5 tokens; peers accept 2.5 to 5.6 a step, "
-                            "most of the single-stream decode speed", "dspark: 0.25.0, 0.32.0; not 0.10.1.1"),
+    speculative=Preference("--speculative-config", ("dspark",), "DeepSeek's MTP head drafts 5 tokens; peers accept "
+                           "2.5 to 5.6 a step, most of the single-stream decode speed",
+                           "dspark: 0.25.0, 0.32.0; not 0.10.1.1"),
+    speculative_tokens=5,
     env=(
         EnvVar("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1",
                "lets --max-model-len exceed the length in the checkpoint's config (1M context)"),

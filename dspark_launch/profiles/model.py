@@ -44,22 +44,6 @@ class Preference:
 
 
 @dataclass(frozen=True)
-class Speculative:
-    """`--speculative-config` (a JSON value whose `method` the installed vLLM must know)."""
-
-    methods: tuple[str, ...]
-    """Speculative methods, best first (`dspark`: DeepSeek's multi-token-prediction head)."""
-    num_speculative_tokens: int
-    """Draft tokens per step; peers use 5 with `dspark` and accept 2.5 to 5.6 per step."""
-    why: str
-    """What it buys, in one line."""
-    builds: str
-    """Which vLLM builds offer which method."""
-    required: bool = False
-    """True: refuse to start without it; False: serve without speculative decoding, with the reason."""
-
-
-@dataclass(frozen=True)
 class EnvVar:
     """A variable of the `vllm serve` environment that this model's recipe sets."""
 
@@ -96,12 +80,9 @@ class KvRow:
     """What one token stores per attention layer, in elements (the model's config.json gives it;
     a profile records it for when config.json is not at hand)."""
 
-    nope_dim: int
-    """Latent (MLA) or key/value width stored without rotary embedding, per layer."""
-    rope_dim: int
-    """Rotary part of the row, stored in bf16 by the `*_ds_mla` layouts."""
-    mla: bool = True
-    """True: one latent row per token and layer, the same on every TP rank."""
+    nope_dim: int  # latent (MLA) or key+value width stored without rotary embedding
+    rope_dim: int  # rotary part of the row (bf16 in the `*_ds_mla` layouts)
+    mla: bool = True  # one latent row per token and layer, the same on every TP rank
 
 
 @dataclass(frozen=True)
@@ -115,7 +96,11 @@ class Profile:
     """Values for launcher settings (`DSPARK_MODEL`, `MAX_MODEL_LEN` ...); an operator's value wins."""
     switches: tuple[Switch, ...] = ()
     preferences: tuple[Preference, ...] = ()
-    speculative: Speculative | None = None
+    speculative: Preference | None = None
+    """`--speculative-config`: its values are speculative methods, best first (`dspark`: DeepSeek's
+    multi-token-prediction head), checked against the methods the installed vLLM knows."""
+    speculative_tokens: int = 0
+    """Draft tokens per step; peers use 5 with `dspark` and accept 2.5 to 5.6 of them per step."""
     env: tuple[EnvVar, ...] = ()
     chat: bool = False
     """True: the model answers chat (readiness and smoke use `/v1/chat/completions`)."""

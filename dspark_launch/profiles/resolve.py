@@ -23,7 +23,7 @@ from dspark_launch.config.settings import Setting, Settings
 from dspark_launch.config.text_settings import TEXT_SETTINGS
 from dspark_launch.errors import ConfigError
 from dspark_launch.profiles.catalog import profile_named
-from dspark_launch.profiles.model import Preference, Profile, Speculative, Switch
+from dspark_launch.profiles.model import Preference, Profile, Switch
 from dspark_launch.profiles.offer import OfferedFlag, VllmOffer
 
 # Settings that become `vllm serve` flags, whatever the profile: (setting, flag).
@@ -214,21 +214,20 @@ class _Resolution:
         self.chosen[pref.flag] = value
         self.decisions.append(Decision(subject, value, f"{reason}; {pref.why}"))
 
-    def speculative(self, spec: Speculative) -> None:
-        flag = self.offer.flag("--speculative-config")
-        if self.by_operator(flag, "speculative-config", "methods (" + ", ".join(spec.methods) + ")"):
+    def speculative(self, spec: Preference, tokens: int) -> None:
+        flag = self.offer.flag(spec.flag)
+        if self.by_operator(flag, "speculative-config", "methods (" + ", ".join(spec.values) + ")"):
             return
-        usable = [m for m in spec.methods if flag is not None and m in self.offer.speculative_methods]
+        usable = [m for m in spec.values if flag is not None and m in self.offer.speculative_methods]
         if not usable:
             if spec.required:
-                raise self.missing("--speculative-config method", " or ".join(spec.methods), spec.why, spec.builds,
+                raise self.missing(f"{spec.flag} method", " or ".join(spec.values), spec.why, spec.builds,
                                    self.offer.speculative_methods)
-            self.omit("--speculative-config", f"method {', '.join(spec.methods)} not offered by the installed "
-                                              f"vLLM {self.version} ({spec.builds})")
+            self.omit(spec.flag, f"method {', '.join(spec.values)} not offered by the installed "
+                                 f"vLLM {self.version} ({spec.builds})")
             return
-        value = json.dumps({"method": usable[0], "num_speculative_tokens": spec.num_speculative_tokens},
-                           separators=(",", ":"))
-        self.flags += ["--speculative-config", value]
+        value = json.dumps({"method": usable[0], "num_speculative_tokens": tokens}, separators=(",", ":"))
+        self.flags += [spec.flag, value]
         self.decisions.append(Decision("speculative-config", value, spec.why))
 
     def setting(self, name: str) -> str:
@@ -262,7 +261,7 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings) -> ResolvedP
     for switch in profile.switches:
         run.switch(switch)
     if profile.speculative is not None:
-        run.speculative(profile.speculative)
+        run.speculative(profile.speculative, profile.speculative_tokens)
     for var in profile.env:
         run.decisions.append(Decision(var.name, var.value, var.why))
     args += run.flags + shlex.split(settings["VLLM_EXTRA_ARGS"])
