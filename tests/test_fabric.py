@@ -173,3 +173,14 @@ def test_vllm_copies_the_heads_nccl_values_unless_named_in_its_non_carry_over_fi
     for path in ("legacy", "v2"):
         assert not set(NON_CARRY_OVER) & set(excluded[path]), path
         assert "NCCL_DEBUG" in excluded[path]  # the same for every node: still copied
+
+
+def test_every_variable_set_has_its_reason_in_the_docs():
+    from dspark_launch.cluster.fabric import ROCE_ENV
+    from dspark_launch.profiles.catalog import PROFILES
+
+    docs = (REPO / "docs" / "deepseek-v4-flash.md").read_text()
+    for name, value in (*FIXED_ENV, *ROCE_ENV, *((v.name, v.value) for p in PROFILES for v in p.env)):
+        assert f"`{name}={value}`" in docs, name
+    for name in NON_CARRY_OVER:
+        assert f"`{name}" in docs, name

@@ -173,3 +173,12 @@ def test_recorded_builds_lack_what_the_data_note_says():
     assert "deepseek_v4" not in old.flag("--tokenizer-mode").choices and "dspark" not in old.speculative_methods
     assert "nvfp4_ds_mla" not in mid.flag("--kv-cache-dtype").choices
     assert "fp8_ds_mla" in mid.flag("--kv-cache-dtype").choices and "dspark" in mid.speculative_methods
+
+
+def test_docs_put_every_recipe_flag_side_by_side():
+    docs = (REPO / "docs" / "deepseek-v4-flash.md").read_text()
+    profile = DEEPSEEK_V4_FLASH
+    for item in (*profile.switches, *profile.preferences, profile.speculative):
+        assert f"| `{item.flag}" in docs, item.flag
+    for default in profile.settings:
+        assert default.value in docs and f"`{default.setting}`" in docs, default.setting
