@@ -184,3 +184,11 @@ def test_every_variable_set_has_its_reason_in_the_docs():
         assert f"`{name}={value}`" in docs, name
     for name in NON_CARRY_OVER:
         assert f"`{name}" in docs, name
+
+
+def test_node_side_modules_import_neither_config_nor_vllm():
+    probe = ("import sys, dspark_launch.cluster.fabric, dspark_launch.profiles.offer; "
+             "print(sorted(m for m in sys.modules if m.startswith(('vllm', 'ray', 'torch', 'dotenv', "
+             "'dspark_launch.config'))))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

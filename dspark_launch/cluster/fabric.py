@@ -44,6 +44,7 @@ ROCE_ENV: tuple[tuple[str, str], ...] = (("NCCL_NET", "IB"), ("NCCL_IB_DISABLE",
 NON_CARRY_OVER: tuple[str, ...] = (
     "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_NET", "NCCL_IB_DISABLE", "NCCL_IB_ROCE_VERSION_NUM",
     "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME",
+    "VLLM_CONFIG_ROOT",  # the head's folder holding this very list: a path on the head only
 )
 NON_CARRY_OVER_FILE = "ray_non_carry_over_env_vars.json"  # vllm/ray/ray_env.py reads it from VLLM_CONFIG_ROOT
 
