@@ -146,13 +146,13 @@ import json, os
 from vllm.ray.ray_env import get_env_vars_to_copy
 from vllm.v1.executor.ray_env_utils import get_driver_env_vars
 from vllm.v1.executor.ray_utils import WORKER_SPECIFIC_ENV_VARS
-legacy = sorted(n for n in get_env_vars_to_copy(exclude_vars=WORKER_SPECIFIC_ENV_VARS) if n in os.environ)
-v2 = sorted(get_driver_env_vars(worker_specific_vars=WORKER_SPECIFIC_ENV_VARS))
+legacy = {n: os.environ[n] for n in get_env_vars_to_copy(exclude_vars=WORKER_SPECIFIC_ENV_VARS) if n in os.environ}
+v2 = get_driver_env_vars(worker_specific_vars=WORKER_SPECIFIC_ENV_VARS)
 print("COPIED " + json.dumps({"legacy": legacy, "v2": v2}))
 """
 
 
-def copied_by_vllm(config_root: Path) -> dict[str, list[str]]:
+def copied_by_vllm(config_root: Path) -> dict[str, dict[str, str]]:
     """What the installed vLLM's own helpers copy from a head driver's environment to its Ray workers."""
     head_env = {"PATH": os.environ["PATH"], "HOME": str(config_root), "VLLM_CONFIG_ROOT": str(config_root),
                 "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1", "NCCL_IB_GID_INDEX": "3", "NCCL_NET": "IB",
@@ -173,6 +173,52 @@ def test_vllm_copies_the_heads_nccl_values_unless_named_in_its_non_carry_over_fi
     for path in ("legacy", "v2"):
         assert not set(NON_CARRY_OVER) & set(excluded[path]), path
         assert "NCCL_DEBUG" in excluded[path]  # the same for every node: still copied
+
+
+# What a worker does with the driver's variables, by vLLM's own code: RayExecutorV2's
+# RayWorkerProc.initialize_worker (setdefault), the legacy executor's update_environment_variables (overwrite).
+_APPLY_PROBE = r"""
+import json, os, sys
+from vllm.v1.executor.ray_executor_v2 import RayWorkerProc
+from vllm.utils.system_utils import update_environment_variables
+copied = json.loads(sys.stdin.read())
+names = ("NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_NET", "NCCL_DEBUG", "VLLM_CONFIG_ROOT")
+own = dict(os.environ)
+worker = object.__new__(RayWorkerProc)
+worker._init_kwargs = {}
+try:
+    RayWorkerProc.initialize_worker(worker, 0, {}, "tcp://127.0.0.1:1", driver_env_vars=copied["v2"])
+except Exception:
+    pass  # it fails building the real worker, after it applied the variables
+v2 = {n: os.environ.get(n) for n in names}
+os.environ.clear(); os.environ.update(own)
+update_environment_variables(copied["legacy"])
+print("SEEN " + json.dumps({"v2": v2, "legacy": {n: os.environ.get(n) for n in names}}))
+"""
+
+
+def seen_by_worker(copied: dict[str, dict[str, str]]) -> dict[str, dict[str, str | None]]:
+    """A worker node's process (its raylet gave it its own RoCE values, and no NCCL_NET) after vLLM's copy."""
+    worker_env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"),
+                  "NCCL_IB_HCA": "mlx5_1", "NCCL_IB_GID_INDEX": "5"}
+    proc = subprocess.run([sys.executable, "-c", _APPLY_PROBE], env=worker_env, input=json.dumps(copied),
+                          capture_output=True, text=True, timeout=300, check=True)
+    return json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("SEEN "))[5:])
+
+
+def test_with_the_file_each_worker_keeps_its_own_values_in_both_executors(tmp_path):
+    write_non_carry_over(tmp_path / "dspark")
+    seen = seen_by_worker(copied_by_vllm(tmp_path / "dspark"))
+    for path in ("v2", "legacy"):
+        assert seen[path] == {"NCCL_IB_HCA": "mlx5_1", "NCCL_IB_GID_INDEX": "5", "NCCL_NET": None,
+                              "NCCL_DEBUG": "WARN", "VLLM_CONFIG_ROOT": None}, path
+
+
+def test_without_it_the_heads_values_leak_into_the_worker(tmp_path):
+    seen = seen_by_worker(copied_by_vllm(tmp_path / "plain"))
+    assert seen["v2"]["NCCL_IB_HCA"] == "mlx5_1" and seen["v2"]["NCCL_NET"] == "IB"  # setdefault: fills gaps
+    assert seen["legacy"]["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1"  # overwrite: the head's device
+    assert seen["legacy"]["NCCL_IB_GID_INDEX"] == "3"
 
 
 def test_every_variable_set_has_its_reason_in_the_docs():

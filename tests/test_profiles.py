@@ -160,6 +160,11 @@ def test_operator_values_win_over_the_profile_and_example_lines_do_not(installed
     assert from_cli.max_model_len == 65536
 
 
+def test_a_threshold_above_the_context_is_refused_before_vllm_would(installed):
+    with pytest.raises(ConfigError, match=r"^LONG_PREFILL_TOKEN_THRESHOLD=1024 is above MAX_MODEL_LEN=256 "):
+        resolve(TINY_TEST, installed, settings({"LONG_PREFILL_TOKEN_THRESHOLD": "1024"}))
+
+
 @pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
 def test_every_profile_value_passes_its_settings_check(profile):
     given = settings({d.setting: d.value for d in profile.settings})

@@ -252,6 +252,10 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings) -> ResolvedP
                                                         "DSPARK_SERVED_MODEL_NAME"))
     args = [model, "--served-model-name", served, *(("--revision", revision) if revision else ())]
     values = {name: run.setting(name) for name, _ in SETTING_FLAGS}
+    if int(values["LONG_PREFILL_TOKEN_THRESHOLD"]) > int(values["MAX_MODEL_LEN"]):  # vLLM refuses it at engine start
+        raise ConfigError(f"LONG_PREFILL_TOKEN_THRESHOLD={values['LONG_PREFILL_TOKEN_THRESHOLD']} is above "
+                          f"MAX_MODEL_LEN={values['MAX_MODEL_LEN']} (profile {profile.name}); allowed: a threshold "
+                          f"of at most MAX_MODEL_LEN")
     for name, flag in SETTING_FLAGS:
         args += [flag, values[name]]
     args += ["--enable-chunked-prefill",
