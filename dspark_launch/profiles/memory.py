@@ -13,8 +13,10 @@ measurement by the row size of the chosen dtype instead of counting layers.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 from dspark_launch.profiles.model import KvRow, Profile
@@ -49,6 +51,14 @@ def model_shape(config: Mapping[str, object]) -> ModelShape | None:
         head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
         return ModelShape(layers, KvRow(2 * kv_heads * head_dim, 0, mla=False), dtype_bytes, kv_heads)
     except (KeyError, TypeError, ValueError):
+        return None
+
+
+def read_model_shape(folder: Path) -> ModelShape | None:
+    """The shape from `folder/config.json` (the model's local snapshot), None when absent or unreadable."""
+    try:
+        return model_shape(json.loads((folder / "config.json").read_text()))
+    except (OSError, ValueError):
         return None
 
 
