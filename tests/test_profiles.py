@@ -160,6 +160,16 @@ def test_operator_values_win_over_the_profile_and_example_lines_do_not(installed
     assert from_cli.max_model_len == 65536
 
 
+def test_the_profiles_revision_pin_follows_only_its_own_model(installed):
+    resolved = resolve(DEEPSEEK_V4_FLASH, installed, settings({"DSPARK_MODEL": "/models/my-finetune"}))
+    assert resolved.revision == "" and "--revision" not in resolved.serve_args
+    assert line_of(resolved, "DSPARK_MODEL_REVISION").endswith(
+        "the profile's 9e165c30e2704aec5d9d593cce3eebd58bbef1cb pins deepseek-ai/DeepSeek-V4-Flash-0731, "
+        "not /models/my-finetune")
+    pinned = resolve(DEEPSEEK_V4_FLASH, installed, settings({"DSPARK_MODEL": "/m", "DSPARK_MODEL_REVISION": "v2"}))
+    assert pinned.revision == "v2"
+
+
 def test_a_threshold_above_the_context_is_refused_before_vllm_would(installed):
     with pytest.raises(ConfigError, match=r"^LONG_PREFILL_TOKEN_THRESHOLD=1024 is above MAX_MODEL_LEN=256 "):
         resolve(TINY_TEST, installed, settings({"LONG_PREFILL_TOKEN_THRESHOLD": "1024"}))

@@ -230,10 +230,16 @@ class _Resolution:
         self.flags += [spec.flag, value]
         self.decisions.append(Decision("speculative-config", value, spec.why))
 
-    def setting(self, name: str) -> str:
-        """The effective value of a setting, with a decision when the profile has a say."""
+    def setting(self, name: str, model: str = "") -> str:
+        """The effective value of a setting, with a decision when the profile has a say.
+        `model`: for the revision, the model in use: the profile's pin belongs to the profile's model only."""
         entry = self.settings.entries[name]
         default = next((d for d in self.profile.settings if d.setting == name), None)
+        profile_model = next((d.value for d in self.profile.settings if d.setting == "DSPARK_MODEL"), "")
+        if default is not None and model and model != profile_model and not operator_gave(entry):
+            self.decisions.append(Decision(name, entry.value, f"the profile's {default.value} pins "
+                                                              f"{profile_model}, not {model}"))
+            return entry.value
         if default is None:
             return entry.value
         if operator_gave(entry):
@@ -248,8 +254,8 @@ class _Resolution:
 def resolve(profile: Profile, offer: VllmOffer, settings: Settings) -> ResolvedProfile:
     """The flags and environment `vllm serve` runs with; ConfigError (exit 2) when a required flag is not offered."""
     run = _Resolution(profile, offer, settings)
-    model, revision, served = (run.setting(n) for n in ("DSPARK_MODEL", "DSPARK_MODEL_REVISION",
-                                                        "DSPARK_SERVED_MODEL_NAME"))
+    model = run.setting("DSPARK_MODEL")
+    revision, served = run.setting("DSPARK_MODEL_REVISION", model), run.setting("DSPARK_SERVED_MODEL_NAME")
     args = [model, "--served-model-name", served, *(("--revision", revision) if revision else ())]
     values = {name: run.setting(name) for name, _ in SETTING_FLAGS}
     if int(values["LONG_PREFILL_TOKEN_THRESHOLD"]) > int(values["MAX_MODEL_LEN"]):  # vLLM refuses it at engine start
