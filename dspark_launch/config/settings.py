@@ -123,7 +123,8 @@ def _check_text(spec: TextSetting, raw: str, source: str) -> str:
     try:
         return spec.check(value)
     except Refused as exc:
-        raise ConfigError(f"{spec.name} from {source} {exc}") from None
+        clause = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(exc))  # a U+00A0 in a word, shown
+        raise ConfigError(f"{spec.name} from {source} {clause}") from None
     except ValueError as exc:
         raise ConfigError(f"{spec.name}={_shown(raw, spec.secret or spec.quiet)} from {source} is not allowed; "
                           f"allowed: {exc}") from None

@@ -17,6 +17,7 @@ from dspark_launch.config.checks import ASCII_WORD, Refused, looks_secret, not_a
 from dspark_launch.config.forward_env import check_forward_names
 from dspark_launch.config.serve_flags import check_extra_args
 from dspark_launch.config.ssh_options import check_ssh_options
+from dspark_launch.profiles.catalog import DEFAULT_PROFILE, PROFILE_NAMES
 
 _IFNAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}", re.ASCII)
 _HOST = re.compile(r"(?:[A-Za-z0-9_.-]+@)?(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\])", re.ASCII)
@@ -74,6 +75,28 @@ def _env_names(value: str) -> str:
             raise ValueError("space-separated environment variable names")
     check_forward_names(names)
     return " ".join(names)
+
+
+_NODE_FABRIC = re.compile(r"(head|worker[1-9][0-9]*):(DSPARK_FABRIC_IFNAME|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|"
+                          r"TP_SOCKET_IFNAME|NCCL_IB_HCA|NCCL_IB_GID_INDEX)=([A-Za-z0-9_.:,-]+)", re.ASCII)
+
+
+def _gid_index(value: str) -> str:
+    if not value.isascii() or not value.isdigit():
+        raise ValueError("a GID index (ASCII digits)")
+    return value
+
+
+def _node_fabric(value: str) -> str:
+    entries = value.split()
+    for entry in entries:
+        match = _NODE_FABRIC.fullmatch(entry)
+        if not match or (match[2] == "NCCL_IB_GID_INDEX" and not match[3].isdigit()):  # ASCII: re.ASCII above
+            raise ValueError("space-separated NODE:NAME=VALUE (NODE head or workerN; NAME DSPARK_FABRIC_IFNAME, "
+                             "NCCL_IB_HCA, NCCL_IB_GID_INDEX or a *_SOCKET_IFNAME), e.g. worker1:NCCL_IB_GID_INDEX=3")
+        if match[2] != "NCCL_IB_GID_INDEX":
+            _ifname_list(match[3])
+    return " ".join(entries)
 
 
 def _choice(*allowed: str) -> Callable[[str], str]:
@@ -184,7 +207,14 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
     TextSetting("NCCL_SOCKET_IFNAME", "", "fabric", "NCCL bootstrap interface(s)", _ifname_list),
     TextSetting("GLOO_SOCKET_IFNAME", "", "fabric", "Gloo interface(s)", _ifname_list),
     TextSetting("TP_SOCKET_IFNAME", "", "fabric", "TensorPipe interface(s)", _ifname_list),
-    TextSetting("NCCL_IB_HCA", "", "fabric", "RoCE HCA(s) NCCL uses, e.g. rocep1s0f1", _ifname_list),
+    TextSetting("NCCL_IB_HCA", "", "fabric", "RoCE HCA(s) NCCL uses, e.g. rocep1s0f1,roceP2p1s0f1; default: each node's device "
+                "behind the fabric interface and its twin port, read from its sysfs", _ifname_list),
+    TextSetting("NCCL_IB_GID_INDEX", "", "fabric",
+                "GID index NCCL uses; default: each node's RoCE v2 GID of its fabric IP, read from its sysfs",
+                _gid_index),
+    TextSetting("DSPARK_NODE_FABRIC", "", "fabric",
+                "Per-node fabric values for sites whose nodes differ: NODE:NAME=VALUE, e.g. "
+                "worker1:NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0", _node_fabric),
     # serving
     TextSetting("DSPARK_MODEL", "deepseek-ai/DeepSeek-V4-Flash", "serving",
                 "Hugging Face model id or local path", not_an_option),
@@ -195,6 +225,9 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
                 "Address the API binds to; an address other than loopback needs an API key "
                 "(or DSPARK_TRUSTED_NETWORK=1)",
                 _bind_host),
+    TextSetting("DSPARK_PROFILE", DEFAULT_PROFILE, "serving",
+                "Model profile: the recipe's vllm serve flags and variables, checked against the installed vLLM "
+                "(docs/deepseek-v4-flash.md); none: only the settings' flags", _choice(*PROFILE_NAMES)),
     TextSetting("VLLM_EXTRA_ARGS", "", "serving",
                 "Extra vllm serve arguments, split like a shell would (never run by one); the flags the launcher "
                 "sets are refused (list below)", _serve_args, quiet=True),

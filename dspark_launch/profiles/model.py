@@ -1,0 +1,108 @@
+"""The shape of a model profile: what `vllm serve` needs for one model, as data.
+
+A profile never says which vLLM build is installed; it says what it wants, in order
+of preference where builds differ, and which wants are required. `resolve` checks
+each one against the installed vLLM's own parser (`VllmOffer`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A flag without a value, such as `--async-scheduling`."""
+
+    flag: str
+    """The spelling passed to `vllm serve`."""
+    why: str
+    """What it does for this model, in one line (shown by `plan`, `start`, `status`)."""
+    builds: str
+    """Which vLLM builds offer it (checked, not guessed: see docs/deepseek-v4-flash.md)."""
+    required: bool = False
+    """True: a vLLM without it cannot serve this model as intended, so start refuses (exit 2)."""
+    needs: str = ""
+    """Another flag of the profile this one only works with (`--enable-auto-tool-choice` needs
+    `--tool-call-parser`); when that one is omitted, so is this one."""
+
+
+@dataclass(frozen=True)
+class Preference:
+    """A flag with a value; several values in order of preference where vLLM builds differ."""
+
+    flag: str
+    """The spelling passed to `vllm serve`, e.g. `--kv-cache-dtype`."""
+    values: tuple[str, ...]
+    """Best first; the first value the installed vLLM offers is used. One value: fixed."""
+    why: str
+    """What it does for this model and why this order, in one line."""
+    builds: str
+    """Which vLLM builds offer which value."""
+    required: bool = False
+    """True: when no value is offered start refuses (exit 2); False: the flag is left out, with the reason."""
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """A variable of the `vllm serve` environment that this model's recipe sets."""
+
+    name: str
+    value: str
+    why: str
+    """Why the recipe sets it, in one line (also in docs/deepseek-v4-flash.md)."""
+
+
+@dataclass(frozen=True)
+class SettingDefault:
+    """A profile's value for a launcher setting (model, context length ...): a default the operator can override."""
+
+    setting: str
+    """The setting's name (`MAX_MODEL_LEN`); it is checked like any value of that setting."""
+    value: str
+    why: str
+
+
+@dataclass(frozen=True)
+class KvAnchor:
+    """A measured KV cache size that calibrates the memory pre-flight's bytes-per-token model."""
+
+    kv_cache_dtype: str
+    context_tokens: int
+    bytes_per_node: int
+    """KV cache one node needs for `context_tokens` tokens of one sequence, as measured."""
+    source: str
+    """Who measured it, where."""
+
+
+@dataclass(frozen=True)
+class KvRow:
+    """What one token stores per attention layer, in elements (the model's config.json gives it;
+    a profile records it for when config.json is not at hand)."""
+
+    nope_dim: int  # latent (MLA) or key+value width stored without rotary embedding
+    rope_dim: int  # rotary part of the row (bf16 in the `*_ds_mla` layouts)
+    mla: bool = True  # one latent row per token and layer, the same on every TP rank
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Everything `vllm serve` needs for one model, beyond what the launcher owns (host, port, TP, Ray)."""
+
+    name: str
+    """What `DSPARK_PROFILE` names."""
+    description: str
+    settings: tuple[SettingDefault, ...] = ()
+    """Values for launcher settings (`DSPARK_MODEL`, `MAX_MODEL_LEN` ...); an operator's value wins."""
+    switches: tuple[Switch, ...] = ()
+    preferences: tuple[Preference, ...] = ()
+    speculative: Preference | None = None
+    """`--speculative-config`: its values are speculative methods, best first (`dspark`: DeepSeek's
+    multi-token-prediction head), checked against the methods the installed vLLM knows."""
+    speculative_tokens: int = 0
+    """Draft tokens per step; peers use 5 with `dspark` and accept 2.5 to 5.6 of them per step."""
+    env: tuple[EnvVar, ...] = ()
+    chat: bool = False
+    """True: the model answers chat (readiness and smoke use `/v1/chat/completions`)."""
+    kv_anchor: KvAnchor | None = None
+    kv_row: KvRow | None = None

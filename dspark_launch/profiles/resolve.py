@@ -1,0 +1,260 @@
+"""A profile checked against what the installed vLLM offers, and the settings: the flags to run, each with its reason.
+
+Pure: the offer comes from the head's agent (`describe_installed_vllm`), the settings
+from config. Precedence of a value, highest first:
+1. `VLLM_EXTRA_ARGS` for a profile flag (the operator chose it: the profile's preference is not applied);
+2. a setting the operator gave (CLI, environment, or an env-file line that differs from the built-in default);
+3. the profile's value;
+4. the built-in default.
+An env-file line equal to the built-in default reads as a line copied from the example
+file, so the profile's value applies; to force the built-in value over a profile, give it
+on the CLI or in the environment, or choose `DSPARK_PROFILE=none`.
+Flags the launcher owns cannot be given in `VLLM_EXTRA_ARGS` (exit 2 naming the setting).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+
+from dspark_launch.config.registry import load_registry
+from dspark_launch.config.settings import Setting, Settings
+from dspark_launch.config.text_settings import TEXT_SETTINGS
+from dspark_launch.errors import ConfigError
+from dspark_launch.profiles.catalog import profile_named
+from dspark_launch.profiles.model import Preference, Profile, Switch
+from dspark_launch.profiles.offer import OfferedFlag, VllmOffer
+
+# Settings that become `vllm serve` flags, whatever the profile: (setting, flag).
+SETTING_FLAGS: tuple[tuple[str, str], ...] = (
+    ("MAX_NUM_SEQS", "--max-num-seqs"),
+    ("MAX_NUM_BATCHED_TOKENS", "--max-num-batched-tokens"),
+    ("LONG_PREFILL_TOKEN_THRESHOLD", "--long-prefill-token-threshold"),
+    ("MAX_MODEL_LEN", "--max-model-len"),
+    ("GPU_MEMORY_UTILIZATION", "--gpu-memory-utilization"),
+)
+
+@dataclass(frozen=True)
+class Decision:
+    """One choice the resolution made, and why: printed by plan, start and status."""
+
+    subject: str  # "kv-cache-dtype", "MAX_MODEL_LEN", "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+    value: str  # what is used; "" when left out
+    reason: str
+
+    @property
+    def line(self) -> str:
+        return f"{self.subject} {self.value}: {self.reason}" if self.value else f"{self.subject} omitted: {self.reason}"
+
+
+@dataclass(frozen=True)
+class ResolvedProfile:
+    """What `vllm serve` runs with, apart from the launcher's own flags (host, port, TP, Ray backend, API key)."""
+
+    profile: str
+    vllm_version: str
+    model: str
+    revision: str
+    served_name: str
+    max_model_len: int
+    gpu_memory_utilization: float
+    kv_cache_dtype: str  # the chosen value, "auto" when no flag is passed
+    serve_args: tuple[str, ...]  # what follows `vllm serve`: the model first; the launcher adds its own flags
+    env: tuple[tuple[str, str], ...]  # the profile's variables for the vllm serve environment
+    decisions: tuple[Decision, ...]
+    chat: bool  # readiness and smoke use /v1/chat/completions
+
+
+def builtin_default(name: str) -> str:
+    for knob in load_registry().knobs:
+        if knob.name == name:
+            return knob.default
+    return next(spec.default for spec in TEXT_SETTINGS if spec.name == name)
+
+
+def operator_gave(entry: Setting) -> bool:
+    """True when the operator set this value (see the module docstring for the env-file rule)."""
+    if entry.source == "default":
+        return False
+    if entry.source == "environment" or entry.source.startswith("CLI"):
+        return True
+    return entry.value != builtin_default(entry.name)
+
+
+def _dest_of(token: str, offer: VllmOffer) -> OfferedFlag | None:
+    """The flag an argv token names, as the installed vLLM's parser would read it (spelling, `_`, abbreviation)."""
+    if not token.startswith("-") or token in ("-", "--"):
+        return None
+    name = token.split("=", 1)[0]
+    if name.startswith("--"):
+        name = "--" + name[2:].replace("_", "-")
+    exact = offer.flag(name)
+    if exact is not None or not name.startswith("--"):
+        return exact
+    matches = {f.dest: f for f in offer.flags for option in f.option_strings if option.startswith(name)}
+    return next(iter(matches.values())) if len(matches) == 1 else None
+
+
+def extra_args_values(settings: Settings, offer: VllmOffer) -> tuple[tuple[str, str], ...]:
+    """(destination, value) of each flag VLLM_EXTRA_ARGS sets ("on"/"off" for switches). Flags the launcher
+    owns never get here: settings resolution refuses them (config/serve_flags.py, the one table)."""
+    entry = settings.entries["VLLM_EXTRA_ARGS"]
+    tokens = shlex.split(entry.value)
+    found = []
+    for index, token in enumerate(tokens):
+        flag = _dest_of(token, offer)
+        if flag is None:
+            continue
+        if "=" in token:
+            value = token.split("=", 1)[1]
+        elif flag.takes_value:
+            value = tokens[index + 1] if index + 1 < len(tokens) else ""
+        else:
+            value = "off" if token.startswith("--no-") else "on"
+        found.append((flag.dest, value))
+    return tuple(found)
+
+
+class _Resolution:
+    def __init__(self, profile: Profile, offer: VllmOffer, settings: Settings):
+        self.profile = profile
+        self.offer = offer
+        self.settings = settings
+        self.version = offer.version
+        self.overridden = dict(extra_args_values(settings, offer))
+        self.extra_source = settings.entries["VLLM_EXTRA_ARGS"].source
+        self.decisions: list[Decision] = []
+        self.flags: list[str] = []
+        self.omitted: set[str] = set()
+        self.chosen: dict[str, str] = {}
+
+    def missing(self, subject: str, wanted: str, why: str, builds: str, offered: tuple[str, ...]) -> ConfigError:
+        entry = self.settings.entries["DSPARK_PROFILE"]
+        offers = f" (it offers {', '.join(offered[:12])}{' ...' if len(offered) > 12 else ''})" if offered else ""
+        return ConfigError(
+            f"DSPARK_PROFILE={self.profile.name} from {entry.source}: {subject} {wanted} is required ({why}) but the "
+            f"installed vLLM {self.version} lacks it{offers}; allowed: a vLLM that has it ({builds}), your own "
+            f"choice in VLLM_EXTRA_ARGS, or DSPARK_PROFILE=none")
+
+    def by_operator(self, flag: OfferedFlag | None, subject: str, wanted: str) -> bool:
+        if flag is None or flag.dest not in self.overridden:
+            return False
+        value = self.overridden[flag.dest]
+        self.chosen[flag.option_strings[0]] = value
+        self.decisions.append(Decision(subject, value, f"VLLM_EXTRA_ARGS from {self.extra_source}; the "
+                                                       f"profile's {wanted} not applied"))
+        return True
+
+    def switch(self, switch: Switch) -> None:
+        subject = switch.flag.lstrip("-")
+        flag = self.offer.flag(switch.flag)
+        if self.by_operator(flag, subject, "switch"):
+            return
+        if switch.needs and switch.needs in self.omitted:
+            self.omit(switch.flag, f"needs {switch.needs}, which is left out")
+        elif flag is None:
+            if switch.required:
+                raise self.missing(switch.flag, "", switch.why, switch.builds, ())
+            self.omit(switch.flag, f"the installed vLLM {self.version} has no {switch.flag} ({switch.builds})")
+        else:
+            self.flags.append(switch.flag)
+            self.decisions.append(Decision(subject, "on", switch.why))
+
+    def omit(self, flag: str, reason: str) -> None:
+        self.omitted.add(flag)
+        self.decisions.append(Decision(flag.lstrip("-"), "", reason))
+
+    def preference(self, pref: Preference) -> None:
+        subject = pref.flag.lstrip("-")
+        flag = self.offer.flag(pref.flag)
+        if self.by_operator(flag, subject, "preference (" + ", ".join(pref.values) + ")"):
+            return
+        offered = () if flag is None else flag.choices
+        usable = [v for v in pref.values if flag is not None and (not flag.choices or v in flag.choices)]
+        if not usable:
+            if pref.required:
+                raise self.missing(pref.flag, " or ".join(pref.values), pref.why, pref.builds, offered)
+            what = ", ".join(pref.values) if flag is not None else f"no {pref.flag} at all"
+            self.omit(pref.flag, f"{what} not offered by the installed vLLM {self.version} ({pref.builds})")
+            return
+        value = usable[0]
+        skipped = pref.values[:pref.values.index(value)]
+        reason = (f"{', '.join(skipped)} not offered by the installed vLLM {self.version}" if skipped
+                  else f"the profile's {'first choice' if len(pref.values) > 1 else 'value'}, offered by vLLM "
+                       f"{self.version}")
+        self.flags += [pref.flag, value]
+        self.chosen[pref.flag] = value
+        self.decisions.append(Decision(subject, value, f"{reason}; {pref.why}"))
+
+    def speculative(self, spec: Preference, tokens: int) -> None:
+        flag = self.offer.flag(spec.flag)
+        if self.by_operator(flag, "speculative-config", "methods (" + ", ".join(spec.values) + ")"):
+            return
+        usable = [m for m in spec.values if flag is not None and m in self.offer.speculative_methods]
+        if not usable:
+            if spec.required:
+                raise self.missing(f"{spec.flag} method", " or ".join(spec.values), spec.why, spec.builds,
+                                   self.offer.speculative_methods)
+            self.omit(spec.flag, f"method {', '.join(spec.values)} not offered by the installed "
+                                 f"vLLM {self.version} ({spec.builds})")
+            return
+        value = json.dumps({"method": usable[0], "num_speculative_tokens": tokens}, separators=(",", ":"))
+        self.flags += [spec.flag, value]
+        self.decisions.append(Decision("speculative-config", value, spec.why))
+
+    def setting(self, name: str, model: str = "") -> str:
+        """The effective value of a setting, with a decision when the profile has a say.
+        `model`: for the revision, the model in use: the profile's pin belongs to the profile's model only."""
+        entry = self.settings.entries[name]
+        default = next((d for d in self.profile.settings if d.setting == name), None)
+        profile_model = next((d.value for d in self.profile.settings if d.setting == "DSPARK_MODEL"), "")
+        if default is not None and model and model != profile_model and not operator_gave(entry):
+            self.decisions.append(Decision(name, entry.value, f"the profile's {default.value} pins "
+                                                              f"{profile_model}, not {model}"))
+            return entry.value
+        if default is None:
+            return entry.value
+        if operator_gave(entry):
+            if entry.value != default.value:
+                self.decisions.append(Decision(name, entry.shown, f"the operator's, from {entry.source} "
+                                                                 f"(the profile gives {default.value})"))
+            return entry.value
+        self.decisions.append(Decision(name, default.value, f"the profile's value: {default.why}"))
+        return default.value
+
+
+def resolve(profile: Profile, offer: VllmOffer, settings: Settings) -> ResolvedProfile:
+    """The flags and environment `vllm serve` runs with; ConfigError (exit 2) when a required flag is not offered."""
+    run = _Resolution(profile, offer, settings)
+    model = run.setting("DSPARK_MODEL")
+    revision, served = run.setting("DSPARK_MODEL_REVISION", model), run.setting("DSPARK_SERVED_MODEL_NAME")
+    args = [model, "--served-model-name", served, *(("--revision", revision) if revision else ())]
+    values = {name: run.setting(name) for name, _ in SETTING_FLAGS}
+    if int(values["LONG_PREFILL_TOKEN_THRESHOLD"]) > int(values["MAX_MODEL_LEN"]):  # vLLM refuses it at engine start
+        raise ConfigError(f"LONG_PREFILL_TOKEN_THRESHOLD={values['LONG_PREFILL_TOKEN_THRESHOLD']} is above "
+                          f"MAX_MODEL_LEN={values['MAX_MODEL_LEN']} (profile {profile.name}); allowed: a threshold "
+                          f"of at most MAX_MODEL_LEN")
+    for name, flag in SETTING_FLAGS:
+        args += [flag, values[name]]
+    args += ["--enable-chunked-prefill",
+             "--enable-prefix-caching" if settings.flag("ENABLE_PREFIX_CACHING") else "--no-enable-prefix-caching"]
+    for pref in profile.preferences:
+        run.preference(pref)
+    for switch in profile.switches:
+        run.switch(switch)
+    if profile.speculative is not None:
+        run.speculative(profile.speculative, profile.speculative_tokens)
+    for var in profile.env:
+        run.decisions.append(Decision(var.name, var.value, var.why))
+    args += run.flags + shlex.split(settings["VLLM_EXTRA_ARGS"])
+    return ResolvedProfile(
+        profile=profile.name, vllm_version=offer.version, model=model, revision=revision, served_name=served,
+        max_model_len=int(values["MAX_MODEL_LEN"]), gpu_memory_utilization=float(values["GPU_MEMORY_UTILIZATION"]),
+        kv_cache_dtype=run.chosen.get("--kv-cache-dtype", "auto"), serve_args=tuple(args),
+        env=tuple((v.name, v.value) for v in profile.env), decisions=tuple(run.decisions), chat=profile.chat)
+
+
+def resolve_selected(offer: VllmOffer, settings: Settings) -> ResolvedProfile:
+    """`resolve` for the profile DSPARK_PROFILE names."""
+    return resolve(profile_named(settings["DSPARK_PROFILE"]), offer, settings)

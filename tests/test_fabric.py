@@ -1,0 +1,240 @@
+"""Each node's fabric environment from (fake) sysfs trees, and vLLM 0.32's driver-to-worker variable copy."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dspark_launch.cluster.fabric import (
+    FIXED_ENV, NON_CARRY_OVER, FabricError, FabricRequest, fabric_env, fabric_request, write_non_carry_over,
+)
+from dspark_launch.config.settings import resolve as load_settings
+from dspark_launch.errors import ConfigError
+from tests.conftest import REPO
+
+V1, V2 = "IB/RoCE v1", "RoCE v2"
+LINK_LOCAL = "fe80:0000:0000:0000:0a20:e7ff:fe96:0708"
+
+
+def ipv4_gid(ip: str) -> str:
+    a, b, c, d = (int(x) for x in ip.split("."))
+    return f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
+
+
+def add_port(root: Path, pci: str, ifname: str, hca: str | None, gids: dict[int, tuple[str, str]]) -> None:
+    """One PCIe function as sysfs shows it: its netdev, its RDMA device, the class links."""
+    function = root / "devices" / f"pci{pci[:7]}" / pci
+    (function / "net" / ifname).mkdir(parents=True)
+    (root / "class" / "net").mkdir(parents=True, exist_ok=True)
+    (root / "class" / "net" / ifname).symlink_to(os.path.relpath(function / "net" / ifname, root / "class" / "net"))
+    (function / "net" / ifname / "device").symlink_to("../..")
+    if hca is None:
+        return
+    device = function / "infiniband" / hca
+    for index, (gid, kind) in gids.items():
+        (device / "ports/1/gids").mkdir(parents=True, exist_ok=True)
+        (device / "ports/1/gid_attrs/types").mkdir(parents=True, exist_ok=True)
+        (device / "ports/1/gids" / str(index)).write_text(gid + "\n")
+        (device / "ports/1/gid_attrs/types" / str(index)).write_text(kind + "\n")
+    (device / "device").symlink_to("../..")
+    (root / "class" / "infiniband").mkdir(parents=True, exist_ok=True)
+    (root / "class" / "infiniband" / hca).symlink_to(os.path.relpath(device, root / "class" / "infiniband"))
+
+
+@pytest.fixture
+def head_tree(tmp_path: Path) -> Path:
+    """A DGX Spark as peers describe it: rocep* names, the twin in PCI domain 0002, the GID at index 3."""
+    root = tmp_path / "head-sys"
+    add_port(root, "0000:01:00.0", "enp1s0f0np0", "rocep1s0f0", {0: (LINK_LOCAL, V1), 1: (LINK_LOCAL, V2)})
+    add_port(root, "0000:01:00.1", "enp1s0f1np1", "rocep1s0f1", {
+        0: (LINK_LOCAL, V1), 1: (LINK_LOCAL, V2), 2: (ipv4_gid("10.213.0.1"), V1), 3: (ipv4_gid("10.213.0.1"), V2)})
+    add_port(root, "0002:01:00.1", "enP2p1s0f1np1", "roceP2p1s0f1", {
+        0: (LINK_LOCAL, V1), 1: (LINK_LOCAL, V2), 2: (ipv4_gid("10.214.0.1"), V1), 3: (ipv4_gid("10.214.0.1"), V2)})
+    add_port(root, "0000:00:1f.6", "eno1", None, {})
+    return root
+
+
+@pytest.fixture
+def worker_tree(tmp_path: Path) -> Path:
+    """Another naming (mlx5_*), a GID table with a hole (the RoCE v2 IPv4 GID at 5), a twin without it there."""
+    root = tmp_path / "worker-sys"
+    add_port(root, "0000:01:00.1", "enp1s0f1np1", "mlx5_1", {
+        0: (LINK_LOCAL, V1), 1: (LINK_LOCAL, V2), 4: (ipv4_gid("10.213.0.2"), V1), 5: (ipv4_gid("10.213.0.2"), V2)})
+    add_port(root, "0002:01:00.1", "enP2p1s0f1np1", "mlx5_3", {0: (LINK_LOCAL, V1), 1: (LINK_LOCAL, V2)})
+    return root
+
+
+def request(node: str, ip: str, **kw) -> FabricRequest:
+    return FabricRequest(node=node, ifname=kw.pop("ifname", "enp1s0f1np1"), fabric_ip=ip, **kw)
+
+
+def test_head_finds_its_device_its_twin_and_its_gid_index(head_tree):
+    found = fabric_env(request("head", "10.213.0.1"), head_tree)
+    env = dict(found.env)
+    assert found.roce and found.hcas == ("rocep1s0f1", "roceP2p1s0f1") and found.warnings == ()
+    assert env["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1" and env["NCCL_IB_GID_INDEX"] == "3"
+    assert env["NCCL_NET"] == "IB" and env["NCCL_IB_DISABLE"] == "0" and env["NCCL_IB_ROCE_VERSION_NUM"] == "2"
+    assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == env["TP_SOCKET_IFNAME"] == "enp1s0f1np1"
+    assert set(FIXED_ENV) <= set(found.env)
+
+
+def test_worker_tree_gives_its_own_names_and_index(worker_tree):
+    found = fabric_env(request("worker1", "10.213.0.2"), worker_tree)
+    assert dict(found.env)["NCCL_IB_HCA"] == "mlx5_1" and found.gid_index == "5"
+    assert found.warnings == ("worker1: twin port mlx5_3 left out of NCCL_IB_HCA: no RoCE v2 GID at index 5",)
+
+
+def test_no_gid_for_the_fabric_ip_fails_closed_in_one_line(head_tree):
+    with pytest.raises(FabricError) as caught:
+        fabric_env(request("head", "10.213.0.9"), head_tree)
+    message = str(caught.value)
+    assert "\n" not in message and caught.value.exit_code == 1
+    assert message.startswith("head: no RoCE v2 GID carries the fabric IP 10.213.0.9 on rocep1s0f1")
+
+
+def test_an_operator_hca_without_the_gid_fails_closed_too(head_tree):
+    with pytest.raises(FabricError, match="on rocep1s0f0"):
+        fabric_env(request("head", "10.213.0.1", hcas=("rocep1s0f0",)), head_tree)
+
+
+def test_an_operator_hca_that_does_not_exist_is_a_config_error(head_tree):
+    with pytest.raises(ConfigError) as caught:
+        fabric_env(request("head", "10.213.0.1", hcas=("mlx5_0",)), head_tree)
+    assert "NCCL_IB_HCA=mlx5_0 for head: mlx5_0 is no RDMA device there; allowed: roceP2p1s0f1, rocep1s0f0, " \
+           "rocep1s0f1" == str(caught.value)
+
+
+def test_operator_values_are_used_as_given(head_tree):
+    found = fabric_env(request("head", "10.213.0.1", hcas=("rocep1s0f1",), gid_index="2",
+                               socket_ifnames=(("GLOO_SOCKET_IFNAME", "eno1"),)), head_tree)
+    env = dict(found.env)
+    assert env["NCCL_IB_HCA"] == "rocep1s0f1" and env["NCCL_IB_GID_INDEX"] == "2"
+    assert env["GLOO_SOCKET_IFNAME"] == "eno1" and env["NCCL_SOCKET_IFNAME"] == "enp1s0f1np1"
+
+
+def test_no_roce_device_warns_that_nccl_falls_back_to_tcp(head_tree):
+    found = fabric_env(request("head", "10.213.0.1", ifname="eno1"), head_tree)
+    env = dict(found.env)
+    assert not found.roce and "NCCL_NET" not in env and "NCCL_IB_HCA" not in env
+    assert found.warnings == ("head: no RoCE device behind eno1: NCCL falls back to TCP sockets (far slower); "
+                              "see docs/deepseek-v4-flash.md",)
+
+
+def test_per_node_settings_override_the_cluster_wide_ones():
+    settings = load_settings(env_file=str(REPO / ".env.dspark.example"), environ={
+        "NCCL_IB_HCA": "rocep1s0f1", "DSPARK_NODE_FABRIC":
+            "worker1:NCCL_IB_HCA=mlx5_1,mlx5_3 worker1:NCCL_IB_GID_INDEX=5 worker1:DSPARK_FABRIC_IFNAME=enp1s0f0np0"})
+    head, worker = fabric_request(settings, "head", "10.213.0.1"), fabric_request(settings, "worker1", "10.213.0.2")
+    assert (head.hcas, head.gid_index, head.ifname) == (("rocep1s0f1",), "", "enp1s0f1np1")
+    assert (worker.hcas, worker.gid_index, worker.ifname) == (("mlx5_1", "mlx5_3"), "5", "enp1s0f0np0")
+
+
+@pytest.mark.parametrize("value", ["worker1:NCCL_IB_GID_INDEX=x", "node7:NCCL_IB_HCA=a", "worker1:NCCL_DEBUG=INFO",
+                                   "worker1:NCCL_IB_HCA=a;b"])
+def test_bad_per_node_values_are_config_errors(value):
+    with pytest.raises(ConfigError, match=r"^DSPARK_NODE_FABRIC=.* from environment is not allowed; allowed: "):
+        load_settings(env_file=str(REPO / ".env.dspark.example"), environ={"DSPARK_NODE_FABRIC": value})
+
+
+_COPY_PROBE = r"""
+import json, os
+from vllm.ray.ray_env import get_env_vars_to_copy
+from vllm.v1.executor.ray_env_utils import get_driver_env_vars
+from vllm.v1.executor.ray_utils import WORKER_SPECIFIC_ENV_VARS
+legacy = {n: os.environ[n] for n in get_env_vars_to_copy(exclude_vars=WORKER_SPECIFIC_ENV_VARS) if n in os.environ}
+v2 = get_driver_env_vars(worker_specific_vars=WORKER_SPECIFIC_ENV_VARS)
+print("COPIED " + json.dumps({"legacy": legacy, "v2": v2}))
+"""
+
+
+def copied_by_vllm(config_root: Path) -> dict[str, dict[str, str]]:
+    """What the installed vLLM's own helpers copy from a head driver's environment to its Ray workers."""
+    head_env = {"PATH": os.environ["PATH"], "HOME": str(config_root), "VLLM_CONFIG_ROOT": str(config_root),
+                "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1", "NCCL_IB_GID_INDEX": "3", "NCCL_NET": "IB",
+                "NCCL_SOCKET_IFNAME": "enp1s0f1np1", "NCCL_DEBUG": "WARN", "VLLM_HOST_IP": "10.213.0.1"}
+    proc = subprocess.run([sys.executable, "-c", _COPY_PROBE], env=head_env, capture_output=True, text=True,
+                          timeout=300, check=True)
+    return json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("COPIED "))[7:])
+
+
+def test_vllm_copies_the_heads_nccl_values_unless_named_in_its_non_carry_over_file(tmp_path):
+    without = copied_by_vllm(tmp_path / "plain")
+    for path in ("legacy", "v2"):  # RayDistributedExecutor and RayExecutorV2 (the 0.32 default)
+        assert {"NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME"} <= set(without[path])
+        assert "VLLM_HOST_IP" not in without[path]  # vLLM's own per-worker exclusion
+    written = write_non_carry_over(tmp_path / "dspark")
+    assert json.loads(written.read_text()) == sorted(NON_CARRY_OVER)
+    excluded = copied_by_vllm(tmp_path / "dspark")
+    for path in ("legacy", "v2"):
+        assert not set(NON_CARRY_OVER) & set(excluded[path]), path
+        assert "NCCL_DEBUG" in excluded[path]  # the same for every node: still copied
+
+
+# What a worker does with the driver's variables, by vLLM's own code: RayExecutorV2's
+# RayWorkerProc.initialize_worker (setdefault), the legacy executor's update_environment_variables (overwrite).
+_APPLY_PROBE = r"""
+import json, os, sys
+from vllm.v1.executor.ray_executor_v2 import RayWorkerProc
+from vllm.utils.system_utils import update_environment_variables
+copied = json.loads(sys.stdin.read())
+names = ("NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_NET", "NCCL_DEBUG", "VLLM_CONFIG_ROOT")
+own = dict(os.environ)
+worker = object.__new__(RayWorkerProc)
+worker._init_kwargs = {}
+try:
+    RayWorkerProc.initialize_worker(worker, 0, {}, "tcp://127.0.0.1:1", driver_env_vars=copied["v2"])
+except Exception:
+    pass  # it fails building the real worker, after it applied the variables
+v2 = {n: os.environ.get(n) for n in names}
+os.environ.clear(); os.environ.update(own)
+update_environment_variables(copied["legacy"])
+print("SEEN " + json.dumps({"v2": v2, "legacy": {n: os.environ.get(n) for n in names}}))
+"""
+
+
+def seen_by_worker(copied: dict[str, dict[str, str]]) -> dict[str, dict[str, str | None]]:
+    """A worker node's process (its raylet gave it its own RoCE values, and no NCCL_NET) after vLLM's copy."""
+    worker_env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"),
+                  "NCCL_IB_HCA": "mlx5_1", "NCCL_IB_GID_INDEX": "5"}
+    proc = subprocess.run([sys.executable, "-c", _APPLY_PROBE], env=worker_env, input=json.dumps(copied),
+                          capture_output=True, text=True, timeout=300, check=True)
+    return json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("SEEN "))[5:])
+
+
+def test_with_the_file_each_worker_keeps_its_own_values_in_both_executors(tmp_path):
+    write_non_carry_over(tmp_path / "dspark")
+    seen = seen_by_worker(copied_by_vllm(tmp_path / "dspark"))
+    for path in ("v2", "legacy"):
+        assert seen[path] == {"NCCL_IB_HCA": "mlx5_1", "NCCL_IB_GID_INDEX": "5", "NCCL_NET": None,
+                              "NCCL_DEBUG": "WARN", "VLLM_CONFIG_ROOT": None}, path
+
+
+def test_without_it_the_heads_values_leak_into_the_worker(tmp_path):
+    seen = seen_by_worker(copied_by_vllm(tmp_path / "plain"))
+    assert seen["v2"]["NCCL_IB_HCA"] == "mlx5_1" and seen["v2"]["NCCL_NET"] == "IB"  # setdefault: fills gaps
+    assert seen["legacy"]["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1"  # overwrite: the head's device
+    assert seen["legacy"]["NCCL_IB_GID_INDEX"] == "3"
+
+
+def test_every_variable_set_has_its_reason_in_the_docs():
+    from dspark_launch.cluster.fabric import ROCE_ENV
+    from dspark_launch.profiles.catalog import PROFILES
+
+    docs = (REPO / "docs" / "deepseek-v4-flash.md").read_text()
+    for name, value in (*FIXED_ENV, *ROCE_ENV, *((v.name, v.value) for p in PROFILES for v in p.env)):
+        assert f"`{name}={value}`" in docs, name
+    for name in NON_CARRY_OVER:
+        assert f"`{name}" in docs, name
+
+
+def test_node_side_modules_import_neither_config_nor_vllm():
+    probe = ("import sys, dspark_launch.cluster.fabric, dspark_launch.profiles.offer; "
+             "print(sorted(m for m in sys.modules if m.startswith(('vllm', 'ray', 'torch', 'dotenv', "
+             "'dspark_launch.config'))))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

