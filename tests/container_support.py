@@ -56,8 +56,9 @@ CONTAINERS_CONF = """\
 [containers]
 log_driver = "k8s-file"
 # podman's default nofile (1048576) is above this sandbox's hard limit, and without
-# CAP_SYS_RESOURCE a container cannot raise it: use the current hard limit.
-default_ulimits = ["nofile={nofile}:{nofile}"]
+# CAP_SYS_RESOURCE a container cannot raise it: use the current hard limit. Its default
+# nproc (the host's hard limit) is refused here above kernel.pid_max: cap it there.
+default_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]
 
 [engine]
 cgroup_manager = "cgroupfs"
@@ -236,7 +237,8 @@ def configure_node(tb, node) -> None:
     for sub in ("run", "libpod-tmp"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    (etc / "containers.conf").write_text(CONTAINERS_CONF.format(root=root, nofile=nofile))
+    nproc = min(resource.getrlimit(resource.RLIMIT_NPROC)[1], int(Path("/proc/sys/kernel/pid_max").read_text()))
+    (etc / "containers.conf").write_text(CONTAINERS_CONF.format(root=root, nofile=nofile, nproc=nproc))
     (etc / "storage.conf").write_text(STORAGE_CONF.format(root=root, shared=SHARED_STORE))
     proc = tb.exec(node, ["mount", "--bind", str(etc), "/etc/containers"])
     if proc.returncode != 0:
