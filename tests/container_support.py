@@ -218,7 +218,17 @@ def build_test_image(venv: Path, repo: Path) -> TestImage:
         raise ContainerSupportError(f"podman import failed: {err.strip()[-400:]}")
     image_id = subprocess.run(_store_podman("image", "inspect", "--format", "{{.Id}}", tag), capture_output=True,
                               text=True, check=True).stdout.strip()
+    _prune_other_tags(tag)
     return TestImage(tag, image_id, time.monotonic() - started)
+
+
+def _prune_other_tags(keep: str) -> None:
+    """Drop test images of older content keys (about 4 GB each) from the shared store."""
+    listed = subprocess.run(_store_podman("images", "--format", "{{.Repository}}:{{.Tag}}", IMAGE_REPO),
+                            capture_output=True, text=True).stdout.split()
+    stale = [t for t in listed if t != keep]
+    if stale:
+        subprocess.run(_store_podman("rmi", *stale), capture_output=True)
 
 
 # ---------------------------------------------------------------- nodes
