@@ -82,6 +82,23 @@ def test_node_container_runs_the_agent_on_the_nodes_network(ctb, name):
         assert probe_dir["log_dir_error"] is None
         assert Path(spec["state_dir"], "logs").is_dir()
 
+        # Logs are written and read inside (the agent's run/tail), and are the host's files too.
+        log = spec["state_dir"] + f"/logs/{name}-inside.log"
+        ran = ctb.drive(node, {"op": "agent", "spec": spec, "request": {
+            "op": "run", "argv": ["sh", "-c", "echo written-inside-$$"], "marker": marker, "log": log,
+            "timeout": 30}})["answer"]
+        assert ran["ok"] and ran["returncode"] == 0, ran
+        tail = ctb.drive(node, {"op": "agent", "spec": spec,
+                                "request": {"op": "tail", "paths": [log], "lines": 5}})["answer"]
+        assert any(line.startswith("written-inside-") for line in tail["lines"]), tail
+        assert Path(log).read_text().startswith("written-inside-")
+        # A long-lived child the agent starts inside (as Ray will be) ends with the container.
+        spawned = ctb.drive(node, {"op": "agent", "spec": spec, "request": {
+            "op": "spawn", "argv": ["sleep", "600"], "marker": marker, "log": log}})["answer"]
+        assert spawned["ok"], spawned
+        assert any("sleep 600" in " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0"))
+                   for pid in _ours_left(ctb, node) if Path(f"/proc/{pid}/cmdline").exists())
+
         assert _ours_left(ctb, node), "the container's processes live in the node"
         down = ctb.drive(node, {"op": "down", "marker": marker})
         assert down == {"removed": True}

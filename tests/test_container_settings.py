@@ -67,7 +67,7 @@ def test_the_test_hook_replaces_only_the_hardware_arguments():
 
 @pytest.mark.parametrize("extra", [("--network", "bridge"), ("--rm",), ("--name=x",), ("--label", "a=b"),
                                    ("-v", "/tmp:/var/lib/dspark"), ("--volume=/x:/data/hf/hub",),
-                                   ("--mount", f"type=bind,src=/x,target={AGENT_MOUNT}"), ("-v", "/x:/var/lib")])
+                                   ("--mount", f"type=bind,src=/x,target={AGENT_MOUNT}"), ("-v", "/x:/var/lib"), ("-v", "/x:/:ro")])
 def test_spec_refuses_what_defeats_the_launcher(extra):
     with pytest.raises(ConfigError, match="DSPARK_CONTAINER_ARGS") as info:
         check_spec(_spec(extra_args=extra))

@@ -117,7 +117,11 @@ def _mount_targets(words: Sequence[str]) -> list[str]:
         else:
             parts = value.split(":")
             targets.append(parts[1] if len(parts) > 1 else parts[0])
-    return [t.rstrip("/") or "/" for t in targets if t]
+    return [t.rstrip("/") or "/" for t in targets if t]  # "/x/" is "/x"; "/" stays "/"
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def check_spec(spec: ContainerSpec) -> None:
@@ -131,7 +135,7 @@ def check_spec(spec: ContainerSpec) -> None:
         raise ConfigError(f"DSPARK_CONTAINER_ARGS: {refused[0]} is not allowed ({refused[1]})")
     ours = {AGENT_MOUNT, spec.state_dir.rstrip("/"), spec.model_cache.rstrip("/")} - {""}
     for target in _mount_targets(spec.extra_args):
-        if any(target == mine or mine.startswith(target + "/") or target.startswith(mine + "/") for mine in ours):
+        if any(_within(mine, target) or _within(target, mine) for mine in ours):
             raise ConfigError(f"DSPARK_CONTAINER_ARGS: a mount at {target} would cover the launcher's own "
                               f"({', '.join(sorted(ours))})")
 
