@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.testbed.fixture import _unavailable
+
 PODMAN = "/usr/bin/podman"
 # catatonit: podman's --init; runc: crun 1.8 cannot run on this cgroup v1/v2 hybrid host.
 PODMAN_PACKAGES = ("podman", "catatonit", "runc")
@@ -353,9 +355,7 @@ def container_testbed(tb, repo: Path) -> ContainerTestbed:
     if "ctb" not in _shared or _shared["ctb"].tb is not tb:
         ok, why = podman_available()
         if not ok:
-            import pytest
-
-            pytest.skip(f"podman unavailable: {why}")
+            _unavailable(f"podman: {why}")  # skips, or fails with DSPARK_TESTBED_REQUIRED=1
         image = build_test_image(Path(sys.executable).parent.parent, repo)
         for node in tb.nodes:
             configure_node(tb, node)
