@@ -300,6 +300,8 @@ def drive(request: dict) -> dict:
     host = _host(request["host"])
     op = request["op"]
     try:
+        if op == "ship":
+            return {"path": runtime.ship_package(host, request["package"], request["dest_root"])}
         if op == "up":
             return {"state": asdict(runtime.up(host, _spec(request["spec"])))}
         if op == "inspect":

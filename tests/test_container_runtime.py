@@ -48,6 +48,13 @@ def test_node_container_runs_the_agent_on_the_nodes_network(ctb, name):
     node = tb.node(name)
     marker = _marker(node)
     spec = ctb.spec_desc(marker)
+    if not node.is_head:
+        # The worker mounts a copy of the head's package, shipped over SSH into its state folder.
+        ship = {"op": "ship", "package": str(REPO / "dspark_launch"), "dest_root": spec["state_dir"]}
+        shipped = ctb.drive(node, ship)["path"]
+        assert shipped.startswith(spec["state_dir"] + "/agent-") and ctb.drive(node, ship)["path"] == shipped
+        assert Path(shipped, "cluster", "agent.py").read_bytes() == (REPO / "dspark_launch/cluster/agent.py").read_bytes()
+        spec["agent_package"] = shipped
     try:
         up = ctb.drive(node, {"op": "up", "spec": spec})
         assert "error" not in up, up

@@ -14,10 +14,15 @@ Everything here runs the runtime's CLI on the node's host through a HostShell.
 
 from __future__ import annotations
 
+import base64
+import gzip
+import hashlib
+import io
 import json
 import os
 import re
 import shlex
+import tarfile
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -228,6 +233,31 @@ def up(host: HostShell, spec: ContainerSpec, timeout: float = 120) -> ContainerS
     if not state.running:
         raise ContainerError(f"{host.description}: container {spec.name} is {state.status} right after its start")
     return state
+
+
+def ship_package(host: HostShell, package_dir: str, dest_root: str, timeout: float = 60) -> str:
+    """Copy the launcher's package folder to `dest_root` on the node's host; returns the copy's path.
+
+    The copy's folder is named by a hash of its content, so a node never mounts a
+    half-written or older copy: it is unpacked beside and renamed into place, and an
+    existing copy of the same content is reused. The result is `agent_package` for that node.
+    """
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(package_dir, arcname="dspark_launch",
+                filter=lambda info: None if "__pycache__" in info.name or info.name.endswith(".pyc") else info)
+    digest = hashlib.sha256(buffer.getvalue()).hexdigest()[:16]
+    payload = gzip.compress(buffer.getvalue(), mtime=0)
+    final = f"{dest_root.rstrip('/')}/agent-{digest}"
+    # A fixed script; the paths arrive as its arguments, the archive on stdin (base64: text channel).
+    script = ('set -e; [ -d "$2/dspark_launch" ] && exit 0; mkdir -p -m 700 "$1"; tmp=$(mktemp -d "$2.XXXXXX"); '
+              'base64 -d | tar -xz -C "$tmp"; mv -T "$tmp" "$2" 2>/dev/null || rm -rf "$tmp"')
+    proc = host.run(["sh", "-c", script, "sh", dest_root, final], timeout=timeout,
+                    input=base64.b64encode(payload).decode())
+    if proc.returncode != 0:
+        detail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise ContainerError(f"{host.description}: copying the launcher's package failed: {detail}")
+    return f"{final}/dspark_launch"
 
 
 def transport(host: HostShell, spec: ContainerSpec) -> ContainerTransport:
