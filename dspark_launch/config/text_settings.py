@@ -18,6 +18,7 @@ from dspark_launch.config.forward_env import check_forward_names
 from dspark_launch.config.serve_flags import check_extra_args
 from dspark_launch.config.ssh_options import check_ssh_options
 from dspark_launch.profiles.catalog import DEFAULT_PROFILE, PROFILE_NAMES
+from dspark_launch.config.container_args import check_container_args, check_image
 
 _IFNAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}", re.ASCII)
 _HOST = re.compile(r"(?:[A-Za-z0-9_.-]+@)?(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\])", re.ASCII)
@@ -246,6 +247,21 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
     TextSetting("DSPARK_RAY_DASHBOARD", "off", "security",
                 "Ray dashboard: off, or local (127.0.0.1 only; reach it through an SSH tunnel)",
                 _choice("off", "local")),
+    # container (docs/containers.md)
+    TextSetting("DSPARK_RUNTIME", "host", "container",
+                "Where Ray and vLLM run on each node: host (a venv), or one docker or podman container per node",
+                _choice("host", "docker", "podman")),
+    TextSetting("DSPARK_IMAGE", "", "container",
+                "Node image for docker/podman (tag or name@sha256:digest); the same image id on every node",
+                check_image),
+    TextSetting("DSPARK_CONTAINER_ARGS", "", "container",
+                "Extra arguments for the node container's run, split like a shell would; "
+                "none that replace the launcher's own (network, ipc, pid, name, label, ...)", check_container_args),
+    TextSetting("DSPARK_CONTAINER_PYTHON", "python3", "container",
+                "Python inside the image (the one vLLM and Ray are installed for)"),
+    TextSetting("DSPARK_CONTAINER_MODEL_CACHE", "", "container",
+                "Hugging Face cache folder on every node, mounted at the same path (HF_HOME) in the containers; "
+                "default $HF_HOME or ~/.cache/huggingface"),
 )
 
 # Names the launcher reads that are not settings of a run.

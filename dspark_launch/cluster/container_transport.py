@@ -1,0 +1,88 @@
+"""Commands on a node's host (local or over SSH), and the agent inside the node's container.
+
+`HostShell` runs an argv on the machine that holds a node's container runtime: this
+machine (`LocalHost`) or a worker reached with the same SSH settings as its agent
+(`SSHHost`, the argv quoted with shlex into the one string ssh sends). The container
+runtime module uses it to create, inspect and remove containers.
+
+`ContainerTransport` is a `Transport`: the agent runs inside the node's container
+(`docker|podman exec -i NAME PYTHON -m dspark_launch.cluster.agent`), the request on
+stdin as always. The agent package is mounted read-only into the container from the
+host's install (see runtime.AGENT_MOUNT), so the image needs nothing of ours.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from dspark_launch.cluster.transport import AGENT_MODULE, NodeUnreachable, SSHTransport, _parse_answer
+
+# Where the launcher's package is mounted inside every node container (on PYTHONPATH there).
+AGENT_MOUNT = "/opt/dspark-launch"
+
+
+class HostShell(Protocol):
+    description: str
+
+    def run(self, argv: Sequence[str], *, timeout: float, input: str | None = None) -> subprocess.CompletedProcess:
+        """Run argv to completion on the node's host, text output captured; NodeUnreachable when it cannot."""
+
+
+@dataclass(frozen=True)
+class LocalHost:
+    description: str = "local"
+
+    def run(self, argv: Sequence[str], *, timeout: float, input: str | None = None) -> subprocess.CompletedProcess:
+        try:
+            return subprocess.run(list(argv), input=input, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise NodeUnreachable(f"{self.description}: {argv[0]} did not finish within {timeout:.0f} s") from None
+        except OSError as exc:
+            raise NodeUnreachable(f"{self.description}: cannot run {argv[0]}: {exc.strerror}") from None
+
+
+@dataclass(frozen=True)
+class SSHHost:
+    ssh: SSHTransport  # the node's agent transport: same host, user, key, options
+
+    @property
+    def description(self) -> str:
+        return self.ssh.description
+
+    def run(self, argv: Sequence[str], *, timeout: float, input: str | None = None) -> subprocess.CompletedProcess:
+        # ssh.argv() ends with the agent's command line: swap it for ours, quoted the same way.
+        command = self.ssh.argv()[:-1] + [shlex.join(argv)]
+        limit = timeout + self.ssh.connect_timeout
+        try:
+            proc = subprocess.run(command, input=input, capture_output=True, text=True, timeout=limit)
+        except subprocess.TimeoutExpired:
+            raise NodeUnreachable(f"{self.description}: {argv[0]} did not finish within {limit:.0f} s") from None
+        if proc.returncode == 255:
+            detail = (proc.stderr.strip().splitlines() or ["connection failed"])[-1]
+            raise NodeUnreachable(f"{self.description}: SSH failed: {detail}")
+        return proc
+
+
+@dataclass(frozen=True)
+class ContainerTransport:
+    host: HostShell
+    runtime: str  # "docker" or "podman": the command on the node's host
+    container: str
+    python: str = "python3"  # the image's interpreter (vLLM and Ray are installed for it)
+
+    @property
+    def description(self) -> str:
+        return f"{self.host.description} container {self.container}"
+
+    def exec_argv(self, *command: str) -> list[str]:
+        """`RUNTIME exec -i` of `command` in the container, the launcher's package importable."""
+        return [self.runtime, "exec", "-i", "--env", f"PYTHONPATH={AGENT_MOUNT}", self.container, *command]
+
+    def call(self, request: dict, timeout: float) -> dict:
+        proc = self.host.run(self.exec_argv(self.python, "-m", AGENT_MODULE), timeout=timeout,
+                             input=json.dumps(request) + "\n")
+        return _parse_answer(self.description, proc)

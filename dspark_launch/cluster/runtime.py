@@ -1,0 +1,265 @@
+"""One long-lived container per node (DSPARK_RUNTIME=docker|podman): create, inspect, remove.
+
+The container is the node: Ray, the hotfix and `vllm serve` run inside it through the
+agent (container_transport.ContainerTransport). It runs an idle init (`sleep infinity`
+under `--init`) on the host's network and IPC namespaces, with the GPU, the RDMA devices
+and unlimited locked memory, the state folder and model cache mounted at their host
+paths (so every path the launcher records means the same file inside and outside), and
+the launcher's own package mounted read-only at AGENT_MOUNT (the image is used as
+published). Its name and the label `dspark.owner` come from the deployment's marker,
+so `down` removes exactly ours; removing it ends every process inside.
+
+Everything here runs the runtime's CLI on the node's host through a HostShell.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import shlex
+import tarfile
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from dspark_launch.cluster.container_transport import AGENT_MOUNT, ContainerTransport, HostShell
+from dspark_launch.config.container_args import refused_flag
+from dspark_launch.errors import ConfigError, DsparkError
+
+RUNTIMES = ("docker", "podman")  # DSPARK_RUNTIME besides "host"
+OWNER_LABEL = "dspark.owner"
+# Test-only: replaces the GPU/RDMA arguments below (no GPU, no CAP_SYS_RESOURCE in CI).
+# Read from the launcher's process environment only, never from an env file.
+TEST_GPU_ARGS_VAR = "DSPARK_TEST_CONTAINER_GPU_ARGS"
+GPU_ARGS = {
+    "docker": ("--gpus", "all"),  # NVIDIA Container Toolkit's runtime hook
+    "podman": ("--device", "nvidia.com/gpu=all"),  # CDI spec from `nvidia-ctk cdi generate`
+}
+# RoCE verbs devices and unlimited locked memory for NCCL over RDMA.
+RDMA_ARGS = ("--device", "/dev/infiniband", "--ulimit", "memlock=-1:-1")
+_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
+
+
+class ContainerError(DsparkError):
+    """A container runtime command failed on a node."""
+
+
+class ImageMismatch(DsparkError):
+    """The nodes would run different images (or one lacks it): nothing is started."""
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """What one node's container is made of (the same on every node but the host paths' owner)."""
+
+    runtime: str  # "docker" | "podman"
+    image: str  # DSPARK_IMAGE: tag or name@sha256:digest
+    marker: str  # the deployment's marker: container name and owner label
+    agent_package: str  # host folder of the dspark_launch package, mounted read-only
+    state_dir: str  # host state folder, mounted at the same path
+    model_cache: str = ""  # host Hugging Face cache (HF_HOME), mounted at the same path; "" = none
+    python: str = "python3"  # the image's interpreter
+    extra_args: tuple[str, ...] = ()  # DSPARK_CONTAINER_ARGS, already split
+    hardware_args: tuple[str, ...] = ()  # from hardware_args(); GPU + RDMA in production
+
+    @property
+    def name(self) -> str:
+        return container_name(self.marker)
+
+
+@dataclass(frozen=True)
+class ImageIdentity:
+    node: str
+    reference: str
+    image_id: str  # "sha256:<64 hex>"; "" when the image is not on the node
+    repo_digests: tuple[str, ...] = ()
+
+    @property
+    def present(self) -> bool:
+        return bool(self.image_id)
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    name: str
+    status: str  # the runtime's word: running, exited, created, paused, ...; "absent" when there is none
+    image_id: str  # "sha256:<64 hex>", "" when absent
+    owner: str  # its dspark.owner label
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+
+def container_name(marker: str) -> str:
+    if not marker.startswith("dspark-") or not _NAME.match(marker):
+        raise ValueError(f"refusing to name a container from marker {marker!r}")
+    return marker
+
+
+def hardware_args(runtime: str, environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """GPU, RDMA and memlock arguments for `runtime`; the test hook replaces them all when set."""
+    if TEST_GPU_ARGS_VAR in environ:
+        return tuple(shlex.split(environ[TEST_GPU_ARGS_VAR]))
+    return GPU_ARGS[runtime] + RDMA_ARGS
+
+
+def _mount_targets(words: Sequence[str]) -> list[str]:
+    """Container-side targets of -v/--volume/--mount among `words`."""
+    targets = []
+    for i, word in enumerate(words):
+        flag, _, inline = word.partition("=")
+        if flag not in ("-v", "--volume", "--mount"):
+            continue
+        value = inline or (words[i + 1] if i + 1 < len(words) else "")
+        if flag == "--mount":
+            fields = dict(part.partition("=")[::2] for part in value.split(","))
+            targets.append(fields.get("target") or fields.get("dst") or fields.get("destination", ""))
+        else:
+            parts = value.split(":")
+            targets.append(parts[1] if len(parts) > 1 else parts[0])
+    return [t.rstrip("/") or "/" for t in targets if t]  # "/x/" is "/x"; "/" stays "/"
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def check_spec(spec: ContainerSpec) -> None:
+    """ConfigError (exit 2) for settings that would defeat the launcher's own container arguments."""
+    if spec.runtime not in RUNTIMES:
+        raise ConfigError(f"DSPARK_RUNTIME={spec.runtime!r}: allowed host, docker, podman")
+    if not spec.image:
+        raise ConfigError(f"DSPARK_IMAGE is empty: DSPARK_RUNTIME={spec.runtime} needs an image (tag or digest)")
+    refused = refused_flag(list(spec.extra_args))
+    if refused:
+        raise ConfigError(f"DSPARK_CONTAINER_ARGS: {refused[0]} is not allowed ({refused[1]})")
+    ours = {AGENT_MOUNT, spec.state_dir.rstrip("/"), spec.model_cache.rstrip("/")} - {""}
+    for target in _mount_targets(spec.extra_args):
+        if any(_within(mine, target) or _within(target, mine) for mine in ours):
+            raise ConfigError(f"DSPARK_CONTAINER_ARGS: a mount at {target} would cover the launcher's own "
+                              f"({', '.join(sorted(ours))})")
+
+
+def run_argv(spec: ContainerSpec) -> list[str]:
+    """The `run` command that creates the node's container."""
+    mounts = ["--volume", f"{spec.agent_package}:{AGENT_MOUNT}/dspark_launch:ro",
+              "--volume", f"{spec.state_dir}:{spec.state_dir}"]
+    env = ["--env", f"PYTHONPATH={AGENT_MOUNT}"]
+    if spec.model_cache:
+        mounts += ["--volume", f"{spec.model_cache}:{spec.model_cache}"]
+        env += ["--env", f"HF_HOME={spec.model_cache}"]
+    return [spec.runtime, "run", "--detach", "--name", spec.name, "--label", f"{OWNER_LABEL}={spec.marker}",
+            "--network", "host", "--ipc", "host", "--init", *spec.hardware_args, *mounts, *env,
+            *spec.extra_args, "--entrypoint", "sleep", spec.image, "infinity"]
+
+
+def _run(host: HostShell, argv: Sequence[str], timeout: float, what: str) -> str:
+    proc = host.run(argv, timeout=timeout)
+    if proc.returncode != 0:
+        detail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise ContainerError(f"{host.description}: {what} failed: {detail}")
+    return proc.stdout
+
+
+def _sha256(image_id: str) -> str:
+    """podman prints ids bare, docker with "sha256:"; one form for comparing and showing."""
+    image_id = image_id.strip()
+    return image_id if not image_id or image_id.startswith("sha256:") else f"sha256:{image_id}"
+
+
+def resolve_image(host: HostShell, runtime: str, image: str, node: str, timeout: float = 60) -> ImageIdentity:
+    """The image's id on that node (never pulled here: a missing image is a typed answer, not an error)."""
+    proc = host.run([runtime, "image", "inspect", "--format", "{{.Id}} {{json .RepoDigests}}", image], timeout=timeout)
+    if proc.returncode != 0:
+        return ImageIdentity(node=node, reference=image, image_id="")
+    image_id, _, digests = proc.stdout.strip().partition(" ")
+    return ImageIdentity(node=node, reference=image, image_id=_sha256(image_id),
+                         repo_digests=tuple(json.loads(digests or "null") or ()))
+
+
+def check_same_image(identities: Sequence[ImageIdentity]) -> str:
+    """The one image id all nodes hold; ImageMismatch (exit 1) naming each node's when not."""
+    missing = [i.node for i in identities if not i.present]
+    if missing:
+        raise ImageMismatch(f"image {identities[0].reference} is not on {', '.join(missing)} "
+                            f"(pull or load it there first)")
+    ids = {i.image_id for i in identities}
+    if len(ids) != 1:
+        shown = ", ".join(f"{i.node} {i.image_id[:19]}" for i in identities)
+        raise ImageMismatch(f"image {identities[0].reference} differs between nodes: {shown}")
+    return ids.pop()
+
+
+def inspect(host: HostShell, runtime: str, name: str, timeout: float = 30) -> ContainerState:
+    fmt = "{{.State.Status}} {{.Image}} {{index .Config.Labels \"" + OWNER_LABEL + "\"}}"
+    proc = host.run([runtime, "container", "inspect", "--format", fmt, name], timeout=timeout)
+    if proc.returncode != 0:
+        return ContainerState(name=name, status="absent", image_id="", owner="")
+    status, image_id, owner = (proc.stdout.strip().split(" ") + ["", "", ""])[:3]
+    return ContainerState(name=name, status=status, image_id=_sha256(image_id), owner=owner)
+
+
+def down(host: HostShell, runtime: str, marker: str, grace_s: int = 10, timeout: float = 60) -> bool:
+    """Remove our container of `marker` (processes inside get SIGTERM, SIGKILL after grace_s).
+
+    Returns whether one was there. A container of that name without our label is left
+    alone (ContainerError): it is not ours.
+    """
+    name = container_name(marker)
+    state = inspect(host, runtime, name)
+    if state.status == "absent":
+        return False
+    if state.owner != marker:
+        raise ContainerError(f"{host.description}: container {name} is not ours (label {OWNER_LABEL}={state.owner!r})")
+    _run(host, [runtime, "stop", "--time", str(grace_s), name], timeout + grace_s, f"stopping container {name}")
+    _run(host, [runtime, "rm", "--force", name], timeout, f"removing container {name}")
+    return True
+
+
+def up(host: HostShell, spec: ContainerSpec, timeout: float = 120) -> ContainerState:
+    """(Re)create the node's container from `spec` and return its state; an old one of ours is removed first."""
+    check_spec(spec)
+    down(host, spec.runtime, spec.marker)
+    # podman refuses a missing bind source (docker would create it root-owned): make ours first.
+    folders = [f for f in (spec.state_dir, spec.model_cache) if f]
+    _run(host, ["mkdir", "-p", "-m", "700", *folders], timeout, "creating the state folder")
+    _run(host, run_argv(spec), timeout, f"starting container {spec.name} from {spec.image}")
+    state = inspect(host, spec.runtime, spec.name)
+    if not state.running:
+        raise ContainerError(f"{host.description}: container {spec.name} is {state.status} right after its start")
+    return state
+
+
+def ship_package(host: HostShell, package_dir: str, dest_root: str, timeout: float = 60) -> str:
+    """Copy the launcher's package folder to `dest_root` on the node's host; returns the copy's path.
+
+    The copy's folder is named by a hash of its content, so a node never mounts a
+    half-written or older copy: it is unpacked beside and renamed into place, and an
+    existing copy of the same content is reused. The result is `agent_package` for that node.
+    """
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(package_dir, arcname="dspark_launch",
+                filter=lambda info: None if "__pycache__" in info.name or info.name.endswith(".pyc") else info)
+    digest = hashlib.sha256(buffer.getvalue()).hexdigest()[:16]
+    payload = gzip.compress(buffer.getvalue(), mtime=0)
+    final = f"{dest_root.rstrip('/')}/agent-{digest}"
+    # A fixed script; the paths arrive as its arguments, the archive on stdin (base64: text channel).
+    script = ('set -e; [ -d "$2/dspark_launch" ] && exit 0; mkdir -p -m 700 "$1"; tmp=$(mktemp -d "$2.XXXXXX"); '
+              'base64 -d | tar -xz -C "$tmp"; mv -T "$tmp" "$2" 2>/dev/null || rm -rf "$tmp"')
+    proc = host.run(["sh", "-c", script, "sh", dest_root, final], timeout=timeout,
+                    input=base64.b64encode(payload).decode())
+    if proc.returncode != 0:
+        detail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise ContainerError(f"{host.description}: copying the launcher's package failed: {detail}")
+    return f"{final}/dspark_launch"
+
+
+def transport(host: HostShell, spec: ContainerSpec) -> ContainerTransport:
+    """The agent transport into this node's container."""
+    return ContainerTransport(host=host, runtime=spec.runtime, container=spec.name, python=spec.python)

@@ -1,0 +1,99 @@
+"""Container settings and the node container's run command (no container started here).
+
+The real containers run in tests/test_container_runtime.py (podman on the testbed).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dspark_launch.cluster.runtime import (AGENT_MOUNT, ContainerSpec, ImageIdentity, ImageMismatch, check_same_image,
+                                           check_spec, container_name, hardware_args, run_argv)
+from dspark_launch.errors import ConfigError
+from tests.conftest import run_dspark
+
+DIGEST_A = "sha256:" + "a" * 64
+DIGEST_B = "sha256:" + "b" * 64
+
+
+def _spec(**changes) -> ContainerSpec:
+    base = dict(runtime="podman", image="nvcr.io/nvidia/vllm:25.11-py3", marker="dspark-0123abcd-node",
+                agent_package="/opt/launcher/dspark_launch", state_dir="/var/lib/dspark",
+                model_cache="/data/hf", hardware_args=hardware_args("podman", {}))
+    return ContainerSpec(**{**base, **changes})
+
+
+@pytest.mark.parametrize("name,value,allowed", [
+    ("DSPARK_RUNTIME", "lxc", "one of host, docker, podman"),
+    ("DSPARK_IMAGE", "Not An Image", "an image reference"),
+    ("DSPARK_CONTAINER_ARGS", "--privileged --network=bridge", "other than --network"),
+    ("DSPARK_CONTAINER_ARGS", "--pid host", "other than --pid"),
+    ("DSPARK_CONTAINER_ARGS", "--shm-size 8g", "other than --shm-size"),
+    ("DSPARK_CONTAINER_ARGS", "-v '/a:/b", "split like a shell would"),
+])
+def test_bad_container_settings_exit_2_naming_the_setting(name, value, allowed):
+    proc = run_dspark(["config", "check"], env={name: value})
+    assert proc.returncode == 2
+    assert f"{name}={value}" in proc.stderr and allowed in proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
+def test_good_container_settings_pass():
+    env = {"DSPARK_RUNTIME": "podman", "DSPARK_IMAGE": f"nvcr.io/nvidia/vllm@{DIGEST_A}",
+           "DSPARK_CONTAINER_ARGS": "--privileged --cap-add SYS_NICE -v /scratch:/scratch --env NCCL_DEBUG=INFO"}
+    assert run_dspark(["config", "check"], env=env).returncode == 0
+
+
+def test_production_run_command_has_what_gpu_serving_needs():
+    argv = run_argv(_spec(runtime="docker", hardware_args=hardware_args("docker", {})))
+    joined = " ".join(argv)
+    assert argv[:2] == ["docker", "run"] and "--detach" in argv
+    assert "--network host" in joined and "--ipc host" in joined and "--init" in argv
+    assert "--gpus all" in joined and "--device /dev/infiniband" in joined and "--ulimit memlock=-1:-1" in joined
+    assert "--name dspark-0123abcd-node" in joined and "--label dspark.owner=dspark-0123abcd-node" in joined
+    assert f"/opt/launcher/dspark_launch:{AGENT_MOUNT}/dspark_launch:ro" in argv
+    assert "/var/lib/dspark:/var/lib/dspark" in argv and "/data/hf:/data/hf" in argv and "HF_HOME=/data/hf" in argv
+    assert argv[-3:] == ["sleep", "nvcr.io/nvidia/vllm:25.11-py3", "infinity"]  # --entrypoint sleep IMAGE infinity
+    podman = " ".join(run_argv(_spec()))
+    assert "--device nvidia.com/gpu=all" in podman and "--gpus" not in podman
+
+
+def test_the_test_hook_replaces_only_the_hardware_arguments():
+    assert hardware_args("podman", {"DSPARK_TEST_CONTAINER_GPU_ARGS": ""}) == ()
+    argv = run_argv(_spec(hardware_args=hardware_args("podman", {"DSPARK_TEST_CONTAINER_GPU_ARGS": "--device /dev/null"})))
+    assert "nvidia.com/gpu=all" not in argv and "/dev/infiniband" not in argv and "memlock=-1:-1" not in argv
+    assert "--device" in argv and "/dev/null" in argv and "--network" in argv
+
+
+@pytest.mark.parametrize("extra", [("--network", "bridge"), ("--rm",), ("--name=x",), ("--label", "a=b"),
+                                   ("-v", "/tmp:/var/lib/dspark"), ("--volume=/x:/data/hf/hub",),
+                                   ("--mount", f"type=bind,src=/x,target={AGENT_MOUNT}"), ("-v", "/x:/var/lib"), ("-v", "/x:/:ro")])
+def test_spec_refuses_what_defeats_the_launcher(extra):
+    with pytest.raises(ConfigError, match="DSPARK_CONTAINER_ARGS") as info:
+        check_spec(_spec(extra_args=extra))
+    assert info.value.exit_code == 2
+
+
+def test_spec_needs_an_image_and_a_container_runtime():
+    with pytest.raises(ConfigError, match="DSPARK_IMAGE"):
+        check_spec(_spec(image=""))
+    with pytest.raises(ConfigError, match="DSPARK_RUNTIME"):
+        check_spec(_spec(runtime="host"))
+    check_spec(_spec(extra_args=("--privileged", "-v", "/scratch:/scratch")))
+
+
+def test_container_names_come_only_from_our_markers():
+    assert container_name("dspark-0123abcd-node") == "dspark-0123abcd-node"
+    for bad in ("vllm", "dspark-$(x)", "dspark-" + "x" * 80):
+        with pytest.raises(ValueError):
+            container_name(bad)
+
+
+def test_image_equality_check():
+    same = [ImageIdentity("head", "img", DIGEST_A), ImageIdentity("worker1", "img", DIGEST_A)]
+    assert check_same_image(same) == DIGEST_A
+    with pytest.raises(ImageMismatch, match="differs between nodes: head sha256:aaaa.*worker1 sha256:bbbb"):
+        check_same_image([same[0], ImageIdentity("worker1", "img", DIGEST_B)])
+    with pytest.raises(ImageMismatch, match="not on worker1") as info:
+        check_same_image([same[0], ImageIdentity("worker1", "img", "")])
+    assert info.value.exit_code == 1
