@@ -34,7 +34,8 @@ def _spec(**changes) -> ContainerSpec:
 def test_bad_container_settings_exit_2_naming_the_setting(name, value, allowed):
     proc = run_dspark(["config", "check"], env={name: value})
     assert proc.returncode == 2
-    assert f"{name}={value}" in proc.stderr and allowed in proc.stderr
+    shown = name if "split" in allowed else f"{name}={value}"  # an unsplittable value is not echoed (may hold a key)
+    assert shown in proc.stderr and allowed in proc.stderr
     assert proc.stderr.count("\n") == 1
 
 

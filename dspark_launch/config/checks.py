@@ -9,6 +9,7 @@ itself, so that the caller shows that part and never the rest of the value (an
 from __future__ import annotations
 
 import re
+import shlex
 import unicodedata
 
 # Line endings and tabs separate words in list settings and quoted multi-line values.
@@ -23,6 +24,14 @@ _SECRET_WORDS = re.compile("|".join(SECRET_WORDS), re.IGNORECASE)
 
 class Refused(ValueError):
     """A value refused by a clause that names what is wrong; the value itself is not shown."""
+
+
+def shell_words(value: str) -> list[str]:
+    """`value` split like a shell would (never run by one); Refused when it does not split."""
+    try:
+        return shlex.split(value)
+    except ValueError as exc:
+        raise Refused(f"does not split like a shell would ({exc}); allowed: shell words") from None
 
 
 def looks_secret(name: str) -> bool:

@@ -11,7 +11,8 @@ volumes, `--env`, `--security-opt`, ...) passes through unchanged.
 from __future__ import annotations
 
 import re
-import shlex
+
+from dspark_launch.config.checks import shell_words
 
 # Each refused flag and the reason shown to the operator.
 REFUSED_FLAGS = {
@@ -46,11 +47,7 @@ def refused_flag(words: list[str]) -> tuple[str, str] | None:
 
 def check_container_args(value: str) -> str:
     """TextSetting check: shell words, none of them a flag the launcher owns."""
-    try:
-        words = shlex.split(value)
-    except ValueError as exc:
-        raise ValueError(f"arguments split like a shell would ({exc})") from None
-    refused = refused_flag(words)
+    refused = refused_flag(shell_words(value))
     if refused:
         raise ValueError(f"container arguments other than {refused[0]} ({refused[1]})")
     return value

@@ -14,7 +14,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from dspark_launch.config.checks import Refused, hidden_character
+from dspark_launch.config.checks import Refused, hidden_character, shell_words
 
 
 @dataclass(frozen=True)
@@ -118,10 +118,7 @@ def _pairs(words: list[str]):
 
 def check_ssh_options(value: str) -> str:
     """The options as `-o Keyword=value` pairs (shell-quoted), or Refused naming the first refused one."""
-    try:
-        words = shlex.split(value)
-    except ValueError as exc:
-        raise Refused(f"does not split like a shell would ({exc}); allowed: shell words") from None
+    words = shell_words(value)
     canonical: list[str] = []
     for _, option, argument in _pairs(words):
         canonical += ["-o", f"{option.keyword}={_checked_value(option, argument)}"]

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import shlex
 from dataclasses import dataclass
 from typing import Callable
 
-from dspark_launch.config.checks import ASCII_WORD, Refused, looks_secret, not_an_option, single_line
+from dspark_launch.config.checks import ASCII_WORD, not_an_option, shell_words, single_line
 from dspark_launch.config.forward_env import check_forward_names
 from dspark_launch.config.serve_flags import check_extra_args
 from dspark_launch.config.ssh_options import check_ssh_options
@@ -110,11 +109,7 @@ def _choice(*allowed: str) -> Callable[[str], str]:
 
 
 def _serve_args(value: str) -> str:
-    try:
-        words = shlex.split(value)
-    except ValueError as exc:
-        raise Refused(f"does not split like a shell would ({exc}); allowed: shell words") from None
-    check_extra_args(words)
+    check_extra_args(shell_words(value))
     return value
 
 
