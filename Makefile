@@ -21,11 +21,11 @@ $(STAMP): pyproject.toml
 	@if [ -f tests/vllm_ray_cpu_plugin/pyproject.toml ]; then $(PY) -m pip install -q --no-deps -e tests/vllm_ray_cpu_plugin; fi
 	touch $(STAMP)
 
-# The two-node testbed needs sshd (Debian openssh-server) when run as root.
+# The two-node testbed needs sshd (Debian openssh-server) when run as root; the model copy needs rsync.
 testbed-deps:
-	@if [ "$$(id -u)" = 0 ] && [ ! -x /usr/sbin/sshd ]; then \
+	@if [ "$$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null; }; then \
 		printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d; \
-		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server rsync; \
 		rc=$$?; rm -f /usr/sbin/policy-rc.d; exit $$rc; \
 	fi
 
