@@ -177,6 +177,16 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
     TextSetting("DSPARK_RAY_DASHBOARD", "off", "security",
                 "Ray dashboard: off, or local (127.0.0.1 only; reach it through an SSH tunnel)",
                 _choice("off", "local")),
+    # model weights (dspark_launch.model)
+    TextSetting("DSPARK_MODEL_CACHE", "", "model",
+                "Hub cache folder for the weights, same path on every node (default: HF_HUB_CACHE, "
+                "else $HF_HOME/hub); vllm serve reads the weights there"),
+    TextSetting("DSPARK_MODEL_COPY_STREAMS", "4", "model",
+                "Parallel rsync streams per worker for the model copy (one stream is bound by one SSH cipher core)",
+                _choice(*(str(n) for n in range(1, 17)))),
+    TextSetting("HF_TOKEN", "", "model",
+                "Hugging Face token for gated models (default: the hub's token file from `hf auth login`)",
+                secret=True),
 )
 
 # Names the launcher reads that are not settings of a run.
