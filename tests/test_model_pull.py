@@ -175,3 +175,14 @@ def test_local_folder_manifest_is_reused_until_sizes_change(tmp_path):
     _, changed = prepare_local(str(folder))
     assert changed.stamp != first.stamp
     assert os.path.exists(folder / MANIFEST_NAME)
+
+
+def test_source_from_settings_uses_the_configured_cache_endpoint_and_token(tmp_path):
+    from dspark_launch.model.hub import hub_source, is_local_folder
+
+    env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_TOKEN": "hf_x", "HF_HOME": str(tmp_path)}
+    src = hub_source("org/m", "abc", "", env)
+    assert (src.cache_dir, src.endpoint, src.token) == (str(tmp_path / "hub"), "http://127.0.0.1:9", "hf_x")
+    assert hub_source("org/m", "", "/data/hf", env).cache_dir == "/data/hf"
+    assert "hf_x" not in repr(src)
+    assert is_local_folder(str(tmp_path)) and is_local_folder("./x") and not is_local_folder("org/m")

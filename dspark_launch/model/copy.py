@@ -36,15 +36,13 @@ class SSHTarget:
                    transport.connect_timeout, tuple(transport.extra_options))
 
     def ssh_argv(self) -> list[str]:
-        """ssh and its options, without the host (rsync adds it)."""
-        argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.connect_timeout}",
-                "-o", f"StrictHostKeyChecking={self.host_key_check}", "-o", "ForwardAgent=no",
-                "-o", "ClearAllForwardings=yes", "-p", str(self.port)]
-        if self.key:
-            argv += ["-i", self.key, "-o", "IdentitiesOnly=yes"]
-        if self.user:
-            argv += ["-l", self.user]
-        return argv + list(self.extra_options)
+        """ssh and its options, without the host (rsync adds it): exactly what the launcher's agent
+        calls use, taken from SSHTransport so the two never drift apart."""
+        from dspark_launch.cluster.transport import SSHTransport
+
+        argv = SSHTransport(self.host, "", self.port, self.user, self.key, self.host_key_check,
+                            self.connect_timeout, self.extra_options).argv()
+        return argv[:argv.index("--")]
 
 
 @dataclass(frozen=True)

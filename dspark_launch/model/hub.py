@@ -196,3 +196,15 @@ def pull(source: HubSource, listing: HubListing, tqdm_class=None) -> PulledModel
     write_manifest(folder, manifest)
     return PulledModel(location, manifest, refetched)
 
+
+
+def is_local_folder(model: str) -> bool:
+    """DSPARK_MODEL names a folder (absolute, ./ or ~ path, or an existing directory), not a hub id."""
+    return model.startswith(("/", "./", "../", "~")) or os.path.isdir(model)
+
+
+def hub_source(model: str, revision: str, cache_setting: str, environ: Mapping[str, str]) -> HubSource:
+    """The pull's source from the settings: DSPARK_MODEL, the revision (profile pin or
+    DSPARK_MODEL_REVISION), DSPARK_MODEL_CACHE, and HF_ENDPOINT / HF_TOKEN / the token file."""
+    return HubSource(model, revision, cache_setting or default_cache_dir(environ), environ.get("HF_ENDPOINT", ""),
+                     resolve_token(environ))
