@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dspark_launch.model.copy import SSHTarget, rsync_to  # noqa: E402
+from dspark_launch.model.copy import SSHTarget, effective_streams, rsync_to  # noqa: E402
 from dspark_launch.model.manifest import Manifest, ManifestFile, write_manifest  # noqa: E402
 from dspark_launch.model.local_model import local_manifest  # noqa: E402
 from dspark_launch.model.node_check import fast_check, verify_model  # noqa: E402
@@ -175,7 +175,8 @@ def main() -> int:
         "repeat": args.repeat,
         "median_s": {k: round(v, 3) for k, v in medians.items()},
         "throughput_MBps": rates,
-        "rsync_4_over_scp": round(rates["rsync_4"] / rates["scp"], 3),
+        "default_streams": effective_streams(4),  # DSPARK_MODEL_COPY_STREAMS=4, capped at this head's cores
+        "default_over_scp": round(rates[f"rsync_{effective_streams(4)}"] / rates["scp"], 3),
         "best_rsync": best,
         "best_rsync_over_scp": round(rates[best] / rates["scp"], 3),
         "target_ratio": 0.9,

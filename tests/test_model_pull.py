@@ -186,3 +186,39 @@ def test_source_from_settings_uses_the_configured_cache_endpoint_and_token(tmp_p
     assert hub_source("org/m", "", "/data/hf", env).cache_dir == "/data/hf"
     assert "hf_x" not in repr(src)
     assert is_local_folder(str(tmp_path)) and is_local_folder("./x") and not is_local_folder("org/m")
+
+
+def test_the_copy_uses_the_launchers_ssh_settings_and_balances_streams(tmp_path):
+    from dspark_launch.cluster.transport import SSHTransport
+    from dspark_launch.model.copy import SSHTarget, _shares, rsync_argv
+
+    transport = SSHTransport(host="10.213.0.2", python="/usr/bin/python3", port=2222, user="root", key="/k",
+                             host_key_check="accept-new", extra_options=("-o", "UserKnownHostsFile=/kh"))
+    target = SSHTarget.from_transport(transport)
+    agent_argv = transport.argv()
+    assert target.ssh_argv() == agent_argv[:agent_argv.index("--")]
+    argv = rsync_argv(target, "/models/m", "/tmp/list", force=False)
+    assert argv[-2:] == ["/models/m/", "10.213.0.2:/models/m/"] and "--ignore-times" not in argv
+    assert "--ignore-times" in rsync_argv(target, "/models/m", "/tmp/list", force=True)
+    for i, size in enumerate([900, 500, 400, 300, 200, 100]):
+        (tmp_path / f"f{i}").write_bytes(b"x" * size)
+    shares = _shares(tmp_path, [f"f{i}" for i in range(6)], 3)
+    loads = sorted(sum((tmp_path / p).stat().st_size for p in share) for share in shares)
+    assert len(shares) == 3 and sorted(p for share in shares for p in share) == [f"f{i}" for i in range(6)]
+    assert loads == [700, 800, 900]  # largest first, each to the lightest share
+
+
+def test_start_preflight_names_the_node_the_first_bad_file_and_the_fix(tmp_path):
+    from dspark_launch.model.distribute import require_ready
+    from dspark_launch.model.errors import ModelIncomplete
+
+    folder = write_tiny_model(tmp_path / "m")
+    _, manifest = prepare_local(str(folder))
+    good = fast_check(str(folder), manifest.stamp)
+    (folder / shard(2)).unlink()
+    bad = fast_check(str(folder), manifest.stamp)
+    require_ready([("head", good)])
+    with pytest.raises(ModelIncomplete) as info:
+        require_ready([("head", good), ("worker1", bad)])
+    assert str(info.value).startswith(f"worker1: model not ready: {shard(2)}: missing")
+    assert str(info.value).endswith("run `dspark model pull`") and info.value.exit_code == 1

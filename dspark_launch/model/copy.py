@@ -54,6 +54,12 @@ class CopyResult:
     streams: int
 
 
+def effective_streams(requested: int) -> int:
+    """Streams actually used: each takes about two cores on the head (rsync and ssh), so more streams
+    than cores slow the copy down (measured: bench/model_copy.py)."""
+    return max(1, min(requested, os.cpu_count() or 1))
+
+
 def _shares(root: Path, paths: list[str], streams: int) -> list[list[str]]:
     """Split paths into at most `streams` lists of about equal bytes (largest first, to the lightest)."""
     sized = sorted(((os.lstat(root / p).st_size, p) for p in paths), reverse=True)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .copy import CopyResult, SSHTarget, rsync_to
+from .copy import CopyResult, SSHTarget, effective_streams, rsync_to
 from .errors import InsufficientDisk, ModelIncomplete
 from .location import ModelLocation
 from .manifest import Manifest
@@ -89,6 +89,7 @@ def sync_worker(location: ModelLocation, manifest: Manifest, target: SSHTarget, 
     """Free-space check, copy what is missing or differs, full verify there, re-send what the verify
     names (once), then the manifest last: its presence with the right stamp means verified here."""
     check_disk(location, manifest, [node], margin)
+    streams = effective_streams(streams)
     copy = rsync_to(target, location.root, location.storage_paths(manifest), streams)
     report = node.verify(location.folder, manifest, True)
     repair = None
@@ -103,6 +104,12 @@ def sync_worker(location: ModelLocation, manifest: Manifest, target: SSHTarget, 
     return WorkerSync(node.name, copy, repair, report)
 
 
-def first_problem_line(node: str, report: VerifyReport, fix: str) -> str:
-    """The start pre-flight's refusal: the node, the first bad file, and the command that fixes it."""
-    return f"{node}: model not ready: {report.problems[0].describe()} ({len(report.problems)} problem(s)); run `{fix}`"
+def require_ready(reports: Sequence[tuple[str, VerifyReport]], fix: str = "dspark model pull") -> None:
+    """The start pre-flight: ModelIncomplete naming the first node whose check failed, its first bad
+    file and the command that fixes it (exit 1, nothing started)."""
+    for node, report in reports:
+        if not report.ok:
+            others = sum(1 for _, r in reports if not r.ok) - 1
+            more = f"; {others} other node(s) too" if others else ""
+            raise ModelIncomplete(f"{node}: model not ready: {report.problems[0].describe()} "
+                                  f"({len(report.problems)} problem(s) in {report.folder}{more}); run `{fix}`")
