@@ -54,6 +54,12 @@ def test_pull_writes_a_manifest_with_the_hubs_sha256_and_verifies_clean(hub, tmp
 def test_pull_by_branch_pins_the_commit_the_hub_names(hub, tmp_path):
     listing = list_model(source(hub, tmp_path, revision="main"))
     assert listing.commit == hub.repo.commit
+    pulled = pull(source(hub, tmp_path, revision="main"), listing)
+    assert (Path(pulled.location.root) / "refs" / "main").read_text() == hub.repo.commit
+    # the cache serves offline by branch name, as vLLM will load it
+    from huggingface_hub import snapshot_download
+    offline = snapshot_download(REPO_ID, revision="main", cache_dir=str(tmp_path / "cache"), local_files_only=True)
+    assert offline == pulled.location.folder
 
 
 def test_a_connection_cut_mid_file_resumes_with_a_range_request(tmp_path):

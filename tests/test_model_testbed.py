@@ -82,7 +82,7 @@ def test_pull_copy_verify_then_repair_only_the_damaged_shards(testbed, scratch, 
 
     first = on_head(testbed, "sync", location, manifest)
     assert "error" not in first, first
-    assert set(first["copy"]["files_sent"]) == set(location.storage_paths(manifest))
+    assert set(first["copy"]["files_sent"]) == set(location.storage_paths(manifest)) | {"refs/main"}
     assert first["repair"] is None and first["report"]["problems"] == []
     assert verify_model(location.folder, manifest).ok  # head
     assert report_from(on_head(testbed, "verify", location, manifest)).ok  # worker, full

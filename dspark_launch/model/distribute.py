@@ -90,7 +90,7 @@ def sync_worker(location: ModelLocation, manifest: Manifest, target: SSHTarget, 
     names (once), then the manifest last: its presence with the right stamp means verified here."""
     check_disk(location, manifest, [node], margin)
     streams = effective_streams(streams)
-    copy = rsync_to(target, location.root, location.storage_paths(manifest), streams)
+    copy = rsync_to(target, location.root, location.storage_paths(manifest) + location.ref_paths(), streams)
     report = node.verify(location.folder, manifest, True)
     repair = None
     if report.bad_paths:

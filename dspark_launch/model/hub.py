@@ -193,8 +193,21 @@ def pull(source: HubSource, listing: HubListing, tqdm_class=None) -> PulledModel
     if bad:
         raise ModelIncomplete(f"model {listing.repo_id}@{listing.commit[:12]}: {bad[0]} differs from the hub "
                               f"after a second download ({len(bad)} file(s) bad in {folder})")
+    _write_ref(Path(location.root), source.revision or "main", listing.commit)
     write_manifest(folder, manifest)
     return PulledModel(location, manifest, refetched)
+
+
+def _write_ref(repo_root: Path, revision: str, commit: str) -> None:
+    """refs/<branch or tag> -> commit, as the hub cache records it (the download by commit does not),
+    so a later offline load by that name finds the snapshot."""
+    if revision == commit:
+        return
+    ref = repo_root / "refs" / revision
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    tmp = ref.with_name(ref.name + ".tmp")
+    tmp.write_text(commit)
+    tmp.replace(ref)
 
 
 

@@ -40,6 +40,14 @@ class ModelLocation:
                     paths.append(target.relative_to(root).as_posix())
         return paths
 
+    def ref_paths(self) -> list[str]:
+        """The hub cache's refs (branch or tag -> commit), so an offline load by branch name finds the
+        snapshot on a worker too. Empty for a local folder."""
+        refs = Path(self.root) / "refs"
+        if not self.folder_rel or not refs.is_dir():
+            return []
+        return sorted(p.relative_to(self.root).as_posix() for p in refs.rglob("*") if p.is_file())
+
     @property
     def manifest_path(self) -> str:
         """The manifest file, relative to root."""
