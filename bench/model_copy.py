@@ -174,6 +174,7 @@ def main() -> int:
         "payload": {"files": args.files, "bytes": total},
         "repeat": args.repeat,
         "median_s": {k: round(v, 3) for k, v in medians.items()},
+        "runs_s": {k: [round(x, 3) for x in v] for k, v in copy["runs_s"].items()},
         "throughput_MBps": rates,
         "default_streams": effective_streams(4),  # DSPARK_MODEL_COPY_STREAMS=4, capped at this head's cores
         "default_over_scp": round(rates[f"rsync_{effective_streams(4)}"] / rates["scp"], 3),
