@@ -87,6 +87,13 @@ def test_pull_copy_verify_then_repair_only_the_damaged_shards(testbed, scratch, 
     assert verify_model(location.folder, manifest).ok  # head
     assert report_from(on_head(testbed, "verify", location, manifest)).ok  # worker, full
     assert report_from(on_head(testbed, "fast_check", location, manifest)).ok
+    # the worker's hub cache answers an offline load by branch name, as vllm serve will ask it
+    offline = testbed.exec(testbed.workers[0], [f"{testbed.venv}/bin/python", "-c",
+                                                "import sys; from huggingface_hub import snapshot_download; "
+                                                "print(snapshot_download(sys.argv[1], revision='main', "
+                                                "cache_dir=sys.argv[2], local_files_only=True))",
+                                                REPO_ID, str(cache)], env={"HF_HUB_OFFLINE": "1"}, check=True)
+    assert offline.stdout.strip() == location.folder
     # the worker's copy is its own (a separate disk), not the head's files
     worker_folder = worker_disk / Path(location.folder).relative_to(cache)
     assert (worker_folder / shard(1)).resolve().is_relative_to(worker_disk)
