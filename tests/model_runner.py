@@ -1,7 +1,8 @@
 """Launcher-side model operations run inside the testbed's head node (where the workers' sshd is
 reachable): `python -m tests.model_runner` with one JSON request on stdin, one JSON answer on stdout.
 
-Requests: {"op": "sync" | "check_disk" | "verify" | "fast_check", "target": SSHTarget fields,
+Requests: {"op": "pull_everywhere" | "place_local" | "sync" | "check_disk" | "verify" | "fast_check",
+"target": SSHTarget fields, "source": HubSource fields, "folder": a local model folder,
 "python": the worker's interpreter, "worker": node name, "location": ModelLocation fields,
 "manifest": manifest JSON, "streams": int, "full": bool}.
 Answers: the result as a dict, or {"error": class name, "message": one line}.
@@ -16,14 +17,21 @@ from dataclasses import asdict
 from dspark_launch.model.copy import SSHTarget
 from dspark_launch.model.distribute import check_disk, sync_worker
 from dspark_launch.model.errors import ModelError
+from dspark_launch.model.hub import HubSource
 from dspark_launch.model.location import ModelLocation
 from dspark_launch.model.manifest import Manifest
+from dspark_launch.model.workflow import Worker, place_local, pull_everywhere
 from tests.model_nodes import LocalNodeOps, SSHNodeOps
 
 
 def handle(req: dict) -> dict:
     target = SSHTarget(**{**req["target"], "extra_options": tuple(req["target"]["extra_options"])})
     worker = SSHNodeOps(req["worker"], target, req["python"])
+    if req["op"] == "pull_everywhere":
+        source = HubSource(**req["source"])
+        return asdict(pull_everywhere(source, LocalNodeOps(), [Worker(target, worker)], req.get("streams", 4)))
+    if req["op"] == "place_local":
+        return asdict(place_local(req["folder"], LocalNodeOps(), [Worker(target, worker)], req.get("streams", 4)))
     location = ModelLocation(**req["location"])
     manifest = Manifest.from_json(req["manifest"])
     if req["op"] == "sync":

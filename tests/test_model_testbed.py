@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from dspark_launch.model.copy import SSHTarget
 from dspark_launch.model.hub import HubSource, list_model, pull
 from dspark_launch.model.local_model import prepare_local
 from dspark_launch.model.location import ModelLocation, hub_cache_location
-from dspark_launch.model.manifest import Manifest
+from dspark_launch.model.manifest import Manifest, ManifestFile
 from dspark_launch.model.node_check import CORRUPT, PARTIAL, verify_model
 from tests.hub_server import HubRepo, HubServer, write_tiny_model
 from tests.model_nodes import bind_in_node, report_from, tmpfs_in_node, umount_in_node
@@ -43,10 +44,11 @@ def worker_target(tb) -> SSHTarget:
     return SSHTarget.from_transport(transport)
 
 
-def on_head(tb, op: str, location: ModelLocation, manifest: Manifest, **extra) -> dict:
+def on_head(tb, op: str, location: ModelLocation | None, manifest: Manifest | None, **extra) -> dict:
     target = worker_target(tb)
     request = {"op": op, "target": asdict(target), "python": f"{tb.venv}/bin/python", "worker": "worker1",
-               "location": asdict(location), "manifest": manifest.to_json(), **extra}
+               "location": asdict(location) if location else None,
+               "manifest": manifest.to_json() if manifest else None, **extra}
     proc = tb.exec(tb.head, [f"{tb.venv}/bin/python", "-m", "tests.model_runner"], input=json.dumps(request),
                    cwd=str(REPO_ROOT), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -153,9 +155,42 @@ def test_a_local_model_folder_is_copied_and_verified_the_same_way(testbed, scrat
     worker_disk.mkdir()
     bind_in_node(testbed, testbed.workers[0], str(worker_disk), str(folder))
     mounted.append(str(folder))
-    location, manifest = prepare_local(str(folder))
-    synced = on_head(testbed, "sync", location, manifest)
-    assert "error" not in synced, synced
-    assert sorted(synced["copy"]["files_sent"]) == sorted(f.path for f in manifest.files)
-    assert (worker_disk / ".dspark-manifest.json").is_file()
+    placed = on_head(testbed, "place_local", None, None, folder=str(folder))
+    assert "error" not in placed, placed
+    location, manifest = prepare_local(str(folder))  # the manifest the head wrote
+    assert placed["manifest"]["files"] and len(placed["manifest"]["files"]) == len(manifest.files)
+    assert sorted(placed["workers"][0]["copy"]["files_sent"]) == sorted(f.path for f in manifest.files)
+    assert (worker_disk / ".dspark-manifest.json").read_text() == (folder / ".dspark-manifest.json").read_text()
     assert report_from(on_head(testbed, "fast_check", location, manifest)).ok
+
+
+def test_pull_everywhere_from_a_hub_on_the_heads_loopback(testbed, scratch, tmp_path):
+    """The whole `dspark model pull` path inside the head node: the hub answers on the head's own
+    loopback (nothing else reachable), disk checks on both nodes, download, copy, verify."""
+    root, mounted = scratch
+    cache, worker_disk = root / "cache-e2e", root / "worker-e2e"
+    worker_disk.mkdir()
+    bind_in_node(testbed, testbed.workers[0], str(worker_disk), str(cache))
+    mounted.append(str(cache))
+    src = write_tiny_model(tmp_path / "src")
+    server = testbed.popen(testbed.head, [f"{testbed.venv}/bin/python", "tests/hub_server.py", str(src)],
+                           cwd=str(REPO_ROOT), stdout=subprocess.PIPE, text=True)
+    try:
+        endpoint = server.stdout.readline().strip()
+        source = {"repo_id": REPO_ID, "revision": "main", "cache_dir": str(cache), "endpoint": endpoint}
+        placed = on_head(testbed, "pull_everywhere", None, None, source=source)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert "error" not in placed, placed
+    assert [d["node"] for d in placed["disk"]] == ["head", "worker1"]
+    assert all(d["payload_bytes"] == sum(f.stat().st_size for f in src.iterdir()) for d in placed["disk"])
+    sync = placed["workers"][0]
+    assert sync["node"] == "worker1" and sync["report"]["problems"] == [] and sync["repair"] is None
+    m = placed["manifest"]
+    manifest = Manifest(m["source"], m["revision"], tuple(ManifestFile(**f) for f in m["files"]))
+    location = ModelLocation(**placed["location"])
+    assert location.folder.startswith(str(cache)) and manifest.revision == Path(location.folder).name
+    assert report_from(on_head(testbed, "verify", location, manifest)).ok  # worker, full sha256
+    assert verify_model(location.folder, manifest).ok  # head
+    assert (worker_disk / Path(location.folder).relative_to(cache) / ".dspark-manifest.json").is_file()
