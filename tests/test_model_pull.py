@@ -228,3 +228,15 @@ def test_start_preflight_names_the_node_the_first_bad_file_and_the_fix(tmp_path)
         require_ready([("head", good), ("worker1", bad)])
     assert str(info.value).startswith(f"worker1: model not ready: {shard(2)}: missing")
     assert str(info.value).endswith("run `dspark model pull`") and info.value.exit_code == 1
+
+
+def test_the_pulled_model_is_found_offline_by_branch_or_commit(hub, tmp_path):
+    from dspark_launch.model.workflow import pulled_model
+
+    assert pulled_model(source(hub, tmp_path, revision="main")) is None
+    src = source(hub, tmp_path, revision="main")
+    pulled = pull(src, list_model(src))
+    before = len(hub.requests)
+    assert pulled_model(src) == (pulled.location, pulled.manifest)
+    assert pulled_model(source(hub, tmp_path, revision=hub.repo.commit)) == (pulled.location, pulled.manifest)
+    assert len(hub.requests) == before  # no network
