@@ -21,11 +21,11 @@ $(STAMP): pyproject.toml
 	@if [ -f tests/vllm_ray_cpu_plugin/pyproject.toml ]; then $(PY) -m pip install -q --no-deps -e tests/vllm_ray_cpu_plugin; fi
 	touch $(STAMP)
 
-# The two-node testbed needs sshd (Debian openssh-server) when run as root, and the container
+# The two-node testbed needs sshd (Debian openssh-server) when run as root, the model copy rsync, and the container
 # tests podman with runc (crun 1.8 refuses this cgroup v1/v2 hybrid host) and catatonit (--init).
-TESTBED_PACKAGES := openssh-server podman runc catatonit
+TESTBED_PACKAGES := openssh-server rsync podman runc catatonit
 testbed-deps:
-	@if [ "$$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || [ ! -x /usr/bin/podman ] || [ ! -x /usr/bin/runc ] \
+	@if [ "$$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || [ ! -x /usr/bin/rsync ] || [ ! -x /usr/bin/podman ] || [ ! -x /usr/bin/runc ] \
 			|| [ ! -x /usr/libexec/podman/catatonit ]; }; then \
 		printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d; \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(TESTBED_PACKAGES); \

@@ -257,6 +257,16 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
     TextSetting("DSPARK_CONTAINER_MODEL_CACHE", "", "container",
                 "Hugging Face cache folder on every node, mounted at the same path (HF_HOME) in the containers; "
                 "default $HF_HOME or ~/.cache/huggingface"),
+    # model weights (dspark_launch.model)
+    TextSetting("DSPARK_MODEL_CACHE", "", "model",
+                "Hub cache folder for the weights, same path on every node (default: HF_HUB_CACHE, "
+                "else $HF_HOME/hub); vllm serve reads the weights there"),
+    TextSetting("DSPARK_MODEL_COPY_STREAMS", "4", "model",
+                "Parallel rsync streams per worker for the model copy (one stream is bound by one SSH cipher core)",
+                _choice(*(str(n) for n in range(1, 17)))),
+    TextSetting("HF_TOKEN", "", "model",
+                "Hugging Face token for gated models (default: the hub's token file from `hf auth login`)",
+                secret=True),
 )
 
 # Names the launcher reads that are not settings of a run.

@@ -1,0 +1,115 @@
+"""Free-space pre-flight on every node, and placing a verified copy on a worker (launcher side).
+
+Node operations go through `NodeModelOps` (the agent runs node_check's functions on
+that node); the copy itself is rsync from the head over SSH.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .copy import CopyResult, SSHTarget, effective_streams, rsync_to
+from .errors import InsufficientDisk, ModelIncomplete
+from .location import ModelLocation
+from .manifest import Manifest
+from .node_check import STALE, DiskSpace, VerifyReport
+
+
+class NodeModelOps(Protocol):
+    """The node-side operations, on one node (dspark_launch.model.node_check run there)."""
+
+    name: str
+
+    def free_space(self, path: str) -> DiskSpace: ...
+
+    def verify(self, folder: str, manifest: Manifest, full: bool) -> VerifyReport: ...
+
+
+@dataclass(frozen=True)
+class DiskMargin:
+    """Room kept free beyond the model: a share of it, at least a floor (logs, temp files, vLLM caches)."""
+
+    fraction: float = 0.05
+    floor_bytes: int = 1 << 30
+
+    def required(self, payload: int) -> int:
+        return payload + max(int(payload * self.fraction), self.floor_bytes) if payload else 0
+
+
+@dataclass(frozen=True)
+class DiskCheck:
+    node: str
+    space: DiskSpace
+    payload_bytes: int  # bytes of the model this node still lacks
+    required_bytes: int  # payload plus the margin
+
+    @property
+    def ok(self) -> bool:
+        return self.space.free_bytes >= self.required_bytes
+
+    def describe(self) -> str:
+        gib = 1 << 30
+        return (f"{self.node}: {self.space.checked} has {self.space.free_bytes / gib:.2f} GiB free, the model needs "
+                f"{self.required_bytes / gib:.2f} GiB there ({self.payload_bytes / gib:.2f} GiB of files + margin)")
+
+
+@dataclass(frozen=True)
+class WorkerSync:
+    node: str
+    copy: CopyResult
+    repair: CopyResult | None  # files re-sent after the worker's checksum named them
+    report: VerifyReport  # the worker's full verify after the copy (clean)
+
+
+def missing_bytes(manifest: Manifest, report: VerifyReport) -> int:
+    """Bytes a node still needs, from a size check: every missing, partial or oversized file, whole."""
+    sizes = {f.path: f.size for f in manifest.files}
+    return sum(sizes.get(p.path, 0) for p in report.problems if p.kind != STALE)
+
+
+def check_disk(location: ModelLocation, manifest: Manifest, nodes: Sequence[NodeModelOps],
+               margin: DiskMargin = DiskMargin()) -> list[DiskCheck]:
+    """Every node's free space against what it lacks of `manifest` (a hub listing before the pull);
+    InsufficientDisk naming each short node, before anything is written."""
+    checks = []
+    for node in nodes:
+        payload = missing_bytes(manifest, node.verify(location.folder, manifest, False))
+        checks.append(DiskCheck(node.name, node.free_space(location.root), payload, margin.required(payload)))
+    short = [c for c in checks if not c.ok]
+    if short:
+        raise InsufficientDisk("not enough disk: " + "; ".join(c.describe() for c in short)
+                               + ". Free space there or set DSPARK_MODEL_CACHE to a larger disk; nothing was written")
+    return checks
+
+
+def sync_worker(location: ModelLocation, manifest: Manifest, target: SSHTarget, node: NodeModelOps,
+                streams: int = 4, margin: DiskMargin = DiskMargin()) -> WorkerSync:
+    """Free-space check, copy what is missing or differs, full verify there, re-send what the verify
+    names (once), then the manifest last: its presence with the right stamp means verified here."""
+    check_disk(location, manifest, [node], margin)
+    streams = effective_streams(streams)
+    copy = rsync_to(target, location.root, location.storage_paths(manifest) + location.ref_paths(), streams)
+    report = node.verify(location.folder, manifest, True)
+    repair = None
+    if report.bad_paths:
+        repair = rsync_to(target, location.root, location.storage_paths(manifest, report.bad_paths), streams,
+                          force=True)
+        report = node.verify(location.folder, manifest, True)
+    if not report.ok:
+        raise ModelIncomplete(f"{node.name}: {report.problems[0].describe()} in {location.folder} after the copy "
+                              f"({len(report.problems)} file(s) bad)")
+    rsync_to(target, location.root, [location.manifest_path], 1, force=True)
+    return WorkerSync(node.name, copy, repair, report)
+
+
+def require_ready(reports: Sequence[tuple[str, VerifyReport]], fix: str = "dspark model pull") -> None:
+    """The start pre-flight: ModelIncomplete naming the first node whose check failed, its first bad
+    file and the command that fixes it (exit 1, nothing started)."""
+    for node, report in reports:
+        if not report.ok:
+            others = sum(1 for _, r in reports if not r.ok) - 1
+            more = f"; {others} other node(s) too" if others else ""
+            raise ModelIncomplete(f"{node}: model not ready: {report.problems[0].describe()} "
+                                  f"({len(report.problems)} problem(s) in {report.folder}{more}); run `{fix}`")

@@ -1,0 +1,74 @@
+"""The manifest: every file of a model (path, size, sha256) and a stamp over them.
+
+Written beside the weights as `.dspark-manifest.json`. Stdlib only: nodes read it.
+For LFS files the sha256 is the hub's own; for small files it is computed after the
+download (the hub publishes a git sha1 for those, checked at pull time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+MANIFEST_NAME = ".dspark-manifest.json"
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    path: str  # relative to the model folder, "/"-separated
+    size: int
+    sha256: str  # "" while unknown (a hub listing before the download): size-only checks
+
+
+@dataclass(frozen=True)
+class Manifest:
+    source: str  # hub repo id, or the local folder it was built from
+    revision: str  # hub commit, or "local"
+    files: tuple[ManifestFile, ...]
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def stamp(self) -> str:
+        """Identifies this exact content: equal stamps mean equal paths, sizes and hashes."""
+        canonical = json.dumps([self.source, self.revision, [[f.path, f.size, f.sha256] for f in self.files]],
+                               separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, "source": self.source, "revision": self.revision, "stamp": self.stamp,
+                           "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files]},
+                          indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Manifest":
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"not a manifest of format {FORMAT}")
+        manifest = cls(str(data["source"]), str(data["revision"]),
+                       tuple(ManifestFile(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in data["files"]))
+        if data.get("stamp") != manifest.stamp:
+            raise ValueError("manifest stamp does not match its content")
+        return manifest
+
+
+def write_manifest(folder: Path, manifest: Manifest) -> Path:
+    """Atomically write the manifest into `folder` (the snapshot or local model folder)."""
+    path = Path(folder) / MANIFEST_NAME
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(manifest.to_json())
+    tmp.replace(path)
+    return path
+
+
+def read_manifest(folder: Path) -> Manifest | None:
+    """The manifest in `folder`, or None when absent or unreadable."""
+    try:
+        return Manifest.from_json((Path(folder) / MANIFEST_NAME).read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,79 @@
+"""The model commands end to end (launcher side): what `dspark model pull|verify|status` and the
+start pre-flight call. Node operations come in as NodeModelOps (the agent), workers as SSH targets."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .copy import SSHTarget
+from .distribute import DiskCheck, DiskMargin, NodeModelOps, WorkerSync, check_disk, sync_worker
+from .hub import HubSource, list_model, pull
+from .local_model import prepare_local
+from .location import ModelLocation, hub_cache_location
+from .manifest import Manifest, read_manifest
+from .node_check import VerifyReport
+
+
+@dataclass(frozen=True)
+class Worker:
+    target: SSHTarget  # how the head's rsync reaches it
+    ops: NodeModelOps  # its node-side checks
+
+
+@dataclass(frozen=True)
+class Placement:
+    location: ModelLocation
+    manifest: Manifest
+    disk: tuple[DiskCheck, ...]  # head first, then the workers
+    refetched: tuple[str, ...]  # head files fetched again after failing the hub's checksum
+    workers: tuple[WorkerSync, ...]
+
+
+def _sync_all(location: ModelLocation, manifest: Manifest, workers: Sequence[Worker], streams: int,
+              margin: DiskMargin) -> tuple[WorkerSync, ...]:
+    with ThreadPoolExecutor(max_workers=max(1, len(workers))) as pool:
+        return tuple(pool.map(lambda w: sync_worker(location, manifest, w.target, w.ops, streams, margin), workers))
+
+
+def pull_everywhere(source: HubSource, head: NodeModelOps, workers: Sequence[Worker], streams: int = 4,
+                    margin: DiskMargin = DiskMargin(), tqdm_class=None) -> Placement:
+    """List, check every node's disk (nothing written when one is short), download on the head,
+    check against the hub, copy to every worker and verify there."""
+    listing = list_model(source)
+    location = hub_cache_location(source.cache_dir, listing.repo_id, listing.commit)
+    disk = check_disk(location, listing.expected(), [head, *(w.ops for w in workers)], margin)
+    pulled = pull(source, listing, tqdm_class)
+    return Placement(location, pulled.manifest, tuple(disk), pulled.refetched,
+                     _sync_all(location, pulled.manifest, workers, streams, margin))
+
+
+def place_local(folder: str, head: NodeModelOps, workers: Sequence[Worker], streams: int = 4,
+                margin: DiskMargin = DiskMargin(), rehash: bool = False) -> Placement:
+    """DSPARK_MODEL as a folder: the head's folder hashed into a manifest, copied and verified the same way."""
+    location, manifest = prepare_local(folder, rehash)
+    disk = check_disk(location, manifest, [head, *(w.ops for w in workers)], margin)
+    return Placement(location, manifest, tuple(disk), (), _sync_all(location, manifest, workers, streams, margin))
+
+
+def pulled_model(source: HubSource) -> tuple[ModelLocation, Manifest] | None:
+    """The head's pulled copy of `source` without the network: the revision's ref (or the commit
+    itself) in the cache, and the manifest written by the pull. None when never pulled."""
+    root = Path(source.cache_dir) / ("models--" + source.repo_id.replace("/", "--"))
+    ref = root / "refs" / (source.revision or "main")
+    commit = ref.read_text().strip() if ref.is_file() else source.revision
+    if not commit:
+        return None
+    location = hub_cache_location(source.cache_dir, source.repo_id, commit)
+    manifest = read_manifest(Path(location.folder))
+    return (location, manifest) if manifest is not None else None
+
+
+def check_everywhere(location: ModelLocation, manifest: Manifest, nodes: Sequence[NodeModelOps],
+                     full: bool) -> list[tuple[str, VerifyReport]]:
+    """`dspark model verify` (full) or the per-node part of `status` (sizes); pair with
+    distribute.require_ready for the start pre-flight, or node_check.fast_check through the agent."""
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        return list(zip((n.name for n in nodes), pool.map(lambda n: n.verify(location.folder, manifest, full), nodes)))

@@ -1,0 +1,56 @@
+"""Launcher-side model operations run inside the testbed's head node (where the workers' sshd is
+reachable): `python -m tests.model_runner` with one JSON request on stdin, one JSON answer on stdout.
+
+Requests: {"op": "pull_everywhere" | "place_local" | "sync" | "check_disk" | "verify" | "fast_check",
+"target": SSHTarget fields, "source": HubSource fields, "folder": a local model folder,
+"python": the worker's interpreter, "worker": node name, "location": ModelLocation fields,
+"manifest": manifest JSON, "streams": int, "full": bool}.
+Answers: the result as a dict, or {"error": class name, "message": one line}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+
+from dspark_launch.model.copy import SSHTarget
+from dspark_launch.model.distribute import check_disk, sync_worker
+from dspark_launch.model.errors import ModelError
+from dspark_launch.model.hub import HubSource
+from dspark_launch.model.location import ModelLocation
+from dspark_launch.model.manifest import Manifest
+from dspark_launch.model.workflow import Worker, place_local, pull_everywhere
+from tests.model_nodes import LocalNodeOps, SSHNodeOps
+
+
+def handle(req: dict) -> dict:
+    target = SSHTarget(**{**req["target"], "extra_options": tuple(req["target"]["extra_options"])})
+    worker = SSHNodeOps(req["worker"], target, req["python"])
+    if req["op"] == "pull_everywhere":
+        source = HubSource(**req["source"])
+        return asdict(pull_everywhere(source, LocalNodeOps(), [Worker(target, worker)], req.get("streams", 4)))
+    if req["op"] == "place_local":
+        return asdict(place_local(req["folder"], LocalNodeOps(), [Worker(target, worker)], req.get("streams", 4)))
+    location = ModelLocation(**req["location"])
+    manifest = Manifest.from_json(req["manifest"])
+    if req["op"] == "sync":
+        return asdict(sync_worker(location, manifest, target, worker, streams=req.get("streams", 4)))
+    if req["op"] == "check_disk":
+        return {"checks": [asdict(c) for c in check_disk(location, manifest, [LocalNodeOps(), worker])]}
+    if req["op"] == "fast_check":
+        return asdict(worker.fast_check(location.folder, manifest.stamp))
+    return asdict(worker.verify(location.folder, manifest, req.get("full", True)))
+
+
+def main() -> int:
+    try:
+        answer = handle(json.load(sys.stdin))
+    except ModelError as exc:
+        answer = {"error": type(exc).__name__, "message": str(exc)}
+    print(json.dumps(answer))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""Model pull and checks with the real huggingface_hub client against a loopback hub (no testbed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dspark_launch.model.errors import ModelAccessError
+from dspark_launch.model.hub import HubSource, list_model, pull, resolve_token
+from dspark_launch.model.local_model import prepare_local
+from dspark_launch.model.manifest import MANIFEST_NAME, read_manifest
+from dspark_launch.model.node_check import CORRUPT, MISSING, OVERSIZED, PARTIAL, STALE, fast_check, verify_model
+from tests.hub_server import HubRepo, HubServer, write_tiny_model
+
+REPO_ID = "test-org/tiny"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def hub(tmp_path):
+    repo = HubRepo.from_folder(REPO_ID, write_tiny_model(tmp_path / "src"))
+    with HubServer(repo) as server:
+        yield server
+
+
+def source(server, tmp_path, revision="", token=None) -> HubSource:
+    return HubSource(REPO_ID, revision, str(tmp_path / "cache"), server.endpoint, token)
+
+
+def shard(n: int) -> str:
+    return f"model-{n:05d}-of-00003.safetensors"
+
+
+def test_pull_writes_a_manifest_with_the_hubs_sha256_and_verifies_clean(hub, tmp_path):
+    listing = list_model(source(hub, tmp_path))
+    assert listing.commit == hub.repo.commit and listing.total_size == hub.repo.total_size
+    pulled = pull(source(hub, tmp_path), listing)
+    folder = pulled.location.folder
+    assert folder.endswith(f"models--test-org--tiny/snapshots/{hub.repo.commit}")
+    assert read_manifest(Path(folder)) == pulled.manifest
+    by_path = {f.path: f for f in pulled.manifest.files}
+    for f in hub.repo.files:
+        assert by_path[f.path].size == len(f.data) and by_path[f.path].sha256 == f.sha256
+    assert verify_model(folder, pulled.manifest).ok
+    assert fast_check(folder, pulled.manifest.stamp).ok
+    assert pulled.refetched == ()
+
+
+def test_pull_by_branch_pins_the_commit_the_hub_names(hub, tmp_path):
+    listing = list_model(source(hub, tmp_path, revision="main"))
+    assert listing.commit == hub.repo.commit
+    pulled = pull(source(hub, tmp_path, revision="main"), listing)
+    assert (Path(pulled.location.root) / "refs" / "main").read_text() == hub.repo.commit
+    # the cache serves offline by branch name, as vLLM will load it
+    from huggingface_hub import snapshot_download
+    offline = snapshot_download(REPO_ID, revision="main", cache_dir=str(tmp_path / "cache"), local_files_only=True)
+    assert offline == pulled.location.folder
+
+
+def test_a_connection_cut_mid_file_resumes_with_a_range_request(tmp_path):
+    # the client keeps what it received in 10 MiB chunks: cut after 15 MiB of a 24 MiB shard
+    repo = HubRepo.from_folder(REPO_ID, write_tiny_model(tmp_path / "src", shard_bytes=24 << 20))
+    with HubServer(repo) as server:
+        server.cut_next(shard(2), 15 << 20)
+        pulled = pull(source(server, tmp_path), list_model(source(server, tmp_path)))
+        gets = server.downloads(shard(2))
+    assert [r.range for r in gets] == ["", f"bytes={10 << 20}-"]
+    assert gets[1].status == 206
+    assert verify_model(pulled.location.folder, pulled.manifest).ok
+
+
+def test_a_pull_killed_mid_file_then_run_again_completes_and_fetches_only_what_was_missing(hub, tmp_path):
+    hub.stall_next(shard(2), 100_000)
+    script = ("import sys; from dspark_launch.model.hub import HubSource, list_model, pull;"
+              "s = HubSource(sys.argv[1], '', sys.argv[2], sys.argv[3]); pull(s, list_model(s))")
+    child = subprocess.Popen([sys.executable, "-c", script, REPO_ID, str(tmp_path / "cache"), hub.endpoint],
+                             cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not hub.downloads(shard(2)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the other files finish meanwhile
+    finally:
+        child.kill()
+        child.wait()
+    blobs = tmp_path / "cache" / "models--test-org--tiny" / "blobs"
+    complete = {p.name for p in blobs.iterdir() if not p.name.endswith(".incomplete")}
+    assert hub.repo.file(shard(2)).sha256 not in complete  # killed mid-file
+    before = len(hub.requests)
+    pulled = pull(source(hub, tmp_path), list_model(source(hub, tmp_path)))
+    again = {r.path for r in hub.requests[before:] if r.method == "GET" and r.kind in ("resolve", "cdn")}
+    assert shard(2) in again
+    fetched_again = {f.path for f in hub.repo.files if f.path in again}
+    finished_first = {f.path for f in hub.repo.files if (f.sha256 if f.lfs else f.blob_id) in complete}
+    assert finished_first and not (fetched_again & finished_first)
+    assert verify_model(pulled.location.folder, pulled.manifest).ok
+
+
+def test_a_corrupt_file_in_the_head_cache_is_fetched_again_alone(hub, tmp_path):
+    src = source(hub, tmp_path)
+    first = pull(src, list_model(src))
+    target = Path(first.location.folder) / shard(3)
+    blob = target.resolve()
+    data = bytearray(blob.read_bytes())
+    data[1000] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    before = len(hub.requests)
+    again = pull(src, list_model(src))
+    fetched = {r.path for r in hub.requests[before:] if r.method == "GET" and r.kind in ("resolve", "cdn")}
+    assert again.refetched == (shard(3),) and fetched == {shard(3)}
+    assert verify_model(again.location.folder, again.manifest).ok
+
+
+@pytest.mark.parametrize("token, status, words", [(None, 401, "no token found"), ("hf_wrong", 403, "token was refused")])
+def test_gated_repo_without_or_with_a_wrong_token_is_one_line_exit_1(tmp_path, token, status, words):
+    secret = "hf_theRightTokenNeverPrinted"
+    repo = HubRepo.from_folder(REPO_ID, write_tiny_model(tmp_path / "src"), gated_token=secret)
+    with HubServer(repo) as server:
+        with pytest.raises(ModelAccessError) as info:
+            list_model(source(server, tmp_path, token=token))
+        assert not server.downloads(shard(1))
+        ok = list_model(source(server, tmp_path, token=secret))  # the right token passes
+    message = str(info.value)
+    assert "\n" not in message and words in message and f"HTTP {status}" in message and REPO_ID in message
+    assert info.value.exit_code == 1
+    assert secret not in message and (token or "@@") not in message
+    assert ok.commit == repo.commit
+
+
+def test_token_comes_from_hf_token_else_the_token_file(tmp_path):
+    (tmp_path / "token").write_text("hf_fromfile\n")
+    assert resolve_token({"HF_TOKEN": "hf_env", "HF_HOME": str(tmp_path)}) == "hf_env"
+    assert resolve_token({"HF_HOME": str(tmp_path)}) == "hf_fromfile"
+    assert resolve_token({"HF_TOKEN_PATH": str(tmp_path / "none")}) is None
+
+
+def test_unknown_revision_is_one_line(hub, tmp_path):
+    with pytest.raises(ModelAccessError, match="revision 'v9' not found"):
+        list_model(source(hub, tmp_path, revision="v9"))
+
+
+def test_verify_names_missing_partial_oversized_and_corrupt_files(tmp_path):
+    folder = write_tiny_model(tmp_path / "m")
+    _, manifest = prepare_local(str(folder))
+    (folder / shard(1)).unlink()
+    with open(folder / shard(2), "r+b") as fh:
+        fh.truncate(1000)
+    with open(folder / "config.json", "ab") as fh:
+        fh.write(b" ")
+    with open(folder / shard(3), "r+b") as fh:
+        fh.seek(5)
+        fh.write(b"\x00" if fh.read(1) != b"\x00" else b"\x01")
+    report = verify_model(str(folder), manifest)
+    kinds = {p.path: p.kind for p in report.problems}
+    assert kinds == {shard(1): MISSING, shard(2): PARTIAL, "config.json": OVERSIZED, shard(3): CORRUPT}
+    fast = fast_check(str(folder), manifest.stamp)
+    assert {p.path: p.kind for p in fast.problems} == {shard(1): MISSING, shard(2): PARTIAL, "config.json": OVERSIZED}
+
+
+def test_fast_check_refuses_a_missing_or_foreign_manifest(tmp_path):
+    folder = write_tiny_model(tmp_path / "m")
+    _, manifest = prepare_local(str(folder))
+    assert fast_check(str(folder), manifest.stamp).ok
+    assert [p.kind for p in fast_check(str(folder), "0" * 32).problems] == [STALE]
+    (folder / MANIFEST_NAME).unlink()
+    assert [p.kind for p in fast_check(str(folder), manifest.stamp).problems] == [STALE]
+
+
+def test_local_folder_manifest_is_reused_until_sizes_change(tmp_path):
+    folder = write_tiny_model(tmp_path / "m")
+    _, first = prepare_local(str(folder))
+    assert first.revision == "local" and len(first.files) == 7 and all(f.sha256 for f in first.files)
+    _, again = prepare_local(str(folder))
+    assert again == first
+    (folder / "config.json").write_text("{}")
+    _, changed = prepare_local(str(folder))
+    assert changed.stamp != first.stamp
+    assert os.path.exists(folder / MANIFEST_NAME)
+
+
+def test_source_from_settings_uses_the_configured_cache_endpoint_and_token(tmp_path):
+    from dspark_launch.model.hub import hub_source, is_local_folder
+
+    env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_TOKEN": "hf_x", "HF_HOME": str(tmp_path)}
+    src = hub_source("org/m", "abc", "", env)
+    assert (src.cache_dir, src.endpoint, src.token) == (str(tmp_path / "hub"), "http://127.0.0.1:9", "hf_x")
+    assert hub_source("org/m", "", "/data/hf", env).cache_dir == "/data/hf"
+    assert "hf_x" not in repr(src)
+    assert is_local_folder(str(tmp_path)) and is_local_folder("./x") and not is_local_folder("org/m")
+
+
+def test_the_copy_uses_the_launchers_ssh_settings_and_balances_streams(tmp_path):
+    from dspark_launch.cluster.transport import SSHTransport
+    from dspark_launch.model.copy import SSHTarget, _shares, rsync_argv
+
+    transport = SSHTransport(host="10.213.0.2", python="/usr/bin/python3", port=2222, user="root", key="/k",
+                             host_key_check="accept-new", extra_options=("-o", "UserKnownHostsFile=/kh"))
+    target = SSHTarget.from_transport(transport)
+    agent_argv = transport.argv()
+    assert target.ssh_argv() == agent_argv[:agent_argv.index("--")]
+    argv = rsync_argv(target, "/models/m", "/tmp/list", force=False)
+    assert argv[-2:] == ["/models/m/", "10.213.0.2:/models/m/"] and "--ignore-times" not in argv
+    assert "--ignore-times" in rsync_argv(target, "/models/m", "/tmp/list", force=True)
+    for i, size in enumerate([900, 500, 400, 300, 200, 100]):
+        (tmp_path / f"f{i}").write_bytes(b"x" * size)
+    shares = _shares(tmp_path, [f"f{i}" for i in range(6)], 3)
+    loads = sorted(sum((tmp_path / p).stat().st_size for p in share) for share in shares)
+    assert len(shares) == 3 and sorted(p for share in shares for p in share) == [f"f{i}" for i in range(6)]
+    assert loads == [700, 800, 900]  # largest first, each to the lightest share
+
+
+def test_start_preflight_names_the_node_the_first_bad_file_and_the_fix(tmp_path):
+    from dspark_launch.model.distribute import require_ready
+    from dspark_launch.model.errors import ModelIncomplete
+
+    folder = write_tiny_model(tmp_path / "m")
+    _, manifest = prepare_local(str(folder))
+    good = fast_check(str(folder), manifest.stamp)
+    (folder / shard(2)).unlink()
+    bad = fast_check(str(folder), manifest.stamp)
+    require_ready([("head", good)])
+    with pytest.raises(ModelIncomplete) as info:
+        require_ready([("head", good), ("worker1", bad)])
+    assert str(info.value).startswith(f"worker1: model not ready: {shard(2)}: missing")
+    assert str(info.value).endswith("run `dspark model pull`") and info.value.exit_code == 1
+
+
+def test_the_pulled_model_is_found_offline_by_branch_or_commit(hub, tmp_path):
+    from dspark_launch.model.workflow import pulled_model
+
+    assert pulled_model(source(hub, tmp_path, revision="main")) is None
+    src = source(hub, tmp_path, revision="main")
+    pulled = pull(src, list_model(src))
+    before = len(hub.requests)
+    assert pulled_model(src) == (pulled.location, pulled.manifest)
+    assert pulled_model(source(hub, tmp_path, revision=hub.repo.commit)) == (pulled.location, pulled.manifest)
+    assert len(hub.requests) == before  # no network
