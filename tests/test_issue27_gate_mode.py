@@ -14,7 +14,7 @@ import logging
 import pytest
 
 from dspark_launch.bench import harness as h
-from dspark_launch.hotfix import issue27_patch as patch
+from dspark_launch.hotfix import injected
 
 THRESHOLD = 256
 MODE_ENV = h.GATE_MODE_ENV_VAR
@@ -61,7 +61,7 @@ def test_gate_mode_parse_table(model_dir, caplog, raw, mode, warns):
     caplog.set_level(logging.INFO)
     sched = h.build_scheduler(spec(1, raw), model_dir)
     assert sched._dspark_gate_mode == mode
-    assert patch.parse_gate_mode(raw) == (mode, bool(warns))
+    assert injected._dspark_i27_parse_mode(raw) == (mode, bool(warns))
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and MODE_ENV in r.getMessage()]
     assert len(warnings) == warns, warnings
     assert sched._dspark_step_bound == (bound(1) if mode == 1 else 0)

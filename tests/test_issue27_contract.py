@@ -1,0 +1,112 @@
+"""The hotfix's contract module, its injected helpers tested directly, the
+standalone script built from them, and the knob registry kept equal to them."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dspark_launch.config.registry import load_registry
+from dspark_launch.errors import EXIT_BAD_CONFIG
+from dspark_launch.hotfix import bundle, contract, injected, layout
+from dspark_launch.hotfix.injected_source import injected_body
+from dspark_launch.serve import logscan
+
+
+def test_registry_knob_bounds_are_the_contracts():
+    knobs = load_registry().by_name()
+    cap, mode, diag = knobs[contract.ENV_CAP], knobs[contract.ENV_GATE_MODE], knobs[contract.ENV_DIAG]
+    assert (int(cap.minimum), int(cap.maximum), int(cap.default)) == (contract.CAP_MIN, contract.CAP_MAX,
+                                                                      contract.DEFAULT_CAP)
+    assert (int(mode.minimum), int(mode.maximum)) == (min(contract.GATE_MODES), max(contract.GATE_MODES))
+    assert list(range(int(mode.minimum), int(mode.maximum) + 1)) == list(contract.GATE_MODES)
+    assert int(mode.default) == contract.DEFAULT_GATE_MODE
+    assert (int(diag.minimum), int(diag.maximum), int(diag.default)) == (0, 1, 0)
+
+
+def test_unsupported_exit_is_not_the_launchers_bad_configuration():
+    assert contract.EXIT_UNSUPPORTED != EXIT_BAD_CONFIG
+    assert set(contract.EXIT_MEANINGS) == {contract.EXIT_OK, contract.EXIT_NOT_APPLIED, contract.EXIT_OUTDATED,
+                                           contract.EXIT_UNSUPPORTED}
+
+
+def test_active_line_round_trips_through_the_log_scanner():
+    line = contract.active_line(contract.PATCH_VERSION, 2, 1, 2560)
+    log = "INFO noise\n" + contract.active_line(2, 1, 0, None) + "\n(EngineCore) INFO " + line + "\n"
+    assert contract.parse_active_lines(log) == [contract.ActiveLine(2, 1, 0, None),
+                                                contract.ActiveLine(contract.PATCH_VERSION, 2, 1, 2560)]
+    assert logscan.hotfix_cap(log) == 2
+    assert logscan.hotfix_cap("no hotfix here") is None
+
+
+CAPS = [(None, 1, (1, False)), ("", 1, (1, False)), (" 2 ", 1, (2, False)), ("+2", 1, (2, False)),
+        ("4", 1, (3, False)), ("0", 2, (2, False)), ("-1", 1, (1, False)), ("two", 2, (2, True)),
+        ("2.0", 1, (1, True)), ("\u0663", 1, (1, True)), (None, 7, (3, False))]
+
+
+@pytest.mark.parametrize(("raw", "fallback", "expected"), CAPS)
+def test_injected_cap_parser(raw, fallback, expected):
+    assert injected._dspark_i27_parse_cap(raw, fallback) == expected
+
+
+def test_injected_body_names_are_all_defined_in_the_patched_module():
+    """A lint of the injected text as it lands in scheduler.py: every global it
+    reads is its own, one of the rendered constants, a builtin, or `logger`
+    (the scheduler module's)."""
+    tree = ast.parse(injected_body())
+    defined = set(contract.injected_constants()) | {"logger"} | set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.alias):
+            defined.add(node.asname or node.name)
+    loaded = set()
+    for func in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+        local = {a.arg for a in ast.walk(func.args) if isinstance(a, ast.arg)}
+        local |= {n.id for n in ast.walk(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        loaded |= {n.id for n in ast.walk(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - local
+    assert loaded <= defined, sorted(loaded - defined)
+
+
+def test_module_header_constants_are_the_rendered_ones():
+    for name, value in contract.injected_constants().items():
+        assert getattr(injected, name) == value, name
+    rendered = layout.helpers_source()
+    for name, value in contract.injected_constants().items():
+        assert f"{name} = {value!r}\n" in rendered
+
+
+def test_standalone_script_is_built_from_the_modules():
+    assert bundle.SCRIPT.read_text(encoding="utf-8") == bundle.render(), (
+        "patches/ script is stale: python -m dspark_launch.hotfix.bundle")
+
+
+BLOCK_DSPARK = (
+    "import sys, runpy\n"
+    "class Block:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] == 'dspark_launch':\n"
+    "            raise ImportError('dspark_launch blocked')\n"
+    "sys.meta_path.insert(0, Block())\n"
+    "sys.argv = [sys.argv[1], *sys.argv[2:]]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+)
+
+
+def test_standalone_script_runs_where_dspark_launch_cannot_be_imported(tmp_path):
+    """vLLM importable (the default target is found), dspark_launch not."""
+    probe = subprocess.run([sys.executable, "-c", BLOCK_DSPARK.replace("runpy.run_path", "import dspark_launch #"),
+                            "x"], capture_output=True, text=True)
+    assert "dspark_launch blocked" in probe.stderr
+    copy = tmp_path / "hotfix.py"
+    copy.write_bytes(bundle.SCRIPT.read_bytes())
+    proc = subprocess.run([sys.executable, "-c", BLOCK_DSPARK, str(copy), "status", "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode in (contract.EXIT_OK, contract.EXIT_NOT_APPLIED, contract.EXIT_OUTDATED), proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["vllm_version"] == "0.32.0" and out["patch_version"] == contract.PATCH_VERSION
