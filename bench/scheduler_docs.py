@@ -19,7 +19,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from dspark_launch.bench import report  # noqa: E402
-from dspark_launch.bench.policies import CAP1, SHIPPED  # noqa: E402
+from dspark_launch.bench.report import CAP1  # noqa: E402
 
 
 def m0_vs_m1(result: dict) -> str:
@@ -30,7 +30,7 @@ def m0_vs_m1(result: dict) -> str:
     rows = []
     for w in result["workloads"]:
         name = w["name"]
-        a, b = runs[(name, CAP1)], runs[(name, SHIPPED)]
+        a, b = runs[(name, CAP1)], runs[(name, result["shipped_default"])]
         s, st = runs[(name, "stock")], runs[(name, "stock+thr")]
         ratio = b["ttft_model_ms"]["mean"] / a["ttft_model_ms"]["mean"]
         rows.append([

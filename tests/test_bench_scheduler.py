@@ -13,6 +13,7 @@ import pytest
 
 from dspark_launch.bench import policies, report, scheduler_bench, workloads
 from tests.conftest import REPO, vllm_dirs_restored
+from bench import scheduler_experiments as experiments  # bench/, outside the package
 
 SCALE = Fraction(1, 64)
 
@@ -29,8 +30,9 @@ def result(tmp_path_factory):
     with vllm_dirs_restored():
         for var in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH"):  # vLLM's caches and sockets under the test folder
             os.environ[var] = str(base / var.lower())
-        yield scheduler_bench.run(SCALE, grid="ci", overhead_reps=(30, 5), plot_path=plot,
-                                  command=["pytest", "ci-sized"])
+        experiments.register()
+        yield scheduler_bench.run(SCALE, compared=experiments.experiment_policies(), reference=experiments.CAP1,
+                                  grid="ci", overhead_reps=(30, 5), plot_path=plot, command=["pytest", "ci-sized"])
 
 
 def runs(result, policy=None, workload=None, kind=None):
@@ -98,7 +100,7 @@ def test_json_validates_against_its_documented_schema(result, tmp_path):
     text = json.dumps(result)
     report.validate(json.loads(text))
     jsonschema = pytest.importorskip("jsonschema")
-    schema = json.loads((REPO / "docs" / "bench-schema.json").read_text())
+    schema = json.loads(report.schema_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     broken = json.loads(text)
     del broken["runs"][0]["latency_proxy_tokens"]
@@ -138,3 +140,15 @@ def test_cli_rejects_a_bad_scale_without_running():
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2
     assert "scale must be in (0, 1]" in proc.stderr
+
+
+def test_the_package_ships_only_what_an_operator_runs():
+    """Prototypes and the experiment grid live in bench/; the packaged command
+    compares stock, the community baseline and the hotfix at the given settings."""
+    assert [p.name for p in policies.operator_policies(2, 0)] == ["stock", "stock+thr", "community:2", "hotfix-m0:2"]
+    package = REPO / "dspark_launch" / "bench"
+    for source in package.glob("*.py"):
+        text = source.read_text()
+        assert "VARIANT_GATES" not in text and "parents[2]" not in text, source
+    community = policies.community_text(policies.installed_text())
+    assert "dspark-issue27" not in community and "_dspark_" not in community
