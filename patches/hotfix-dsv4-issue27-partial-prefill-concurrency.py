@@ -331,6 +331,19 @@ def _encode_original(data: bytes) -> list[str]:
     return ["# " + blob[i : i + 76] for i in range(0, len(blob), 76)]
 
 
+def unmarked_patch(text: str) -> tuple[str, str] | None:
+    """(state, problem) for a file without a marker that already carries a patch.
+
+    `damaged`: this patch's own injected code (it calls helpers that lived in
+    the lost marker block); `foreign`: another patch of the same variable.
+    """
+    if _INJECT_TAG in text:
+        return "damaged", "the file holds this hotfix's injected gate but no marker block (its helpers are gone)"
+    if ENV_CAP in text or "_dspark_" in text:
+        return "foreign", f"the file already references {ENV_CAP} without this patch's marker (another patch?)"
+    return None
+
+
 def render_patched(original: bytes, patch_version: int = PATCH_VERSION) -> bytes:
     """Return the patched scheduler.py for `original` (raises LayoutError).
 
@@ -343,11 +356,9 @@ def render_patched(original: bytes, patch_version: int = PATCH_VERSION) -> bytes
         raise LayoutError("utf-8", f"not UTF-8 text: {exc}") from None
     if _MARKER_PREFIX in text:
         raise LayoutError("marker", "already patched (marker present): revert first")
-    if ENV_CAP in text or "_dspark_" in text:
-        raise LayoutError(
-            "foreign-patch",
-            f"the file already references {ENV_CAP} without this patch's marker (another patch?)",
-        )
+    foreign = unmarked_patch(text)
+    if foreign is not None:
+        raise LayoutError(foreign[0], foreign[1])
     for name, fact in _REQUIRED_FACTS:
         if text.count(fact) != 1:
             raise LayoutError(name, f"anchor '{name}' not found exactly once (found {text.count(fact)})")
@@ -505,7 +516,7 @@ def _inspect(target: pathlib.Path, version: str) -> _Inspection:
         patched = render_patched(original)
         compile(patched, str(target), "exec")
     except LayoutError as exc:
-        state = "foreign" if exc.anchor == "foreign-patch" else "unsupported"
+        state = exc.anchor if exc.anchor in ("foreign", "damaged") else "unsupported"
         return _Inspection(state, data, marker, original, problem=str(exc))
     except SyntaxError as exc:
         return _Inspection("unsupported", data, marker, original, problem=f"patched text does not compile: {exc}")
@@ -583,20 +594,33 @@ def stale_bytecode(target: pathlib.Path) -> list[pathlib.Path]:
     return sorted(cache.glob(f"{target.stem}.*.pyc"))
 
 
-def _drop_bytecode(target: pathlib.Path) -> None:
+def _drop_bytecode(target: pathlib.Path) -> list[str]:
+    """Remove `target`'s cached bytecode; the problems, one per file left behind."""
+    problems = []
     for pyc in stale_bytecode(target):
         try:
             pyc.unlink()
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            problems.append(f"{pyc}: {exc.strerror or exc}")
+    return problems
 
 
 def _write(action: str, target: pathlib.Path, version: str, insp: _Inspection, data: bytes, state: str, message: str) -> Result:
     try:
         _atomic_write(target, data)
-        _drop_bytecode(target)
     except OSError as exc:
         return _result(action, target, version, insp, EXIT_ERROR, "error", f"write failed, file left as it was: {exc}")
+    # The new text is in place from here on; a failed clean-up does not undo that.
+    left = _drop_bytecode(target)
+    if left:
+        return _result(
+            action, target, version, insp, EXIT_ERROR, state,
+            f"{message}; the file changed, but its stale bytecode could not be removed "
+            f"({'; '.join(left)}): remove it by hand before the next start",
+            after=data, changed=True,
+        )
     return _result(action, target, version, insp, EXIT_OK, state, message, after=data, changed=True)
 
 
@@ -662,6 +686,11 @@ def revert(target: pathlib.Path | str | None = None) -> Result:
     marker = read_marker(data)
     insp = _Inspection("applied" if marker else "not-applied", data, marker, marker.original if marker else data)
     if marker is None:
+        unmarked = unmarked_patch(data.decode("utf-8", errors="replace"))
+        if unmarked is not None:
+            state, problem = unmarked
+            return _result("revert", target, version, insp, EXIT_UNSUPPORTED, state,
+                           f"cannot revert: {problem}; reinstall vLLM {version} ({target})")
         return _result("revert", target, version, insp, EXIT_OK, "not-applied", f"nothing to revert: not patched (vLLM {version}, {target})")
     if marker.original is None:
         return _result("revert", target, version, insp, EXIT_UNSUPPORTED, "damaged", f"cannot revert: the stored original is missing or damaged; reinstall vLLM {version}")

@@ -110,3 +110,15 @@ def test_standalone_script_runs_where_dspark_launch_cannot_be_imported(tmp_path)
     assert proc.returncode in (contract.EXIT_OK, contract.EXIT_NOT_APPLIED, contract.EXIT_OUTDATED), proc.stderr
     out = json.loads(proc.stdout)
     assert out["vllm_version"] == "0.32.0" and out["patch_version"] == contract.PATCH_VERSION
+
+
+def test_docs_claim_only_what_holds():
+    """Issue 14.13: the step bound is the waiting section's, the count has the
+    bypass exception, and the deferred marking is stated."""
+    doc = (bundle.PACKAGE.parents[1] / "docs" / "hotfix-issue27.md").read_text(encoding="utf-8")
+    assert "at most `cap` running requests have `is_prefill_chunk` set." not in doc
+    assert "never more than `(cap + ½) × threshold` in all" not in doc
+    holds = doc[doc.index("## What holds"):]
+    holds = holds[: holds.index("\n## ", 5)]
+    for needed in ("waiting section", "bypass", "adaptive threshold", "deferred"):
+        assert needed in holds, needed

@@ -247,3 +247,37 @@ def test_cli_human_output_names_state_version_and_path(target):
     assert proc.returncode == 1
     assert proc.stdout.startswith("not-applied:")
     assert "0.32.0" in proc.stdout and str(target) in proc.stdout
+
+
+@pytest.mark.parametrize("action", ["apply", "revert"])
+def test_failed_bytecode_cleanup_after_the_write_says_the_file_changed(target, action):
+    """Issue 14.11: the write and the clean-up are reported apart."""
+    original = target.read_bytes()
+    if action == "revert":
+        patch.apply(target)
+    # A directory where a .pyc would be: unlink() fails on it, even for root.
+    stuck = target.parent / "__pycache__" / f"scheduler.{sys.implementation.cache_tag}.pyc"
+    stuck.mkdir(parents=True)
+    result = getattr(patch, action)(target)
+    assert (result.code, result.changed) == (1, True), result
+    assert result.state == ("applied" if action == "apply" else "not-applied")
+    assert "left as it was" not in result.message
+    assert "the file changed" in result.message and str(stuck) in result.message
+    assert result.sha256_after == patch._sha(target.read_bytes())
+    assert (target.read_bytes() == original) == (action == "revert")
+    code, out = cli("status", "--target", str(target))
+    assert out["state"] == result.state
+
+
+def test_gate_without_its_marker_block_is_damaged_for_every_action(target):
+    """Issue 14.12: the injected gate calls helpers that lived in the lost block."""
+    patch.apply(target)
+    text = target.read_text()
+    target.write_text(text[: text.index("# >>> dspark-issue27 hotfix >>>")])
+    data = target.read_bytes()
+    for action in (patch.status, patch.check, patch.apply, patch.revert):
+        result = action(target)
+        assert (result.code, result.state) == (EXIT_UNSUPPORTED, "damaged"), (action.__name__, result)
+        assert "no marker block" in result.message
+        assert target.read_bytes() == data
+    assert cli("revert", "--target", str(target))[0] == EXIT_UNSUPPORTED

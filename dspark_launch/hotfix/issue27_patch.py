@@ -26,7 +26,7 @@ from dspark_launch.hotfix.contract import (
     PATCH_VERSION,
     SUPPORTED_RANGE,
 )
-from dspark_launch.hotfix.layout import LayoutError, Marker, read_marker, render_patched
+from dspark_launch.hotfix.layout import LayoutError, Marker, read_marker, render_patched, unmarked_patch
 from dspark_launch.hotfix.locate import find_target, version_supported, vllm_version
 
 __all__ = ["Result", "apply", "check", "find_target", "main", "revert", "status", "vllm_version"]
@@ -91,7 +91,7 @@ def _inspect(target: pathlib.Path, version: str) -> _Inspection:
         patched = render_patched(original)
         compile(patched, str(target), "exec")
     except LayoutError as exc:
-        state = "foreign" if exc.anchor == "foreign-patch" else "unsupported"
+        state = exc.anchor if exc.anchor in ("foreign", "damaged") else "unsupported"
         return _Inspection(state, data, marker, original, problem=str(exc))
     except SyntaxError as exc:
         return _Inspection("unsupported", data, marker, original, problem=f"patched text does not compile: {exc}")
@@ -169,20 +169,33 @@ def stale_bytecode(target: pathlib.Path) -> list[pathlib.Path]:
     return sorted(cache.glob(f"{target.stem}.*.pyc"))
 
 
-def _drop_bytecode(target: pathlib.Path) -> None:
+def _drop_bytecode(target: pathlib.Path) -> list[str]:
+    """Remove `target`'s cached bytecode; the problems, one per file left behind."""
+    problems = []
     for pyc in stale_bytecode(target):
         try:
             pyc.unlink()
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            problems.append(f"{pyc}: {exc.strerror or exc}")
+    return problems
 
 
 def _write(action: str, target: pathlib.Path, version: str, insp: _Inspection, data: bytes, state: str, message: str) -> Result:
     try:
         _atomic_write(target, data)
-        _drop_bytecode(target)
     except OSError as exc:
         return _result(action, target, version, insp, EXIT_ERROR, "error", f"write failed, file left as it was: {exc}")
+    # The new text is in place from here on; a failed clean-up does not undo that.
+    left = _drop_bytecode(target)
+    if left:
+        return _result(
+            action, target, version, insp, EXIT_ERROR, state,
+            f"{message}; the file changed, but its stale bytecode could not be removed "
+            f"({'; '.join(left)}): remove it by hand before the next start",
+            after=data, changed=True,
+        )
     return _result(action, target, version, insp, EXIT_OK, state, message, after=data, changed=True)
 
 
@@ -248,6 +261,11 @@ def revert(target: pathlib.Path | str | None = None) -> Result:
     marker = read_marker(data)
     insp = _Inspection("applied" if marker else "not-applied", data, marker, marker.original if marker else data)
     if marker is None:
+        unmarked = unmarked_patch(data.decode("utf-8", errors="replace"))
+        if unmarked is not None:
+            state, problem = unmarked
+            return _result("revert", target, version, insp, EXIT_UNSUPPORTED, state,
+                           f"cannot revert: {problem}; reinstall vLLM {version} ({target})")
         return _result("revert", target, version, insp, EXIT_OK, "not-applied", f"nothing to revert: not patched (vLLM {version}, {target})")
     if marker.original is None:
         return _result("revert", target, version, insp, EXIT_UNSUPPORTED, "damaged", f"cannot revert: the stored original is missing or damaged; reinstall vLLM {version}")

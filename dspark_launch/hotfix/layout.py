@@ -156,6 +156,19 @@ def _encode_original(data: bytes) -> list[str]:
     return ["# " + blob[i : i + 76] for i in range(0, len(blob), 76)]
 
 
+def unmarked_patch(text: str) -> tuple[str, str] | None:
+    """(state, problem) for a file without a marker that already carries a patch.
+
+    `damaged`: this patch's own injected code (it calls helpers that lived in
+    the lost marker block); `foreign`: another patch of the same variable.
+    """
+    if _INJECT_TAG in text:
+        return "damaged", "the file holds this hotfix's injected gate but no marker block (its helpers are gone)"
+    if ENV_CAP in text or "_dspark_" in text:
+        return "foreign", f"the file already references {ENV_CAP} without this patch's marker (another patch?)"
+    return None
+
+
 def render_patched(original: bytes, patch_version: int = PATCH_VERSION) -> bytes:
     """Return the patched scheduler.py for `original` (raises LayoutError).
 
@@ -168,11 +181,9 @@ def render_patched(original: bytes, patch_version: int = PATCH_VERSION) -> bytes
         raise LayoutError("utf-8", f"not UTF-8 text: {exc}") from None
     if _MARKER_PREFIX in text:
         raise LayoutError("marker", "already patched (marker present): revert first")
-    if ENV_CAP in text or "_dspark_" in text:
-        raise LayoutError(
-            "foreign-patch",
-            f"the file already references {ENV_CAP} without this patch's marker (another patch?)",
-        )
+    foreign = unmarked_patch(text)
+    if foreign is not None:
+        raise LayoutError(foreign[0], foreign[1])
     for name, fact in _REQUIRED_FACTS:
         if text.count(fact) != 1:
             raise LayoutError(name, f"anchor '{name}' not found exactly once (found {text.count(fact)})")
