@@ -22,7 +22,7 @@ import re
 
 #: Bumped whenever the injected text changes; a file patched by an older
 #: version reports `outdated` and `apply` re-patches it from its stored original.
-PATCH_VERSION = 2
+PATCH_VERSION = 3
 
 #: Environment variables the patched scheduler reads, once, in `__init__`.
 ENV_CAP = "DSPARK_MAX_INFLIGHT_PREFILLS"
@@ -35,9 +35,15 @@ CAP_MAX = 3
 DEFAULT_CAP = 1
 
 #: DSPARK_PREFILL_GATE_MODE: 0 the plain count of patch v1; 1 the count plus
-#: a per-step prefill token bound (patch v2).
-GATE_MODES = (0, 1)
-DEFAULT_GATE_MODE = 1
+#: a per-step prefill token bound (patch v2); 2 (patch v3) mode 1 judged after
+#: the prefix-cache lookup by the tokens a prompt still has to compute, prompts
+#: that finish in the step given extra room, requests holding KV blocks never
+#: starved of budget.
+GATE_MODES = (0, 1, 2)
+DEFAULT_GATE_MODE = 2
+#: Mode 2: prefill tokens beyond the step bound that prompts finishing within
+#: the step may use, in half-thresholds (docs/benchmarks.md: the candidates).
+SHORT_ROOM_HALF_CHUNKS = 2
 #: Long prompts a gate steps over in one step, at most.
 MAX_SKIPS = 8
 
@@ -111,13 +117,14 @@ def injected_constants(patch_version: int = PATCH_VERSION) -> dict[str, object]:
         "_DSPARK_I27_MODES": GATE_MODES,
         "_DSPARK_I27_DEFAULT_MODE": DEFAULT_GATE_MODE,
         "_DSPARK_I27_MAX_SKIPS": MAX_SKIPS,
+        "_DSPARK_I27_SHORT_ROOM_HALF_CHUNKS": SHORT_ROOM_HALF_CHUNKS,
         "_DSPARK_I27_ACTIVE_LOG": ACTIVE_LOG_FORMAT,
     }
 
 
 # ---- injected_source -------------------------------------------------------
 
-_INJECTED_BODY = 'import os as _dspark_i27_os  # noqa: E402\n\n\ndef _dspark_i27_parse_cap(raw, fallback):\n    """Return (cap, malformed) for a raw DSPARK_MAX_INFLIGHT_PREFILLS value.\n\n    Only ASCII base-10 integers with an optional sign are accepted. Unset,\n    blank and values <= 0 mean "use the fallback"; so do malformed values,\n    which the caller reports. The result is never above the hard cap.\n    """\n    fallback = min(max(int(fallback), 1), _DSPARK_I27_MAX_CAP)\n    if raw is None:\n        return fallback, False\n    text = raw.strip()\n    if not text:\n        return fallback, False\n    digits = text[1:] if text[0] in "+-" else text\n    if not digits or any(c not in "0123456789" for c in digits):\n        return fallback, True\n    value = int(text)\n    if value <= 0:\n        return fallback, False\n    return min(value, _DSPARK_I27_MAX_CAP), False\n\n\ndef _dspark_i27_parse_mode(raw):\n    """Return (mode, bad) for a raw DSPARK_PREFILL_GATE_MODE value.\n\n    Unset or blank means the default mode; a base-10 integer that is not a\n    known mode, or anything else, is `bad` (the caller warns) and also gives\n    the default.\n    """\n    if raw is None or not raw.strip():\n        return _DSPARK_I27_DEFAULT_MODE, False\n    text = raw.strip()\n    digits = text[1:] if text[0] in "+-" else text\n    if not digits or any(c not in "0123456789" for c in digits):\n        return _DSPARK_I27_DEFAULT_MODE, True\n    value = int(text)\n    if value not in _DSPARK_I27_MODES:\n        return _DSPARK_I27_DEFAULT_MODE, True\n    return value, False\n\n\ndef _dspark_i27_init(sched):\n    # The environment is read here, once per scheduler, never in schedule().\n    fallback = getattr(sched.scheduler_config, "max_num_partial_prefills", None) or 1\n    raw = _dspark_i27_os.environ.get(_DSPARK_I27_ENV)\n    cap, malformed = _dspark_i27_parse_cap(raw, fallback)\n    if malformed:\n        logger.warning(\n            "dspark-issue27: ignoring malformed %s=%r (expected a base-10 "\n            "integer); using %d in-flight partial prefills",\n            _DSPARK_I27_ENV, raw, cap,\n        )\n    sched._dspark_max_inflight_prefills = cap\n    raw_mode = _dspark_i27_os.environ.get(_DSPARK_I27_MODE_ENV)\n    mode, bad_mode = _dspark_i27_parse_mode(raw_mode)\n    if bad_mode:\n        logger.warning(\n            "dspark-issue27: ignoring %s=%r (expected one of %s); using gate mode %d",\n            _DSPARK_I27_MODE_ENV, raw_mode, "/".join(map(str, _DSPARK_I27_MODES)), mode,\n        )\n    sched._dspark_gate_mode = mode\n    # Mode 1 bounds the prefill tokens of a step at (cap + 1/2) chunks. It\n    # needs a chunk size (long_prefill_token_threshold > 0) and chunked\n    # prefill (without it a prompt longer than the bound could never start).\n    threshold = getattr(sched.scheduler_config, "long_prefill_token_threshold", 0) or 0\n    chunked = bool(getattr(sched.scheduler_config, "enable_chunked_prefill", False))\n    if mode == 1 and threshold > 0 and chunked:\n        sched._dspark_chunk = threshold\n        sched._dspark_step_bound = cap * threshold + threshold // 2\n    else:\n        sched._dspark_chunk = 0\n        sched._dspark_step_bound = 0\n    diag = _dspark_i27_os.environ.get(_DSPARK_I27_DIAG_ENV, "")\n    sched._dspark_diag = diag.strip().lower() in ("1", "true", "yes", "on")\n    sched._dspark_diag_step = 0\n    logger.info(\n        _DSPARK_I27_ACTIVE_LOG,\n        _DSPARK_I27_PATCH_VERSION, cap, mode, sched._dspark_step_bound or "none",\n    )\n\n\ndef _dspark_i27_stays_partial(request, num_scheduled):\n    """Whether `request` is still prefilling after this step.\n\n    Same predicate as vLLM\'s own `is_prefill_chunk`, which\n    `_update_after_schedule` sets after the step; a request that got no\n    tokens this step keeps the flag of its last step.\n    """\n    if not num_scheduled:\n        return request.is_prefill_chunk\n    return request.num_computed_tokens + num_scheduled < (\n        request.num_tokens + request.num_output_placeholders\n    )\n\n\ndef _dspark_i27_running_partials(sched, num_scheduled_tokens):\n    """(partial prefills, prefill tokens claimed) in `running` once the\n    running loop\'s tokens are done.\n\n    Called once per step, after the running loop and before admission: a\n    prefill whose last chunk was scheduled above no longer counts, one that\n    got a middle chunk (or none) does. Admissions add to this count. Only\n    requests that began the step prefilling are looked at: a decode request\n    short of tokens is one the token budget ran out on, and then nothing is\n    admitted anyway. With a step bound (mode 1) each prefilling request claims\n    its next chunk, min(threshold, tokens left), or what it got if more.\n    """\n    count = 0\n    spent = 0\n    chunk = sched._dspark_chunk\n    get = num_scheduled_tokens.get\n    for request in sched.running:\n        if request.is_prefill_chunk:\n            scheduled = get(request.request_id, 0)\n            left = (\n                request.num_tokens + request.num_output_placeholders\n                - request.num_computed_tokens\n            )\n            if not scheduled or scheduled < left:\n                count += 1\n            if chunk:\n                spent += max(scheduled, min(left, chunk))\n    return count, spent\n\n\ndef _dspark_i27_gated(sched, request, token_budget):\n    """Whether the gate holds `request` back once the count reached the cap.\n\n    Requests holding KV blocks never are. Mode 0 holds back every other one;\n    mode 1 only those that would still be prefilling after this step (a\n    prompt that finishes within the step\'s room passes).\n    """\n    if _dspark_i27_holds_kv(request):\n        return False\n    if not sched._dspark_gate_mode:\n        return True\n    return _dspark_i27_stays_partial_if_admitted(sched, request, token_budget)\n\n\ndef _dspark_i27_stays_partial_if_admitted(sched, request, token_budget):\n    """Whether `request` would still be prefilling after a first chunk now.\n\n    An upper bound on its tokens (prefix-cache hits are not known yet): a\n    prompt that may finish within this step\'s room counts as short.\n    """\n    need = request.num_tokens - request.num_computed_tokens\n    threshold = sched._dspark_chunk\n    room = min(token_budget, threshold) if threshold else token_budget\n    return need > room\n\n\ndef _dspark_i27_holds_kv(request):\n    # Requests that already hold KV blocks (finished async KV loads, paused\n    # streaming sessions) bypass the gate: holding them back would pin their\n    # blocks without progress, and the queue that drains them first could\n    # otherwise wait on prefills that need those very blocks.\n    return request.num_computed_tokens > 0 or (\n        getattr(request.status, "name", "") == "WAITING_FOR_REMOTE_KVS"\n    )\n\n\ndef _dspark_i27_diag(sched, num_scheduled_tokens, inflight, spent=0):\n    sched._dspark_diag_step += 1\n    prefill_tokens = decode_tokens = decode_reqs = 0\n    prefill_parts = []\n    skipped = []\n    for request in sched.running:\n        rid = request.request_id\n        n = num_scheduled_tokens.get(rid, 0)\n        decoding = request.num_computed_tokens + 1 >= (\n            request.num_tokens + request.num_output_placeholders\n        )\n        if decoding:\n            decode_reqs += 1\n            decode_tokens += n\n            if not n:\n                skipped.append(rid)\n        else:\n            prefill_tokens += n\n            if n:\n                prefill_parts.append("%s:%d" % (rid, n))\n    legacy = getattr(sched, "_inflight_prefills", None)\n    legacy_after = None\n    if legacy is not None:\n        # What the set will hold once `_update_after_schedule` drops the\n        # prefills that complete this step.\n        legacy_after = sum(\n            1\n            for r in legacy\n            if not (\n                num_scheduled_tokens.get(r.request_id, 0)\n                and not _dspark_i27_stays_partial(\n                    r, num_scheduled_tokens[r.request_id]\n                )\n            )\n        )\n    logger.info(\n        "dspark-issue27 step=%d cap=%d inflight=%d prefill_tokens=%d "\n        "decode_tokens=%d decode_reqs=%d decode_skipped=%d legacy_inflight=%s "\n        "mode=%d bound=%s claimed=%d prefill=[%s] skipped=[%s]",\n        sched._dspark_diag_step, sched._dspark_max_inflight_prefills, inflight,\n        prefill_tokens, decode_tokens, decode_reqs, len(skipped),\n        "-" if legacy_after is None else legacy_after,\n        sched._dspark_gate_mode, sched._dspark_step_bound or "-", spent,\n        ",".join(prefill_parts), ",".join(skipped),\n    )\n    if legacy_after is not None and legacy_after != inflight:\n        logger.warning(\n            "dspark-issue27 step=%d: _inflight_prefills gives %d, the gate "\n            "counts %d partial prefills in running (%s)",\n            sched._dspark_diag_step, legacy_after, inflight,\n            "under-count: a set-based gate would admit too many"\n            if legacy_after < inflight\n            else "over-count: the set also holds async KV loads",\n        )\n'
+_INJECTED_BODY = 'import os as _dspark_i27_os  # noqa: E402\n\n\ndef _dspark_i27_parse_cap(raw, fallback):\n    """Return (cap, malformed) for a raw DSPARK_MAX_INFLIGHT_PREFILLS value.\n\n    Only ASCII base-10 integers with an optional sign are accepted. Unset,\n    blank and values <= 0 mean "use the fallback"; so do malformed values,\n    which the caller reports. The result is never above the hard cap.\n    """\n    fallback = min(max(int(fallback), 1), _DSPARK_I27_MAX_CAP)\n    if raw is None:\n        return fallback, False\n    text = raw.strip()\n    if not text:\n        return fallback, False\n    digits = text[1:] if text[0] in "+-" else text\n    if not digits or any(c not in "0123456789" for c in digits):\n        return fallback, True\n    value = int(text)\n    if value <= 0:\n        return fallback, False\n    return min(value, _DSPARK_I27_MAX_CAP), False\n\n\ndef _dspark_i27_parse_mode(raw):\n    """Return (mode, bad) for a raw DSPARK_PREFILL_GATE_MODE value.\n\n    Unset or blank means the default mode; a base-10 integer that is not a\n    known mode, or anything else, is `bad` (the caller warns) and also gives\n    the default.\n    """\n    if raw is None or not raw.strip():\n        return _DSPARK_I27_DEFAULT_MODE, False\n    text = raw.strip()\n    digits = text[1:] if text[0] in "+-" else text\n    if not digits or any(c not in "0123456789" for c in digits):\n        return _DSPARK_I27_DEFAULT_MODE, True\n    value = int(text)\n    if value not in _DSPARK_I27_MODES:\n        return _DSPARK_I27_DEFAULT_MODE, True\n    return value, False\n\n\ndef _dspark_i27_init(sched):\n    # The environment is read here, once per scheduler, never in schedule().\n    fallback = getattr(sched.scheduler_config, "max_num_partial_prefills", None) or 1\n    raw = _dspark_i27_os.environ.get(_DSPARK_I27_ENV)\n    cap, malformed = _dspark_i27_parse_cap(raw, fallback)\n    if malformed:\n        logger.warning(\n            "dspark-issue27: ignoring malformed %s=%r (expected a base-10 "\n            "integer); using %d in-flight partial prefills",\n            _DSPARK_I27_ENV, raw, cap,\n        )\n    sched._dspark_max_inflight_prefills = cap\n    raw_mode = _dspark_i27_os.environ.get(_DSPARK_I27_MODE_ENV)\n    mode, bad_mode = _dspark_i27_parse_mode(raw_mode)\n    if bad_mode:\n        logger.warning(\n            "dspark-issue27: ignoring %s=%r (expected one of %s); using gate mode %d",\n            _DSPARK_I27_MODE_ENV, raw_mode, "/".join(map(str, _DSPARK_I27_MODES)), mode,\n        )\n    sched._dspark_gate_mode = mode\n    # Mode 1 bounds the prefill tokens of a step at (cap + 1/2) chunks. It\n    # needs a chunk size (long_prefill_token_threshold > 0) and chunked\n    # prefill (without it a prompt longer than the bound could never start).\n    threshold = getattr(sched.scheduler_config, "long_prefill_token_threshold", 0) or 0\n    chunked = bool(getattr(sched.scheduler_config, "enable_chunked_prefill", False))\n    if mode >= 1 and threshold > 0 and chunked:\n        sched._dspark_chunk = threshold\n        sched._dspark_step_bound = cap * threshold + threshold // 2\n    else:\n        sched._dspark_chunk = 0\n        sched._dspark_step_bound = 0\n    # Mode 2: room beyond the step bound for prompts that finish in the step.\n    sched._dspark_short_room = _DSPARK_I27_SHORT_ROOM_HALF_CHUNKS * sched._dspark_chunk // 2\n    diag = _dspark_i27_os.environ.get(_DSPARK_I27_DIAG_ENV, "")\n    sched._dspark_diag = diag.strip().lower() in ("1", "true", "yes", "on")\n    sched._dspark_diag_step = 0\n    logger.info(\n        _DSPARK_I27_ACTIVE_LOG,\n        _DSPARK_I27_PATCH_VERSION, cap, mode, sched._dspark_step_bound or "none",\n    )\n\n\ndef _dspark_i27_stays_partial(request, num_scheduled):\n    """Whether `request` is still prefilling after this step.\n\n    Same predicate as vLLM\'s own `is_prefill_chunk`, which\n    `_update_after_schedule` sets after the step; a request that got no\n    tokens this step keeps the flag of its last step.\n    """\n    if not num_scheduled:\n        return request.is_prefill_chunk\n    return request.num_computed_tokens + num_scheduled < (\n        request.num_tokens + request.num_output_placeholders\n    )\n\n\ndef _dspark_i27_running_partials(sched, num_scheduled_tokens):\n    """(partial prefills, prefill tokens claimed) in `running` once the\n    running loop\'s tokens are done.\n\n    Called once per step, after the running loop and before admission: a\n    prefill whose last chunk was scheduled above no longer counts, one that\n    got a middle chunk (or none) does. Admissions add to this count. Only\n    requests that began the step prefilling are looked at: a decode request\n    short of tokens is one the token budget ran out on, and then nothing is\n    admitted anyway. With a step bound (mode 1) each prefilling request claims\n    its next chunk, min(threshold, tokens left), or what it got if more.\n    """\n    count = 0\n    spent = 0\n    chunk = sched._dspark_chunk\n    get = num_scheduled_tokens.get\n    for request in sched.running:\n        if request.is_prefill_chunk:\n            scheduled = get(request.request_id, 0)\n            left = (\n                request.num_tokens + request.num_output_placeholders\n                - request.num_computed_tokens\n            )\n            if not scheduled or scheduled < left:\n                count += 1\n            if chunk:\n                spent += max(scheduled, min(left, chunk))\n    return count, spent\n\n\ndef _dspark_i27_gated(sched, request, token_budget):\n    """Whether the gate holds `request` back once the count reached the cap.\n\n    Requests holding KV blocks never are. Mode 0 holds back every other one;\n    mode 1 only those that would still be prefilling after this step (a\n    prompt that finishes within the step\'s room passes).\n    """\n    if _dspark_i27_holds_kv(request):\n        return False\n    if not sched._dspark_gate_mode:\n        return True\n    return _dspark_i27_stays_partial_if_admitted(sched, request, token_budget)\n\n\ndef _dspark_i27_stays_partial_if_admitted(sched, request, token_budget):\n    """Whether `request` would still be prefilling after a first chunk now.\n\n    An upper bound on its tokens (prefix-cache hits are not known yet): a\n    prompt that may finish within this step\'s room counts as short.\n    """\n    need = request.num_tokens - request.num_computed_tokens\n    threshold = sched._dspark_chunk\n    room = min(token_budget, threshold) if threshold else token_budget\n    return need > room\n\n\ndef _dspark_i27_admit(sched, request, computed, token_budget, partial, spent):\n    """Mode 2: -1 holds `request` back; 0 admits it as vLLM would; n > 0 admits\n    it with a first chunk of at most n tokens.\n\n    Called once per request per step, after admission\'s own prefix-cache\n    lookup: `computed` is the hit (local + external), so a mostly cached prompt\n    is judged by what it still has to compute. `partial` and `spent` are the\n    step\'s partial prefills and prefill tokens so far, requests that bypass\n    the gate included. A prompt that finishes within this step passes while\n    the step\'s prefill stays within the bound plus the short-prompt room; any\n    other needs a free in-flight slot and gets what is left of the bound.\n    """\n    if _dspark_i27_holds_kv(request):\n        return 0\n    need = request.num_tokens - computed\n    chunk = sched._dspark_chunk\n    if not chunk:  # no threshold or no chunked prefill: the count gate, judged on `need`\n        if partial < sched._dspark_max_inflight_prefills or need <= token_budget:\n            return 0\n        return -1\n    bound = sched._dspark_step_bound\n    if need <= min(chunk, token_budget) and spent + need <= bound + sched._dspark_short_room:\n        return 0\n    room = bound - spent\n    if partial >= sched._dspark_max_inflight_prefills or room <= 0:\n        return -1\n    return room\n\n\ndef _dspark_i27_holds_kv(request):\n    # Requests that already hold KV blocks (finished async KV loads, paused\n    # streaming sessions) bypass the gate: holding them back would pin their\n    # blocks without progress, and the queue that drains them first could\n    # otherwise wait on prefills that need those very blocks.\n    return request.num_computed_tokens > 0 or (\n        getattr(request.status, "name", "") == "WAITING_FOR_REMOTE_KVS"\n    )\n\n\ndef _dspark_i27_diag(sched, num_scheduled_tokens, inflight, spent=0):\n    sched._dspark_diag_step += 1\n    prefill_tokens = decode_tokens = decode_reqs = 0\n    prefill_parts = []\n    skipped = []\n    for request in sched.running:\n        rid = request.request_id\n        n = num_scheduled_tokens.get(rid, 0)\n        decoding = request.num_computed_tokens + 1 >= (\n            request.num_tokens + request.num_output_placeholders\n        )\n        if decoding:\n            decode_reqs += 1\n            decode_tokens += n\n            if not n:\n                skipped.append(rid)\n        else:\n            prefill_tokens += n\n            if n:\n                prefill_parts.append("%s:%d" % (rid, n))\n    legacy = getattr(sched, "_inflight_prefills", None)\n    legacy_after = None\n    if legacy is not None:\n        # What the set will hold once `_update_after_schedule` drops the\n        # prefills that complete this step.\n        legacy_after = sum(\n            1\n            for r in legacy\n            if not (\n                num_scheduled_tokens.get(r.request_id, 0)\n                and not _dspark_i27_stays_partial(\n                    r, num_scheduled_tokens[r.request_id]\n                )\n            )\n        )\n    logger.info(\n        "dspark-issue27 step=%d cap=%d inflight=%d prefill_tokens=%d "\n        "decode_tokens=%d decode_reqs=%d decode_skipped=%d legacy_inflight=%s "\n        "mode=%d bound=%s claimed=%d prefill=[%s] skipped=[%s]",\n        sched._dspark_diag_step, sched._dspark_max_inflight_prefills, inflight,\n        prefill_tokens, decode_tokens, decode_reqs, len(skipped),\n        "-" if legacy_after is None else legacy_after,\n        sched._dspark_gate_mode, sched._dspark_step_bound or "-", spent,\n        ",".join(prefill_parts), ",".join(skipped),\n    )\n    if legacy_after is not None and legacy_after != inflight:\n        logger.warning(\n            "dspark-issue27 step=%d: _inflight_prefills gives %d, the gate "\n            "counts %d partial prefills in running (%s)",\n            sched._dspark_diag_step, legacy_after, inflight,\n            "under-count: a set-based gate would admit too many"\n            if legacy_after < inflight\n            else "over-count: the set also holds async KV loads",\n        )\n'
 
 
 def injected_body() -> str:
@@ -206,11 +213,13 @@ def helpers_source(patch_version: int = PATCH_VERSION) -> str:
 
 
 def _gate_code(skip: str) -> str:
-    """The admission gate; `skip` moves the peeked request out of this step's
-    way in the layout's own manner (it keeps its place in the queue)."""
+    """The admission gate of modes 0 and 1, before the prefix-cache lookup;
+    `skip` moves the peeked request out of this step's way in the layout's own
+    manner (it keeps its place in the queue)."""
     return (
         "                if (  " + _INJECT_TAG + "\n"
-        "                    _dspark_partial >= self._dspark_max_inflight_prefills\n"
+        "                    self._dspark_gate_mode < 2\n"
+        "                    and _dspark_partial >= self._dspark_max_inflight_prefills\n"
         "                    and _dspark_i27_gated(self, request_queue.peek_request(), token_budget)\n"
         "                ):\n"
         "                    if not self._dspark_gate_mode or _dspark_skips >= _DSPARK_I27_MAX_SKIPS:\n"
@@ -221,10 +230,32 @@ def _gate_code(skip: str) -> str:
     )
 
 
+def _cached_gate_code(skip: str) -> str:
+    """The admission gate of mode 2, after admission's own prefix-cache lookup
+    (`num_computed_tokens` holds the hit): the request is judged by what it
+    still has to compute; `_dspark_limit` caps its first chunk (0: no cap)."""
+    return (
+        "                _dspark_limit = 0  " + _INJECT_TAG + "\n"
+        "                if self._dspark_gate_mode == 2 and not load_kv_async:\n"
+        "                    _dspark_limit = _dspark_i27_admit(\n"
+        "                        self, request, num_computed_tokens, token_budget, _dspark_partial, _dspark_spent\n"
+        "                    )\n"
+        "                    if _dspark_limit < 0:\n"
+        "                        if _dspark_skips >= _DSPARK_I27_MAX_SKIPS:\n"
+        "                            break\n"
+        "                        _dspark_skips += 1\n"
+        + skip.replace("                    ", "                        ", 1)
+        + "                        continue\n"
+    )
+
+
 # vLLM 0.31 .. 0.33: the waiting loop's own `skip_request` helper.
 _SKIP_031 = "                    skip_request(request_queue)\n"
 # vLLM 0.25 .. 0.30: what the loop itself does to skip a request.
 _SKIP_025 = "                    step_skipped_waiting.prepend_request(request_queue.pop_request())\n"
+#: Text that tells the layouts apart (0.31+ has the helper).
+_LAYOUT_031 = "            def skip_request(from_queue: RequestQueue) -> None:\n"
+_LAYOUT_025 = "                    step_skipped_waiting.prepend_request(request)\n"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,9 +286,10 @@ _SITES: tuple[_Site, ...] = (
         "        _dspark_partial, _dspark_spent = _dspark_i27_running_partials(  " + _INJECT_TAG + "\n"
         "            self, num_scheduled_tokens\n"
         "        )\n"
-        "        if self._dspark_step_bound:  " + _INJECT_TAG + "\n"
+        "        if self._dspark_step_bound and self._dspark_gate_mode == 1:  " + _INJECT_TAG + "\n"
         "            token_budget = min(token_budget, max(0, self._dspark_step_bound - _dspark_spent))\n"
-        "        _dspark_skips = 0  " + _INJECT_TAG + "\n",
+        "        _dspark_skips = 0  " + _INJECT_TAG + "\n"
+        "        _dspark_limit = 0  " + _INJECT_TAG + "\n",
         before=True,
     ),
     _Site(
@@ -274,10 +306,22 @@ _SITES: tuple[_Site, ...] = (
             "                assert request_queue is not None\n",
         ),
         (_gate_code(_SKIP_031), _gate_code(_SKIP_025)),
-        requires=(
-            "            def skip_request(from_queue: RequestQueue) -> None:\n",
-            "                    step_skipped_waiting.prepend_request(request)\n",
+        requires=(_LAYOUT_031, _LAYOUT_025),
+    ),
+    _Site(
+        "cached-gate",
+        ("                encoder_inputs_to_schedule = None\n",),
+        (_cached_gate_code(_SKIP_031), _cached_gate_code(_SKIP_025)),
+        before=True,
+    ),
+    _Site(
+        "first-chunk",
+        (
+            "                    if 0 < long_prefill_token_threshold < num_new_tokens:\n"
+            "                        num_new_tokens = long_prefill_token_threshold\n",
         ),
+        "                    if _dspark_limit:  " + _INJECT_TAG + "\n"
+        "                        num_new_tokens = min(num_new_tokens, _dspark_limit)\n",
     ),
     _Site(
         "admission",
@@ -285,10 +329,12 @@ _SITES: tuple[_Site, ...] = (
             "                request.status = RequestStatus.RUNNING\n"
             "                request.num_computed_tokens = num_computed_tokens\n",
         ),
+        # Every admission counts, requests that bypass the gate included.
         "                if num_computed_tokens + num_new_tokens < request.num_tokens:  "
         + _INJECT_TAG
         + "\n"
-        "                    _dspark_partial += 1\n",
+        "                    _dspark_partial += 1\n"
+        "                _dspark_spent += num_new_tokens  " + _INJECT_TAG + "\n",
     ),
     _Site(
         "constraints-check",
@@ -369,7 +415,8 @@ def render_patched(original: bytes, patch_version: int = PATCH_VERSION) -> bytes
             first = site.anchors[0].strip().splitlines()[0]
             raise LayoutError(site.name, f"anchor '{site.name}' not found exactly once (expected e.g. `{first}`)")
         anchor = hits[0]
-        index = site.anchors.index(anchor)
+        # Per-layout code: by anchor alternative, or by layout for one anchor.
+        index = site.anchors.index(anchor) if len(site.anchors) > 1 else (0 if _LAYOUT_031 in text else 1)
         code = site.code if isinstance(site.code, str) else site.code[index]
         needed = site.requires[index] if site.requires else ""
         if needed and needed not in text:

@@ -14,7 +14,7 @@ import re
 
 #: Bumped whenever the injected text changes; a file patched by an older
 #: version reports `outdated` and `apply` re-patches it from its stored original.
-PATCH_VERSION = 2
+PATCH_VERSION = 3
 
 #: Environment variables the patched scheduler reads, once, in `__init__`.
 ENV_CAP = "DSPARK_MAX_INFLIGHT_PREFILLS"
@@ -27,9 +27,15 @@ CAP_MAX = 3
 DEFAULT_CAP = 1
 
 #: DSPARK_PREFILL_GATE_MODE: 0 the plain count of patch v1; 1 the count plus
-#: a per-step prefill token bound (patch v2).
-GATE_MODES = (0, 1)
-DEFAULT_GATE_MODE = 1
+#: a per-step prefill token bound (patch v2); 2 (patch v3) mode 1 judged after
+#: the prefix-cache lookup by the tokens a prompt still has to compute, prompts
+#: that finish in the step given extra room, requests holding KV blocks never
+#: starved of budget.
+GATE_MODES = (0, 1, 2)
+DEFAULT_GATE_MODE = 2
+#: Mode 2: prefill tokens beyond the step bound that prompts finishing within
+#: the step may use, in half-thresholds (docs/benchmarks.md: the candidates).
+SHORT_ROOM_HALF_CHUNKS = 2
 #: Long prompts a gate steps over in one step, at most.
 MAX_SKIPS = 8
 
@@ -103,5 +109,6 @@ def injected_constants(patch_version: int = PATCH_VERSION) -> dict[str, object]:
         "_DSPARK_I27_MODES": GATE_MODES,
         "_DSPARK_I27_DEFAULT_MODE": DEFAULT_GATE_MODE,
         "_DSPARK_I27_MAX_SKIPS": MAX_SKIPS,
+        "_DSPARK_I27_SHORT_ROOM_HALF_CHUNKS": SHORT_ROOM_HALF_CHUNKS,
         "_DSPARK_I27_ACTIVE_LOG": ACTIVE_LOG_FORMAT,
     }

@@ -23,6 +23,7 @@ _DSPARK_I27_MODE_ENV = contract.ENV_GATE_MODE
 _DSPARK_I27_MODES = contract.GATE_MODES
 _DSPARK_I27_DEFAULT_MODE = contract.DEFAULT_GATE_MODE
 _DSPARK_I27_MAX_SKIPS = contract.MAX_SKIPS
+_DSPARK_I27_SHORT_ROOM_HALF_CHUNKS = contract.SHORT_ROOM_HALF_CHUNKS
 _DSPARK_I27_ACTIVE_LOG = contract.ACTIVE_LOG_FORMAT
 
 # ---- INJECTED BODY (everything below goes into scheduler.py) ----
@@ -96,12 +97,14 @@ def _dspark_i27_init(sched):
     # prefill (without it a prompt longer than the bound could never start).
     threshold = getattr(sched.scheduler_config, "long_prefill_token_threshold", 0) or 0
     chunked = bool(getattr(sched.scheduler_config, "enable_chunked_prefill", False))
-    if mode == 1 and threshold > 0 and chunked:
+    if mode >= 1 and threshold > 0 and chunked:
         sched._dspark_chunk = threshold
         sched._dspark_step_bound = cap * threshold + threshold // 2
     else:
         sched._dspark_chunk = 0
         sched._dspark_step_bound = 0
+    # Mode 2: room beyond the step bound for prompts that finish in the step.
+    sched._dspark_short_room = _DSPARK_I27_SHORT_ROOM_HALF_CHUNKS * sched._dspark_chunk // 2
     diag = _dspark_i27_os.environ.get(_DSPARK_I27_DIAG_ENV, "")
     sched._dspark_diag = diag.strip().lower() in ("1", "true", "yes", "on")
     sched._dspark_diag_step = 0
@@ -179,6 +182,35 @@ def _dspark_i27_stays_partial_if_admitted(sched, request, token_budget):
     threshold = sched._dspark_chunk
     room = min(token_budget, threshold) if threshold else token_budget
     return need > room
+
+
+def _dspark_i27_admit(sched, request, computed, token_budget, partial, spent):
+    """Mode 2: -1 holds `request` back; 0 admits it as vLLM would; n > 0 admits
+    it with a first chunk of at most n tokens.
+
+    Called once per request per step, after admission's own prefix-cache
+    lookup: `computed` is the hit (local + external), so a mostly cached prompt
+    is judged by what it still has to compute. `partial` and `spent` are the
+    step's partial prefills and prefill tokens so far, requests that bypass
+    the gate included. A prompt that finishes within this step passes while
+    the step's prefill stays within the bound plus the short-prompt room; any
+    other needs a free in-flight slot and gets what is left of the bound.
+    """
+    if _dspark_i27_holds_kv(request):
+        return 0
+    need = request.num_tokens - computed
+    chunk = sched._dspark_chunk
+    if not chunk:  # no threshold or no chunked prefill: the count gate, judged on `need`
+        if partial < sched._dspark_max_inflight_prefills or need <= token_budget:
+            return 0
+        return -1
+    bound = sched._dspark_step_bound
+    if need <= min(chunk, token_budget) and spent + need <= bound + sched._dspark_short_room:
+        return 0
+    room = bound - spent
+    if partial >= sched._dspark_max_inflight_prefills or room <= 0:
+        return -1
+    return room
 
 
 def _dspark_i27_holds_kv(request):

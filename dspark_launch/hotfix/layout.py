@@ -31,11 +31,13 @@ def helpers_source(patch_version: int = PATCH_VERSION) -> str:
 
 
 def _gate_code(skip: str) -> str:
-    """The admission gate; `skip` moves the peeked request out of this step's
-    way in the layout's own manner (it keeps its place in the queue)."""
+    """The admission gate of modes 0 and 1, before the prefix-cache lookup;
+    `skip` moves the peeked request out of this step's way in the layout's own
+    manner (it keeps its place in the queue)."""
     return (
         "                if (  " + _INJECT_TAG + "\n"
-        "                    _dspark_partial >= self._dspark_max_inflight_prefills\n"
+        "                    self._dspark_gate_mode < 2\n"
+        "                    and _dspark_partial >= self._dspark_max_inflight_prefills\n"
         "                    and _dspark_i27_gated(self, request_queue.peek_request(), token_budget)\n"
         "                ):\n"
         "                    if not self._dspark_gate_mode or _dspark_skips >= _DSPARK_I27_MAX_SKIPS:\n"
@@ -46,10 +48,32 @@ def _gate_code(skip: str) -> str:
     )
 
 
+def _cached_gate_code(skip: str) -> str:
+    """The admission gate of mode 2, after admission's own prefix-cache lookup
+    (`num_computed_tokens` holds the hit): the request is judged by what it
+    still has to compute; `_dspark_limit` caps its first chunk (0: no cap)."""
+    return (
+        "                _dspark_limit = 0  " + _INJECT_TAG + "\n"
+        "                if self._dspark_gate_mode == 2 and not load_kv_async:\n"
+        "                    _dspark_limit = _dspark_i27_admit(\n"
+        "                        self, request, num_computed_tokens, token_budget, _dspark_partial, _dspark_spent\n"
+        "                    )\n"
+        "                    if _dspark_limit < 0:\n"
+        "                        if _dspark_skips >= _DSPARK_I27_MAX_SKIPS:\n"
+        "                            break\n"
+        "                        _dspark_skips += 1\n"
+        + skip.replace("                    ", "                        ", 1)
+        + "                        continue\n"
+    )
+
+
 # vLLM 0.31 .. 0.33: the waiting loop's own `skip_request` helper.
 _SKIP_031 = "                    skip_request(request_queue)\n"
 # vLLM 0.25 .. 0.30: what the loop itself does to skip a request.
 _SKIP_025 = "                    step_skipped_waiting.prepend_request(request_queue.pop_request())\n"
+#: Text that tells the layouts apart (0.31+ has the helper).
+_LAYOUT_031 = "            def skip_request(from_queue: RequestQueue) -> None:\n"
+_LAYOUT_025 = "                    step_skipped_waiting.prepend_request(request)\n"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,9 +104,10 @@ _SITES: tuple[_Site, ...] = (
         "        _dspark_partial, _dspark_spent = _dspark_i27_running_partials(  " + _INJECT_TAG + "\n"
         "            self, num_scheduled_tokens\n"
         "        )\n"
-        "        if self._dspark_step_bound:  " + _INJECT_TAG + "\n"
+        "        if self._dspark_step_bound and self._dspark_gate_mode == 1:  " + _INJECT_TAG + "\n"
         "            token_budget = min(token_budget, max(0, self._dspark_step_bound - _dspark_spent))\n"
-        "        _dspark_skips = 0  " + _INJECT_TAG + "\n",
+        "        _dspark_skips = 0  " + _INJECT_TAG + "\n"
+        "        _dspark_limit = 0  " + _INJECT_TAG + "\n",
         before=True,
     ),
     _Site(
@@ -99,10 +124,22 @@ _SITES: tuple[_Site, ...] = (
             "                assert request_queue is not None\n",
         ),
         (_gate_code(_SKIP_031), _gate_code(_SKIP_025)),
-        requires=(
-            "            def skip_request(from_queue: RequestQueue) -> None:\n",
-            "                    step_skipped_waiting.prepend_request(request)\n",
+        requires=(_LAYOUT_031, _LAYOUT_025),
+    ),
+    _Site(
+        "cached-gate",
+        ("                encoder_inputs_to_schedule = None\n",),
+        (_cached_gate_code(_SKIP_031), _cached_gate_code(_SKIP_025)),
+        before=True,
+    ),
+    _Site(
+        "first-chunk",
+        (
+            "                    if 0 < long_prefill_token_threshold < num_new_tokens:\n"
+            "                        num_new_tokens = long_prefill_token_threshold\n",
         ),
+        "                    if _dspark_limit:  " + _INJECT_TAG + "\n"
+        "                        num_new_tokens = min(num_new_tokens, _dspark_limit)\n",
     ),
     _Site(
         "admission",
@@ -110,10 +147,12 @@ _SITES: tuple[_Site, ...] = (
             "                request.status = RequestStatus.RUNNING\n"
             "                request.num_computed_tokens = num_computed_tokens\n",
         ),
+        # Every admission counts, requests that bypass the gate included.
         "                if num_computed_tokens + num_new_tokens < request.num_tokens:  "
         + _INJECT_TAG
         + "\n"
-        "                    _dspark_partial += 1\n",
+        "                    _dspark_partial += 1\n"
+        "                _dspark_spent += num_new_tokens  " + _INJECT_TAG + "\n",
     ),
     _Site(
         "constraints-check",
@@ -194,7 +233,8 @@ def render_patched(original: bytes, patch_version: int = PATCH_VERSION) -> bytes
             first = site.anchors[0].strip().splitlines()[0]
             raise LayoutError(site.name, f"anchor '{site.name}' not found exactly once (expected e.g. `{first}`)")
         anchor = hits[0]
-        index = site.anchors.index(anchor)
+        # Per-layout code: by anchor alternative, or by layout for one anchor.
+        index = site.anchors.index(anchor) if len(site.anchors) > 1 else (0 if _LAYOUT_031 in text else 1)
         code = site.code if isinstance(site.code, str) else site.code[index]
         needed = site.requires[index] if site.requires else ""
         if needed and needed not in text:
