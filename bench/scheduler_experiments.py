@@ -18,6 +18,7 @@ docs/benchmarks.md are what is kept.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import pathlib
 import sys
@@ -186,16 +187,57 @@ def _variant_provider(name: str):
     return provide
 
 
+#: Gate mode 2 candidates (issue 15): the room beyond the step bound that
+#: prompts finishing within the step may use, in half-thresholds (None: the
+#: whole budget), and the prompts (in thresholds) exempt from the count. The
+#: shipped value is contract.SHORT_ROOM_SHARE (m2-room-quarter).
+SHORT_ROOMS = {"m2-room0": (0, 0), "m2-room-eighth": (0.25, 0), "m2-room-quarter": (0.5, 0), "m2-room-half": (1, 0), "m2-room-chunk": (2, 0),
+               "m2-room-budget": (None, 0), "m2-split2-half": (1, 2), "m2-split2-chunk": (2, 2),
+               "m2-split2-quarter": (0.5, 2), "m2-split1-half": (1, 1)}
+
+
+def _with_short_room(cls: type, room: tuple) -> type:
+    half_chunks, split_chunks = room
+
+    def __init__(self, *args, **kwargs):
+        cls.__init__(self, *args, **kwargs)
+        self._dspark_short_room = (1 << 30) if half_chunks is None else int(half_chunks * self._dspark_chunk / 2)
+        self._dspark_short_need = split_chunks * self._dspark_chunk
+
+    return type(f"{cls.__name__}Room{half_chunks}x{split_chunks}", (cls,), {"__init__": __init__})
+
+
+def _room_provider(room: tuple):
+    def provide(spec: h.SchedulerSpec) -> tuple[type, type]:
+        sync_cls, async_cls = h.patched_scheduler_classes()
+        return _with_short_room(sync_cls, room), _with_short_room(async_cls, room)
+
+    return provide
+
+
 def register() -> None:
     p.register()
     for name in VARIANT_GATES:
         h.POLICY_PROVIDERS[f"bench-variant-{name}"] = _variant_provider(name)
+    for name, room in SHORT_ROOMS.items():
+        h.POLICY_PROVIDERS[f"bench-{name}"] = _room_provider(room)
+
+
+def candidate_policies() -> list[p.Policy]:
+    """Gate mode 2 with each short-prompt room, at cap 1."""
+    return [
+        p.Policy(f"{name}:1", "variant", cap=1, mode=name, provider=f"bench-{name}", env=((ENV_GATE_MODE, "2"),),
+                 description=f"gate mode 2, short-prompt room {'the budget' if hc is None else f'{hc} x threshold/2'}"
+                             + (f"; prompts up to {split} chunks exempt from the count" if split else ""))
+        for name, (hc, split) in SHORT_ROOMS.items()
+    ]
 
 
 def experiment_policies(variants: bool = True) -> list[p.Policy]:
     """Every policy of the experiment grid, in table order."""
     pols = p.stock_policies() + [p.community(c) for c in (1, 2, 3)]
     pols += [p.hotfix(c, m) for m in GATE_MODES for c in (1, 2, 3)]
+    pols += candidate_policies()
     if variants:
         pols += [
             p.Policy(f"{name}:1", "variant", cap=1, mode=name, description=desc,
@@ -211,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid", default="full", choices=("full", "ci"))
     parser.add_argument("--scheduler", action="append", choices=scheduler_bench.SCHEDULERS)
     parser.add_argument("--no-variants", action="store_true")
+    parser.add_argument("--candidates", action="store_true",
+                        help="only stock+thr, patch v2's gate and the gate mode 2 candidates (issue 15)")
     parser.add_argument("--no-overhead", action="store_true")
     parser.add_argument("--out", type=pathlib.Path, default=REPO / "bench" / "results" / "scheduler.json")
     parser.add_argument("--plot", type=pathlib.Path, default=REPO / "bench" / "results" / "scheduler-tokens-per-step.png")
@@ -218,13 +262,15 @@ def main(argv: list[str] | None = None) -> int:
     register()
     result = scheduler_bench.run(
         scheduler_bench.parse_scale(args.scale),
-        compared=experiment_policies(not args.no_variants),
-        reference=CAP1,
+        compared=([p.stock_policies()[1], p.hotfix(1, 1)] + candidate_policies()) if args.candidates
+        else experiment_policies(not args.no_variants),
+        reference=p.hotfix_name(1, 1) if args.candidates else CAP1,
         grid=args.grid,
         schedulers=tuple(args.scheduler or scheduler_bench.SCHEDULERS),
+        overhead_reps=None if args.no_overhead else (2000, 400),
         overhead_compared=None if args.no_overhead else p.overhead_policies()[:3] + [p.hotfix(1, 0)]
         + [p.hotfix(1, m) for m in GATE_MODES if m],
-        plot_path=args.plot,
+        plot_path=args.plot if importlib.util.find_spec("matplotlib") else None,
         plot_policies=(p.STOCK_THR, CAP1, p.SHIPPED),
         progress=lambda line: print(line, file=sys.stderr, flush=True),
         command=["python", "bench/scheduler_experiments.py", *(argv or sys.argv[1:])],

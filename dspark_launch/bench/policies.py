@@ -186,10 +186,16 @@ def community(cap: int) -> Policy:
                   description=f"community gate as published, len(self._inflight_prefills) >= {cap} (baseline)")
 
 
+#: Gate mode of patch v2 (the previous default), kept in v3 as mode 1.
+V2_MODE = 1
+
+
 def operator_policies(cap: int = DEFAULT_CAP, mode: int = DEFAULT_GATE_MODE) -> list[Policy]:
     """What `dspark bench scheduler` compares: stock, the community gate at the
-    same cap as a baseline, and the hotfix at the operator's settings."""
-    return stock_policies() + [community(cap), hotfix(cap, mode)]
+    same cap as a baseline, patch v2's gate (mode 1) and the hotfix at the
+    operator's settings."""
+    previous = [] if mode == V2_MODE else [hotfix(cap, V2_MODE, " (patch v2's gate)")]
+    return stock_policies() + [community(cap)] + previous + [hotfix(cap, mode)]
 
 
 def overhead_policies(cap: int = DEFAULT_CAP, mode: int = DEFAULT_GATE_MODE) -> list[Policy]:

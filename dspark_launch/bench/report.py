@@ -146,6 +146,7 @@ def targets(result: dict, scheduler: str = "Scheduler") -> list[dict]:
                     for a, b, s, w in pairs
                 },
             })
+    out += _issue15_targets(result, runs, loads, have, shipped)
     overhead = result.get("overhead")
     if overhead:
         big = max(overhead["scenarios"], key=lambda sc: sc["running"])
@@ -184,6 +185,70 @@ def targets(result: dict, scheduler: str = "Scheduler") -> list[dict]:
             "met": any(v["over_admits"] for v in seen.values() if v["cap"] >= 2),
             "numbers": seen,
         })
+    return out
+
+
+#: Issue 15's bounds: cached turns and short prompts against stock with the
+#: threshold; p99 inter-token time and long prompts against patch v2's gate.
+CLASS_TTFT_VS_STOCK = 1.2
+ITL_P99_VS_V2 = 1.10
+LONG_TTFT_VS_V2 = 1.0
+
+
+def _class_mean(run: dict, name: str) -> float | None:
+    entry = run["ttft_by_class"].get(name)
+    return entry["model_ms"]["mean"] if entry and entry["n"] else None
+
+
+def class_ratios(result: dict, policy: str, ref: str, name: str, scheduler: str = "Scheduler") -> dict[str, float]:
+    """Per workload: mean modelled TTFT of class `name`, `policy` over `ref`."""
+    runs = _runs(result, scheduler)
+    out = {}
+    for w in result["workloads"]:
+        a, b = runs.get((w["name"], policy)), runs.get((w["name"], ref))
+        if a and b:
+            ratio = _ratio(_class_mean(a, name), _class_mean(b, name))
+            if ratio is not None:
+                out[w["name"]] = round(ratio, 3)
+    return out
+
+
+def _issue15_targets(result: dict, runs: dict, loads: dict, have: set, shipped: str) -> list[dict]:
+    cap = next((p["cap"] for p in result["policies"] if p["name"] == shipped), None)
+    v2 = hotfix_name(cap or 1, 1)
+    out: list[dict] = []
+    new_loads = [w for w, d in loads.items() if d["kind"] in ("agent", "short-stream")]
+    if {shipped, "stock+thr"} <= have and new_loads:
+        for name in ("cached", "short"):
+            ratios = {w: r for w, r in class_ratios(result, shipped, "stock+thr", name).items() if w in new_loads}
+            if ratios:
+                worst = max(ratios, key=ratios.get)
+                out.append({
+                    "id": f"ttft-{name}-vs-stock",
+                    "text": f"mean modelled TTFT of {name} prompts within {CLASS_TTFT_VS_STOCK}x of stock+thr's "
+                            f"on the agent and short-stream workloads",
+                    "met": ratios[worst] <= CLASS_TTFT_VS_STOCK,
+                    "numbers": {"ratios": ratios, "worst_workload": worst, "policy": shipped},
+                })
+    if {shipped, v2} <= have and shipped != v2:
+        itl = {w: _r(_ratio(runs[(w, shipped)]["itl_model_ms"]["p99"], runs[(w, v2)]["itl_model_ms"]["p99"]))
+               for w in loads}
+        worst = max(itl, key=itl.get)
+        out.append({
+            "id": "p99-itl-vs-v2",
+            "text": f"p99 modelled inter-token time within {ITL_P99_VS_V2 - 1:.0%} of patch v2's ({v2}) on every workload",
+            "met": itl[worst] <= ITL_P99_VS_V2,
+            "numbers": {"worst_ratio": itl[worst], "worst_workload": worst, "policy": shipped, "v2": v2},
+        })
+        longs = class_ratios(result, shipped, v2, "long")
+        if longs:
+            worst = max(longs, key=longs.get)
+            out.append({
+                "id": "ttft-long-vs-v2",
+                "text": f"mean modelled TTFT of long prompts no worse than patch v2's ({v2}) on every workload",
+                "met": longs[worst] <= LONG_TTFT_VS_V2,
+                "numbers": {"ratios": longs, "worst_workload": worst, "policy": shipped, "v2": v2},
+            })
     return out
 
 
@@ -230,6 +295,13 @@ def _workload_line(w: dict) -> str:
         what = f"{p['n_streams']} streams decoding, then {p['n_wave']} prompts of {p['prompt_tokens_full']:,} tokens at step {p['arrival_step']}"
     elif w["kind"] == "steady":
         what = f"{p['n_streams']} streams; {p['n_prompts']} prompts, one every {p['every_ms_model']:g} ms of modelled time, sizes (K) {p['mix_k']}"
+    elif w["kind"] == "agent":
+        what = (f"{p['n_streams']} streams; {p['n_sessions']} agent sessions x {p['turns']} turns (one every "
+                f"{p['every_ms_model']:g} ms, each resending the conversation: 92-98% prefix hits) beside "
+                f"{p['n_docs']} cold {p['doc_tokens_full']:,}-token documents (one every {p['doc_every_ms_model']:g} ms)")
+    elif w["kind"] == "short-stream":
+        what = (f"{p['n_streams']} streams; {p['n_prompts']} short prompts (sizes K {p['mix_k']}), one every "
+                f"{p['every_ms_model']:g} ms, and one cold {p['long_tokens_full']:,}-token prompt at {p['long_at_ms_model']:g} ms")
     else:
         what = (f"4 streams, {p['n_wave']} prompts of {p['prompt_tokens_full']:,} tokens at step 4, 4 more streams at "
                 f"steps 6-9, KV pool {w['num_blocks']} blocks x {w['block_size']} = {p['pool_share']:.0%} of the prompts")
