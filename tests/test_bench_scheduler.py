@@ -12,6 +12,7 @@ from fractions import Fraction
 import pytest
 
 from dspark_launch.bench import policies, report, scheduler_bench, workloads
+from dspark_launch.hotfix import contract
 from tests.conftest import REPO, vllm_dirs_restored
 from bench import scheduler_experiments as experiments  # bench/, outside the package
 
@@ -70,12 +71,28 @@ def test_our_policies_never_exceed_their_cap(result):
                 assert r["effective_cap"] == pol["cap"]
 
 
-def test_mode_one_never_exceeds_its_step_bound(result):
+def test_modes_one_and_two_never_exceed_their_step_bounds(result):
     loads = {w["name"]: w for w in result["workloads"]}
-    for cap in (1, 2, 3):
-        for r in runs(result, f"hotfix-m1:{cap}"):
-            threshold = loads[r["workload"]]["long_prefill_token_threshold"]
-            assert r["max_prefill_tokens_in_decode_step"] <= cap * threshold + threshold // 2, r["workload"]
+    for mode, share in ((1, 0), (2, contract.SHORT_ROOM_SHARE)):
+        for cap in (1, 2, 3):
+            for r in runs(result, f"hotfix-m{mode}:{cap}"):
+                threshold = loads[r["workload"]]["long_prefill_token_threshold"]
+                bound = cap * threshold + threshold // 2 + int(share * threshold)
+                assert r["max_prefill_tokens_in_decode_step"] <= bound, (mode, cap, r["workload"])
+
+
+def test_cached_turns_and_short_prompts_start_sooner_than_under_patch_v2(result):
+    """Per-class time to first token (modelled) on the agent and short-stream loads."""
+    shipped, v2 = policies.SHIPPED, policies.hotfix_name(1, 1)
+    for scheduler in ("Scheduler", "AsyncScheduler"):
+        for kind, cls in (("agent", "cached"), ("short-stream", "short")):
+            for r in runs(result, shipped, kind=kind):
+                if r["scheduler"] != scheduler:
+                    continue
+                old = next(x for x in runs(result, v2, r["workload"]) if x["scheduler"] == scheduler)
+                assert r["ttft_by_class"][cls]["n"] > 0
+                assert r["ttft_by_class"][cls]["model_ms"]["mean"] <= old["ttft_by_class"][cls]["model_ms"]["mean"], (
+                    r["workload"], scheduler)
 
 
 def test_stock_exceeds_the_cap_on_the_wave_load(result):
@@ -90,7 +107,7 @@ def test_kv_pressure_preempts_less_with_cap_one(result):
     for scheduler in ("Scheduler", "AsyncScheduler"):
         by = {r["policy"]: r for r in runs(result, kind="kv-pressure") if r["scheduler"] == scheduler}
         assert by["stock+thr"]["preemptions"] > 0, "the pool must be small enough for stock to preempt"
-        for name in ("hotfix-m0:1", "hotfix-m1:1"):
+        for name in ("hotfix-m0:1", "hotfix-m1:1", "hotfix-m2:1"):
             assert by[name]["preemptions"] < by["stock+thr"]["preemptions"], (scheduler, name)
             assert by[name]["preemptions"] <= by["stock"]["preemptions"], (scheduler, name)
             assert by[name]["longest_gap_steps"] <= by["stock+thr"]["longest_gap_steps"], (scheduler, name)
@@ -111,7 +128,7 @@ def test_json_validates_against_its_documented_schema(result, tmp_path):
 def test_json_carries_the_exact_workload_versions_and_targets(result):
     assert result["scale"] == "1/64" and result["grid"] == "ci"
     assert result["versions"]["vllm"].startswith("0.")
-    assert result["versions"]["hotfix_patch_version"] >= 2
+    assert result["versions"]["hotfix_patch_version"] == contract.PATCH_VERSION
     for w, built in zip(result["workloads"], workloads.suite(SCALE, "ci")):
         assert w["name"] == built.name
         assert [tuple(r) for r in w["requests"]] == [
@@ -120,7 +137,8 @@ def test_json_carries_the_exact_workload_versions_and_targets(result):
         ]
     assert {t["id"] for t in result["targets"]} == {
         "p99-proxy-vs-cap1", "ttft-model-vs-stock-waves", "kv-stall-vs-cap1", "overhead-256-1024",
-        "community-over-admission",
+        "community-over-admission", "ttft-cached-vs-stock", "ttft-short-vs-stock", "p99-itl-vs-v2",
+        "ttft-long-vs-v2",
     }
     assert result["shipped_default"] == policies.SHIPPED
     sizes = {sc["running"]: sc["waiting"] for sc in result["overhead"]["scenarios"]}
@@ -129,7 +147,7 @@ def test_json_carries_the_exact_workload_versions_and_targets(result):
 
 def test_tables_and_plot(result):
     text = report.terminal(result)
-    assert "hotfix-m1:1 *" in text and "targets" in text
+    assert f"{policies.SHIPPED} *" in text and "targets" in text
     if result["plot"] is not None:
         png = open(result["plot"]["path"], "rb").read(8)
         assert png == b"\x89PNG\r\n\x1a\n"

@@ -281,3 +281,30 @@ def test_gate_without_its_marker_block_is_damaged_for_every_action(target):
         assert "no marker block" in result.message
         assert target.read_bytes() == data
     assert cli("revert", "--target", str(target))[0] == EXIT_UNSUPPORTED
+
+
+OLD_PATCHES = REPO / "tests" / "issue27_old_patches"  # the released v1 and v2 scripts, gzipped
+
+
+@pytest.mark.parametrize("old_version", [1, 2])
+def test_upgrade_from_a_file_patched_by_an_older_release(target, tmp_path, old_version):
+    """A node patched by the released v1 or v2 script: status says outdated
+    (exit 3), apply re-patches from the stored original, revert restores it."""
+    import gzip
+
+    original = target.read_bytes()
+    old_script = tmp_path / f"patch_v{old_version}.py"
+    old_script.write_bytes(gzip.decompress((OLD_PATCHES / f"patch_v{old_version}.py.gz").read_bytes()))
+    proc = subprocess.run([sys.executable, "-I", "-S", str(old_script), "apply", "--target", str(target), "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["patch_version"] == old_version, proc.stderr
+    assert target.read_bytes() != original
+
+    old = patch.status(target)
+    assert (old.code, old.state, old.applied_patch_version) == (3, "outdated", old_version)
+    assert cli("status", "--target", str(target))[0] == 3
+    upgraded = patch.apply(target)
+    assert (upgraded.code, upgraded.state, upgraded.changed) == (0, "applied", True)
+    assert target.read_bytes() == patch.render_patched(original)
+    assert patch.status(target).applied_patch_version == patch.PATCH_VERSION
+    assert patch.revert(target).code == 0 and target.read_bytes() == original

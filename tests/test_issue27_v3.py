@@ -135,3 +135,22 @@ def test_requests_holding_kv_blocks_are_counted_and_never_starved(model_dir, cap
     # the second session did not start in that step.
     v2_both = [s.step for s in runs[V2].steps if s.step >= 6 and s.scheduled.get("s1", 0) > 1 and s.scheduled.get("s2", 0) > 1]
     assert not v2_both or v2_both[0] > 6
+
+
+@SCHEDULERS
+def test_a_prompt_the_gate_holds_shows_as_deferred(model_dir, async_scheduling):
+    """Decided: a prompt mode 2 holds back goes through vLLM's own
+    `skip_request`, so it is in `deferred_waiting` (vLLM's "deferred" waiting
+    reason) while held, and leaves it when admitted."""
+    load = [h.RequestSpec("stream-0", 0, 32, 60), h.RequestSpec("long-0", 2, 2000, 4),
+            h.RequestSpec("long-1", 3, 2000, 4)]
+    deferred: dict[int, set[str]] = {}
+
+    def watch(sched, step):
+        deferred[step] = {r.request_id for r in sched.deferred_waiting}
+
+    run = h.run_workload(spec(V3, async_scheduling), load, model_dir, before_schedule=watch)
+    assert not run.unfinished
+    held = [step for step in range(4, prefill_steps(run, "long-0")[-1]) if "long-1" not in run.steps[step].scheduled]
+    assert held and all("long-1" in deferred[step + 1] for step in held)
+    assert all("long-1" not in ids for step, ids in deferred.items() if step > first_step(run, "long-1") + 1)
