@@ -195,7 +195,7 @@ ITL_P99_VS_V2 = 1.10
 LONG_TTFT_VS_V2 = 1.0
 
 
-def _class_mean(run: dict, name: str) -> float | None:
+def class_mean(run: dict, name: str) -> float | None:
     entry = run["ttft_by_class"].get(name)
     return entry["model_ms"]["mean"] if entry and entry["n"] else None
 
@@ -207,7 +207,7 @@ def class_ratios(result: dict, policy: str, ref: str, name: str, scheduler: str 
     for w in result["workloads"]:
         a, b = runs.get((w["name"], policy)), runs.get((w["name"], ref))
         if a and b:
-            ratio = _ratio(_class_mean(a, name), _class_mean(b, name))
+            ratio = _ratio(class_mean(a, name), class_mean(b, name))
             if ratio is not None:
                 out[w["name"]] = round(ratio, 3)
     return out
