@@ -319,8 +319,13 @@ _SITES: tuple[_Site, ...] = (
     _Site(
         "first-chunk",
         (
+            # vLLM 0.31 .. 0.33: the step's (possibly adaptive) threshold.
             "                    if 0 < long_prefill_token_threshold < num_new_tokens:\n"
             "                        num_new_tokens = long_prefill_token_threshold\n",
+            # vLLM 0.25 .. 0.30: the configured threshold.
+            "                    threshold = self.scheduler_config.long_prefill_token_threshold\n"
+            "                    if 0 < threshold < num_new_tokens:\n"
+            "                        num_new_tokens = threshold\n",
         ),
         "                    if _dspark_limit:  " + _INJECT_TAG + "\n"
         "                        num_new_tokens = min(num_new_tokens, _dspark_limit)\n",
