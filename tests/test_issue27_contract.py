@@ -122,3 +122,38 @@ def test_docs_claim_only_what_holds():
     holds = holds[: holds.index("\n## ", 5)]
     for needed in ("waiting section", "bypass", "adaptive threshold", "deferred"):
         assert needed in holds, needed
+
+
+def _sched(chunk=256, cap=1, short_room=64, short_need=0):
+    from types import SimpleNamespace
+
+    bound = cap * chunk + chunk // 2 if chunk else 0
+    return SimpleNamespace(_dspark_chunk=chunk, _dspark_step_bound=bound, _dspark_max_inflight_prefills=cap,
+                           _dspark_short_room=short_room, _dspark_short_need=short_need)
+
+
+def _request(num_tokens, computed=0):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(num_tokens=num_tokens, num_computed_tokens=computed,
+                           status=SimpleNamespace(name="WAITING"))
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "hit", "partial", "spent", "expected"),
+    [
+        (1260, 1200, 1, 256, 0),      # a cached turn: 60 tokens left, fits beside the long chunk
+        (1260, 0, 1, 256, -1),        # the same prompt cold: stays mid-prefill, the count is full
+        (160, 0, 1, 256, 0),          # short: 256 + 160 <= 384 + 64
+        (200, 0, 1, 256, -1),         # short but over the room, count full
+        (4000, 0, 0, 256, 128),       # long, slot free: what is left of the bound
+        (4000, 0, 0, 384, -1),        # long, bound used up
+        (300, 0, 0, 0, 0),            # finishes within the step on an empty step
+    ],
+)
+def test_injected_mode_two_admission_rule(num_tokens, hit, partial, spent, expected):
+    assert injected._dspark_i27_admit(_sched(), _request(num_tokens), hit, 2048, partial, spent) == expected
+
+
+def test_injected_mode_two_never_holds_a_request_with_kv_blocks():
+    assert injected._dspark_i27_admit(_sched(), _request(4000, computed=100), 100, 2048, 3, 10_000) == 0
