@@ -148,7 +148,8 @@ def _request(num_tokens, computed=0):
         (200, 0, 1, 256, -1),         # short but over the room, count full
         (4000, 0, 0, 256, 128),       # long, slot free: what is left of the bound
         (4000, 0, 0, 384, -1),        # long, bound used up
-        (300, 0, 0, 0, 0),            # finishes within the step on an empty step
+        (200, 0, 0, 0, 0),            # finishes within the step on an empty step
+        (300, 0, 0, 0, 384),          # one chunk too long to finish: a slot, the whole bound (vLLM clamps to 256)
     ],
 )
 def test_injected_mode_two_admission_rule(num_tokens, hit, partial, spent, expected):
