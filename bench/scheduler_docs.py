@@ -19,7 +19,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from dspark_launch.bench import report  # noqa: E402
-from dspark_launch.bench.policies import CAP1, SHIPPED  # noqa: E402
+from dspark_launch.bench.report import CAP1  # noqa: E402
 
 
 def m0_vs_m1(result: dict) -> str:
@@ -30,7 +30,7 @@ def m0_vs_m1(result: dict) -> str:
     rows = []
     for w in result["workloads"]:
         name = w["name"]
-        a, b = runs[(name, CAP1)], runs[(name, SHIPPED)]
+        a, b = runs[(name, CAP1)], runs[(name, result["shipped_default"])]
         s, st = runs[(name, "stock")], runs[(name, "stock+thr")]
         ratio = b["ttft_model_ms"]["mean"] / a["ttft_model_ms"]["mean"]
         rows.append([
@@ -42,6 +42,68 @@ def m0_vs_m1(result: dict) -> str:
             f"{s['ttft_model_ms']['mean']:.0f} / {st['ttft_model_ms']['mean']:.0f}",
             f"{a['preemptions']} / {b['preemptions']}",
             f"{a['longest_gap_steps']} / {b['longest_gap_steps']}",
+        ])
+    return report.table(rows, head, markdown=True)
+
+
+V2 = "hotfix-m1:1"
+CLASSES = ("cached", "short", "long")
+
+
+def _fmt(x: float | None, digits: int = 0) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def v3_classes(result: dict, scheduler: str = "Scheduler") -> str:
+    """Per workload with request classes: mean modelled TTFT per class and p99
+    inter-token time, stock+thr / patch v2 (mode 1) / shipped."""
+    runs = {(r["workload"], r["policy"]): r for r in result["runs"] if r["scheduler"] == scheduler}
+    shipped = result["shipped_default"]
+    head = ("workload", "class (n)", "TTFT ms stock+thr / v2 / v3", "v3 / stock+thr", "v3 / v2",
+            "p99 ITL ms stock+thr / v2 / v3", "p99 ITL v3 / v2")
+    rows = []
+    for w in result["workloads"]:
+        name = w["name"]
+        s, a, b = runs.get((name, "stock+thr")), runs.get((name, V2)), runs.get((name, shipped))
+        if not (s and a and b):
+            continue
+        itl = [r["itl_model_ms"]["p99"] for r in (s, a, b)]
+        first = True
+        for cls in CLASSES:
+            if cls not in b["ttft_by_class"]:
+                continue
+            m = [report.class_mean(r, cls) for r in (s, a, b)]
+            rows.append([
+                name if first else "", f"{cls} ({b['ttft_by_class'][cls]['n']})",
+                " / ".join(_fmt(x) for x in m), _fmt(report._ratio(m[2], m[0]), 2), _fmt(report._ratio(m[2], m[1]), 2),
+                " / ".join(_fmt(x) for x in itl) if first else "", _fmt(itl[2] / itl[1], 2) if first else "",
+            ])
+            first = False
+    return report.table(rows, head, markdown=True)
+
+
+def v3_candidates(result: dict, scheduler: str = "Scheduler") -> str:
+    """Gate mode 2 candidates against the issue-15 bounds."""
+    runs = {(r["workload"], r["policy"]): r for r in result["runs"] if r["scheduler"] == scheduler}
+    loads = [w["name"] for w in result["workloads"]]
+    new = [w["name"] for w in result["workloads"] if w["kind"] in ("agent", "short-stream")]
+    names = [p["name"] for p in result["policies"] if p["name"].startswith("m2-") or p["name"] in (V2, "hotfix-m2:1")]
+    head = ("policy", "p99 ITL / v2, worst (workload)", "cached TTFT / stock+thr (agent)",
+            "short TTFT / stock+thr, worst", "long TTFT / v2, worst (workload)")
+    rows = []
+    for pol in names:
+        itl = {w: runs[(w, pol)]["itl_model_ms"]["p99"] / runs[(w, V2)]["itl_model_ms"]["p99"] for w in loads}
+        wi = max(itl, key=itl.get)
+        cached = report.class_ratios(result, pol, "stock+thr", "cached", scheduler)
+        short = {w: v for w, v in report.class_ratios(result, pol, "stock+thr", "short", scheduler).items() if w in new}
+        long = report.class_ratios(result, pol, V2, "long", scheduler)
+        wl = max(long, key=long.get)
+        rows.append([
+            pol + (" *" if pol == result["shipped_default"] else ""),
+            f"{itl[wi]:.2f} ({wi})",
+            " ".join(f"{v:.2f}" for v in cached.values()),
+            f"{max(short.values()):.2f}" if short else "-",
+            f"{long[wl]:.2f} ({wl})",
         ])
     return report.table(rows, head, markdown=True)
 
@@ -60,6 +122,9 @@ def blocks(result: dict) -> dict[str, str]:
         "m0-vs-m1": m0_vs_m1(result),
         "overhead": report.overhead_text(result.get("overhead"), markdown=True),
         "targets": targets(result),
+        "v3-classes": v3_classes(result),
+        "v3-classes-async": v3_classes(result, "AsyncScheduler"),
+        "v3-candidates": v3_candidates(result),
         "runs": report.runs_table(result, "Scheduler", markdown=True),
     }
 

@@ -12,7 +12,9 @@ from fractions import Fraction
 import pytest
 
 from dspark_launch.bench import policies, report, scheduler_bench, workloads
+from dspark_launch.hotfix import contract
 from tests.conftest import REPO, vllm_dirs_restored
+from bench import scheduler_experiments as experiments  # bench/, outside the package
 
 SCALE = Fraction(1, 64)
 
@@ -29,8 +31,9 @@ def result(tmp_path_factory):
     with vllm_dirs_restored():
         for var in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH"):  # vLLM's caches and sockets under the test folder
             os.environ[var] = str(base / var.lower())
-        yield scheduler_bench.run(SCALE, grid="ci", overhead_reps=(30, 5), plot_path=plot,
-                                  command=["pytest", "ci-sized"])
+        experiments.register()
+        yield scheduler_bench.run(SCALE, compared=experiments.experiment_policies(), reference=experiments.CAP1,
+                                  grid="ci", overhead_reps=(30, 5), plot_path=plot, command=["pytest", "ci-sized"])
 
 
 def runs(result, policy=None, workload=None, kind=None):
@@ -59,7 +62,8 @@ def test_every_request_finishes(result):
 
 
 def test_our_policies_never_exceed_their_cap(result):
-    gated = [p for p in result["policies"] if p["kind"] in ("hotfix", "variant")]
+    # The split candidates exempt one- and two-chunk prompts from the count by design.
+    gated = [p for p in result["policies"] if p["kind"] in ("hotfix", "variant") and "split" not in p["name"]]
     assert gated
     for pol in gated:
         for r in runs(result, pol["name"]):
@@ -68,12 +72,28 @@ def test_our_policies_never_exceed_their_cap(result):
                 assert r["effective_cap"] == pol["cap"]
 
 
-def test_mode_one_never_exceeds_its_step_bound(result):
+def test_modes_one_and_two_never_exceed_their_step_bounds(result):
     loads = {w["name"]: w for w in result["workloads"]}
-    for cap in (1, 2, 3):
-        for r in runs(result, f"hotfix-m1:{cap}"):
-            threshold = loads[r["workload"]]["long_prefill_token_threshold"]
-            assert r["max_prefill_tokens_in_decode_step"] <= cap * threshold + threshold // 2, r["workload"]
+    for mode, share in ((1, 0), (2, contract.SHORT_ROOM_SHARE)):
+        for cap in (1, 2, 3):
+            for r in runs(result, f"hotfix-m{mode}:{cap}"):
+                threshold = loads[r["workload"]]["long_prefill_token_threshold"]
+                bound = cap * threshold + threshold // 2 + int(share * threshold)
+                assert r["max_prefill_tokens_in_decode_step"] <= bound, (mode, cap, r["workload"])
+
+
+def test_cached_turns_and_short_prompts_start_sooner_than_under_patch_v2(result):
+    """Per-class time to first token (modelled) on the agent and short-stream loads."""
+    shipped, v2 = policies.SHIPPED, policies.hotfix_name(1, 1)
+    for scheduler in ("Scheduler", "AsyncScheduler"):
+        for kind, cls in (("agent", "cached"), ("short-stream", "short")):
+            for r in runs(result, shipped, kind=kind):
+                if r["scheduler"] != scheduler:
+                    continue
+                old = next(x for x in runs(result, v2, r["workload"]) if x["scheduler"] == scheduler)
+                assert r["ttft_by_class"][cls]["n"] > 0
+                assert r["ttft_by_class"][cls]["model_ms"]["mean"] <= old["ttft_by_class"][cls]["model_ms"]["mean"], (
+                    r["workload"], scheduler)
 
 
 def test_stock_exceeds_the_cap_on_the_wave_load(result):
@@ -88,7 +108,7 @@ def test_kv_pressure_preempts_less_with_cap_one(result):
     for scheduler in ("Scheduler", "AsyncScheduler"):
         by = {r["policy"]: r for r in runs(result, kind="kv-pressure") if r["scheduler"] == scheduler}
         assert by["stock+thr"]["preemptions"] > 0, "the pool must be small enough for stock to preempt"
-        for name in ("hotfix-m0:1", "hotfix-m1:1"):
+        for name in ("hotfix-m0:1", "hotfix-m1:1", "hotfix-m2:1"):
             assert by[name]["preemptions"] < by["stock+thr"]["preemptions"], (scheduler, name)
             assert by[name]["preemptions"] <= by["stock"]["preemptions"], (scheduler, name)
             assert by[name]["longest_gap_steps"] <= by["stock+thr"]["longest_gap_steps"], (scheduler, name)
@@ -98,7 +118,7 @@ def test_json_validates_against_its_documented_schema(result, tmp_path):
     text = json.dumps(result)
     report.validate(json.loads(text))
     jsonschema = pytest.importorskip("jsonschema")
-    schema = json.loads((REPO / "docs" / "bench-schema.json").read_text())
+    schema = json.loads(report.schema_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     broken = json.loads(text)
     del broken["runs"][0]["latency_proxy_tokens"]
@@ -109,7 +129,7 @@ def test_json_validates_against_its_documented_schema(result, tmp_path):
 def test_json_carries_the_exact_workload_versions_and_targets(result):
     assert result["scale"] == "1/64" and result["grid"] == "ci"
     assert result["versions"]["vllm"].startswith("0.")
-    assert result["versions"]["hotfix_patch_version"] >= 2
+    assert result["versions"]["hotfix_patch_version"] == contract.PATCH_VERSION
     for w, built in zip(result["workloads"], workloads.suite(SCALE, "ci")):
         assert w["name"] == built.name
         assert [tuple(r) for r in w["requests"]] == [
@@ -118,7 +138,8 @@ def test_json_carries_the_exact_workload_versions_and_targets(result):
         ]
     assert {t["id"] for t in result["targets"]} == {
         "p99-proxy-vs-cap1", "ttft-model-vs-stock-waves", "kv-stall-vs-cap1", "overhead-256-1024",
-        "community-over-admission",
+        "community-over-admission", "ttft-cached-vs-stock", "ttft-short-vs-stock", "p99-itl-vs-v2",
+        "ttft-long-vs-v2",
     }
     assert result["shipped_default"] == policies.SHIPPED
     sizes = {sc["running"]: sc["waiting"] for sc in result["overhead"]["scenarios"]}
@@ -127,7 +148,7 @@ def test_json_carries_the_exact_workload_versions_and_targets(result):
 
 def test_tables_and_plot(result):
     text = report.terminal(result)
-    assert "hotfix-m1:1 *" in text and "targets" in text
+    assert f"{policies.SHIPPED} *" in text and "targets" in text
     if result["plot"] is not None:
         png = open(result["plot"]["path"], "rb").read(8)
         assert png == b"\x89PNG\r\n\x1a\n"
@@ -138,3 +159,17 @@ def test_cli_rejects_a_bad_scale_without_running():
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2
     assert "scale must be in (0, 1]" in proc.stderr
+
+
+def test_the_package_ships_only_what_an_operator_runs():
+    """Prototypes and the experiment grid live in bench/; the packaged command
+    compares stock, the community baseline and the hotfix at the given settings."""
+    assert [p.name for p in policies.operator_policies(2, 0)] == ["stock", "stock+thr", "community:2", "hotfix-m1:2",
+                                                                   "hotfix-m0:2"]
+    assert [p.name for p in policies.operator_policies()][-2:] == ["hotfix-m1:1", policies.SHIPPED]
+    package = REPO / "dspark_launch" / "bench"
+    for source in package.glob("*.py"):
+        text = source.read_text()
+        assert "VARIANT_GATES" not in text and "parents[2]" not in text, source
+    community = policies.community_text(policies.installed_text())
+    assert "dspark-issue27" not in community and "_dspark_" not in community

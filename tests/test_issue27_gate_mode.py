@@ -14,7 +14,7 @@ import logging
 import pytest
 
 from dspark_launch.bench import harness as h
-from dspark_launch.hotfix import issue27_patch as patch
+from dspark_launch.hotfix import injected
 
 THRESHOLD = 256
 MODE_ENV = h.GATE_MODE_ENV_VAR
@@ -22,7 +22,8 @@ MODE_ENV = h.GATE_MODE_ENV_VAR
 
 def spec(cap, mode, **kw) -> h.SchedulerSpec:
     env = ((MODE_ENV, None if mode is None else str(mode)),)
-    return h.SchedulerSpec(policy="patched", cap=cap, long_prefill_token_threshold=THRESHOLD, extra_env=env, **kw)
+    kw.setdefault("long_prefill_token_threshold", THRESHOLD)
+    return h.SchedulerSpec(policy="patched", cap=cap, extra_env=env, **kw)
 
 
 def mixed(shared_prefix_len: int = 0) -> list[h.RequestSpec]:
@@ -52,8 +53,8 @@ def last_prefill_step(run: h.RunResult, rid: str) -> int:
 # Parsing, once in __init__
 # ---------------------------------------------------------------------------
 
-MODES = [(None, 1, 0), ("", 1, 0), ("  ", 1, 0), ("0", 0, 0), ("1", 1, 0), (" 0 ", 0, 0), ("+1", 1, 0),
-         ("2", 1, 1), ("-1", 1, 1), ("one", 1, 1), ("1.0", 1, 1), ("0x1", 1, 1)]
+MODES = [(None, 2, 0), ("", 2, 0), ("  ", 2, 0), ("0", 0, 0), ("1", 1, 0), (" 0 ", 0, 0), ("+1", 1, 0),
+         ("2", 2, 0), ("3", 2, 1), ("-1", 2, 1), ("one", 2, 1), ("1.0", 2, 1), ("0x1", 2, 1)]
 
 
 @pytest.mark.parametrize(("raw", "mode", "warns"), MODES, ids=[repr(m[0]) for m in MODES])
@@ -61,15 +62,16 @@ def test_gate_mode_parse_table(model_dir, caplog, raw, mode, warns):
     caplog.set_level(logging.INFO)
     sched = h.build_scheduler(spec(1, raw), model_dir)
     assert sched._dspark_gate_mode == mode
-    assert patch.parse_gate_mode(raw) == (mode, bool(warns))
+    assert injected._dspark_i27_parse_mode(raw) == (mode, bool(warns))
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and MODE_ENV in r.getMessage()]
     assert len(warnings) == warns, warnings
-    assert sched._dspark_step_bound == (bound(1) if mode == 1 else 0)
+    assert sched._dspark_step_bound == (bound(1) if mode >= 1 else 0)
 
 
-def test_mode_one_without_a_threshold_has_no_step_bound(model_dir):
-    sched = h.build_scheduler(h.SchedulerSpec(policy="patched", cap=1, long_prefill_token_threshold=0), model_dir)
-    assert sched._dspark_gate_mode == 1 and sched._dspark_step_bound == 0
+@pytest.mark.parametrize("mode", [1, 2])
+def test_modes_with_a_bound_have_none_without_a_threshold(model_dir, mode):
+    sched = h.build_scheduler(spec(1, mode, long_prefill_token_threshold=0), model_dir)
+    assert sched._dspark_gate_mode == mode and sched._dspark_step_bound == 0
 
 
 # ---------------------------------------------------------------------------

@@ -17,6 +17,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 PATCH = REPO / "patches" / "hotfix-dsv4-issue27-partial-prefill-concurrency.py"
 
 from dspark_launch.hotfix import issue27_patch as patch  # noqa: E402
+from dspark_launch.hotfix.contract import EXIT_UNSUPPORTED  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -70,14 +71,6 @@ def test_find_target_and_version_without_importing_vllm(installed):
     assert pathlib.Path(path) == installed
     assert version == "0.32.0"
     assert imported == "False"
-
-
-def test_launcher_module_is_the_patch_file():
-    module = REPO / "dspark_launch" / "hotfix" / "issue27_patch.py"
-    assert module.is_symlink() and module.resolve() == PATCH.resolve()
-    assert patch.MAX_INFLIGHT_CAP == 3
-    assert patch.ENV_VAR == "DSPARK_MAX_INFLIGHT_PREFILLS"
-    assert patch.DIAG_ENV_VAR == "DSPARK_ISSUE43_SCHED_DIAG"
 
 
 def test_status_apply_status_revert_cycle(target):
@@ -149,7 +142,7 @@ def test_drifted_anchor_is_refused_and_the_file_left_alone(target, anchor, old, 
     data = target.read_bytes()
     for action in (patch.status, patch.check, patch.apply):
         result = action(target)
-        assert (result.code, result.state) == (2, "unsupported"), result
+        assert (result.code, result.state) == (EXIT_UNSUPPORTED, "unsupported"), result
         assert "0.32.0" in result.message and f"'{anchor}'" in result.message
         assert target.read_bytes() == data
     assert not list(target.parent.glob("*.dspark-tmp"))
@@ -160,7 +153,7 @@ def test_version_outside_the_supported_range_is_refused(target):
     version_file.write_text(version_file.read_text().replace("'0.32.0'", "'0.34.0'"))
     data = target.read_bytes()
     result = patch.apply(target)
-    assert (result.code, result.state) == (2, "unsupported")
+    assert (result.code, result.state) == (EXIT_UNSUPPORTED, "unsupported")
     assert "0.34.0" in result.message
     assert target.read_bytes() == data
 
@@ -169,8 +162,8 @@ def test_foreign_patch_is_refused(target):
     with target.open("a") as handle:
         handle.write("\n# community patch: DSPARK_MAX_INFLIGHT_PREFILLS\n")
     data = target.read_bytes()
-    assert (patch.status(target).code, patch.status(target).state) == (2, "foreign")
-    assert patch.apply(target).code == 2
+    assert (patch.status(target).code, patch.status(target).state) == (EXIT_UNSUPPORTED, "foreign")
+    assert patch.apply(target).code == EXIT_UNSUPPORTED
     assert target.read_bytes() == data
 
 
@@ -180,8 +173,8 @@ def test_edited_patched_file_is_reported_and_revert_recovers(target):
     with target.open("a") as handle:
         handle.write("# local edit\n")
     data = target.read_bytes()
-    assert (patch.status(target).code, patch.status(target).state) == (2, "modified")
-    assert patch.apply(target).code == 2 and target.read_bytes() == data
+    assert (patch.status(target).code, patch.status(target).state) == (EXIT_UNSUPPORTED, "modified")
+    assert patch.apply(target).code == EXIT_UNSUPPORTED and target.read_bytes() == data
     assert patch.revert(target).code == 0 and target.read_bytes() == original
 
 
@@ -193,7 +186,7 @@ def test_damaged_stored_original_refuses_revert(target):
     data = target.read_bytes()
     for action in (patch.status, patch.apply, patch.revert):
         result = action(target)
-        assert (result.code, result.state) == (2, "damaged"), result
+        assert (result.code, result.state) == (EXIT_UNSUPPORTED, "damaged"), result
         assert target.read_bytes() == data
 
 
@@ -241,9 +234,9 @@ def test_cli_exit_codes(target):
 
     drift(target, "self.max_num_active_reqs:\n", "self.max_active:\n")
     code, out = cli("status", *arg)
-    assert (code, out["state"]) == (2, "unsupported")
-    assert cli("check", *arg)[0] == 2
-    assert cli("apply", *arg)[0] == 2
+    assert (code, out["state"]) == (EXIT_UNSUPPORTED, "unsupported")
+    assert cli("check", *arg)[0] == EXIT_UNSUPPORTED
+    assert cli("apply", *arg)[0] == EXIT_UNSUPPORTED
 
 
 def test_cli_human_output_names_state_version_and_path(target):
@@ -256,9 +249,62 @@ def test_cli_human_output_names_state_version_and_path(target):
     assert "0.32.0" in proc.stdout and str(target) in proc.stdout
 
 
-def test_parse_cap_is_the_injected_parser():
-    assert patch.parse_cap(" 2 ") == (2, False)
-    assert patch.parse_cap("4") == (3, False)
-    assert patch.parse_cap("two", fallback=2) == (2, True)
-    assert patch.parse_cap(None, fallback=7) == (3, False)
-    assert patch.parse_cap("\u0663") == (1, True)
+@pytest.mark.parametrize("action", ["apply", "revert"])
+def test_failed_bytecode_cleanup_after_the_write_says_the_file_changed(target, action):
+    """Issue 14.11: the write and the clean-up are reported apart."""
+    original = target.read_bytes()
+    if action == "revert":
+        patch.apply(target)
+    # A directory where a .pyc would be: unlink() fails on it, even for root.
+    stuck = target.parent / "__pycache__" / f"scheduler.{sys.implementation.cache_tag}.pyc"
+    stuck.mkdir(parents=True)
+    result = getattr(patch, action)(target)
+    assert (result.code, result.changed) == (1, True), result
+    assert result.state == ("applied" if action == "apply" else "not-applied")
+    assert "left as it was" not in result.message
+    assert "the file changed" in result.message and str(stuck) in result.message
+    assert result.sha256_after == patch._sha(target.read_bytes())
+    assert (target.read_bytes() == original) == (action == "revert")
+    code, out = cli("status", "--target", str(target))
+    assert out["state"] == result.state
+
+
+def test_gate_without_its_marker_block_is_damaged_for_every_action(target):
+    """Issue 14.12: the injected gate calls helpers that lived in the lost block."""
+    patch.apply(target)
+    text = target.read_text()
+    target.write_text(text[: text.index("# >>> dspark-issue27 hotfix >>>")])
+    data = target.read_bytes()
+    for action in (patch.status, patch.check, patch.apply, patch.revert):
+        result = action(target)
+        assert (result.code, result.state) == (EXIT_UNSUPPORTED, "damaged"), (action.__name__, result)
+        assert "no marker block" in result.message
+        assert target.read_bytes() == data
+    assert cli("revert", "--target", str(target))[0] == EXIT_UNSUPPORTED
+
+
+OLD_PATCHES = REPO / "tests" / "issue27_old_patches"  # the released v1 and v2 scripts, gzipped
+
+
+@pytest.mark.parametrize("old_version", [1, 2])
+def test_upgrade_from_a_file_patched_by_an_older_release(target, tmp_path, old_version):
+    """A node patched by the released v1 or v2 script: status says outdated
+    (exit 3), apply re-patches from the stored original, revert restores it."""
+    import gzip
+
+    original = target.read_bytes()
+    old_script = tmp_path / f"patch_v{old_version}.py"
+    old_script.write_bytes(gzip.decompress((OLD_PATCHES / f"patch_v{old_version}.py.gz").read_bytes()))
+    proc = subprocess.run([sys.executable, "-I", "-S", str(old_script), "apply", "--target", str(target), "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["patch_version"] == old_version, proc.stderr
+    assert target.read_bytes() != original
+
+    old = patch.status(target)
+    assert (old.code, old.state, old.applied_patch_version) == (3, "outdated", old_version)
+    assert cli("status", "--target", str(target))[0] == 3
+    upgraded = patch.apply(target)
+    assert (upgraded.code, upgraded.state, upgraded.changed) == (0, "applied", True)
+    assert target.read_bytes() == patch.render_patched(original)
+    assert patch.status(target).applied_patch_version == patch.PATCH_VERSION
+    assert patch.revert(target).code == 0 and target.read_bytes() == original

@@ -29,9 +29,10 @@ import types
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-ENV_VAR = "DSPARK_MAX_INFLIGHT_PREFILLS"
-DIAG_ENV_VAR = "DSPARK_ISSUE43_SCHED_DIAG"
-GATE_MODE_ENV_VAR = "DSPARK_PREFILL_GATE_MODE"
+from dspark_launch.hotfix.contract import ENV_CAP as ENV_VAR
+from dspark_launch.hotfix.contract import ENV_DIAG as DIAG_ENV_VAR
+from dspark_launch.hotfix.contract import ENV_GATE_MODE as GATE_MODE_ENV_VAR
+
 SAMPLED_TOKEN = 7
 EOS_TOKEN = 2
 PATCHED_MODULE_NAME = "dspark_issue27_patched_scheduler"

@@ -97,6 +97,10 @@ def _stats(values: Sequence[float], digits: int = 1) -> dict:
     }
 
 
+def _mean(values: Sequence[float]) -> float | None:
+    return round(sum(values) / len(values), 1) if values else None
+
+
 def ideal_ttft_steps(prompt_len: int, workload: Workload) -> int:
     """Lower bound: the prompt over the budget left beside the decoding streams."""
     room = max(1, workload.budget - workload.n_streams)
@@ -153,11 +157,22 @@ def run_metrics(run: RunResult, workload: Workload) -> dict:
         ideal_steps.append(ideal_ttft_steps(prompt_len[rid], workload))
         ideal_ms.append(ideal_ttft_ms(prompt_len[rid], workload, MIXED_FIT))
 
+    by_class = {}
+    for name, ids in workload.classes:
+        steps_c, ms_c = [], []
+        for rid in ids:
+            produced = run.token_steps.get(rid)
+            if produced:
+                a, f = arrival[rid], produced[0]
+                steps_c.append(f - a + 1)
+                ms_c.append(cum[f + 1] - cum[a])
+        by_class[name] = {"n": len(ms_c), "model_ms": _stats(ms_c), "steps_mean": _mean(steps_c)}
+
     budget_use = [s.total_tokens / workload.budget for s in run.steps if s.scheduled]
     mid = [len(s.mid_prefill) for s in run.steps]
     stream_ids = [r.req_id for r in run.workload if r.req_id.startswith("stream-")]
     ttft_stats = _stats(ttft_steps)
-    mean = lambda xs: round(sum(xs) / len(xs), 1) if xs else None  # noqa: E731
+    mean = _mean
     return {
         "steps": len(run.steps),
         "finished": len(run.finished),
@@ -176,6 +191,7 @@ def run_metrics(run: RunResult, workload: Workload) -> dict:
         "ttft_model_ms": _stats(ttft_ms),
         "ttft_ideal_model_ms_mean": mean(ideal_ms),
         "ttft_solo_fit_ms_mean": mean(ttft_alt),
+        "ttft_by_class": by_class,
         "max_mid_prefill": max(mid, default=0),
         "max_partial_prefill_tokens": run.max_partial_prefill_tokens(),
         "max_prefill_tokens_in_decode_step": run.max_prefill_tokens_in_decode_steps(),

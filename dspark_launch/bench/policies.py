@@ -1,19 +1,22 @@
-"""The admission policies the scheduler benchmark compares, on the real vLLM scheduler.
+"""The admission policies `dspark bench scheduler` compares, on the real vLLM scheduler.
 
 Every policy is a real ``Scheduler`` / ``AsyncScheduler`` pair:
 
 * ``stock``: the installed vLLM, untouched (with ``long_prefill_token_threshold``
   0, vLLM's default, or with the workload's threshold: ``stock+thr``).
-* ``hotfix``: our issue-27 hotfix as shipped (a copy of ``scheduler.py``
-  patched by ``patches/hotfix-...py``), at cap 1, 2, 3 and in each gate mode.
+* ``hotfix``: the issue-27 hotfix as shipped (a copy of ``scheduler.py``
+  patched by the hotfix's own ``apply``), at the operator's cap and gate mode.
 * ``community``: the community recipe's gate **as published**
   (``len(self._inflight_prefills) >= cap`` at the top of the admission loop),
-  reproduced here, in the benchmark only, for comparison. It is never shipped.
-* ``variant``: prototype gates written on top of our hotfix to test ideas from
-  issue 6 (bench only; the one that won is shipped as a gate mode).
+  inserted into the *stock* text as a baseline; it does not touch, or depend
+  on, the hotfix's text. Never shipped.
+* ``stock-copy``: stock ``scheduler.py`` loaded from a copy the way the patched
+  ones are (a control for the overhead measurement).
 
-The variants replace the hotfix's gate text in a patched copy of the installed
-``scheduler.py``; nothing installed is modified.
+Prototype gates and the full experiment grid live outside the package, in
+``bench/`` (``bench/scheduler_experiments.py``); they register further
+policies through :data:`dspark_launch.bench.harness.POLICY_PROVIDERS`.
+Nothing installed is modified.
 """
 
 from __future__ import annotations
@@ -27,19 +30,18 @@ import sys
 import tempfile
 
 from dspark_launch.bench import harness as h
-
-#: Environment variable of the shipped gate mode (see the hotfix).
-GATE_MODE_ENV = "DSPARK_PREFILL_GATE_MODE"
+from dspark_launch.hotfix.contract import DEFAULT_CAP, DEFAULT_GATE_MODE, ENV_GATE_MODE
 
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """One column of the benchmark.
 
-    `kind`: stock | hotfix | community | variant. `threshold`: whether the
-    workload's long_prefill_token_threshold is passed to vLLM (stock without it
-    runs vLLM's default 0). `cap`: the in-flight cap of gated policies.
-    `mode`: the hotfix gate mode (DSPARK_PREFILL_GATE_MODE) or the variant name.
+    `kind`: stock | hotfix | community | stock-copy, or a provider registered
+    by an experiment (`provider` names it). `threshold`: whether the
+    workload's long_prefill_token_threshold is passed to vLLM (stock without
+    it runs vLLM's default 0). `cap`: the in-flight cap of gated policies.
+    `mode`: the hotfix gate mode (DSPARK_PREFILL_GATE_MODE) or a variant name.
     """
 
     name: str
@@ -48,10 +50,8 @@ class Policy:
     threshold: bool = True
     mode: str | int | None = None
     description: str = ""
-
-    @property
-    def gated(self) -> bool:
-        return self.kind != "stock"
+    provider: str | None = None  # a POLICY_PROVIDERS key (kind "variant")
+    env: tuple[tuple[str, str | None], ...] = ()  # further environment for the constructor
 
     def spec(self, **kw) -> h.SchedulerSpec:
         """The harness spec for this policy; `kw` carries the workload's settings."""
@@ -60,21 +60,16 @@ class Policy:
         if self.kind == "stock":
             return h.SchedulerSpec(policy="stock", **kw)
         if self.kind == "hotfix":
-            env = ((GATE_MODE_ENV, None if self.mode is None else str(self.mode)),)
-            return h.SchedulerSpec(policy="patched", cap=self.cap, extra_env=env, **kw)
+            env = ((ENV_GATE_MODE, None if self.mode is None else str(self.mode)),)
+            return h.SchedulerSpec(policy="patched", cap=self.cap, extra_env=env + self.env, **kw)
         if self.kind == "stock-copy":
             return h.SchedulerSpec(policy="bench-stock-copy", **kw)
         if self.kind == "community":
             return h.SchedulerSpec(policy="bench-community", cap=self.cap, **kw)
-        if self.kind == "variant":
-            return h.SchedulerSpec(policy=f"bench-variant-{self.mode}", cap=self.cap,
-                                   extra_env=((GATE_MODE_ENV, "0"),), **kw)
+        if self.provider:
+            return h.SchedulerSpec(policy=self.provider, cap=self.cap, extra_env=self.env, **kw)
         raise ValueError(f"unknown policy kind {self.kind!r}")
 
-
-# ---------------------------------------------------------------------------
-# Text of the comparison-only gates
-# ---------------------------------------------------------------------------
 
 # vLLM 0.31 .. 0.33 admission guard; the community gate goes right after it,
 # where the published patch put it (on <= 0.30 it anchored on
@@ -92,155 +87,12 @@ COMMUNITY_GATE = (
     "                    break\n"
 )
 
-# Our hotfix's gate, as it appears in a patched copy (replaced by variants,
-# which run the hotfix in mode 0 so that its own step bound is off).
-_HOTFIX_GATE_PREFIX = "                if (  # dspark-issue27\n"
-_HOTFIX_GATE_END = "                    continue\n"
-
-_SPENT_HELPER = '''
-
-def _bench_prefill_spent(sched, num_scheduled_tokens):
-    """Prefill tokens the running prefills claim this step (bench variants):
-    each its next chunk, min(threshold, remaining), whether or not the budget
-    let the running loop schedule all of it."""
-    thr = sched.scheduler_config.long_prefill_token_threshold
-    spent = 0
-    for request in sched.running:
-        if request.is_prefill_chunk:
-            left = request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
-            scheduled = num_scheduled_tokens.get(request.request_id, 0)
-            spent += max(scheduled, min(left, thr)) if thr > 0 else scheduled
-    return spent
-
-
-def _bench_decoding(sched):
-    return any(not request.is_prefill_chunk for request in sched.running)
-'''
-
-# Prototype gates (issue 6, "go beyond the plain cap"). Names used below:
-# c = cap, T = long_prefill_token_threshold, K = a per-step prefill token
-# bound. `_bench_need` is the peeked prompt's remaining tokens (an upper
-# bound: prefix-cache hits are not known yet), `_bench_chunk` the chunk it
-# would get, `_bench_partial_after` whether it stays mid-prefill.
-_VARIANT_PREAMBLE = (
-    "                _bench_req = request_queue.peek_request()\n"
-    "                _bench_thr = self.scheduler_config.long_prefill_token_threshold\n"
-    "                _bench_need = _bench_req.num_tokens - _bench_req.num_computed_tokens\n"
-    "                _bench_chunk = min(_bench_need, _bench_thr if _bench_thr > 0 else token_budget)\n"
-    "                _bench_partial_after = _bench_chunk < _bench_need\n"
-    "                _bench_free = _dspark_i27_holds_kv(_bench_req)\n"
-)
-
-VARIANT_GATES: dict[str, tuple[str, str]] = {
-    # Count cap c for prompts that stay mid-prefill; prompts that finish
-    # within the step pass while the step's prefill tokens stay <= (c+1) * T;
-    # a blocked long head is stepped over (at most 8 per step) so that a short
-    # prompt queued behind it is not held back.
-    "lane-skip": (
-        "count gate for prompts that stay partial, prompts finishing in the step pass while prefill tokens <= (cap+1) x threshold, up to 8 blocked long prompts per step stepped over",
-        _VARIANT_PREAMBLE
-        + "                if not _bench_free and (\n"
-        "                    (_bench_partial_after and _dspark_partial >= self._dspark_max_inflight_prefills)\n"
-        "                    or (_bench_thr > 0 and _bench_spent and _bench_spent + _bench_chunk\n"
-        "                        > (self._dspark_max_inflight_prefills + 1) * _bench_thr)\n"
-        "                ):\n"
-        "                    if _bench_skips >= 8 or not (_bench_partial_after and _dspark_partial >= self._dspark_max_inflight_prefills):\n"
-        "                        break\n"
-        "                    _bench_skips += 1\n"
-        "                    skip_request(request_queue)\n"
-        "                    continue\n",
-    ),
-    # The hotfix's count gate, and the waiting section gets only the prefill
-    # tokens left under K = c * T: a new prompt's first chunk fills what the
-    # previous prompt's last chunk left (the step never exceeds K).
-    "budget": (
-        "count gate + the waiting section's token budget cut to cap x threshold minus running prefills' chunks",
-        _VARIANT_PREAMBLE
-        + "                if (\n"
-        "                    _dspark_partial >= self._dspark_max_inflight_prefills\n"
-        "                    and not _bench_free\n"
-        "                ):\n"
-        "                    break\n",
-    ),
-    # Mode-0 count gate for prompts that stay partial (blocked ones stepped
-    # over, 8 per step); prompts that finish within the step pass while the
-    # step's prefill tokens stay <= (cap + 1/2) x threshold.
-    "shortlane": (
-        "count gate for prompts that stay partial (blocked ones stepped over, 8 per step); prompts finishing within the step pass while prefill tokens <= (cap + 1/2) x threshold",
-        _VARIANT_PREAMBLE
-        + "                if not _bench_free:\n"
-        "                    if _bench_partial_after:\n"
-        "                        if _dspark_partial >= self._dspark_max_inflight_prefills:\n"
-        "                            if _bench_skips >= 8:\n"
-        "                                break\n"
-        "                            _bench_skips += 1\n"
-        "                            skip_request(request_queue)\n"
-        "                            continue\n"
-        "                    elif _bench_thr > 0 and _bench_spent and (\n"
-        "                        _bench_spent + _bench_chunk > (self._dspark_max_inflight_prefills + 0.5) * _bench_thr\n"
-        "                    ):\n"
-        "                        break\n",
-    ),
-    # Gate only while a decode-active request runs (idle: admit like stock).
-    "decode-aware": (
-        "cap applies only while a decode-active request is running",
-        _VARIANT_PREAMBLE
-        + "                if (\n"
-        "                    _bench_decoding_now\n"
-        "                    and _dspark_partial >= self._dspark_max_inflight_prefills\n"
-        "                    and not _bench_free\n"
-        "                ):\n"
-        "                    break\n",
-    ),
-}
-
-
-def _hotfix_text(original: str) -> str:
-    from dspark_launch.hotfix import issue27_patch
-
-    return issue27_patch.render_patched(original.encode("utf-8")).decode("utf-8")
-
 
 def community_text(original: str) -> str:
     """The installed scheduler.py with the community gate (comparison only)."""
     if original.count(_GUARD) != 1:
         raise RuntimeError("admission guard not found: this vLLM's layout is not the 0.31+ one")
     return original.replace(_GUARD, _GUARD + COMMUNITY_GATE, 1)
-
-
-def variant_text(original: str, name: str) -> str:
-    """Our hotfix with its gate replaced by the prototype `name`."""
-    text = _hotfix_text(original)
-    start = text.index(_HOTFIX_GATE_PREFIX)
-    end = text.index(_HOTFIX_GATE_END, start) + len(_HOTFIX_GATE_END)
-    text = text[:start] + VARIANT_GATES[name][1] + text[end:]
-    site = "        _dspark_partial, _dspark_spent = _dspark_i27_running_partials(  # dspark-issue27\n"
-    assert text.count(site) == 1
-    text = text.replace(
-        site,
-        "        _bench_spent = _bench_prefill_spent(self, num_scheduled_tokens)\n"
-        "        _bench_decoding_now = _bench_decoding(self)\n"
-        "        _bench_skips = 0\n" + site,
-        1,
-    )
-    if name == "budget":
-        share = "0.0"
-        section = "        # Next, schedule the WAITING requests.\n"
-        assert text.count(section) == 1
-        text = text.replace(
-            section,
-            "        _bench_thr_cfg = self.scheduler_config.long_prefill_token_threshold\n"
-            "        if _bench_thr_cfg > 0:\n"
-            "            _bench_k = int((self._dspark_max_inflight_prefills + " + share + ") * _bench_thr_cfg)\n"
-            "            token_budget = min(token_budget, max(0, _bench_k - _bench_spent))\n"
-            + section,
-            1,
-        )
-    admit = "                    _dspark_partial += 1\n"
-    assert text.count(admit) == 1
-    text = text.replace(admit, admit + "                _bench_spent += num_new_tokens\n", 1)
-    block = "# >>> dspark-issue27 hotfix >>>\n"
-    return text.replace(block, block + _SPENT_HELPER.lstrip("\n") + "\n", 1)
 
 
 _WORKDIR: list[pathlib.Path] = []
@@ -255,7 +107,7 @@ def _workdir() -> pathlib.Path:
 
 
 @functools.lru_cache(maxsize=None)
-def _classes_from_text(module_name: str, text: str) -> tuple[type, type]:
+def classes_from_text(module_name: str, text: str) -> tuple[type, type]:
     """(Scheduler, AsyncScheduler) from a scheduler.py text, loaded as module
     `module_name`; AsyncScheduler's own source is loaded against it."""
     import vllm.v1.core.sched.async_scheduler as stock_async
@@ -277,7 +129,7 @@ def _classes_from_text(module_name: str, text: str) -> tuple[type, type]:
     return module.Scheduler, async_module.AsyncScheduler
 
 
-def _installed_text() -> str:
+def installed_text() -> str:
     import vllm.v1.core.sched.scheduler as stock
 
     return pathlib.Path(stock.__file__).read_text(encoding="utf-8")
@@ -293,75 +145,64 @@ def _with_cap(base: tuple[type, type], cap: int) -> tuple[type, type]:
 
 
 def _community_provider(spec: h.SchedulerSpec) -> tuple[type, type]:
-    base = _classes_from_text("dspark_bench_community_scheduler", community_text(_installed_text()))
+    base = classes_from_text("dspark_bench_community_scheduler", community_text(installed_text()))
     return _with_cap(base, int(spec.cap or 1))
 
 
-def _variant_provider(name: str):
-    def provide(spec: h.SchedulerSpec) -> tuple[type, type]:
-        module = "dspark_bench_variant_" + name.replace("-", "_")
-        return _classes_from_text(module, variant_text(_installed_text(), name))
-
-    return provide
-
-
 def _stock_copy_provider(spec: h.SchedulerSpec) -> tuple[type, type]:
-    """The installed scheduler.py unchanged, loaded from a copy the way the
-    patched ones are (a control for the overhead measurement)."""
-    return _classes_from_text("dspark_bench_stock_copy", _installed_text())
+    return classes_from_text("dspark_bench_stock_copy", installed_text())
 
 
 def register() -> None:
     """Make the comparison-only policies buildable by the harness."""
     h.POLICY_PROVIDERS["bench-community"] = _community_provider
     h.POLICY_PROVIDERS["bench-stock-copy"] = _stock_copy_provider
-    for name in VARIANT_GATES:
-        h.POLICY_PROVIDERS[f"bench-variant-{name}"] = _variant_provider(name)
 
 
-#: The configuration the hotfix ships with (DSPARK_MAX_INFLIGHT_PREFILLS=1,
-#: DSPARK_PREFILL_GATE_MODE=1) and the plain cap 1 it is judged against.
-SHIPPED = "hotfix-m1:1"
-CAP1 = "hotfix-m0:1"
+def hotfix_name(cap: int, mode: int) -> str:
+    return f"hotfix-m{mode}:{cap}"
 
 
-def overhead_policies() -> list[Policy]:
+#: The configuration the hotfix ships with (contract defaults).
+SHIPPED = hotfix_name(DEFAULT_CAP, DEFAULT_GATE_MODE)
+#: The reference every policy of the packaged run is compared with.
+STOCK_THR = "stock+thr"
+
+
+def hotfix(cap: int, mode: int, note: str = "") -> Policy:
+    return Policy(hotfix_name(cap, mode), "hotfix", cap=cap, mode=mode,
+                  description=f"the shipped hotfix, gate mode {mode}, cap {cap}{note}")
+
+
+def stock_policies() -> list[Policy]:
+    return [
+        Policy("stock", "stock", threshold=False, description="vLLM as installed, long_prefill_token_threshold 0 (its default)"),
+        Policy(STOCK_THR, "stock", description="vLLM as installed, with the workload's threshold"),
+    ]
+
+
+def community(cap: int) -> Policy:
+    return Policy(f"community:{cap}", "community", cap=cap,
+                  description=f"community gate as published, len(self._inflight_prefills) >= {cap} (baseline)")
+
+
+#: Gate mode of patch v2 (the previous default), kept in v3 as mode 1.
+V2_MODE = 1
+
+
+def operator_policies(cap: int = DEFAULT_CAP, mode: int = DEFAULT_GATE_MODE) -> list[Policy]:
+    """What `dspark bench scheduler` compares: stock, the community gate at the
+    same cap as a baseline, patch v2's gate (mode 1) and the hotfix at the
+    operator's settings."""
+    previous = [] if mode == V2_MODE else [hotfix(cap, V2_MODE, " (patch v2's gate)")]
+    return stock_policies() + [community(cap)] + previous + [hotfix(cap, mode)]
+
+
+def overhead_policies(cap: int = DEFAULT_CAP, mode: int = DEFAULT_GATE_MODE) -> list[Policy]:
     """Stock first (the baseline), then the controls, then the hotfix."""
     return [
-        Policy("stock+thr", "stock", description="baseline"),
+        Policy(STOCK_THR, "stock", description="baseline"),
         Policy("stock (A/A)", "stock", description="control: a second stock scheduler"),
         Policy("stock-copy", "stock-copy", description="control: stock scheduler.py loaded from a copy, as the patched ones are"),
-        Policy(CAP1, "hotfix", cap=1, mode=0, description="hotfix mode 0, cap 1"),
-        Policy(SHIPPED, "hotfix", cap=1, mode=1, description="hotfix mode 1, cap 1 (shipped default)"),
+        hotfix(cap, mode),
     ]
-
-
-def comparison_policies(variants: bool = False) -> list[Policy]:
-    """Every policy of one benchmark run, in table order."""
-    policies = [
-        Policy("stock", "stock", threshold=False, description="vLLM as installed, long_prefill_token_threshold 0 (its default)"),
-        Policy("stock+thr", "stock", description="vLLM as installed, with the workload's threshold"),
-    ]
-    policies += [
-        Policy(f"community:{c}", "community", cap=c,
-               description=f"community gate as published, len(self._inflight_prefills) >= {c}")
-        for c in (1, 2, 3)
-    ]
-    policies += [
-        Policy(f"hotfix-m0:{c}", "hotfix", cap=c, mode=0,
-               description=f"our hotfix, mode 0 (count gate, patch v1 behaviour), cap {c}")
-        for c in (1, 2, 3)
-    ]
-    policies += [
-        Policy(f"hotfix-m1:{c}", "hotfix", cap=c, mode=1,
-               description=f"our hotfix, mode 1 (count gate + step bound (cap+1/2) x threshold, "
-                           f"short-prompt room, blocked long prompts stepped over), cap {c}")
-        for c in (1, 2, 3)
-    ]
-    if variants:
-        policies += [
-            Policy(f"{name}:{c}", "variant", cap=c, mode=name, description=desc)
-            for name, (desc, _) in VARIANT_GATES.items()
-            for c in (1,)
-        ]
-    return policies

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import math
 import pathlib
 from collections.abc import Iterable, Sequence
 
-from dspark_launch.bench.policies import CAP1, SHIPPED
+from dspark_launch.bench.policies import hotfix_name
 
-SCHEMA_PATH = pathlib.Path(__file__).resolve().parents[2] / "docs" / "bench-schema.json"
+#: The result's JSON schema, shipped inside the package (docs link to it).
+SCHEMA_RESOURCE = "bench-schema.json"
+#: Plain cap 1 (gate mode 0): the reference of the issue-6 targets, when a run has it.
+CAP1 = hotfix_name(1, 0)
+
+
+def schema_text() -> str:
+    return importlib.resources.files("dspark_launch.bench").joinpath(SCHEMA_RESOURCE).read_text(encoding="utf-8")
 
 
 def _runs(result: dict, scheduler: str = "Scheduler") -> dict[tuple[str, str], dict]:
@@ -38,8 +46,9 @@ def _r(x: float | None, digits: int = 3) -> float | None:
 # ---------------------------------------------------------------------------
 
 
-def policy_summary(result: dict, scheduler: str = "Scheduler", ref: str = CAP1) -> list[dict]:
-    """Per policy, against `ref` over every workload."""
+def policy_summary(result: dict, scheduler: str = "Scheduler", ref: str | None = None) -> list[dict]:
+    """Per policy, against `ref` (the result's reference policy) over every workload."""
+    ref = ref or result["reference_policy"]
     runs = _runs(result, scheduler)
     loads = [w["name"] for w in result["workloads"]]
     out = []
@@ -80,23 +89,24 @@ def targets(result: dict, scheduler: str = "Scheduler") -> list[dict]:
     loads = {w["name"]: w for w in result["workloads"]}
     have = {p["name"] for p in result["policies"]}
     out: list[dict] = []
+    shipped = result["shipped_default"]
 
-    if {SHIPPED, CAP1} <= have:
+    if {shipped, CAP1} <= have:
         worst = max(
-            ((_ratio(runs[(w, SHIPPED)]["latency_proxy_tokens"]["p99"], runs[(w, CAP1)]["latency_proxy_tokens"]["p99"]), w)
+            ((_ratio(runs[(w, shipped)]["latency_proxy_tokens"]["p99"], runs[(w, CAP1)]["latency_proxy_tokens"]["p99"]), w)
              for w in loads),
         )
         out.append({
             "id": "p99-proxy-vs-cap1",
             "text": "with the shipped defaults, p99 latency proxy within 10% of cap 1 on every workload",
             "met": worst[0] <= 1.10,
-            "numbers": {"worst_ratio": _r(worst[0]), "worst_workload": worst[1], "policy": SHIPPED, "cap1": CAP1},
+            "numbers": {"worst_ratio": _r(worst[0]), "worst_workload": worst[1], "policy": shipped, "cap1": CAP1},
         })
-    if {SHIPPED, "stock"} <= have:
+    if {shipped, "stock"} <= have:
         waves = [w for w, d in loads.items() if d["kind"] == "wave"]
         rows = []
         for w in waves:
-            a, s = runs[(w, SHIPPED)], runs[(w, "stock")]
+            a, s = runs[(w, shipped)], runs[(w, "stock")]
             st = runs.get((w, "stock+thr"))
             rows.append((
                 _ratio(a["ttft_model_ms"]["mean"], s["ttft_model_ms"]["mean"]),
@@ -117,13 +127,13 @@ def targets(result: dict, scheduler: str = "Scheduler") -> list[dict]:
                 "ratio_vs_stock_thr_max": _r(max(r[2] for r in rows if r[2] is not None)),
                 "ratio_vs_stock_thr_min": _r(min(r[2] for r in rows if r[2] is not None)),
                 "steps_ratio_vs_stock_thr_max": _r(max(r[3] for r in rows if r[3] is not None)),
-                "policy": SHIPPED,
+                "policy": shipped,
             },
         })
-    if {SHIPPED, CAP1} <= have:
+    if {shipped, CAP1} <= have:
         kv = [w for w, d in loads.items() if d["kind"] == "kv-pressure"]
         if kv:
-            pairs = [(runs[(w, SHIPPED)], runs[(w, CAP1)], runs.get((w, "stock+thr")), w) for w in kv]
+            pairs = [(runs[(w, shipped)], runs[(w, CAP1)], runs.get((w, "stock+thr")), w) for w in kv]
             out.append({
                 "id": "kv-stall-vs-cap1",
                 "text": "under KV pressure, no longer stall than cap 1",
@@ -136,14 +146,15 @@ def targets(result: dict, scheduler: str = "Scheduler") -> list[dict]:
                     for a, b, s, w in pairs
                 },
             })
+    out += _issue15_targets(result, runs, loads, have, shipped)
     overhead = result.get("overhead")
     if overhead:
         big = max(overhead["scenarios"], key=lambda sc: sc["running"])
         rows = {r["policy"]: r for r in big["policies"]}
-        if SHIPPED in rows:
+        if shipped in rows:
             controls = [r["ratio_paired_median"] for name, r in rows.items()
-                        if name not in (SHIPPED, CAP1) and name != big["policies"][0]["policy"]]
-            row = rows[SHIPPED]
+                        if name not in (shipped, CAP1) and name != big["policies"][0]["policy"]]
+            row = rows[shipped]
             noise = max((abs(c - 1) for c in controls), default=0.0)
             out.append({
                 "id": "overhead-256-1024",
@@ -162,7 +173,7 @@ def targets(result: dict, scheduler: str = "Scheduler") -> list[dict]:
                 },
             })
     community = [p for p in have if p.startswith("community:")]
-    if community:
+    if any(int(name.split(":")[1]) >= 2 for name in community):
         seen = {}
         for name in sorted(community):
             cap = int(name.split(":")[1])
@@ -177,6 +188,70 @@ def targets(result: dict, scheduler: str = "Scheduler") -> list[dict]:
     return out
 
 
+#: Issue 15's bounds: cached turns and short prompts against stock with the
+#: threshold; p99 inter-token time and long prompts against patch v2's gate.
+CLASS_TTFT_VS_STOCK = 1.2
+ITL_P99_VS_V2 = 1.10
+LONG_TTFT_VS_V2 = 1.0
+
+
+def class_mean(run: dict, name: str) -> float | None:
+    entry = run["ttft_by_class"].get(name)
+    return entry["model_ms"]["mean"] if entry and entry["n"] else None
+
+
+def class_ratios(result: dict, policy: str, ref: str, name: str, scheduler: str = "Scheduler") -> dict[str, float]:
+    """Per workload: mean modelled TTFT of class `name`, `policy` over `ref`."""
+    runs = _runs(result, scheduler)
+    out = {}
+    for w in result["workloads"]:
+        a, b = runs.get((w["name"], policy)), runs.get((w["name"], ref))
+        if a and b:
+            ratio = _ratio(class_mean(a, name), class_mean(b, name))
+            if ratio is not None:
+                out[w["name"]] = round(ratio, 3)
+    return out
+
+
+def _issue15_targets(result: dict, runs: dict, loads: dict, have: set, shipped: str) -> list[dict]:
+    cap = next((p["cap"] for p in result["policies"] if p["name"] == shipped), None)
+    v2 = hotfix_name(cap or 1, 1)
+    out: list[dict] = []
+    new_loads = [w for w, d in loads.items() if d["kind"] in ("agent", "short-stream")]
+    if {shipped, "stock+thr"} <= have and new_loads:
+        for name in ("cached", "short"):
+            ratios = {w: r for w, r in class_ratios(result, shipped, "stock+thr", name).items() if w in new_loads}
+            if ratios:
+                worst = max(ratios, key=ratios.get)
+                out.append({
+                    "id": f"ttft-{name}-vs-stock",
+                    "text": f"mean modelled TTFT of {name} prompts within {CLASS_TTFT_VS_STOCK}x of stock+thr's "
+                            f"on the agent and short-stream workloads",
+                    "met": ratios[worst] <= CLASS_TTFT_VS_STOCK,
+                    "numbers": {"ratios": ratios, "worst_workload": worst, "policy": shipped},
+                })
+    if {shipped, v2} <= have and shipped != v2:
+        itl = {w: _r(_ratio(runs[(w, shipped)]["itl_model_ms"]["p99"], runs[(w, v2)]["itl_model_ms"]["p99"]))
+               for w in loads}
+        worst = max(itl, key=itl.get)
+        out.append({
+            "id": "p99-itl-vs-v2",
+            "text": f"p99 modelled inter-token time within {ITL_P99_VS_V2 - 1:.0%} of patch v2's ({v2}) on every workload",
+            "met": itl[worst] <= ITL_P99_VS_V2,
+            "numbers": {"worst_ratio": itl[worst], "worst_workload": worst, "policy": shipped, "v2": v2},
+        })
+        longs = class_ratios(result, shipped, v2, "long")
+        if longs:
+            worst = max(longs, key=longs.get)
+            out.append({
+                "id": "ttft-long-vs-v2",
+                "text": f"mean modelled TTFT of long prompts no worse than patch v2's ({v2}) on every workload",
+                "met": longs[worst] <= LONG_TTFT_VS_V2,
+                "numbers": {"ratios": longs, "worst_workload": worst, "policy": shipped, "v2": v2},
+            })
+    return out
+
+
 # ---------------------------------------------------------------------------
 # Text output
 # ---------------------------------------------------------------------------
@@ -187,11 +262,11 @@ COLUMNS = (
 )
 
 
-def _row(r: dict) -> list[str]:
+def _row(r: dict, shipped: str) -> list[str]:
     lp, itl, ts, tm = r["latency_proxy_tokens"], r["itl_model_ms"], r["ttft_steps"], r["ttft_model_ms"]
     fmt = lambda v, d=0: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
     return [
-        r["policy"] + (" *" if r["policy"] == SHIPPED else ""),
+        r["policy"] + (" *" if r["policy"] == shipped else ""),
         str(r["max_mid_prefill"]),
         f"{fmt(lp['p50'])}/{fmt(lp['p99'])}/{fmt(lp['max'])}",
         f"{fmt(itl['p50'])}/{fmt(itl['p99'])}",
@@ -220,6 +295,13 @@ def _workload_line(w: dict) -> str:
         what = f"{p['n_streams']} streams decoding, then {p['n_wave']} prompts of {p['prompt_tokens_full']:,} tokens at step {p['arrival_step']}"
     elif w["kind"] == "steady":
         what = f"{p['n_streams']} streams; {p['n_prompts']} prompts, one every {p['every_ms_model']:g} ms of modelled time, sizes (K) {p['mix_k']}"
+    elif w["kind"] == "agent":
+        what = (f"{p['n_streams']} streams; {p['n_sessions']} agent sessions x {p['turns']} turns (one every "
+                f"{p['every_ms_model']:g} ms, each resending the conversation: 92-98% prefix hits) beside "
+                f"{p['n_docs']} cold {p['doc_tokens_full']:,}-token documents (one every {p['doc_every_ms_model']:g} ms)")
+    elif w["kind"] == "short-stream":
+        what = (f"{p['n_streams']} streams; {p['n_prompts']} short prompts (sizes K {p['mix_k']}), one every "
+                f"{p['every_ms_model']:g} ms, and one cold {p['long_tokens_full']:,}-token prompt at {p['long_at_ms_model']:g} ms")
     else:
         what = (f"4 streams, {p['n_wave']} prompts of {p['prompt_tokens_full']:,} tokens at step 4, 4 more streams at "
                 f"steps 6-9, KV pool {w['num_blocks']} blocks x {w['block_size']} = {p['pool_share']:.0%} of the prompts")
@@ -235,7 +317,7 @@ def runs_table(result: dict, scheduler: str = "Scheduler", markdown: bool = Fals
     for w in result["workloads"]:
         if wanted is not None and w["name"] not in wanted:
             continue
-        rows = [_row(r) for r in runs if r["workload"] == w["name"]]
+        rows = [_row(r, result["shipped_default"]) for r in runs if r["workload"] == w["name"]]
         if not rows:
             continue
         title = _workload_line(w)
@@ -244,13 +326,14 @@ def runs_table(result: dict, scheduler: str = "Scheduler", markdown: bool = Fals
 
 
 def summary_table(result: dict, scheduler: str = "Scheduler", markdown: bool = False) -> str:
-    head = ("policy", f"p99 proxy / {CAP1} (min..max)", "p99 ITL model / cap 1 (max)",
-            "TTFT steps / cap 1 (geo-mean)", "TTFT model / cap 1 (geo-mean, min..max)",
+    ref = result["reference_policy"]
+    head = ("policy", f"p99 proxy / {ref} (min..max)", f"p99 ITL model / {ref} (max)",
+            f"TTFT steps / {ref} (geo-mean)", f"TTFT model / {ref} (geo-mean, min..max)",
             "preemptions (all loads)", "longest gap", "max mid-prefill")
     rows = []
     for s in policy_summary(result, scheduler):
         rows.append([
-            s["policy"] + (" *" if s["policy"] == SHIPPED else ""),
+            s["policy"] + (" *" if s["policy"] == result["shipped_default"] else ""),
             f"{s['p99_proxy_ratio_min']:.2f}..{s['p99_proxy_ratio_max']:.2f}",
             f"{s['p99_itl_model_ratio_max']:.2f}",
             f"{s['ttft_steps_ratio_geomean']:.2f}",
@@ -286,7 +369,8 @@ def terminal(result: dict) -> str:
     parts = []
     for scheduler in result["schedulers"]:
         parts.append(f"== {scheduler}: every run (* = shipped default) ==\n\n" + runs_table(result, scheduler))
-        parts.append(f"== {scheduler}: each policy against {CAP1} over all workloads ==\n\n" + summary_table(result, scheduler))
+        parts.append(f"== {scheduler}: each policy against {result['reference_policy']} over all workloads ==\n\n"
+                     + summary_table(result, scheduler))
     if result.get("overhead"):
         parts.append("== schedule() overhead ==\n\n" + overhead_text(result["overhead"]))
     parts.append("== targets (Scheduler) ==\n\n" + targets_text(result["targets"]))
@@ -299,13 +383,12 @@ def terminal(result: dict) -> str:
 
 
 def validate(result: dict, schema_path: pathlib.Path | None = None) -> None:
-    """Raise ValueError when `result` does not match docs/bench-schema.json.
+    """Raise ValueError when `result` does not match the packaged bench-schema.json.
 
     Uses `jsonschema` (a dependency of vLLM); without it only the top-level
     required keys are checked.
     """
-    path = schema_path or SCHEMA_PATH
-    schema = json.loads(path.read_text(encoding="utf-8"))
+    schema = json.loads(schema_path.read_text(encoding="utf-8") if schema_path else schema_text())
     try:
         import jsonschema
     except ImportError:

@@ -78,10 +78,10 @@ def versions() -> dict:
 
 def run_suite(
     scale: Fraction,
+    pols: Sequence[policies.Policy],
     grid: str = "full",
     async_scheduling: bool = False,
-    variants: bool = True,
-    policy_filter: Callable[[policies.Policy], bool] | None = None,
+    shipped: str = policies.SHIPPED,
     workload_filter: Callable[[workloads.Workload], bool] | None = None,
     progress: Callable[[str], None] | None = None,
     model_dir: pathlib.Path | None = None,
@@ -95,7 +95,6 @@ def run_suite(
     """
     model_dir = model_dir or prepare()
     loads = [w for w in workloads.suite(scale, grid) if workload_filter is None or workload_filter(w)]
-    pols = [p for p in policies.comparison_policies(variants) if policy_filter is None or policy_filter(p)]
     rows = []
     for load in loads:
         for pol in pols:
@@ -120,33 +119,42 @@ def run_suite(
         "workloads": [w.describe() for w in loads],
         "policies": [
             {"name": p.name, "kind": p.kind, "cap": p.cap, "threshold": p.threshold,
-             "mode": p.mode, "description": p.description, "shipped_default": p.name == policies.SHIPPED}
+             "mode": p.mode, "description": p.description, "shipped_default": p.name == shipped}
             for p in pols
         ],
         "runs": rows,
     }
 
 
-PLOT_POLICIES = ("stock+thr", policies.CAP1, policies.SHIPPED)
 PLOT_WORKLOAD = "wave-8k-x8-seqs16"
 SCHEDULERS = ("Scheduler", "AsyncScheduler")
 
 
 def run(
     scale: Fraction,
+    compared: Sequence[policies.Policy] | None = None,
+    reference: str = policies.STOCK_THR,
+    shipped: str = policies.SHIPPED,
     grid: str = "full",
     schedulers: Sequence[str] = SCHEDULERS,
-    variants: bool = True,
+    overhead_compared: Sequence[policies.Policy] | None = None,
     overhead_reps: tuple[int, int] | None = (2000, 400),
     plot_path: pathlib.Path | None = None,
     plot_workload: str | None = None,
+    plot_policies: Sequence[str] | None = None,
     progress: Callable[[str], None] | None = None,
     command: Sequence[str] = (),
 ) -> dict:
     """The whole benchmark: every policy on every workload under each scheduler
-    class, the overhead scenarios, the targets and (optionally) the plot."""
+    class, the overhead scenarios, the targets and (optionally) the plot.
+
+    Defaults: the operator's comparison at the shipped settings
+    (`policies.operator_policies()`), judged against stock with the threshold.
+    `shipped` names the policy the targets are about."""
     started = time.time()
     model_dir = prepare()
+    pols = list(compared) if compared is not None else policies.operator_policies()
+    plot_policies = tuple(plot_policies or (policies.STOCK_THR, shipped))
     loads = workloads.suite(scale, grid)
     if plot_workload is None:
         names = [w.name for w in loads]
@@ -157,14 +165,15 @@ def run(
         if kind not in SCHEDULERS:
             raise ValueError(f"unknown scheduler {kind!r}; use {' or '.join(SCHEDULERS)}")
         suites[kind] = run_suite(
-            scale, grid, async_scheduling=kind == "AsyncScheduler", variants=variants, progress=progress,
+            scale, pols, grid, async_scheduling=kind == "AsyncScheduler", shipped=shipped, progress=progress,
             model_dir=model_dir, keep_runs=kept if kind == schedulers[0] else None, keep_workload=plot_workload,
         )
     overhead_result = None
     if overhead_reps:
         if progress:
             progress("overhead: schedule() at 6 and 256 running ...")
-        overhead_result = overhead.measure(model_dir, policies.overhead_policies(), *overhead_reps)
+        over = list(overhead_compared) if overhead_compared else policies.overhead_policies()
+        overhead_result = overhead.measure(model_dir, over, *overhead_reps)
     first = suites[schedulers[0]]
     result = {
         "schema_version": SCHEMA_VERSION,
@@ -179,8 +188,8 @@ def run(
             "primary": metrics.MIXED_FIT.describe(),
             "sensitivity": metrics.SOLO_FIT.describe(),
         },
-        "shipped_default": policies.SHIPPED,
-        "cap1_reference": policies.CAP1,
+        "shipped_default": shipped,
+        "reference_policy": reference,
         "workloads": first["workloads"],
         "policies": first["policies"],
         "runs": [row for suite in suites.values() for row in suite["runs"]],
@@ -192,7 +201,7 @@ def run(
         load = next(w for w in loads if w.name == plot_workload)
         series = {
             name: metrics.tokens_per_step(kept[(plot_workload, name)])
-            for name in PLOT_POLICIES if (plot_workload, name) in kept
+            for name in plot_policies if (plot_workload, name) in kept
         }
         if series:
             report.plot_tokens(series, plot_workload, pathlib.Path(plot_path), load.threshold, load.budget)

@@ -19,6 +19,7 @@ K = 1000  # "8K" is 8,000 tokens: real prompts are not multiples of the chunk si
 FULL_BUDGET = 8192
 FULL_THRESHOLD = 1024
 STREAM_PROMPT = 512  # full-size prompt of a decoding stream
+SHORT_MAX = 2 * K  # full-size prompts up to this are the "short" class
 BLOCK_SIZE = 16
 
 
@@ -47,6 +48,9 @@ class Workload:
     max_model_len: int
     scale: Fraction
     params: dict
+    # Request class -> ids (cached turn, short, long) for per-class time to first token.
+    classes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    prefix_caching: bool = False
 
     def scheduler_kwargs(self) -> dict:
         return dict(
@@ -56,6 +60,7 @@ class Workload:
             num_blocks=self.num_blocks,
             block_size=BLOCK_SIZE,
             max_model_len=self.max_model_len,
+            enable_prefix_caching=self.prefix_caching,
         )
 
     def describe(self) -> dict:
@@ -72,6 +77,8 @@ class Workload:
             "block_size": BLOCK_SIZE,
             "max_model_len": self.max_model_len,
             "n_streams": self.n_streams,
+            "prefix_caching": self.prefix_caching,
+            "classes": {name: list(ids) for name, ids in self.classes},
             "requests": [
                 [r.req_id, r.arrival_step if r.arrival_ms is None else None, r.arrival_ms,
                  r.prompt_len, r.max_tokens]
@@ -94,13 +101,21 @@ def _blocks(tokens: int) -> int:
 
 
 def _unpressured(name: str, kind: str, streams: list, prompts: list, max_num_seqs: int, budget: int,
-                 threshold: int, scale: Fraction, params: dict) -> Workload:
-    """A workload whose KV pool holds every request at once (64 spare blocks)."""
+                 threshold: int, scale: Fraction, params: dict, classes: dict[str, list[str]] | None = None,
+                 prefix_caching: bool = False) -> Workload:
+    """A workload whose KV pool holds every request at once (64 spare blocks).
+
+    `classes` defaults to prompts up to SHORT_MAX (full size) as "short", the rest "long"."""
     requests = streams + prompts
     tokens = sum(r.prompt_len + r.max_tokens for r in requests)
+    if classes is None:
+        short = scaled(SHORT_MAX, scale)
+        classes = {"short": [r.req_id for r in prompts if r.prompt_len <= short],
+                   "long": [r.req_id for r in prompts if r.prompt_len > short]}
     return Workload(name=name, kind=kind, requests=tuple(requests), prompts=tuple(r.req_id for r in prompts),
                     n_streams=len(streams), max_num_seqs=max_num_seqs, budget=budget, threshold=threshold,
-                    num_blocks=_blocks(tokens) + 64, max_model_len=_max_len(requests), scale=scale, params=params)
+                    num_blocks=_blocks(tokens) + 64, max_model_len=_max_len(requests), scale=scale, params=params,
+                    classes=tuple((k, tuple(v)) for k, v in classes.items() if v), prefix_caching=prefix_caching)
 
 
 def wave(prompt_k: int, n_wave: int, max_num_seqs: int, scale: Fraction, n_streams: int = 4,
@@ -185,7 +200,65 @@ def kv_pressure(scale: Fraction, prompt_k: int = 16, n_wave: int = 8, pool_share
         scale=scale,
         params={"prompt_tokens_full": prompt_k * K, "n_wave": n_wave, "pool_share": pool_share,
                 "late_streams": 4},
+        classes=(("short", tuple(r.req_id for r in late)), ("long", tuple(r.req_id for r in prompts))),
     )
+
+
+def agent(scale: Fraction, n_sessions: int = 4, turns: int = 6, every_ms: float = 6000.0, n_docs: int = 4,
+          doc_k: int = 32, doc_every_ms: float = 8000.0, n_streams: int = 2, max_num_seqs: int = 16) -> Workload:
+    """Coding-agent sessions beside cold long documents, prefix caching on.
+
+    Each session's turn resends the whole conversation: turn 1 is cold (16K to
+    28K tokens), every later turn is the previous one plus 2 % to 8 % (so 92 %
+    to 98 % of it is a prefix-cache hit once the previous turn is in the
+    cache). A turn arrives every `every_ms` of modelled time per session; a
+    cold `doc_k` K document every `doc_every_ms`."""
+    budget, threshold = _settings(scale)
+    stream_prompt = scaled(STREAM_PROMPT, scale)
+    growth = (0.02, 0.05, 0.08, 0.03)
+    turns_out, first, later = [], [], []
+    for s in range(n_sessions):
+        length = (16 + 4 * s) * K
+        for k in range(turns):
+            if k:
+                length = int(length * (1 + growth[(s + k) % len(growth)]))
+            rid = f"turn-{s}-{k}"
+            size = scaled(length, scale)
+            turns_out.append(RequestSpec(rid, 0, size, 64, prefix_group=f"session-{s}", shared_prefix_len=size,
+                                         arrival_ms=300.0 + 700.0 * s + k * every_ms))
+            (later if k else first).append(rid)
+    docs = [RequestSpec(f"doc-{i}", 0, scaled(doc_k * K, scale), 64, arrival_ms=1000.0 + i * doc_every_ms)
+            for i in range(n_docs)]
+    prompts = sorted(turns_out + docs, key=lambda r: r.arrival_ms)
+    horizon = sum(math.ceil(p.prompt_len / threshold) + p.max_tokens for p in prompts) + 64
+    streams = [RequestSpec(f"stream-{i}", 0, stream_prompt, horizon) for i in range(n_streams)]
+    return _unpressured(
+        f"agent-{n_sessions}x{turns}-docs{doc_k}k", "agent", streams, prompts, max_num_seqs, budget, threshold,
+        scale, {"n_sessions": n_sessions, "turns": turns, "every_ms_model": every_ms, "n_docs": n_docs,
+                "doc_tokens_full": doc_k * K, "doc_every_ms_model": doc_every_ms, "n_streams": n_streams},
+        classes={"cached": later, "long": first + [d.req_id for d in docs]}, prefix_caching=True)
+
+
+SHORT_MIX = (0.3, 0.5, 1, 2, 0.8, 1.5)
+
+
+def short_stream(scale: Fraction, n_prompts: int = 60, every_ms: float = 400.0, long_k: int = 62,
+                 long_at_ms: float = 2000.0, n_streams: int = 2, max_num_seqs: int = 16) -> Workload:
+    """A sustained stream of short prompts (0.3K to 2K, one every `every_ms` of
+    modelled time) with one cold `long_k` K document among them."""
+    budget, threshold = _settings(scale)
+    stream_prompt = scaled(STREAM_PROMPT, scale)
+    prompts = [RequestSpec(f"short-{i:02d}", 0, scaled(int(SHORT_MIX[i % len(SHORT_MIX)] * K), scale),
+                           16 + (i * 7) % 16, arrival_ms=200.0 + i * every_ms) for i in range(n_prompts)]
+    prompts.append(RequestSpec("long-0", 0, scaled(long_k * K, scale), 64, arrival_ms=long_at_ms))
+    prompts.sort(key=lambda r: r.arrival_ms)
+    horizon = sum(math.ceil(p.prompt_len / threshold) + p.max_tokens for p in prompts) + 64
+    streams = [RequestSpec(f"stream-{i}", 0, stream_prompt, horizon) for i in range(n_streams)]
+    return _unpressured(
+        f"short-stream-{n_prompts}x-every{every_ms:g}ms-long{long_k}k", "short-stream", streams, prompts,
+        max_num_seqs, budget, threshold, scale,
+        {"n_prompts": n_prompts, "every_ms_model": every_ms, "mix_k": list(SHORT_MIX), "long_tokens_full": long_k * K,
+         "long_at_ms_model": long_at_ms, "n_streams": n_streams})
 
 
 def suite(scale: Fraction, grid: str = "full") -> list[Workload]:
@@ -196,6 +269,8 @@ def suite(scale: Fraction, grid: str = "full") -> list[Workload]:
             wave(8, 4, 6, scale),
             steady(scale, n_prompts=16),
             kv_pressure(scale),
+            agent(scale, n_sessions=2, turns=4, n_docs=3),
+            short_stream(scale, n_prompts=30),
         ]
     loads = [
         wave(p, n, 16, scale) for p in (8, 16, 32, 62) for n in (2, 4, 8)
@@ -205,5 +280,8 @@ def suite(scale: Fraction, grid: str = "full") -> list[Workload]:
         steady(scale),
         steady(scale, n_prompts=48, every_ms=500.0, mix=CHAT_MIX, label="chat"),
         kv_pressure(scale),
+        agent(scale),
+        short_stream(scale),
+        short_stream(scale, every_ms=250.0, long_k=32),
     ]
     return loads

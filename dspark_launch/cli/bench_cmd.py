@@ -12,6 +12,7 @@ import typer
 
 from dspark_launch.cli.output import emit_json, fail, warn
 from dspark_launch.errors import ConfigError
+from dspark_launch.hotfix.contract import CAP_MAX, CAP_MIN, DEFAULT_CAP, DEFAULT_GATE_MODE, ENV_CAP, ENV_GATE_MODE, GATE_MODES
 
 app = typer.Typer(help="Benchmarks (real vLLM scheduler, no GPU).", no_args_is_help=True)
 
@@ -32,22 +33,24 @@ def scheduler(
     scale: Annotated[str, typer.Option(help="Multiply every token count, e.g. 1/64 for a quick run (steps are kept).")] = "1",
     grid: Annotated[Grid, typer.Option(help="full: every workload; ci: four of them.")] = Grid.full,
     which: Annotated[Which, typer.Option("--scheduler", help="vLLM Scheduler (sync), AsyncScheduler (async) or both.")] = Which.both,
-    out: Annotated[pathlib.Path, typer.Option(help="JSON result (schema: docs/bench-schema.json).")] = pathlib.Path("scheduler-bench.json"),
+    cap: Annotated[int, typer.Option(envvar=ENV_CAP, min=CAP_MIN, max=CAP_MAX, help=f"The hotfix's in-flight cap to measure (default: ${ENV_CAP}, else {DEFAULT_CAP}).")] = DEFAULT_CAP,
+    gate_mode: Annotated[int, typer.Option(envvar=ENV_GATE_MODE, min=min(GATE_MODES), max=max(GATE_MODES), help=f"The hotfix's gate mode to measure (default: ${ENV_GATE_MODE}, else {DEFAULT_GATE_MODE}).")] = DEFAULT_GATE_MODE,
+    out: Annotated[pathlib.Path, typer.Option(help="JSON result (schema: dspark_launch/bench/bench-schema.json).")] = pathlib.Path("scheduler-bench.json"),
     plot: Annotated[Optional[pathlib.Path], typer.Option(help="PNG of tokens per request per step (default: next to --out).")] = None,
     no_plot: Annotated[bool, typer.Option("--no-plot", help="Skip the PNG (no matplotlib needed).")] = False,
     markdown: Annotated[Optional[pathlib.Path], typer.Option(help="Also write the tables as Markdown here.")] = None,
-    variants: Annotated[bool, typer.Option("--variants/--no-variants", help="Include the prototype gates.")] = True,
     overhead: Annotated[bool, typer.Option("--overhead/--no-overhead", help="Time schedule() with and without the hotfix.")] = True,
     reps_small: Annotated[int, typer.Option(min=1, help="Overhead repetitions at 6 running.")] = 2000,
     reps_large: Annotated[int, typer.Option(min=1, help="Overhead repetitions at 256 running / 1,024 waiting.")] = 400,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON result instead of the tables.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
 ) -> None:
-    """Every admission policy on identical workloads, driven through the real vLLM scheduler.
+    """Stock vLLM, the community gate (baseline) and the shipped hotfix at your cap and gate mode,
+    on identical workloads driven through the real vLLM scheduler.
 
     Exit 0 when every run finished and the JSON matches its schema, 1 otherwise, 2 for bad options.
     """
-    from dspark_launch.bench import report, scheduler_bench
+    from dspark_launch.bench import policies, report, scheduler_bench
 
     try:
         factor = scheduler_bench.parse_scale(scale)
@@ -72,9 +75,11 @@ def scheduler(
 
     result = scheduler_bench.run(
         factor,
+        compared=policies.operator_policies(cap, gate_mode),
+        shipped=policies.hotfix_name(cap, gate_mode),
         grid=grid.value,
         schedulers=schedulers,
-        variants=variants,
+        overhead_compared=policies.overhead_policies(cap, gate_mode),
         overhead_reps=(reps_small, reps_large) if overhead else None,
         plot_path=plot_path,
         progress=progress,
@@ -85,7 +90,7 @@ def scheduler(
     try:
         report.validate(result)
     except (ValueError, FileNotFoundError) as error:
-        problems.append(f"JSON result does not match docs/bench-schema.json: {error}")
+        problems.append(f"JSON result does not match its schema (dspark_launch/bench/bench-schema.json): {error}")
     unfinished = [f"{r['workload']}/{r['policy']}/{r['scheduler']}" for r in result["runs"] if r["unfinished"]]
     if unfinished:
         problems.append(f"runs that did not finish (deadlock?): {', '.join(unfinished)}")
@@ -111,7 +116,7 @@ def report_markdown(result: dict) -> str:
     from dspark_launch.bench import report
 
     parts = [
-        "### Summary: each policy against cap 1 (`hotfix-m0:1`), Scheduler",
+        f"### Summary: each policy against `{result['reference_policy']}`, Scheduler",
         report.summary_table(result, "Scheduler", markdown=True),
     ]
     if "AsyncScheduler" in result["schedulers"]:

@@ -1,32 +1,24 @@
-"""Scheduler hotfixes for the installed vLLM (issue 27: cap concurrent partial prefills)."""
+"""Scheduler hotfixes for the installed vLLM (issue 27: cap concurrent partial prefills).
 
-from dspark_launch.hotfix.issue27_patch import (
-    DIAG_ENV_VAR,
-    ENV_VAR,
-    MAX_INFLIGHT_CAP,
-    PATCH_VERSION,
-    Result,
-    apply,
-    check,
-    find_target,
-    main,
-    parse_cap,
-    revert,
-    status,
-    vllm_version,
-)
+`contract` holds the facts every side agrees on; `injected` the code that goes
+into vLLM's scheduler.py; `layout` where it goes; `issue27_patch` the tool
+(status/check/apply/revert); `bundle` builds the standalone script in patches/.
+"""
+
+from dspark_launch.hotfix.contract import CAP_MAX, ENV_CAP, ENV_DIAG, ENV_GATE_MODE, PATCH_VERSION
+from dspark_launch.hotfix.issue27_patch import Result, apply, check, find_target, main, revert, status, vllm_version
 
 __all__ = [
-    "DIAG_ENV_VAR",
-    "ENV_VAR",
-    "MAX_INFLIGHT_CAP",
+    "CAP_MAX",
+    "ENV_CAP",
+    "ENV_DIAG",
+    "ENV_GATE_MODE",
     "PATCH_VERSION",
     "Result",
     "apply",
     "check",
     "find_target",
     "main",
-    "parse_cap",
     "revert",
     "status",
     "vllm_version",

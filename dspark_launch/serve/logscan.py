@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from dspark_launch.hotfix.contract import ACTIVE_LOG_RE
+
 # Ordered: the last one seen is the phase the start is in.
 PHASES = (
     ("non-default args:", "parsing arguments"),
@@ -16,7 +18,7 @@ PHASES = (
     ("Starting vLLM server on", "API starting"),
 )
 KV_CACHE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens")
-HOTFIX_ACTIVE = re.compile(r"dspark-issue27 hotfix v(\d+) active: cap=(\d+)")
+HOTFIX_ACTIVE = ACTIVE_LOG_RE  # groups: patch version, cap, gate mode, step bound
 
 
 def phase(text: str) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.config.settings import Settings
+from dspark_launch.hotfix.contract import ENV_CAP, ENV_DIAG, ENV_GATE_MODE
 
 ENTRY_MODULE = "dspark_launch.serve.entry"
 SECRET_ENV = ("VLLM_API_KEY", "DSPARK_API_KEYS", "RAY_AUTH_TOKEN")
@@ -60,9 +61,9 @@ def serve_plan(settings: Settings, spec: ClusterSpec, forwarded: dict[str, str],
     env = dict(spec.node_env)
     env.update(forwarded)
     env.update({
-        "DSPARK_MAX_INFLIGHT_PREFILLS": settings["DSPARK_MAX_INFLIGHT_PREFILLS"],
-        "DSPARK_PREFILL_GATE_MODE": settings["DSPARK_PREFILL_GATE_MODE"],
-        "DSPARK_ISSUE43_SCHED_DIAG": settings["DSPARK_ISSUE43_SCHED_DIAG"],
+        ENV_CAP: settings[ENV_CAP],
+        ENV_GATE_MODE: settings[ENV_GATE_MODE],
+        ENV_DIAG: settings[ENV_DIAG],
         "RAY_ADDRESS": spec.ray_address,
         "VLLM_HOST_IP": spec.head.ip,
         "HF_HUB_OFFLINE": settings["HF_HUB_OFFLINE"],
@@ -77,7 +78,7 @@ def serve_plan(settings: Settings, spec: ClusterSpec, forwarded: dict[str, str],
         secret["DSPARK_API_KEYS"] = settings["DSPARK_API_KEYS"]
     return ServePlan(tuple(args), tuple(sorted(env.items())), tuple(sorted(secret.items())),
                      settings["VLLM_HOST"], settings.int("VLLM_PORT"), settings["DSPARK_SERVED_MODEL_NAME"], model, tp,
-                     settings.int("DSPARK_MAX_INFLIGHT_PREFILLS"))
+                     settings.int(ENV_CAP))
 
 
 def api_key(settings: Settings) -> str:

@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""Prototype admission gates (issue 6) and the full scheduler experiment grid.
+
+Not part of the package: `dspark bench scheduler` measures what an operator
+runs (stock, the community baseline, the shipped hotfix at their settings).
+This script runs the grid behind docs/benchmarks.md: caps 1..3 in every gate
+mode, the community gate at 1..3, and the prototypes below, which are written
+on top of the hotfix by replacing its gate text in a patched copy (bench
+only; the one that won was shipped as a gate mode).
+
+    python bench/scheduler_experiments.py [--scale 1] [--grid full] [--out bench/results/scheduler.json]
+    python bench/scheduler_docs.py bench/results/scheduler.json   # then refill the docs' tables
+
+The raw JSON is not kept in git (about 34k lines); the tables in
+docs/benchmarks.md are what is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from dspark_launch.bench import harness as h  # noqa: E402
+from dspark_launch.bench import policies as p  # noqa: E402
+from dspark_launch.bench import report, scheduler_bench  # noqa: E402
+from dspark_launch.hotfix.contract import ENV_GATE_MODE, GATE_MODES  # noqa: E402
+from dspark_launch.hotfix.layout import render_patched  # noqa: E402
+
+#: Plain cap 1 of patch v1: the reference of the experiment tables.
+CAP1 = p.hotfix_name(1, 0)
+
+# Our hotfix's gate, as it appears in a patched copy (replaced by variants,
+# which run the hotfix in mode 0 so that its own step bound is off).
+_HOTFIX_GATE_PREFIX = "                if (  # dspark-issue27\n"
+_HOTFIX_GATE_END = "                    continue\n"
+
+_SPENT_HELPER = '''
+
+def _bench_prefill_spent(sched, num_scheduled_tokens):
+    """Prefill tokens the running prefills claim this step (bench variants):
+    each its next chunk, min(threshold, remaining), whether or not the budget
+    let the running loop schedule all of it."""
+    thr = sched.scheduler_config.long_prefill_token_threshold
+    spent = 0
+    for request in sched.running:
+        if request.is_prefill_chunk:
+            left = request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
+            scheduled = num_scheduled_tokens.get(request.request_id, 0)
+            spent += max(scheduled, min(left, thr)) if thr > 0 else scheduled
+    return spent
+
+
+def _bench_decoding(sched):
+    return any(not request.is_prefill_chunk for request in sched.running)
+'''
+
+# Prototype gates (issue 6, "go beyond the plain cap"). Names used below:
+# c = cap, T = long_prefill_token_threshold, K = a per-step prefill token
+# bound. `_bench_need` is the peeked prompt's remaining tokens (an upper
+# bound: prefix-cache hits are not known yet), `_bench_chunk` the chunk it
+# would get, `_bench_partial_after` whether it stays mid-prefill.
+_VARIANT_PREAMBLE = (
+    "                _bench_req = request_queue.peek_request()\n"
+    "                _bench_thr = self.scheduler_config.long_prefill_token_threshold\n"
+    "                _bench_need = _bench_req.num_tokens - _bench_req.num_computed_tokens\n"
+    "                _bench_chunk = min(_bench_need, _bench_thr if _bench_thr > 0 else token_budget)\n"
+    "                _bench_partial_after = _bench_chunk < _bench_need\n"
+    "                _bench_free = _dspark_i27_holds_kv(_bench_req)\n"
+)
+
+VARIANT_GATES: dict[str, tuple[str, str]] = {
+    # Count cap c for prompts that stay mid-prefill; prompts that finish
+    # within the step pass while the step's prefill tokens stay <= (c+1) * T;
+    # a blocked long head is stepped over (at most 8 per step) so that a short
+    # prompt queued behind it is not held back.
+    "lane-skip": (
+        "count gate for prompts that stay partial, prompts finishing in the step pass while prefill tokens <= (cap+1) x threshold, up to 8 blocked long prompts per step stepped over",
+        _VARIANT_PREAMBLE
+        + "                if not _bench_free and (\n"
+        "                    (_bench_partial_after and _dspark_partial >= self._dspark_max_inflight_prefills)\n"
+        "                    or (_bench_thr > 0 and _bench_spent and _bench_spent + _bench_chunk\n"
+        "                        > (self._dspark_max_inflight_prefills + 1) * _bench_thr)\n"
+        "                ):\n"
+        "                    if _bench_skips >= 8 or not (_bench_partial_after and _dspark_partial >= self._dspark_max_inflight_prefills):\n"
+        "                        break\n"
+        "                    _bench_skips += 1\n"
+        "                    skip_request(request_queue)\n"
+        "                    continue\n",
+    ),
+    # The hotfix's count gate, and the waiting section gets only the prefill
+    # tokens left under K = c * T: a new prompt's first chunk fills what the
+    # previous prompt's last chunk left (the step never exceeds K).
+    "budget": (
+        "count gate + the waiting section's token budget cut to cap x threshold minus running prefills' chunks",
+        _VARIANT_PREAMBLE
+        + "                if (\n"
+        "                    _dspark_partial >= self._dspark_max_inflight_prefills\n"
+        "                    and not _bench_free\n"
+        "                ):\n"
+        "                    break\n",
+    ),
+    # Mode-0 count gate for prompts that stay partial (blocked ones stepped
+    # over, 8 per step); prompts that finish within the step pass while the
+    # step's prefill tokens stay <= (cap + 1/2) x threshold.
+    "shortlane": (
+        "count gate for prompts that stay partial (blocked ones stepped over, 8 per step); prompts finishing within the step pass while prefill tokens <= (cap + 1/2) x threshold",
+        _VARIANT_PREAMBLE
+        + "                if not _bench_free:\n"
+        "                    if _bench_partial_after:\n"
+        "                        if _dspark_partial >= self._dspark_max_inflight_prefills:\n"
+        "                            if _bench_skips >= 8:\n"
+        "                                break\n"
+        "                            _bench_skips += 1\n"
+        "                            skip_request(request_queue)\n"
+        "                            continue\n"
+        "                    elif _bench_thr > 0 and _bench_spent and (\n"
+        "                        _bench_spent + _bench_chunk > (self._dspark_max_inflight_prefills + 0.5) * _bench_thr\n"
+        "                    ):\n"
+        "                        break\n",
+    ),
+    # Gate only while a decode-active request runs (idle: admit like stock).
+    "decode-aware": (
+        "cap applies only while a decode-active request is running",
+        _VARIANT_PREAMBLE
+        + "                if (\n"
+        "                    _bench_decoding_now\n"
+        "                    and _dspark_partial >= self._dspark_max_inflight_prefills\n"
+        "                    and not _bench_free\n"
+        "                ):\n"
+        "                    break\n",
+    ),
+}
+
+
+def _hotfix_text(original: str) -> str:
+    return render_patched(original.encode("utf-8")).decode("utf-8")
+
+
+def variant_text(original: str, name: str) -> str:
+    """Our hotfix with its gate replaced by the prototype `name`."""
+    text = _hotfix_text(original)
+    start = text.index(_HOTFIX_GATE_PREFIX)
+    end = text.index(_HOTFIX_GATE_END, start) + len(_HOTFIX_GATE_END)
+    text = text[:start] + VARIANT_GATES[name][1] + text[end:]
+    site = "        _dspark_partial, _dspark_spent = _dspark_i27_running_partials(  # dspark-issue27\n"
+    assert text.count(site) == 1
+    text = text.replace(
+        site,
+        "        _bench_spent = _bench_prefill_spent(self, num_scheduled_tokens)\n"
+        "        _bench_decoding_now = _bench_decoding(self)\n"
+        "        _bench_skips = 0\n" + site,
+        1,
+    )
+    if name == "budget":
+        share = "0.0"
+        section = "        # Next, schedule the WAITING requests.\n"
+        assert text.count(section) == 1
+        text = text.replace(
+            section,
+            "        _bench_thr_cfg = self.scheduler_config.long_prefill_token_threshold\n"
+            "        if _bench_thr_cfg > 0:\n"
+            "            _bench_k = int((self._dspark_max_inflight_prefills + " + share + ") * _bench_thr_cfg)\n"
+            "            token_budget = min(token_budget, max(0, _bench_k - _bench_spent))\n"
+            + section,
+            1,
+        )
+    admit = "                    _dspark_partial += 1\n"
+    assert text.count(admit) == 1
+    text = text.replace(admit, admit + "                _bench_spent += num_new_tokens\n", 1)
+    block = "# >>> dspark-issue27 hotfix >>>\n"
+    return text.replace(block, block + _SPENT_HELPER.lstrip("\n") + "\n", 1)
+
+
+
+def _variant_provider(name: str):
+    def provide(spec: h.SchedulerSpec) -> tuple[type, type]:
+        module = "dspark_bench_variant_" + name.replace("-", "_")
+        return p.classes_from_text(module, variant_text(p.installed_text(), name))
+
+    return provide
+
+
+#: Gate mode 2 candidates (issue 15): the room beyond the step bound that
+#: prompts finishing within the step may use, in half-thresholds (None: the
+#: whole budget), and the prompts (in thresholds) exempt from the count. The
+#: shipped value is contract.SHORT_ROOM_SHARE (m2-room-quarter).
+SHORT_ROOMS = {"m2-room0": (0, 0), "m2-room-eighth": (0.25, 0), "m2-room-quarter": (0.5, 0), "m2-room-half": (1, 0), "m2-room-chunk": (2, 0),
+               "m2-room-budget": (None, 0), "m2-split2-half": (1, 2), "m2-split2-chunk": (2, 2),
+               "m2-split2-quarter": (0.5, 2), "m2-split1-half": (1, 1)}
+
+
+def _with_short_room(cls: type, room: tuple) -> type:
+    half_chunks, split_chunks = room
+
+    def __init__(self, *args, **kwargs):
+        cls.__init__(self, *args, **kwargs)
+        self._dspark_short_room = (1 << 30) if half_chunks is None else int(half_chunks * self._dspark_chunk / 2)
+        self._dspark_short_need = split_chunks * self._dspark_chunk
+
+    return type(f"{cls.__name__}Room{half_chunks}x{split_chunks}", (cls,), {"__init__": __init__})
+
+
+def _room_provider(room: tuple):
+    def provide(spec: h.SchedulerSpec) -> tuple[type, type]:
+        sync_cls, async_cls = h.patched_scheduler_classes()
+        return _with_short_room(sync_cls, room), _with_short_room(async_cls, room)
+
+    return provide
+
+
+def register() -> None:
+    p.register()
+    for name in VARIANT_GATES:
+        h.POLICY_PROVIDERS[f"bench-variant-{name}"] = _variant_provider(name)
+    for name, room in SHORT_ROOMS.items():
+        h.POLICY_PROVIDERS[f"bench-{name}"] = _room_provider(room)
+
+
+def candidate_policies() -> list[p.Policy]:
+    """Gate mode 2 with each short-prompt room, at cap 1."""
+    return [
+        p.Policy(f"{name}:1", "variant", cap=1, mode=name, provider=f"bench-{name}", env=((ENV_GATE_MODE, "2"),),
+                 description=f"gate mode 2, short-prompt room {'the budget' if hc is None else f'{hc} x threshold/2'}"
+                             + (f"; prompts up to {split} chunks exempt from the count" if split else ""))
+        for name, (hc, split) in SHORT_ROOMS.items()
+    ]
+
+
+def experiment_policies(variants: bool = True) -> list[p.Policy]:
+    """Every policy of the experiment grid, in table order."""
+    pols = p.stock_policies() + [p.community(c) for c in (1, 2, 3)]
+    pols += [p.hotfix(c, m) for m in GATE_MODES for c in (1, 2, 3)]
+    pols += candidate_policies()
+    if variants:
+        pols += [
+            p.Policy(f"{name}:1", "variant", cap=1, mode=name, description=desc,
+                     provider=f"bench-variant-{name}", env=((ENV_GATE_MODE, "0"),))
+            for name, (desc, _) in VARIANT_GATES.items()
+        ]
+    return pols
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", default="1")
+    parser.add_argument("--grid", default="full", choices=("full", "ci"))
+    parser.add_argument("--scheduler", action="append", choices=scheduler_bench.SCHEDULERS)
+    parser.add_argument("--no-variants", action="store_true")
+    parser.add_argument("--candidates", action="store_true",
+                        help="only stock+thr, patch v2's gate and the gate mode 2 candidates (issue 15)")
+    parser.add_argument("--no-overhead", action="store_true")
+    parser.add_argument("--out", type=pathlib.Path, default=REPO / "bench" / "results" / "scheduler.json")
+    parser.add_argument("--plot", type=pathlib.Path, default=REPO / "bench" / "results" / "scheduler-tokens-per-step.png")
+    args = parser.parse_args(argv)
+    register()
+    result = scheduler_bench.run(
+        scheduler_bench.parse_scale(args.scale),
+        compared=([p.stock_policies()[1], p.hotfix(1, 1)] + candidate_policies()) if args.candidates
+        else experiment_policies(not args.no_variants),
+        reference=p.hotfix_name(1, 1) if args.candidates else CAP1,
+        grid=args.grid,
+        schedulers=tuple(args.scheduler or scheduler_bench.SCHEDULERS),
+        overhead_reps=None if args.no_overhead else (2000, 400),
+        overhead_compared=None if args.no_overhead else p.overhead_policies()[:3] + [p.hotfix(1, 0)]
+        + [p.hotfix(1, m) for m in GATE_MODES if m],
+        plot_path=args.plot if importlib.util.find_spec("matplotlib") else None,
+        plot_policies=(p.STOCK_THR, CAP1, p.SHIPPED),
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+        command=["python", "bench/scheduler_experiments.py", *(argv or sys.argv[1:])],
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(report.terminal(result))
+    return 0 if not any(r["unfinished"] for r in result["runs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

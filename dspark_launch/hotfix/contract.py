@@ -1,0 +1,116 @@
+"""The issue-27 hotfix's contract: every fact the patcher, the injected code,
+the launcher (serve plan, log scanner), the benchmark and the knob registry
+must agree on, defined once.
+
+Standard library only and no package imports: the standalone patch script
+(`patches/hotfix-dsv4-issue27-partial-prefill-concurrency.py`) is built from
+this module's text (see `dspark_launch.hotfix.bundle`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+#: Bumped whenever the injected text changes; a file patched by an older
+#: version reports `outdated` and `apply` re-patches it from its stored original.
+PATCH_VERSION = 3
+
+#: Environment variables the patched scheduler reads, once, in `__init__`.
+ENV_CAP = "DSPARK_MAX_INFLIGHT_PREFILLS"
+ENV_GATE_MODE = "DSPARK_PREFILL_GATE_MODE"
+ENV_DIAG = "DSPARK_ISSUE43_SCHED_DIAG"
+
+#: Bounds of DSPARK_MAX_INFLIGHT_PREFILLS (values above CAP_MAX are clamped to it).
+CAP_MIN = 1
+CAP_MAX = 3
+DEFAULT_CAP = 1
+
+#: DSPARK_PREFILL_GATE_MODE: 0 the plain count of patch v1; 1 the count plus
+#: a per-step prefill token bound (patch v2); 2 (patch v3) mode 1 judged after
+#: the prefix-cache lookup by the tokens a prompt still has to compute, prompts
+#: that finish in the step given extra room, requests holding KV blocks never
+#: starved of budget.
+GATE_MODES = (0, 1, 2)
+DEFAULT_GATE_MODE = 2
+#: Mode 2: prefill tokens beyond the step bound that prompts finishing within
+#: the step may use, as a share of the threshold (docs/benchmarks.md compares
+#: 0, 1/8, 1/4, 1/2, 1 and the whole budget: 1/4 is the largest that keeps p99
+#: inter-token time about at patch v2's).
+SHORT_ROOM_SHARE = 0.25
+#: Long prompts a gate steps over in one step, at most.
+MAX_SKIPS = 8
+
+#: vLLM (major, minor) range whose scheduler layout this patch knows.
+SUPPORTED_RANGE = ((0, 25), (0, 33))
+
+# Exit codes of the patch tool. They are the tool's own: the launcher never
+# passes them through (a node whose hotfix is not `applied` fails `dspark
+# start` with the launcher's exit 1, nothing served). "Cannot apply here" is 4
+# so that it is never read as the launcher's 2 (bad configuration).
+EXIT_OK = 0
+EXIT_NOT_APPLIED = 1  # status: not applied
+EXIT_ERROR = 1  # apply/revert/check: I/O error (the message says whether the file changed)
+EXIT_OUTDATED = 3  # status: applied by an older patch version
+EXIT_UNSUPPORTED = 4  # unsupported, foreign, modified, damaged, missing: file untouched
+
+EXIT_MEANINGS = {
+    EXIT_OK: "applied / done / nothing to do",
+    EXIT_NOT_APPLIED: "status: not applied; other actions: I/O error",
+    EXIT_OUTDATED: "status: applied by an older patch version (run apply)",
+    EXIT_UNSUPPORTED: "cannot act here (unsupported layout or version, foreign patch, "
+                      "edited or damaged patched file, no scheduler.py); file untouched",
+}
+
+#: The INFO line a patched scheduler logs once, in `__init__` (%-style for vLLM's logger).
+ACTIVE_LOG_FORMAT = (
+    "dspark-issue27 hotfix v%d active: cap=%d in-flight partial prefills, "
+    "gate mode %d, step bound %s prefill tokens"
+)
+ACTIVE_LOG_RE = re.compile(
+    r"dspark-issue27 hotfix v(\d+) active: cap=(\d+) in-flight partial prefills, "
+    r"gate mode (\d+), step bound (\d+|none) prefill tokens"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ActiveLine:
+    """What a patched scheduler said about itself when it started."""
+
+    patch_version: int
+    cap: int
+    gate_mode: int
+    step_bound: int | None  # None: no per-step prefill bound
+
+
+def active_line(patch_version: int, cap: int, gate_mode: int, step_bound: int | None) -> str:
+    """The log line for these values (the injected code logs the same text)."""
+    return ACTIVE_LOG_FORMAT % (patch_version, cap, gate_mode, step_bound or "none")
+
+
+def parse_active_lines(text: str) -> list[ActiveLine]:
+    """Every `hotfix vN active` line in a log, in order."""
+    return [
+        ActiveLine(int(v), int(c), int(m), None if b == "none" else int(b))
+        for v, c, m, b in ACTIVE_LOG_RE.findall(text)
+    ]
+
+
+def injected_constants(patch_version: int = PATCH_VERSION) -> dict[str, object]:
+    """The `_DSPARK_I27_*` constants the injected helpers read, by name.
+
+    `patch_version` differs from PATCH_VERSION only where tests build a file
+    "patched by an older version".
+    """
+    return {
+        "_DSPARK_I27_PATCH_VERSION": patch_version,
+        "_DSPARK_I27_MAX_CAP": CAP_MAX,
+        "_DSPARK_I27_ENV": ENV_CAP,
+        "_DSPARK_I27_DIAG_ENV": ENV_DIAG,
+        "_DSPARK_I27_MODE_ENV": ENV_GATE_MODE,
+        "_DSPARK_I27_MODES": GATE_MODES,
+        "_DSPARK_I27_DEFAULT_MODE": DEFAULT_GATE_MODE,
+        "_DSPARK_I27_MAX_SKIPS": MAX_SKIPS,
+        "_DSPARK_I27_SHORT_ROOM_SHARE": SHORT_ROOM_SHARE,
+        "_DSPARK_I27_ACTIVE_LOG": ACTIVE_LOG_FORMAT,
+    }

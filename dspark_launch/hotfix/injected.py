@@ -1,0 +1,285 @@
+"""The code the issue-27 hotfix injects into vLLM's `scheduler.py`.
+
+Everything below the `INJECTED BODY` marker is copied, as text, into the
+patched scheduler module (by `dspark_launch.hotfix.layout`), after a block of
+`_DSPARK_I27_*` constants rendered from `contract.injected_constants()`. There
+the helpers are module-level functions of vLLM's scheduler module: they use its
+`logger` and nothing outside the standard library. The header above the marker
+gives this module the same names so that the helpers can be linted and tested
+here directly.
+"""
+
+import logging
+
+from dspark_launch.hotfix import contract
+
+logger = logging.getLogger("vllm.v1.core.sched.scheduler")
+
+_DSPARK_I27_PATCH_VERSION = contract.PATCH_VERSION
+_DSPARK_I27_MAX_CAP = contract.CAP_MAX
+_DSPARK_I27_ENV = contract.ENV_CAP
+_DSPARK_I27_DIAG_ENV = contract.ENV_DIAG
+_DSPARK_I27_MODE_ENV = contract.ENV_GATE_MODE
+_DSPARK_I27_MODES = contract.GATE_MODES
+_DSPARK_I27_DEFAULT_MODE = contract.DEFAULT_GATE_MODE
+_DSPARK_I27_MAX_SKIPS = contract.MAX_SKIPS
+_DSPARK_I27_SHORT_ROOM_SHARE = contract.SHORT_ROOM_SHARE
+_DSPARK_I27_ACTIVE_LOG = contract.ACTIVE_LOG_FORMAT
+
+# ---- INJECTED BODY (everything below goes into scheduler.py) ----
+
+import os as _dspark_i27_os  # noqa: E402
+
+
+def _dspark_i27_parse_cap(raw, fallback):
+    """Return (cap, malformed) for a raw DSPARK_MAX_INFLIGHT_PREFILLS value.
+
+    Only ASCII base-10 integers with an optional sign are accepted. Unset,
+    blank and values <= 0 mean "use the fallback"; so do malformed values,
+    which the caller reports. The result is never above the hard cap.
+    """
+    fallback = min(max(int(fallback), 1), _DSPARK_I27_MAX_CAP)
+    if raw is None:
+        return fallback, False
+    text = raw.strip()
+    if not text:
+        return fallback, False
+    digits = text[1:] if text[0] in "+-" else text
+    if not digits or any(c not in "0123456789" for c in digits):
+        return fallback, True
+    value = int(text)
+    if value <= 0:
+        return fallback, False
+    return min(value, _DSPARK_I27_MAX_CAP), False
+
+
+def _dspark_i27_parse_mode(raw):
+    """Return (mode, bad) for a raw DSPARK_PREFILL_GATE_MODE value.
+
+    Unset or blank means the default mode; a base-10 integer that is not a
+    known mode, or anything else, is `bad` (the caller warns) and also gives
+    the default.
+    """
+    if raw is None or not raw.strip():
+        return _DSPARK_I27_DEFAULT_MODE, False
+    text = raw.strip()
+    digits = text[1:] if text[0] in "+-" else text
+    if not digits or any(c not in "0123456789" for c in digits):
+        return _DSPARK_I27_DEFAULT_MODE, True
+    value = int(text)
+    if value not in _DSPARK_I27_MODES:
+        return _DSPARK_I27_DEFAULT_MODE, True
+    return value, False
+
+
+def _dspark_i27_init(sched):
+    # The environment is read here, once per scheduler, never in schedule().
+    fallback = getattr(sched.scheduler_config, "max_num_partial_prefills", None) or 1
+    raw = _dspark_i27_os.environ.get(_DSPARK_I27_ENV)
+    cap, malformed = _dspark_i27_parse_cap(raw, fallback)
+    if malformed:
+        logger.warning(
+            "dspark-issue27: ignoring malformed %s=%r (expected a base-10 "
+            "integer); using %d in-flight partial prefills",
+            _DSPARK_I27_ENV, raw, cap,
+        )
+    sched._dspark_max_inflight_prefills = cap
+    raw_mode = _dspark_i27_os.environ.get(_DSPARK_I27_MODE_ENV)
+    mode, bad_mode = _dspark_i27_parse_mode(raw_mode)
+    if bad_mode:
+        logger.warning(
+            "dspark-issue27: ignoring %s=%r (expected one of %s); using gate mode %d",
+            _DSPARK_I27_MODE_ENV, raw_mode, "/".join(map(str, _DSPARK_I27_MODES)), mode,
+        )
+    sched._dspark_gate_mode = mode
+    # Mode 1 bounds the prefill tokens of a step at (cap + 1/2) chunks. It
+    # needs a chunk size (long_prefill_token_threshold > 0) and chunked
+    # prefill (without it a prompt longer than the bound could never start).
+    threshold = getattr(sched.scheduler_config, "long_prefill_token_threshold", 0) or 0
+    chunked = bool(getattr(sched.scheduler_config, "enable_chunked_prefill", False))
+    if mode >= 1 and threshold > 0 and chunked:
+        sched._dspark_chunk = threshold
+        sched._dspark_step_bound = cap * threshold + threshold // 2
+    else:
+        sched._dspark_chunk = 0
+        sched._dspark_step_bound = 0
+    # Mode 2: room beyond the step bound for prompts that finish in the step;
+    # prompts up to `_dspark_short_need` tokens are exempt from the count (0:
+    # none; the benchmark's candidates set it).
+    sched._dspark_short_room = int(_DSPARK_I27_SHORT_ROOM_SHARE * sched._dspark_chunk)
+    sched._dspark_short_need = 0
+    diag = _dspark_i27_os.environ.get(_DSPARK_I27_DIAG_ENV, "")
+    sched._dspark_diag = diag.strip().lower() in ("1", "true", "yes", "on")
+    sched._dspark_diag_step = 0
+    logger.info(
+        _DSPARK_I27_ACTIVE_LOG,
+        _DSPARK_I27_PATCH_VERSION, cap, mode, sched._dspark_step_bound or "none",
+    )
+
+
+def _dspark_i27_stays_partial(request, num_scheduled):
+    """Whether `request` is still prefilling after this step.
+
+    Same predicate as vLLM's own `is_prefill_chunk`, which
+    `_update_after_schedule` sets after the step; a request that got no
+    tokens this step keeps the flag of its last step.
+    """
+    if not num_scheduled:
+        return request.is_prefill_chunk
+    return request.num_computed_tokens + num_scheduled < (
+        request.num_tokens + request.num_output_placeholders
+    )
+
+
+def _dspark_i27_running_partials(sched, num_scheduled_tokens):
+    """(partial prefills, prefill tokens claimed) in `running` once the
+    running loop's tokens are done.
+
+    Called once per step, after the running loop and before admission: a
+    prefill whose last chunk was scheduled above no longer counts, one that
+    got a middle chunk (or none) does. Admissions add to this count. Only
+    requests that began the step prefilling are looked at: a decode request
+    short of tokens is one the token budget ran out on, and then nothing is
+    admitted anyway. With a step bound (mode 1) each prefilling request claims
+    its next chunk, min(threshold, tokens left), or what it got if more.
+    """
+    count = 0
+    spent = 0
+    chunk = sched._dspark_chunk
+    get = num_scheduled_tokens.get
+    for request in sched.running:
+        if request.is_prefill_chunk:
+            scheduled = get(request.request_id, 0)
+            left = (
+                request.num_tokens + request.num_output_placeholders
+                - request.num_computed_tokens
+            )
+            if not scheduled or scheduled < left:
+                count += 1
+            if chunk:
+                spent += max(scheduled, min(left, chunk))
+    return count, spent
+
+
+def _dspark_i27_gated(sched, request, token_budget):
+    """Whether the gate holds `request` back once the count reached the cap.
+
+    Requests holding KV blocks never are. Mode 0 holds back every other one;
+    mode 1 only those that would still be prefilling after this step (a
+    prompt that finishes within the step's room passes).
+    """
+    if _dspark_i27_holds_kv(request):
+        return False
+    if not sched._dspark_gate_mode:
+        return True
+    return _dspark_i27_stays_partial_if_admitted(sched, request, token_budget)
+
+
+def _dspark_i27_stays_partial_if_admitted(sched, request, token_budget):
+    """Whether `request` would still be prefilling after a first chunk now.
+
+    An upper bound on its tokens (prefix-cache hits are not known yet): a
+    prompt that may finish within this step's room counts as short.
+    """
+    need = request.num_tokens - request.num_computed_tokens
+    threshold = sched._dspark_chunk
+    room = min(token_budget, threshold) if threshold else token_budget
+    return need > room
+
+
+def _dspark_i27_admit(sched, request, computed, token_budget, partial, spent):
+    """Mode 2: -1 holds `request` back; 0 admits it as vLLM would; n > 0 admits
+    it with a first chunk of at most n tokens.
+
+    Called once per request per step, after admission's own prefix-cache
+    lookup: `computed` is the hit (local + external), so a mostly cached prompt
+    is judged by what it still has to compute. `partial` and `spent` are the
+    step's partial prefills and prefill tokens so far, requests that bypass
+    the gate included. A prompt that finishes within this step passes while
+    the step's prefill stays within the bound plus the short-prompt room; any
+    other needs a free in-flight slot and gets what is left of the bound.
+    """
+    if _dspark_i27_holds_kv(request):
+        return 0
+    need = request.num_tokens - computed
+    chunk = sched._dspark_chunk
+    if not chunk:  # no threshold or no chunked prefill: the count gate, judged on `need`
+        if partial < sched._dspark_max_inflight_prefills or need <= token_budget:
+            return 0
+        return -1
+    bound = sched._dspark_step_bound
+    if need <= min(chunk, token_budget) and spent + need <= bound + sched._dspark_short_room:
+        return 0
+    room = bound - spent
+    short_room = room + sched._dspark_short_room
+    if need <= sched._dspark_short_need and short_room > 0:
+        return short_room
+    if partial >= sched._dspark_max_inflight_prefills or room <= 0:
+        return -1
+    return room
+
+
+def _dspark_i27_holds_kv(request):
+    # Requests that already hold KV blocks (finished async KV loads, paused
+    # streaming sessions) bypass the gate: holding them back would pin their
+    # blocks without progress, and the queue that drains them first could
+    # otherwise wait on prefills that need those very blocks.
+    return request.num_computed_tokens > 0 or (
+        getattr(request.status, "name", "") == "WAITING_FOR_REMOTE_KVS"
+    )
+
+
+def _dspark_i27_diag(sched, num_scheduled_tokens, inflight, spent=0):
+    sched._dspark_diag_step += 1
+    prefill_tokens = decode_tokens = decode_reqs = 0
+    prefill_parts = []
+    skipped = []
+    for request in sched.running:
+        rid = request.request_id
+        n = num_scheduled_tokens.get(rid, 0)
+        decoding = request.num_computed_tokens + 1 >= (
+            request.num_tokens + request.num_output_placeholders
+        )
+        if decoding:
+            decode_reqs += 1
+            decode_tokens += n
+            if not n:
+                skipped.append(rid)
+        else:
+            prefill_tokens += n
+            if n:
+                prefill_parts.append("%s:%d" % (rid, n))
+    legacy = getattr(sched, "_inflight_prefills", None)
+    legacy_after = None
+    if legacy is not None:
+        # What the set will hold once `_update_after_schedule` drops the
+        # prefills that complete this step.
+        legacy_after = sum(
+            1
+            for r in legacy
+            if not (
+                num_scheduled_tokens.get(r.request_id, 0)
+                and not _dspark_i27_stays_partial(
+                    r, num_scheduled_tokens[r.request_id]
+                )
+            )
+        )
+    logger.info(
+        "dspark-issue27 step=%d cap=%d inflight=%d prefill_tokens=%d "
+        "decode_tokens=%d decode_reqs=%d decode_skipped=%d legacy_inflight=%s "
+        "mode=%d bound=%s claimed=%d prefill=[%s] skipped=[%s]",
+        sched._dspark_diag_step, sched._dspark_max_inflight_prefills, inflight,
+        prefill_tokens, decode_tokens, decode_reqs, len(skipped),
+        "-" if legacy_after is None else legacy_after,
+        sched._dspark_gate_mode, sched._dspark_step_bound or "-", spent,
+        ",".join(prefill_parts), ",".join(skipped),
+    )
+    if legacy_after is not None and legacy_after != inflight:
+        logger.warning(
+            "dspark-issue27 step=%d: _inflight_prefills gives %d, the gate "
+            "counts %d partial prefills in running (%s)",
+            sched._dspark_diag_step, legacy_after, inflight,
+            "under-count: a set-based gate would admit too many"
+            if legacy_after < inflight
+            else "over-count: the set also holds async KV loads",
+        )

@@ -1,0 +1,311 @@
+"""Where and what the hotfix injects: anchors, the patched text, the marker block.
+
+Pure text transformation, standard library only.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import re
+import zlib
+
+from dspark_launch.hotfix.contract import ENV_CAP, PATCH_VERSION, injected_constants
+from dspark_launch.hotfix.injected_source import injected_body
+
+_BLOCK_BEGIN = "# >>> dspark-issue27 hotfix >>>"
+_BLOCK_END = "# <<< dspark-issue27 hotfix <<<"
+_MARKER_PREFIX = "# dspark-issue27-marker: "
+_ORIG_BEGIN = "# dspark-issue27-original-begin"
+_ORIG_END = "# dspark-issue27-original-end"
+_INJECT_TAG = "# dspark-issue27"
+_MARKER_RE = re.compile("^" + re.escape(_MARKER_PREFIX) + r"(\{.*\})$", re.M)
+
+
+def helpers_source(patch_version: int = PATCH_VERSION) -> str:
+    """The helper block appended to scheduler.py: constants, then injected.py's body."""
+    constants = "".join(f"{name} = {value!r}\n" for name, value in injected_constants(patch_version).items())
+    return constants + "\n\n" + injected_body()
+
+
+def _gate_code(skip: str) -> str:
+    """The admission gate of modes 0 and 1, before the prefix-cache lookup;
+    `skip` moves the peeked request out of this step's way in the layout's own
+    manner (it keeps its place in the queue)."""
+    return (
+        "                if (  " + _INJECT_TAG + "\n"
+        "                    self._dspark_gate_mode < 2\n"
+        "                    and _dspark_partial >= self._dspark_max_inflight_prefills\n"
+        "                    and _dspark_i27_gated(self, request_queue.peek_request(), token_budget)\n"
+        "                ):\n"
+        "                    if not self._dspark_gate_mode or _dspark_skips >= _DSPARK_I27_MAX_SKIPS:\n"
+        "                        break\n"
+        "                    _dspark_skips += 1\n"
+        + skip
+        + "                    continue\n"
+    )
+
+
+def _cached_gate_code(skip: str) -> str:
+    """The admission gate of mode 2, after admission's own prefix-cache lookup
+    (`num_computed_tokens` holds the hit): the request is judged by what it
+    still has to compute; `_dspark_limit` caps its first chunk (0: no cap)."""
+    return (
+        "                _dspark_limit = 0  " + _INJECT_TAG + "\n"
+        "                if self._dspark_gate_mode == 2 and not load_kv_async:\n"
+        "                    _dspark_limit = _dspark_i27_admit(\n"
+        "                        self, request, num_computed_tokens, token_budget, _dspark_partial, _dspark_spent\n"
+        "                    )\n"
+        "                    if _dspark_limit < 0:\n"
+        "                        if _dspark_skips >= _DSPARK_I27_MAX_SKIPS:\n"
+        "                            break\n"
+        "                        _dspark_skips += 1\n"
+        + skip.replace("                    ", "                        ", 1)
+        + "                        continue\n"
+    )
+
+
+# vLLM 0.31 .. 0.33: the waiting loop's own `skip_request` helper.
+_SKIP_031 = "                    skip_request(request_queue)\n"
+# vLLM 0.25 .. 0.30: what the loop itself does to skip a request.
+_SKIP_025 = "                    step_skipped_waiting.prepend_request(request_queue.pop_request())\n"
+#: Text that tells the layouts apart (0.31+ has the helper).
+_LAYOUT_031 = "            def skip_request(from_queue: RequestQueue) -> None:\n"
+_LAYOUT_025 = "                    step_skipped_waiting.prepend_request(request)\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Site:
+    """One place the patch edits: `anchor` must occur exactly once.
+
+    `code` is one text for every anchor, or one per anchor alternative; each
+    alternative may also `require` text elsewhere in the file (the names its
+    code uses), which must occur at least once.
+    """
+
+    name: str
+    anchors: tuple[str, ...]  # alternatives (per vLLM version); exactly one matches
+    code: str | tuple[str, ...]
+    before: bool = False  # insert before the anchor instead of after it
+    requires: tuple[str, ...] = ()  # per anchor alternative ("" = nothing)
+
+
+_SITES: tuple[_Site, ...] = (
+    _Site(
+        "init",
+        ("        self.scheduler_config = vllm_config.scheduler_config\n",),
+        "        _dspark_i27_init(self)  " + _INJECT_TAG + "\n",
+    ),
+    _Site(
+        "waiting-section",
+        ("        # Next, schedule the WAITING requests.\n",),
+        "        _dspark_partial, _dspark_spent = _dspark_i27_running_partials(  " + _INJECT_TAG + "\n"
+        "            self, num_scheduled_tokens\n"
+        "        )\n"
+        "        if self._dspark_step_bound and self._dspark_gate_mode == 1:  " + _INJECT_TAG + "\n"
+        "            token_budget = min(token_budget, max(0, self._dspark_step_bound - _dspark_spent))\n"
+        "        _dspark_skips = 0  " + _INJECT_TAG + "\n"
+        "        _dspark_limit = 0  " + _INJECT_TAG + "\n",
+        before=True,
+    ),
+    _Site(
+        "admission-guard",
+        (
+            # vLLM 0.31 .. 0.33: queue picked before the guard.
+            "                if num_running >= self.max_num_active_reqs:\n"
+            "                    break\n",
+            # vLLM 0.25 .. 0.30: queue picked right after the guard.
+            "                if num_running >= self.max_num_running_reqs:\n"
+            "                    break\n"
+            "\n"
+            "                request_queue = self._select_waiting_queue_for_scheduling()\n"
+            "                assert request_queue is not None\n",
+        ),
+        (_gate_code(_SKIP_031), _gate_code(_SKIP_025)),
+        requires=(_LAYOUT_031, _LAYOUT_025),
+    ),
+    _Site(
+        "cached-gate",
+        ("                encoder_inputs_to_schedule = None\n",),
+        (_cached_gate_code(_SKIP_031), _cached_gate_code(_SKIP_025)),
+        before=True,
+    ),
+    _Site(
+        "first-chunk",
+        (
+            # vLLM 0.31 .. 0.33: the step's (possibly adaptive) threshold.
+            "                    if 0 < long_prefill_token_threshold < num_new_tokens:\n"
+            "                        num_new_tokens = long_prefill_token_threshold\n",
+            # vLLM 0.25 .. 0.30: the configured threshold.
+            "                    threshold = self.scheduler_config.long_prefill_token_threshold\n"
+            "                    if 0 < threshold < num_new_tokens:\n"
+            "                        num_new_tokens = threshold\n",
+        ),
+        "                    if _dspark_limit:  " + _INJECT_TAG + "\n"
+        "                        num_new_tokens = min(num_new_tokens, _dspark_limit)\n",
+    ),
+    _Site(
+        "admission",
+        (
+            "                request.status = RequestStatus.RUNNING\n"
+            "                request.num_computed_tokens = num_computed_tokens\n",
+        ),
+        # Every admission counts, requests that bypass the gate included.
+        "                if num_computed_tokens + num_new_tokens < request.num_tokens:  "
+        + _INJECT_TAG
+        + "\n"
+        "                    _dspark_partial += 1\n"
+        "                _dspark_spent += num_new_tokens  " + _INJECT_TAG + "\n",
+    ),
+    _Site(
+        "constraints-check",
+        ("        # Check if the scheduling constraints are satisfied.\n",),
+        "        if self._dspark_diag:  " + _INJECT_TAG + "\n"
+        "            _dspark_i27_diag(self, num_scheduled_tokens, _dspark_partial, _dspark_spent)\n",
+        before=True,
+    ),
+)
+
+#: Text the injected code relies on without editing it.
+_REQUIRED_FACTS: tuple[tuple[str, str], ...] = (
+    ("class Scheduler", "\nclass Scheduler(SchedulerInterface):\n"),
+    ("module logger", "\nlogger = init_logger(__name__)\n"),
+    ("num_scheduled_tokens dict", "        num_scheduled_tokens: dict[str, int] = {}\n"),
+    (
+        "is_prefill_chunk update",
+        "            request.is_prefill_chunk = request.num_computed_tokens < (\n"
+        "                request.num_tokens + request.num_output_placeholders\n"
+        "            )\n",
+    ),
+)
+
+
+class LayoutError(Exception):
+    """The scheduler text does not have the layout this patch knows."""
+
+    def __init__(self, anchor: str, message: str) -> None:
+        super().__init__(message)
+        self.anchor = anchor
+
+
+# --------------------------------------------------------------------------
+# Pure text transformation
+# --------------------------------------------------------------------------
+
+
+def _encode_original(data: bytes) -> list[str]:
+    blob = base64.b64encode(zlib.compress(data, 9)).decode("ascii")
+    return ["# " + blob[i : i + 76] for i in range(0, len(blob), 76)]
+
+
+def unmarked_patch(text: str) -> tuple[str, str] | None:
+    """(state, problem) for a file without a marker that already carries a patch.
+
+    `damaged`: this patch's own injected code (it calls helpers that lived in
+    the lost marker block); `foreign`: another patch of the same variable.
+    """
+    if _INJECT_TAG in text:
+        return "damaged", "the file holds this hotfix's injected gate but no marker block (its helpers are gone)"
+    if ENV_CAP in text or "_dspark_" in text:
+        return "foreign", f"the file already references {ENV_CAP} without this patch's marker (another patch?)"
+    return None
+
+
+def render_patched(original: bytes, patch_version: int = PATCH_VERSION) -> bytes:
+    """Return the patched scheduler.py for `original` (raises LayoutError).
+
+    `patch_version` only changes the marker and the version constant; tests
+    use it to produce a file "patched by an older version".
+    """
+    try:
+        text = original.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LayoutError("utf-8", f"not UTF-8 text: {exc}") from None
+    if _MARKER_PREFIX in text:
+        raise LayoutError("marker", "already patched (marker present): revert first")
+    foreign = unmarked_patch(text)
+    if foreign is not None:
+        raise LayoutError(foreign[0], foreign[1])
+    for name, fact in _REQUIRED_FACTS:
+        if text.count(fact) != 1:
+            raise LayoutError(name, f"anchor '{name}' not found exactly once (found {text.count(fact)})")
+
+    for site in _SITES:
+        hits = [a for a in site.anchors if text.count(a) == 1]
+        if len(hits) != 1 or any(text.count(a) > 1 for a in site.anchors):
+            first = site.anchors[0].strip().splitlines()[0]
+            raise LayoutError(site.name, f"anchor '{site.name}' not found exactly once (expected e.g. `{first}`)")
+        anchor = hits[0]
+        # Per-layout code: by anchor alternative, or by layout for one anchor.
+        index = site.anchors.index(anchor) if len(site.anchors) > 1 else (0 if _LAYOUT_031 in text else 1)
+        code = site.code if isinstance(site.code, str) else site.code[index]
+        needed = site.requires[index] if site.requires else ""
+        if needed and needed not in text:
+            first = needed.strip().splitlines()[0]
+            raise LayoutError(site.name, f"anchor '{site.name}' needs `{first}`, which this layout lacks")
+        replacement = code + anchor if site.before else anchor + code
+        text = text.replace(anchor, replacement, 1)
+
+    marker = json.dumps(
+        {
+            "patch_version": patch_version,
+            "original_sha256": hashlib.sha256(original).hexdigest(),
+            "original_size": len(original),
+        },
+        sort_keys=True,
+    )
+    helpers = helpers_source(patch_version)
+    block = "\n".join(
+        [
+            _BLOCK_BEGIN,
+            "# Added by patches/hotfix-dsv4-issue27-partial-prefill-concurrency.py;",
+            "# undo with its `revert` command (the original bytes are kept below).",
+            _MARKER_PREFIX + marker,
+            helpers.rstrip("\n"),
+            "",
+            _ORIG_BEGIN,
+            *_encode_original(original),
+            _ORIG_END,
+            _BLOCK_END,
+            "",
+        ]
+    )
+    if not text.endswith("\n"):
+        text += "\n"
+    return (text + "\n" + block).encode("utf-8")
+
+
+@dataclasses.dataclass(frozen=True)
+class Marker:
+    patch_version: int
+    original_sha256: str
+    original: bytes | None  # None when the stored bytes are missing or damaged
+
+
+def read_marker(data: bytes) -> Marker | None:
+    """The marker of a patched file, or None when the file carries none."""
+    text = data.decode("utf-8", errors="replace")
+    match = _MARKER_RE.search(text)
+    if match is None:
+        return None
+    try:
+        meta = json.loads(match.group(1))
+        version = int(meta["patch_version"])
+        sha = str(meta["original_sha256"])
+    except (ValueError, KeyError, TypeError):
+        return Marker(-1, "", None)
+    original = None
+    begin = text.find("\n" + _ORIG_BEGIN + "\n")
+    end = text.find("\n" + _ORIG_END + "\n")
+    if 0 <= begin < end:
+        lines = text[begin + len(_ORIG_BEGIN) + 2 : end].splitlines()
+        try:
+            blob = "".join(line[2:] for line in lines)
+            candidate = zlib.decompress(base64.b64decode(blob, validate=True))
+        except (ValueError, zlib.error):
+            candidate = None
+        if candidate is not None and hashlib.sha256(candidate).hexdigest() == sha:
+            original = candidate
+    return Marker(version, sha, original)
