@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dspark_launch.cluster import procfs
 from tests.launcher_env import cluster_values, write_env_file
 from tests.testbed.fixture import testbed, testbed_clean  # noqa: F401
 
@@ -211,12 +212,11 @@ def test_commands_refuse_the_example_hosts(testbed, tmp_path):
 def _describe(pids: set[int]) -> str:
     out = []
     for pid in sorted(pids):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text().split()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:150]
-            out.append(f"{pid} state={stat[2]} ppid={stat[3]} {cmd}")
-        except OSError:
+        state = procfs.state(pid)
+        if state is None:
             out.append(f"{pid} gone")
+        else:
+            out.append(f"{pid} state={state} ppid={procfs.parent(pid)} {' '.join(procfs.cmdline(pid))[:150]}")
     return "; ".join(out)
 
 

@@ -15,6 +15,8 @@ from typing import Iterator
 from dspark_launch import __version__
 from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.cluster.client import ClusterFailure, Reporter
+from dspark_launch.cluster.codec import to_data
+from dspark_launch.cluster.parallel import Background, on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import (Deployment, clear_state, ensure_state_dir, load_state, lock_holder,
                                          save_state, state_lock)
@@ -64,7 +66,7 @@ def node_health(spec: ClusterSpec, state: Deployment | None,
         except ClusterFailure as exc:
             return "unreachable", exc.detail
 
-    results = rc.on_each(spec.nodes, health_of)
+    results = on_each(spec.nodes, health_of)
     if details is not None:
         details.update({name: why for name, (health, why) in results.items() if health == "unreachable" and why})
     return {name: health for name, (health, _) in results.items()}
@@ -109,7 +111,7 @@ def stop_leftovers(spec: ClusterSpec, state: Deployment, reporter: Reporter,
         except ClusterFailure as exc:
             reporter.warn(f"{exc}; leftover processes there may remain")
 
-    rc.on_each([n for n in spec.nodes if state.node(n.name) and (only is None or n.name in only)], stop_one)
+    on_each([n for n in spec.nodes if state.node(n.name) and (only is None or n.name in only)], stop_one)
 
 
 def _bring_up(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None, repair: list[str]) -> UpResult:
@@ -128,13 +130,13 @@ def _bring_up(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None
                 else:
                     rc.preflight_node(spec, node, reporter)
 
-            rc.on_each(to_start, head_then_workers)
+            on_each(to_start, head_then_workers)
         else:
-            rc.on_each(workers, lambda node: rc.preflight_node(spec, node, reporter))
+            on_each(workers, lambda node: rc.preflight_node(spec, node, reporter))
             # Repairing beside a live head: Ray may still list the lost nodes' old registrations
             # as alive for a few seconds; remember them so the wait never takes one for the new node.
             stale = tuple(n.node_id for n in rc.ray_view(spec) if n.ip in {m.ip for m in workers})
-        rc.on_each(workers, bringup.start_ray)
+        on_each(workers, bringup.start_ray)
         checks = bringup.checks(stale)
     except BaseException:
         for problem in bringup.rollback():
@@ -173,7 +175,7 @@ def cluster_down_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment
             reporter.warn(f"{node.label}: pids {list(answer.left)} did not stop")
         return not answer.left
 
-    stopped = rc.on_each([n for n in spec.nodes if state.node(n.name)], stop_one)
+    stopped = on_each([n for n in spec.nodes if state.node(n.name)], stop_one)
     unreachable = [name for name, ok in stopped.items() if not ok]
     if not unreachable:
         clear_state(spec.state_dir)
@@ -184,6 +186,8 @@ def cluster_status(spec: ClusterSpec, state: Deployment | None) -> dict:
     """The cluster view for `status`: a stable, documented JSON shape (docs/cluster.md)."""
     busy = lock_holder(spec.state_dir) is not None
     details: dict[str, str] = {}
+    # Ray's own view (the head's agent imports Ray: the slowest question) is asked while the nodes are.
+    ray_view = Background(lambda: rc.ray_view(spec, RAY_VIEW_TIMEOUT_S)) if state else None
     health = node_health(spec, state, details)
     nodes = []
     for node in spec.nodes:
@@ -208,8 +212,8 @@ def cluster_status(spec: ClusterSpec, state: Deployment | None) -> dict:
         overall = "up"
     else:
         overall = "degraded"
-    if alive and nodes[0]["ray_alive"]:
-        _add_ray_view(spec, nodes)
+    if alive and nodes[0]["ray_alive"] and ray_view is not None:
+        _add_ray_view(ray_view, nodes)
         if overall == "up" and any(n["registered_ip"] != n["ip"] for n in nodes):
             overall = "degraded"
     problems = []
@@ -230,18 +234,16 @@ def cluster_status(spec: ClusterSpec, state: Deployment | None) -> dict:
 
 
 def _plain(row) -> dict:
-    from dspark_launch.cluster.codec import to_data
-
     return to_data(row) if row is not None else {}
 
 
 RAY_VIEW_TIMEOUT_S = 20
 
 
-def _add_ray_view(spec: ClusterSpec, nodes: list[dict]) -> None:
+def _add_ray_view(ray_view: Background, nodes: list[dict]) -> None:
     """Registered IP and GPUs per node from Ray itself (skipped if the head does not answer in time)."""
     try:
-        seen = {n.ip: n for n in rc.ray_view(spec, RAY_VIEW_TIMEOUT_S) if n.alive}
+        seen = {n.ip: n for n in ray_view.result() if n.alive}
     except ClusterFailure:
         return
     for node in nodes:

@@ -8,17 +8,15 @@ version matrix and the hotfix on every node (`head_ops`).
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import secrets
-from typing import Callable, Iterable, TypeVar
 
 from dspark_launch.cluster import protocol as p
 from dspark_launch.cluster.client import ClusterFailure, Reporter
+from dspark_launch.cluster.parallel import on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import NodeRecord, ray_token
 
-T = TypeVar("T")
 RAY_START_TIMEOUT_S = 180
 CHECKS_TIMEOUT_S = 600  # join wait (its own timeout) plus the pinned tasks
 DASHBOARD_PORT = 8265
@@ -26,17 +24,6 @@ DASHBOARD_PORT = 8265
 # Ray's default range, named here so a firewall rule and docs/security.md can rely on it.
 WORKER_PORTS = (10002, 19999)
 CORE_PROCESSES = ("raylet", "gcs_server")
-
-
-def on_each(nodes: Iterable[Node], work: Callable[[Node], T]) -> dict[str, T]:
-    """`work(node)` on every node at once; the first failure (in node order) is raised after all ended."""
-    nodes = list(nodes)
-    if len(nodes) <= 1:
-        return {node.name: work(node) for node in nodes}
-    with concurrent.futures.ThreadPoolExecutor(len(nodes)) as pool:
-        futures = {node.name: pool.submit(work, node) for node in nodes}
-        concurrent.futures.wait(futures.values())
-    return {name: future.result() for name, future in futures.items()}
 
 
 def ray_temp_dir(spec: ClusterSpec, node: Node) -> str:

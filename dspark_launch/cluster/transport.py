@@ -10,11 +10,13 @@ launcher declares in each request.
 
 from __future__ import annotations
 
+import atexit
 import os
 import selectors
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -28,6 +30,22 @@ LOGIN_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_C
 
 class NodeUnreachable(DsparkError):
     """The node could not be reached or its agent did not answer."""
+
+
+_in_flight: set[subprocess.Popen] = set()  # agent processes being talked to, from any thread
+_in_flight_lock = threading.Lock()
+
+
+def kill_in_flight() -> None:
+    """End every agent exchange still running (an interrupt is unwinding, or the launcher exits with a
+    question it no longer needs answered): their threads get EOF at once."""
+    with _in_flight_lock:
+        for proc in _in_flight:
+            if proc.poll() is None:
+                proc.kill()
+
+
+atexit.register(kill_in_flight)
 
 
 class Transport(Protocol):
@@ -47,6 +65,8 @@ def _stream(argv: list[str], env: dict[str, str] | None, request_line: str, time
     except OSError as exc:
         raise NodeUnreachable(f"{description}: cannot run {argv[0]}: {exc.strerror}") from None
     stderr_tail = b""
+    with _in_flight_lock:
+        _in_flight.add(proc)
     try:
         proc.stdin.write(request_line.encode() + b"\n")
         proc.stdin.close()
@@ -74,6 +94,8 @@ def _stream(argv: list[str], env: dict[str, str] | None, request_line: str, time
             on_line(pending.decode(errors="replace"))
         code = proc.wait()
     finally:
+        with _in_flight_lock:
+            _in_flight.discard(proc)
         if proc.poll() is None:
             proc.kill()
             proc.wait()

@@ -8,13 +8,12 @@ second launcher fails at once naming the holder.
 from __future__ import annotations
 
 import secrets
-import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Generic, TypeVar
 
 from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster import ray_cluster as rc
+from dspark_launch.cluster.parallel import Background, on_each
 from dspark_launch.cluster.client import ClusterFailure, NodeAgent, Reporter
 from dspark_launch.cluster.protocol import HotfixReport, Spawn, Stop, StopAnswer
 from dspark_launch.cluster.spec import ClusterSpec
@@ -27,7 +26,6 @@ from dspark_launch.serve.logfollow import LogReader
 from dspark_launch.serve.plan import ServePlan, serve_plan
 
 SERVER_LOG = "vllm-serve.log"
-T = TypeVar("T")
 
 
 class ServeFailure(DsparkError):
@@ -46,29 +44,6 @@ class StartResult:
     hotfix: dict[str, HotfixReport] = field(default_factory=dict)
 
 
-class Background(Generic[T]):
-    """`work()` in a daemon thread (an interrupt never waits for it); `result()` joins and re-raises."""
-
-    def __init__(self, work: Callable[[], T]):
-        self._value: list = []
-        self._error: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                self._value.append(work())
-            except BaseException as exc:  # handed to result()
-                self._error.append(exc)
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-
-    def result(self) -> T:
-        self._thread.join()
-        if self._error:
-            raise self._error[0]
-        return self._value[0]
-
-
 def preflight_serve(settings: Settings, spec: ClusterSpec, plan: ServePlan, reporter: Reporter, strict: bool) -> None:
     """Checks that need no running cluster: vLLM's own parser on the head, memory on every node."""
     from dspark_launch.serve.memory import fit_report, hf_cache_snapshot, weights_bytes
@@ -81,7 +56,7 @@ def preflight_serve(settings: Settings, spec: ClusterSpec, plan: ServePlan, repo
     if weights is None:
         return
     memory = {name: answer.total_bytes
-              for name, answer in rc.on_each(spec.nodes, lambda n: n.agent().meminfo()).items()}
+              for name, answer in on_each(spec.nodes, lambda n: n.agent().meminfo()).items()}
     memory = {spec.node(name).label: total for name, total in memory.items()}
     problems = fit_report(weights, plan.tensor_parallel_size, memory, settings.float("GPU_MEMORY_UTILIZATION"))
     for problem in problems:
