@@ -119,20 +119,13 @@ def _bring_up(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None
     to_start = [n for n in spec.nodes if existing is None or n.name in repair]
     workers = [n for n in to_start if not n.is_head]
     try:
+        # Every node's pre-flight at once, and all of it before any Ray starts: a node that fails it
+        # leaves nothing started anywhere (the head's Ray would otherwise start beside it).
+        on_each(to_start, lambda node: rc.preflight_node(spec, node, reporter))
         stale: tuple[str, ...] = ()
         if spec.head in to_start:
-            rc.preflight_node(spec, spec.head, reporter)
-
-            def head_then_workers(node: Node) -> None:
-                # The head's Ray starts while the workers' pre-flight runs.
-                if node.is_head:
-                    bringup.start_ray(node)
-                else:
-                    rc.preflight_node(spec, node, reporter)
-
-            on_each(to_start, head_then_workers)
+            bringup.start_ray(spec.head)
         else:
-            on_each(workers, lambda node: rc.preflight_node(spec, node, reporter))
             # Repairing beside a live head: Ray may still list the lost nodes' old registrations
             # as alive for a few seconds; remember them so the wait never takes one for the new node.
             stale = tuple(n.node_id for n in rc.ray_view(spec) if n.ip in {m.ip for m in workers})
