@@ -139,7 +139,7 @@ def test_version_mismatch_prints_matrix_and_rolls_back(testbed_clean, tmp_path):
     drifted = _drift_anchor(tb, "worker1")
     proc = dspark(tb, write_env(tb, tmp_path), "cluster", "up")
     assert proc.returncode == 1
-    assert "version matrix: nodes differ in scheduler_sha256" in proc.stderr
+    assert "version matrix: nodes differ in scheduler_sha256" in proc.stderr, proc.stderr[-3000:]
     assert any(l.startswith("! scheduler_sha256") for l in proc.stderr.splitlines())
     assert scheduler_sha(tb, "worker1") == drifted
     assert our_pids(tb, "head") == set() and our_pids(tb, "worker1") == set()

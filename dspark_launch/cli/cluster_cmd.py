@@ -87,15 +87,15 @@ def hotfix_line(name: str, report) -> str:
     return f"hotfix {name}: {status.state} (patch {status.patch_version}, vLLM {status.vllm_version})"
 
 
-def render_status(data: dict) -> str:
+def render_status(view) -> str:
+    """The cluster table of `status` (a ClusterView or ServiceStatus)."""
     rows = []
-    for n in data["nodes"]:
-        versions = n.get("versions") or {}
-        rows.append((n["name"], n["ip"], "yes" if n["reachable"] else "NO", "alive" if n["ray_alive"] else "down",
-                     n.get("registered_ip") or "-", "-" if n.get("gpus") is None else f"{n['gpus']:g}",
-                     versions.get("vllm") or "-", versions.get("ray") or "-", n.get("hotfix") or "-"))
-    started = data.get("started_at")
-    since = f", up {time.time() - started:.0f} s" if started and data["state"] != "down" else ""
-    head = f"cluster: {data['state']} (Ray {data['ray_address']}{since})"
+    for n in view.nodes:
+        versions = n.versions
+        rows.append((n.name, n.ip, "yes" if n.reachable else "NO", "alive" if n.ray_alive else "down",
+                     n.registered_ip or "-", "-" if n.gpus is None else f"{n.gpus:g}",
+                     (versions and versions.vllm) or "-", (versions and versions.ray) or "-", n.hotfix or "-"))
+    since = f", up {time.time() - view.started_at:.0f} s" if view.started_at and view.state != "down" else ""
+    head = f"cluster: {view.state} (Ray {view.ray_address}{since})"
     return head + "\n" + table(("NODE", "IP", "REACHABLE", "RAY", "REGISTERED", "GPUS", "VLLM", "RAY VER", "HOTFIX"),
                                rows, indent="  ")

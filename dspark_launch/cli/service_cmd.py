@@ -124,34 +124,34 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema in docs/operations.md).")] = False,
 ) -> None:
     """Nodes, Ray, versions, hotfix, the server, its metrics, and drift from the env file."""
+    from dspark_launch.cluster.codec import to_data
     from dspark_launch.serve import service
 
     settings, spec = settings_and_spec(env_file)
     try:
-        data = service.status(settings, spec)
+        view = service.status(settings, spec)
     except DsparkError as error:
         raise fail(error) from None
     if as_json:
-        emit_json(data)
+        emit_json(to_data(view))
     else:
-        print(render_status(data))
-        s = data["server"]
-        if s["state"] == "down" and not s["pid"]:
+        print(render_status(view))
+        s = view.server
+        if s.state == "down" and not s.pid:
             print("server: not started")
         else:
-            uptime = f", up {s['uptime_s']} s" if s["uptime_s"] is not None else ""
-            print(f"server: {s['state']} (pid {s['pid']}{uptime}) {s['url']}  cap {s['cap']}  "
-                  f"KV cache {s['kv_cache_tokens']} tokens")
-            m = s["metrics"]
+            uptime = f", up {s.uptime_s} s" if s.uptime_s is not None else ""
+            print(f"server: {s.state} (pid {s.pid}{uptime}) {s.url}  cap {s.cap}  KV cache {s.kv_cache_tokens} tokens")
+            m = s.metrics
             if m:
                 print(f"  running {m.get('vllm:num_requests_running', 0):g}  waiting "
                       f"{m.get('vllm:num_requests_waiting', 0):g}  KV cache used "
                       f"{100 * m.get('vllm:kv_cache_usage_perc', 0):.1f}%")
-            for d in s["drift"]:
-                print(f"  drift: {d['name']} {d['running']} -> {d['configured']}: restart to apply")
-        for problem in data.get("problems", []):
+            for d in s.drift:
+                print(f"  drift: {d.name} {d.running} -> {d.configured}: restart to apply")
+        for problem in view.problems:
             print(f"problem: {problem}")
-    if data["state"] == "degraded":
+    if view.state == "degraded":
         raise typer.Exit(EXIT_FAILED)
 
 

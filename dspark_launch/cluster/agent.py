@@ -40,15 +40,8 @@ OWNER_VAR = "DSPARK_OWNER"
 # API keys never reach Ray: Ray passes its daemons' environment to every worker it starts.
 NOT_FOR_RAY = ("VLLM_API_KEY", "DSPARK_API_KEYS")
 
-Report = Callable[[p.Progress], None]
-
-
-class OperationFailed(Exception):
-    """Raised by a handler for a failure the launcher shows as it is (typed, not a traceback)."""
-
-    def __init__(self, failure: p.Failure):
-        super().__init__(failure.detail)
-        self.failure = failure
+Report = p.Report
+OperationFailed = p.OperationFailed
 
 
 def _same_boot(recorded_boot: str) -> bool:

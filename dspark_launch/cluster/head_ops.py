@@ -13,7 +13,7 @@ import time
 
 from dspark_launch.cluster import node_tasks
 from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.agent import OperationFailed, Report
+from dspark_launch.cluster.protocol import OperationFailed, Report
 from dspark_launch.cluster.codec import from_data
 from dspark_launch.cluster.versions import differing_rows, matrix_lines
 

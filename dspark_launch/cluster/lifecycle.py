@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
 from dspark_launch import __version__
 from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.cluster.client import ClusterFailure, Reporter
-from dspark_launch.cluster.codec import to_data
+from dspark_launch.cluster.protocol import VersionRow
 from dspark_launch.cluster.parallel import Background, on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import (Deployment, clear_state, ensure_state_dir, load_state, lock_holder,
@@ -175,8 +175,38 @@ def cluster_down_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment
     return unreachable
 
 
-def cluster_status(spec: ClusterSpec, state: Deployment | None) -> dict:
-    """The cluster view for `status`: a stable, documented JSON shape (docs/cluster.md)."""
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    ip: str
+    ssh_host: str | None
+    reachable: bool
+    ray_alive: bool
+    registered_ip: str | None  # from Ray's node table; None when Ray does not list it
+    gpus: float | None
+    pids: tuple[int, ...]  # the node's Ray daemons (raylet, gcs_server)
+    versions: VersionRow | None
+    hotfix: str | None  # the hotfix state at start: applied, not-applied, ...
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.ip})"
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The cluster half of `status` (JSON shape in docs/cluster.md)."""
+    state: str  # down | starting | up | degraded
+    ray_address: str
+    config_digest: str | None
+    started_at: float | None
+    nodes: tuple[NodeView, ...]
+    problems: tuple[str, ...]
+    checked_at: float
+
+
+def cluster_status(spec: ClusterSpec, state: Deployment | None) -> ClusterView:
+    """Every node asked at once; Ray's own view asked beside them."""
     busy = lock_holder(spec.state_dir) is not None
     details: dict[str, str] = {}
     # Ray's own view (the head's agent imports Ray: the slowest question) is asked while the nodes are.
@@ -185,18 +215,14 @@ def cluster_status(spec: ClusterSpec, state: Deployment | None) -> dict:
     nodes = []
     for node in spec.nodes:
         record = state.node(node.name) if state else None
-        versions = state.versions.get(node.name) if state else None
         hotfix = state.hotfix.get(node.name) if state else None
-        nodes.append({
-            "name": node.name, "ip": node.ip, "ssh_host": node.ssh_host,
-            "reachable": health[node.name] != "unreachable",
-            "ray_alive": health[node.name] == "alive",
-            "registered_ip": None, "gpus": None,
-            "pids": [proc.pid for proc in rc.core_processes(record)] if record else [],
-            "versions": _plain(versions),
-            "hotfix": hotfix.status.state if hotfix else None,
-        })
-    alive = [n for n in nodes if n["ray_alive"]]
+        nodes.append(NodeView(
+            name=node.name, ip=node.ip, ssh_host=node.ssh_host, reachable=health[node.name] != "unreachable",
+            ray_alive=health[node.name] == "alive", registered_ip=None, gpus=None,
+            pids=tuple(proc.pid for proc in rc.core_processes(record)) if record else (),
+            versions=state.versions.get(node.name) if state else None,
+            hotfix=hotfix.status.state if hotfix else None))
+    alive = [n for n in nodes if n.ray_alive]
     if busy:
         overall = "starting"
     elif not alive:
@@ -205,42 +231,33 @@ def cluster_status(spec: ClusterSpec, state: Deployment | None) -> dict:
         overall = "up"
     else:
         overall = "degraded"
-    if alive and nodes[0]["ray_alive"] and ray_view is not None:
-        _add_ray_view(ray_view, nodes)
-        if overall == "up" and any(n["registered_ip"] != n["ip"] for n in nodes):
+    if alive and nodes[0].ray_alive and ray_view is not None:
+        nodes = _with_ray_view(ray_view, nodes)
+        if overall == "up" and any(n.registered_ip != n.ip for n in nodes):
             overall = "degraded"
     problems = []
     if state and overall in ("up", "degraded"):
         for node in nodes:
-            label = f"{node['name']} ({node['ip']})"
-            if not node["reachable"]:
-                problems.append(f"{label}: unreachable ({details.get(node['name'], 'no answer')}); "
-                                f"check the fabric link and SSH to {node['ssh_host']}")
-            elif not node["ray_alive"]:
-                problems.append(f"{label}: Ray is down (its raylet is gone); `dspark logs --node {node['name']}`, "
+            if not node.reachable:
+                problems.append(f"{node.label}: unreachable ({details.get(node.name, 'no answer')}); "
+                                f"check the fabric link and SSH to {node.ssh_host}")
+            elif not node.ray_alive:
+                problems.append(f"{node.label}: Ray is down (its raylet is gone); `dspark logs --node {node.name}`, "
                                 "then `dspark restart`")
-            elif node["registered_ip"] not in (None, node["ip"]):
-                problems.append(f"{label}: Ray does not list this node at its fabric IP")
-    return {"state": overall, "ray_address": spec.ray_address, "config_digest": state.config_digest if state else None,
-            "started_at": state.started_at if state else None, "nodes": nodes, "problems": problems,
-            "checked_at": time.time()}
-
-
-def _plain(row) -> dict:
-    return to_data(row) if row is not None else {}
+            elif node.registered_ip not in (None, node.ip):
+                problems.append(f"{node.label}: Ray does not list this node at its fabric IP")
+    return ClusterView(overall, spec.ray_address, state.config_digest if state else None,
+                       state.started_at if state else None, tuple(nodes), tuple(problems), time.time())
 
 
 RAY_VIEW_TIMEOUT_S = 20
 
 
-def _add_ray_view(ray_view: Background, nodes: list[dict]) -> None:
-    """Registered IP and GPUs per node from Ray itself (skipped if the head does not answer in time)."""
+def _with_ray_view(ray_view: Background, nodes: list[NodeView]) -> list[NodeView]:
+    """Registered IP and GPUs per node from Ray itself (unchanged if the head does not answer in time)."""
     try:
         seen = {n.ip: n for n in ray_view.result() if n.alive}
     except ClusterFailure:
-        return
-    for node in nodes:
-        if node["ip"] in seen:
-            node["registered_ip"], node["gpus"] = node["ip"], seen[node["ip"]].gpus
-        elif node["ray_alive"]:
-            node["ray_alive"] = False
+        return nodes
+    return [replace(node, registered_ip=node.ip, gpus=seen[node.ip].gpus) if node.ip in seen
+            else replace(node, ray_alive=False) for node in nodes]

@@ -18,6 +18,7 @@ on `client.NodeAgent`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 PROTOCOL_VERSION = 1
 
@@ -59,6 +60,20 @@ class Failure:
     node: str = ""
     extra: tuple[str, ...] = ()
     config_error: bool = False  # bad configuration (exit 2), e.g. a refused serve argument
+
+
+Report = Callable[[Progress], None]  # what a handler calls to send a progress line
+
+
+class OperationFailed(Exception):
+    """Raised by a handler for a failure the launcher shows as it is (typed, not a traceback).
+
+    Defined here, not in `agent`, which runs as `__main__`: a handler module importing the agent
+    would get a second copy of the class, and the agent would not recognise its raise."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(failure.detail)
+        self.failure = failure
 
 
 # --- node operations (stdlib only on the node) ---------------------------------------------------

@@ -203,41 +203,79 @@ def stop_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None)
     return lifecycle.cluster_down_locked(spec, reporter, state)
 
 
-def drift(started_with: dict[str, str], now: dict[str, str]) -> list[dict]:
+@dataclass(frozen=True)
+class Drift:
+    name: str
+    running: str | None
+    configured: str
+
+
+@dataclass(frozen=True)
+class ServerView:
+    state: str  # down | up | unhealthy | dead
+    pid: int | None = None
+    url: str | None = None
+    model: str | None = None
+    served_name: str | None = None
+    uptime_s: int | None = None
+    healthy: bool = False
+    cap: int | None = None  # the cap the EngineCore's scheduler reported
+    kv_cache_tokens: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    drift: tuple[Drift, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """`dspark status`: the cluster view plus the server (JSON shape in docs/cluster.md)."""
+    state: str
+    ray_address: str
+    config_digest: str | None
+    started_at: float | None
+    checked_at: float
+    problems: tuple[str, ...]
+    nodes: tuple[lifecycle.NodeView, ...]
+    server: ServerView
+
+
+def drift(started_with: dict[str, str], now: dict[str, str]) -> tuple[Drift, ...]:
     """Settings that differ between the running server and the env file now."""
-    return [{"name": name, "running": started_with.get(name), "configured": value}
-            for name, value in now.items() if started_with.get(name) != value]
+    return tuple(Drift(name, started_with.get(name), value) for name, value in now.items()
+                 if started_with.get(name) != value)
 
 
-def status(settings: Settings, spec: ClusterSpec) -> dict:
-    """The documented status shape (docs/operations.md); the record is read once, without the lock."""
+def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | None) -> ServerView:
     from dspark_launch.serve.plan import api_key
 
+    if server is None:
+        return ServerView("down")
+    probe = settings.int("HEALTH_TIMEOUT_S")
+    alive = server_alive(spec, server)
+    healthy = alive and _server_healthy(server.url, api_key(settings), server.served_name, probe)
+    return ServerView(
+        state="up" if healthy else ("unhealthy" if alive else "dead"), pid=server.pid, url=server.url,
+        model=server.model, served_name=server.served_name,
+        uptime_s=round(time.time() - server.started_at) if alive else None, healthy=healthy,
+        cap=server.scheduler_cap if server.scheduler_cap is not None else server.cap,
+        kv_cache_tokens=server.kv_cache_tokens, metrics=http.metrics(server.url, probe) if healthy else {},
+        drift=drift(server.settings, settings.public_values()))
+
+
+def status(settings: Settings, spec: ClusterSpec) -> ServiceStatus:
+    """The record is read once, without the lock; the cluster and the server are asked at once."""
     state = load_state(spec.state_dir)
     server = state.server if state else None
     cluster = Background(lambda: lifecycle.cluster_status(spec, state))
-    view = {"state": "down", "pid": None, "url": None, "uptime_s": None, "healthy": False, "metrics": {},
-            "cap": None, "kv_cache_tokens": None, "drift": []}
-    probe = settings.int("HEALTH_TIMEOUT_S")
-    if server:
-        alive = server_alive(spec, server)
-        healthy = alive and _server_healthy(server.url, api_key(settings), server.served_name, probe)
-        view.update({"state": "up" if healthy else ("unhealthy" if alive else "dead"), "pid": server.pid,
-                     "url": server.url, "model": server.model, "served_name": server.served_name,
-                     "uptime_s": round(time.time() - server.started_at) if alive else None,
-                     "healthy": healthy, "cap": server.scheduler_cap if server.scheduler_cap is not None else server.cap,
-                     "kv_cache_tokens": server.kv_cache_tokens,
-                     "metrics": http.metrics(server.url, probe) if healthy else {},
-                     "drift": drift(server.settings, settings.public_values())})
+    view = _server_view(settings, spec, server)
     data = cluster.result()
-    data["server"] = view
-    if server and view["state"] == "dead":
+    problems = list(data.problems)
+    if server and view.state == "dead":
         text = LogReader(spec.head.agent(), server.log).refresh()
-        data["problems"].append(f"vllm serve (pid {server.pid}) is not running: {logscan.failure(text)}; "
-                                f"log {server.log}; `dspark restart` starts it again")
-    elif server and view["state"] == "unhealthy":
-        data["problems"].append(f"vllm serve (pid {server.pid}) runs but {server.url}/health does not answer "
-                                f"within {probe} s; log {server.log}")
-    if server and data["state"] == "up" and view["state"] != "up":
-        data["state"] = "degraded"
-    return data
+        problems.append(f"vllm serve (pid {server.pid}) is not running: {logscan.failure(text)}; "
+                        f"log {server.log}; `dspark restart` starts it again")
+    elif server and view.state == "unhealthy":
+        problems.append(f"vllm serve (pid {server.pid}) runs but {server.url}/health does not answer "
+                        f"within {settings.int('HEALTH_TIMEOUT_S')} s; log {server.log}")
+    overall = "degraded" if server and data.state == "up" and view.state != "up" else data.state
+    return ServiceStatus(overall, data.ray_address, data.config_digest, data.started_at, data.checked_at,
+                         tuple(problems), data.nodes, view)
