@@ -153,3 +153,11 @@ def test_stop_with_a_corrupt_state_file_is_one_line_exit_1(tmp_path):
 def test_typed_values_round_trip_through_json():
     checks = p.RayChecksAnswer({"head": p.VersionRow(python="3.11.7", vllm="0.32.0")}, {})
     assert from_data(p.RayChecksAnswer, json.loads(json.dumps(to_data(checks)))) == checks
+
+
+def test_the_cuda_row_is_read_without_importing_torch():
+    import torch
+
+    from dspark_launch.cluster.node_tasks import torch_cuda_version
+
+    assert torch_cuda_version() == torch.version.cuda
