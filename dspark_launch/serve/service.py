@@ -44,25 +44,28 @@ class StartResult:
     hotfix: dict[str, HotfixReport] = field(default_factory=dict)
 
 
-def preflight_serve(settings: Settings, spec: ClusterSpec, plan: ServePlan, reporter: Reporter, strict: bool) -> None:
-    """Checks that need no running cluster: vLLM's own parser on the head, memory on every node."""
+def preflight_memory(settings: Settings, spec: ClusterSpec, plan: ServePlan, reporter: Reporter, strict: bool) -> None:
+    """Weights ÷ TP against every node's memory (asked at once); before anything starts."""
     from dspark_launch.serve.memory import fit_report, hf_cache_snapshot, weights_bytes
     from dspark_launch.serve.plan import local_model_dir
 
-    reporter.phase("checking the vllm serve arguments with the installed vLLM")
-    check_serve_args(spec.head.agent(reporter), plan.serve_args, settings.entries["VLLM_EXTRA_ARGS"].source)
     folder = local_model_dir(plan.model) or hf_cache_snapshot(plan.model, settings["DSPARK_MODEL_REVISION"])
     weights = weights_bytes(folder) if folder else None
     if weights is None:
         return
-    memory = {name: answer.total_bytes
+    memory = {spec.node(name).label: answer.total_bytes
               for name, answer in on_each(spec.nodes, lambda n: n.agent().meminfo()).items()}
-    memory = {spec.node(name).label: total for name, total in memory.items()}
     problems = fit_report(weights, plan.tensor_parallel_size, memory, settings.float("GPU_MEMORY_UTILIZATION"))
     for problem in problems:
         if strict:
             raise ServeFailure(f"memory pre-flight: {problem} (--strict); unified memory that runs out freezes the host")
         reporter.warn(f"memory pre-flight: {problem}; unified memory that runs out freezes the host")
+
+
+def check_arguments(settings: Settings, spec: ClusterSpec, plan: ServePlan, reporter: Reporter) -> None:
+    """vLLM's own parser on the head (about 10 s: it runs while Ray starts)."""
+    reporter.phase("checking the vllm serve arguments with the installed vLLM")
+    check_serve_args(spec.head.agent(reporter), plan.serve_args, settings.entries["VLLM_EXTRA_ARGS"].source)
 
 
 def server_alive(spec: ClusterSpec, server: ServerRecord) -> bool:
@@ -87,7 +90,8 @@ def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, strict: boo
             stop_server(spec, state.server)
             state.server = None
             save_state(spec.state_dir, state)
-        checked = Background(lambda: preflight_serve(settings, spec, plan, reporter, strict))
+        preflight_memory(settings, spec, plan, reporter, strict)
+        checked = Background(lambda: check_arguments(settings, spec, plan, reporter))
         cluster_started = True
         try:
             state = lifecycle.cluster_up_locked(spec, reporter, state).state
