@@ -25,6 +25,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dspark_launch.cluster import procfs
+
 REPO = Path(__file__).resolve().parent.parent
 PLUGIN_ENV = "DSPARK_TEST_RAY_CPU_PLATFORM"
 
@@ -32,38 +34,11 @@ PLUGIN_ENV = "DSPARK_TEST_RAY_CPU_PLATFORM"
 # --------------------------------------------------------------------------- procs
 
 
-def _proc_start_ticks(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat (start time in clock ticks), None if gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
-    rest = raw[raw.rfind(")") + 2 :].split()
-    return int(rest[19])
-
-
-def _proc_ppid(pid: int) -> int | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(raw[raw.rfind(")") + 2 :].split()[1])
-
-
-def _proc_state(pid: int) -> str | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return raw[raw.rfind(")") + 2 :].split()[0]
-
-
-def proc_cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
-    except OSError:
-        return []
+# One reader of /proc for the product and the tests.
+_proc_start_ticks = procfs.start_time
+_proc_ppid = procfs.parent
+_proc_state = procfs.state
+proc_cmdline = procfs.cmdline
 
 
 def proc_rss_bytes(pid: int) -> int:

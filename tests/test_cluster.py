@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dspark_launch.cluster import procfs
 from tests.launcher_env import cluster_values, write_env_file
 from tests.testbed.fixture import testbed, testbed_clean  # noqa: F401
 
@@ -138,7 +139,7 @@ def test_version_mismatch_prints_matrix_and_rolls_back(testbed_clean, tmp_path):
     drifted = _drift_anchor(tb, "worker1")
     proc = dspark(tb, write_env(tb, tmp_path), "cluster", "up")
     assert proc.returncode == 1
-    assert "version matrix: nodes differ in scheduler_sha256" in proc.stderr
+    assert "version matrix: nodes differ in scheduler_sha256" in proc.stderr, proc.stderr[-3000:]
     assert any(l.startswith("! scheduler_sha256") for l in proc.stderr.splitlines())
     assert scheduler_sha(tb, "worker1") == drifted
     assert our_pids(tb, "head") == set() and our_pids(tb, "worker1") == set()
@@ -211,12 +212,11 @@ def test_commands_refuse_the_example_hosts(testbed, tmp_path):
 def _describe(pids: set[int]) -> str:
     out = []
     for pid in sorted(pids):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text().split()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:150]
-            out.append(f"{pid} state={stat[2]} ppid={stat[3]} {cmd}")
-        except OSError:
+        state = procfs.state(pid)
+        if state is None:
             out.append(f"{pid} gone")
+        else:
+            out.append(f"{pid} state={state} ppid={procfs.parent(pid)} {' '.join(procfs.cmdline(pid))[:150]}")
     return "; ".join(out)
 
 

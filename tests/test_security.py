@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from dspark_launch.cluster import procfs
 from tests.launcher_env import launcher_env, scratch
 from tests.test_cluster import VENV_BIN, _describe, dspark, write_env
 from tests.test_serving import read_until_served, serving_env, state, tiny_model  # noqa: F401 (fixture)
@@ -71,19 +72,10 @@ class Listener:
 
 
 def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
+    return " ".join(procfs.cmdline(pid))
 
 
-def start_time(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return None if fields[0] in ("Z", "X") else int(fields[19])
+start_time = procfs.start_time
 
 
 def listeners(tb, node: str) -> list[Listener]:

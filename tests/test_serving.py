@@ -197,7 +197,8 @@ def test_unknown_vllm_flag_fails_the_argument_check(testbed_clean, tmp_path, tin
     assert proc.returncode == 2, proc.stderr
     errors = [l for l in proc.stderr.splitlines() if l.startswith("dspark: error:")]
     assert len(errors) == 1 and "--max-num-partial-prefills" in errors[0] and "VLLM_EXTRA_ARGS" in errors[0]
-    assert not (tmp_path / "state").exists()
+    # The check runs on the head while Ray starts (launch time): Ray is rolled back, no record is left.
+    assert not (tmp_path / "state" / "state.json").exists()
     assert our_pids(tb, "head") == set() and our_pids(tb, "worker1") == set()
 
 
@@ -211,5 +212,37 @@ def test_server_dying_during_start_is_a_failure_not_a_timeout(testbed_clean, tmp
     assert "vllm serve exited during start" in proc.stderr
     assert "==> " in proc.stderr and "vllm-serve.log" in proc.stderr  # the log tails are printed
     assert time.monotonic() - began < 400
+    left = our_pids(tb, "head") | our_pids(tb, "worker1")
+    assert left == set(), _describe(left)
+
+
+def test_the_cli_needs_neither_vllm_nor_ray(testbed_clean, tmp_path, tiny_model):
+    """Everything that touches vLLM or Ray runs in a node's agent: the launcher's own interpreter
+    here cannot import either (a PYTHONPATH folder shadows both), the nodes' venv has them."""
+    tb = testbed_clean
+    blocked = tmp_path / "blocked"
+    for name in ("vllm", "ray", "torch"):
+        (blocked / name).mkdir(parents=True)
+        (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} is not for the launcher')\n")
+    env_file = serving_env(tb, tmp_path, tiny_model)
+    cli_env = {**launcher_env(scratch(tmp_path)), "PYTHONPATH": str(blocked)}
+    probe = tb.exec("head", [str(VENV_BIN / "python"), "-c", "import vllm"], env=cli_env)
+    assert probe.returncode != 0 and "not for the launcher" in probe.stderr
+
+    def cli(*args):
+        return tb.exec("head", [str(VENV_BIN / "python"), "-m", "dspark_launch", *args, "--env-file", str(env_file)],
+                       env=cli_env, timeout=600)
+
+    started = cli("start")
+    try:
+        assert started.returncode == 0, started.stderr[-3000:]
+        assert "serving " in started.stdout and "hotfix worker1: applied" in started.stdout
+        shown = cli("status", "--json")
+        data = json.loads(shown.stdout)
+        assert data["state"] == "up" and data["server"]["healthy"], shown.stderr[-2000:]
+        assert [n["registered_ip"] for n in data["nodes"]] == [n["ip"] for n in data["nodes"]]
+    finally:
+        stopped = cli("stop")
+    assert stopped.returncode == 0, stopped.stderr
     left = our_pids(tb, "head") | our_pids(tb, "worker1")
     assert left == set(), _describe(left)

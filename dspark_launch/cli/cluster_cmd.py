@@ -4,27 +4,17 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Annotated
 
 import typer
 
-from dspark_launch.cli.config_cmd import EnvFileOption, load_settings
-from dspark_launch.cli.output import emit_json, fail, table
+from dspark_launch.cli.config_cmd import EnvFileOption
+from dspark_launch.cli.loading import settings_and_spec
+from dspark_launch.cli.output import fail, table
 from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.cli.signals import interruptible
 from dspark_launch.errors import EXIT_FAILED, DsparkError
 
 app = typer.Typer(help="Bring the Ray cluster up or down across the nodes.", no_args_is_help=True)
-
-
-def load_spec(env_file: str | None):
-    from dspark_launch.cluster.spec import cluster_spec
-
-    settings = load_settings(env_file)
-    try:
-        return settings, cluster_spec(settings)
-    except DsparkError as error:
-        raise fail(error) from None
 
 
 def _print_failure(error: DsparkError) -> None:
@@ -54,14 +44,13 @@ def run_up(spec, reporter):
 @app.command()
 def up(env_file: EnvFileOption = None) -> None:
     """Start Ray on every node, verify each node, and apply the scheduler hotfix everywhere."""
-    _, spec = load_spec(env_file)
+    _, spec = settings_and_spec(env_file)
     reporter = ConsoleReporter()
     result = run_up(spec, reporter)
     print("version matrix:")
     print("\n".join(result.matrix))
     for name, report in result.state.hotfix.items():
-        status = report["status"]
-        print(f"hotfix {name}: {status['state']} (patch {status.get('patch_version')}, vLLM {status.get('vllm_version')})")
+        print(hotfix_line(name, report))
     print(f"cluster up: {len(spec.nodes)} nodes, Ray at {spec.ray_address}")
     hint = dashboard_hint(spec)
     if hint:
@@ -71,7 +60,7 @@ def up(env_file: EnvFileOption = None) -> None:
 @app.command()
 def down(env_file: EnvFileOption = None) -> None:
     """Stop what the launcher started on every node (never a machine-wide `ray stop`)."""
-    _, spec = load_spec(env_file)
+    _, spec = settings_and_spec(env_file)
     run_down(spec)
 
 
@@ -92,15 +81,20 @@ def dashboard_hint(spec) -> str | None:
     return hint(spec)
 
 
-def render_status(data: dict) -> str:
+def hotfix_line(name: str, report) -> str:
+    status = report.status
+    return f"hotfix {name}: {status.state} (patch {status.patch_version}, vLLM {status.vllm_version})"
+
+
+def render_status(view) -> str:
+    """The cluster table of `status` (a ClusterView or ServiceStatus)."""
     rows = []
-    for n in data["nodes"]:
-        versions = n.get("versions") or {}
-        rows.append((n["name"], n["ip"], "yes" if n["reachable"] else "NO", "alive" if n["ray_alive"] else "down",
-                     n.get("registered_ip") or "-", "-" if n.get("gpus") is None else f"{n['gpus']:g}",
-                     versions.get("vllm") or "-", versions.get("ray") or "-", n.get("hotfix") or "-"))
-    started = data.get("started_at")
-    since = f", up {time.time() - started:.0f} s" if started and data["state"] != "down" else ""
-    head = f"cluster: {data['state']} (Ray {data['ray_address']}{since})"
+    for n in view.nodes:
+        versions = n.versions
+        rows.append((n.name, n.ip, "yes" if n.reachable else "NO", "alive" if n.ray_alive else "down",
+                     n.registered_ip or "-", "-" if n.gpus is None else f"{n.gpus:g}",
+                     (versions and versions.vllm) or "-", (versions and versions.ray) or "-", n.hotfix or "-"))
+    since = f", up {time.time() - view.started_at:.0f} s" if view.started_at and view.state != "down" else ""
+    head = f"cluster: {view.state} (Ray {view.ray_address}{since})"
     return head + "\n" + table(("NODE", "IP", "REACHABLE", "RAY", "REGISTERED", "GPUS", "VLLM", "RAY VER", "HOTFIX"),
                                rows, indent="  ")

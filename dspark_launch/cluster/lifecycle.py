@@ -1,18 +1,26 @@
-"""`cluster up`, `cluster down` and the cluster half of `status`, under the state lock."""
+"""`cluster up`, `cluster down` and the cluster half of `status`, each on a record loaded once.
+
+Callers hold the state lock (`locked_deployment`), load the record once and pass it
+down; the functions here return the new record and the caller saves it.
+"""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterator
 
+from dspark_launch import __version__
 from dspark_launch.cluster import ray_cluster as rc
+from dspark_launch.cluster.client import ClusterFailure, Reporter
+from dspark_launch.cluster.protocol import VersionRow
+from dspark_launch.cluster.parallel import Background, on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node
-from dspark_launch.cluster.state import (ClusterState, clear_state, ensure_state_dir, load_state, lock_holder,
+from dspark_launch.cluster.state import (Deployment, clear_state, ensure_state_dir, load_state, lock_holder,
                                          save_state, state_lock)
+from dspark_launch.cluster.versions import matrix_lines
 from dspark_launch.errors import EXIT_ALREADY_RUNNING, DsparkError
 
 
@@ -22,55 +30,60 @@ class AlreadyRunning(DsparkError):
 
 @dataclass
 class UpResult:
-    state: ClusterState
+    state: Deployment
     repaired: list[str] = field(default_factory=list)
     matrix: list[str] = field(default_factory=list)
 
 
-def _python_of(node: Node) -> str:
-    return node.transport.python
+@contextmanager
+def locked_deployment(state_dir: Path) -> Iterator[Deployment | None]:
+    """The state folder's lock, held for the block, and the record read once under it."""
+    ensure_state_dir(state_dir)
+    with state_lock(state_dir):
+        yield load_state(state_dir)
 
 
 def _reachable(node: Node) -> bool:
     try:
-        rc.call(node, {"op": "probe"}, "probe", 20)
+        node.agent().hello()
         return True
-    except rc.ClusterFailure:
+    except ClusterFailure:
         return False
 
 
-def node_health(spec: ClusterSpec, state: ClusterState | None,
+def node_health(spec: ClusterSpec, state: Deployment | None,
                 details: dict[str, str] | None = None) -> dict[str, str]:
-    """Per node: "alive", "dead" or "unreachable", from the recorded Ray daemons.
+    """Per node, asked of all nodes at once: "alive", "dead" or "unreachable", from the recorded Ray daemons.
 
     `details`, when given, receives the reason for each node found unreachable.
     """
-    health = {}
-    for node in spec.nodes:
+    def health_of(node: Node) -> tuple[str, str]:
         record = state.node(node.name) if state else None
         if record is None:
-            health[node.name] = "dead" if _reachable(node) else "unreachable"
-            continue
+            return ("dead" if _reachable(node) else "unreachable"), ""
         try:
-            health[node.name] = "alive" if rc.node_alive(node, record) else "dead"
-        except rc.ClusterFailure as exc:
-            health[node.name] = "unreachable"
-            if details is not None:
-                details[node.name] = exc.detail
-    return health
+            return ("alive" if rc.node_alive(node, record) else "dead"), ""
+        except ClusterFailure as exc:
+            return "unreachable", exc.detail
+
+    results = on_each(spec.nodes, health_of)
+    if details is not None:
+        details.update({name: why for name, (health, why) in results.items() if health == "unreachable" and why})
+    return {name: health for name, (health, _) in results.items()}
 
 
-def cluster_up(spec: ClusterSpec, reporter: rc.Reporter) -> UpResult:
-    ensure_state_dir(spec.state_dir)
-    with state_lock(spec.state_dir):
-        return cluster_up_locked(spec, reporter)
+def cluster_up(spec: ClusterSpec, reporter: Reporter) -> UpResult:
+    """`dspark cluster up`: under the lock, bring up (or repair) and save the record."""
+    with locked_deployment(spec.state_dir) as existing:
+        result = cluster_up_locked(spec, reporter, existing)
+        save_state(spec.state_dir, result.state)
+        return result
 
 
-def cluster_up_locked(spec: ClusterSpec, reporter: rc.Reporter) -> UpResult:
-    """`cluster up` for a caller that holds the state lock."""
+def cluster_up_locked(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None) -> UpResult:
+    """Bring the cluster up (or repair a half-up one) for a caller that holds the lock; nothing is saved."""
     for warning in rc.security_warnings(spec):
         reporter.warn(warning)
-    existing = load_state(spec.state_dir)
     repair: list[str] = []
     if existing is not None:
         health = node_health(spec, existing)
@@ -79,118 +92,137 @@ def cluster_up_locked(spec: ClusterSpec, reporter: rc.Reporter) -> UpResult:
         if health.get("head") == "alive" and existing.config_digest == spec.config_digest:
             repair = [name for name, h in health.items() if h != "alive"]
             reporter.warn(f"half-up cluster: {', '.join(repair)} down; repairing")
-            _stop_leftovers(spec, existing, reporter, only=repair)
+            stop_leftovers(spec, existing, reporter, only=repair)
         else:
-            _stop_leftovers(spec, existing, reporter)
+            stop_leftovers(spec, existing, reporter)
             clear_state(spec.state_dir)
             existing = None
     return _bring_up(spec, reporter, existing, repair)
 
 
-def _stop_leftovers(spec: ClusterSpec, state: ClusterState, reporter: rc.Reporter,
-                    only: list[str] | None = None) -> None:
+def stop_leftovers(spec: ClusterSpec, state: Deployment, reporter: Reporter,
+                   only: list[str] | None = None) -> None:
     """Stop what is left of a previous run (all nodes, or `only` these), by marker, session and start time."""
-    for node in spec.nodes:
-        record = state.node(node.name)
-        if record is None or (only is not None and node.name not in only):
-            continue
+    def stop_one(node: Node) -> None:
         try:
-            answer = rc.stop_node(node, record)
-            if answer["stopped"]:
-                reporter.warn(f"{node.label}: stopped {len(answer['stopped'])} leftover process(es) of a previous run")
-        except rc.ClusterFailure as exc:
+            answer = rc.stop_node(node, state.node(node.name))
+            if answer.stopped:
+                reporter.warn(f"{node.label}: stopped {len(answer.stopped)} leftover process(es) of a previous run")
+        except ClusterFailure as exc:
             reporter.warn(f"{exc}; leftover processes there may remain")
 
+    on_each([n for n in spec.nodes if state.node(n.name) and (only is None or n.name in only)], stop_one)
 
-def _bring_up(spec: ClusterSpec, reporter: rc.Reporter, existing: ClusterState | None,
-              repair: list[str]) -> UpResult:
-    bringup = rc.Bringup(spec, reporter, _python_of)
+
+def _bring_up(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None, repair: list[str]) -> UpResult:
+    bringup = rc.Bringup(spec, reporter)
     to_start = [n for n in spec.nodes if existing is None or n.name in repair]
+    workers = [n for n in to_start if not n.is_head]
     try:
-        rc.preflight(spec, reporter, to_start)
-        stale: set[str] = set()
-        if existing is not None:
+        # Every node's pre-flight at once, and all of it before any Ray starts: a node that fails it
+        # leaves nothing started anywhere (the head's Ray would otherwise start beside it).
+        on_each(to_start, lambda node: rc.preflight_node(spec, node, reporter))
+        stale: tuple[str, ...] = ()
+        if spec.head in to_start:
+            bringup.start_ray(spec.head)
+        else:
             # Repairing beside a live head: Ray may still list the lost nodes' old registrations
             # as alive for a few seconds; remember them so the wait never takes one for the new node.
-            ray = rc.ray_driver(spec, bringup.token_env)
-            stale = {n["NodeID"] for n in ray.nodes() if n["NodeManagerAddress"] in {m.ip for m in to_start}}
-        for node in to_start:
-            bringup.start_ray(node)
-        ray = rc.ray_driver(spec, bringup.token_env)
-        try:
-            alive = rc.wait_for_nodes(spec, ray, reporter, ignore=stale)
-            versions = rc.verify_nodes(spec, ray, alive, reporter)
-            hotfix = rc.hotfix_all(spec, ray, alive, reporter)
-        finally:
-            rc.ray_shutdown(ray)
+            stale = tuple(n.node_id for n in rc.ray_view(spec) if n.ip in {m.ip for m in workers})
+        on_each(workers, bringup.start_ray)
+        checks = bringup.checks(stale)
     except BaseException:
-        problems = bringup.rollback()
-        for problem in problems:
+        for problem in bringup.rollback():
             reporter.warn(f"rollback: {problem}")
         raise
     if existing is None:
-        state = rc.new_state(spec, bringup)
+        state = Deployment(ray_address=spec.ray_address, config_digest=spec.config_digest, started_at=time.time(),
+                           launcher_version=__version__, nodes=[bringup.records[n.name] for n in spec.nodes])
     else:
         state = existing
         state.nodes = [bringup.records.get(n.name) or existing.node(n.name) for n in spec.nodes]
-    state.versions, state.hotfix = versions, hotfix
-    save_state(spec.state_dir, state)
-    matrix = rc.Matrix({row: {name: r.get(row) for name, r in versions.items()} for row in rc.VERSION_ROWS})
-    return UpResult(state, repair, matrix.lines([n.name for n in spec.nodes]))
+    state.versions, state.hotfix = dict(checks.versions), dict(checks.hotfix)
+    return UpResult(state, repair, matrix_lines({n.name: checks.versions[n.name] for n in spec.nodes}))
 
 
-def cluster_down(spec: ClusterSpec, reporter: rc.Reporter) -> list[str]:
-    """Stop what we started on every node; returns the nodes that could not be reached."""
-    ensure_state_dir(spec.state_dir)
-    with state_lock(spec.state_dir):
-        return cluster_down_locked(spec, reporter)
+def cluster_down(spec: ClusterSpec, reporter: Reporter) -> list[str]:
+    """`dspark cluster down`: stop what we started on every node; returns the nodes that could not be stopped."""
+    with locked_deployment(spec.state_dir) as state:
+        return cluster_down_locked(spec, reporter, state)
 
 
-def cluster_down_locked(spec: ClusterSpec, reporter: rc.Reporter) -> list[str]:
-    state = load_state(spec.state_dir)
+def cluster_down_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None) -> list[str]:
+    """Stop Ray on every node at once; the record is cleared when all stopped."""
     if state is None:
         reporter.phase("nothing to stop: no cluster started from this state folder")
         return []
-    unreachable = []
-    for node in reversed(spec.nodes):
-        record = state.node(node.name)
-        if record is None:
-            continue
+
+    def stop_one(node: Node) -> bool:
         try:
-            answer = rc.stop_node(node, record)
-            reporter.phase(f"{node.label}: stopped {len(answer['stopped'])} process(es)")
-            if answer["left"]:
-                unreachable.append(node.name)
-                reporter.warn(f"{node.label}: pids {answer['left']} did not stop")
-        except rc.ClusterFailure as exc:
-            unreachable.append(node.name)
+            answer = rc.stop_node(node, state.node(node.name))
+        except ClusterFailure as exc:
             reporter.warn(str(exc))
+            return False
+        reporter.phase(f"{node.label}: stopped {len(answer.stopped)} process(es)")
+        if answer.left:
+            reporter.warn(f"{node.label}: pids {list(answer.left)} did not stop")
+        return not answer.left
+
+    stopped = on_each([n for n in spec.nodes if state.node(n.name)], stop_one)
+    unreachable = [name for name, ok in stopped.items() if not ok]
     if not unreachable:
         clear_state(spec.state_dir)
     return unreachable
 
 
-def cluster_status(spec: ClusterSpec) -> dict:
-    """The cluster view for `status`: a stable, documented JSON shape."""
-    state = load_state(spec.state_dir)
-    busy = _lock_busy(spec)
-    nodes = []
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    ip: str
+    ssh_host: str | None
+    reachable: bool
+    ray_alive: bool
+    registered_ip: str | None  # from Ray's node table; None when Ray does not list it
+    gpus: float | None
+    pids: tuple[int, ...]  # the node's Ray daemons (raylet, gcs_server)
+    versions: VersionRow | None
+    hotfix: str | None  # the hotfix state at start: applied, not-applied, ...
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.ip})"
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The cluster half of `status` (JSON shape in docs/cluster.md)."""
+    state: str  # down | starting | up | degraded
+    ray_address: str
+    config_digest: str | None
+    started_at: float | None
+    nodes: tuple[NodeView, ...]
+    problems: tuple[str, ...]
+    checked_at: float
+
+
+def cluster_status(spec: ClusterSpec, state: Deployment | None) -> ClusterView:
+    """Every node asked at once; Ray's own view asked beside them."""
+    busy = lock_holder(spec.state_dir) is not None
     details: dict[str, str] = {}
+    # Ray's own view (the head's agent imports Ray: the slowest question) is asked while the nodes are.
+    ray_view = Background(lambda: rc.ray_view(spec, RAY_VIEW_TIMEOUT_S)) if state else None
     health = node_health(spec, state, details)
+    nodes = []
     for node in spec.nodes:
         record = state.node(node.name) if state else None
-        versions = (state.versions.get(node.name) if state else None) or {}
-        hotfix = (state.hotfix.get(node.name) if state else None) or {}
-        nodes.append({
-            "name": node.name, "ip": node.ip, "ssh_host": node.ssh_host,
-            "reachable": health[node.name] != "unreachable",
-            "ray_alive": health[node.name] == "alive",
-            "registered_ip": None, "gpus": None,
-            "pids": [p["pid"] for p in rc.core_processes(record)] if record else [],
-            "versions": versions,
-            "hotfix": (hotfix.get("status") or {}).get("state"),
-        })
-    alive = [n for n in nodes if n["ray_alive"]]
+        hotfix = state.hotfix.get(node.name) if state else None
+        nodes.append(NodeView(
+            name=node.name, ip=node.ip, ssh_host=node.ssh_host, reachable=health[node.name] != "unreachable",
+            ray_alive=health[node.name] == "alive", registered_ip=None, gpus=None,
+            pids=tuple(proc.pid for proc in rc.core_processes(record)) if record else (),
+            versions=state.versions.get(node.name) if state else None,
+            hotfix=hotfix.status.state if hotfix else None))
+    alive = [n for n in nodes if n.ray_alive]
     if busy:
         overall = "starting"
     elif not alive:
@@ -199,48 +231,33 @@ def cluster_status(spec: ClusterSpec) -> dict:
         overall = "up"
     else:
         overall = "degraded"
-    if alive and nodes[0]["ray_alive"]:
-        _add_ray_view(spec, nodes)
-        if overall == "up" and any(n["registered_ip"] != n["ip"] for n in nodes):
+    if alive and nodes[0].ray_alive and ray_view is not None:
+        nodes = _with_ray_view(ray_view, nodes)
+        if overall == "up" and any(n.registered_ip != n.ip for n in nodes):
             overall = "degraded"
     problems = []
     if state and overall in ("up", "degraded"):
         for node in nodes:
-            label = f"{node['name']} ({node['ip']})"
-            if not node["reachable"]:
-                problems.append(f"{label}: unreachable ({details.get(node['name'], 'no answer')}); "
-                                f"check the fabric link and SSH to {node['ssh_host']}")
-            elif not node["ray_alive"]:
-                problems.append(f"{label}: Ray is down (its raylet is gone); `dspark logs --node {node['name']}`, "
+            if not node.reachable:
+                problems.append(f"{node.label}: unreachable ({details.get(node.name, 'no answer')}); "
+                                f"check the fabric link and SSH to {node.ssh_host}")
+            elif not node.ray_alive:
+                problems.append(f"{node.label}: Ray is down (its raylet is gone); `dspark logs --node {node.name}`, "
                                 "then `dspark restart`")
-            elif node["registered_ip"] not in (None, node["ip"]):
-                problems.append(f"{label}: Ray does not list this node at its fabric IP")
-    return {"state": overall, "ray_address": spec.ray_address, "config_digest": state.config_digest if state else None,
-            "started_at": state.started_at if state else None, "nodes": nodes, "problems": problems,
-            "checked_at": time.time()}
+            elif node.registered_ip not in (None, node.ip):
+                problems.append(f"{node.label}: Ray does not list this node at its fabric IP")
+    return ClusterView(overall, spec.ray_address, state.config_digest if state else None,
+                       state.started_at if state else None, tuple(nodes), tuple(problems), time.time())
 
 
 RAY_VIEW_TIMEOUT_S = 20
 
 
-def _add_ray_view(spec: ClusterSpec, nodes: list[dict]) -> None:
-    """Registered IP and GPUs per node from Ray itself (skipped if the head does not answer in time)."""
-    code = ("import json,ray;ray.init(address=%r,logging_level='ERROR',log_to_driver=False);"
-            "print(json.dumps([{'ip':n['NodeManagerAddress'],'alive':n['Alive'],"
-            "'gpus':n.get('Resources',{}).get('GPU',0)} for n in ray.nodes()]))") % spec.ray_address
-    env = {**os.environ, **rc.auth_env(spec)}
+def _with_ray_view(ray_view: Background, nodes: list[NodeView]) -> list[NodeView]:
+    """Registered IP and GPUs per node from Ray itself (unchanged if the head does not answer in time)."""
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             timeout=RAY_VIEW_TIMEOUT_S, env=env)
-        seen = {n["ip"]: n for n in json.loads(out.stdout.strip().splitlines()[-1]) if n["alive"]}
-    except Exception:
-        return
-    for node in nodes:
-        if node["ip"] in seen:
-            node["registered_ip"], node["gpus"] = node["ip"], seen[node["ip"]]["gpus"]
-        elif node["ray_alive"]:
-            node["ray_alive"] = False
-
-
-def _lock_busy(spec: ClusterSpec) -> bool:
-    return lock_holder(spec.state_dir) is not None
+        seen = {n.ip: n for n in ray_view.result() if n.alive}
+    except ClusterFailure:
+        return nodes
+    return [replace(node, registered_ip=node.ip, gpus=seen[node.ip].gpus) if node.ip in seen
+            else replace(node, ray_alive=False) for node in nodes]

@@ -7,11 +7,14 @@ They import only what they report on, so Ray ships them by reference to the
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import platform
+import re
 import shutil
 import socket
 import subprocess
 from importlib import metadata
+from pathlib import Path
 
 
 def _version(*dists: str) -> str | None:
@@ -21,6 +24,18 @@ def _version(*dists: str) -> str | None:
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+def torch_cuda_version() -> str | None:
+    """`torch.version.cuda`, read from torch/version.py without importing torch (seconds at every start)."""
+    try:
+        spec = importlib.util.find_spec("torch")
+        folder = next(iter(spec.submodule_search_locations or ())) if spec else None
+        text = Path(folder, "version.py").read_text() if folder else ""
+    except (ImportError, ValueError, OSError):
+        return None
+    found = re.search(r"^cuda\s*(?::[^=\n]*)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", text, re.MULTILINE)
+    return (found.group(1) or found.group(2)) if found and (found.group(1) or found.group(2)) else None
 
 
 def node_report() -> dict:
@@ -38,12 +53,7 @@ def node_report() -> dict:
         "dspark_launch": _version("dspark-launch"),
         "scheduler_sha256": None,
     }
-    try:
-        import torch
-
-        row["cuda"] = torch.version.cuda
-    except Exception:  # a node without torch reports None, the matrix shows it
-        pass
+    row["cuda"] = torch_cuda_version()
     if shutil.which("nvidia-smi"):
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=20)

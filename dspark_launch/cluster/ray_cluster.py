@@ -1,79 +1,32 @@
-"""Ray across the nodes: pre-flight, start, join, verify, hotfix, stop; with rollback.
+"""Ray across the nodes, every node through its agent: pre-flight, start, checks, stop.
 
-The head runs Ray locally; workers are reached through their transport. Every
-process started carries the node's DSPARK_OWNER marker, so stopping touches only
-what this launcher started, never a machine-wide `ray stop`.
+Every process started carries the node's DSPARK_OWNER marker, so stopping touches only
+what this launcher started, never a machine-wide `ray stop`. The head is a node like
+the others: its agent starts its Ray and, as the Ray driver, runs the join wait, the
+version matrix and the hotfix on every node (`head_ops`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
-import signal
-import threading
-import time
-from dataclasses import dataclass
-from typing import Callable, Protocol
 
-from dspark_launch import __version__
+from dspark_launch.cluster import protocol as p
+from dspark_launch.cluster.client import ClusterFailure, Reporter
+from dspark_launch.cluster.parallel import on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node
-from dspark_launch.cluster.state import ClusterState, NodeRecord, ray_token
-from dspark_launch.cluster.transport import NodeUnreachable
-from dspark_launch.errors import DsparkError
+from dspark_launch.cluster.state import NodeRecord, ray_token
 
-AGENT_TIMEOUT_S = 60
 RAY_START_TIMEOUT_S = 180
+CHECKS_TIMEOUT_S = 600  # join wait (its own timeout) plus the pinned tasks
 DASHBOARD_PORT = 8265
 # Ray 2.60 binds each worker's (and driver's) gRPC server to every interface; keep them in
 # Ray's default range, named here so a firewall rule and docs/security.md can rely on it.
 WORKER_PORTS = (10002, 19999)
-VERSION_ROWS = ("python", "vllm", "ray", "torch", "cuda", "driver", "dspark_launch", "scheduler_sha256")
-
-
-class Reporter(Protocol):
-    def phase(self, message: str) -> None: ...
-
-    def waiting(self, message: str, elapsed: float, timeout: float) -> None: ...
-
-    def warn(self, message: str) -> None: ...
-
-
-class ClusterFailure(DsparkError):
-    """A step failed on a node; `node` and `step` say where."""
-
-    def __init__(self, node: str, step: str, detail: str, extra: list[str] | None = None):
-        super().__init__(f"{node}: {step}: {detail}")
-        self.node, self.step, self.detail = node, step, detail
-        self.extra = extra or []  # lines to show after the error (a version matrix, ...)
-
-
-@dataclass(frozen=True)
-class Matrix:
-    rows: dict[str, dict[str, str | None]]  # row -> node name -> value
-
-    @property
-    def differing(self) -> list[str]:
-        return [row for row, values in self.rows.items() if len(set(values.values())) > 1]
-
-    def lines(self, nodes: list[str]) -> list[str]:
-        width = max(len(r) for r in self.rows) + 2
-        out = ["  " + "".ljust(width) + "  ".join(n.ljust(20) for n in nodes)]
-        for row, values in self.rows.items():
-            mark = "!" if row in self.differing else " "
-            cells = "  ".join(str(values.get(n))[:20].ljust(20) for n in nodes)
-            out.append(f"{mark} {row.ljust(width)}{cells}")
-        return out
-
-
-def call(node: Node, request: dict, step: str, timeout: float = AGENT_TIMEOUT_S) -> dict:
-    try:
-        answer = node.transport.call(request, timeout)
-    except NodeUnreachable as exc:
-        raise ClusterFailure(node.label, step, str(exc)) from None
-    if not answer.get("ok"):
-        raise ClusterFailure(node.label, step, answer.get("error", "agent failed"))
-    return answer
+CORE_PROCESSES = ("raylet", "gcs_server")
+# Ray's daemons and idle workers hold nothing we keep (the cluster is discarded) and some of them
+# sit out SIGTERM: SIGKILL after this long. (`ray stop` waits up to 16 s; measured in bench/launch.py.)
+RAY_STOP_GRACE_S = 2.0
 
 
 def ray_temp_dir(spec: ClusterSpec, node: Node) -> str:
@@ -90,9 +43,9 @@ def auth_env(spec: ClusterSpec) -> dict[str, str]:
 
 
 def node_env(spec: ClusterSpec, node: Node, token_env: dict[str, str]) -> dict[str, str]:
-    """The environment of everything started on `node` (Ray workers inherit the raylet's)."""
+    """The declared environment of everything started on `node` (Ray workers inherit the raylet's)."""
     env = dict(spec.node_env)
-    env.update({name: os.environ[name] for name in spec.forward_env if name in os.environ})
+    env.update(spec.forwarded)
     env.update(token_env)
     env["VLLM_HOST_IP"] = node.ip
     env["RAY_USAGE_STATS_ENABLED"] = "0"
@@ -102,8 +55,8 @@ def node_env(spec: ClusterSpec, node: Node, token_env: dict[str, str]) -> dict[s
     return env
 
 
-def ray_start_argv(spec: ClusterSpec, node: Node, python: str) -> list[str]:
-    argv = [python, "-m", "ray.scripts.scripts", "start", "--node-ip-address", node.ip,
+def ray_start_argv(spec: ClusterSpec, node: Node) -> list[str]:
+    argv = [node.transport.python, "-m", "ray.scripts.scripts", "start", "--node-ip-address", node.ip,
             "--num-gpus", str(spec.gpus_per_node), "--object-store-memory", str(spec.object_store_bytes),
             "--temp-dir", ray_temp_dir(spec, node), "--disable-usage-stats",
             "--min-worker-port", str(WORKER_PORTS[0]), "--max-worker-port", str(WORKER_PORTS[1])]
@@ -141,49 +94,44 @@ def dashboard_hint(spec: ClusterSpec) -> str | None:
             f"(or the head's address on your network), then open http://127.0.0.1:{DASHBOARD_PORT}")
 
 
-def preflight(spec: ClusterSpec, reporter: Reporter, nodes: list[Node]) -> dict[str, dict]:
-    """Every check that can fail before anything starts on `nodes`; one line per failure."""
-    probes = {}
-    for node in nodes:
-        reporter.phase(f"pre-flight {node.label}")
-        request = {"op": "probe", "log_dir": str(spec.state_dir / "logs"),
-                   "dashboard": node.is_head and spec.dashboard == "local"}
-        probe = call(node, request, "ssh/agent" if not node.is_head else "agent", spec.ssh_timeout_s + 30)
-        missing = [m for m, info in probe["modules"].items() if not info["found"]]
-        if missing:
-            raise ClusterFailure(node.label, "python", f"{probe['python']} cannot import {', '.join(missing)}")
-        if probe.get("log_dir_error"):
-            raise ClusterFailure(node.label, "log folder",
-                                 f"{spec.state_dir / 'logs'} is not writable there ({probe['log_dir_error']})")
-        if probe.get("dashboard_missing"):
-            raise ClusterFailure(node.label, "dashboard",
-                                 f"DSPARK_RAY_DASHBOARD=local needs Ray's dashboard packages, missing "
-                                 f"{', '.join(probe['dashboard_missing'])}: pip install 'ray[default]' "
-                                 f"(the same Ray version) in {probe['python']}'s environment, "
-                                 "or set DSPARK_RAY_DASHBOARD=off")
-        iface = call(node, {"op": "interface", "ifname": spec.fabric_ifname, "ip": node.ip}, "fabric interface")
-        if not iface["exists"]:
-            raise ClusterFailure(node.label, "fabric interface", f"no interface {spec.fabric_ifname}")
-        if not iface["has_ip"]:
-            raise ClusterFailure(node.label, "fabric interface",
-                                 f"{spec.fabric_ifname} carries {', '.join(iface['addresses']) or 'no address'}, "
-                                 f"not VLLM_HOST_IP {node.ip}")
-        probes[node.name] = probe
-    if not any(node.is_head for node in nodes):
-        return probes
-    port = call(spec.head, {"op": "port_free", "ip": spec.head.ip, "port": spec.ray_port}, "ray port")
-    if not port["free"]:
-        raise ClusterFailure(spec.head.label, "ray port", f"{spec.head.ip}:{spec.ray_port} is taken ({port['reason']})")
-    return probes
+def preflight_node(spec: ClusterSpec, node: Node, reporter: Reporter) -> p.ProbeAnswer:
+    """Every check that can fail before anything starts on `node`; one line per failure."""
+    reporter.phase(f"pre-flight {node.label}")
+    agent = node.agent(reporter)
+    probe = agent.probe(str(spec.state_dir / "logs"), node.is_head and spec.dashboard == "local",
+                        spec.ssh_timeout_s + 30)
+    missing = [name for name, info in probe.modules.items() if not info.found]
+    if missing:
+        raise ClusterFailure(node.label, "python", f"{probe.python} cannot import {', '.join(missing)}")
+    if probe.log_dir_error:
+        raise ClusterFailure(node.label, "log folder",
+                             f"{spec.state_dir / 'logs'} is not writable there ({probe.log_dir_error})")
+    if probe.dashboard_missing:
+        raise ClusterFailure(node.label, "dashboard",
+                             f"DSPARK_RAY_DASHBOARD=local needs Ray's dashboard packages, missing "
+                             f"{', '.join(probe.dashboard_missing)}: pip install 'ray[default]' "
+                             f"(the same Ray version) in {probe.python}'s environment, "
+                             "or set DSPARK_RAY_DASHBOARD=off")
+    iface = agent.interface(spec.fabric_ifname, node.ip)
+    if not iface.exists:
+        raise ClusterFailure(node.label, "fabric interface", f"no interface {spec.fabric_ifname}")
+    if not iface.has_ip:
+        raise ClusterFailure(node.label, "fabric interface",
+                             f"{spec.fabric_ifname} carries {', '.join(iface.addresses) or 'no address'}, "
+                             f"not VLLM_HOST_IP {node.ip}")
+    if node.is_head:
+        port = agent.port_free(node.ip, spec.ray_port)
+        if not port.free:
+            raise ClusterFailure(node.label, "ray port", f"{node.ip}:{spec.ray_port} is taken ({port.reason})")
+    return probe
 
 
 class Bringup:
     """One `cluster up`: remembers what it started so a failure stops exactly that."""
 
-    def __init__(self, spec: ClusterSpec, reporter: Reporter, python_of: Callable[[Node], str]):
+    def __init__(self, spec: ClusterSpec, reporter: Reporter):
         self.spec = spec
         self.reporter = reporter
-        self.python_of = python_of
         self.run_id = secrets.token_hex(4)
         self.records: dict[str, NodeRecord] = {}
         self.token_env = auth_env(spec)
@@ -198,183 +146,57 @@ class Bringup:
 
     def start_ray(self, node: Node) -> None:
         record = self.record(node)
+        agent = node.agent(self.reporter)
         self.reporter.phase(f"starting Ray on {node.label}")
-        call(node, {"op": "forget_ray_address", "temp_dir": record.ray_temp_dir}, "ray start")
-        answer = call(node, {"op": "run", "argv": ray_start_argv(self.spec, node, self.python_of(node)),
-                             "env": node_env(self.spec, node, self.token_env), "marker": record.marker,
-                             "log": record.ray_log, "timeout": RAY_START_TIMEOUT_S, "sessions": record.sessions},
-                      "ray start", RAY_START_TIMEOUT_S + 30)
-        record.sessions.append(answer["session"])
-        record.processes = answer["processes"]
-        if answer["returncode"] != 0:
-            tail = call(node, {"op": "tail", "paths": [record.ray_log], "lines": 15}, "ray log")["lines"]
-            raise ClusterFailure(node.label, "ray start", f"exit {answer['returncode']}; log {record.ray_log}", tail)
+        agent.forget_ray_address(record.ray_temp_dir)
+        answer = agent.run(p.Run(tuple(ray_start_argv(self.spec, node)), node_env(self.spec, node, self.token_env),
+                                 record.marker, record.ray_log, RAY_START_TIMEOUT_S, tuple(record.sessions)),
+                           "ray start", RAY_START_TIMEOUT_S + 30)
+        record.sessions.append(answer.session)
+        record.processes = list(answer.processes)
+        if answer.returncode != 0:
+            tail = list(agent.tail([record.ray_log], 15))
+            raise ClusterFailure(node.label, "ray start", f"exit {answer.returncode}; log {record.ray_log}", tail)
+
+    def checks(self, ignore_node_ids: tuple[str, ...] = ()) -> p.RayChecksAnswer:
+        """Join wait, IPs, GPUs, version matrix and hotfix on every node, by the head's agent as Ray driver."""
+        request = p.RayChecks(self.spec.ray_address, self.token_env,
+                              tuple(p.ExpectedNode(n.name, n.ip) for n in self.spec.nodes),
+                              self.spec.gpus_per_node, self.spec.join_timeout_s, ignore_node_ids)
+        return self.spec.head.agent(self.reporter).ray_checks(request, self.spec.join_timeout_s + CHECKS_TIMEOUT_S)
 
     def rollback(self) -> list[str]:
         """Stop everything this run started, on every node; returns what could not be stopped."""
-        problems = []
-        for name, record in self.records.items():
-            node = self.spec.node(name)
+        def stop_one(node: Node) -> str | None:
             try:
-                answer = stop_node(node, record)
-                if answer["left"]:
-                    problems.append(f"{node.label}: pids {answer['left']} survived SIGKILL")
+                answer = stop_node(node, self.records[node.name])
             except ClusterFailure as exc:
-                problems.append(str(exc))
-        return problems
+                return str(exc)
+            return f"{node.label}: pids {list(answer.left)} survived SIGKILL" if answer.left else None
+
+        results = on_each([self.spec.node(name) for name in self.records], stop_one)
+        return [problem for problem in results.values() if problem]
 
 
-def _python_signal_handlers() -> dict:
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+def ray_view(spec: ClusterSpec, timeout: float = 20) -> tuple[p.RayNode, ...]:
+    """Ray's own list of nodes, asked of the head's agent."""
+    return spec.head.agent().ray_nodes(spec.ray_address, auth_env(spec), timeout)
 
 
-def _restore_signal_handlers(saved: dict) -> None:
-    """Ray's core worker installs C-level handlers (SIGTERM aborts the process with a stack dump)
-    and may reset them at shutdown: put ours back so SIGTERM still unwinds through the rollback."""
-    for sig, handler in saved.items():
-        if handler is not None:
-            signal.signal(sig, handler)
+def stop_node(node: Node, record: NodeRecord, grace_s: float = RAY_STOP_GRACE_S) -> p.StopAnswer:
+    return node.agent().stop(p.Stop(record.marker, tuple(record.processes), tuple(record.sessions), grace_s))
 
 
-def ray_driver(spec: ClusterSpec, token_env: dict[str, str]):
-    """Connect this process to the cluster as a Ray driver (lazy import); end it with `ray_shutdown`."""
-    os.environ.update(token_env)
-    import ray
-
-    if not ray.is_initialized():
-        saved = _python_signal_handlers()
-        try:
-            ray.init(address=spec.ray_address, logging_level="ERROR", log_to_driver=False,
-                     configure_logging=True, include_dashboard=False)
-        finally:
-            _restore_signal_handlers(saved)
-    return ray
-
-
-def ray_shutdown(ray) -> None:
-    saved = _python_signal_handlers()
-    try:
-        ray.shutdown()
-    finally:
-        _restore_signal_handlers(saved)
-
-
-def alive_ray_nodes(ray, ignore: set[str] = frozenset()) -> dict[str, dict]:
-    return {n["NodeManagerAddress"]: n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in ignore}
-
-
-def _alive_registrations(ray, ignore: set[str]) -> dict[str, int]:
-    """How many nodes Ray lists as alive per IP (2 while a killed raylet's entry lingers beside its successor)."""
-    counts: dict[str, int] = {}
-    for n in ray.nodes():
-        if n.get("Alive") and n["NodeID"] not in ignore:
-            counts[n["NodeManagerAddress"]] = counts.get(n["NodeManagerAddress"], 0) + 1
-    return counts
-
-
-def wait_for_nodes(spec: ClusterSpec, ray, reporter: Reporter, ignore: set[str] = frozenset()) -> dict[str, dict]:
-    """Until every node is registered, once: `ignore` holds node IDs of registrations made before
-    a repair, which Ray may still list as alive until its health check drops them."""
-    expected = {n.ip for n in spec.nodes}
-    start = time.monotonic()
-    while True:
-        registrations = _alive_registrations(ray, ignore)
-        if all(registrations.get(ip) == 1 for ip in expected):
-            return alive_ray_nodes(ray, ignore)
-        alive = set(registrations)
-        elapsed = time.monotonic() - start
-        missing = ", ".join(n.label for n in spec.nodes if registrations.get(n.ip) != 1)
-        if elapsed > spec.join_timeout_s:
-            extra = sorted(set(alive) - expected)
-            detail = f"not joined after {spec.join_timeout_s} s"
-            if extra:
-                detail += f"; Ray sees unexpected node IP(s) {', '.join(extra)}: a node registered another NIC's IP"
-            raise ClusterFailure(missing, "join", detail)
-        reporter.waiting(f"waiting for {missing} to join Ray", elapsed, spec.join_timeout_s)
-        time.sleep(1.0)
-
-
-def run_pinned(ray, node_id: str, fn, timeout: float):
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    remote = ray.remote(num_cpus=0, max_retries=0)(fn)
-    ref = remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)).remote()
-    return ray.get(ref, timeout=timeout)
-
-
-def verify_nodes(spec: ClusterSpec, ray, alive: dict[str, dict], reporter: Reporter) -> dict[str, dict]:
-    """IPs, GPUs and the version matrix, from Ray's own view and a task pinned to each node."""
-    from dspark_launch.cluster import node_tasks
-
-    unexpected = sorted(set(alive) - {n.ip for n in spec.nodes})
-    if unexpected:
-        raise ClusterFailure(", ".join(unexpected), "registered IP",
-                             "a node joined Ray with an IP that is not configured (another NIC's?)")
-    rows = {}
-    for node in spec.nodes:
-        info = alive[node.ip]
-        gpus = info.get("Resources", {}).get("GPU", 0)
-        if gpus != spec.gpus_per_node:
-            raise ClusterFailure(node.label, "GPUs", f"Ray sees {gpus:g} GPU(s), expected {spec.gpus_per_node}")
-        reporter.phase(f"checking versions on {node.label}")
-        rows[node.name] = run_pinned(ray, info["NodeID"], node_tasks.node_report, 120)
-    matrix = Matrix({row: {name: r.get(row) for name, r in rows.items()} for row in VERSION_ROWS})
-    if matrix.differing:
-        raise ClusterFailure(", ".join(rows), "version matrix", f"nodes differ in {', '.join(matrix.differing)}",
-                             matrix.lines(list(rows)))
-    return rows
-
-
-def hotfix_all(spec: ClusterSpec, ray, alive: dict[str, dict], reporter: Reporter) -> dict[str, dict]:
-    """Apply then verify on every node; any node failing aborts (after all have reported)."""
-    from dspark_launch.cluster import node_tasks
-
-    reports, failures = {}, []
-    for node in spec.nodes:
-        reporter.phase(f"applying the scheduler hotfix on {node.label}")
-        report = run_pinned(ray, alive[node.ip]["NodeID"], node_tasks.apply_hotfix, 120)
-        reports[node.name] = report
-        failed = report["apply"] if report["apply"]["code"] != 0 else report["status"]
-        if failed["code"] != 0:
-            failures.append((node, failed["message"]))
-    if failures:
-        node, message = failures[0]
-        others = [f"{n.label}: {m}" for n, m in failures[1:]]
-        raise ClusterFailure(node.label, "hotfix", message, others)
-    return reports
-
-
-def new_state(spec: ClusterSpec, bringup: Bringup) -> ClusterState:
-    return ClusterState(ray_address=spec.ray_address, config_digest=spec.config_digest, started_at=time.time(),
-                        launcher_version=__version__, nodes=[bringup.records[n.name] for n in spec.nodes])
-
-
-def stop_node(node: Node, record: NodeRecord) -> dict:
-    return call(node, {"op": "stop", "marker": record.marker, "processes": record.processes,
-                       "sessions": record.sessions}, "stop", 90)
-
-
-CORE_PROCESSES = ("raylet", "gcs_server")
-
-
-def core_processes(record: NodeRecord) -> list[dict]:
+def core_processes(record: NodeRecord) -> list[p.Process]:
     """The Ray daemons a node cannot lose (idle Ray workers come and go by design)."""
-    return [p for p in record.processes if any(name in p["cmd"].split(" ")[0] for name in CORE_PROCESSES)]
+    return [proc for proc in record.processes if any(name in proc.cmd.split(" ")[0] for name in CORE_PROCESSES)]
 
 
 def node_alive(node: Node, record: NodeRecord) -> bool:
     """Whether the node's Ray daemons recorded at start are still the same processes."""
     core = core_processes(record)
-    if not core:
-        return False
-    answer = call(node, {"op": "alive", "processes": core}, "status", 30)
-    return all(answer["alive"])
+    return bool(core) and all(node.agent().alive(tuple(core)))
 
 
 def ray_log_paths(node: Node, record: NodeRecord) -> list[str]:
-    paths = [record.ray_log]
-    found = call(node, {"op": "glob", "root": record.ray_temp_dir, "pattern": "session_latest/logs/raylet.out"},
-                 "logs")["paths"]
-    return paths + found
+    return [record.ray_log, *node.agent().glob(record.ray_temp_dir, "session_latest/logs/raylet.out")]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dspark_launch.cluster.client import NodeAgent, Reporter
 from dspark_launch.cluster.transport import LocalTransport, SSHTransport, Transport
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError
@@ -29,6 +29,10 @@ class Node:
     def label(self) -> str:
         return f"{self.name} ({self.ip})"
 
+    def agent(self, reporter: Reporter | None = None) -> NodeAgent:
+        """This node's agent; progress its operations report goes to `reporter`."""
+        return NodeAgent(self.label, self.transport, reporter)
+
 
 @dataclass(frozen=True)
 class ClusterSpec:
@@ -37,7 +41,7 @@ class ClusterSpec:
     ray_address: str
     fabric_ifname: str
     node_env: tuple[tuple[str, str], ...]  # the fabric and NCCL settings every node's Ray gets
-    forward_env: tuple[str, ...]  # names passed from the launcher's environment to every node
+    forwarded: tuple[tuple[str, str], ...] = field(repr=False)  # DSPARK_FORWARD_ENV names with their values
     gpus_per_node: int
     object_store_bytes: int
     auth_mode: str
@@ -98,12 +102,13 @@ def cluster_spec(settings: Settings) -> ClusterSpec:
     if head_ip in ips or len(set(ips)) != len(ips):
         raise ConfigError(f"DSPARK_WORKER_IPS={' '.join(ips)}: every node needs its own fabric IP "
                           f"(head {head_ip}); allowed: distinct addresses")
-    python = settings["DSPARK_WORKER_PYTHON"] or sys.executable
+    head_python = settings["DSPARK_HEAD_PYTHON"] or sys.executable
+    python = settings["DSPARK_WORKER_PYTHON"] or head_python
     ssh = dict(port=settings.int("SSH_PORT"), user=settings["DSPARK_SSH_USER"], key=settings["DSPARK_SSH_KEY"],
                host_key_check=settings["DSPARK_SSH_HOST_KEY_CHECK"],
                connect_timeout=settings.int("SSH_CONNECT_TIMEOUT_S"),
-               extra_options=tuple(shlex.split(settings["DSPARK_SSH_OPTIONS"])))
-    nodes = [Node("head", head_ip, None, LocalTransport())]
+               extra_options=settings.words("DSPARK_SSH_OPTIONS"))
+    nodes = [Node("head", head_ip, None, LocalTransport(head_python))]
     for index, (host, ip) in enumerate(zip(hosts, ips), start=1):
         nodes.append(Node(f"worker{index}", ip, host, SSHTransport(host=host.rsplit("@", 1)[-1], python=python,
                                                                      **{**ssh, "user": _user(host, ssh["user"])})))
@@ -114,7 +119,10 @@ def cluster_spec(settings: Settings) -> ClusterSpec:
     port = settings.int("RAY_PORT")
     return ClusterSpec(
         nodes=tuple(nodes), ray_port=port, ray_address=f"{_bracket(head_ip)}:{port}", fabric_ifname=ifname,
-        node_env=tuple(node_env), forward_env=tuple(settings["DSPARK_FORWARD_ENV"].split()),
+        node_env=tuple(node_env),
+        # Read from the launcher's environment once, here: every node gets these values, nothing else of it.
+        forwarded=tuple((name, os.environ[name]) for name in settings["DSPARK_FORWARD_ENV"].split()
+                        if name in os.environ),
         gpus_per_node=settings.int("GPUS_PER_NODE"),
         object_store_bytes=settings.int("RAY_OBJECT_STORE_MB") * 1024 * 1024,
         auth_mode=settings["RAY_AUTH_MODE"], dashboard=settings["DSPARK_RAY_DASHBOARD"],

@@ -10,10 +10,12 @@ import json
 import os
 import secrets
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from dspark_launch.cluster.codec import from_data, to_data
+from dspark_launch.cluster.protocol import HotfixReport, Process, Session, VersionRow
 from dspark_launch.errors import ConfigError, DsparkError
 
 STATE_FILE = "state.json"
@@ -32,25 +34,56 @@ class NodeRecord:
     ip: str
     ssh_host: str | None
     marker: str  # DSPARK_OWNER value of every process we started on this node
-    processes: list[dict] = field(default_factory=list)  # {pid, start_time, sid, cmd}
-    sessions: list[dict] = field(default_factory=list)  # {sid, start_time} of each process group we started
+    processes: list[Process] = field(default_factory=list)  # Ray's daemons as found after `ray start`
+    sessions: list[Session] = field(default_factory=list)  # each process group we started
     ray_temp_dir: str = ""
     ray_log: str = ""
 
 
 @dataclass
-class ClusterState:
+class ServerRecord:
+    """`vllm serve` on the head: who it is, where it answers, what it was started with."""
+    marker: str
+    log: str
+    url: str
+    served_name: str
+    model: str
+    started_at: float
+    settings: dict[str, str]  # public values it was started with (drift compares against these)
+    digest: str
+    cap: int
+    pid: int | None = None
+    start_time: int | None = None
+    boot_id: str = ""
+    sessions: list[Session] = field(default_factory=list)
+    kv_cache_tokens: int | None = None
+    scheduler_cap: int | None = None  # what the EngineCore's scheduler reported
+
+    @property
+    def process(self) -> Process | None:
+        if self.pid is None or self.start_time is None:
+            return None
+        return Process(self.pid, self.start_time, self.pid, self.boot_id)
+
+
+@dataclass
+class Deployment:
+    """Everything one `start` (or `cluster up`) left running, as saved in state.json."""
     ray_address: str
     config_digest: str
     started_at: float
     launcher_version: str
     nodes: list[NodeRecord]
-    hotfix: dict = field(default_factory=dict)  # node name -> report
-    versions: dict = field(default_factory=dict)  # node name -> version row
-    server: dict = field(default_factory=dict)  # filled by the serve layer
+    hotfix: dict[str, HotfixReport] = field(default_factory=dict)  # node name -> report
+    versions: dict[str, VersionRow] = field(default_factory=dict)  # node name -> version matrix row
+    server: ServerRecord | None = None
 
     def node(self, name: str) -> NodeRecord | None:
         return next((n for n in self.nodes if n.name == name), None)
+
+
+class StateUnreadable(DsparkError):
+    """state.json exists but cannot be read as a deployment record."""
 
 
 def ensure_state_dir(path: Path) -> Path:
@@ -80,17 +113,28 @@ def _write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save_state(state_dir: Path, state: ClusterState) -> None:
-    _write_private(state_dir / STATE_FILE, json.dumps(asdict(state), indent=2) + "\n")
+def save_state(state_dir: Path, state: Deployment) -> None:
+    _write_private(state_dir / STATE_FILE, json.dumps(to_data(state), indent=2) + "\n")
 
 
-def load_state(state_dir: Path) -> ClusterState | None:
+def load_state(state_dir: Path) -> Deployment | None:
+    """The record, or None when there is none. Fields another launcher version added are ignored;
+    a file that is not a record raises StateUnreadable naming it (exit 1)."""
+    path = state_dir / STATE_FILE
     try:
-        data = json.loads((state_dir / STATE_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
+        text = path.read_text()
+    except FileNotFoundError:
         return None
-    data["nodes"] = [NodeRecord(**node) for node in data["nodes"]]
-    return ClusterState(**data)
+    except OSError as exc:
+        raise StateUnreadable(f"{path}: cannot read it ({exc.strerror})") from None
+    try:
+        data = json.loads(text)
+        if isinstance(data, dict) and not data.get("server"):
+            data["server"] = None  # launchers before 0.2 wrote {} for "no server"
+        return from_data(Deployment, data)
+    except (ValueError, TypeError) as exc:
+        raise StateUnreadable(f"{path}: not a deployment record ({exc}); move it aside if no cluster "
+                              "runs from this state folder") from None
 
 
 def clear_state(state_dir: Path) -> None:

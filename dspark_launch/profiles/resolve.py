@@ -15,7 +15,6 @@ Flags the launcher owns cannot be given in `VLLM_EXTRA_ARGS` (exit 2 naming the 
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass
 
 from dspark_launch.config.registry import load_registry
@@ -99,8 +98,7 @@ def _dest_of(token: str, offer: VllmOffer) -> OfferedFlag | None:
 def extra_args_values(settings: Settings, offer: VllmOffer) -> tuple[tuple[str, str], ...]:
     """(destination, value) of each flag VLLM_EXTRA_ARGS sets ("on"/"off" for switches). Flags the launcher
     owns never get here: settings resolution refuses them (config/serve_flags.py, the one table)."""
-    entry = settings.entries["VLLM_EXTRA_ARGS"]
-    tokens = shlex.split(entry.value)
+    tokens = settings.words("VLLM_EXTRA_ARGS")
     found = []
     for index, token in enumerate(tokens):
         flag = _dest_of(token, offer)
@@ -247,7 +245,7 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings) -> ResolvedP
         run.speculative(profile.speculative, profile.speculative_tokens)
     for var in profile.env:
         run.decisions.append(Decision(var.name, var.value, var.why))
-    args += run.flags + shlex.split(settings["VLLM_EXTRA_ARGS"])
+    args += run.flags + list(settings.words("VLLM_EXTRA_ARGS"))
     return ResolvedProfile(
         profile=profile.name, vllm_version=offer.version, model=model, revision=revision, served_name=served,
         max_model_len=int(values["MAX_MODEL_LEN"]), gpu_memory_utilization=float(values["GPU_MEMORY_UTILIZATION"]),

@@ -1,6 +1,7 @@
 """Checks the generated `vllm serve` arguments with the installed vLLM's own parser.
 
-Importing vLLM's CLI takes seconds, so it runs in a child interpreter; a flag the
+It runs on the head, as an operation of the head's agent (the launcher's process has
+no vLLM). Importing vLLM's CLI takes seconds, so it runs in a child interpreter; a flag the
 installed version does not know (`--max-num-partial-prefills` since 0.27) or a
 bad value fails here, before anything starts.
 """
@@ -41,16 +42,29 @@ print("DSPARK-ARGCHECK ok")
 """
 
 
-def check_serve_args(serve_args: list[str], extra_args_source: str, python: str = sys.executable) -> None:
-    """ConfigError naming the refused argument; serve_args start with the model (as after `vllm serve`)."""
+def refusal(serve_args: list[str] | tuple[str, ...], python: str = sys.executable) -> str | None:
+    """vLLM's reason for refusing `serve_args` (model first, as after `vllm serve`), or None when accepted."""
     proc = subprocess.run([python, "-c", _CHECK], input=json.dumps(["--model", *serve_args]), capture_output=True,
                           text=True, timeout=300)
     verdicts = [line for line in proc.stdout.splitlines() if line.startswith("DSPARK-ARGCHECK ")]
     if proc.returncode == 0 and verdicts == ["DSPARK-ARGCHECK ok"]:
-        return
+        return None
     if verdicts and verdicts[-1] != "DSPARK-ARGCHECK ok":
-        reason = json.loads(verdicts[-1].split(" ", 1)[1])
+        return json.loads(verdicts[-1].split(" ", 1)[1])
+    detail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    raise RuntimeError(f"cannot check vllm serve arguments: {detail}; allowed: an importable vLLM")
+
+
+def check_serve_args_op(req, report):
+    """The head agent's `check_serve_args` operation (runs under the head's interpreter)."""
+    from dspark_launch.cluster.protocol import ServeArgsAnswer
+
+    return ServeArgsAnswer(refusal(req.serve_args))
+
+
+def check_serve_args(head, serve_args: tuple[str, ...], extra_args_source: str) -> None:
+    """Through the head's agent (a NodeAgent): ConfigError naming the refused argument."""
+    reason = head.check_serve_args(serve_args)
+    if reason is not None:
         raise ConfigError(f"vllm serve arguments refused by the installed vLLM: {reason} "
                           f"(VLLM_EXTRA_ARGS from {extra_args_source}, or a knob); allowed: flags this vLLM knows")
-    detail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    raise ConfigError(f"cannot check vllm serve arguments: {detail}; allowed: an importable vLLM")

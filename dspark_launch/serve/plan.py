@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,10 +25,16 @@ class ServePlan:
     model: str = ""
     tensor_parallel_size: int = 1
     cap: int = 1
+    python: str = sys.executable  # the head's interpreter (DSPARK_HEAD_PYTHON)
+    client_key: str = field(default="", repr=False)  # what the launcher's own requests send (first key)
+    start_timeout_s: int = 1800
+    health_timeout_s: int = 5
+    settings: tuple[tuple[str, str], ...] = ()  # public values, recorded for drift
+    settings_digest: str = ""
 
     @property
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", ENTRY_MODULE, "--model", *self.serve_args]
+        return [self.python, "-m", ENTRY_MODULE, "--model", *self.serve_args]
 
     @property
     def base_url(self) -> str:
@@ -41,8 +46,8 @@ class ServePlan:
         return {**dict(self.env), **dict(self.secret_env)}
 
 
-def serve_plan(settings: Settings, spec: ClusterSpec, forwarded: dict[str, str], ray_env: dict[str, str]) -> ServePlan:
-    """`forwarded`: DSPARK_FORWARD_ENV values; `ray_env`: RAY_AUTH_MODE (+ token) for the Ray driver in vLLM."""
+def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str]) -> ServePlan:
+    """Built once per command; `ray_env`: RAY_AUTH_MODE (+ token) for the Ray driver in vLLM."""
     tp = spec.gpus_per_node * len(spec.nodes)
     model = settings["DSPARK_MODEL"]
     args = [model, "--served-model-name", settings["DSPARK_SERVED_MODEL_NAME"],
@@ -57,9 +62,9 @@ def serve_plan(settings: Settings, spec: ClusterSpec, forwarded: dict[str, str],
             "--enable-prefix-caching" if settings.flag("ENABLE_PREFIX_CACHING") else "--no-enable-prefix-caching"]
     if settings["DSPARK_MODEL_REVISION"]:
         args += ["--revision", settings["DSPARK_MODEL_REVISION"]]
-    args += shlex.split(settings["VLLM_EXTRA_ARGS"])
+    args += settings.words("VLLM_EXTRA_ARGS")
     env = dict(spec.node_env)
-    env.update(forwarded)
+    env.update(spec.forwarded)
     env.update({
         ENV_CAP: settings[ENV_CAP],
         ENV_GATE_MODE: settings[ENV_GATE_MODE],
@@ -78,7 +83,9 @@ def serve_plan(settings: Settings, spec: ClusterSpec, forwarded: dict[str, str],
         secret["DSPARK_API_KEYS"] = settings["DSPARK_API_KEYS"]
     return ServePlan(tuple(args), tuple(sorted(env.items())), tuple(sorted(secret.items())),
                      settings["VLLM_HOST"], settings.int("VLLM_PORT"), settings["DSPARK_SERVED_MODEL_NAME"], model, tp,
-                     settings.int(ENV_CAP))
+                     settings.int(ENV_CAP), spec.head.transport.python, api_key(settings),
+                     settings.int("START_TIMEOUT_S"), settings.int("HEALTH_TIMEOUT_S"),
+                     tuple(settings.public_values().items()), settings.digest())
 
 
 def api_key(settings: Settings) -> str:

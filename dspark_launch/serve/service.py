@@ -1,24 +1,29 @@
-"""The whole service: config check, cluster up, `vllm serve` on the head, health; stop; status.
+"""The whole service: cluster up, `vllm serve` through the head's agent, health; stop; status.
 
-The state lock is held for the whole start, so a second launcher waits for nothing
-and fails naming the holder.
+Each command loads the deployment record once under the state lock and passes it
+down; the plan is built once. The state lock is held for the whole start, so a
+second launcher fails at once naming the holder.
 """
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from dataclasses import dataclass, field
 
 from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster import ray_cluster as rc
+from dspark_launch.cluster.parallel import Background, on_each
+from dspark_launch.cluster.client import ClusterFailure, NodeAgent, Reporter
+from dspark_launch.cluster.protocol import HotfixReport, Spawn, Stop, StopAnswer
 from dspark_launch.cluster.spec import ClusterSpec
-from dspark_launch.cluster.state import ClusterState, ensure_state_dir, load_state, save_state, state_lock
+from dspark_launch.cluster.state import Deployment, ServerRecord, load_state, save_state
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import DsparkError
 from dspark_launch.serve import http, logscan
-from dspark_launch.serve.plan import ServePlan, api_key, serve_plan
+from dspark_launch.serve.argcheck import check_serve_args
+from dspark_launch.serve.logfollow import LogReader
+from dspark_launch.serve.plan import ServePlan, serve_plan
 
 SERVER_LOG = "vllm-serve.log"
 
@@ -34,31 +39,22 @@ class ServeFailure(DsparkError):
 @dataclass
 class StartResult:
     plan: ServePlan
-    server: dict
+    server: ServerRecord
     cluster_started: bool
-    hotfix: dict = field(default_factory=dict)
+    hotfix: dict[str, HotfixReport] = field(default_factory=dict)
 
 
-def build_plan(settings: Settings, spec: ClusterSpec, with_ray_token: bool = True) -> ServePlan:
-    """The serve plan; without the Ray token nothing is written (the token may be generated)."""
-    forwarded = {name: os.environ[name] for name in spec.forward_env if name in os.environ}
-    ray_env = rc.auth_env(spec) if with_ray_token else {"RAY_AUTH_MODE": spec.auth_mode}
-    return serve_plan(settings, spec, forwarded, ray_env)
-
-
-def preflight_serve(settings: Settings, spec: ClusterSpec, plan: ServePlan, reporter, strict: bool) -> None:
-    """Checks that need no running cluster: the installed vLLM's parser, memory."""
-    from dspark_launch.serve.argcheck import check_serve_args
+def preflight_memory(settings: Settings, spec: ClusterSpec, plan: ServePlan, reporter: Reporter, strict: bool) -> None:
+    """Weights ÷ TP against every node's memory (asked at once); before anything starts."""
     from dspark_launch.serve.memory import fit_report, hf_cache_snapshot, weights_bytes
     from dspark_launch.serve.plan import local_model_dir
 
-    reporter.phase("checking the vllm serve arguments with the installed vLLM")
-    check_serve_args(list(plan.serve_args), settings.entries["VLLM_EXTRA_ARGS"].source)
     folder = local_model_dir(plan.model) or hf_cache_snapshot(plan.model, settings["DSPARK_MODEL_REVISION"])
     weights = weights_bytes(folder) if folder else None
     if weights is None:
         return
-    memory = {n.label: rc.call(n, {"op": "meminfo"}, "memory")["total_bytes"] for n in spec.nodes}
+    memory = {spec.node(name).label: answer.total_bytes
+              for name, answer in on_each(spec.nodes, lambda n: n.agent().meminfo()).items()}
     problems = fit_report(weights, plan.tensor_parallel_size, memory, settings.float("GPU_MEMORY_UTILIZATION"))
     for problem in problems:
         if strict:
@@ -66,188 +62,224 @@ def preflight_serve(settings: Settings, spec: ClusterSpec, plan: ServePlan, repo
         reporter.warn(f"memory pre-flight: {problem}; unified memory that runs out freezes the host")
 
 
-def server_alive(spec: ClusterSpec, server: dict) -> bool:
-    if not server.get("pid"):
-        return False
-    answer = rc.call(spec.head, {"op": "alive", "processes": [server]}, "server status", 30)
-    return all(answer["alive"])
+def check_arguments(settings: Settings, spec: ClusterSpec, plan: ServePlan, reporter: Reporter) -> None:
+    """vLLM's own parser on the head (about 10 s: it runs while Ray starts)."""
+    reporter.phase("checking the vllm serve arguments with the installed vLLM")
+    check_serve_args(spec.head.agent(reporter), plan.serve_args, settings.entries["VLLM_EXTRA_ARGS"].source)
 
 
-def _server_healthy(plan_url: str, key: str, served_name: str, timeout: float) -> bool:
-    return (http.request(f"{plan_url}/health", key, timeout=timeout).status == 200
-            and served_name in http.served_models(plan_url, key, timeout))
+def server_alive(spec: ClusterSpec, server: ServerRecord) -> bool:
+    process = server.process
+    return process is not None and all(spec.head.agent().alive((process,), "server status"))
 
 
-def start(settings: Settings, spec: ClusterSpec, reporter, strict: bool = False) -> StartResult:
-    preflight_serve(settings, spec, build_plan(settings, spec, with_ray_token=False), reporter, strict)
-    ensure_state_dir(spec.state_dir)
-    plan = build_plan(settings, spec)
-    with state_lock(spec.state_dir):
-        state = load_state(spec.state_dir)
+def _server_healthy(url: str, key: str, served_name: str, timeout: float) -> bool:
+    return (http.request(f"{url}/health", key, timeout=timeout).status == 200
+            and served_name in http.served_models(url, key, timeout))
+
+
+def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, strict: bool = False) -> StartResult:
+    """Ray on every node and the serve-argument check at once, then `vllm serve` on the head; one record saved."""
+    with lifecycle.locked_deployment(spec.state_dir) as state:
+        plan = serve_plan(settings, spec, rc.auth_env(spec))  # under the lock: a first start writes the token
         if state and state.server and server_alive(spec, state.server):
-            url = state.server["url"]
-            if _server_healthy(url, api_key(settings), state.server["served_name"], settings.int("HEALTH_TIMEOUT_S")):
-                raise lifecycle.AlreadyRunning(f"already running and healthy at {url}; `dspark status` shows it")
+            if _server_healthy(state.server.url, plan.client_key, state.server.served_name, plan.health_timeout_s):
+                raise lifecycle.AlreadyRunning(f"already running and healthy at {state.server.url}; "
+                                               "`dspark status` shows it")
         if state and state.server:
-            _stop_server(spec, state.server)
-            state.server = {}
+            stop_server(spec, state.server)
+            state.server = None
             save_state(spec.state_dir, state)
+        preflight_memory(settings, spec, plan, reporter, strict)
+        checked = Background(lambda: check_arguments(settings, spec, plan, reporter))
         cluster_started = True
         try:
-            lifecycle.cluster_up_locked(spec, reporter)
+            state = lifecycle.cluster_up_locked(spec, reporter, state).state
+            save_state(spec.state_dir, state)
         except lifecycle.AlreadyRunning:
             cluster_started = False
             reporter.phase("the Ray cluster is already up; reusing it")
-        state = load_state(spec.state_dir)
         try:
-            server = launch(settings, spec, plan, state, reporter)
+            checked.result()
+            server = launch(spec, plan, state, reporter)
         except BaseException:
             if cluster_started:
-                lifecycle.cluster_down_locked(spec, reporter)
+                lifecycle.cluster_down_locked(spec, reporter, load_state(spec.state_dir))
             raise
         return StartResult(plan, server, cluster_started, state.hotfix)
 
 
-def launch(settings: Settings, spec: ClusterSpec, plan: ServePlan, state: ClusterState, reporter) -> dict:
-    log = spec.state_dir / "logs" / SERVER_LOG
-    log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if log.exists():
-        os.replace(log, log.with_name(SERVER_LOG + ".1"))
+def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment, reporter: Reporter) -> ServerRecord:
+    """`vllm serve` on the head (through its agent), recorded at once, then waited for."""
+    log = str(spec.state_dir / "logs" / SERVER_LOG)
+    head = spec.head.agent(reporter)
     marker = f"dspark-{secrets.token_hex(4)}-server"
     reporter.phase(f"launching vllm serve on {spec.head.label}: {plan.model} as {plan.served_name}")
-    server = {"pid": None, "start_time": None, "marker": marker, "sessions": [], "log": str(log),
-              "url": plan.base_url, "served_name": plan.served_name, "model": plan.model, "started_at": time.time(),
-              "settings": settings.public_values(), "digest": settings.digest(), "cap": plan.cap}
+    server = ServerRecord(marker=marker, log=log, url=plan.base_url, served_name=plan.served_name, model=plan.model,
+                          started_at=time.time(), settings=dict(plan.settings), digest=plan.settings_digest,
+                          cap=plan.cap)
     try:
         # Inside the try: an interrupt while the agent spawns still stops the server (found by its marker).
-        answer = rc.call(spec.head, {"op": "spawn", "argv": plan.argv, "env": plan.full_env(), "marker": marker,
-                                     "log": str(log)}, "vllm serve")
-        server.update(pid=answer["pid"], start_time=answer["start_time"], boot_id=answer.get("boot_id"),
-                      sessions=[answer["session"]])
+        answer = head.spawn(Spawn(tuple(plan.argv), plan.full_env(), marker, log, rotate_log=True), "vllm serve")
+        server.pid, server.start_time, server.boot_id = answer.process.pid, answer.process.start_time, answer.process.boot_id
+        server.sessions = [answer.session]
         state.server = server
         save_state(spec.state_dir, state)
-        wait_until_serving(settings, spec, plan, server, reporter)
+        text = wait_until_serving(spec, plan, server, head, reporter)
     except BaseException:
-        _stop_server(spec, server)
-        state.server = {}
+        stop_server(spec, server)
+        state.server = None
         save_state(spec.state_dir, state)
         raise
-    text = log.read_text(errors="replace")
-    server["kv_cache_tokens"] = logscan.kv_cache_tokens(text)
-    server["scheduler_cap"] = logscan.hotfix_cap(text)
+    server.kv_cache_tokens = logscan.kv_cache_tokens(text)
+    server.scheduler_cap = logscan.hotfix_cap(text)
     save_state(spec.state_dir, state)
     return server
 
 
-def wait_until_serving(settings: Settings, spec: ClusterSpec, plan: ServePlan, server: dict, reporter) -> None:
-    """/health, then /v1/models listing the served name, then a one-token completion."""
-    key = api_key(settings)
-    timeout = settings.int("START_TIMEOUT_S")
-    probe = settings.int("HEALTH_TIMEOUT_S")
-    log = server["log"]
+def wait_until_serving(spec: ClusterSpec, plan: ServePlan, server: ServerRecord, head: NodeAgent,
+                       reporter: Reporter) -> str:
+    """/health, then /v1/models listing the served name, then a one-token completion; returns the log so far."""
+    log = LogReader(head, server.log)
     start = time.monotonic()
     while True:
         elapsed = time.monotonic() - start
-        text = _read(log)
+        text = log.refresh()
         if not server_alive(spec, server):
-            final = _read(log)  # read again: the last lines were written as it died
+            final = log.refresh()  # read again: the last lines were written as it died
             raise ServeFailure(f"vllm serve exited during start (phase: {logscan.phase(final)}): "
-                               f"{logscan.failure(final)}; log {log}", tails(spec, server))
-        if _server_healthy(plan.base_url, key, plan.served_name, probe):
+                               f"{logscan.failure(final)}; log {server.log}", tails(spec, server, state=None))
+        if _server_healthy(plan.base_url, plan.client_key, plan.served_name, plan.health_timeout_s):
             break
-        if elapsed > timeout:
-            raise ServeFailure(f"vllm serve not ready after {timeout} s (phase: {logscan.phase(text)}); log {log}",
-                               tails(spec, server))
-        reporter.waiting(f"vllm serve: {logscan.phase(text)}", elapsed, timeout)
-        time.sleep(1.0)
+        if elapsed > plan.start_timeout_s:
+            raise ServeFailure(f"vllm serve not ready after {plan.start_timeout_s} s (phase: {logscan.phase(text)}); "
+                               f"log {server.log}", tails(spec, server, state=None))
+        reporter.waiting(f"vllm serve: {logscan.phase(text)}", elapsed, plan.start_timeout_s)
+        time.sleep(0.5)
     reporter.phase("sending a one-token completion")
-    reply = http.complete(plan.base_url, key, plan.served_name, "Hello", 1, max(30, probe))
+    reply = http.complete(plan.base_url, plan.client_key, plan.served_name, "Hello", 1, max(30, plan.health_timeout_s))
     if reply.status != 200:
-        raise ServeFailure(f"the one-token completion failed: HTTP {reply.status}", tails(spec, server))
-    cap = logscan.hotfix_cap(_read(log))
+        raise ServeFailure(f"the one-token completion failed: HTTP {reply.status}", tails(spec, server, state=None))
+    text = log.refresh()
+    cap = logscan.hotfix_cap(text)
     if cap != plan.cap:
         raise ServeFailure(f"the EngineCore's scheduler reported cap {cap}, expected {plan.cap}: "
-                           "the hotfix is not active in the served vLLM; refusing to serve", tails(spec, server))
+                           "the hotfix is not active in the served vLLM; refusing to serve",
+                           tails(spec, server, state=None))
+    return text
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path, errors="replace") as handle:
-            return handle.read()
-    except OSError:
-        return ""
-
-
-def tails(spec: ClusterSpec, server: dict | None, lines: int = 30) -> list[str]:
+def tails(spec: ClusterSpec, server: ServerRecord | None, state: Deployment | None, lines: int = 30) -> list[str]:
     """The end of the server log and of each node's Ray logs, for a failure report."""
     out: list[str] = []
     if server:
-        out += rc.call(spec.head, {"op": "tail", "paths": [server["log"]], "lines": lines}, "logs")["lines"]
-    state = load_state(spec.state_dir)
+        out += spec.head.agent().tail([server.log], lines)
+    state = state or load_state(spec.state_dir)
     for node in spec.nodes:
         record = state.node(node.name) if state else None
         if record is None:
             continue
         try:
-            out += rc.call(node, {"op": "tail", "paths": rc.ray_log_paths(node, record), "lines": 10}, "logs")["lines"]
-        except rc.ClusterFailure as exc:
+            out += node.agent().tail(rc.ray_log_paths(node, record), 10)
+        except ClusterFailure as exc:
             out.append(f"({exc})")
     return out
 
 
-def _stop_server(spec: ClusterSpec, server: dict) -> dict:
-    processes = [server] if server.get("pid") else []
-    return rc.call(spec.head, {"op": "stop", "marker": server["marker"], "processes": processes,
-                               "sessions": server.get("sessions", []), "grace_s": 15}, "stop server", 90)
+def stop_server(spec: ClusterSpec, server: ServerRecord, grace_s: float = 15.0) -> StopAnswer:
+    process = server.process
+    return spec.head.agent().stop(Stop(server.marker, (process,) if process else (), tuple(server.sessions), grace_s),
+                                  "stop server")
 
 
-def stop(spec: ClusterSpec, reporter) -> list[str]:
+def stop(spec: ClusterSpec, reporter: Reporter) -> list[str]:
     """The server, then Ray on every node; idempotent. Returns nodes that could not be stopped."""
-    ensure_state_dir(spec.state_dir)
-    with state_lock(spec.state_dir):
-        state = load_state(spec.state_dir)
-        if state and state.server:
-            answer = _stop_server(spec, state.server)
-            reporter.phase(f"vllm serve: stopped {len(answer['stopped'])} process(es)")
-            state.server = {}
-            save_state(spec.state_dir, state)
-        return lifecycle.cluster_down_locked(spec, reporter)
+    with lifecycle.locked_deployment(spec.state_dir) as state:
+        return stop_locked(spec, reporter, state)
 
 
-def drift(started_with: dict[str, str], now: dict[str, str]) -> list[dict]:
+def stop_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None) -> list[str]:
+    if state and state.server:
+        answer = stop_server(spec, state.server)
+        reporter.phase(f"vllm serve: stopped {len(answer.stopped)} process(es)")
+        state.server = None
+        save_state(spec.state_dir, state)
+    return lifecycle.cluster_down_locked(spec, reporter, state)
+
+
+@dataclass(frozen=True)
+class Drift:
+    name: str
+    running: str | None
+    configured: str
+
+
+@dataclass(frozen=True)
+class ServerView:
+    state: str  # down | up | unhealthy | dead
+    pid: int | None = None
+    url: str | None = None
+    model: str | None = None
+    served_name: str | None = None
+    uptime_s: int | None = None
+    healthy: bool = False
+    cap: int | None = None  # the cap the EngineCore's scheduler reported
+    kv_cache_tokens: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    drift: tuple[Drift, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """`dspark status`: the cluster view plus the server (JSON shape in docs/cluster.md)."""
+    state: str
+    ray_address: str
+    config_digest: str | None
+    started_at: float | None
+    checked_at: float
+    problems: tuple[str, ...]
+    nodes: tuple[lifecycle.NodeView, ...]
+    server: ServerView
+
+
+def drift(started_with: dict[str, str], now: dict[str, str]) -> tuple[Drift, ...]:
     """Settings that differ between the running server and the env file now."""
-    return [{"name": name, "running": started_with.get(name), "configured": value}
-            for name, value in now.items() if started_with.get(name) != value]
+    return tuple(Drift(name, started_with.get(name), value) for name, value in now.items()
+                 if started_with.get(name) != value)
 
 
-def status(settings: Settings, spec: ClusterSpec) -> dict:
-    data = lifecycle.cluster_status(spec)
+def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | None) -> ServerView:
+    from dspark_launch.serve.plan import api_key
+
+    if server is None:
+        return ServerView("down")
+    probe = settings.int("HEALTH_TIMEOUT_S")
+    alive = server_alive(spec, server)
+    healthy = alive and _server_healthy(server.url, api_key(settings), server.served_name, probe)
+    return ServerView(
+        state="up" if healthy else ("unhealthy" if alive else "dead"), pid=server.pid, url=server.url,
+        model=server.model, served_name=server.served_name,
+        uptime_s=round(time.time() - server.started_at) if alive else None, healthy=healthy,
+        cap=server.scheduler_cap if server.scheduler_cap is not None else server.cap,
+        kv_cache_tokens=server.kv_cache_tokens, metrics=http.metrics(server.url, probe) if healthy else {},
+        drift=drift(server.settings, settings.public_values()))
+
+
+def status(settings: Settings, spec: ClusterSpec) -> ServiceStatus:
+    """The record is read once, without the lock; the cluster and the server are asked at once."""
     state = load_state(spec.state_dir)
-    server = state.server if state else {}
-    view = {"state": "down", "pid": None, "url": None, "uptime_s": None, "healthy": False, "metrics": {},
-            "cap": None, "kv_cache_tokens": None, "drift": []}
-    if server:
-        alive = server_alive(spec, server)
-        probe = settings.int("HEALTH_TIMEOUT_S")
-        healthy = alive and _server_healthy(server["url"], api_key(settings), server["served_name"], probe)
-        view.update({"state": "up" if healthy else ("unhealthy" if alive else "dead"), "pid": server["pid"],
-                     "url": server["url"], "model": server["model"], "served_name": server["served_name"],
-                     "uptime_s": round(time.time() - server["started_at"]) if alive else None,
-                     "healthy": healthy, "cap": server.get("scheduler_cap", server.get("cap")),
-                     "kv_cache_tokens": server.get("kv_cache_tokens"),
-                     "metrics": http.metrics(server["url"], probe) if healthy else {},
-                     "drift": drift(server["settings"], settings.public_values())})
-    data["server"] = view
-    if server and view["state"] == "dead":
-        why = logscan.failure(_read(server["log"]))
-        data["problems"].append(f"vllm serve (pid {server['pid']}) is not running: {why}; log {server['log']}; "
-                                "`dspark restart` starts it again")
-    elif server and view["state"] == "unhealthy":
-        data["problems"].append(f"vllm serve (pid {server['pid']}) runs but {server['url']}/health does not answer "
-                                f"within {settings.int('HEALTH_TIMEOUT_S')} s; log {server['log']}")
-    cluster_state = data["state"]
-    if server and cluster_state == "up" and view["state"] != "up":
-        data["state"] = "degraded"
-    elif server and cluster_state == "down":
-        data["state"] = "down"
-    return data
+    server = state.server if state else None
+    cluster = Background(lambda: lifecycle.cluster_status(spec, state))
+    view = _server_view(settings, spec, server)
+    data = cluster.result()
+    problems = list(data.problems)
+    if server and view.state == "dead":
+        text = LogReader(spec.head.agent(), server.log).refresh()
+        problems.append(f"vllm serve (pid {server.pid}) is not running: {logscan.failure(text)}; "
+                        f"log {server.log}; `dspark restart` starts it again")
+    elif server and view.state == "unhealthy":
+        problems.append(f"vllm serve (pid {server.pid}) runs but {server.url}/health does not answer "
+                        f"within {settings.int('HEALTH_TIMEOUT_S')} s; log {server.log}")
+    overall = "degraded" if server and data.state == "up" and view.state != "up" else data.state
+    return ServiceStatus(overall, data.ray_address, data.config_digest, data.started_at, data.checked_at,
+                         tuple(problems), data.nodes, view)

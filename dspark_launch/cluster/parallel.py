@@ -1,0 +1,52 @@
+"""Work on several nodes at once: each node's agent is its own process, so threads only wait."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Callable, Generic, Iterable, TypeVar
+
+from dspark_launch.cluster.transport import kill_in_flight
+
+T = TypeVar("T")
+
+
+def on_each(nodes: Iterable, work: Callable[..., T]) -> dict[str, T]:
+    """`work(node)` on every node at once; the first failure (in node order) is raised after all ended."""
+    nodes = list(nodes)
+    if len(nodes) <= 1:
+        return {node.name: work(node) for node in nodes}
+    pool = concurrent.futures.ThreadPoolExecutor(len(nodes))
+    try:
+        futures = {node.name: pool.submit(work, node) for node in nodes}
+        concurrent.futures.wait(futures.values())
+    except BaseException:
+        # Interrupted: end the agents these threads wait on instead of waiting for them.
+        kill_in_flight()
+        raise
+    finally:
+        pool.shutdown(wait=False)
+    return {name: future.result() for name, future in futures.items()}
+
+
+class Background(Generic[T]):
+    """`work()` in a daemon thread (an interrupt never waits for it); `result()` joins and re-raises."""
+
+    def __init__(self, work: Callable[[], T]):
+        self._value: list = []
+        self._error: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self._value.append(work())
+            except BaseException as exc:  # handed to result()
+                self._error.append(exc)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def result(self) -> T:
+        self._thread.join()
+        if self._error:
+            raise self._error[0]
+        return self._value[0]

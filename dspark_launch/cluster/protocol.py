@@ -1,0 +1,367 @@
+"""The node agent's protocol: one typed request and one typed answer per operation (stdlib only).
+
+Wire (one agent process per call, JSON lines):
+  launcher -> agent, one line:  {"protocol": N, "launcher": "x.y.z", "op": NAME, "request": {...}}
+  agent -> launcher, any number of progress lines {"progress": {...}}, then exactly one
+  {"answer": {...}} or {"failure": {...}}.
+The four envelope keys never change meaning. Every request carries both versions and the
+agent refuses a mismatch with a failure whose step is "version": a head and a worker from
+different launcher releases never start anything. Decoding ignores fields a type does not
+declare, so a field added to an answer is read by older launchers as if absent; a new
+field in a request needs a default. Bump PROTOCOL_VERSION when a meaning changes.
+
+Adding an operation: a request and an answer dataclass here, one line in OPERATIONS, a
+handler in `agent.HANDLERS` (stdlib) or `agent.LAZY_HANDLERS` (heavy imports), and a method
+on `client.NodeAgent`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+PROTOCOL_VERSION = 1
+
+
+# --- values shared by several operations ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Session:
+    """A process group we started (its leader's pid = sid), in the boot it was started in."""
+    sid: int
+    start_time: int
+    boot_id: str = ""
+
+
+@dataclass(frozen=True)
+class Process:
+    """A process by identity: pid plus start time (and boot), so a reused pid never matches."""
+    pid: int
+    start_time: int
+    sid: int | None = None
+    boot_id: str = ""
+    cmd: str = ""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A line the CLI's reporter shows while an operation runs on a node."""
+    kind: str  # phase | waiting | warn
+    message: str
+    elapsed: float = 0.0
+    timeout: float = 0.0
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why an operation failed; `node` names another node when the head reports on it."""
+    step: str
+    detail: str
+    node: str = ""
+    extra: tuple[str, ...] = ()
+    config_error: bool = False  # bad configuration (exit 2), e.g. a refused serve argument
+
+
+Report = Callable[[Progress], None]  # what a handler calls to send a progress line
+
+
+class OperationFailed(Exception):
+    """Raised by a handler for a failure the launcher shows as it is (typed, not a traceback).
+
+    Defined here, not in `agent`, which runs as `__main__`: a handler module importing the agent
+    would get a second copy of the class, and the agent would not recognise its raise."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(failure.detail)
+        self.failure = failure
+
+
+# --- node operations (stdlib only on the node) ---------------------------------------------------
+
+@dataclass(frozen=True)
+class Hello:
+    pass
+
+
+@dataclass(frozen=True)
+class HelloAnswer:
+    protocol: int
+    launcher: str
+    hostname: str
+    python: str
+
+
+@dataclass(frozen=True)
+class Probe:
+    log_dir: str = ""
+    dashboard: bool = False
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    found: bool
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    hostname: str
+    python: str
+    python_version: str
+    modules: dict[str, ModuleInfo]
+    dashboard_missing: tuple[str, ...] = ()
+    log_dir_error: str | None = None
+
+
+@dataclass(frozen=True)
+class InterfaceQuery:
+    ifname: str
+    ip: str
+
+
+@dataclass(frozen=True)
+class InterfaceAnswer:
+    exists: bool
+    addresses: tuple[str, ...]
+    has_ip: bool
+
+
+@dataclass(frozen=True)
+class PortQuery:
+    ip: str
+    port: int
+
+
+@dataclass(frozen=True)
+class PortAnswer:
+    free: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class MemoryQuery:
+    pass
+
+
+@dataclass(frozen=True)
+class MemoryAnswer:
+    total_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Run:
+    """Run argv to completion (output to `log`) with exactly `env` plus the owner marker."""
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(repr=False)
+    marker: str
+    log: str = ""
+    timeout: float | None = None
+    sessions: tuple[Session, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunAnswer:
+    returncode: int | None  # None: still running at the timeout
+    session: Session
+    processes: tuple[Process, ...]
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """Start argv detached (own session, output to `log`) with exactly `env` plus the marker."""
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(repr=False)
+    marker: str
+    log: str
+    cwd: str = ""
+    rotate_log: bool = False  # keep the previous log as LOG.1
+
+
+@dataclass(frozen=True)
+class SpawnAnswer:
+    process: Process
+    session: Session
+
+
+@dataclass(frozen=True)
+class AliveQuery:
+    processes: tuple[Process, ...]
+
+
+@dataclass(frozen=True)
+class AliveAnswer:
+    alive: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class Stop:
+    marker: str
+    processes: tuple[Process, ...] = ()
+    sessions: tuple[Session, ...] = ()
+    grace_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class StopAnswer:
+    stopped: tuple[int, ...]
+    left: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Tail:
+    paths: tuple[str, ...]
+    lines: int = 40
+
+
+@dataclass(frozen=True)
+class TailAnswer:
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReadLog:
+    path: str
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class ReadAnswer:
+    text: str
+    offset: int
+    missing: str = ""
+
+
+@dataclass(frozen=True)
+class ForgetRayAddress:
+    temp_dir: str
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    removed: bool
+
+
+@dataclass(frozen=True)
+class Glob:
+    root: str
+    pattern: str
+
+
+@dataclass(frozen=True)
+class GlobAnswer:
+    paths: tuple[str, ...]
+
+
+# --- head operations (the head's agent imports Ray or vLLM for these) -----------------------------
+
+@dataclass(frozen=True)
+class ExpectedNode:
+    name: str
+    ip: str
+
+
+@dataclass(frozen=True)
+class RayNode:
+    node_id: str
+    ip: str
+    alive: bool
+    gpus: float = 0.0
+
+
+@dataclass(frozen=True)
+class RayNodesQuery:
+    """Ray's own list of nodes (from the GCS; no driver is started)."""
+    address: str
+    env: dict[str, str] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class RayNodesAnswer:
+    nodes: tuple[RayNode, ...]
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    """One node's row of the version matrix; every field must be equal on all nodes."""
+    python: str | None = None
+    vllm: str | None = None
+    ray: str | None = None
+    torch: str | None = None
+    cuda: str | None = None
+    driver: str | None = None
+    dspark_launch: str | None = None
+    scheduler_sha256: str | None = None
+    hostname: str | None = None  # shown, not compared
+
+
+@dataclass(frozen=True)
+class HotfixResult:
+    """The part of the hotfix tool's result the launcher reads (hotfix.Result has more)."""
+    action: str
+    code: int
+    state: str
+    message: str
+    vllm_version: str = ""
+    patch_version: int | None = None
+
+
+@dataclass(frozen=True)
+class HotfixReport:
+    hostname: str
+    apply: HotfixResult
+    status: HotfixResult
+
+    @property
+    def failed(self) -> HotfixResult | None:
+        return self.apply if self.apply.code != 0 else (self.status if self.status.code != 0 else None)
+
+
+@dataclass(frozen=True)
+class RayChecks:
+    """As a Ray driver on the head: wait until every node joined, check each (IP, GPUs, versions),
+    then apply and verify the hotfix on each with a task pinned there. Streams progress."""
+    address: str
+    env: dict[str, str] = field(repr=False)
+    nodes: tuple[ExpectedNode, ...]
+    gpus_per_node: int
+    join_timeout_s: float
+    ignore_node_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RayChecksAnswer:
+    versions: dict[str, VersionRow]
+    hotfix: dict[str, HotfixReport]
+
+
+@dataclass(frozen=True)
+class ServeArgsCheck:
+    """The `vllm serve` arguments (model first) through the installed vLLM's own parser."""
+    serve_args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ServeArgsAnswer:
+    refused: str | None  # vLLM's reason, or None when accepted
+
+
+OPERATIONS: dict[str, tuple[type, type]] = {
+    "hello": (Hello, HelloAnswer),
+    "probe": (Probe, ProbeAnswer),
+    "interface": (InterfaceQuery, InterfaceAnswer),
+    "port_free": (PortQuery, PortAnswer),
+    "meminfo": (MemoryQuery, MemoryAnswer),
+    "run": (Run, RunAnswer),
+    "spawn": (Spawn, SpawnAnswer),
+    "alive": (AliveQuery, AliveAnswer),
+    "stop": (Stop, StopAnswer),
+    "tail": (Tail, TailAnswer),
+    "read": (ReadLog, ReadAnswer),
+    "forget_ray_address": (ForgetRayAddress, Forgotten),
+    "glob": (Glob, GlobAnswer),
+    "ray_nodes": (RayNodesQuery, RayNodesAnswer),
+    "ray_checks": (RayChecks, RayChecksAnswer),
+    "check_serve_args": (ServeArgsCheck, ServeArgsAnswer),
+}
+
+OP_OF_REQUEST: dict[type, str] = {request: name for name, (request, _) in OPERATIONS.items()}

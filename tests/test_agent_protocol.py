@@ -1,0 +1,163 @@
+"""The agent protocol end to end on this machine (a real agent process over LocalTransport) and the
+typed deployment record: unknown fields ignored, versions checked at first contact, corrupt state named."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dspark_launch import __version__
+from dspark_launch.cluster import procfs
+from dspark_launch.cluster import protocol as p
+from dspark_launch.cluster.client import ClusterFailure, NodeAgent, VersionMismatch
+from dspark_launch.cluster.codec import DecodeError, from_data, to_data
+from dspark_launch.cluster.state import Deployment, NodeRecord, StateUnreadable, load_state, save_state
+from dspark_launch.cluster.transport import LocalTransport
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Recorder:
+    def __init__(self):
+        self.lines = []
+
+    def phase(self, message):
+        self.lines.append(("phase", message))
+
+    def waiting(self, message, elapsed, timeout):
+        self.lines.append(("waiting", message))
+
+    def warn(self, message):
+        self.lines.append(("warn", message))
+
+
+def test_every_operation_has_a_handler_and_frozen_types():
+    from dspark_launch.cluster.agent import HANDLERS, LAZY_HANDLERS
+
+    assert set(HANDLERS) | set(LAZY_HANDLERS) == set(p.OPERATIONS)
+    for request, answer in p.OPERATIONS.values():
+        assert request.__dataclass_params__.frozen and answer.__dataclass_params__.frozen
+
+
+def test_decoding_ignores_unknown_fields_and_rebuilds_nested_types():
+    data = {"stopped": [1, 2], "left": [], "added_by_a_newer_agent": {"x": 1}}
+    assert from_data(p.StopAnswer, data) == p.StopAnswer((1, 2), ())
+    report = {"hostname": "h", "future": 1, "apply": {"action": "apply", "code": 0, "state": "applied", "message": "",
+                                                    "sha256_after": "ab"},
+              "status": {"action": "status", "code": 0, "state": "applied", "message": "ok", "patch_version": 2}}
+    decoded = from_data(p.HotfixReport, report)
+    assert decoded.status.patch_version == 2 and decoded.failed is None
+    with pytest.raises(DecodeError):
+        from_data(p.StopAnswer, {"stopped": []})
+
+
+def test_agent_answers_typed_over_a_real_process():
+    agent = NodeAgent("here", LocalTransport(sys.executable))
+    hello = agent.hello()
+    assert hello.protocol == p.PROTOCOL_VERSION and hello.launcher == __version__
+    probe = agent.probe()
+    assert probe.modules["dspark_launch"].found and probe.python_version.count(".") == 2
+    assert agent.alive((p.Process(os.getpid(), procfs.start_time(os.getpid()), boot_id=procfs.boot_id()),)) == (True,)
+    assert agent.alive((p.Process(os.getpid(), 1),)) == (False,)  # same pid, other start time: not ours
+
+
+def test_run_and_stop_use_only_the_declared_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_operator_shell_secret")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    agent = NodeAgent("here", LocalTransport(sys.executable))
+    log = tmp_path / "env.log"
+    marker = "dspark-test0001-here"
+    code = "import os,json,time; print(json.dumps(dict(os.environ)), flush=True); time.sleep(60)"
+    answer = agent.spawn(p.Spawn((sys.executable, "-c", code), {"DECLARED": "1"}, marker, str(log)), "spawn")
+    try:
+        deadline = time.monotonic() + 20
+        while not log.read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        env = json.loads(log.read_text().splitlines()[0])
+        assert env["DECLARED"] == "1" and env["DSPARK_OWNER"] == marker
+        assert "HF_TOKEN" not in env and "PYTHONPATH" not in env
+    finally:
+        stopped = agent.stop(p.Stop(marker, (answer.process,), (answer.session,), grace_s=2))
+    assert answer.process.pid in stopped.stopped and stopped.left == ()
+    assert procfs.start_time(answer.process.pid) is None
+
+
+def test_progress_lines_reach_the_reporter_and_failures_are_typed(tmp_path):
+    recorder = Recorder()
+    agent = NodeAgent("here", LocalTransport(sys.executable), recorder)
+    with pytest.raises(ClusterFailure) as failure:
+        agent.stop(p.Stop("not-ours"))
+    assert failure.value.node == "here" and "refusing to match processes" in failure.value.detail
+
+
+def _other_version_python(tmp_path: Path) -> str:
+    """An interpreter whose dspark_launch says another version (a copy of the package on PYTHONPATH)."""
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "dspark_launch", site / "dspark_launch", ignore=shutil.ignore_patterns("__pycache__"))
+    init = site / "dspark_launch" / "__init__.py"
+    init.write_text(init.read_text().replace(f'"{__version__}"', '"0.0.0-other"'))
+    wrapper = tmp_path / "python-other"
+    # -S: no site-packages, so the editable install of this checkout cannot shadow the copy.
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} -S \"$@\"\n")
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_a_node_with_another_launcher_version_is_refused_at_first_contact(tmp_path):
+    agent = NodeAgent("worker1 (10.0.0.2)", LocalTransport(_other_version_python(tmp_path)))
+    with pytest.raises(VersionMismatch) as mismatch:
+        agent.probe()
+    line = str(mismatch.value)
+    assert "worker1 (10.0.0.2): version:" in line and "0.0.0-other" in line and __version__ in line
+
+
+def test_state_from_another_launcher_version_loads_and_corrupt_state_is_named(tmp_path):
+    record = Deployment("10.0.0.1:6379", "d", 1.0, __version__,
+                        [NodeRecord("head", "10.0.0.1", None, "dspark-x-head",
+                                    processes=[p.Process(1, 2, 1, "b", "raylet")])])
+    save_state(tmp_path, record)
+    data = json.loads((tmp_path / "state.json").read_text())
+    data["field_from_the_future"] = [1]
+    data["nodes"][0]["container"] = {"id": "abc"}
+    data["server"] = {}
+    (tmp_path / "state.json").write_text(json.dumps(data))
+    loaded = load_state(tmp_path)
+    assert loaded.nodes[0].processes == [p.Process(1, 2, 1, "b", "raylet")] and loaded.server is None
+    (tmp_path / "state.json").write_text("{not json")
+    with pytest.raises(StateUnreadable) as error:
+        load_state(tmp_path)
+    assert str(tmp_path / "state.json") in str(error.value)
+
+
+def test_stop_with_a_corrupt_state_file_is_one_line_exit_1(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "state.json").write_text('{"nodes": 3}')
+    env_file = tmp_path / "env"
+    env_file.write_text(f"DSPARK_HEAD_IP=127.0.0.1\nDSPARK_WORKER_HOSTS=127.0.0.2\nDSPARK_FABRIC_IFNAME=lo\n"
+                        f"DSPARK_STATE_DIR={state}\n")
+    proc = subprocess.run([sys.executable, "-m", "dspark_launch", "stop", "--env-file", str(env_file)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("dspark: error:")]
+    assert len(errors) == 1 and str(state / "state.json") in errors[0] and "Traceback" not in proc.stderr
+
+
+def test_typed_values_round_trip_through_json():
+    checks = p.RayChecksAnswer({"head": p.VersionRow(python="3.11.7", vllm="0.32.0")}, {})
+    assert from_data(p.RayChecksAnswer, json.loads(json.dumps(to_data(checks)))) == checks
+
+
+def test_the_cuda_row_is_read_without_importing_torch():
+    import torch
+
+    from dspark_launch.cluster.node_tasks import torch_cuda_version
+
+    assert torch_cuda_version() == torch.version.cuda
