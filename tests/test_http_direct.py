@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dspark_launch.cluster.state import ClusterState, save_state
+from dspark_launch.cluster.state import Deployment, ServerRecord, save_state
 from dspark_launch.serve import http
 from tests.conftest import run_dspark
 
@@ -121,9 +121,10 @@ def test_smoke_command_goes_direct(tmp_path, proxied, api, proxy):
     """`dspark smoke` end to end: real CLI, settings from an env file, the server from the state folder."""
     state_dir = tmp_path / "state"
     state_dir.mkdir(mode=0o700)
-    save_state(state_dir, ClusterState(ray_address="127.0.0.1:6379", config_digest="x", started_at=time.time(),
-                                       launcher_version="test", nodes=[],
-                                       server={"url": api.url, "served_name": "tiny"}))
+    server = ServerRecord(marker="dspark-test-server", log="", url=api.url, served_name="tiny", model="tiny",
+                          started_at=time.time(), settings={}, digest="x", cap=1)
+    save_state(state_dir, Deployment(ray_address="127.0.0.1:6379", config_digest="x", started_at=time.time(),
+                                     launcher_version="test", nodes=[], server=server))
     env_file = tmp_path / "smoke.env"
     env_file.write_text(f"DSPARK_HEAD_IP=127.0.0.1\nDSPARK_WORKER_HOSTS=127.0.0.2\nDSPARK_FABRIC_IFNAME=lo\n"
                         f"DSPARK_STATE_DIR={state_dir}\nVLLM_API_KEY={KEY}\n")

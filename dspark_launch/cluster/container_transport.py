@@ -13,13 +13,12 @@ host's install (see runtime.AGENT_MOUNT), so the image needs nothing of ours.
 
 from __future__ import annotations
 
-import json
 import shlex
 import subprocess
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
-from dspark_launch.cluster.transport import AGENT_MODULE, NodeUnreachable, SSHTransport, _parse_answer
+from dspark_launch.cluster.transport import AGENT_MODULE, NodeUnreachable, SSHTransport, _stream
 
 # Where the launcher's package is mounted inside every node container (on PYTHONPATH there).
 AGENT_MOUNT = "/opt/dspark-launch"
@@ -31,10 +30,16 @@ class HostShell(Protocol):
     def run(self, argv: Sequence[str], *, timeout: float, input: str | None = None) -> subprocess.CompletedProcess:
         """Run argv to completion on the node's host, text output captured; NodeUnreachable when it cannot."""
 
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """The local command line that runs argv on the node's host."""
+
 
 @dataclass(frozen=True)
 class LocalHost:
     description: str = "local"
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        return list(argv)
 
     def run(self, argv: Sequence[str], *, timeout: float, input: str | None = None) -> subprocess.CompletedProcess:
         try:
@@ -53,9 +58,12 @@ class SSHHost:
     def description(self) -> str:
         return self.ssh.description
 
-    def run(self, argv: Sequence[str], *, timeout: float, input: str | None = None) -> subprocess.CompletedProcess:
+    def command(self, argv: Sequence[str]) -> list[str]:
         # ssh.argv() ends with the agent's command line: swap it for ours, quoted the same way.
-        command = self.ssh.argv()[:-1] + [shlex.join(argv)]
+        return self.ssh.argv()[:-1] + [shlex.join(argv)]
+
+    def run(self, argv: Sequence[str], *, timeout: float, input: str | None = None) -> subprocess.CompletedProcess:
+        command = self.command(argv)
         limit = timeout + self.ssh.connect_timeout
         try:
             proc = subprocess.run(command, input=input, capture_output=True, text=True, timeout=limit)
@@ -82,7 +90,10 @@ class ContainerTransport:
         """`RUNTIME exec -i` of `command` in the container, the launcher's package importable."""
         return [self.runtime, "exec", "-i", "--env", f"PYTHONPATH={AGENT_MOUNT}", self.container, *command]
 
-    def call(self, request: dict, timeout: float) -> dict:
-        proc = self.host.run(self.exec_argv(self.python, "-m", AGENT_MODULE), timeout=timeout,
-                             input=json.dumps(request) + "\n")
-        return _parse_answer(self.description, proc)
+    def exchange(self, request_line: str, timeout: float, on_line: Callable[[str], None]) -> None:
+        command = self.host.command(self.exec_argv(self.python, "-m", AGENT_MODULE))
+        code, last = _stream(command, None, request_line, timeout, on_line, self.description)
+        if code == 255 and isinstance(self.host, SSHHost):
+            raise NodeUnreachable(f"{self.description}: SSH failed: {last or 'connection failed'}")
+        if code != 0:
+            raise NodeUnreachable(f"{self.description}: {self.python}: {last or 'no answer'} (exit {code})")
