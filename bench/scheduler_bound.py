@@ -9,7 +9,9 @@ vLLM's threshold? Everything is in the benchmark's step-time model
 (`dspark_launch.bench.metrics.MIXED_FIT`), arrivals in modelled time:
 
 * The long prompt (P tokens, arriving at `a`, first token at `a + L`) needs at
-  least ceil(P / threshold) steps, each costing at least the fixed part plus
+  least ceil(P / threshold) steps (the streams keep more than one request
+  eligible, and the benchmark leaves vLLM's adaptive threshold off, so no
+  step gives it more), each costing at least the fixed part plus
   the always-decoding streams; its own tokens cost alpha*P + beta*P^2/2 however
   they are chunked. That is `base`.
 * A short prompt arriving in [a, a + L) either gets its first token by a + L,
