@@ -3,6 +3,9 @@
 
     python bench/scheduler_docs.py [bench/results/scheduler.json] [docs/benchmarks.md]
 
+(`bench/scheduler_bound.py`'s result, `scheduler-bound.json` next to the
+grid's, fills the `v3-bound` block when it is there.)
+
 Rewrites the text between each `<!-- BEGIN GENERATED: NAME -->` and
 `<!-- END GENERATED: NAME -->` pair; everything else is left as written.
 """
@@ -116,8 +119,21 @@ def targets(result: dict) -> str:
     return "\n".join(lines)
 
 
-def blocks(result: dict) -> dict[str, str]:
+def v3_bound(bound: dict) -> str:
+    """The lower bound of `bench/scheduler_bound.py`, per short-stream workload."""
+    head = ("workload", "stock+thr short TTFT ms (target: 1.2x)", "v2 long TTFT ms",
+            "short TTFT lower bound ms with long <= v2 (x stock+thr)", "long TTFT needed for the short target (x v2)")
+    rows = [[b["workload"], f"{b['stock_thr_short_mean_ms']:.0f} ({b['short_target_ms']:.0f})",
+             f"{b['v2_long_mean_ms']:.0f}",
+             f"{b['short_mean_lower_bound_ms_with_long_at_v2']:.0f} ({b['short_lower_bound_vs_stock_thr']:.2f})",
+             f"{b['long_vs_v2_needed_for_short_target']:.2f}"] for b in bound["bounds"]]
+    return report.table(rows, head, markdown=True)
+
+
+def blocks(result: dict, bound: dict | None = None) -> dict[str, str]:
+    extra = {"v3-bound": v3_bound(bound)} if bound else {}
     return {
+        **extra,
         "summary": report.summary_table(result, "Scheduler", markdown=True),
         "m0-vs-m1": m0_vs_m1(result),
         "overhead": report.overhead_text(result.get("overhead"), markdown=True),
@@ -145,7 +161,10 @@ def main(argv: list[str]) -> int:
     result_path = pathlib.Path(argv[0]) if argv else REPO / "bench" / "results" / "scheduler.json"
     doc_path = pathlib.Path(argv[1]) if len(argv) > 1 else REPO / "docs" / "benchmarks.md"
     result = json.loads(result_path.read_text(encoding="utf-8"))
-    doc_path.write_text(fill(doc_path.read_text(encoding="utf-8"), blocks(result)), encoding="utf-8")
+    # bench/scheduler_bound.py's result, when it sits next to the grid's.
+    bound_path = result_path.with_name("scheduler-bound.json")
+    bound = json.loads(bound_path.read_text(encoding="utf-8")) if bound_path.exists() else None
+    doc_path.write_text(fill(doc_path.read_text(encoding="utf-8"), blocks(result, bound)), encoding="utf-8")
     print(f"filled {doc_path} from {result_path}")
     return 0
 

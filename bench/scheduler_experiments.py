@@ -189,22 +189,28 @@ def _variant_provider(name: str):
 
 #: Gate mode 2 candidates (issue 15): the room beyond the step bound that
 #: prompts finishing within the step may use, in half-thresholds (None: the
-#: whole budget), and the prompts (in thresholds) exempt from the count. The
-#: shipped value is contract.SHORT_ROOM_SHARE (m2-room-quarter).
-SHORT_ROOMS = {"m2-room0": (0, 0), "m2-room-eighth": (0.25, 0), "m2-room-quarter": (0.5, 0), "m2-room-half": (1, 0), "m2-room-chunk": (2, 0),
-               "m2-room-budget": (None, 0), "m2-split2-half": (1, 2), "m2-split2-chunk": (2, 2),
-               "m2-split2-quarter": (0.5, 2), "m2-split1-half": (1, 1)}
+#: whole budget), the prompts (in thresholds) exempt from the count, and
+#: whether cached tails get the room too (patch v3's first cut) or only what
+#: is left of the bound. The shipped value is contract.SHORT_ROOM_SHARE for
+#: uncached prompts only (m2-fresh-quarter).
+SHORT_ROOMS = {"m2-room0": (0, 0, True), "m2-room-eighth": (0.25, 0, True), "m2-room-quarter": (0.5, 0, True),
+               "m2-room-half": (1, 0, True), "m2-room-chunk": (2, 0, True), "m2-room-budget": (None, 0, True),
+               "m2-split2-half": (1, 2, True), "m2-split2-chunk": (2, 2, True), "m2-split2-quarter": (0.5, 2, True),
+               "m2-split1-half": (1, 1, True), "m2-fresh-eighth": (0.25, 0, False),
+               "m2-fresh-quarter": (0.5, 0, False), "m2-fresh-half": (1, 0, False)}
 
 
 def _with_short_room(cls: type, room: tuple) -> type:
-    half_chunks, split_chunks = room
+    half_chunks, split_chunks, cached_too = room
 
     def __init__(self, *args, **kwargs):
         cls.__init__(self, *args, **kwargs)
         self._dspark_short_room = (1 << 30) if half_chunks is None else int(half_chunks * self._dspark_chunk / 2)
+        self._dspark_cached_room = self._dspark_short_room if cached_too else 0
         self._dspark_short_need = split_chunks * self._dspark_chunk
 
-    return type(f"{cls.__name__}Room{half_chunks}x{split_chunks}", (cls,), {"__init__": __init__})
+    return type(f"{cls.__name__}Room{half_chunks}x{split_chunks}{'c' if cached_too else 'f'}", (cls,),
+                {"__init__": __init__})
 
 
 def _room_provider(room: tuple):
@@ -228,8 +234,9 @@ def candidate_policies() -> list[p.Policy]:
     return [
         p.Policy(f"{name}:1", "variant", cap=1, mode=name, provider=f"bench-{name}", env=((ENV_GATE_MODE, "2"),),
                  description=f"gate mode 2, short-prompt room {'the budget' if hc is None else f'{hc} x threshold/2'}"
+                             + ("" if cached else ", uncached prompts only")
                              + (f"; prompts up to {split} chunks exempt from the count" if split else ""))
-        for name, (hc, split) in SHORT_ROOMS.items()
+        for name, (hc, split, cached) in SHORT_ROOMS.items()
     ]
 
 

@@ -129,7 +129,7 @@ def _sched(chunk=256, cap=1, short_room=64, short_need=0):
 
     bound = cap * chunk + chunk // 2 if chunk else 0
     return SimpleNamespace(_dspark_chunk=chunk, _dspark_step_bound=bound, _dspark_max_inflight_prefills=cap,
-                           _dspark_short_room=short_room, _dspark_short_need=short_need)
+                           _dspark_short_room=short_room, _dspark_cached_room=0, _dspark_short_need=short_need)
 
 
 def _request(num_tokens, computed=0):
@@ -144,6 +144,8 @@ def _request(num_tokens, computed=0):
     [
         (1260, 1200, 1, 256, 0),      # a cached turn: 60 tokens left, fits beside the long chunk
         (1260, 0, 1, 256, -1),        # the same prompt cold: stays mid-prefill, the count is full
+        (1328, 1200, 1, 256, 0),      # a cached tail of 128: exactly what the bound leaves
+        (1360, 1200, 1, 256, -1),     # a cached tail of 160: the room is not for cached tails
         (160, 0, 1, 256, 0),          # short: 256 + 160 <= 384 + 64
         (200, 0, 1, 256, -1),         # short but over the room, count full
         (4000, 0, 0, 256, 128),       # long, slot free: what is left of the bound

@@ -35,7 +35,7 @@ def prefill_steps(run: h.RunResult, rid: str) -> list[int]:
 def test_mode_two_is_the_default(model_dir):
     sched = h.build_scheduler(h.SchedulerSpec(policy="patched", long_prefill_token_threshold=THRESHOLD), model_dir)
     assert sched._dspark_gate_mode == contract.DEFAULT_GATE_MODE == V3
-    assert (sched._dspark_step_bound, sched._dspark_short_room) == (BOUND, SHORT_ROOM)
+    assert (sched._dspark_step_bound, sched._dspark_short_room, sched._dspark_cached_room) == (BOUND, SHORT_ROOM, 0)
 
 
 def cached_turn_load() -> list[h.RequestSpec]:
@@ -61,6 +61,26 @@ def test_a_cached_turn_passes_while_a_cold_long_prompt_is_mid_prefill(model_dir,
     assert max(len(s.mid_prefill) for s in v3.steps) == 1
     # Patch v2's gate judged it by its whole prompt and held it behind the long one.
     assert first_step(runs[V2], "turn-2") > prefill_steps(runs[V2], "long")[-1]
+
+
+@SCHEDULERS
+def test_the_room_beyond_the_bound_is_for_uncached_prompts_only(model_dir, async_scheduling):
+    """Beside a long prompt's chunk the bound leaves 128 tokens: a fresh
+    160-token prompt passes on the short-prompt room, a cached turn with a
+    160-token tail (deeper tokens, each costlier) waits for the long one."""
+    tail = BOUND - THRESHOLD + 32  # 160: over what the bound leaves, within the room
+    assert BOUND - THRESHOLD < tail <= BOUND - THRESHOLD + SHORT_ROOM
+    load = [h.RequestSpec("stream-0", 0, 32, 80),
+            h.RequestSpec("turn-1", 0, 1200, 4, prefix_group="conv", shared_prefix_len=1200),
+            h.RequestSpec("long", 8, 4000, 4), h.RequestSpec("fresh", 12, tail, 4),
+            h.RequestSpec("turn-2", 14, 1200 + tail, 4, prefix_group="conv", shared_prefix_len=1200 + tail)]
+    run = h.run_workload(spec(V3, async_scheduling, enable_prefix_caching=True), load, model_dir)
+    assert not run.unfinished
+    long_prefill = prefill_steps(run, "long")
+    assert first_step(run, "fresh") == run.arrival["fresh"] < long_prefill[-1]
+    assert long_prefill[0] < run.arrival["turn-2"] < long_prefill[-1]
+    assert first_step(run, "turn-2") >= long_prefill[-1]
+    assert run.steps[first_step(run, "turn-2")].scheduled["turn-2"] == tail  # only its uncached tail
 
 
 def short_stream_load() -> list[h.RequestSpec]:

@@ -175,6 +175,9 @@ class RunResult:
     effective_cap: int | None  # _dspark_max_inflight_prefills of a patched scheduler
     # Steps at which requests with `arrival_ms` actually arrived.
     timed_arrivals: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Modelled ms such a request waited between its arrival and the start of
+    # that step (the step running when it arrived had to finish first).
+    arrival_wait_ms: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def unfinished(self) -> set[str]:
@@ -531,6 +534,7 @@ def run_workload(
     last_arrival = max(arrivals, default=0)
     clock_ms = 0.0
     timed_arrivals: dict[str, int] = {}
+    arrival_wait_ms: dict[str, float] = {}
     depth = 2 if spec.async_scheduling else 1
 
     steps: list[StepRecord] = []
@@ -560,6 +564,7 @@ def run_workload(
         while timed and timed[0].arrival_ms <= clock_ms:
             req = timed.popleft()
             timed_arrivals[req.req_id] = step
+            arrival_wait_ms[req.req_id] = clock_ms - req.arrival_ms
             sched.add_request(make_request(req, hasher))
         if before_schedule is not None:
             before_schedule(sched, step)
@@ -600,6 +605,7 @@ def run_workload(
         preemptions=_count_preemptions(steps),
         effective_cap=getattr(sched, "_dspark_max_inflight_prefills", None),
         timed_arrivals=timed_arrivals,
+        arrival_wait_ms=arrival_wait_ms,
     )
 
 

@@ -144,6 +144,11 @@ def run_metrics(run: RunResult, workload: Workload) -> dict:
         gaps[rid] = max((b - a for a, b in zip(produced, produced[1:])), default=0)
 
     arrival = run.arrival
+    # A request arriving in modelled time waits for the step then running to
+    # end before it can be scheduled: its time to first token counts from its
+    # arrival, not from the start of the step it joined (heavier steps make
+    # that wait longer).
+    wait = run.arrival_wait_ms
     prompt_len = {r.req_id: r.prompt_len for r in run.workload}
     ttft_steps, ttft_ms, ttft_alt, ideal_steps, ideal_ms = [], [], [], [], []
     for rid in workload.prompts:
@@ -152,7 +157,7 @@ def run_metrics(run: RunResult, workload: Workload) -> dict:
             continue
         a, f = arrival[rid], produced[0]
         ttft_steps.append(f - a + 1)
-        ttft_ms.append(cum[f + 1] - cum[a])
+        ttft_ms.append(cum[f + 1] - cum[a] + wait.get(rid, 0.0))
         ttft_alt.append(alt_cum[f + 1] - alt_cum[a])
         ideal_steps.append(ideal_ttft_steps(prompt_len[rid], workload))
         ideal_ms.append(ideal_ttft_ms(prompt_len[rid], workload, MIXED_FIT))
@@ -165,7 +170,7 @@ def run_metrics(run: RunResult, workload: Workload) -> dict:
             if produced:
                 a, f = arrival[rid], produced[0]
                 steps_c.append(f - a + 1)
-                ms_c.append(cum[f + 1] - cum[a])
+                ms_c.append(cum[f + 1] - cum[a] + wait.get(rid, 0.0))
         by_class[name] = {"n": len(ms_c), "model_ms": _stats(ms_c), "steps_mean": _mean(steps_c)}
 
     budget_use = [s.total_tokens / workload.budget for s in run.steps if s.scheduled]

@@ -103,10 +103,13 @@ def _dspark_i27_init(sched):
     else:
         sched._dspark_chunk = 0
         sched._dspark_step_bound = 0
-    # Mode 2: room beyond the step bound for prompts that finish in the step;
-    # prompts up to `_dspark_short_need` tokens are exempt from the count (0:
-    # none; the benchmark's candidates set it).
+    # Mode 2: room beyond the step bound for prompts that finish in the step,
+    # uncached ones (`_dspark_short_room`) and cached tails
+    # (`_dspark_cached_room`); prompts up to `_dspark_short_need` tokens are
+    # exempt from the count (0: none; the benchmark's candidates set the last
+    # two).
     sched._dspark_short_room = int(_DSPARK_I27_SHORT_ROOM_SHARE * sched._dspark_chunk)
+    sched._dspark_cached_room = 0
     sched._dspark_short_need = 0
     diag = _dspark_i27_os.environ.get(_DSPARK_I27_DIAG_ENV, "")
     sched._dspark_diag = diag.strip().lower() in ("1", "true", "yes", "on")
@@ -196,8 +199,9 @@ def _dspark_i27_admit(sched, request, computed, token_budget, partial, spent):
     is judged by what it still has to compute. `partial` and `spent` are the
     step's partial prefills and prefill tokens so far, requests that bypass
     the gate included. A prompt that finishes within this step passes while
-    the step's prefill stays within the bound plus the short-prompt room; any
-    other needs a free in-flight slot and gets what is left of the bound.
+    the step's prefill stays within the bound, plus the short-prompt room for
+    a prompt with no prefix hit; any other needs a free in-flight slot and
+    gets what is left of the bound.
     """
     if _dspark_i27_holds_kv(request):
         return 0
@@ -208,7 +212,11 @@ def _dspark_i27_admit(sched, request, computed, token_budget, partial, spent):
             return 0
         return -1
     bound = sched._dspark_step_bound
-    if need <= min(chunk, token_budget) and spent + need <= bound + sched._dspark_short_room:
+    # The room beyond the bound is for prompts computed from their first
+    # token: a cached turn's tail attends over its whole cached prefix, so
+    # its tokens cost more per token and get only what is left of the bound.
+    extra = sched._dspark_cached_room if computed else sched._dspark_short_room
+    if need <= min(chunk, token_budget) and spent + need <= bound + extra:
         return 0
     room = bound - spent
     short_room = room + sched._dspark_short_room
