@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.testbed.fixture import _unavailable
+from tests.support.testbed.fixture import _unavailable
 
 PODMAN = "/usr/bin/podman"
 # catatonit: podman's --init; runc: crun 1.8 cannot run on this cgroup v1/v2 hybrid host.

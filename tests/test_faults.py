@@ -20,10 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cluster import _describe, dspark, write_env
-from tests.test_security import (cmdline, ours_left, popen, run, spawn_lookalike,  # noqa: F401
-                                 start_time, survives, wait_until)
-from tests.test_serving import serving_env, set_knob, tiny_model  # noqa: F401 (fixture)
+from tests.support.on_testbed import dspark, ours_left, popen, run, serving_env, set_knob, spawn_lookalike, write_env
+from tests.support.processes import cmdline, describe, start_time, survives, wait_until
 
 pytestmark = pytest.mark.testbed
 
@@ -143,16 +141,16 @@ def _check_stale_state_and_other_ray(tb, tmp_path, env, state_file, before, look
 
     stopped = dspark(tb, env, "stop")
     assert stopped.returncode == 0, stopped.stderr
-    assert ours_left(tb, unrelated) == set(), _describe(ours_left(tb, unrelated))
+    assert ours_left(tb, unrelated) == set(), describe(ours_left(tb, unrelated))
     assert survives(lookalike, lookalike_started)
     killed = [pid for pid, t in other_ray.items() if t is not None and not survives(pid, t)]
-    assert killed == [], _describe(set(killed))  # never a machine-wide `ray stop`, never a kill by name
+    assert killed == [], describe(set(killed))  # never a machine-wide `ray stop`, never a kill by name
 
 
 # --------------------------------------------------------------------------- network cut, restart, env snapshot
 
 
-def test_worker_link_cut_then_restart_uses_its_env_snapshot(testbed_clean, tmp_path, tiny_model):  # noqa: F811
+def test_worker_link_cut_then_restart_uses_its_env_snapshot(testbed_clean, tmp_path, tiny_model):
     tb = testbed_clean
     env = serving_env(tb, tmp_path, tiny_model, SSH_CONNECT_TIMEOUT_S="5")
     started = run(tb, tmp_path, env, "start")
@@ -202,7 +200,7 @@ def test_worker_link_cut_then_restart_uses_its_env_snapshot(testbed_clean, tmp_p
 
     stopped = run(tb, tmp_path, env, "stop")
     assert stopped.returncode == 0, stopped.stderr
-    assert ours_left(tb, set()) == set(), _describe(ours_left(tb, set()))
+    assert ours_left(tb, set()) == set(), describe(ours_left(tb, set()))
 
 
 # --------------------------------------------------------------------------- interrupted starts
@@ -219,7 +217,7 @@ PHASES = {
 
 
 @pytest.mark.parametrize("phase", list(PHASES))
-def test_start_interrupted_at_each_phase(testbed_clean, tmp_path, tiny_model, phase):  # noqa: F811
+def test_start_interrupted_at_each_phase(testbed_clean, tmp_path, tiny_model, phase):
     tb = testbed_clean
     marker, delay, sig = PHASES[phase]
     env = serving_env(tb, tmp_path, tiny_model)
@@ -241,7 +239,7 @@ def test_start_interrupted_at_each_phase(testbed_clean, tmp_path, tiny_model, ph
     assert any(marker in l for l in seen), "".join(seen)
     assert f"interrupted; everything this run started was stopped (exit {expected})" in err
     # An agent forked at the very moment of the signal ends by itself once its stdin closes.
-    assert wait_until(lambda: not ours_left(tb, set()), 10), _describe(ours_left(tb, set()))
+    assert wait_until(lambda: not ours_left(tb, set()), 10), describe(ours_left(tb, set()))
     saved = tmp_path / "state" / "state.json"
     assert not saved.exists() or json.loads(saved.read_text()).get("server") in ({}, None)
 
@@ -256,7 +254,7 @@ def _read_only(tb, node: str, path: Path) -> None:
     tb.exec(node, ["mount", "-o", "remount,bind,ro", str(path)], check=True)
 
 
-def test_unwritable_state_or_log_folder_fails_before_anything_starts(testbed_clean, tmp_path, tiny_model):  # noqa: F811
+def test_unwritable_state_or_log_folder_fails_before_anything_starts(testbed_clean, tmp_path, tiny_model):
     tb = testbed_clean
     mounts = []
     try:

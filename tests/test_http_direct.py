@@ -17,7 +17,7 @@ import pytest
 
 from dspark_launch.cluster.state import Deployment, ServerRecord, save_state
 from dspark_launch.serve import http
-from tests.conftest import run_dspark
+from tests.support.launcher_env import run_dspark
 
 KEY = "sk-direct-only-0123456789"
 PROXY_VARIABLES = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")

@@ -37,7 +37,7 @@ def shard(n: int) -> str:
 
 
 def worker_target(tb) -> SSHTarget:
-    """The worker as the launcher reaches it (same settings as tests/launcher_env.cluster_values)."""
+    """The worker as the launcher reaches it (same settings as tests/support/launcher_env.cluster_values)."""
     transport = SSHTransport(host=tb.workers[0].ip, python=f"{tb.venv}/bin/python", user="root", key=tb.ssh_key,
                              host_key_check="accept-new",
                              extra_options=("-o", f"UserKnownHostsFile={tb.known_hosts}"))

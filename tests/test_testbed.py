@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-# Harmless when tests/conftest.py imports them too: one shared testbed per session.
-from tests.testbed.fixture import extra_testbed, testbed  # noqa: F401
-from tests.testbed.testbed import FABRIC_IF, Testbed, requirements_met
+from tests.support.testbed.fixture import extra_testbed
+from tests.support.testbed.testbed import FABRIC_IF, Testbed, requirements_met
 
 pytestmark = pytest.mark.testbed
 
@@ -267,7 +266,7 @@ def test_second_testbed_partial_up_and_down_leave_nothing():
 
 
 def test_failed_up_rolls_back_and_stale_testbeds_are_swept(monkeypatch):
-    from tests.testbed import fixture
+    from tests.support.testbed import fixture
 
     ok, why = requirements_met()
     if not ok:

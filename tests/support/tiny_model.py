@@ -5,7 +5,7 @@ seconds. The weights are random, so the text it produces is noise; what matters
 is that every part of the real serving path (tokenizer, chat template, engine,
 Ray workers, tensor parallel) runs.
 
-    python tests/tiny_model.py DEST
+    python -m tests.support.tiny_model DEST
 
 Deterministic (fixed seeds, generated corpus), idempotent (a complete DEST is
 left alone), about 0.7 MB, a few seconds. Needs ``torch``, ``transformers`` and
@@ -188,7 +188,7 @@ def build_tiny_model(dest: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0] in {"-h", "--help"}:
-        print("usage: python tests/tiny_model.py DEST", file=sys.stderr)
+        print("usage: python -m tests.support.tiny_model DEST", file=sys.stderr)
         return 2
     path = build_tiny_model(Path(args[0]))
     size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

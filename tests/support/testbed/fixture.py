@@ -2,7 +2,7 @@
 
 Import them from tests/conftest.py::
 
-    from tests.testbed.fixture import testbed, testbed_clean  # noqa: F401
+    from tests.support.testbed.fixture import testbed, testbed_clean  # noqa: F401
 
 ``testbed`` (session scope) builds the nodes once and tears them down at the end
 of the session, failures included. When the machine cannot host it (not root, no
@@ -134,7 +134,7 @@ def _release() -> None:
 
 @pytest.fixture(scope="session")
 def testbed():
-    """The N-node namespace testbed (tests.testbed.testbed.Testbed), up for the whole session."""
+    """The N-node namespace testbed (tests.support.testbed.testbed.Testbed), up for the whole session."""
     tb = _acquire()
     try:
         yield tb
