@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from dspark_launch.cluster import procfs
 from tests.support.on_testbed import (dspark, ours_left, popen, read_until_served, run, serving_env,
                                       spawn_lookalike, state, write_env)
 from tests.support.processes import cmdline, describe, survives, wait_until
@@ -115,10 +116,7 @@ def session_of(pid: int) -> int | None:
 
 
 def environ_has(pid: int, needle: str) -> bool:
-    try:
-        return needle.encode() in Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return False
+    return any(needle.encode() in entry for entry in procfs.environ(pid))
 
 
 def http_from(tb, node: str, url: str, key: str | None = None, payload: dict | None = None) -> int:

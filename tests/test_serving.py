@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from dspark_launch.cluster import procfs
 from tests.support.launcher_env import launcher_env, scratch
 from tests.support.on_testbed import API_KEY, VENV_BIN, our_pids, read_until_served, run, serving_env, set_knob, state
 from tests.support.processes import describe
@@ -30,11 +31,8 @@ def status(tb, tmp_path, env_file) -> tuple[int, dict]:
 def processes_named(tb, node: str, needle: str) -> list[int]:
     found = []
     for pid in tb.pids_in(node, include_infra=False):
-        try:
-            if needle in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
-                found.append(pid)
-        except OSError:
-            pass
+        if needle in " ".join(procfs.cmdline(pid)):
+            found.append(pid)
     return found
 
 
@@ -110,7 +108,7 @@ def test_start_serve_drift_restart_kill_stop(testbed_clean, tmp_path, tiny_model
     for node in ("head", "worker1"):
         for pid in tb.pids_in(node):
             try:
-                assert secret not in Path(f"/proc/{pid}/cmdline").read_bytes(), describe({pid})
+                assert secret.decode() not in "\0".join(procfs.cmdline(pid)), describe({pid})
             except FileNotFoundError:
                 pass
 
