@@ -96,7 +96,7 @@ class Testbed(NodeAccess, Sshd, Fabric, Overlays):
 
     # ----------------------------------------------------------------- up
 
-    def owneralive(self) -> Optional[bool]:
+    def owner_alive(self) -> Optional[bool]:
         """Whether the process that ran up() still runs (None when unknown)."""
         st = self._read_state()
         if not st or "owner" not in st:
