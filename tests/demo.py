@@ -19,12 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from tests.support.launcher_env import cluster_values, launcher_env, serving_values, write_env_file  # noqa: E402
-from tests.support.testbed.testbed import Testbed, requirements_met  # noqa: E402
-from tests.support.tiny_model import build_tiny_model  # noqa: E402
+from tests.support.launcher_env import cluster_values, launcher_env, serving_values, write_env_file
+from tests.support.paths import REPO
+from tests.support.testbed.testbed import Testbed, requirements_met
+from tests.support.tiny_model import build_tiny_model
 
 WORK = REPO / ".demo"
 TESTBED_DIR = "/tmp/dspark-demo-testbed"

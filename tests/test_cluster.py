@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.on_testbed import SCHEDULER_REL, VENV_BIN, dspark, our_pids, write_env
+from tests.support.on_testbed import SCHEDULER_REL, VENV_BIN, dspark, interrupt_after, our_pids, write_env
 from tests.support.processes import describe
 
 pytestmark = pytest.mark.testbed
@@ -166,18 +166,7 @@ def test_interrupt_during_bring_up_rolls_back(testbed_clean, tmp_path, sig, code
     env = write_env(tb, tmp_path)
     proc = tb.popen("head", [str(VENV_BIN / "dspark"), "cluster", "up", "--env-file", str(env)],
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen = []
-    try:
-        for line in proc.stderr:
-            seen.append(line)
-            if "starting Ray on worker1" in line:
-                time.sleep(2)
-                proc.send_signal(sig)
-                break
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    seen, err = interrupt_after(proc, "starting Ray on worker1", 2, sig, timeout=120)
     assert proc.returncode == code, "".join(seen) + err
     assert "interrupted" in err
     assert our_pids(tb, "head") == set() and our_pids(tb, "worker1") == set()

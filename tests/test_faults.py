@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.on_testbed import dspark, ours_left, popen, run, serving_env, set_knob, spawn_lookalike, write_env
+from tests.support.on_testbed import (dspark, interrupt_after, ours_left, popen, run, serving_env, set_knob,
+                                      spawn_lookalike, write_env)
 from tests.support.processes import cmdline, describe, start_time, survives, wait_until
 
 pytestmark = pytest.mark.testbed
@@ -222,18 +223,7 @@ def test_start_interrupted_at_each_phase(testbed_clean, tmp_path, tiny_model, ph
     marker, delay, sig = PHASES[phase]
     env = serving_env(tb, tmp_path, tiny_model)
     proc = popen(tb, tmp_path, env, "start")
-    seen = []
-    try:
-        for line in proc.stderr:
-            seen.append(line)
-            if marker in line:
-                time.sleep(delay)
-                proc.send_signal(sig)
-                break
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    seen, err = interrupt_after(proc, marker, delay, sig, timeout=300)
     expected = 130 if sig == signal.SIGINT else 143
     assert proc.returncode == expected, "".join(seen) + err[-4000:]
     assert any(marker in l for l in seen), "".join(seen)

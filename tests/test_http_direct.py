@@ -68,21 +68,22 @@ class _FakeApi(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def api():
+def _recorder():
     server = _Recorder(_FakeApi)
     yield server
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def api():
+    yield from _recorder()
 
 
 @pytest.fixture
 def proxy():
     """Records every request that reaches it, as a proxy would."""
-    server = _Recorder(_FakeApi)
-    yield server
-    server.shutdown()
-    server.server_close()
+    yield from _recorder()
 
 
 @pytest.fixture

@@ -65,6 +65,26 @@ def read_until_served(proc) -> list[str]:
     return seen
 
 
+def interrupt_after(proc: subprocess.Popen, marker: str, delay: float, sig: int, timeout: float) -> tuple[list[str], str]:
+    """Send `sig` to a running `dspark` `delay` s after `marker` appears on its stderr.
+
+    Returns (stderr lines up to the marker, the rest of stderr); the process has ended."""
+    seen: list[str] = []
+    err = ""
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if marker in line:
+                time.sleep(delay)
+                proc.send_signal(sig)
+                break
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return seen, err
+
+
 def our_pids(tb, node: str) -> set[int]:
     return tb.pids_in(node, include_infra=False)
 
