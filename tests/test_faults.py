@@ -20,9 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from dspark_launch.cluster import procfs
+
 from tests.support.on_testbed import (dspark, interrupt_after, ours_left, popen, run, serving_env, set_knob,
                                       spawn_lookalike, write_env)
-from tests.support.processes import cmdline, describe, start_time, survives, wait_until
+from tests.support.processes import cmdline, describe, kill_now, start_time, survives, wait_until
 
 pytestmark = pytest.mark.testbed
 
@@ -51,11 +53,7 @@ def test_head_reboot_stale_state_and_unrelated_ray_survive(testbed_clean, tmp_pa
     assert up.returncode == 0, up.stderr[-3000:]
 
     # "Reboot": every process of ours on both nodes ends at once; the state folder stays.
-    for pid in ours_left(tb, set()):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_now(ours_left(tb, set()))
     assert wait_until(lambda: not ours_left(tb, set()), 20)
 
     # After the reboot, unrelated processes hold the recorded pid numbers and session ids.
@@ -70,7 +68,7 @@ def test_head_reboot_stale_state_and_unrelated_ray_survive(testbed_clean, tmp_pa
                               "boot_id": "00000000-0000-0000-0000-000000000000", "cmd": "raylet"})
     # A recycled session id: none of our processes lives in it any more.
     head["sessions"].append({"sid": lookalike, "start_time": max(0, lookalike_started - 1),
-                             "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip()})
+                             "boot_id": procfs.boot_id()})
     saved["server"] = {"pid": lookalike, "start_time": lookalike_started - 50, "marker": "dspark-0badcafe-server",
                        "sessions": [{"sid": lookalike, "start_time": 0}], "log": str(tmp_path / "state/logs/x.log"),
                        "url": "http://127.0.0.1:8000", "served_name": "tiny", "model": "tiny",
@@ -89,11 +87,7 @@ def test_head_reboot_stale_state_and_unrelated_ray_survive(testbed_clean, tmp_pa
     try:
         _check_stale_state_and_other_ray(tb, tmp_path, env, state_file, before, lookalike, lookalike_started)
     finally:
-        for pid in tb.pids_in("head", include_infra=False) - before:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_now(tb.pids_in("head", include_infra=False) - before)
         wait_until(lambda: not (tb.pids_in("head", include_infra=False) - before), 10)
         shutil.rmtree(other_tmp, ignore_errors=True)
 

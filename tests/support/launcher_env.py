@@ -3,7 +3,6 @@ the CLI run on this machine with a clean environment; scratch folders."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import subprocess
@@ -87,15 +86,8 @@ def run_dspark(args, env=None, cwd=None, timeout=60):
                           env=base, cwd=cwd or REPO, timeout=timeout)
 
 
-@contextlib.contextmanager
 def vllm_dirs_restored():
     """VLLM_CACHE_ROOT and VLLM_RPC_BASE_PATH as they were before the block, whatever it set."""
-    saved = {k: os.environ.get(k) for k in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH")}
-    try:
-        yield
-    finally:
-        for var, value in saved.items():
-            if value is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = value
+    from dspark_launch.bench.harness import scoped_env
+
+    return scoped_env({k: os.environ.get(k) for k in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH")})

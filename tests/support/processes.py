@@ -62,6 +62,13 @@ def wait_until(predicate, timeout: float, step: float = 0.5):
         time.sleep(step)
 
 
+def kill_now(pids: Iterable[int]) -> None:
+    """SIGKILL each pid at once (a crash or a reboot as the processes see it); gone ones are skipped."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def terminate_pids(pids: Iterable[int], grace: float = 5.0, kill_wait: float = 5.0) -> set[int]:
     """SIGTERM, SIGKILL what is left after `grace` s, wait up to `kill_wait` s (the product's loop).
 
