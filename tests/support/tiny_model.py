@@ -126,7 +126,9 @@ def build_tiny_model(dest: Path) -> Path:
     if _is_complete(dest):
         return dest
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # Nothing here reaches the hub, and HF_HUB_OFFLINE is not set: huggingface_hub reads it once,
+    # at its first import, so setting it here turned every later hub pull of the same pytest
+    # process (tests/test_model_pull.py) into OfflineModeIsEnabled.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     import torch
