@@ -44,10 +44,10 @@ bench-cli: $(STAMP)
 # The main job on an embedded default: two network-namespace "Sparks" on this machine,
 # real SSH, real Ray, vLLM (CPU) serving a tiny local model with tensor parallel 2.
 demo: $(STAMP) testbed-deps
-	$(PY) tests/demo.py up
+	$(PY) -m tests.demo up
 
 demo-down:
-	$(PY) tests/demo.py down
+	$(PY) -m tests.demo down
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -26,9 +26,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.launcher_env import cluster_values, launcher_env, serving_values, write_env_file  # noqa: E402
-from tests.testbed.testbed import Testbed, requirements_met  # noqa: E402
-from tests.tiny_model import build_tiny_model  # noqa: E402
+from tests.support.launcher_env import cluster_values, launcher_env, serving_values, write_env_file  # noqa: E402
+from tests.support.testbed.testbed import Testbed, requirements_met  # noqa: E402
+from tests.support.tiny_model import build_tiny_model  # noqa: E402
 
 WORK = Path("/tmp/dspark-bench-launch")
 PORT = 8000

@@ -136,7 +136,7 @@ def main() -> int:
         print(json.dumps(inner(json.load(sys.stdin))))
         return 0
 
-    from tests.testbed.testbed import Testbed
+    from tests.support.testbed.testbed import Testbed
 
     pid = os.getpid()
     root = Path(f"/tmp/dspmb-{pid}")

@@ -1,7 +1,7 @@
 """`make demo`: the real `dspark start` on two "Sparks" built on this machine.
 
 Builds a tiny random Llama locally (no hub), two network-namespace nodes joined by
-a fabric with a real sshd on the worker (tests/testbed), then runs `dspark start`
+a fabric with a real sshd on the worker (tests/support/testbed), then runs `dspark start`
 in the head node: real SSH, real Ray on both nodes, the scheduler hotfix applied on
 both, and vLLM (CPU build) serving the tiny model with tensor parallel 2 across them.
 It leaves the service running; `make demo-down` stops it and removes the nodes.
@@ -19,12 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from tests.launcher_env import cluster_values, launcher_env, serving_values, write_env_file  # noqa: E402
-from tests.testbed.testbed import Testbed, requirements_met  # noqa: E402
-from tests.tiny_model import build_tiny_model  # noqa: E402
+from tests.support.launcher_env import cluster_values, launcher_env, serving_values, write_env_file
+from tests.support.paths import REPO
+from tests.support.testbed.testbed import Testbed, requirements_met
+from tests.support.tiny_model import build_tiny_model
 
 WORK = REPO / ".demo"
 TESTBED_DIR = "/tmp/dspark-demo-testbed"

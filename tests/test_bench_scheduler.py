@@ -13,7 +13,8 @@ import pytest
 
 from dspark_launch.bench import policies, report, scheduler_bench, workloads
 from dspark_launch.hotfix import contract
-from tests.conftest import REPO, vllm_dirs_restored
+from tests.support.launcher_env import vllm_dirs_restored
+from tests.support.paths import REPO
 from bench import scheduler_experiments as experiments  # bench/, outside the package
 
 SCALE = Fraction(1, 64)

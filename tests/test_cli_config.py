@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 from dspark_launch.config.registry import load_registry
-from tests.conftest import REPO, run_dspark
+from tests.support.launcher_env import run_dspark
+from tests.support.paths import REPO
 
 
 def test_show_on_example_lists_every_knob_with_its_source():

@@ -12,33 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.cluster import procfs
-from tests.launcher_env import cluster_values, write_env_file
-from tests.testbed.fixture import testbed, testbed_clean  # noqa: F401
+from tests.support.on_testbed import SCHEDULER_REL, VENV_BIN, dspark, interrupt_after, our_pids, write_env
+from tests.support.processes import describe
 
 pytestmark = pytest.mark.testbed
-
-VENV_BIN = Path(sys.executable).parent
-SCHEDULER_REL = "lib/python3.11/site-packages/vllm/v1/core/sched/scheduler.py"
-
-
-def write_env(tb, tmp_path: Path, **extra: str) -> Path:
-    values = {**cluster_values(tb, tmp_path / "state"), "CLUSTER_JOIN_TIMEOUT_S": "60", **extra}
-    return write_env_file(tmp_path / "dspark.env", values)
-
-
-def dspark(tb, env_file: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], timeout=timeout)
-
 
 def scheduler_sha(tb, node: str) -> str:
     venv = Path(sys.executable).parent.parent
     out = tb.exec(node, ["sha256sum", str(venv / SCHEDULER_REL)], check=True)
     return out.stdout.split()[0]
-
-
-def our_pids(tb, node: str) -> set[int]:
-    return tb.pids_in(node, include_infra=False)
 
 
 def status_json(tb, env_file: Path) -> tuple[int, dict]:
@@ -90,7 +72,7 @@ def test_up_status_repair_down(testbed_clean, tmp_path):
     down = dspark(tb, env, "stop")
     assert down.returncode == 0, down.stderr
     left = our_pids(tb, "head") | our_pids(tb, "worker1")
-    assert left == set(), _describe(left)
+    assert left == set(), describe(left)
     code, data = status_json(tb, env)
     assert data["state"] == "down"
     assert dspark(tb, env, "stop").returncode == 0  # idempotent
@@ -153,7 +135,7 @@ def test_hotfix_refused_rolls_back_both_nodes(testbed_clean, tmp_path):
     assert ": hotfix:" in proc.stderr and "0.32.0" in proc.stderr
     assert {node: scheduler_sha(tb, node) for node in before} == before
     left = our_pids(tb, "head") | our_pids(tb, "worker1")
-    assert left == set(), _describe(left)
+    assert left == set(), describe(left)
 
 
 def test_two_launchers_one_wins(testbed_clean, tmp_path):
@@ -184,18 +166,7 @@ def test_interrupt_during_bring_up_rolls_back(testbed_clean, tmp_path, sig, code
     env = write_env(tb, tmp_path)
     proc = tb.popen("head", [str(VENV_BIN / "dspark"), "cluster", "up", "--env-file", str(env)],
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen = []
-    try:
-        for line in proc.stderr:
-            seen.append(line)
-            if "starting Ray on worker1" in line:
-                time.sleep(2)
-                proc.send_signal(sig)
-                break
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    seen, err = interrupt_after(proc, "starting Ray on worker1", 2, sig, timeout=120)
     assert proc.returncode == code, "".join(seen) + err
     assert "interrupted" in err
     assert our_pids(tb, "head") == set() and our_pids(tb, "worker1") == set()
@@ -209,20 +180,9 @@ def test_commands_refuse_the_example_hosts(testbed, tmp_path):
         assert "placeholder" in proc.stderr and "dspark config init" in proc.stderr
 
 
-def _describe(pids: set[int]) -> str:
-    out = []
-    for pid in sorted(pids):
-        state = procfs.state(pid)
-        if state is None:
-            out.append(f"{pid} gone")
-        else:
-            out.append(f"{pid} state={state} ppid={procfs.parent(pid)} {' '.join(procfs.cmdline(pid))[:150]}")
-    return "; ".join(out)
-
-
 def test_three_nodes(testbed, tmp_path):
     """1 head + 2 workers: the same code, one more namespace (a testbed of its own)."""
-    from tests.testbed.fixture import extra_testbed
+    from tests.support.testbed.fixture import extra_testbed
 
     tb = extra_testbed(nodes=3)
     tb.up()
@@ -239,6 +199,6 @@ def test_three_nodes(testbed, tmp_path):
         assert logs.returncode == 0 and "ray-start-worker2.log" in logs.stdout and "raylet.out" in logs.stdout
         assert dspark(tb, env, "stop").returncode == 0
         left = our_pids(tb, "head") | our_pids(tb, "worker1") | our_pids(tb, "worker2")
-        assert left == set(), _describe(left)
+        assert left == set(), describe(left)
     finally:
         tb.down()

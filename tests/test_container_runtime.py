@@ -1,8 +1,8 @@
 """The node container runtime (DSPARK_RUNTIME=podman) on the two-node testbed, real podman.
 
-The launcher's runtime module runs inside the head node (tests.container_support.drive):
+The launcher's runtime module runs inside the head node (tests.support.containers.drive):
 the head's container through LocalHost, the worker's over real SSH. The image is the
-registry-free test image (container_support.build_test_image); the only difference from
+registry-free test image (containers.build_test_image); the only difference from
 production is DSPARK_TEST_CONTAINER_GPU_ARGS="" (no GPU, RDMA devices or memlock here).
 Run under the heavy lock: `flock /tmp/dspark-heavy.lock .venv/bin/python -m pytest tests/test_container_runtime.py`.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.container_support import SHARED_STORE, build_test_image, container_testbed
+from tests.support.containers import SHARED_STORE, build_test_image, container_testbed
 
 REPO = Path(__file__).resolve().parent.parent
 

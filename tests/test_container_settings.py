@@ -10,7 +10,7 @@ import pytest
 from dspark_launch.cluster.runtime import (AGENT_MOUNT, ContainerSpec, ImageIdentity, ImageMismatch, check_same_image,
                                            check_spec, container_name, hardware_args, run_argv)
 from dspark_launch.errors import ConfigError
-from tests.conftest import run_dspark
+from tests.support.launcher_env import run_dspark
 
 DIGEST_A = "sha256:" + "a" * 64
 DIGEST_B = "sha256:" + "b" * 64

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dspark_launch.config.envfile import read_env_file
 from dspark_launch.config.registry import load_registry
 from dspark_launch.config.text_settings import TEXT_SETTINGS
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 EXAMPLE = REPO / ".env.dspark.example"
 # Placeholders an operator must replace; everything else must equal its default.

@@ -15,35 +15,11 @@ from dspark_launch.cluster.fabric import (
 )
 from dspark_launch.config.settings import resolve as load_settings
 from dspark_launch.errors import ConfigError
-from tests.conftest import REPO
+from tests.support.paths import REPO
+from tests.support.sysfs import add_port, ipv4_gid
 
 V1, V2 = "IB/RoCE v1", "RoCE v2"
 LINK_LOCAL = "fe80:0000:0000:0000:0a20:e7ff:fe96:0708"
-
-
-def ipv4_gid(ip: str) -> str:
-    a, b, c, d = (int(x) for x in ip.split("."))
-    return f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
-
-
-def add_port(root: Path, pci: str, ifname: str, hca: str | None, gids: dict[int, tuple[str, str]]) -> None:
-    """One PCIe function as sysfs shows it: its netdev, its RDMA device, the class links."""
-    function = root / "devices" / f"pci{pci[:7]}" / pci
-    (function / "net" / ifname).mkdir(parents=True)
-    (root / "class" / "net").mkdir(parents=True, exist_ok=True)
-    (root / "class" / "net" / ifname).symlink_to(os.path.relpath(function / "net" / ifname, root / "class" / "net"))
-    (function / "net" / ifname / "device").symlink_to("../..")
-    if hca is None:
-        return
-    device = function / "infiniband" / hca
-    for index, (gid, kind) in gids.items():
-        (device / "ports/1/gids").mkdir(parents=True, exist_ok=True)
-        (device / "ports/1/gid_attrs/types").mkdir(parents=True, exist_ok=True)
-        (device / "ports/1/gids" / str(index)).write_text(gid + "\n")
-        (device / "ports/1/gid_attrs/types" / str(index)).write_text(kind + "\n")
-    (device / "device").symlink_to("../..")
-    (root / "class" / "infiniband").mkdir(parents=True, exist_ok=True)
-    (root / "class" / "infiniband" / hca).symlink_to(os.path.relpath(device, root / "class" / "infiniband"))
 
 
 @pytest.fixture

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cluster import _describe, dspark, write_env
-from tests.test_security import (cmdline, ours_left, popen, run, spawn_lookalike,  # noqa: F401
-                                 start_time, survives, wait_until)
-from tests.test_serving import serving_env, set_knob, tiny_model  # noqa: F401 (fixture)
+from dspark_launch.cluster import procfs
+from tests.support.on_testbed import (dspark, interrupt_after, ours_left, popen, run, serving_env, set_knob,
+                                      spawn_lookalike, write_env)
+from tests.support.processes import cmdline, describe, kill_now, start_time, survives, wait_until
 
 pytestmark = pytest.mark.testbed
 
@@ -52,11 +52,7 @@ def test_head_reboot_stale_state_and_unrelated_ray_survive(testbed_clean, tmp_pa
     assert up.returncode == 0, up.stderr[-3000:]
 
     # "Reboot": every process of ours on both nodes ends at once; the state folder stays.
-    for pid in ours_left(tb, set()):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_now(ours_left(tb, set()))
     assert wait_until(lambda: not ours_left(tb, set()), 20)
 
     # After the reboot, unrelated processes hold the recorded pid numbers and session ids.
@@ -71,7 +67,7 @@ def test_head_reboot_stale_state_and_unrelated_ray_survive(testbed_clean, tmp_pa
                               "boot_id": "00000000-0000-0000-0000-000000000000", "cmd": "raylet"})
     # A recycled session id: none of our processes lives in it any more.
     head["sessions"].append({"sid": lookalike, "start_time": max(0, lookalike_started - 1),
-                             "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip()})
+                             "boot_id": procfs.boot_id()})
     saved["server"] = {"pid": lookalike, "start_time": lookalike_started - 50, "marker": "dspark-0badcafe-server",
                        "sessions": [{"sid": lookalike, "start_time": 0}], "log": str(tmp_path / "state/logs/x.log"),
                        "url": "http://127.0.0.1:8000", "served_name": "tiny", "model": "tiny",
@@ -90,11 +86,7 @@ def test_head_reboot_stale_state_and_unrelated_ray_survive(testbed_clean, tmp_pa
     try:
         _check_stale_state_and_other_ray(tb, tmp_path, env, state_file, before, lookalike, lookalike_started)
     finally:
-        for pid in tb.pids_in("head", include_infra=False) - before:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_now(tb.pids_in("head", include_infra=False) - before)
         wait_until(lambda: not (tb.pids_in("head", include_infra=False) - before), 10)
         shutil.rmtree(other_tmp, ignore_errors=True)
 
@@ -143,16 +135,16 @@ def _check_stale_state_and_other_ray(tb, tmp_path, env, state_file, before, look
 
     stopped = dspark(tb, env, "stop")
     assert stopped.returncode == 0, stopped.stderr
-    assert ours_left(tb, unrelated) == set(), _describe(ours_left(tb, unrelated))
+    assert ours_left(tb, unrelated) == set(), describe(ours_left(tb, unrelated))
     assert survives(lookalike, lookalike_started)
     killed = [pid for pid, t in other_ray.items() if t is not None and not survives(pid, t)]
-    assert killed == [], _describe(set(killed))  # never a machine-wide `ray stop`, never a kill by name
+    assert killed == [], describe(set(killed))  # never a machine-wide `ray stop`, never a kill by name
 
 
 # --------------------------------------------------------------------------- network cut, restart, env snapshot
 
 
-def test_worker_link_cut_then_restart_uses_its_env_snapshot(testbed_clean, tmp_path, tiny_model):  # noqa: F811
+def test_worker_link_cut_then_restart_uses_its_env_snapshot(testbed_clean, tmp_path, tiny_model):
     tb = testbed_clean
     env = serving_env(tb, tmp_path, tiny_model, SSH_CONNECT_TIMEOUT_S="5")
     started = run(tb, tmp_path, env, "start")
@@ -202,7 +194,7 @@ def test_worker_link_cut_then_restart_uses_its_env_snapshot(testbed_clean, tmp_p
 
     stopped = run(tb, tmp_path, env, "stop")
     assert stopped.returncode == 0, stopped.stderr
-    assert ours_left(tb, set()) == set(), _describe(ours_left(tb, set()))
+    assert ours_left(tb, set()) == set(), describe(ours_left(tb, set()))
 
 
 # --------------------------------------------------------------------------- interrupted starts
@@ -219,29 +211,18 @@ PHASES = {
 
 
 @pytest.mark.parametrize("phase", list(PHASES))
-def test_start_interrupted_at_each_phase(testbed_clean, tmp_path, tiny_model, phase):  # noqa: F811
+def test_start_interrupted_at_each_phase(testbed_clean, tmp_path, tiny_model, phase):
     tb = testbed_clean
     marker, delay, sig = PHASES[phase]
     env = serving_env(tb, tmp_path, tiny_model)
     proc = popen(tb, tmp_path, env, "start")
-    seen = []
-    try:
-        for line in proc.stderr:
-            seen.append(line)
-            if marker in line:
-                time.sleep(delay)
-                proc.send_signal(sig)
-                break
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    seen, err = interrupt_after(proc, marker, delay, sig, timeout=300)
     expected = 130 if sig == signal.SIGINT else 143
     assert proc.returncode == expected, "".join(seen) + err[-4000:]
     assert any(marker in l for l in seen), "".join(seen)
     assert f"interrupted; everything this run started was stopped (exit {expected})" in err
     # An agent forked at the very moment of the signal ends by itself once its stdin closes.
-    assert wait_until(lambda: not ours_left(tb, set()), 10), _describe(ours_left(tb, set()))
+    assert wait_until(lambda: not ours_left(tb, set()), 10), describe(ours_left(tb, set()))
     saved = tmp_path / "state" / "state.json"
     assert not saved.exists() or json.loads(saved.read_text()).get("server") in ({}, None)
 
@@ -256,7 +237,7 @@ def _read_only(tb, node: str, path: Path) -> None:
     tb.exec(node, ["mount", "-o", "remount,bind,ro", str(path)], check=True)
 
 
-def test_unwritable_state_or_log_folder_fails_before_anything_starts(testbed_clean, tmp_path, tiny_model):  # noqa: F811
+def test_unwritable_state_or_log_folder_fails_before_anything_starts(testbed_clean, tmp_path, tiny_model):
     tb = testbed_clean
     mounts = []
     try:

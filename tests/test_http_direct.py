@@ -17,7 +17,7 @@ import pytest
 
 from dspark_launch.cluster.state import Deployment, ServerRecord, save_state
 from dspark_launch.serve import http
-from tests.conftest import run_dspark
+from tests.support.launcher_env import run_dspark
 
 KEY = "sk-direct-only-0123456789"
 PROXY_VARIABLES = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
@@ -68,21 +68,22 @@ class _FakeApi(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def api():
+def _recorder():
     server = _Recorder(_FakeApi)
     yield server
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def api():
+    yield from _recorder()
 
 
 @pytest.fixture
 def proxy():
     """Records every request that reaches it, as a proxy would."""
-    server = _Recorder(_FakeApi)
-    yield server
-    server.shutdown()
-    server.server_close()
+    yield from _recorder()
 
 
 @pytest.fixture

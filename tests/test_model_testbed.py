@@ -1,8 +1,8 @@
 """Model weights on the two-node testbed: copy to the worker over real SSH with rsync, verify there,
 repair only what is bad, refuse a too-small disk before any byte. Run under the heavy lock.
 
-The launcher side runs inside the head node (tests/model_runner.py); node-side checks on the
-worker run over SSH (tests/model_nodes.py) until the agent carries them. The worker gets its own
+The launcher side runs inside the head node (tests/support/model_runner.py); node-side checks on the
+worker run over SSH (tests/support/model_nodes.py) until the agent carries them. The worker gets its own
 disk at the cache path: a bind mount (or a small tmpfs) inside its mount namespace only.
 """
 
@@ -24,8 +24,8 @@ from dspark_launch.model.local_model import prepare_local
 from dspark_launch.model.location import ModelLocation, hub_cache_location
 from dspark_launch.model.manifest import Manifest, ManifestFile
 from dspark_launch.model.node_check import CORRUPT, PARTIAL, verify_model
-from tests.hub_server import HubRepo, HubServer, write_tiny_model
-from tests.model_nodes import bind_in_node, report_from, tmpfs_in_node, umount_in_node
+from tests.support.hub_server import HubRepo, HubServer, write_tiny_model
+from tests.support.model_nodes import bind_in_node, report_from, tmpfs_in_node, umount_in_node
 
 pytestmark = pytest.mark.testbed
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +37,7 @@ def shard(n: int) -> str:
 
 
 def worker_target(tb) -> SSHTarget:
-    """The worker as the launcher reaches it (same settings as tests/launcher_env.cluster_values)."""
+    """The worker as the launcher reaches it (same settings as tests/support/launcher_env.cluster_values)."""
     transport = SSHTransport(host=tb.workers[0].ip, python=f"{tb.venv}/bin/python", user="root", key=tb.ssh_key,
                              host_key_check="accept-new",
                              extra_options=("-o", f"UserKnownHostsFile={tb.known_hosts}"))
@@ -49,7 +49,7 @@ def on_head(tb, op: str, location: ModelLocation | None, manifest: Manifest | No
     request = {"op": op, "target": asdict(target), "python": f"{tb.venv}/bin/python", "worker": "worker1",
                "location": asdict(location) if location else None,
                "manifest": manifest.to_json() if manifest else None, **extra}
-    proc = tb.exec(tb.head, [f"{tb.venv}/bin/python", "-m", "tests.model_runner"], input=json.dumps(request),
+    proc = tb.exec(tb.head, [f"{tb.venv}/bin/python", "-m", "tests.support.model_runner"], input=json.dumps(request),
                    cwd=str(REPO_ROOT), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -173,7 +173,7 @@ def test_pull_everywhere_from_a_hub_on_the_heads_loopback(testbed, scratch, tmp_
     bind_in_node(testbed, testbed.workers[0], str(worker_disk), str(cache))
     mounted.append(str(cache))
     src = write_tiny_model(tmp_path / "src")
-    server = testbed.popen(testbed.head, [f"{testbed.venv}/bin/python", "tests/hub_server.py", str(src)],
+    server = testbed.popen(testbed.head, [f"{testbed.venv}/bin/python", "-m", "tests.support.hub_server", str(src)],
                            cwd=str(REPO_ROOT), stdout=subprocess.PIPE, text=True)
     try:
         endpoint = server.stdout.readline().strip()

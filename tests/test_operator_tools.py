@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from dspark_launch.serve.memory import fit_report, weights_bytes
-from tests.conftest import REPO, run_dspark
+from tests.support.launcher_env import run_dspark
+from tests.support.paths import REPO
 
 SCRIPT = REPO / "start-deepseek-v4-flash-dspark.sh"
 
@@ -63,7 +64,7 @@ def test_weights_from_safetensors_files(tmp_path):
 
 @pytest.mark.testbed
 def test_strict_memory_preflight_refuses_before_anything_starts(testbed_clean, tmp_path):
-    from tests.test_cluster import dspark, our_pids, write_env
+    from tests.support.on_testbed import dspark, our_pids, write_env
 
     model = tmp_path / "huge-model"
     model.mkdir()

@@ -13,7 +13,7 @@ from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, NONE, PROFILE_NAME
 from dspark_launch.profiles.offer import VllmOffer, probe_installed_vllm
 from dspark_launch.profiles.resolve import SETTING_FLAGS, resolve, resolve_selected
 from dspark_launch.serve.argcheck import refusal
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 DATA = Path(__file__).parent / "data"
 EXAMPLE = str(REPO / ".env.dspark.example")

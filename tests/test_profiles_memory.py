@@ -69,7 +69,7 @@ def test_standard_attention_from_config_json_splits_over_tp():
 
 def test_the_tiny_models_own_config_json_is_read(tmp_path):
     from dspark_launch.profiles.memory import read_model_shape
-    from tests.tiny_model import build_tiny_model
+    from tests.support.tiny_model import build_tiny_model
 
     shape = read_model_shape(build_tiny_model(tmp_path / "tiny"))
     assert shape is not None and shape.layers == 2 and not shape.row.mla

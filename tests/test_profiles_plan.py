@@ -12,9 +12,8 @@ from dspark_launch.profiles.offer import VllmOffer
 from dspark_launch.profiles.plan import NOT_PROBED_EXAMPLE, PLAN_SCHEMA, NodePlan, Plan, env_entries, not_probed, \
     profile_decisions
 from dspark_launch.profiles.resolve import resolve
-from tests.conftest import REPO
-from tests.test_fabric import add_port, ipv4_gid
-from tests.test_profiles import DATA
+from tests.support.paths import DATA, REPO
+from tests.support.sysfs import add_port, ipv4_gid
 
 SECRET = "sk-very-secret-value"
 

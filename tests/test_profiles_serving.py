@@ -14,15 +14,12 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import serving_helpers as sh  # noqa: E402
-from tiny_model import build_tiny_model  # noqa: E402
-
-from dspark_launch.config.settings import resolve as load_settings  # noqa: E402
-from dspark_launch.profiles.offer import probe_installed_vllm  # noqa: E402
-from dspark_launch.profiles.resolve import resolve_selected  # noqa: E402
-from tests.conftest import REPO  # noqa: E402
+from dspark_launch.config.settings import resolve as load_settings
+from dspark_launch.profiles.offer import probe_installed_vllm
+from dspark_launch.profiles.resolve import resolve_selected
+from tests.support import serving as sh
+from tests.support.paths import REPO
+from tests.support.tiny_model import build_tiny_model
 
 
 @pytest.mark.serving

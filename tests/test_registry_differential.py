@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from dspark_launch.config.registry import load_registry
 from dspark_launch.config.settings import check_knob
 from dspark_launch.errors import ConfigError
-from tests.conftest import REGISTRY_SH
+from tests.support.paths import REGISTRY_SH
 
 UNSET = object()
 CORPUS = [UNSET, "", "   ", " 2 ", "010", "+2", "-1", "0", "1", "3", "4", "2.0", "two", "1x", "0x10", "2\r",

@@ -18,16 +18,15 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from dspark_launch.cluster import procfs
-from tests.launcher_env import launcher_env, scratch
-from tests.test_cluster import VENV_BIN, _describe, dspark, write_env
-from tests.test_serving import read_until_served, serving_env, state, tiny_model  # noqa: F401 (fixture)
+from tests.support.on_testbed import (dspark, ours_left, popen, read_until_served, run, serving_env,
+                                      spawn_lookalike, state, write_env)
+from tests.support.processes import cmdline, describe, survives, wait_until
 
 pytestmark = pytest.mark.testbed
 
@@ -44,18 +43,6 @@ WILDCARD = {"0.0.0.0", "*", "[::]", "::", "[::ffff:0.0.0.0]"}
 # --------------------------------------------------------------------------- helpers
 
 
-def run(tb, tmp_path: Path, env_file: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`dspark ARGS --env-file ENV` in the head node, with the test plugin's environment."""
-    return tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
-                   env=launcher_env(scratch(tmp_path)), timeout=timeout)
-
-
-def popen(tb, tmp_path: Path, env_file: Path, *args: str, merge: bool = False) -> subprocess.Popen:
-    return tb.popen("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
-                    env=launcher_env(scratch(tmp_path)), stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True)
-
-
 @dataclass(frozen=True)
 class Listener:
     address: str
@@ -69,13 +56,6 @@ class Listener:
 
     def __str__(self) -> str:
         return f"{self.address}:{self.port} pid {self.pid} {self.cmd[:100]}"
-
-
-def cmdline(pid: int) -> str:
-    return " ".join(procfs.cmdline(pid))
-
-
-start_time = procfs.start_time
 
 
 def listeners(tb, node: str) -> list[Listener]:
@@ -136,10 +116,7 @@ def session_of(pid: int) -> int | None:
 
 
 def environ_has(pid: int, needle: str) -> bool:
-    try:
-        return needle.encode() in Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return False
+    return any(needle.encode() in entry for entry in procfs.environ(pid))
 
 
 def http_from(tb, node: str, url: str, key: str | None = None, payload: dict | None = None) -> int:
@@ -158,38 +135,10 @@ def http_from(tb, node: str, url: str, key: str | None = None, payload: dict | N
     return int(proc.stdout.strip() or 0)
 
 
-def spawn_lookalike(tb, node: str, title: str, *argv: str) -> tuple[int, int]:
-    """An unrelated process shown as `title` (argv[0]) in its own session, running `argv`: (pid, start time)."""
-    proc = tb.popen(node, ["bash", "-c", 'exec -a "$0" "$@"', title, *argv], start_new_session=True,
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not cmdline(proc.pid).startswith(title):
-        time.sleep(0.05)
-    assert cmdline(proc.pid).startswith(title), cmdline(proc.pid)
-    return proc.pid, start_time(proc.pid)
-
-
-def survives(pid: int, started: int | None) -> bool:
-    return started is not None and start_time(pid) == started
-
-
-def ours_left(tb, unrelated: set[int]) -> set[int]:
-    return (tb.pids_in("head", include_infra=False) | tb.pids_in("worker1", include_infra=False)) - unrelated
-
-
-def wait_until(predicate, timeout: float, step: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(step)
-
-
 # --------------------------------------------------------------------------- one full start
 
 
-def test_start_exposure_secrets_and_worker_ray_loss(testbed_clean, tmp_path, tiny_model):  # noqa: F811
+def test_start_exposure_secrets_and_worker_ray_loss(testbed_clean, tmp_path, tiny_model):
     tb = testbed_clean
     env = serving_env(tb, tmp_path, tiny_model, VLLM_HOST="0.0.0.0", VLLM_API_KEY="",
                       DSPARK_API_KEYS=f"{KEY1} {KEY2}")
@@ -266,13 +215,13 @@ def test_start_exposure_secrets_and_worker_ray_loss(testbed_clean, tmp_path, tin
         for node in ("head", "worker1"):
             for pid in tb.pids_in(node):
                 line = cmdline(pid)
-                assert not any(s in line for s in secrets), _describe({pid})
+                assert not any(s in line for s in secrets), describe({pid})
         # The keys stay in the API server's process tree: never on the worker node, never in Ray's processes.
         server_session = os.getsid(server["pid"])
         for node in ("head", "worker1"):
             for pid in tb.pids_in(node):
                 if any(environ_has(pid, k) for k in (KEY1, KEY2)):
-                    assert node == "head" and session_of(pid) in (server_session, None), _describe({pid})
+                    assert node == "head" and session_of(pid) in (server_session, None), describe({pid})
         # No secret in the state folder (the server log and Ray's start logs are there; the token's own
         # file is the one exception), in the Ray logs of either node, or in status.
         assert secrets_in_file_tree(tmp_path / "state", secrets, {token_file}) == []
@@ -300,7 +249,7 @@ def test_start_exposure_secrets_and_worker_ray_loss(testbed_clean, tmp_path, tin
     assert "worker1 (10.213.0.2)" in errors[0] and server["log"] in errors[0], errors[0]
     assert "stopped everything this run started" in rest
     assert not any(s in output for s in secrets)
-    assert wait_until(lambda: not ours_left(tb, unrelated_pids), 30), _describe(ours_left(tb, unrelated_pids))
+    assert wait_until(lambda: not ours_left(tb, unrelated_pids), 30), describe(ours_left(tb, unrelated_pids))
 
     # `dspark stop` afterwards has nothing left to stop, and what we did not start still runs.
     stopped = run(tb, tmp_path, env, "stop")
@@ -385,4 +334,4 @@ def test_dashboard_local_and_auth_disabled(testbed_clean, tmp_path):
     finally:
         down = dspark(tb, env, "stop")
     assert down.returncode == 0, down.stderr
-    assert ours_left(tb, unrelated) == set(), _describe(ours_left(tb, unrelated))
+    assert ours_left(tb, unrelated) == set(), describe(ours_left(tb, unrelated))

@@ -18,7 +18,7 @@ from dspark_launch.cluster.spec import cluster_spec
 from dspark_launch.config.serve_flags import LAUNCHER_FLAGS, check_extra_args
 from dspark_launch.config.settings import resolve
 from dspark_launch.errors import ConfigError
-from tests.conftest import run_dspark
+from tests.support.launcher_env import run_dspark
 
 CLUSTER = {"DSPARK_HEAD_IP": "10.213.9.1", "DSPARK_WORKER_HOSTS": "root@10.213.9.2", "DSPARK_FABRIC_IFNAME": "lo"}
 

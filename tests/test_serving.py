@@ -11,70 +11,28 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.launcher_env import launcher_env, scratch, serving_values
-from tests.test_cluster import VENV_BIN, _describe, dspark, our_pids, write_env
-from tests.tiny_model import build_tiny_model
+from dspark_launch.cluster import procfs
+from tests.support.launcher_env import launcher_env, scratch
+from tests.support.on_testbed import API_KEY, VENV_BIN, our_pids, read_until_served, run, serving_env, set_knob, state
+from tests.support.processes import describe
 
 pytestmark = [pytest.mark.testbed, pytest.mark.serving]
-
-API_KEY = "sk-dspark-test-7f3a9c2e41"
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
-
-
-def serving_env(tb, tmp_path: Path, model: Path, **extra: str) -> Path:
-    values = {**serving_values(model), "DSPARK_ISSUE43_SCHED_DIAG": "1", "START_TIMEOUT_S": "400",
-              "VLLM_API_KEY": API_KEY}
-    return write_env(tb, tmp_path, **{**values, **extra})
-
-
-def run(tb, tmp_path, env_file, *args, timeout=600):
-    return tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], env=launcher_env(scratch(tmp_path)),
-                   timeout=timeout)
-
-
-def set_knob(env_file: Path, name: str, value: str) -> None:
-    lines = [l for l in env_file.read_text().splitlines() if not l.startswith(f"{name}=")]
-    env_file.write_text("\n".join(lines + [f"{name}={value}"]) + "\n")
-
-
-def state(tmp_path: Path) -> dict:
-    return json.loads((tmp_path / "state" / "state.json").read_text())
-
 
 def status(tb, tmp_path, env_file) -> tuple[int, dict]:
     proc = run(tb, tmp_path, env_file, "status", "--json")
     return proc.returncode, json.loads(proc.stdout)
 
 
-def read_until_served(proc) -> list[str]:
-    """Lines of a `start --foreground` (stdout with stderr merged) up to the last hotfix line; asserts it served."""
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith("hotfix worker1:"):
-            break
-    assert any(l.startswith("serving ") for l in seen), "".join(seen)[-4000:]
-    return seen
-
-
 def processes_named(tb, node: str, needle: str) -> list[int]:
     found = []
     for pid in tb.pids_in(node, include_infra=False):
-        try:
-            if needle in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
-                found.append(pid)
-        except OSError:
-            pass
+        if needle in " ".join(procfs.cmdline(pid)):
+            found.append(pid)
     return found
 
 
@@ -150,7 +108,7 @@ def test_start_serve_drift_restart_kill_stop(testbed_clean, tmp_path, tiny_model
     for node in ("head", "worker1"):
         for pid in tb.pids_in(node):
             try:
-                assert secret not in Path(f"/proc/{pid}/cmdline").read_bytes(), _describe({pid})
+                assert secret.decode() not in "\0".join(procfs.cmdline(pid)), describe({pid})
             except FileNotFoundError:
                 pass
 
@@ -168,7 +126,7 @@ def test_start_serve_drift_restart_kill_stop(testbed_clean, tmp_path, tiny_model
     stopped = run(tb, tmp_path, env, "stop")
     assert stopped.returncode == 0, stopped.stderr
     left = our_pids(tb, "head") | our_pids(tb, "worker1")
-    assert left == set(), _describe(left)
+    assert left == set(), describe(left)
 
 
 def test_foreground_exits_nonzero_when_the_server_dies(testbed_clean, tmp_path, tiny_model):
@@ -187,7 +145,7 @@ def test_foreground_exits_nonzero_when_the_server_dies(testbed_clean, tmp_path, 
     assert proc.returncode == 1, "".join(seen) + rest
     assert "vllm serve (pid" in rest and "exited" in rest
     left = our_pids(tb, "head") | our_pids(tb, "worker1")
-    assert left == set(), _describe(left)
+    assert left == set(), describe(left)
 
 
 def test_unknown_vllm_flag_fails_the_argument_check(testbed_clean, tmp_path, tiny_model):
@@ -213,7 +171,7 @@ def test_server_dying_during_start_is_a_failure_not_a_timeout(testbed_clean, tmp
     assert "==> " in proc.stderr and "vllm-serve.log" in proc.stderr  # the log tails are printed
     assert time.monotonic() - began < 400
     left = our_pids(tb, "head") | our_pids(tb, "worker1")
-    assert left == set(), _describe(left)
+    assert left == set(), describe(left)
 
 
 def test_the_cli_needs_neither_vllm_nor_ray(testbed_clean, tmp_path, tiny_model):
@@ -245,4 +203,4 @@ def test_the_cli_needs_neither_vllm_nor_ray(testbed_clean, tmp_path, tiny_model)
         stopped = cli("stop")
     assert stopped.returncode == 0, stopped.stderr
     left = our_pids(tb, "head") | our_pids(tb, "worker1")
-    assert left == set(), _describe(left)
+    assert left == set(), describe(left)

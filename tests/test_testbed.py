@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-# Harmless when tests/conftest.py imports them too: one shared testbed per session.
-from tests.testbed.fixture import extra_testbed, testbed  # noqa: F401
-from tests.testbed.testbed import FABRIC_IF, Testbed, requirements_met
+from dspark_launch.cluster import procfs
+from tests.support.paths import REPO
+from tests.support.processes import cmdline, describe
+from tests.support.testbed.fixture import extra_testbed
+from tests.support.testbed.testbed import FABRIC_IF, Testbed, requirements_met
 
 pytestmark = pytest.mark.testbed
 
@@ -200,37 +202,29 @@ def test_ray_cluster_across_two_nodes(testbed: Testbed):
             task = result["tasks"][node.ip]
             assert task["hostname"] == node.hostname  # the Ray worker process runs in the node
             assert task["ifaces"] == sorted(["lo", FABRIC_IF])
-        assert any("ray" in " ".join(_cmd(p)) for p in testbed.pids_in(w1, include_infra=False))
+        assert any("ray" in cmdline(p) for p in testbed.pids_in(w1, include_infra=False))
     finally:
         # never `ray stop` (it kills every Ray on the machine): end each node's processes by pid
         for node in (w1, head):
             testbed.kill_procs(node, grace=5.0)
     for node in (head, w1):
         left = testbed.pids_in(node, include_infra=False)
-        assert not left, {p: _cmd(p) for p in left}
-        assert not [p for p in testbed.pids_in(node) if "ray" in " ".join(_cmd(p))]
+        assert not left, describe(left)
+        assert not [p for p in testbed.pids_in(node) if "ray" in cmdline(p)]
         assert testbed.pids_in(node) == testbed.infra_pids(node)
 
 
-def _cmd(pid: int) -> list:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
-
-
 def test_cli_status_and_exec(testbed: Testbed):
-    script = os.path.join(os.path.dirname(__file__), "testbed", "testbed.py")
-    base = [sys.executable, script, "--state-dir", testbed.state_dir]
-    r = subprocess.run([*base, "status"], capture_output=True, text=True, timeout=30)
+    base = [sys.executable, "-m", "tests.support.testbed", "--state-dir", testbed.state_dir]
+    r = subprocess.run([*base, "status"], capture_output=True, text=True, timeout=30, cwd=REPO)
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)
     assert st["up"] and [n["ip"] for n in st["nodes"]] == [n.ip for n in testbed.nodes]
     assert all(n["holder_alive"] for n in st["nodes"])
     assert all(n["sshd_pid"] for n in st["nodes"] if not n["is_head"])
-    r = subprocess.run([*base, "exec", "worker1", "--", "hostname"], capture_output=True, text=True, timeout=30)
+    r = subprocess.run([*base, "exec", "worker1", "--", "hostname"], capture_output=True, text=True, timeout=30, cwd=REPO)
     assert r.returncode == 0 and r.stdout.strip() == "dspark-worker1"
-    r = subprocess.run([*base, "env"], capture_output=True, text=True, timeout=30)
+    r = subprocess.run([*base, "env"], capture_output=True, text=True, timeout=30, cwd=REPO)
     assert "export DSPARK_TESTBED_WORKER1_IP=10.213.0.2" in r.stdout
 
 
@@ -267,7 +261,7 @@ def test_second_testbed_partial_up_and_down_leave_nothing():
 
 
 def test_failed_up_rolls_back_and_stale_testbeds_are_swept(monkeypatch):
-    from tests.testbed import fixture
+    from tests.support.testbed import fixture
 
     ok, why = requirements_met()
     if not ok:
@@ -295,4 +289,4 @@ def test_failed_up_rolls_back_and_stale_testbeds_are_swept(monkeypatch):
     finally:
         stale.down()
     assert not os.path.exists(stale.state_dir)
-    assert not os.path.exists(f"/proc/{holder}") or open(f"/proc/{holder}/stat").read().split()[2] == "Z"
+    assert procfs.state(holder) in (None, "Z")

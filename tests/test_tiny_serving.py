@@ -24,10 +24,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import serving_helpers as sh  # noqa: E402
-from tiny_model import build_tiny_model  # noqa: E402
+from tests.support import serving as sh
+from tests.support.tiny_model import build_tiny_model
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 HAVE_RAY = importlib.util.find_spec("ray") is not None

@@ -1,5 +1,5 @@
 """Launcher-side model operations run inside the testbed's head node (where the workers' sshd is
-reachable): `python -m tests.model_runner` with one JSON request on stdin, one JSON answer on stdout.
+reachable): `python -m tests.support.model_runner` with one JSON request on stdin, one JSON answer on stdout.
 
 Requests: {"op": "pull_everywhere" | "place_local" | "sync" | "check_disk" | "verify" | "fast_check",
 "target": SSHTarget fields, "source": HubSource fields, "folder": a local model folder,
@@ -21,7 +21,7 @@ from dspark_launch.model.hub import HubSource
 from dspark_launch.model.location import ModelLocation
 from dspark_launch.model.manifest import Manifest
 from dspark_launch.model.workflow import Worker, place_local, pull_everywhere
-from tests.model_nodes import LocalNodeOps, SSHNodeOps
+from tests.support.model_nodes import LocalNodeOps, SSHNodeOps
 
 
 def handle(req: dict) -> dict:

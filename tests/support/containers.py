@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.testbed.fixture import _unavailable
+from tests.support.testbed.fixture import _unavailable
 
 PODMAN = "/usr/bin/podman"
 # catatonit: podman's --init; runc: crun 1.8 cannot run on this cgroup v1/v2 hybrid host.
@@ -267,7 +267,7 @@ def remove_all_containers(tb, node) -> None:
 
 # ---------------------------------------------------------------- the product, run inside the head node
 #
-# The launcher runs on the head: `python -m tests.container_support DRIVER_JSON` is run
+# The launcher runs on the head: `python -m tests.support.containers DRIVER_JSON` is run
 # inside the head node (tb.exec) and calls the runtime module there, the head's container
 # through LocalHost and a worker's through SSHHost (real ssh to the worker's sshd).
 
@@ -339,7 +339,7 @@ class ContainerTestbed:
         """Run `drive(request)` inside the head node, aimed at `node`'s host."""
         env = {"DSPARK_TEST_CONTAINER_GPU_ARGS": ""}  # the test hook: no GPU, no RDMA, no memlock here
         request = {**request, "host": self.host_desc(node)}
-        proc = self.tb.exec(self.tb.head, [sys.executable, "-m", "tests.container_support", json.dumps(request)],
+        proc = self.tb.exec(self.tb.head, [sys.executable, "-m", "tests.support.containers", json.dumps(request)],
                             env=env, cwd=str(self.repo), timeout=timeout)
         if proc.returncode != 0:
             raise ContainerSupportError(f"driver failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")

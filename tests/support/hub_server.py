@@ -332,7 +332,7 @@ def _handler_for(hub: HubServer):
     return Handler
 
 
-if __name__ == "__main__":  # a quick manual check: python tests/hub_server.py /tmp/folder
+if __name__ == "__main__":  # a quick manual check: python -m tests.support.hub_server /tmp/folder
     import sys
     import time
 

@@ -2,7 +2,7 @@
 
 Import them from tests/conftest.py::
 
-    from tests.testbed.fixture import testbed, testbed_clean  # noqa: F401
+    from tests.support.testbed.fixture import testbed, testbed_clean  # noqa: F401
 
 ``testbed`` (session scope) builds the nodes once and tears them down at the end
 of the session, failures included. When the machine cannot host it (not root, no
@@ -31,7 +31,8 @@ import re
 
 import pytest
 
-from .testbed import SSHD, Testbed, TestbedError, _alive, default_venv, ensure_openssh_server, requirements_met
+from tests.support.processes import alive as _alive
+from tests.support.testbed.testbed import SSHD, Testbed, TestbedError, default_venv, ensure_openssh_server, requirements_met
 
 # family -> (netns prefix + pid, state dir /tmp/<family>-<pid>)
 #   dspt: the session fixture's testbed; dspx: extra_testbed() (e.g. a 3-node run)
@@ -134,7 +135,7 @@ def _release() -> None:
 
 @pytest.fixture(scope="session")
 def testbed():
-    """The N-node namespace testbed (tests.testbed.testbed.Testbed), up for the whole session."""
+    """The N-node namespace testbed (tests.support.testbed.testbed.Testbed), up for the whole session."""
     tb = _acquire()
     try:
         yield tb

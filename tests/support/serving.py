@@ -1,10 +1,8 @@
-"""Test helpers for real serving: a Ray head on loopback, vLLM's API server, teardown by pid.
+"""Real serving without the launcher: a Ray head on loopback, vLLM's API server, HTTP, log tails.
 
 Nothing here is part of the product. Conventions (see tests/SERVING_NOTES.md):
-- Every process is started in its own session (``start_new_session=True``) and is
-  stopped by its recorded pid, checked against its recorded start time so a reused
-  pid is never signalled; never ``ray stop`` (it kills every Ray process on the
-  machine) and never a kill by name.
+- Processes are started and stopped through tests/support/processes.py (own session,
+  identity by pid + start time, never ``ray stop``, never a kill by name).
 - Ray runs with ``ray start --block`` so the ``ray start`` process stays the parent
   of gcs_server, raylet and the workers, and the whole node is one process tree.
 - Traffic goes to 127.0.0.1 only.
@@ -14,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,188 +19,12 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_launch.cluster import procfs
+from tests.support.processes import ProcRecord, kill_tree, snapshot, start_process, survivors  # noqa: F401 (sh.*)
 
-REPO = Path(__file__).resolve().parent.parent
 PLUGIN_ENV = "DSPARK_TEST_RAY_CPU_PLATFORM"
-
-
-# --------------------------------------------------------------------------- procs
-
-
-# One reader of /proc for the product and the tests.
-_proc_start_ticks = procfs.start_time
-_proc_ppid = procfs.parent
-_proc_state = procfs.state
-proc_cmdline = procfs.cmdline
-
-
-def proc_rss_bytes(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def pid_alive(pid: int) -> bool:
-    state = _proc_state(pid)
-    return state is not None and state != "Z"
-
-
-def descendants(pid: int) -> list[int]:
-    """All live descendants of ``pid`` (children first), read from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            ppid = _proc_ppid(int(entry))
-            if ppid is not None:
-                children.setdefault(ppid, []).append(int(entry))
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in out:
-                out.append(child)
-                todo.append(child)
-    return out
-
-
-@dataclass
-class ProcRecord:
-    """A process we started: pid plus the start time that proves it is still ours."""
-
-    pid: int
-    start_ticks: int | None
-    argv: list[str]
-    popen: subprocess.Popen | None = field(default=None, repr=False)
-
-    @classmethod
-    def of(cls, popen: subprocess.Popen, argv: list[str]) -> "ProcRecord":
-        return cls(popen.pid, _proc_start_ticks(popen.pid), list(argv), popen)
-
-    def is_ours(self) -> bool:
-        return self.start_ticks is not None and _proc_start_ticks(self.pid) == self.start_ticks
-
-    def alive(self) -> bool:
-        if self.popen is not None and self.popen.poll() is not None:
-            return False
-        return self.is_ours() and pid_alive(self.pid)
-
-    def tree(self) -> list[int]:
-        """This process and its live descendants (empty if the pid is no longer ours)."""
-        if not self.is_ours():
-            return []
-        return [self.pid, *descendants(self.pid)]
-
-    def tree_rss_bytes(self) -> int:
-        return sum(proc_rss_bytes(p) for p in self.tree())
-
-
-def snapshot(pids: list[int]) -> dict[int, int]:
-    """{pid: start time} for the live ones, to check later with ``survivors``."""
-    out = {}
-    for pid in pids:
-        ticks = _proc_start_ticks(pid)
-        if ticks is not None and pid_alive(pid):
-            out[pid] = ticks
-    return out
-
-
-def survivors(snap: dict[int, int]) -> list[int]:
-    """The pids of ``snap`` still running as the same process (pid reuse excluded)."""
-    return [pid for pid, ticks in snap.items() if _proc_start_ticks(pid) == ticks and pid_alive(pid)]
-
-
-def kill_tree(
-    rec: ProcRecord,
-    grace: float = 10.0,
-    term_timeout: float = 5.0,
-    extra_pids: list[int] | None = None,
-) -> list[int]:
-    """Stop ``rec`` and every process below it; return the pids still alive (should be []).
-
-    1. SIGTERM the root only and wait up to ``grace`` s: ``ray start --block`` and
-       vLLM's API server both shut their children down cleanly this way (Ray's
-       head is gone in about 2 s; signalling all Ray processes at once instead
-       leaves gcs_server/raylet hanging past 15 s).
-    2. SIGTERM whatever is left (descendants snapshotted before step 1, so ones
-       re-parented to init are not lost), wait up to ``term_timeout`` s.
-    3. SIGKILL the rest.
-    Every pid is recorded with its start time and re-checked before each signal,
-    so a pid reused by an unrelated process is never hit.
-    """
-    targets: dict[int, int] = {}
-
-    def add(pids: list[int]) -> None:
-        for pid in pids:
-            if pid not in targets:
-                ticks = _proc_start_ticks(pid)
-                if ticks is not None:
-                    targets[pid] = ticks
-
-    def still_ours(pid: int) -> bool:
-        return _proc_start_ticks(pid) == targets[pid] and pid_alive(pid)
-
-    def send(pid: int, sig: int) -> None:
-        if still_ours(pid):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def wait_all_gone(timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while True:
-            if rec.popen is not None:
-                rec.popen.poll()  # reap our direct child so it does not linger as a zombie
-            if rec.pid in targets and still_ours(rec.pid):
-                add(descendants(rec.pid))  # children started while shutting down
-            if not any(still_ours(p) for p in targets):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.2)
-
-    add(rec.tree())
-    add(extra_pids or [])
-    if rec.pid in targets:
-        send(rec.pid, signal.SIGTERM)
-        if wait_all_gone(grace):
-            return []
-    for pid in list(targets):
-        send(pid, signal.SIGTERM)
-    if not wait_all_gone(term_timeout):
-        for pid in list(targets):
-            send(pid, signal.SIGKILL)
-        wait_all_gone(5.0)
-    if rec.popen is not None:
-        try:
-            rec.popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-    return [p for p in targets if still_ours(p)]
-
-
-def start_process(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path | None = None) -> ProcRecord:
-    """Start ``argv`` (no shell) in its own session, stdout+stderr to ``log_path``."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        popen = subprocess.Popen(
-            argv,
-            env=env,
-            cwd=str(cwd) if cwd else None,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return ProcRecord.of(popen, argv)
 
 
 # ---------------------------------------------------------------------- net / http

@@ -5,7 +5,7 @@ seconds. The weights are random, so the text it produces is noise; what matters
 is that every part of the real serving path (tokenizer, chat template, engine,
 Ray workers, tensor parallel) runs.
 
-    python tests/tiny_model.py DEST
+    python -m tests.support.tiny_model DEST
 
 Deterministic (fixed seeds, generated corpus), idempotent (a complete DEST is
 left alone), about 0.7 MB, a few seconds. Needs ``torch``, ``transformers`` and
@@ -126,7 +126,9 @@ def build_tiny_model(dest: Path) -> Path:
     if _is_complete(dest):
         return dest
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # Nothing here reaches the hub, and HF_HUB_OFFLINE is not set: huggingface_hub reads it once,
+    # at its first import, so setting it here turned every later hub pull of the same pytest
+    # process (tests/test_model_pull.py) into OfflineModeIsEnabled.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     import torch
@@ -137,31 +139,17 @@ def build_tiny_model(dest: Path) -> Path:
 
     tokenizer = _build_tokenizer()
     vocab = len(tokenizer)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=HEADS,
-        head_dim=HEAD_DIM,
-        max_position_embeddings=MAX_POSITIONS,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    token_ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+                 "pad_token_id": tokenizer.pad_token_id}
+    config = LlamaConfig(vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
+                         num_attention_heads=HEADS, num_key_value_heads=HEADS, head_dim=HEAD_DIM,
+                         max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-6, tie_word_embeddings=False, **token_ids)
     config.torch_dtype = "float32"
 
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(config)
     model.eval()
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    model.generation_config = GenerationConfig(**token_ids)
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
@@ -188,7 +176,7 @@ def build_tiny_model(dest: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0] in {"-h", "--help"}:
-        print("usage: python tests/tiny_model.py DEST", file=sys.stderr)
+        print("usage: python -m tests.support.tiny_model DEST", file=sys.stderr)
         return 2
     path = build_tiny_model(Path(args[0]))
     size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -1,10 +1,15 @@
-"""Env files and launcher environments that point dspark at a testbed (tests and the demo)."""
+"""Env files and launcher environments that point dspark at a testbed (tests and the demo);
+the CLI run on this machine with a clean environment; scratch folders."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from pathlib import Path
+
+from tests.support.paths import REPO
 
 # Passed from the launcher to every node's Ray and to vllm serve (DSPARK_FORWARD_ENV).
 FORWARDED = ("DSPARK_TEST_RAY_CPU_PLATFORM", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH")
@@ -58,3 +63,31 @@ def scratch(tmp_path: Path) -> Path:
     """A short folder for vLLM's IPC sockets: a unix socket path must stay under 108 bytes,
     which a long test name under pytest's tmp_path can exceed. Removed after each test (conftest)."""
     return Path("/tmp") / f"dspark-scr-{hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10]}"
+
+
+def is_ours(name: str) -> bool:
+    """A variable the launcher reads (a knob of the registry or a DSPARK_* setting)."""
+    from dspark_launch.config.registry import load_registry
+    from dspark_launch.config.settings import known_names
+
+    return name in known_names(load_registry()) or name.startswith("DSPARK")
+
+
+def clean_environ() -> dict[str, str]:
+    """This process's environment without any of our settings."""
+    return {k: v for k, v in os.environ.items() if not is_ours(k)}
+
+
+def run_dspark(args, env=None, cwd=None, timeout=60):
+    """Run the real CLI in a subprocess, with a clean DSPARK_/knob-free environment plus `env`."""
+    base = clean_environ()
+    base.update(env or {})
+    return subprocess.run([sys.executable, "-m", "dspark_launch", *args], capture_output=True, text=True,
+                          env=base, cwd=cwd or REPO, timeout=timeout)
+
+
+def vllm_dirs_restored():
+    """VLLM_CACHE_ROOT and VLLM_RPC_BASE_PATH as they were before the block, whatever it set."""
+    from dspark_launch.bench.harness import scoped_env
+
+    return scoped_env({k: os.environ.get(k) for k in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH")})
