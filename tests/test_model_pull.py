@@ -240,3 +240,27 @@ def test_the_pulled_model_is_found_offline_by_branch_or_commit(hub, tmp_path):
     assert pulled_model(src) == (pulled.location, pulled.manifest)
     assert pulled_model(source(hub, tmp_path, revision=hub.repo.commit)) == (pulled.location, pulled.manifest)
     assert len(hub.requests) == before  # no network
+
+
+@pytest.mark.parametrize("token, words", [(None, "no token found"), ("hf_wrong", "token was refused")])
+def test_dspark_model_pull_on_a_gated_repo_is_one_line_exit_1_before_any_node(tmp_path, token, words):
+    """Through the real CLI: the hub's listing comes first, so no node is contacted (the configured ones
+    are testbed addresses nothing answers on) and nothing is written."""
+    from tests.conftest import run_dspark
+
+    secret = "hf_theRightTokenNeverPrinted"
+    repo = HubRepo.from_folder(REPO_ID, write_tiny_model(tmp_path / "src"), gated_token=secret)
+    env_file = tmp_path / "dspark.env"
+    env_file.write_text(f"DSPARK_HEAD_IP=10.213.0.91\nDSPARK_WORKER_HOSTS=root@10.213.0.92\nDSPARK_FABRIC_IFNAME=fab0\n"
+                        f"DSPARK_MODEL={REPO_ID}\nDSPARK_MODEL_CACHE={tmp_path / 'cache'}\n"
+                        f"DSPARK_STATE_DIR={tmp_path / 'state'}\n")
+    with HubServer(repo) as server:
+        env = {"HF_ENDPOINT": server.endpoint, "HF_HOME": str(tmp_path / "hf-home")}
+        if token:
+            env["HF_TOKEN"] = token
+        proc = run_dspark(["model", "pull", "--env-file", str(env_file)], env=env)
+        assert not server.downloads(shard(1))
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("dspark: error:")]
+    assert proc.returncode == 1 and len(lines) == 1 and words in lines[0] and REPO_ID in lines[0], proc.stderr
+    assert secret not in proc.stderr + proc.stdout and "hf_wrong" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "cache").exists()

@@ -1,8 +1,8 @@
 """Model weights on the two-node testbed: copy to the worker over real SSH with rsync, verify there,
 repair only what is bad, refuse a too-small disk before any byte. Run under the heavy lock.
 
-The launcher side runs inside the head node (tests/model_runner.py); node-side checks on the
-worker run over SSH (tests/model_nodes.py) until the agent carries them. The worker gets its own
+The launcher side runs inside the head node (tests/model_runner.py); node-side checks run through
+each node's agent (tests/model_nodes.py). The worker gets its own
 disk at the cache path: a bind mount (or a small tmpfs) inside its mount namespace only.
 """
 

@@ -124,7 +124,7 @@ def build_tiny_model(dest: Path) -> Path:
     """
     dest = Path(dest).resolve()
     if _is_complete(dest):
-        return dest
+        return _placed(dest)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -182,6 +182,15 @@ def build_tiny_model(dest: Path) -> Path:
 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return _placed(dest)
+
+
+def _placed(dest: Path) -> Path:
+    """What `dspark model pull` does for a local folder, minus the copy (the testbed's nodes share this
+    filesystem): the manifest beside the files, so `dspark start`'s weights pre-flight passes."""
+    from dspark_launch.model.local_model import prepare_local
+
+    prepare_local(str(dest))
     return dest
 
 
