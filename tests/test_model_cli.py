@@ -129,7 +129,9 @@ def test_pull_verify_damage_refuse_repair_then_serve_offline(testbed_clean, tmp_
     # the hub is gone: start serves the pulled commit from the cache on both nodes, hub offline
     started = model_cli(tb, tmp_path, env, "start", timeout=600)
     assert started.returncode == 0, started.stderr[-4000:]
-    assert "model weights ready on 2 node(s)" in started.stderr
+    ready = [line for line in started.stderr.splitlines() if "model weights ready on 2 node(s)" in line]
+    assert ready, started.stderr[-2000:]
+    print(ready[0], f"| pull {first['seconds']:.1f} s, copy {first['workers'][0]['copy']['seconds']:.2f} s")
     server = environ_of(json.loads((tmp_path / "state" / "state.json").read_text())["server"]["pid"])
     assert server["HF_HUB_OFFLINE"] == "1" and server["HF_HUB_CACHE"] == str(cache)
     ray_workers = processes_named(tb, "worker1", "RayWorkerProc")

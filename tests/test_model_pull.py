@@ -264,3 +264,25 @@ def test_dspark_model_pull_on_a_gated_repo_is_one_line_exit_1_before_any_node(tm
     assert proc.returncode == 1 and len(lines) == 1 and words in lines[0] and REPO_ID in lines[0], proc.stderr
     assert secret not in proc.stderr + proc.stdout and "hf_wrong" not in proc.stderr + proc.stdout
     assert not (tmp_path / "cache").exists()
+
+
+def test_the_model_commands_take_the_model_and_revision_by_the_profiles_rule(tmp_path):
+    """The profile's pinned revision belongs to its own model; another model keeps DSPARK_MODEL_REVISION."""
+    from dspark_launch.config.settings import resolve as load_settings
+    from dspark_launch.model.onnodes import wanted_model
+    from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
+
+    def wanted(**environ):
+        env_file = tmp_path / "empty.env"
+        env_file.write_text("")
+        return wanted_model(load_settings(env_file=str(env_file), environ=environ), {"HF_HOME": str(tmp_path)})
+
+    pin = {d.setting: d.value for d in DEEPSEEK_V4_FLASH.settings}
+    profile = wanted()
+    assert (profile.name, profile.revision) == (pin["DSPARK_MODEL"], pin["DSPARK_MODEL_REVISION"])
+    assert profile.source.repo_id == pin["DSPARK_MODEL"] and profile.source.cache_dir == str(tmp_path / "hub")
+    other = wanted(DSPARK_MODEL="org/other", DSPARK_MODEL_CACHE=str(tmp_path / "c"))
+    assert (other.name, other.revision, other.source.cache_dir) == ("org/other", "", str(tmp_path / "c"))
+    assert wanted(DSPARK_MODEL="org/other", DSPARK_MODEL_REVISION="v2").revision == "v2"
+    folder = wanted(DSPARK_MODEL=str(tmp_path))
+    assert folder.local and folder.revision == ""

@@ -142,3 +142,14 @@ def ready_to_serve(wanted: WantedModel, spec, full: bool = False, reporter=None)
         env.append(("HF_HUB_CACHE", wanted.source.cache_dir))
     return ServingModel(location, manifest, tuple(env), "" if wanted.local else manifest.revision,
                         tuple(reports), time.monotonic() - t0)
+
+
+def weights_bytes(wanted: WantedModel) -> int | None:
+    """The weights' size from the head's manifest (no network, no read of the files): for the memory
+    pre-flight. The safetensors files when there are any, else every file; None when never placed."""
+    try:
+        _, manifest = placed(wanted)
+    except ModelIncomplete:
+        return None
+    shards = [f.size for f in manifest.files if f.path.endswith(".safetensors")]
+    return sum(shards) if shards else manifest.total_size
