@@ -15,10 +15,16 @@ from dspark_launch.model.hub import HubSource, list_model, pull, resolve_token
 from dspark_launch.model.local_model import prepare_local
 from dspark_launch.model.manifest import MANIFEST_NAME, read_manifest
 from dspark_launch.model.node_check import CORRUPT, MISSING, OVERSIZED, PARTIAL, STALE, fast_check, verify_model
-from tests.hub_server import HubRepo, HubServer, write_tiny_model
+from tests.hub_server import HubRepo, HubServer, online_hub, write_tiny_model
 
 REPO_ID = "test-org/tiny"
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+
+@pytest.fixture(autouse=True)
+def _hub_online(monkeypatch):
+    online_hub(monkeypatch)
 
 
 @pytest.fixture

@@ -115,7 +115,24 @@ def _build_tokenizer():
     return fast
 
 
+_BUILD_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS")
+
+
 def build_tiny_model(dest: Path) -> Path:
+    """`_build_tiny_model` with the process environment as it was (the build runs offline; a test
+    session that later pulls from the loopback hub must not inherit HF_HUB_OFFLINE=1)."""
+    saved = {name: os.environ.get(name) for name in _BUILD_ENV}
+    try:
+        return _build_tiny_model(dest)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _build_tiny_model(dest: Path) -> Path:
     """Write the tiny model to ``dest`` (created if needed) and return ``dest``.
 
     A ``dest`` already holding a complete model of this recipe is left as is.
