@@ -15,10 +15,16 @@ from dspark_launch.model.hub import HubSource, list_model, pull, resolve_token
 from dspark_launch.model.local_model import prepare_local
 from dspark_launch.model.manifest import MANIFEST_NAME, read_manifest
 from dspark_launch.model.node_check import CORRUPT, MISSING, OVERSIZED, PARTIAL, STALE, fast_check, verify_model
-from tests.support.hub_server import HubRepo, HubServer, write_tiny_model
+from tests.support.hub_server import HubRepo, HubServer, online_hub, write_tiny_model
 
 REPO_ID = "test-org/tiny"
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+
+@pytest.fixture(autouse=True)
+def _hub_online(monkeypatch):
+    online_hub(monkeypatch)
 
 
 @pytest.fixture
@@ -240,3 +246,49 @@ def test_the_pulled_model_is_found_offline_by_branch_or_commit(hub, tmp_path):
     assert pulled_model(src) == (pulled.location, pulled.manifest)
     assert pulled_model(source(hub, tmp_path, revision=hub.repo.commit)) == (pulled.location, pulled.manifest)
     assert len(hub.requests) == before  # no network
+
+
+@pytest.mark.parametrize("token, words", [(None, "no token found"), ("hf_wrong", "token was refused")])
+def test_dspark_model_pull_on_a_gated_repo_is_one_line_exit_1_before_any_node(tmp_path, token, words):
+    """Through the real CLI: the hub's listing comes first, so no node is contacted (the configured ones
+    are testbed addresses nothing answers on) and nothing is written."""
+    from tests.support.launcher_env import run_dspark
+
+    secret = "hf_theRightTokenNeverPrinted"
+    repo = HubRepo.from_folder(REPO_ID, write_tiny_model(tmp_path / "src"), gated_token=secret)
+    env_file = tmp_path / "dspark.env"
+    env_file.write_text(f"DSPARK_HEAD_IP=10.213.0.91\nDSPARK_WORKER_HOSTS=root@10.213.0.92\nDSPARK_FABRIC_IFNAME=fab0\n"
+                        f"DSPARK_MODEL={REPO_ID}\nDSPARK_MODEL_CACHE={tmp_path / 'cache'}\n"
+                        f"DSPARK_STATE_DIR={tmp_path / 'state'}\n")
+    with HubServer(repo) as server:
+        env = {"HF_ENDPOINT": server.endpoint, "HF_HOME": str(tmp_path / "hf-home")}
+        if token:
+            env["HF_TOKEN"] = token
+        proc = run_dspark(["model", "pull", "--env-file", str(env_file)], env=env)
+        assert not server.downloads(shard(1))
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("dspark: error:")]
+    assert proc.returncode == 1 and len(lines) == 1 and words in lines[0] and REPO_ID in lines[0], proc.stderr
+    assert secret not in proc.stderr + proc.stdout and "hf_wrong" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "cache").exists()
+
+
+def test_the_model_commands_take_the_model_and_revision_by_the_profiles_rule(tmp_path):
+    """The profile's pinned revision belongs to its own model; another model keeps DSPARK_MODEL_REVISION."""
+    from dspark_launch.config.settings import resolve as load_settings
+    from dspark_launch.model.onnodes import wanted_model
+    from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
+
+    def wanted(**environ):
+        env_file = tmp_path / "empty.env"
+        env_file.write_text("")
+        return wanted_model(load_settings(env_file=str(env_file), environ=environ), {"HF_HOME": str(tmp_path)})
+
+    pin = {d.setting: d.value for d in DEEPSEEK_V4_FLASH.settings}
+    profile = wanted()
+    assert (profile.name, profile.revision) == (pin["DSPARK_MODEL"], pin["DSPARK_MODEL_REVISION"])
+    assert profile.source.repo_id == pin["DSPARK_MODEL"] and profile.source.cache_dir == str(tmp_path / "hub")
+    other = wanted(DSPARK_MODEL="org/other", DSPARK_MODEL_CACHE=str(tmp_path / "c"))
+    assert (other.name, other.revision, other.source.cache_dir) == ("org/other", "", str(tmp_path / "c"))
+    assert wanted(DSPARK_MODEL="org/other", DSPARK_MODEL_REVISION="v2").revision == "v2"
+    folder = wanted(DSPARK_MODEL=str(tmp_path))
+    assert folder.local and folder.revision == ""

@@ -1,8 +1,8 @@
 """Model weights on the two-node testbed: copy to the worker over real SSH with rsync, verify there,
 repair only what is bad, refuse a too-small disk before any byte. Run under the heavy lock.
 
-The launcher side runs inside the head node (tests/support/model_runner.py); node-side checks on the
-worker run over SSH (tests/support/model_nodes.py) until the agent carries them. The worker gets its own
+The launcher side runs inside the head node (tests/support/model_runner.py); node-side checks run through
+each node's agent (tests/support/model_nodes.py). The worker gets its own
 disk at the cache path: a bind mount (or a small tmpfs) inside its mount namespace only.
 """
 
@@ -24,7 +24,7 @@ from dspark_launch.model.local_model import prepare_local
 from dspark_launch.model.location import ModelLocation, hub_cache_location
 from dspark_launch.model.manifest import Manifest, ManifestFile
 from dspark_launch.model.node_check import CORRUPT, PARTIAL, verify_model
-from tests.support.hub_server import HubRepo, HubServer, write_tiny_model
+from tests.support.hub_server import HubRepo, HubServer, online_hub, write_tiny_model
 from tests.support.model_nodes import bind_in_node, report_from, tmpfs_in_node, umount_in_node
 
 pytestmark = pytest.mark.testbed
@@ -53,6 +53,12 @@ def on_head(tb, op: str, location: ModelLocation | None, manifest: Manifest | No
                    cwd=str(REPO_ROOT), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+
+@pytest.fixture(autouse=True)
+def _hub_online(monkeypatch):
+    online_hub(monkeypatch)
 
 
 @pytest.fixture

@@ -69,6 +69,9 @@ def test_strict_memory_preflight_refuses_before_anything_starts(testbed_clean, t
     model = tmp_path / "huge-model"
     model.mkdir()
     (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 2**50}}))
+    from dspark_launch.model.local_model import prepare_local
+
+    prepare_local(str(model))  # placed (the nodes share this filesystem): the weights pre-flight passes
     env = write_env(testbed_clean, tmp_path, DSPARK_MODEL=str(model))
     proc = dspark(testbed_clean, env, "start", "--strict")
     assert proc.returncode == 1, proc.stderr

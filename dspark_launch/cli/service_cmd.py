@@ -31,7 +31,7 @@ def _report_failure(error: DsparkError, spec) -> None:
         print(f"dspark: everything this run started was stopped; logs in {spec.state_dir / 'logs'}", file=sys.stderr)
 
 
-def do_start(settings, spec, strict: bool, foreground: bool) -> None:
+def do_start(settings, spec, strict: bool, foreground: bool, verify: bool = False) -> None:
     from dspark_launch.serve import service
 
     reporter = ConsoleReporter()
@@ -42,7 +42,7 @@ def do_start(settings, spec, strict: bool, foreground: bool) -> None:
 
     with interruptible(interrupted):
         try:
-            result = service.start(settings, spec, reporter, strict=strict)
+            result = service.start(settings, spec, reporter, strict=strict, verify=verify)
         except DsparkError as error:
             _report_failure(error, spec)
             raise typer.Exit(error.exit_code) from None
@@ -83,10 +83,12 @@ def start(
     port: PortOption = None,
     strict: Annotated[bool, typer.Option("--strict", help="Refuse when the memory pre-flight says it won't fit.")] = False,
     foreground: Annotated[bool, typer.Option("--foreground", help="Stay attached; exit non-zero if the server dies.")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Check every weight file's sha256 on every node first "
+                                                           "(default: sizes and the manifest stamp).")] = False,
 ) -> None:
-    """Bring up Ray on every node, apply the hotfix everywhere, serve, and wait until the API answers."""
+    """Check the weights on every node, bring up Ray, apply the hotfix everywhere, serve, wait until the API answers."""
     settings, spec = settings_and_spec(env_file, host, port)
-    do_start(settings, spec, strict, foreground)
+    do_start(settings, spec, strict, foreground, verify)
 
 
 def stop(env_file: EnvFileOption = None) -> None:

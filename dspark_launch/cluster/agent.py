@@ -35,6 +35,7 @@ from dspark_launch import __version__
 from dspark_launch.cluster import procfs
 from dspark_launch.cluster import protocol as p
 from dspark_launch.cluster.codec import DecodeError, from_data, to_data
+from dspark_launch.model.agent_ops import MODEL_HANDLERS
 
 OWNER_VAR = "DSPARK_OWNER"
 # API keys never reach Ray: Ray passes its daemons' environment to every worker it starts.
@@ -316,6 +317,7 @@ LAZY_HANDLERS: dict[str, str] = {
     "ray_checks": "dspark_launch.cluster.head_ops:ray_checks",
     "check_serve_args": "dspark_launch.serve.argcheck:check_serve_args_op",
 }
+HANDLERS.update(MODEL_HANDLERS)  # model weights (issue 12)
 
 
 def _handler(op: str) -> Callable:

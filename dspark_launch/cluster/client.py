@@ -17,9 +17,12 @@ from dspark_launch.cluster import protocol as p
 from dspark_launch.cluster.codec import DecodeError, from_data, to_data
 from dspark_launch.cluster.transport import NodeUnreachable, Transport
 from dspark_launch.errors import ConfigError, DsparkError
+from dspark_launch.model.manifest import Manifest
+from dspark_launch.model.node_check import DiskSpace, VerifyReport
 
 A = TypeVar("A")
 AGENT_TIMEOUT_S = 60
+MODEL_VERIFY_TIMEOUT_S = 3 * 3600  # a full sha256 of 160 GB reads every byte (minutes at disk speed)
 
 
 class Reporter(Protocol):
@@ -167,3 +170,14 @@ class NodeAgent:
 
     def check_serve_args(self, serve_args: tuple[str, ...]) -> str | None:
         return self.call(p.ServeArgsCheck(tuple(serve_args)), "serve arguments", 300).refused
+
+    # model weights (issue 12) -------------------------------------------------------------------
+
+    def model_verify(self, folder: str, manifest: Manifest, full: bool) -> VerifyReport:
+        return self.call(p.ModelVerify(folder, manifest, full), "model verify", MODEL_VERIFY_TIMEOUT_S if full else 120)
+
+    def model_fast_check(self, folder: str, stamp: str) -> VerifyReport:
+        return self.call(p.ModelFastCheck(folder, stamp), "model check", 120)
+
+    def model_free_space(self, path: str) -> DiskSpace:
+        return self.call(p.ModelDiskQuery(path), "model disk")

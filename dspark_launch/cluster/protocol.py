@@ -20,6 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from dspark_launch.model.manifest import Manifest  # stdlib only, as the node checks
+from dspark_launch.model.node_check import DiskSpace, VerifyReport
+
 PROTOCOL_VERSION = 1
 
 
@@ -345,6 +348,28 @@ class ServeArgsAnswer:
     refused: str | None  # vLLM's reason, or None when accepted
 
 
+# --- model weights (issue 12): node_check run on the node ----------------------------------------
+
+@dataclass(frozen=True)
+class ModelVerify:
+    """Every file of `manifest` in `folder`: sizes, and with `full` each sha256."""
+    folder: str
+    manifest: Manifest
+    full: bool
+
+
+@dataclass(frozen=True)
+class ModelFastCheck:
+    """The start pre-flight: this node's manifest has `stamp` and every file its size (stats only)."""
+    folder: str
+    stamp: str
+
+
+@dataclass(frozen=True)
+class ModelDiskQuery:
+    path: str
+
+
 OPERATIONS: dict[str, tuple[type, type]] = {
     "hello": (Hello, HelloAnswer),
     "probe": (Probe, ProbeAnswer),
@@ -362,6 +387,10 @@ OPERATIONS: dict[str, tuple[type, type]] = {
     "ray_nodes": (RayNodesQuery, RayNodesAnswer),
     "ray_checks": (RayChecks, RayChecksAnswer),
     "check_serve_args": (ServeArgsCheck, ServeArgsAnswer),
+    # model weights (issue 12)
+    "model_verify": (ModelVerify, VerifyReport),
+    "model_fast_check": (ModelFastCheck, VerifyReport),
+    "model_free_space": (ModelDiskQuery, DiskSpace),
 }
 
 OP_OF_REQUEST: dict[type, str] = {request: name for name, (request, _) in OPERATIONS.items()}

@@ -256,3 +256,11 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings) -> ResolvedP
 def resolve_selected(offer: VllmOffer, settings: Settings) -> ResolvedProfile:
     """`resolve` for the profile DSPARK_PROFILE names."""
     return resolve(profile_named(settings["DSPARK_PROFILE"]), offer, settings)
+
+
+def served_model(settings: Settings) -> tuple[str, str]:
+    """The model and revision the selected profile serves, by the same rule as `resolve` (the profile's
+    pinned revision applies to its own model only), without asking vLLM: for `dspark model ...`."""
+    run = _Resolution(profile_named(settings["DSPARK_PROFILE"]), VllmOffer("", (), ()), settings)
+    model = run.setting("DSPARK_MODEL")
+    return model, run.setting("DSPARK_MODEL_REVISION", model)

@@ -7,6 +7,7 @@ second launcher fails at once naming the holder.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import Deployment, ServerRecord, load_state, save_state
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import DsparkError
+from dspark_launch.model.onnodes import ServingModel
 from dspark_launch.serve import http, logscan
 from dspark_launch.serve.argcheck import check_serve_args
 from dspark_launch.serve.logfollow import LogReader
@@ -78,10 +80,12 @@ def _server_healthy(url: str, key: str, served_name: str, timeout: float) -> boo
             and served_name in http.served_models(url, key, timeout))
 
 
-def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, strict: bool = False) -> StartResult:
+def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, strict: bool = False,
+          verify: bool = False) -> StartResult:
     """Ray on every node and the serve-argument check at once, then `vllm serve` on the head; one record saved."""
     with lifecycle.locked_deployment(spec.state_dir) as state:
-        plan = serve_plan(settings, spec, rc.auth_env(spec))  # under the lock: a first start writes the token
+        spec, serving = model_preflight(settings, spec, reporter, verify)
+        plan = with_model(serve_plan(settings, spec, rc.auth_env(spec)), serving)  # under the lock: a first start writes the token
         if state and state.server and server_alive(spec, state.server):
             if _server_healthy(state.server.url, plan.client_key, state.server.served_name, plan.health_timeout_s):
                 raise lifecycle.AlreadyRunning(f"already running and healthy at {state.server.url}; "
@@ -107,6 +111,34 @@ def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, strict: boo
                 lifecycle.cluster_down_locked(spec, reporter, load_state(spec.state_dir))
             raise
         return StartResult(plan, server, cluster_started, state.hotfix)
+
+
+# --- model weights (issue 12) ---------------------------------------------------------------------
+
+def model_preflight(settings: Settings, spec: ClusterSpec, reporter: Reporter,
+                    full: bool) -> tuple[ClusterSpec, ServingModel]:
+    """The weights on every node (fast check, or sha256 with `full`) before anything starts; the
+    spec whose node environment keeps the hub offline for every Ray worker."""
+    from dspark_launch.model.onnodes import ready_to_serve, wanted_model
+
+    reporter.phase("checking the model weights on every node" + (" (full sha256)" if full else ""))
+    serving = ready_to_serve(wanted_model(settings), spec, full, reporter)
+    reporter.phase(f"model weights ready on {len(serving.reports)} node(s) "
+                   f"({serving.manifest.total_size / (1 << 30):.2f} GiB, checked in {serving.seconds:.2f} s)")
+    node_env = tuple((k, v) for k, v in spec.node_env if k not in dict(serving.env)) + serving.env
+    return dataclasses.replace(spec, node_env=node_env), serving
+
+
+def with_model(plan: ServePlan, serving: ServingModel) -> ServePlan:
+    """`vllm serve` on the verified copy: the pulled commit as --revision, the hub offline."""
+    args = list(plan.serve_args)
+    if serving.revision:
+        if "--revision" in args:
+            index = args.index("--revision")
+            del args[index:index + 2]
+        args += ["--revision", serving.revision]
+    env = {**dict(plan.env), **dict(serving.env)}
+    return dataclasses.replace(plan, serve_args=tuple(args), env=tuple(sorted(env.items())))
 
 
 def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment, reporter: Reporter) -> ServerRecord:

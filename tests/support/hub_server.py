@@ -340,3 +340,12 @@ if __name__ == "__main__":  # a quick manual check: python -m tests.support.hub_
     with HubServer(HubRepo.from_folder("test-org/tiny", src)) as server:
         print(server.endpoint, flush=True)
         time.sleep(3600)
+
+
+def online_hub(monkeypatch) -> None:
+    """The hub client online in this test, whatever ran before in the session: huggingface_hub reads
+    HF_HUB_OFFLINE once, at import, and the tiny model's build or vLLM may have imported it offline."""
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)

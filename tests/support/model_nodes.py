@@ -1,79 +1,34 @@
-"""Node operations for the model tests, until the agent (issue 10) carries them.
-
-`LocalNodeOps` runs dspark_launch.model.node_check in this process (the head).
-`SSHNodeOps` runs the same functions on a worker over the launcher's SSH settings
-(`python -c`, arguments as JSON on stdin): the honest stand-in for the agent; the
-integrator replaces both with the per-node agent client's methods.
-Plus mount helpers that give one testbed node its own view of a path.
+"""Node operations for the model tests: each node's checks through its agent (the head's as a local
+child, a worker's over SSH), exactly as `dspark model ...` reaches them; plus mount helpers that
+give one testbed node its own view of a path.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
-import subprocess
-from dataclasses import asdict, dataclass
-
-from dspark_launch.model.copy import SSHTarget
-from dspark_launch.model.manifest import Manifest
-from dspark_launch.model.node_check import DiskSpace, FileProblem, VerifyReport, fast_check, free_space, verify_model
-
-_REMOTE = r"""
-import json, sys
 from dataclasses import asdict
-from dspark_launch.model import node_check
-from dspark_launch.model.manifest import Manifest
-req = json.load(sys.stdin)
-if req["op"] == "free_space":
-    out = node_check.free_space(req["path"])
-elif req["op"] == "fast_check":
-    out = node_check.fast_check(req["folder"], req["stamp"])
-else:
-    out = node_check.verify_model(req["folder"], Manifest.from_json(req["manifest"]), req["full"])
-print(json.dumps(asdict(out)))
-"""
 
+from dspark_launch.cluster.client import NodeAgent
+from dspark_launch.cluster.transport import LocalTransport, SSHTransport
+from dspark_launch.model.copy import SSHTarget
+from dspark_launch.model.node_check import FileProblem, VerifyReport
+from dspark_launch.model.onnodes import AgentModelOps
 
 def report_from(data: dict) -> VerifyReport:
     return VerifyReport(data["folder"], data["full"], data["files_checked"], data["bytes_checked"],
                         tuple(FileProblem(**p) for p in data["problems"]))
 
 
-@dataclass(frozen=True)
-class LocalNodeOps:
-    name: str = "head"
-
-    def free_space(self, path: str) -> DiskSpace:
-        return free_space(path)
-
-    def verify(self, folder: str, manifest: Manifest, full: bool) -> VerifyReport:
-        return verify_model(folder, manifest, full)
-
-    def fast_check(self, folder: str, stamp: str) -> VerifyReport:
-        return fast_check(folder, stamp)
+def head_ops(python: str) -> AgentModelOps:
+    """The head's checks through its agent (a local child), as `dspark model ...` reaches it."""
+    return AgentModelOps("head", NodeAgent("head", LocalTransport(python)))
 
 
-@dataclass(frozen=True)
-class SSHNodeOps:
-    name: str
-    target: SSHTarget
-    python: str
-
-    def _call(self, request: dict) -> dict:
-        argv = self.target.ssh_argv() + ["--", self.target.host, shlex.join([self.python, "-c", _REMOTE])]
-        proc = subprocess.run(argv, input=json.dumps(request), capture_output=True, text=True, timeout=300)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{self.name}: node operation failed: {proc.stderr.strip()[-500:]}")
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-
-    def free_space(self, path: str) -> DiskSpace:
-        return DiskSpace(**self._call({"op": "free_space", "path": path}))
-
-    def verify(self, folder: str, manifest: Manifest, full: bool) -> VerifyReport:
-        return report_from(self._call({"op": "verify", "folder": folder, "manifest": manifest.to_json(), "full": full}))
-
-    def fast_check(self, folder: str, stamp: str) -> VerifyReport:
-        return report_from(self._call({"op": "fast_check", "folder": folder, "stamp": stamp}))
+def worker_ops(name: str, target: SSHTarget, python: str) -> AgentModelOps:
+    """A worker's checks through its agent over SSH, with the same settings as the copy."""
+    transport = SSHTransport(target.host, python, target.port, target.user, target.key, target.host_key_check,
+                             target.connect_timeout, target.extra_options)
+    return AgentModelOps(name, NodeAgent(name, transport))
 
 
 def mount_in_node(tb, node, argv_tail: list[str]) -> None:

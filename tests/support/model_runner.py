@@ -1,4 +1,4 @@
-"""Launcher-side model operations run inside the testbed's head node (where the workers' sshd is
+"""Launcher-side model operations (node checks through each node's agent) run inside the testbed's head node (where the workers' sshd is
 reachable): `python -m tests.support.model_runner` with one JSON request on stdin, one JSON answer on stdout.
 
 Requests: {"op": "pull_everywhere" | "place_local" | "sync" | "check_disk" | "verify" | "fast_check",
@@ -21,23 +21,24 @@ from dspark_launch.model.hub import HubSource
 from dspark_launch.model.location import ModelLocation
 from dspark_launch.model.manifest import Manifest
 from dspark_launch.model.workflow import Worker, place_local, pull_everywhere
-from tests.support.model_nodes import LocalNodeOps, SSHNodeOps
+from tests.support.model_nodes import head_ops, worker_ops
 
 
 def handle(req: dict) -> dict:
     target = SSHTarget(**{**req["target"], "extra_options": tuple(req["target"]["extra_options"])})
-    worker = SSHNodeOps(req["worker"], target, req["python"])
+    worker = worker_ops(req["worker"], target, req["python"])
+    head = head_ops(req["python"])
     if req["op"] == "pull_everywhere":
         source = HubSource(**req["source"])
-        return asdict(pull_everywhere(source, LocalNodeOps(), [Worker(target, worker)], req.get("streams", 4)))
+        return asdict(pull_everywhere(source, head, [Worker(target, worker)], req.get("streams", 4)))
     if req["op"] == "place_local":
-        return asdict(place_local(req["folder"], LocalNodeOps(), [Worker(target, worker)], req.get("streams", 4)))
+        return asdict(place_local(req["folder"], head, [Worker(target, worker)], req.get("streams", 4)))
     location = ModelLocation(**req["location"])
     manifest = Manifest.from_json(req["manifest"])
     if req["op"] == "sync":
         return asdict(sync_worker(location, manifest, target, worker, streams=req.get("streams", 4)))
     if req["op"] == "check_disk":
-        return {"checks": [asdict(c) for c in check_disk(location, manifest, [LocalNodeOps(), worker])]}
+        return {"checks": [asdict(c) for c in check_disk(location, manifest, [head, worker])]}
     if req["op"] == "fast_check":
         return asdict(worker.fast_check(location.folder, manifest.stamp))
     return asdict(worker.verify(location.folder, manifest, req.get("full", True)))

@@ -102,3 +102,8 @@ def spawn_lookalike(tb, node: str, title: str, *argv: str) -> tuple[int, int]:
         time.sleep(0.05)
     assert cmdline(proc.pid).startswith(title), cmdline(proc.pid)
     return proc.pid, start_time(proc.pid)
+
+
+def processes_named(tb, node: str, needle: str) -> list[int]:
+    """Pids on `node` (testbed infrastructure left out) whose command line contains `needle`."""
+    return [pid for pid in tb.pids_in(node, include_infra=False) if needle in cmdline(pid)]

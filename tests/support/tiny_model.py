@@ -115,7 +115,24 @@ def _build_tokenizer():
     return fast
 
 
+_BUILD_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS")
+
+
 def build_tiny_model(dest: Path) -> Path:
+    """`_build_tiny_model` with the process environment as it was (the build runs offline; a test
+    session that later pulls from the loopback hub must not inherit HF_HUB_OFFLINE=1)."""
+    saved = {name: os.environ.get(name) for name in _BUILD_ENV}
+    try:
+        return _build_tiny_model(dest)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _build_tiny_model(dest: Path) -> Path:
     """Write the tiny model to ``dest`` (created if needed) and return ``dest``.
 
     A ``dest`` already holding a complete model of this recipe is left as is.
@@ -124,7 +141,7 @@ def build_tiny_model(dest: Path) -> Path:
     """
     dest = Path(dest).resolve()
     if _is_complete(dest):
-        return dest
+        return _placed(dest)
 
     # Nothing here reaches the hub, and HF_HUB_OFFLINE is not set: huggingface_hub reads it once,
     # at its first import, so setting it here turned every later hub pull of the same pytest
@@ -170,6 +187,15 @@ def build_tiny_model(dest: Path) -> Path:
 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return _placed(dest)
+
+
+def _placed(dest: Path) -> Path:
+    """What `dspark model pull` does for a local folder, minus the copy (the testbed's nodes share this
+    filesystem): the manifest beside the files, so `dspark start`'s weights pre-flight passes."""
+    from dspark_launch.model.local_model import prepare_local
+
+    prepare_local(str(dest))
     return dest
 
 

@@ -1,0 +1,31 @@
+"""The model operations of the node agent (stdlib only): node_check behind the typed protocol.
+
+Registered in `cluster.agent.HANDLERS` with one line (MODEL_HANDLERS)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .node_check import DiskSpace, VerifyReport, fast_check, free_space, verify_model
+
+
+def model_verify(req, report) -> VerifyReport:
+    if req.full:
+        from dspark_launch.cluster.protocol import Progress
+
+        report(Progress("phase", f"sha256 of {len(req.manifest.files)} files "
+                                 f"({req.manifest.total_size / (1 << 30):.1f} GiB) in {req.folder}"))
+    return verify_model(req.folder, req.manifest, req.full)
+
+
+def model_fast_check(req, report) -> VerifyReport:
+    return fast_check(req.folder, req.stamp)
+
+
+def model_free_space(req, report) -> DiskSpace:
+    return free_space(req.path)
+
+
+MODEL_HANDLERS: dict[str, Callable] = {
+    "model_verify": model_verify, "model_fast_check": model_fast_check, "model_free_space": model_free_space,
+}

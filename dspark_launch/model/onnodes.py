@@ -1,0 +1,155 @@
+"""The model commands on the configured cluster (launcher side): which model the settings ask for,
+each node's checks through its agent, and what `dspark model pull|verify|status` and the start
+pre-flight call. Every node is reached through its agent, the head included."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .copy import SSHTarget
+from .distribute import require_ready
+from .errors import ModelIncomplete
+from .hub import HubSource, hub_source, is_local_folder
+from .location import ModelLocation, local_location
+from .manifest import Manifest, read_manifest
+from .node_check import DiskSpace, VerifyReport
+from .workflow import Placement, Worker, check_everywhere, place_local, pull_everywhere, pulled_model
+
+PULL_FIX = "dspark model pull"
+
+
+@dataclass(frozen=True)
+class AgentModelOps:
+    """`distribute.NodeModelOps` over one node's agent (node_check runs on that node)."""
+
+    name: str
+    agent: object  # cluster.client.NodeAgent
+
+    def free_space(self, path: str) -> DiskSpace:
+        return self.agent.model_free_space(path)
+
+    def verify(self, folder: str, manifest: Manifest, full: bool) -> VerifyReport:
+        return self.agent.model_verify(folder, manifest, full)
+
+    def fast_check(self, folder: str, stamp: str) -> VerifyReport:
+        return self.agent.model_fast_check(folder, stamp)
+
+
+@dataclass(frozen=True)
+class WantedModel:
+    """The model the settings (and the selected profile) serve: a hub repo at a revision, or a folder."""
+
+    name: str  # DSPARK_MODEL as given
+    revision: str  # the profile's pin or DSPARK_MODEL_REVISION; "" for a folder
+    source: HubSource | None  # None for a local folder
+    streams: int
+
+    @property
+    def local(self) -> bool:
+        return self.source is None
+
+
+@dataclass(frozen=True)
+class ServingModel:
+    """A model verified on every node: how `vllm serve` and the Ray workers load it with the hub offline."""
+
+    location: ModelLocation
+    manifest: Manifest
+    env: tuple[tuple[str, str], ...]  # HF_HUB_OFFLINE=1 (+ HF_HUB_CACHE for a hub model)
+    revision: str  # the pulled commit for --revision; "" for a folder
+    reports: tuple[tuple[str, VerifyReport], ...]
+    seconds: float  # the check's wall time
+
+
+def wanted_model(settings, environ: Mapping[str, str] | None = None) -> WantedModel:
+    """From the resolved settings: DSPARK_MODEL and the revision by the profile's rule, the cache, the token."""
+    from dspark_launch.profiles.resolve import served_model
+
+    environ = dict(os.environ if environ is None else environ)
+    if settings["HF_TOKEN"]:
+        environ["HF_TOKEN"] = settings["HF_TOKEN"]
+    model, revision = served_model(settings)
+    streams = settings.int("DSPARK_MODEL_COPY_STREAMS")
+    if is_local_folder(model):
+        return WantedModel(model, "", None, streams)
+    return WantedModel(model, revision, hub_source(model, revision, settings["DSPARK_MODEL_CACHE"], environ), streams)
+
+
+def node_ops(spec, reporter=None) -> list[AgentModelOps]:
+    return [AgentModelOps(node.label, node.agent(reporter)) for node in spec.nodes]
+
+
+def _workers(spec, ops: list[AgentModelOps]) -> list[Worker]:
+    return [Worker(SSHTarget.from_transport(node.transport), op) for node, op in zip(spec.workers, ops[1:])]
+
+
+def pull(wanted: WantedModel, spec, reporter=None, tqdm_class=None) -> Placement:
+    """`dspark model pull`: every node's disk checked first, the head's pull (or the local folder's
+    manifest), the copy to every worker and its verify there."""
+    ops = node_ops(spec, reporter)
+    if wanted.local:
+        return place_local(str(Path(wanted.name).expanduser()), ops[0], _workers(spec, ops), wanted.streams)
+    return pull_everywhere(wanted.source, ops[0], _workers(spec, ops), wanted.streams, tqdm_class=tqdm_class)
+
+
+def placed(wanted: WantedModel) -> tuple[ModelLocation, Manifest]:
+    """The head's placed copy and its manifest (no network); ModelIncomplete naming the fix when none."""
+    if wanted.local:
+        location = local_location(str(Path(wanted.name).expanduser()))
+        manifest = read_manifest(Path(location.folder))
+        if manifest is None:
+            raise ModelIncomplete(f"head: model folder {location.folder} was never placed on the nodes (no manifest); "
+                                  f"run `{PULL_FIX}`")
+        return location, manifest
+    found = pulled_model(wanted.source)
+    if found is None:
+        rev = f"@{wanted.revision}" if wanted.revision else ""
+        raise ModelIncomplete(f"head: model {wanted.name}{rev} was never pulled into {wanted.source.cache_dir}; "
+                              f"run `{PULL_FIX}`")
+    return found
+
+
+def check(wanted: WantedModel, spec, full: bool, reporter=None) -> list[tuple[str, VerifyReport]]:
+    """Every node's files against the head's manifest: `full` sha256 (`verify`), else the fast check
+    (this node's manifest stamp and the sizes: `status` and the start pre-flight)."""
+    return _check_placed(*placed(wanted), spec, full, reporter)
+
+
+def _check_placed(location: ModelLocation, manifest: Manifest, spec, full: bool,
+                  reporter=None) -> list[tuple[str, VerifyReport]]:
+    ops = node_ops(spec, reporter)
+    if full:
+        return check_everywhere(location, manifest, ops, True)
+    with ThreadPoolExecutor(max_workers=len(ops)) as pool:
+        reports = pool.map(lambda op: op.fast_check(location.folder, manifest.stamp), ops)
+        return list(zip((op.name for op in ops), reports))
+
+
+def ready_to_serve(wanted: WantedModel, spec, full: bool = False, reporter=None) -> ServingModel:
+    """The start pre-flight: ModelIncomplete (exit 1, nothing started) naming the node, its first bad
+    file and `dspark model pull`; else how to serve the verified copy with the hub offline."""
+    t0 = time.monotonic()
+    location, manifest = placed(wanted)
+    reports = _check_placed(location, manifest, spec, full, reporter)
+    require_ready(reports, PULL_FIX)
+    env = [("HF_HUB_OFFLINE", "1")]
+    if not wanted.local:
+        env.append(("HF_HUB_CACHE", wanted.source.cache_dir))
+    return ServingModel(location, manifest, tuple(env), "" if wanted.local else manifest.revision,
+                        tuple(reports), time.monotonic() - t0)
+
+
+def weights_bytes(wanted: WantedModel) -> int | None:
+    """The weights' size from the head's manifest (no network, no read of the files): for the memory
+    pre-flight. The safetensors files when there are any, else every file; None when never placed."""
+    try:
+        _, manifest = placed(wanted)
+    except ModelIncomplete:
+        return None
+    shards = [f.size for f in manifest.files if f.path.endswith(".safetensors")]
+    return sum(shards) if shards else manifest.total_size
