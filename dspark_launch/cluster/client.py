@@ -153,9 +153,6 @@ class NodeAgent:
     def read(self, path: str, offset: int) -> p.ReadAnswer:
         return self.call(p.ReadLog(path, offset), "logs")
 
-    def forget_ray_address(self, temp_dir: str) -> bool:
-        return self.call(p.ForgetRayAddress(temp_dir), "ray start").removed
-
     def glob(self, root: str, pattern: str) -> tuple[str, ...]:
         return self.call(p.Glob(root, pattern), "logs").paths
 
@@ -167,3 +164,7 @@ class NodeAgent:
 
     def check_serve_args(self, serve_args: tuple[str, ...]) -> str | None:
         return self.call(p.ServeArgsCheck(tuple(serve_args)), "serve arguments", 300).refused
+
+    # --- Ray's private temp folders (security review, issue 14)
+    def ray_temp_dir(self, name: str, seal: bool = False) -> str:
+        return self.call(p.RayTempDir(name, seal), "ray temp folder").path

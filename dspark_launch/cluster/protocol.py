@@ -232,16 +232,6 @@ class ReadAnswer:
 
 
 @dataclass(frozen=True)
-class ForgetRayAddress:
-    temp_dir: str
-
-
-@dataclass(frozen=True)
-class Forgotten:
-    removed: bool
-
-
-@dataclass(frozen=True)
 class Glob:
     root: str
     pattern: str
@@ -345,6 +335,21 @@ class ServeArgsAnswer:
     refused: str | None  # vLLM's reason, or None when accepted
 
 
+# --- Ray's private temp folders (security review, issue 14) --------------------------------------
+
+@dataclass(frozen=True)
+class RayTempDir:
+    """Prepare Ray's temp folder `name` in this user's private folder (and forget `ray start`'s last
+    address there); with `seal`, take the group/others write bits Ray set off every folder in it."""
+    name: str
+    seal: bool = False
+
+
+@dataclass(frozen=True)
+class RayTempDirAnswer:
+    path: str
+
+
 OPERATIONS: dict[str, tuple[type, type]] = {
     "hello": (Hello, HelloAnswer),
     "probe": (Probe, ProbeAnswer),
@@ -357,11 +362,12 @@ OPERATIONS: dict[str, tuple[type, type]] = {
     "stop": (Stop, StopAnswer),
     "tail": (Tail, TailAnswer),
     "read": (ReadLog, ReadAnswer),
-    "forget_ray_address": (ForgetRayAddress, Forgotten),
     "glob": (Glob, GlobAnswer),
     "ray_nodes": (RayNodesQuery, RayNodesAnswer),
     "ray_checks": (RayChecks, RayChecksAnswer),
     "check_serve_args": (ServeArgsCheck, ServeArgsAnswer),
+    # --- Ray's private temp folders (security review, issue 14)
+    "ray_temp_dir": (RayTempDir, RayTempDirAnswer),
 }
 
 OP_OF_REQUEST: dict[type, str] = {request: name for name, (request, _) in OPERATIONS.items()}

@@ -81,7 +81,7 @@ def _server_healthy(url: str, key: str, served_name: str, timeout: float) -> boo
 def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, strict: bool = False) -> StartResult:
     """Ray on every node and the serve-argument check at once, then `vllm serve` on the head; one record saved."""
     with lifecycle.locked_deployment(spec.state_dir) as state:
-        plan = serve_plan(settings, spec, rc.auth_env(spec))  # under the lock: a first start writes the token
+        plan = serve_plan(settings, spec, rc.auth_env(spec, create=True))  # under the lock: the first token
         if state and state.server and server_alive(spec, state.server):
             if _server_healthy(state.server.url, plan.client_key, state.server.served_name, plan.health_timeout_s):
                 raise lifecycle.AlreadyRunning(f"already running and healthy at {state.server.url}; "
