@@ -198,6 +198,16 @@ def stop(spec: ClusterSpec, reporter: Reporter) -> list[str]:
         return stop_locked(spec, reporter, state)
 
 
+def stop_run(spec: ClusterSpec, reporter: Reporter, marker: str) -> bool:
+    """Stop everything, but only while the record still holds the run whose server has `marker` (a
+    supervisor's own run); False, and nothing touched, when an operator's command replaced it."""
+    with lifecycle.locked_deployment(spec.state_dir) as state:
+        if state is None or state.server is None or state.server.marker != marker:
+            return False
+        stop_locked(spec, reporter, state)
+        return True
+
+
 def stop_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None) -> list[str]:
     if state and state.server:
         answer = stop_server(spec, state.server)
