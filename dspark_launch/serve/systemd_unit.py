@@ -15,14 +15,17 @@ def _specifiers(text: str) -> str:
     return text.replace("%", "%%")
 
 
-def quote_arg(arg: str) -> str:
-    """One ExecStart= argument as systemd reads it back: quoted and escaped, `%` and `$` literal."""
-    escaped = arg.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$")
+def quote_arg(arg: str, expands_variables: bool = True) -> str:
+    """One ExecStart= argument as systemd reads it back: quoted and escaped, `%` and `$` literal
+    (systemd expands `$NAME` in the arguments, not in the program's path)."""
+    escaped = arg.replace("\\", "\\\\").replace('"', '\\"')
+    if expands_variables:
+        escaped = escaped.replace("$", "$$")
     return _specifiers(f'"{escaped}"')
 
 
 def command_line(argv: list[str]) -> str:
-    return " ".join(quote_arg(arg) for arg in argv)
+    return " ".join(quote_arg(arg, expands_variables=index > 0) for index, arg in enumerate(argv))
 
 
 def unit_text(launcher: list[str], env_file: Path, user: str) -> str:
