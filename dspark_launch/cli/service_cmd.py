@@ -17,7 +17,7 @@ from dspark_launch.cli.loading import settings_and_spec
 from dspark_launch.cli.output import emit_json, fail
 from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.cli.signals import interruptible
-from dspark_launch.errors import EXIT_FAILED, ConfigError, DsparkError
+from dspark_launch.errors import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, ConfigError, DsparkError, Terminated
 
 HostOption = Annotated[Optional[str], typer.Option("--host", help="API bind address (beats VLLM_HOST).")]
 PortOption = Annotated[Optional[str], typer.Option("--port", help="API port (beats VLLM_PORT).")]
@@ -60,8 +60,8 @@ def do_start(settings, spec, strict: bool, foreground: bool) -> None:
             _stay_attached(spec, server)
 
 
-TAKEN_OVER_LINE = ("dspark: this run was stopped or replaced by another dspark command (stop, restart, start); "
-                   "the supervisor leaves it alone and exits 0")
+TAKEN_OVER_LINE = ("dspark: this run was stopped or replaced by another dspark command (stop, restart); "
+                   "the supervisor leaves the deployment alone")
 
 
 def _stop_own_run(spec, server) -> bool:
@@ -86,11 +86,12 @@ def _stay_attached(spec, server) -> None:
         cause = supervise.watch(spec, server)
     except DsparkError as error:  # the record became unreadable, say: still one line, and this run stopped
         cause = f"supervision failed: {error}"
-    except BaseException:
-        _stop_own_run(spec, server)
-        raise
+    except (KeyboardInterrupt, Terminated) as interrupt:
+        if _stop_own_run(spec, server):
+            raise  # `interruptible` reports what was stopped
+        raise typer.Exit(EXIT_SIGINT if isinstance(interrupt, KeyboardInterrupt) else EXIT_SIGTERM) from None
     if cause is supervise.TAKEN_OVER:
-        print(TAKEN_OVER_LINE, file=sys.stderr)
+        print(f"{TAKEN_OVER_LINE}; exit 0 (a unit with Restart=on-failure stays stopped)", file=sys.stderr)
         raise typer.Exit(0)
     for line in service.tails(spec, server, state=None):
         print(line, file=sys.stderr)
