@@ -256,8 +256,8 @@ def tmp_parent(monkeypatch) -> Path:
     shutil.rmtree(parent)
 
 
-def prepare(name: str = "abcd1234-head", seal: bool = False) -> str:
-    return ray_dirs.ray_temp_dir(p.RayTempDir(name, seal), lambda progress: None).path
+def prepare(name: str = "abcd1234-head") -> str:
+    return ray_dirs.ray_temp_dir(p.RayTempDir(name), lambda progress: None).path
 
 
 def refusal(name: str = "abcd1234-head") -> str:
@@ -274,16 +274,12 @@ def test_ray_folders_live_in_a_private_folder(tmp_parent):
     root = tmp_parent / f"dspark-{os.geteuid()}"
     assert path == root / "abcd1234-head"
     assert stat.S_IMODE(root.stat().st_mode) == 0o700 and root.stat().st_uid == os.geteuid()
-    # What `ray start` does (ray._common.utils.try_to_create_directory): makedirs, then chmod 0777.
-    session = path / "session_2026-12-01_05-15-37_123456_1" / "sockets"
-    session.mkdir(parents=True)
-    for folder in (path, session.parent, session):
-        folder.chmod(0o777)
-    (path / "session_latest").symlink_to(session.parent)
-    prepare(seal=True)
-    for folder in (path, session.parent, session):
-        assert stat.S_IMODE(folder.stat().st_mode) & 0o022 == 0, folder
-    assert Path(prepare()) == path  # the next start reuses it (Ray has opened it up again meanwhile: fine)
+    # What Ray does there (ray._common.utils.try_to_create_directory): makedirs, then chmod 0777; and
+    # `ray start`'s record of the last cluster, which the next start must not trip over.
+    path.chmod(0o777)
+    (path / "ray_current_cluster").write_text("10.213.0.1:6379")
+    assert Path(prepare()) == path  # reused: inside the private folder only this user set its mode
+    assert not (path / "ray_current_cluster").exists()
 
 
 def test_a_planted_link_to_etc_is_refused_and_etc_untouched(tmp_parent):

@@ -166,5 +166,5 @@ class NodeAgent:
         return self.call(p.ServeArgsCheck(tuple(serve_args)), "serve arguments", 300).refused
 
     # --- Ray's private temp folders (security review, issue 14)
-    def ray_temp_dir(self, name: str, seal: bool = False) -> str:
-        return self.call(p.RayTempDir(name, seal), "ray temp folder").path
+    def ray_temp_dir(self, name: str) -> str:
+        return self.call(p.RayTempDir(name), "ray temp folder").path

@@ -340,9 +340,8 @@ class ServeArgsAnswer:
 @dataclass(frozen=True)
 class RayTempDir:
     """Prepare Ray's temp folder `name` in this user's private folder (and forget `ray start`'s last
-    address there); with `seal`, take the group/others write bits Ray set off every folder in it."""
+    address there)."""
     name: str
-    seal: bool = False
 
 
 @dataclass(frozen=True)

@@ -149,8 +149,7 @@ class Bringup:
         record = self.record(node)
         agent = node.agent(self.reporter)
         self.reporter.phase(f"starting Ray on {node.label}")
-        name = ray_temp_dir_name(self.spec, node)
-        record.ray_temp_dir = agent.ray_temp_dir(name)
+        record.ray_temp_dir = agent.ray_temp_dir(ray_temp_dir_name(self.spec, node))
         argv = ray_start_argv(self.spec, node, record.ray_temp_dir)
         answer = agent.run(p.Run(tuple(argv), node_env(self.spec, node, self.token_env),
                                  record.marker, record.ray_log, RAY_START_TIMEOUT_S, tuple(record.sessions)),
@@ -160,7 +159,6 @@ class Bringup:
         if answer.returncode != 0:
             tail = list(agent.tail([record.ray_log], 15))
             raise ClusterFailure(node.label, "ray start", f"exit {answer.returncode}; log {record.ray_log}", tail)
-        agent.ray_temp_dir(name, seal=True)  # Ray chmods its folders 0777
 
     def checks(self, ignore_node_ids: tuple[str, ...] = ()) -> p.RayChecksAnswer:
         """Join wait, IPs, GPUs, version matrix and hotfix on every node, by the head's agent as Ray driver."""

@@ -1,12 +1,11 @@
 """Ray's temp folders on a node, where only this user can write (agent operation, stdlib only).
 
-Ray (`ray start --temp-dir`) creates its folders with `os.makedirs` and chmods each to 0777,
-following links. So every Ray temp folder lives in one private folder of this user,
-`/tmp/dspark-<uid>` (0700: nobody else can enter, plant a link or read the sockets), made
-here with mkdir and checked without following links; a folder there that is a link, of
-another user or open to others is refused with one line, never repaired. After `ray start`
-the launcher seals the tree: no Ray folder stays writable by group or others.
-Short on purpose: Ray's Unix socket paths (`TEMP/session_<date>_<pid>/sockets/plasma_store`)
+Ray creates its folders with `os.makedirs` and chmods each to 0777, following links, and
+does so again whenever one of its processes (a driver, a worker) starts. So every Ray temp
+folder lives in one private folder of this user, `/tmp/dspark-<uid>` (0700: nobody else
+can enter it, plant a link there, write Ray's folders or reach its sockets), made here
+with mkdir and checked without following links; a folder there that is a link, of another
+user or open to others is refused with one line, never repaired. Short on purpose: Ray's Unix socket paths (`TEMP/session_<date>_<pid>/sockets/plasma_store`)
 must stay under 108 bytes.
 """
 
@@ -17,7 +16,7 @@ import re
 from pathlib import Path
 
 from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.safe_path import PRIVATE, UnsafePath, make_dir, seal_tree
+from dspark_launch.cluster.safe_path import PRIVATE, UnsafePath, make_dir
 
 ROOT_PARENT = "/tmp"
 NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,40}")
@@ -44,11 +43,8 @@ def ray_temp_dir(req: p.RayTempDir, report: p.Report) -> p.RayTempDirAnswer:
                                           "(remove it if nobody should have put it there)")) from None
     except OSError as exc:
         raise p.OperationFailed(p.Failure("ray temp folder", f"{folder}: cannot create it ({exc.strerror})")) from None
-    if req.seal:
-        seal_tree(folder)
-    else:
-        try:  # `ray start --head` refuses to start when a stale record there names its address
-            (folder / "ray_current_cluster").unlink()
-        except FileNotFoundError:
-            pass
+    try:  # `ray start --head` refuses to start when a stale record there names its address
+        (folder / "ray_current_cluster").unlink()
+    except FileNotFoundError:
+        pass
     return p.RayTempDirAnswer(str(folder))

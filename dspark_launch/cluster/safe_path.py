@@ -78,23 +78,3 @@ def make_dir(path: Path, forbidden: int = WRITABLE_BY_OTHERS) -> bool:
             pass  # made meanwhile by someone else: the check below decides
     check_dir(path, forbidden)
     return created
-
-
-def seal_tree(root: Path) -> int:
-    """Take group and others' write bit off every folder below `root` (links never followed);
-    returns how many folders changed."""
-    changed = 0
-    for dirpath, dirnames, _ in os.walk(root):
-        for name in [".", *dirnames]:
-            try:
-                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-            except OSError:
-                continue  # a link (never followed), or gone meanwhile
-            try:
-                st = os.fstat(fd)
-                if st.st_uid == os.geteuid() and st.st_mode & 0o022:
-                    os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o022)
-                    changed += 1
-            finally:
-                os.close(fd)
-    return changed
