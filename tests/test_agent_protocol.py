@@ -19,7 +19,7 @@ from dspark_launch.cluster import protocol as p
 from dspark_launch.cluster.client import ClusterFailure, NodeAgent, VersionMismatch
 from dspark_launch.cluster.codec import DecodeError, from_data, to_data
 from dspark_launch.cluster.state import Deployment, NodeRecord, StateUnreadable, load_state, save_state
-from dspark_launch.cluster.transport import LocalTransport
+from dspark_launch.cluster.transport import LOGIN_ENV, LocalTransport
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,8 +68,16 @@ def test_agent_answers_typed_over_a_real_process():
     assert agent.alive((p.Process(os.getpid(), 1),)) == (False,)  # same pid, other start time: not ours
 
 
+# What an operator's shell may hold that no node process (the head's Ray and vllm serve included) may see.
+OPERATOR_SHELL = {"HF_TOKEN": "hf_operator_shell_secret", "AWS_SECRET_ACCESS_KEY": "aws-secret",
+                  "AWS_PROFILE": "prod", "GOOGLE_APPLICATION_CREDENTIALS": "/root/gcp.json",
+                  "AZURE_CLIENT_SECRET": "az", "VLLM_API_KEY": "sk-shell", "LD_PRELOAD": "/tmp/evil.so",
+                  "SSH_AUTH_SOCK": "/tmp/agent.sock", "RAY_ADDRESS": "10.0.0.9:6379", "KUBECONFIG": "/root/k"}
+
+
 def test_run_and_stop_use_only_the_declared_environment(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_TOKEN", "hf_operator_shell_secret")
+    for name, value in OPERATOR_SHELL.items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     agent = NodeAgent("here", LocalTransport(sys.executable))
     log = tmp_path / "env.log"
@@ -83,6 +91,8 @@ def test_run_and_stop_use_only_the_declared_environment(tmp_path, monkeypatch):
         env = json.loads(log.read_text().splitlines()[0])
         assert env["DECLARED"] == "1" and env["DSPARK_OWNER"] == marker
         assert "HF_TOKEN" not in env and "PYTHONPATH" not in env
+        # Exactly a login-like environment (transport.LOGIN_ENV) plus what the request declared.
+        assert set(env) <= {*LOGIN_ENV, "DECLARED", "DSPARK_OWNER"}, sorted(set(env) - set(LOGIN_ENV))
     finally:
         stopped = agent.stop(p.Stop(marker, (answer.process,), (answer.session,), grace_s=2))
     assert answer.process.pid in stopped.stopped and stopped.left == ()

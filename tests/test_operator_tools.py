@@ -42,7 +42,7 @@ def test_systemd_unit(tmp_path):
     proc = run_dspark(["systemd-unit", "--env-file", str(env)])
     assert proc.returncode == 0, proc.stderr
     unit = proc.stdout
-    assert f"start --foreground --env-file {env}" in unit and f"stop --env-file {env}" in unit
+    assert f'"start" "--foreground" "--env-file" "{env}"' in unit and f'"stop" "--env-file" "{env}"' in unit
     assert "SuccessExitStatus=3 143" in unit and "Restart=on-failure" in unit and "[Install]" in unit
 
 

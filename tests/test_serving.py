@@ -19,15 +19,10 @@ import pytest
 from dspark_launch.cluster import procfs
 from tests.support.launcher_env import launcher_env, scratch
 from tests.support.on_testbed import (API_KEY, VENV_BIN, our_pids, processes_named, read_until_served, run, serving_env,
-                                      set_knob, state)
+                                      set_knob, state, status)
 from tests.support.processes import describe
 
 pytestmark = [pytest.mark.testbed, pytest.mark.serving]
-
-def status(tb, tmp_path, env_file) -> tuple[int, dict]:
-    proc = run(tb, tmp_path, env_file, "status", "--json")
-    return proc.returncode, json.loads(proc.stdout)
-
 
 def files_containing(root: Path, needle: bytes) -> list[str]:
     hits = []

@@ -17,7 +17,7 @@ from dspark_launch.cli.loading import settings_and_spec
 from dspark_launch.cli.output import emit_json, fail
 from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.cli.signals import interruptible
-from dspark_launch.errors import EXIT_FAILED, DsparkError
+from dspark_launch.errors import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, ConfigError, DsparkError, Terminated
 
 HostOption = Annotated[Optional[str], typer.Option("--host", help="API bind address (beats VLLM_HOST).")]
 PortOption = Annotated[Optional[str], typer.Option("--port", help="API port (beats VLLM_PORT).")]
@@ -60,20 +60,44 @@ def do_start(settings, spec, strict: bool, foreground: bool, verify: bool = Fals
             _stay_attached(spec, server)
 
 
+TAKEN_OVER_LINE = ("dspark: this run was stopped or replaced by another dspark command (stop, restart); "
+                   "the supervisor leaves the deployment alone")
+
+
+def _stop_own_run(spec, server) -> bool:
+    """Stop this run (only while the record still holds it); one line, never a traceback, when it cannot."""
+    from dspark_launch.serve import service
+
+    try:
+        if service.stop_run(spec, ConsoleReporter(quiet=True), server.marker):
+            return True
+        print(TAKEN_OVER_LINE, file=sys.stderr)
+    except DsparkError as error:
+        print(f"dspark: error: {error}; nothing was stopped by this supervisor", file=sys.stderr)
+    return False
+
+
 def _stay_attached(spec, server) -> None:
-    """For a supervisor: exit non-zero when the server or a node's Ray dies; stop everything on SIGTERM/SIGINT."""
+    """For a supervisor: exit 1 when the server or a node's Ray dies, 0 when an operator's command took
+    the run over; stop this run (only this one) on SIGTERM/SIGINT."""
     from dspark_launch.serve import service, supervise
 
     try:
         cause = supervise.watch(spec, server)
-    except BaseException:
-        service.stop(spec, ConsoleReporter(quiet=True))
-        raise
+    except DsparkError as error:  # the record became unreadable, say: still one line, and this run stopped
+        cause = f"supervision failed: {error}"
+    except (KeyboardInterrupt, Terminated) as interrupt:
+        if _stop_own_run(spec, server):
+            raise  # `interruptible` reports what was stopped
+        raise typer.Exit(EXIT_SIGINT if isinstance(interrupt, KeyboardInterrupt) else EXIT_SIGTERM) from None
+    if cause is supervise.TAKEN_OVER:
+        print(f"{TAKEN_OVER_LINE}; exit 0 (a unit with Restart=on-failure stays stopped)", file=sys.stderr)
+        raise typer.Exit(0)
     for line in service.tails(spec, server, state=None):
         print(line, file=sys.stderr)
     print(f"dspark: error: {cause}; log {server.log}; node logs: `dspark logs --node NAME`", file=sys.stderr)
-    service.stop(spec, ConsoleReporter(quiet=True))
-    print("dspark: stopped everything this run started; exit 1 so a supervisor restarts it", file=sys.stderr)
+    if _stop_own_run(spec, server):
+        print("dspark: stopped everything this run started; exit 1 so a supervisor restarts it", file=sys.stderr)
     raise typer.Exit(EXIT_FAILED)
 
 
@@ -234,29 +258,24 @@ def smoke(
         raise typer.Exit(EXIT_FAILED)
 
 
-def systemd_unit(env_file: EnvFileOption = None) -> None:
+def systemd_unit(
+    env_file: EnvFileOption = None,
+    user: Annotated[Optional[str], typer.Option("--user", help="User= of the unit (default: you).")] = None,
+) -> None:
     """Print a systemd unit for the head node (`dspark start --foreground`)."""
+    import getpass
+
     from dspark_launch.config.settings import resolve
+    from dspark_launch.config.text_settings import _ssh_user as user_name
+    from dspark_launch.serve.systemd_unit import unit_text
 
-    exe = shutil.which("dspark") or f"{sys.executable} -m dspark_launch"
+    chosen = user or getpass.getuser()
+    try:
+        user_name(chosen)
+    except ValueError as exc:
+        source = "CLI --user" if user else "the current user"
+        raise fail(ConfigError(f"--user={chosen!r} ({source}): allowed: {exc}")) from None
+    exe = shutil.which("dspark")
+    launcher = [exe] if exe else [sys.executable, "-m", "dspark_launch"]
     env = Path(env_file or resolve().env_file).resolve()
-    print(f"""[Unit]
-Description=DeepSeek-V4-Flash on DGX Spark (dspark-launch: Ray across the nodes + vLLM)
-Wants=network-online.target
-After=network-online.target
-
-[Service]
-Type=simple
-WorkingDirectory={env.parent}
-ExecStart={exe} start --foreground --env-file {env}
-ExecStop={exe} stop --env-file {env}
-# 3 = already running and healthy (e.g. started by hand before the unit).
-SuccessExitStatus=3 143
-Restart=on-failure
-RestartSec=30
-TimeoutStartSec=infinity
-TimeoutStopSec=120
-KillMode=mixed
-
-[Install]
-WantedBy=multi-user.target""")
+    print(unit_text(launcher, env, chosen))

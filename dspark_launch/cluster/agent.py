@@ -288,20 +288,6 @@ def read(req: p.ReadLog, report: Report) -> p.ReadAnswer:
     return p.ReadAnswer(data.decode(errors="replace"), offset + len(data))
 
 
-def forget_ray_address(req: p.ForgetRayAddress, report: Report) -> p.Forgotten:
-    """Drop `ray start`'s record of the last cluster in our own temp dir.
-
-    `ray start --head` refuses to start when that record names its address and any
-    process on the machine (ps, across network namespaces) mentions the same GCS
-    address: after our own stop, a stale record must not block the next start.
-    """
-    try:
-        (Path(req.temp_dir) / "ray_current_cluster").unlink()
-        return p.Forgotten(True)
-    except FileNotFoundError:
-        return p.Forgotten(False)
-
-
 def glob(req: p.Glob, report: Report) -> p.GlobAnswer:
     return p.GlobAnswer(tuple(sorted(str(path) for path in Path(req.root).glob(req.pattern))))
 
@@ -309,13 +295,14 @@ def glob(req: p.Glob, report: Report) -> p.GlobAnswer:
 HANDLERS: dict[str, Callable] = {
     "hello": hello, "probe": probe, "interface": interface, "port_free": port_free, "meminfo": meminfo,
     "run": run, "spawn": spawn, "alive": alive, "stop": stop, "tail": tail, "read": read,
-    "forget_ray_address": forget_ray_address, "glob": glob,
+    "glob": glob,
 }
 # Operations whose module imports Ray or vLLM: "module:function", imported only when called.
 LAZY_HANDLERS: dict[str, str] = {
     "ray_nodes": "dspark_launch.cluster.head_ops:ray_nodes",
     "ray_checks": "dspark_launch.cluster.head_ops:ray_checks",
     "check_serve_args": "dspark_launch.serve.argcheck:check_serve_args_op",
+    "ray_temp_dir": "dspark_launch.cluster.ray_dirs:ray_temp_dir",  # stdlib, kept in its feature's module
 }
 HANDLERS.update(MODEL_HANDLERS)  # model weights (issue 12)
 

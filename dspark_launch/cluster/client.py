@@ -156,9 +156,6 @@ class NodeAgent:
     def read(self, path: str, offset: int) -> p.ReadAnswer:
         return self.call(p.ReadLog(path, offset), "logs")
 
-    def forget_ray_address(self, temp_dir: str) -> bool:
-        return self.call(p.ForgetRayAddress(temp_dir), "ray start").removed
-
     def glob(self, root: str, pattern: str) -> tuple[str, ...]:
         return self.call(p.Glob(root, pattern), "logs").paths
 
@@ -181,3 +178,7 @@ class NodeAgent:
 
     def model_free_space(self, path: str) -> DiskSpace:
         return self.call(p.ModelDiskQuery(path), "model disk")
+
+    # --- Ray's private temp folders (security review, issue 14)
+    def ray_temp_dir(self, name: str) -> str:
+        return self.call(p.RayTempDir(name), "ray temp folder").path

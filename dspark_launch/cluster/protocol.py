@@ -235,16 +235,6 @@ class ReadAnswer:
 
 
 @dataclass(frozen=True)
-class ForgetRayAddress:
-    temp_dir: str
-
-
-@dataclass(frozen=True)
-class Forgotten:
-    removed: bool
-
-
-@dataclass(frozen=True)
 class Glob:
     root: str
     pattern: str
@@ -370,6 +360,20 @@ class ModelDiskQuery:
     path: str
 
 
+# --- Ray's private temp folders (security review, issue 14) --------------------------------------
+
+@dataclass(frozen=True)
+class RayTempDir:
+    """Prepare Ray's temp folder `name` in this user's private folder (and forget `ray start`'s last
+    address there)."""
+    name: str
+
+
+@dataclass(frozen=True)
+class RayTempDirAnswer:
+    path: str
+
+
 OPERATIONS: dict[str, tuple[type, type]] = {
     "hello": (Hello, HelloAnswer),
     "probe": (Probe, ProbeAnswer),
@@ -382,7 +386,6 @@ OPERATIONS: dict[str, tuple[type, type]] = {
     "stop": (Stop, StopAnswer),
     "tail": (Tail, TailAnswer),
     "read": (ReadLog, ReadAnswer),
-    "forget_ray_address": (ForgetRayAddress, Forgotten),
     "glob": (Glob, GlobAnswer),
     "ray_nodes": (RayNodesQuery, RayNodesAnswer),
     "ray_checks": (RayChecks, RayChecksAnswer),
@@ -391,6 +394,8 @@ OPERATIONS: dict[str, tuple[type, type]] = {
     "model_verify": (ModelVerify, VerifyReport),
     "model_fast_check": (ModelFastCheck, VerifyReport),
     "model_free_space": (ModelDiskQuery, DiskSpace),
+    # --- Ray's private temp folders (security review, issue 14)
+    "ray_temp_dir": (RayTempDir, RayTempDirAnswer),
 }
 
 OP_OF_REQUEST: dict[type, str] = {request: name for name, (request, _) in OPERATIONS.items()}

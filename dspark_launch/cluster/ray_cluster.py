@@ -29,16 +29,18 @@ CORE_PROCESSES = ("raylet", "gcs_server")
 RAY_STOP_GRACE_S = 2.0
 
 
-def ray_temp_dir(spec: ClusterSpec, node: Node) -> str:
-    # Ray's unix sockets live under the temp dir and must stay under 108 bytes: keep it short.
+def ray_temp_dir_name(spec: ClusterSpec, node: Node) -> str:
+    """The node's Ray temp folder inside its user's private folder (`ray_dirs`): one per state folder."""
     digest = hashlib.sha256(str(spec.state_dir).encode()).hexdigest()[:8]
-    return f"/tmp/dspark-{digest}/{node.name}"
+    return f"{digest}-{node.name}"
 
 
-def auth_env(spec: ClusterSpec) -> dict[str, str]:
+def auth_env(spec: ClusterSpec, create: bool = False) -> dict[str, str]:
+    """Ray's auth settings for a client or a node; `create` (under the state lock only) generates the
+    first token."""
     env = {"RAY_AUTH_MODE": spec.auth_mode}
     if spec.auth_mode == "token":
-        env["RAY_AUTH_TOKEN"] = ray_token(spec.state_dir, spec.auth_token)
+        env["RAY_AUTH_TOKEN"] = ray_token(spec.state_dir, spec.auth_token, create)
     return env
 
 
@@ -55,10 +57,10 @@ def node_env(spec: ClusterSpec, node: Node, token_env: dict[str, str]) -> dict[s
     return env
 
 
-def ray_start_argv(spec: ClusterSpec, node: Node) -> list[str]:
+def ray_start_argv(spec: ClusterSpec, node: Node, temp_dir: str) -> list[str]:
     argv = [node.transport.python, "-m", "ray.scripts.scripts", "start", "--node-ip-address", node.ip,
             "--num-gpus", str(spec.gpus_per_node), "--object-store-memory", str(spec.object_store_bytes),
-            "--temp-dir", ray_temp_dir(spec, node), "--disable-usage-stats",
+            "--temp-dir", temp_dir, "--disable-usage-stats",
             "--min-worker-port", str(WORKER_PORTS[0]), "--max-worker-port", str(WORKER_PORTS[1])]
     if node.is_head:
         # --no-monitor: no autoscaler on a fixed set of nodes, and so no autoscaler metrics
@@ -134,13 +136,12 @@ class Bringup:
         self.reporter = reporter
         self.run_id = secrets.token_hex(4)
         self.records: dict[str, NodeRecord] = {}
-        self.token_env = auth_env(spec)
+        self.token_env = auth_env(spec, create=True)  # callers hold the state lock
 
     def record(self, node: Node) -> NodeRecord:
         if node.name not in self.records:
             self.records[node.name] = NodeRecord(
                 name=node.name, ip=node.ip, ssh_host=node.ssh_host, marker=f"dspark-{self.run_id}-{node.name}",
-                ray_temp_dir=ray_temp_dir(self.spec, node),
                 ray_log=str(self.spec.state_dir / "logs" / f"ray-start-{node.name}.log"))
         return self.records[node.name]
 
@@ -148,8 +149,9 @@ class Bringup:
         record = self.record(node)
         agent = node.agent(self.reporter)
         self.reporter.phase(f"starting Ray on {node.label}")
-        agent.forget_ray_address(record.ray_temp_dir)
-        answer = agent.run(p.Run(tuple(ray_start_argv(self.spec, node)), node_env(self.spec, node, self.token_env),
+        record.ray_temp_dir = agent.ray_temp_dir(ray_temp_dir_name(self.spec, node))
+        argv = ray_start_argv(self.spec, node, record.ray_temp_dir)
+        answer = agent.run(p.Run(tuple(argv), node_env(self.spec, node, self.token_env),
                                  record.marker, record.ray_log, RAY_START_TIMEOUT_S, tuple(record.sessions)),
                            "ray start", RAY_START_TIMEOUT_S + 30)
         record.sessions.append(answer.session)

@@ -1,14 +1,21 @@
-"""The state folder (mode 0700): what this launcher started, where, and the lock.
+"""The state folder: what this launcher started, where, and the lock.
 
-Nothing secret is written to `state.json`; the Ray token has its own 0600 file.
+The folder must be this user's and not writable by group or others (created 0700 when
+absent, never chmod-ed when it exists: `DSPARK_STATE_DIR=/tmp` keeps /tmp's sticky bit);
+its records are read only from such a folder, files are opened without following links
+and written through unique temporary names. Nothing secret is written to `state.json`;
+the Ray token has its own 0600 file, generated under the lock.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import secrets
+import stat
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +23,7 @@ from typing import Iterator
 
 from dspark_launch.cluster.codec import from_data, to_data
 from dspark_launch.cluster.protocol import HotfixReport, Process, Session, VersionRow
+from dspark_launch.cluster.safe_path import UnsafePath, check_ancestors, check_dir, make_dir
 from dspark_launch.errors import ConfigError, DsparkError
 
 STATE_FILE = "state.json"
@@ -86,31 +94,74 @@ class StateUnreadable(DsparkError):
     """state.json exists but cannot be read as a deployment record."""
 
 
+SAFE_FOLDER = "allowed: a folder of this user that group and others cannot write (set DSPARK_STATE_DIR)"
+
+
+def _unsafe(path: Path, exc: UnsafePath) -> ConfigError:
+    return ConfigError(f"DSPARK_STATE_DIR={path}: {exc}; nothing was started or read; {SAFE_FOLDER}")
+
+
 def ensure_state_dir(path: Path) -> Path:
-    """Create the folder 0700 and its logs/ folder, or fail with one line before anything starts."""
+    """Create the folder 0700 and its logs/ folder, or check them; one line before anything starts."""
     for folder in (path, path / LOGS_DIR):
         try:
-            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            if folder == path:
-                os.chmod(path, 0o700)
-            probe = folder / ".write-test"
-            probe.write_text("")
+            make_dir(folder)
+            probe = folder / f".write-test-{os.getpid()}"
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
             probe.unlink()
+        except UnsafePath as exc:
+            raise _unsafe(path, exc) from None
         except OSError as exc:
             subject = f"DSPARK_STATE_DIR={path}" if folder == path else f"the log folder {folder}"
-            raise ConfigError(f"{subject}: not writable ({exc.strerror}); nothing was started; "
-                              "allowed: a folder this user can create and write (set DSPARK_STATE_DIR)") from None
+            raise ConfigError(f"{subject}: not writable ({exc.strerror}); nothing was started; {SAFE_FOLDER}") from None
     return path
 
 
+def check_state_dir(path: Path) -> bool:
+    """Whether the state folder exists; raises ConfigError when it is one whose records cannot be trusted."""
+    if not os.path.lexists(path):
+        return False
+    try:
+        check_ancestors(path)
+        check_dir(path)
+    except UnsafePath as exc:
+        raise _unsafe(path, exc) from None
+    return True
+
+
+def _read_private(path: Path) -> str:
+    """A file of this user that others cannot write, opened without following a link (FileNotFoundError
+    when absent; OSError otherwise)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd) as handle:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise PermissionError(errno.EPERM, f"not a regular file of this user that only it can write "
+                                               f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})")
+        return handle.read()
+
+
+def _write_temp(path: Path, text: str) -> str:
+    """`text` in a new 0600 file beside `path` with a unique name (O_EXCL: never an existing file or link)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
 def _write_private(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    tmp = _write_temp(path, text)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def save_state(state_dir: Path, state: Deployment) -> None:
@@ -121,8 +172,10 @@ def load_state(state_dir: Path) -> Deployment | None:
     """The record, or None when there is none. Fields another launcher version added are ignored;
     a file that is not a record raises StateUnreadable naming it (exit 1)."""
     path = state_dir / STATE_FILE
+    if not check_state_dir(state_dir):
+        return None
     try:
-        text = path.read_text()
+        text = _read_private(path)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -144,23 +197,37 @@ def clear_state(state_dir: Path) -> None:
         pass
 
 
-def ray_token(state_dir: Path, configured: str) -> str:
-    """The configured token, else the one generated at first start (kept 0600)."""
+def ray_token(state_dir: Path, configured: str, create: bool = False) -> str:
+    """The configured token, else the one generated at first start (0600); "" when there is none yet.
+
+    `create` only under the state lock: the first start's token is the one its cluster uses. The file
+    appears with its content at once (a link to a complete temporary file), so even two creators agree.
+    """
     if configured:
         return configured
     path = state_dir / TOKEN_FILE
-    if path.is_file():
-        return path.read_text().strip()
-    token = secrets.token_hex(32)
-    _write_private(path, token + "\n")
-    return token
+    try:
+        return _read_private(path).strip()
+    except FileNotFoundError:
+        if not create:
+            return ""
+    except OSError as exc:
+        raise StateUnreadable(f"{path}: cannot read it ({exc.strerror})") from None
+    tmp = _write_temp(path, secrets.token_hex(32) + "\n")
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass  # another launcher made it first: use theirs
+    finally:
+        os.unlink(tmp)
+    return _read_private(path).strip()
 
 
 @contextmanager
 def state_lock(state_dir: Path) -> Iterator[None]:
     """flock on the state folder; a second launcher fails naming the holder's pid."""
     path = state_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -178,7 +245,7 @@ def lock_holder(state_dir: Path) -> str | None:
     """The pid holding the lock, or None when free; never takes it for long or rewrites it."""
     path = state_dir / LOCK_FILE
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
     try:

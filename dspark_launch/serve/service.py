@@ -85,7 +85,7 @@ def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, strict: boo
     """Ray on every node and the serve-argument check at once, then `vllm serve` on the head; one record saved."""
     with lifecycle.locked_deployment(spec.state_dir) as state:
         spec, serving = model_preflight(settings, spec, reporter, verify)
-        plan = with_model(serve_plan(settings, spec, rc.auth_env(spec)), serving)  # under the lock: a first start writes the token
+        plan = with_model(serve_plan(settings, spec, rc.auth_env(spec, create=True)), serving)  # under the lock: the first token
         if state and state.server and server_alive(spec, state.server):
             if _server_healthy(state.server.url, plan.client_key, state.server.served_name, plan.health_timeout_s):
                 raise lifecycle.AlreadyRunning(f"already running and healthy at {state.server.url}; "
@@ -228,6 +228,16 @@ def stop(spec: ClusterSpec, reporter: Reporter) -> list[str]:
     """The server, then Ray on every node; idempotent. Returns nodes that could not be stopped."""
     with lifecycle.locked_deployment(spec.state_dir) as state:
         return stop_locked(spec, reporter, state)
+
+
+def stop_run(spec: ClusterSpec, reporter: Reporter, marker: str) -> bool:
+    """Stop everything, but only while the record still holds the run whose server has `marker` (a
+    supervisor's own run); False, and nothing touched, when an operator's command replaced it."""
+    with lifecycle.locked_deployment(spec.state_dir) as state:
+        if state is None or state.server is None or state.server.marker != marker:
+            return False
+        stop_locked(spec, reporter, state)
+        return True
 
 
 def stop_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None) -> list[str]:

@@ -107,3 +107,9 @@ def spawn_lookalike(tb, node: str, title: str, *argv: str) -> tuple[int, int]:
 def processes_named(tb, node: str, needle: str) -> list[int]:
     """Pids on `node` (testbed infrastructure left out) whose command line contains `needle`."""
     return [pid for pid in tb.pids_in(node, include_infra=False) if needle in cmdline(pid)]
+
+
+def status(tb, tmp_path: Path, env_file: Path) -> tuple[int, dict]:
+    """`dspark status --json` on the head: (exit code, the JSON)."""
+    proc = run(tb, tmp_path, env_file, "status", "--json")
+    return proc.returncode, json.loads(proc.stdout)
