@@ -315,6 +315,8 @@ LAZY_HANDLERS: dict[str, str] = {
     "ray_nodes": "dspark_launch.cluster.head_ops:ray_nodes",
     "ray_checks": "dspark_launch.cluster.head_ops:ray_checks",
     "check_serve_args": "dspark_launch.serve.argcheck:check_serve_args_op",
+    # model profile and fabric (issue 11)
+    **{op: f"dspark_launch.cluster.profile_ops:{op}" for op in ("describe_vllm", "fabric_env", "non_carry_over")},
 }
 
 
