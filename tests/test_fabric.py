@@ -16,9 +16,8 @@ from dspark_launch.cluster.fabric import (
 from dspark_launch.config.settings import resolve as load_settings
 from dspark_launch.errors import ConfigError
 from tests.support.paths import REPO
-from tests.support.sysfs import add_port, ipv4_gid
+from tests.support.sysfs import V1, V2, add_port, ipv4_gid
 
-V1, V2 = "IB/RoCE v1", "RoCE v2"
 LINK_LOCAL = "fe80:0000:0000:0000:0a20:e7ff:fe96:0708"
 
 

@@ -123,7 +123,7 @@ def test_smoke_command_goes_direct(tmp_path, proxied, api, proxy):
     state_dir = tmp_path / "state"
     state_dir.mkdir(mode=0o700)
     server = ServerRecord(marker="dspark-test-server", log="", url=api.url, served_name="tiny", model="tiny",
-                          started_at=time.time(), settings={}, digest="x", cap=1)
+                          started_at=time.time(), settings={}, digest="x", cap=1, chat=True)
     save_state(state_dir, Deployment(ray_address="127.0.0.1:6379", config_digest="x", started_at=time.time(),
                                      launcher_version="test", nodes=[], server=server))
     env_file = tmp_path / "smoke.env"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.serve.memory import fit_report, weights_bytes
+from dspark_launch.serve.memory import estimate, weights_bytes
 from tests.support.launcher_env import run_dspark
 from tests.support.paths import REPO
 
@@ -50,9 +50,12 @@ def test_weights_from_the_safetensors_index(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 300 * 2**30}}))
     assert weights_bytes(tmp_path) == 300 * 2**30
     memory = {"head": 128 * 2**30, "worker1": 128 * 2**30}
-    problems = fit_report(300 * 2**30, 2, memory, 0.835)
-    assert len(problems) == 2 and "150.0 GiB per node" in problems[0]
-    assert fit_report(150 * 2**30, 2, memory, 0.835) == []
+    found = estimate("none", str(tmp_path), "", "auto", 256, 2, 0.835, memory)
+    assert not found.fits and [f.fits for f in found.findings] == [False, False]
+    assert found.findings[0].line.startswith("head: 150.0 GiB (weights 150.0 GiB) does not fit in 128.0 GiB x "
+                                             "GPU_MEMORY_UTILIZATION 0.835 = 106.9 GiB")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 150 * 2**30}}))
+    assert estimate("none", str(tmp_path), "", "auto", 256, 2, 0.835, memory).fits
 
 
 def test_weights_from_safetensors_files(tmp_path):
@@ -63,7 +66,7 @@ def test_weights_from_safetensors_files(tmp_path):
 
 
 @pytest.mark.testbed
-def test_strict_memory_preflight_refuses_before_anything_starts(testbed_clean, tmp_path):
+def test_memory_preflight_refuses_by_default_before_anything_starts(testbed_clean, tmp_path):
     from tests.support.on_testbed import dspark, our_pids, write_env
 
     model = tmp_path / "huge-model"
@@ -73,9 +76,11 @@ def test_strict_memory_preflight_refuses_before_anything_starts(testbed_clean, t
 
     prepare_local(str(model))  # placed (the nodes share this filesystem): the weights pre-flight passes
     env = write_env(testbed_clean, tmp_path, DSPARK_MODEL=str(model))
-    proc = dspark(testbed_clean, env, "start", "--strict")
+    proc = dspark(testbed_clean, env, "start")
     assert proc.returncode == 1, proc.stderr
-    assert "memory pre-flight" in proc.stderr and "--strict" in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("dspark: error: ")]
+    assert len(errors) == 1 and "memory pre-flight: head (10.213.0.1): " in errors[0], proc.stderr
+    assert "does not fit in" in errors[0] and "GPU_MEMORY_UTILIZATION 0.835" in errors[0] and "--force" in errors[0]
     assert "starting Ray" not in proc.stderr
     assert our_pids(testbed_clean, "head") == set() and our_pids(testbed_clean, "worker1") == set()
     warn = dspark(testbed_clean, env, "start", "--help")

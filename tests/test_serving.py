@@ -47,6 +47,9 @@ def test_start_serve_drift_restart_kill_stop(testbed_clean, tmp_path, tiny_model
     assert started.returncode == 0, started.stderr[-4000:]
     assert "serving " in started.stdout and "in-flight prefill cap: 1" in started.stdout
     assert "hotfix head: applied" in started.stdout and "hotfix worker1: applied" in started.stdout
+    # The tiny-test profile was resolved against the head's vLLM, and readiness asked for a chat answer.
+    assert "kv-cache-dtype auto: no_such_dtype not offered by the installed vLLM 0.32.0" in started.stderr
+    assert "sending a one-token chat completion" in started.stderr
 
     # Tensor parallel rank 1 runs on the worker node, rank 0 on the head.
     assert processes_named(tb, "worker1", "RayWorkerProc"), "no vLLM Ray worker on worker1"
@@ -150,8 +153,9 @@ def test_unknown_vllm_flag_fails_the_argument_check(testbed_clean, tmp_path, tin
 
 def test_server_dying_during_start_is_a_failure_not_a_timeout(testbed_clean, tmp_path, tiny_model):
     tb = testbed_clean
-    # Parses fine, but the engine refuses it at start: longer than the model's 1024 positions.
-    env = serving_env(tb, tmp_path, tiny_model, MAX_MODEL_LEN="65536", START_TIMEOUT_S="600")
+    # Parses fine, but the engine refuses it at start: longer than the model's 1024 positions (the generic
+    # serve: the tiny-test profile sets VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, which lets it through).
+    env = serving_env(tb, tmp_path, tiny_model, MAX_MODEL_LEN="65536", START_TIMEOUT_S="600", DSPARK_PROFILE="none")
     began = time.monotonic()
     proc = run(tb, tmp_path, env, "start")
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -170,7 +174,7 @@ def test_the_cli_needs_neither_vllm_nor_ray(testbed_clean, tmp_path, tiny_model)
     for name in ("vllm", "ray", "torch"):
         (blocked / name).mkdir(parents=True)
         (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} is not for the launcher')\n")
-    env_file = serving_env(tb, tmp_path, tiny_model)
+    env_file = serving_env(tb, tmp_path, tiny_model, DSPARK_PROFILE="none")  # the generic serve
     cli_env = {**launcher_env(scratch(tmp_path)), "PYTHONPATH": str(blocked)}
     probe = tb.exec("head", [str(VENV_BIN / "python"), "-c", "import vllm"], env=cli_env)
     assert probe.returncode != 0 and "not for the launcher" in probe.stderr
@@ -183,6 +187,7 @@ def test_the_cli_needs_neither_vllm_nor_ray(testbed_clean, tmp_path, tiny_model)
     try:
         assert started.returncode == 0, started.stderr[-3000:]
         assert "serving " in started.stdout and "hotfix worker1: applied" in started.stdout
+        assert "sending a one-token completion" in started.stderr  # DSPARK_PROFILE=none: no chat promised
         shown = cli("status", "--json")
         data = json.loads(shown.stdout)
         assert data["state"] == "up" and data["server"]["healthy"], shown.stderr[-2000:]

@@ -19,12 +19,12 @@ def settings_or_exit(env_file: str | None, cli: dict | None = None, strict: bool
     return settings
 
 
-def settings_and_spec(env_file: str | None, host: str | None = None, port: str | None = None):
-    """What every cluster or service command starts from."""
+def settings_and_spec(env_file: str | None, host: str | None = None, port: str | None = None, strict: bool = False):
+    """What every cluster or service command starts from (`strict`: configuration warnings are errors)."""
     from dspark_launch.cluster.spec import cluster_spec
     from dspark_launch.config.load import serve_overrides
 
-    settings = settings_or_exit(env_file, serve_overrides(host, port))
+    settings = settings_or_exit(env_file, serve_overrides(host, port), strict)
     try:
         return settings, cluster_spec(settings)
     except DsparkError as error:

@@ -13,7 +13,7 @@ import typer
 
 from dspark_launch.cli.cluster_cmd import dashboard_hint, hotfix_line, render_status
 from dspark_launch.cli.config_cmd import EnvFileOption
-from dspark_launch.cli.loading import settings_and_spec
+from dspark_launch.cli.loading import settings_and_spec, settings_or_exit
 from dspark_launch.cli.output import emit_json, fail
 from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.cli.signals import interruptible
@@ -31,7 +31,12 @@ def _report_failure(error: DsparkError, spec) -> None:
         print(f"dspark: everything this run started was stopped; logs in {spec.state_dir / 'logs'}", file=sys.stderr)
 
 
-def do_start(settings, spec, strict: bool, foreground: bool, verify: bool = False) -> None:
+ForceOption = Annotated[bool, typer.Option(
+    "--force", help="Start even when the memory pre-flight says it won't fit (an overrun freezes the host).")]
+StrictOption = Annotated[bool, typer.Option("--strict", help="Treat configuration warnings as errors.")]
+
+
+def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False) -> None:
     from dspark_launch.serve import service
 
     reporter = ConsoleReporter()
@@ -42,7 +47,7 @@ def do_start(settings, spec, strict: bool, foreground: bool, verify: bool = Fals
 
     with interruptible(interrupted):
         try:
-            result = service.start(settings, spec, reporter, strict=strict, verify=verify)
+            result = service.start(settings, spec, reporter, force=force, verify=verify)
         except DsparkError as error:
             _report_failure(error, spec)
             raise typer.Exit(error.exit_code) from None
@@ -105,14 +110,15 @@ def start(
     env_file: EnvFileOption = None,
     host: HostOption = None,
     port: PortOption = None,
-    strict: Annotated[bool, typer.Option("--strict", help="Refuse when the memory pre-flight says it won't fit.")] = False,
+    force: ForceOption = False,
+    strict: StrictOption = False,
     foreground: Annotated[bool, typer.Option("--foreground", help="Stay attached; exit non-zero if the server dies.")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="Check every weight file's sha256 on every node first "
                                                            "(default: sizes and the manifest stamp).")] = False,
 ) -> None:
     """Check the weights on every node, bring up Ray, apply the hotfix everywhere, serve, wait until the API answers."""
-    settings, spec = settings_and_spec(env_file, host, port)
-    do_start(settings, spec, strict, foreground, verify)
+    settings, spec = settings_and_spec(env_file, host, port, strict)
+    do_start(settings, spec, force, foreground, verify)
 
 
 def stop(env_file: EnvFileOption = None) -> None:
@@ -132,17 +138,18 @@ def restart(
     env_file: EnvFileOption = None,
     host: HostOption = None,
     port: PortOption = None,
-    strict: Annotated[bool, typer.Option("--strict")] = False,
+    force: ForceOption = False,
+    strict: StrictOption = False,
 ) -> None:
     """Stop, then start with the env file as it is now."""
     from dspark_launch.serve import service
 
-    settings, spec = settings_and_spec(env_file, host, port)
+    settings, spec = settings_and_spec(env_file, host, port, strict)
     try:
         service.stop(spec, ConsoleReporter())
     except DsparkError as error:
         raise fail(error) from None
-    do_start(settings, spec, strict, False)
+    do_start(settings, spec, force, False)
 
 
 def status(
@@ -175,6 +182,12 @@ def status(
                       f"{100 * m.get('vllm:kv_cache_usage_perc', 0):.1f}%")
             for d in s.drift:
                 print(f"  drift: {d.name} {d.running} -> {d.configured}: restart to apply")
+            if s.profile:
+                print(f"  profile {s.profile}:")
+            for line in s.decisions:
+                print(f"    {line}")
+        for warning in view.fabric_warnings:
+            print(f"warning: {warning}")
         for problem in view.problems:
             print(f"problem: {problem}")
     if view.state == "degraded":
@@ -223,7 +236,7 @@ def smoke(
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, max=4096)] = 16,
     timeout: Annotated[float, typer.Option("--timeout")] = 120.0,
 ) -> None:
-    """N parallel chat requests; a line each; non-zero exit if any fails."""
+    """N parallel requests (chat when the profile serves a chat model); a line each; non-zero exit if any fails."""
     from dspark_launch.cluster.state import load_state
     from dspark_launch.serve import http
     from dspark_launch.serve.plan import api_key
@@ -236,12 +249,11 @@ def smoke(
     if not state or not state.server:
         raise fail(DsparkError("no server started from this state folder; run `dspark start`"))
     url, model, key = state.server.url, state.server.served_name, api_key(settings)
+    ask = http.chat if state.server.chat else http.complete
 
     def one(i: int):
         began = time.monotonic()
-        reply = http.request(f"{url}/v1/chat/completions", key, {
-            "model": model, "max_tokens": max_tokens, "temperature": 0,
-            "messages": [{"role": "user", "content": f"Say hello ({i})."}]}, timeout)
+        reply = ask(url, key, model, f"Say hello ({i}).", max_tokens, timeout)
         return i, reply, time.monotonic() - began
 
     failed = 0
@@ -256,6 +268,25 @@ def smoke(
     print(f"{concurrency - failed} passed, {failed} failed")
     if failed:
         raise typer.Exit(EXIT_FAILED)
+
+
+def plan(
+    env_file: EnvFileOption = None,
+    host: HostOption = None,
+    port: PortOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema dspark-plan/1).")] = False,
+) -> None:
+    """What `start` would run on each node (argv, environment, profile decisions, memory); starts nothing."""
+    from dspark_launch.cli.plan_view import render_plan
+    from dspark_launch.config.load import serve_overrides
+    from dspark_launch.serve.preview import build_plan
+
+    settings = settings_or_exit(env_file, serve_overrides(host, port))
+    try:
+        built = build_plan(settings, ConsoleReporter(quiet=as_json))
+    except DsparkError as error:
+        raise fail(error) from None
+    print(built.to_json() if as_json else render_plan(built))
 
 
 def systemd_unit(

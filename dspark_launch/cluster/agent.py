@@ -294,6 +294,8 @@ LAZY_HANDLERS: dict[str, str] = {
     "ray_checks": "dspark_launch.cluster.head_ops:ray_checks",
     "check_serve_args": "dspark_launch.serve.argcheck:check_serve_args_op",
     "ray_temp_dir": "dspark_launch.cluster.ray_dirs:ray_temp_dir",  # stdlib, kept in its feature's module
+    # model profile and fabric (issue 11)
+    **{op: f"dspark_launch.cluster.profile_ops:{op}" for op in ("describe_vllm", "fabric_env", "non_carry_over")},
 }
 HANDLERS.update(MODEL_HANDLERS)  # model weights (issue 12)
 

@@ -15,10 +15,12 @@ from typing import Any, Protocol, TypeVar
 from dspark_launch import __version__
 from dspark_launch.cluster import protocol as p
 from dspark_launch.cluster.codec import DecodeError, from_data, to_data
+from dspark_launch.cluster.fabric import FabricEnv, FabricRequest
 from dspark_launch.cluster.transport import NodeUnreachable, Transport
 from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.model.manifest import Manifest
 from dspark_launch.model.node_check import DiskSpace, VerifyReport
+from dspark_launch.profiles.offer import VllmOffer
 
 A = TypeVar("A")
 AGENT_TIMEOUT_S = 60
@@ -182,3 +184,13 @@ class NodeAgent:
     # --- Ray's private temp folders (security review, issue 14)
     def ray_temp_dir(self, name: str) -> str:
         return self.call(p.RayTempDir(name), "ray temp folder").path
+    # model profile and fabric (issue 11)
+
+    def describe_vllm(self) -> VllmOffer:
+        return self.call(p.DescribeVllm(), "installed vLLM", 300).offer
+
+    def fabric_env(self, request: FabricRequest, sysfs_root: str = "") -> FabricEnv:
+        return self.call(p.FabricQuery(request, sysfs_root), "fabric").fabric
+
+    def non_carry_over(self, config_root: str) -> str:
+        return self.call(p.NonCarryOver(config_root), "vLLM config folder").path

@@ -121,7 +121,7 @@ def _bring_up(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None
     try:
         # Every node's pre-flight at once, and all of it before any Ray starts: a node that fails it
         # leaves nothing started anywhere (the head's Ray would otherwise start beside it).
-        on_each(to_start, lambda node: rc.preflight_node(spec, node, reporter))
+        bringup.fabric.update(on_each(to_start, lambda node: rc.preflight_node(spec, node, reporter)))
         stale: tuple[str, ...] = ()
         if spec.head in to_start:
             bringup.start_ray(spec.head)

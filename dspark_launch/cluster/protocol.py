@@ -22,6 +22,8 @@ from typing import Callable
 
 from dspark_launch.model.manifest import Manifest  # stdlib only, as the node checks
 from dspark_launch.model.node_check import DiskSpace, VerifyReport
+from dspark_launch.cluster.fabric import FabricEnv, FabricRequest  # stdlib-only values
+from dspark_launch.profiles.offer import VllmOffer  # stdlib-only values
 
 PROTOCOL_VERSION = 1
 
@@ -374,6 +376,41 @@ class RayTempDirAnswer:
     path: str
 
 
+# --- model profile and fabric (issue 11) ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DescribeVllm:
+    """The installed vLLM's serve parser as data (head: imports vLLM, seconds)."""
+
+
+@dataclass(frozen=True)
+class DescribeVllmAnswer:
+    offer: VllmOffer
+
+
+@dataclass(frozen=True)
+class FabricQuery:
+    """One node's fabric environment from its sysfs."""
+    request: FabricRequest
+    sysfs_root: str = ""  # tests only (DSPARK_TEST_SYSFS_ROOT forwarded by the launcher): a fake sysfs tree
+
+
+@dataclass(frozen=True)
+class FabricAnswer:
+    fabric: FabricEnv
+
+
+@dataclass(frozen=True)
+class NonCarryOver:
+    """Head: write vLLM's list of variables it must not copy from the driver to its Ray workers."""
+    config_root: str
+
+
+@dataclass(frozen=True)
+class NonCarryOverAnswer:
+    path: str
+
+
 OPERATIONS: dict[str, tuple[type, type]] = {
     "hello": (Hello, HelloAnswer),
     "probe": (Probe, ProbeAnswer),
@@ -396,6 +433,10 @@ OPERATIONS: dict[str, tuple[type, type]] = {
     "model_free_space": (ModelDiskQuery, DiskSpace),
     # --- Ray's private temp folders (security review, issue 14)
     "ray_temp_dir": (RayTempDir, RayTempDirAnswer),
+    # model profile and fabric (issue 11)
+    "describe_vllm": (DescribeVllm, DescribeVllmAnswer),
+    "fabric_env": (FabricQuery, FabricAnswer),
+    "non_carry_over": (NonCarryOver, NonCarryOverAnswer),
 }
 
 OP_OF_REQUEST: dict[type, str] = {request: name for name, (request, _) in OPERATIONS.items()}

@@ -13,6 +13,7 @@ import secrets
 
 from dspark_launch.cluster import protocol as p
 from dspark_launch.cluster.client import ClusterFailure, Reporter
+from dspark_launch.cluster.fabric import SYSFS_ROOT_VAR, FabricEnv
 from dspark_launch.cluster.parallel import on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import NodeRecord, ray_token
@@ -44,9 +45,11 @@ def auth_env(spec: ClusterSpec, create: bool = False) -> dict[str, str]:
     return env
 
 
-def node_env(spec: ClusterSpec, node: Node, token_env: dict[str, str]) -> dict[str, str]:
-    """The declared environment of everything started on `node` (Ray workers inherit the raylet's)."""
+def node_env(spec: ClusterSpec, node: Node, token_env: dict[str, str], fabric: FabricEnv | None) -> dict[str, str]:
+    """The declared environment of everything started on `node` (Ray workers inherit the raylet's):
+    the node's own fabric variables among them, so vLLM's workers there use this node's values."""
     env = dict(spec.node_env)
+    env.update(fabric.env if fabric else ())
     env.update(spec.forwarded)
     env.update(token_env)
     env["VLLM_HOST_IP"] = node.ip
@@ -96,8 +99,14 @@ def dashboard_hint(spec: ClusterSpec) -> str | None:
             f"(or the head's address on your network), then open http://127.0.0.1:{DASHBOARD_PORT}")
 
 
-def preflight_node(spec: ClusterSpec, node: Node, reporter: Reporter) -> p.ProbeAnswer:
-    """Every check that can fail before anything starts on `node`; one line per failure."""
+def node_fabric(spec: ClusterSpec, node: Node, reporter: Reporter | None = None) -> FabricEnv:
+    """The node's own fabric environment, worked out by its agent from its sysfs."""
+    assert node.fabric is not None  # cluster_spec gives every node its request
+    return node.agent(reporter).fabric_env(node.fabric, dict(spec.forwarded).get(SYSFS_ROOT_VAR, ""))
+
+
+def preflight_node(spec: ClusterSpec, node: Node, reporter: Reporter) -> FabricEnv:
+    """Every check that can fail before anything starts on `node`, one line per failure; its fabric environment."""
     reporter.phase(f"pre-flight {node.label}")
     agent = node.agent(reporter)
     probe = agent.probe(str(spec.state_dir / "logs"), node.is_head and spec.dashboard == "local",
@@ -125,7 +134,10 @@ def preflight_node(spec: ClusterSpec, node: Node, reporter: Reporter) -> p.Probe
         port = agent.port_free(node.ip, spec.ray_port)
         if not port.free:
             raise ClusterFailure(node.label, "ray port", f"{node.ip}:{spec.ray_port} is taken ({port.reason})")
-    return probe
+    fabric = node_fabric(spec, node, reporter)
+    for warning in fabric.warnings:
+        reporter.warn(warning)
+    return fabric
 
 
 class Bringup:
@@ -137,12 +149,15 @@ class Bringup:
         self.run_id = secrets.token_hex(4)
         self.records: dict[str, NodeRecord] = {}
         self.token_env = auth_env(spec, create=True)  # callers hold the state lock
+        self.fabric: dict[str, FabricEnv] = {}  # each started node's own, from its pre-flight
 
     def record(self, node: Node) -> NodeRecord:
         if node.name not in self.records:
             self.records[node.name] = NodeRecord(
                 name=node.name, ip=node.ip, ssh_host=node.ssh_host, marker=f"dspark-{self.run_id}-{node.name}",
                 ray_log=str(self.spec.state_dir / "logs" / f"ray-start-{node.name}.log"))
+            fabric = self.fabric.get(node.name)
+            self.records[node.name].fabric_warnings = list(fabric.warnings) if fabric else []
         return self.records[node.name]
 
     def start_ray(self, node: Node) -> None:
@@ -151,7 +166,7 @@ class Bringup:
         self.reporter.phase(f"starting Ray on {node.label}")
         record.ray_temp_dir = agent.ray_temp_dir(ray_temp_dir_name(self.spec, node))
         argv = ray_start_argv(self.spec, node, record.ray_temp_dir)
-        answer = agent.run(p.Run(tuple(argv), node_env(self.spec, node, self.token_env),
+        answer = agent.run(p.Run(tuple(argv), node_env(self.spec, node, self.token_env, self.fabric.get(node.name)),
                                  record.marker, record.ray_log, RAY_START_TIMEOUT_S, tuple(record.sessions)),
                            "ray start", RAY_START_TIMEOUT_S + 30)
         record.sessions.append(answer.session)

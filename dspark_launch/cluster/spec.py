@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dspark_launch.cluster.client import NodeAgent, Reporter
+from dspark_launch.cluster.fabric import FabricRequest, fabric_request
 from dspark_launch.cluster.transport import LocalTransport, SSHTransport, Transport
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError
@@ -20,6 +21,7 @@ class Node:
     ip: str  # fabric IP: Ray's --node-ip-address and VLLM_HOST_IP
     ssh_host: str | None  # None for the head (local)
     transport: Transport
+    fabric: FabricRequest | None = None  # what its agent needs to work out its own fabric environment
 
     @property
     def is_head(self) -> bool:
@@ -40,7 +42,7 @@ class ClusterSpec:
     ray_port: int
     ray_address: str
     fabric_ifname: str
-    node_env: tuple[tuple[str, str], ...]  # the fabric and NCCL settings every node's Ray gets
+    node_env: tuple[tuple[str, str], ...]  # variables every node's Ray gets (its fabric ones come from its agent)
     forwarded: tuple[tuple[str, str], ...] = field(repr=False)  # DSPARK_FORWARD_ENV names with their values
     gpus_per_node: int
     object_store_bytes: int
@@ -76,10 +78,15 @@ def state_dir_of(settings: Settings) -> Path:
     return Path(settings["DSPARK_STATE_DIR"]).expanduser() if settings["DSPARK_STATE_DIR"] else default_state_dir()
 
 
-def _require_real_hosts(settings: Settings) -> None:
+def placeholder(settings: Settings, name: str) -> bool:
+    """True when `name` still holds the example file's placeholder (such an address is never dialled)."""
+    return settings.from_example and settings.entries[name].source.startswith(str(settings.env_file))
+
+
+def _require_real_hosts(settings: Settings, placeholders_ok: bool) -> None:
     for name in ("DSPARK_HEAD_IP", "DSPARK_WORKER_HOSTS", "DSPARK_FABRIC_IFNAME"):
         entry = settings.entries[name]
-        if settings.from_example and entry.source.startswith(str(settings.env_file)):
+        if placeholder(settings, name) and not placeholders_ok:
             raise ConfigError(
                 f"{name}={entry.value} from {entry.source} is a placeholder from the example file; "
                 "allowed: your own hosts: run `dspark config init` and set them in .env.dspark")
@@ -87,9 +94,10 @@ def _require_real_hosts(settings: Settings) -> None:
             raise ConfigError(f"{name} is not set ({entry.source}); allowed: see .env.dspark.example")
 
 
-def cluster_spec(settings: Settings) -> ClusterSpec:
-    """The nodes to contact; refuses placeholders so nothing reaches an address nobody configured."""
-    _require_real_hosts(settings)
+def cluster_spec(settings: Settings, placeholders_ok: bool = False) -> ClusterSpec:
+    """The nodes to contact; refuses placeholders so nothing reaches an address nobody configured
+    (`placeholders_ok`: for `dspark plan`, which never dials a placeholder, see `placeholder`)."""
+    _require_real_hosts(settings, placeholders_ok)
     hosts = settings["DSPARK_WORKER_HOSTS"].split()
     ips = settings["DSPARK_WORKER_IPS"].split() or [h.rsplit("@", 1)[-1].strip("[]") for h in hosts]
     for host, ip in zip(hosts, ips):
@@ -108,14 +116,14 @@ def cluster_spec(settings: Settings) -> ClusterSpec:
                host_key_check=settings["DSPARK_SSH_HOST_KEY_CHECK"],
                connect_timeout=settings.int("SSH_CONNECT_TIMEOUT_S"),
                extra_options=settings.words("DSPARK_SSH_OPTIONS"))
-    nodes = [Node("head", head_ip, None, LocalTransport(head_python))]
+    nodes = [Node("head", head_ip, None, LocalTransport(head_python), fabric_request(settings, "head", head_ip))]
     for index, (host, ip) in enumerate(zip(hosts, ips), start=1):
-        nodes.append(Node(f"worker{index}", ip, host, SSHTransport(host=host.rsplit("@", 1)[-1], python=python,
-                                                                     **{**ssh, "user": _user(host, ssh["user"])})))
+        name = f"worker{index}"
+        nodes.append(Node(name, ip, host, SSHTransport(host=host.rsplit("@", 1)[-1], python=python,
+                                                       **{**ssh, "user": _user(host, ssh["user"])}),
+                          fabric_request(settings, name, ip)))
     ifname = settings["DSPARK_FABRIC_IFNAME"]
-    node_env = [(var, settings[var] or ifname) for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")]
-    if settings["NCCL_IB_HCA"]:
-        node_env += [("NCCL_IB_HCA", settings["NCCL_IB_HCA"]), ("NCCL_IB_DISABLE", "0")]
+    node_env: list[tuple[str, str]] = []  # NCCL_*, *_SOCKET_IFNAME: per node, from its agent (`fabric_env`)
     port = settings.int("RAY_PORT")
     return ClusterSpec(
         nodes=tuple(nodes), ray_port=port, ray_address=f"{_bracket(head_ip)}:{port}", fabric_ifname=ifname,

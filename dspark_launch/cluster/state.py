@@ -46,6 +46,7 @@ class NodeRecord:
     sessions: list[Session] = field(default_factory=list)  # each process group we started
     ray_temp_dir: str = ""
     ray_log: str = ""
+    fabric_warnings: list[str] = field(default_factory=list)  # e.g. NCCL falls back to TCP (shown by status)
 
 
 @dataclass
@@ -66,6 +67,9 @@ class ServerRecord:
     sessions: list[Session] = field(default_factory=list)
     kv_cache_tokens: int | None = None
     scheduler_cap: int | None = None  # what the EngineCore's scheduler reported
+    profile: str = ""  # DSPARK_PROFILE it was started with
+    decisions: list[str] = field(default_factory=list)  # the profile's decision lines (shown by status)
+    chat: bool = False  # readiness and smoke use /v1/chat/completions
 
     @property
     def process(self) -> Process | None:

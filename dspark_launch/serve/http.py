@@ -62,6 +62,12 @@ def complete(base_url: str, key: str, model: str, prompt: str, max_tokens: int, 
                    {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}, timeout)
 
 
+def chat(base_url: str, key: str, model: str, text: str, max_tokens: int, timeout: float) -> Reply:
+    return request(f"{base_url}/v1/chat/completions", key,
+                   {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+                    "temperature": 0}, timeout)
+
+
 _METRIC = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})?\s+([0-9.eE+-]+|NaN)$")
 WANTED_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 

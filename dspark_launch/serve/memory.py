@@ -1,10 +1,17 @@
-"""Memory pre-flight: will the weights fit each node's (unified) memory?"""
+"""Memory pre-flight: weights ÷ TP plus the KV cache at MAX_MODEL_LEN, against each node's (unified) memory.
+
+The model's size and shape come from its local copy (a folder, or the head's Hugging
+Face cache: never downloaded); the KV bytes from the profile (`profiles/memory.py`).
+"""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+
+from dspark_launch.profiles.catalog import profile_named
+from dspark_launch.profiles.memory import MemoryEstimate, NodeMemory, memory_preflight, read_model_shape
 
 
 def hf_cache_snapshot(model: str, revision: str) -> Path | None:
@@ -35,13 +42,18 @@ def weights_bytes(folder: Path) -> int | None:
     return sum(f.stat().st_size for f in files) if files else None
 
 
-def fit_report(weights: int, tp: int, node_memory: dict[str, int], utilization: float) -> list[str]:
-    """One line per node whose share of the weights exceeds memory x utilization."""
-    share = weights / tp
-    problems = []
-    for node, total in node_memory.items():
-        budget = total * utilization
-        if share > budget:
-            problems.append(f"{node}: weights need {share / 2**30:.1f} GiB per node, but "
-                            f"{total / 2**30:.1f} GiB x GPU_MEMORY_UTILIZATION {utilization} = {budget / 2**30:.1f} GiB")
-    return problems
+def local_snapshot(model: str, revision: str) -> Path | None:
+    """The model's folder when `model` is one, else its snapshot in the local Hugging Face cache."""
+    path = Path(model).expanduser()
+    return path if path.is_dir() else hf_cache_snapshot(model, revision)
+
+
+def estimate(profile: str, model: str, revision: str, kv_cache_dtype: str, max_model_len: int, tp: int,
+             utilization: float, node_memory: dict[str, int | None]) -> MemoryEstimate:
+    """Per node: weights / TP + KV for one MAX_MODEL_LEN sequence, against memory x utilisation.
+    Nodes whose memory is unknown (None) are left out."""
+    folder = local_snapshot(model, revision)
+    return memory_preflight(profile_named(profile), kv_cache_dtype, max_model_len, tp,
+                            weights_bytes(folder) if folder else None, read_model_shape(folder) if folder else None,
+                            tuple(NodeMemory(node, total) for node, total in node_memory.items() if total),
+                            utilization)

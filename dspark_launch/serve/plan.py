@@ -6,11 +6,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dspark_launch.cluster.fabric import FabricEnv
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.config.settings import Settings
 from dspark_launch.hotfix.contract import ENV_CAP, ENV_DIAG, ENV_GATE_MODE
+from dspark_launch.profiles.resolve import Decision, ResolvedProfile
 
 ENTRY_MODULE = "dspark_launch.serve.entry"
+VLLM_CONFIG_DIR = "vllm-config"  # in the state folder: VLLM_CONFIG_ROOT of vllm serve (its non-carry-over list)
 SECRET_ENV = ("VLLM_API_KEY", "DSPARK_API_KEYS", "RAY_AUTH_TOKEN")
 
 
@@ -31,6 +34,14 @@ class ServePlan:
     health_timeout_s: int = 5
     settings: tuple[tuple[str, str], ...] = ()  # public values, recorded for drift
     settings_digest: str = ""
+    profile: str = ""
+    decisions: tuple[Decision, ...] = ()  # the profile's resolution, each with its reason
+    chat: bool = False  # readiness (and smoke) use a chat completion
+    kv_cache_dtype: str = "auto"
+    max_model_len: int = 0
+    gpu_memory_utilization: float = 0.9
+    revision: str = ""
+    config_root: str = ""  # VLLM_CONFIG_ROOT: the head writes the non-carry-over list there
 
     @property
     def argv(self) -> list[str]:
@@ -46,25 +57,20 @@ class ServePlan:
         return {**dict(self.env), **dict(self.secret_env)}
 
 
-def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str]) -> ServePlan:
-    """Built once per command; `ray_env`: RAY_AUTH_MODE (+ token) for the Ray driver in vLLM."""
+def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], resolved: ResolvedProfile,
+               head_fabric: FabricEnv | None) -> ServePlan:
+    """Built once per command from the profile resolved against the head's vLLM, plus the launcher's own
+    flags; `ray_env`: RAY_AUTH_MODE (+ token) for the Ray driver in vLLM; `head_fabric`: the head's own."""
     tp = spec.gpus_per_node * len(spec.nodes)
-    model = settings["DSPARK_MODEL"]
-    args = [model, "--served-model-name", settings["DSPARK_SERVED_MODEL_NAME"],
-            "--host", settings["VLLM_HOST"], "--port", settings["VLLM_PORT"],
-            "--distributed-executor-backend", "ray", "--tensor-parallel-size", str(tp),
-            "--max-num-seqs", settings["MAX_NUM_SEQS"],
-            "--max-num-batched-tokens", settings["MAX_NUM_BATCHED_TOKENS"],
-            "--long-prefill-token-threshold", settings["LONG_PREFILL_TOKEN_THRESHOLD"],
-            "--max-model-len", settings["MAX_MODEL_LEN"],
-            "--gpu-memory-utilization", settings["GPU_MEMORY_UTILIZATION"],
-            "--enable-chunked-prefill",
-            "--enable-prefix-caching" if settings.flag("ENABLE_PREFIX_CACHING") else "--no-enable-prefix-caching"]
-    if settings["DSPARK_MODEL_REVISION"]:
-        args += ["--revision", settings["DSPARK_MODEL_REVISION"]]
-    args += settings.words("VLLM_EXTRA_ARGS")
+    model, *rest = resolved.serve_args
+    args = [model, "--host", settings["VLLM_HOST"], "--port", settings["VLLM_PORT"],
+            "--distributed-executor-backend", "ray", "--tensor-parallel-size", str(tp), *rest]
+    config_root = spec.state_dir / VLLM_CONFIG_DIR
     env = dict(spec.node_env)
+    env.update(head_fabric.env if head_fabric else ())
     env.update(spec.forwarded)
+    env.update(resolved.env)
+    env["VLLM_CONFIG_ROOT"] = str(config_root)
     env.update({
         ENV_CAP: settings[ENV_CAP],
         ENV_GATE_MODE: settings[ENV_GATE_MODE],
@@ -82,10 +88,12 @@ def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str]) -
     if settings["DSPARK_API_KEYS"]:
         secret["DSPARK_API_KEYS"] = settings["DSPARK_API_KEYS"]
     return ServePlan(tuple(args), tuple(sorted(env.items())), tuple(sorted(secret.items())),
-                     settings["VLLM_HOST"], settings.int("VLLM_PORT"), settings["DSPARK_SERVED_MODEL_NAME"], model, tp,
+                     settings["VLLM_HOST"], settings.int("VLLM_PORT"), resolved.served_name, model, tp,
                      settings.int(ENV_CAP), spec.head.transport.python, api_key(settings),
                      settings.int("START_TIMEOUT_S"), settings.int("HEALTH_TIMEOUT_S"),
-                     tuple(settings.public_values().items()), settings.digest())
+                     tuple(settings.public_values().items()), settings.digest(), resolved.profile,
+                     resolved.decisions, resolved.chat, resolved.kv_cache_dtype, resolved.max_model_len,
+                     resolved.gpu_memory_utilization, resolved.revision, str(config_root))
 
 
 def api_key(settings: Settings) -> str:

@@ -46,22 +46,39 @@ class StartResult:
     hotfix: dict[str, HotfixReport] = field(default_factory=dict)
 
 
-def preflight_memory(settings: Settings, spec: ClusterSpec, plan: ServePlan, reporter: Reporter, strict: bool) -> None:
-    """Weights ÷ TP against every node's memory (asked at once); before anything starts."""
-    from dspark_launch.serve.memory import fit_report, hf_cache_snapshot, weights_bytes
-    from dspark_launch.serve.plan import local_model_dir
+def resolved_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray_env: dict[str, str]) -> ServePlan:
+    """The profile resolved against the head's installed vLLM (through its agent), the head's own fabric
+    environment beside it; the serve plan built once from both. ConfigError (exit 2) for a flag it lacks."""
+    from dspark_launch.profiles.resolve import resolve_selected
 
-    folder = local_model_dir(plan.model) or hf_cache_snapshot(plan.model, settings["DSPARK_MODEL_REVISION"])
-    weights = weights_bytes(folder) if folder else None
-    if weights is None:
-        return
+    reporter.phase(f"resolving profile {settings['DSPARK_PROFILE']} against the vLLM on {spec.head.label}")
+    head_fabric = Background(lambda: rc.node_fabric(spec, spec.head))
+    resolved = resolve_selected(spec.head.agent(reporter).describe_vllm(), settings)
+    plan = serve_plan(settings, spec, ray_env, resolved, head_fabric.result())
+    reporter.phase(f"profile {plan.profile} on vLLM {resolved.vllm_version}: {len(plan.decisions)} decision(s)")
+    for decision in plan.decisions:
+        reporter.phase(f"  {decision.line}")
+    return plan
+
+
+def preflight_memory(spec: ClusterSpec, plan: ServePlan, reporter: Reporter, force: bool) -> None:
+    """Weights ÷ TP + KV at MAX_MODEL_LEN against every node's memory (asked at once), before anything starts:
+    unified memory that runs out freezes the host, so a misfit is refused unless `force`."""
+    from dspark_launch.serve.memory import estimate
+
     memory = {spec.node(name).label: answer.total_bytes
               for name, answer in on_each(spec.nodes, lambda n: n.agent().meminfo()).items()}
-    problems = fit_report(weights, plan.tensor_parallel_size, memory, settings.float("GPU_MEMORY_UTILIZATION"))
-    for problem in problems:
-        if strict:
-            raise ServeFailure(f"memory pre-flight: {problem} (--strict); unified memory that runs out freezes the host")
-        reporter.warn(f"memory pre-flight: {problem}; unified memory that runs out freezes the host")
+    found = estimate(plan.profile, plan.model, plan.revision, plan.kv_cache_dtype, plan.max_model_len,
+                     plan.tensor_parallel_size, plan.gpu_memory_utilization, memory)
+    misfits = [f.line for f in found.findings if not f.fits]
+    for finding in found.findings:
+        reporter.phase(f"memory pre-flight: {finding.line}")
+    if misfits and not force:
+        raise ServeFailure(f"memory pre-flight: {misfits[0]}; unified memory that runs out freezes the host: "
+                           "lower MAX_MODEL_LEN or GPU_MEMORY_UTILIZATION, or pass --force",
+                           [f"memory pre-flight: {line}" for line in (*misfits[1:], *found.notes)])
+    for line in misfits:
+        reporter.warn(f"memory pre-flight: {line} (--force: starting anyway)")
 
 
 def check_arguments(settings: Settings, spec: ClusterSpec, plan: ServePlan, reporter: Reporter) -> None:
@@ -80,12 +97,13 @@ def _server_healthy(url: str, key: str, served_name: str, timeout: float) -> boo
             and served_name in http.served_models(url, key, timeout))
 
 
-def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, strict: bool = False,
+def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool = False,
           verify: bool = False) -> StartResult:
     """Ray on every node and the serve-argument check at once, then `vllm serve` on the head; one record saved."""
     with lifecycle.locked_deployment(spec.state_dir) as state:
         spec, serving = model_preflight(settings, spec, reporter, verify)
-        plan = with_model(serve_plan(settings, spec, rc.auth_env(spec, create=True)), serving)  # under the lock: the first token
+        # under the lock: a first start writes the Ray token
+        plan = with_model(resolved_plan(settings, spec, reporter, rc.auth_env(spec, create=True)), serving)
         if state and state.server and server_alive(spec, state.server):
             if _server_healthy(state.server.url, plan.client_key, state.server.served_name, plan.health_timeout_s):
                 raise lifecycle.AlreadyRunning(f"already running and healthy at {state.server.url}; "
@@ -94,7 +112,7 @@ def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, strict: boo
             stop_server(spec, state.server)
             state.server = None
             save_state(spec.state_dir, state)
-        preflight_memory(settings, spec, plan, reporter, strict)
+        preflight_memory(spec, plan, reporter, force)
         checked = Background(lambda: check_arguments(settings, spec, plan, reporter))
         cluster_started = True
         try:
@@ -105,6 +123,7 @@ def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, strict: boo
             reporter.phase("the Ray cluster is already up; reusing it")
         try:
             checked.result()
+            spec.head.agent(reporter).non_carry_over(plan.config_root)  # vLLM reads it at import
             server = launch(spec, plan, state, reporter)
         except BaseException:
             if cluster_started:
@@ -149,7 +168,8 @@ def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment, reporter: Repo
     reporter.phase(f"launching vllm serve on {spec.head.label}: {plan.model} as {plan.served_name}")
     server = ServerRecord(marker=marker, log=log, url=plan.base_url, served_name=plan.served_name, model=plan.model,
                           started_at=time.time(), settings=dict(plan.settings), digest=plan.settings_digest,
-                          cap=plan.cap)
+                          cap=plan.cap, profile=plan.profile, decisions=[d.line for d in plan.decisions],
+                          chat=plan.chat)
     try:
         # Inside the try: an interrupt while the agent spawns still stops the server (found by its marker).
         answer = head.spawn(Spawn(tuple(plan.argv), plan.full_env(), marker, log, rotate_log=True), "vllm serve")
@@ -171,7 +191,7 @@ def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment, reporter: Repo
 
 def wait_until_serving(spec: ClusterSpec, plan: ServePlan, server: ServerRecord, head: NodeAgent,
                        reporter: Reporter) -> str:
-    """/health, then /v1/models listing the served name, then a one-token completion; returns the log so far."""
+    """/health, then /v1/models listing the served name, then a one-token (chat) completion; returns the log."""
     log = LogReader(head, server.log)
     start = time.monotonic()
     while True:
@@ -188,10 +208,13 @@ def wait_until_serving(spec: ClusterSpec, plan: ServePlan, server: ServerRecord,
                                f"log {server.log}", tails(spec, server, state=None))
         reporter.waiting(f"vllm serve: {logscan.phase(text)}", elapsed, plan.start_timeout_s)
         time.sleep(0.5)
-    reporter.phase("sending a one-token completion")
-    reply = http.complete(plan.base_url, plan.client_key, plan.served_name, "Hello", 1, max(30, plan.health_timeout_s))
+    kind = "chat completion" if plan.chat else "completion"
+    reporter.phase(f"sending a one-token {kind}")
+    ask = http.chat if plan.chat else http.complete
+    reply = ask(plan.base_url, plan.client_key, plan.served_name, "Hello", 1, max(30, plan.health_timeout_s))
     if reply.status != 200:
-        raise ServeFailure(f"the one-token completion failed: HTTP {reply.status}", tails(spec, server, state=None))
+        raise ServeFailure(f"the one-token {kind} failed: HTTP {reply.status} {reply.body[:200]}",
+                           tails(spec, server, state=None))
     text = log.refresh()
     cap = logscan.hotfix_cap(text)
     if cap != plan.cap:
@@ -269,6 +292,8 @@ class ServerView:
     kv_cache_tokens: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     drift: tuple[Drift, ...] = ()
+    profile: str = ""
+    decisions: tuple[str, ...] = ()  # the profile's decision lines at start
 
 
 @dataclass(frozen=True)
@@ -282,6 +307,7 @@ class ServiceStatus:
     problems: tuple[str, ...]
     nodes: tuple[lifecycle.NodeView, ...]
     server: ServerView
+    fabric_warnings: tuple[str, ...] = ()  # per node at start, e.g. NCCL falls back to TCP
 
 
 def drift(started_with: dict[str, str], now: dict[str, str]) -> tuple[Drift, ...]:
@@ -304,7 +330,8 @@ def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | N
         uptime_s=round(time.time() - server.started_at) if alive else None, healthy=healthy,
         cap=server.scheduler_cap if server.scheduler_cap is not None else server.cap,
         kv_cache_tokens=server.kv_cache_tokens, metrics=http.metrics(server.url, probe) if healthy else {},
-        drift=drift(server.settings, settings.public_values()))
+        drift=drift(server.settings, settings.public_values()), profile=server.profile,
+        decisions=tuple(server.decisions))
 
 
 def status(settings: Settings, spec: ClusterSpec) -> ServiceStatus:
@@ -324,4 +351,5 @@ def status(settings: Settings, spec: ClusterSpec) -> ServiceStatus:
                         f"within {settings.int('HEALTH_TIMEOUT_S')} s; log {server.log}")
     overall = "degraded" if server and data.state == "up" and view.state != "up" else data.state
     return ServiceStatus(overall, data.ray_address, data.config_digest, data.started_at, data.checked_at,
-                         tuple(problems), data.nodes, view)
+                         tuple(problems), data.nodes, view,
+                         tuple(w for record in (state.nodes if state else ()) for w in record.fabric_warnings))

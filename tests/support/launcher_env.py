@@ -28,9 +28,15 @@ def cluster_values(tb, state_dir: Path) -> dict[str, str]:
     }
 
 
+# The tests' model profile: resolved against the head's vLLM like DeepSeek's (fallbacks, omissions, chat
+# readiness); a test passes DSPARK_PROFILE="none" for the generic serve.
+TEST_PROFILE = "tiny-test"
+
+
 def serving_values(model: Path) -> dict[str, str]:
     """The tiny model, small knobs, eager mode (starts in about half the time) and the test plugin."""
     return {
+        "DSPARK_PROFILE": TEST_PROFILE,
         "DSPARK_MODEL": str(model),
         "DSPARK_SERVED_MODEL_NAME": "tiny",
         "MAX_MODEL_LEN": "256",

@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# GID types as sysfs names them (gid_attrs/types/N).
+V1, V2 = "IB/RoCE v1", "RoCE v2"
+
 
 def ipv4_gid(ip: str) -> str:
     a, b, c, d = (int(x) for x in ip.split("."))

@@ -2,7 +2,26 @@
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+
 from vllm.platforms.cpu import CpuPlatform
+
+# Tests only: a folder where each worker records the NCCL_* (and VLLM_CONFIG_ROOT) values its own
+# os.environ holds when its device communicator is built, after vLLM copied the driver's variables
+# into it (which /proc/PID/environ cannot show).
+ENV_RECORD_DIR = "DSPARK_TEST_ENV_RECORD_DIR"
+
+
+def record_environment() -> None:
+    folder = os.environ.get(ENV_RECORD_DIR)
+    if not folder:
+        return
+    seen = {k: v for k, v in os.environ.items() if k.startswith("NCCL_") or k == "VLLM_CONFIG_ROOT"}
+    path = os.path.join(folder, f"{socket.gethostname()}-{os.getpid()}.json")
+    with open(path, "w") as handle:
+        json.dump({"hostname": socket.gethostname(), "pid": os.getpid(), "env": seen}, handle)
 
 
 class RayCpuPlatform(CpuPlatform):
@@ -13,4 +32,5 @@ class RayCpuPlatform(CpuPlatform):
 
     @classmethod
     def get_device_communicator_cls(cls) -> str:
+        record_environment()
         return "dspark_ray_cpu_platform.communicator.HostLocalCpuCommunicator"

@@ -1,0 +1,80 @@
+"""`dspark plan`: what `start` would run on each node, and why, with nothing started.
+
+The head's agent (a local child, never a network address) reads the installed vLLM
+and the head's sysfs and memory; each worker is asked for its fabric and memory,
+unless its address is the example file's placeholder or it cannot be reached: then
+it is in the plan as not probed. Nothing is written (a Ray token that start would
+generate shows as set).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dspark_launch.cluster import ray_cluster as rc
+from dspark_launch.cluster.client import Reporter
+from dspark_launch.cluster.fabric import FabricEnv
+from dspark_launch.cluster.parallel import Background, on_each
+from dspark_launch.cluster.spec import ClusterSpec, Node, cluster_spec, placeholder
+from dspark_launch.config.settings import Settings
+from dspark_launch.errors import ConfigError, DsparkError
+from dspark_launch.profiles.plan import NOT_PROBED_EXAMPLE, NodePlan, Plan, env_entries, not_probed, profile_decisions
+from dspark_launch.profiles.resolve import resolve_selected
+from dspark_launch.serve.memory import estimate
+from dspark_launch.serve.plan import ServePlan, serve_plan
+
+GENERATED = "generated at start"
+
+
+def _probe(spec: ClusterSpec, node: Node) -> tuple[FabricEnv, int | None] | str:
+    """The node's fabric environment and memory, or why it was not probed."""
+    try:
+        return rc.node_fabric(spec, node), node.agent().meminfo().total_bytes
+    except ConfigError:
+        raise
+    except DsparkError as exc:
+        return f"not probed: {exc}"
+
+
+def _node_plan(spec: ClusterSpec, node: Node, fabric: FabricEnv, ray_env: dict[str, str],
+               serve: ServePlan | None) -> NodePlan:
+    own = dict(fabric.env)
+    ray = {k: v for k, v in rc.node_env(spec, node, ray_env, fabric).items() if k not in own}
+    commands = [tuple(rc.ray_start_argv(spec, node))]
+    env = env_entries(fabric.env, "ray start: fabric (sysfs)") + env_entries(sorted(ray.items()), "ray start")
+    if serve is not None:
+        commands.append(tuple(serve.argv))
+        env += env_entries(sorted(serve.full_env().items()), "vllm serve")
+    return NodePlan(node.name, node.ip, True, "probed", tuple(commands), env, fabric.notes, fabric.warnings)
+
+
+def build_plan(settings: Settings, reporter: Reporter) -> Plan:
+    """The plan; ConfigError (exit 2) for what start would refuse as configuration."""
+    spec = cluster_spec(settings, placeholders_ok=True)
+    dialled = [n for n in spec.workers if not placeholder(settings, "DSPARK_WORKER_HOSTS")]
+    reporter.phase(f"asking {', '.join(n.label for n in (spec.head, *dialled))}")
+    probes = Background(lambda: on_each((spec.head, *dialled), lambda node: _probe(spec, node)))
+    resolved = resolve_selected(spec.head.agent(reporter).describe_vllm(), settings)
+    found = probes.result()
+    head = found["head"]
+    if isinstance(head, str):
+        raise DsparkError(f"{spec.head.label}: {head}")
+    token = spec.auth_token or GENERATED
+    ray_env = {"RAY_AUTH_MODE": spec.auth_mode, **({"RAY_AUTH_TOKEN": token} if spec.auth_mode == "token" else {})}
+    serve = serve_plan(settings, spec, ray_env, resolved, head[0])
+    nodes, memory = [], {}
+    for node in spec.nodes:
+        probe = found.get(node.name, NOT_PROBED_EXAMPLE)
+        if isinstance(probe, str):
+            nodes.append(not_probed(node.name, node.ip, probe))
+            continue
+        nodes.append(_node_plan(spec, node, probe[0], ray_env, serve if node.is_head else None))
+        memory[node.name] = probe[1]
+    found_memory = estimate(serve.profile, serve.model, serve.revision, serve.kv_cache_dtype, serve.max_model_len,
+                            serve.tensor_parallel_size, serve.gpu_memory_utilization, memory)
+    by_node = {f.node: f for f in found_memory.findings}
+    nodes = [replace(n, memory=by_node.get(n.node)) for n in nodes]
+    warnings = [w for n in nodes for w in n.warnings]
+    warnings += [f"memory: {f.line}: start refuses this without --force" for f in found_memory.findings if not f.fits]
+    return Plan(resolved.profile, resolved.vllm_version, str(settings.env_file), settings.from_example,
+                profile_decisions(resolved), tuple(nodes), found_memory, tuple(warnings))
