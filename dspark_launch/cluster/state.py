@@ -38,6 +38,10 @@ class NodeRecord:
     sessions: list[Session] = field(default_factory=list)  # each process group we started
     ray_temp_dir: str = ""
     ray_log: str = ""
+    # DSPARK_RUNTIME=docker|podman: the node's container, the runtime that made it, the image id it runs.
+    container_name: str = ""
+    container_runtime: str = ""
+    container_image_id: str = ""
 
 
 @dataclass

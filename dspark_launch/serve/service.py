@@ -82,10 +82,11 @@ def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, strict: boo
     """Ray on every node and the serve-argument check at once, then `vllm serve` on the head; one record saved."""
     with lifecycle.locked_deployment(spec.state_dir) as state:
         plan = serve_plan(settings, spec, rc.auth_env(spec))  # under the lock: a first start writes the token
-        if state and state.server and server_alive(spec, state.server):
-            if _server_healthy(state.server.url, plan.client_key, state.server.served_name, plan.health_timeout_s):
-                raise lifecycle.AlreadyRunning(f"already running and healthy at {state.server.url}; "
-                                               "`dspark status` shows it")
+        if state and state.server and _serving(spec, state.server, plan):
+            raise lifecycle.AlreadyRunning(f"already running and healthy at {state.server.url}; "
+                                           "`dspark status` shows it")
+        if spec.containers:
+            return _start_in_containers(settings, spec, reporter, strict, plan, state)
         if state and state.server:
             stop_server(spec, state.server)
             state.server = None
@@ -107,6 +108,37 @@ def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, strict: boo
                 lifecycle.cluster_down_locked(spec, reporter, load_state(spec.state_dir))
             raise
         return StartResult(plan, server, cluster_started, state.hotfix)
+
+
+def _alive_or_container_gone(spec: ClusterSpec, server: ServerRecord) -> bool:
+    try:
+        return server_alive(spec, server)
+    except ClusterFailure:
+        if not spec.containers:
+            raise
+        return False  # the head's container is gone, and the server with it
+
+
+def _serving(spec: ClusterSpec, server: ServerRecord, plan: ServePlan) -> bool:
+    return (_alive_or_container_gone(spec, server)
+            and _server_healthy(server.url, plan.client_key, server.served_name, plan.health_timeout_s))
+
+
+def _start_in_containers(settings: Settings, spec: ClusterSpec, reporter: Reporter, strict: bool, plan: ServePlan,
+                         previous: Deployment | None) -> StartResult:
+    """Every node's container recreated first (the agent runs in it), then as on hosts; a failure removes them."""
+    image_id = lifecycle.prepare_containers(spec, reporter, previous)
+    try:
+        preflight_memory(settings, spec, plan, reporter, strict)
+        checked = Background(lambda: check_arguments(settings, spec, plan, reporter))
+        state = lifecycle.cluster_up_locked(spec, reporter, None, image_id).state
+        save_state(spec.state_dir, state)
+        checked.result()
+        server = launch(spec, plan, state, reporter)
+    except BaseException:
+        lifecycle.cluster_down_locked(spec, reporter, None)
+        raise
+    return StartResult(plan, server, True, state.hotfix)
 
 
 def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment, reporter: Reporter) -> ServerRecord:
@@ -200,8 +232,13 @@ def stop(spec: ClusterSpec, reporter: Reporter) -> list[str]:
 
 def stop_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None) -> list[str]:
     if state and state.server:
-        answer = stop_server(spec, state.server)
-        reporter.phase(f"vllm serve: stopped {len(answer.stopped)} process(es)")
+        try:
+            answer = stop_server(spec, state.server)
+            reporter.phase(f"vllm serve: stopped {len(answer.stopped)} process(es)")
+        except ClusterFailure as exc:
+            if not spec.containers:
+                raise
+            reporter.warn(f"{exc}; removing the containers ends it")
         state.server = None
         save_state(spec.state_dir, state)
     return lifecycle.cluster_down_locked(spec, reporter, state)
@@ -254,7 +291,7 @@ def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | N
     if server is None:
         return ServerView("down")
     probe = settings.int("HEALTH_TIMEOUT_S")
-    alive = server_alive(spec, server)
+    alive = _alive_or_container_gone(spec, server)
     healthy = alive and _server_healthy(server.url, api_key(settings), server.served_name, probe)
     return ServerView(
         state="up" if healthy else ("unhealthy" if alive else "dead"), pid=server.pid, url=server.url,
@@ -263,6 +300,15 @@ def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | N
         cap=server.scheduler_cap if server.scheduler_cap is not None else server.cap,
         kv_cache_tokens=server.kv_cache_tokens, metrics=http.metrics(server.url, probe) if healthy else {},
         drift=drift(server.settings, settings.public_values()))
+
+
+def _server_log(spec: ClusterSpec, server: ServerRecord) -> str:
+    try:
+        return LogReader(spec.head.agent(), server.log).refresh()
+    except ClusterFailure:
+        if not spec.containers:
+            raise
+        return ""  # the head's container is gone: its problem line says so
 
 
 def status(settings: Settings, spec: ClusterSpec) -> ServiceStatus:
@@ -274,7 +320,7 @@ def status(settings: Settings, spec: ClusterSpec) -> ServiceStatus:
     data = cluster.result()
     problems = list(data.problems)
     if server and view.state == "dead":
-        text = LogReader(spec.head.agent(), server.log).refresh()
+        text = _server_log(spec, server)
         problems.append(f"vllm serve (pid {server.pid}) is not running: {logscan.failure(text)}; "
                         f"log {server.log}; `dspark restart` starts it again")
     elif server and view.state == "unhealthy":
