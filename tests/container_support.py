@@ -311,10 +311,21 @@ def drive(request: dict) -> dict:
         if op == "resolve":
             return {"identity": asdict(runtime.resolve_image(host, "podman", request["image"], request["node"]))}
         if op == "agent":
-            return {"answer": runtime.transport(host, _spec(request["spec"])).call(request["request"], timeout=60)}
+            return {"answer": _agent_call(runtime.transport(host, _spec(request["spec"])), request["request"])}
     except DsparkError as exc:
         return {"error": type(exc).__name__, "message": str(exc), "exit_code": exc.exit_code}
     raise ValueError(f"unknown op {op}")
+
+
+def _agent_call(transport, request: dict) -> dict:
+    """One typed agent operation through the node's NodeAgent: {"op": name, **its request's fields}."""
+    from dspark_launch.cluster import protocol as p
+    from dspark_launch.cluster.client import NodeAgent
+    from dspark_launch.cluster.codec import from_data, to_data
+
+    fields = {k: v for k, v in request.items() if k != "op"}
+    typed = from_data(p.OPERATIONS[request["op"]][0], fields)
+    return to_data(NodeAgent(transport.description, transport).call(typed, timeout=60))
 
 
 @dataclass(frozen=True)
