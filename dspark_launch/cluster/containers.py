@@ -27,10 +27,11 @@ def host_of(node: Node) -> HostShell:
     return node.transport.host
 
 
-def container_spec(spec: ClusterSpec, node: Node, agent_package: str) -> runtime.ContainerSpec:
+def container_spec(spec: ClusterSpec, node: Node, agent_package: str, image: str = "") -> runtime.ContainerSpec:
+    """`image`: the id the check found on every node (what runs is what was compared); default DSPARK_IMAGE."""
     containers = spec.containers
     return runtime.ContainerSpec(
-        runtime=containers.runtime, image=containers.image, marker=containers.name(node.name),
+        runtime=containers.runtime, image=image or containers.image, marker=containers.name(node.name),
         agent_package=agent_package, state_dir=str(spec.state_dir), model_cache=containers.model_cache,
         python=containers.python, extra_args=containers.extra_args,
         hardware_args=runtime.hardware_args(containers.runtime))
@@ -53,13 +54,14 @@ def same_image(spec: ClusterSpec) -> str:
         raise
 
 
-def up(spec: ClusterSpec, nodes: list[Node], reporter: Reporter) -> dict[str, runtime.ContainerState]:
-    """(Re)create the containers of `nodes` at once; a worker first gets a copy of the launcher's package."""
+def up(spec: ClusterSpec, nodes: list[Node], image_id: str, reporter: Reporter) -> dict[str, runtime.ContainerState]:
+    """(Re)create the containers of `nodes` at once from `image_id`; a worker first gets a copy of the
+    launcher's package."""
     def up_one(node: Node) -> runtime.ContainerState:
         host = host_of(node)
         package = PACKAGE_DIR if node.is_head else runtime.ship_package(host, PACKAGE_DIR, str(spec.state_dir))
         reporter.phase(f"creating container {spec.containers.name(node.name)} on {node.label}")
-        return runtime.up(host, container_spec(spec, node, package))
+        return runtime.up(host, container_spec(spec, node, package, image_id))
 
     return on_each(nodes, up_one)
 

@@ -118,7 +118,7 @@ def prepare_containers(spec: ClusterSpec, reporter: Reporter, existing: Deployme
         remove_containers(spec, reporter)
         clear_state(spec.state_dir)
     try:
-        containers.up(spec, list(spec.nodes), reporter)
+        containers.up(spec, list(spec.nodes), image_id, reporter)
     except BaseException:
         remove_containers(spec, reporter)
         raise
