@@ -9,6 +9,7 @@ Run under the heavy lock: `flock /tmp/dspark-heavy.lock .venv/bin/python -m pyte
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -69,7 +70,6 @@ def test_node_container_runs_the_agent_on_the_nodes_network(ctb, name):
         assert marker not in ctb.podman(other, "ps", "--all", "--format", "{{.Names}}").stdout.split()
 
         probe = ctb.drive(node, {"op": "agent", "spec": spec, "request": {"op": "probe"}})["answer"]
-        assert probe["ok"], probe
         # The agent runs on the image's Python (the test venv baked into the image), vLLM and Ray importable.
         assert probe["modules"]["vllm"]["found"] and probe["modules"]["ray"]["found"]
         assert probe["modules"]["dspark_launch"]["found"]
@@ -81,7 +81,7 @@ def test_node_container_runs_the_agent_on_the_nodes_network(ctb, name):
         # Host network: the node's own fabric address is visible inside the container.
         fabric = ctb.drive(node, {"op": "agent", "spec": spec,
                                   "request": {"op": "interface", "ifname": "fab0", "ip": node.ip}})["answer"]
-        assert fabric["ok"] and fabric["has_ip"], fabric
+        assert fabric["has_ip"], fabric
 
         # The agent inside sees the state folder at its host path (same file both sides).
         probe_dir = ctb.drive(node, {"op": "agent", "spec": spec,
@@ -92,17 +92,17 @@ def test_node_container_runs_the_agent_on_the_nodes_network(ctb, name):
         # Logs are written and read inside (the agent's run/tail), and are the host's files too.
         log = spec["state_dir"] + f"/logs/{name}-inside.log"
         ran = ctb.drive(node, {"op": "agent", "spec": spec, "request": {
-            "op": "run", "argv": ["sh", "-c", "echo written-inside-$$"], "marker": marker, "log": log,
+            "op": "run", "argv": ["sh", "-c", "echo written-inside-$$"], "env": {}, "marker": marker, "log": log,
             "timeout": 30}})["answer"]
-        assert ran["ok"] and ran["returncode"] == 0, ran
+        assert ran["returncode"] == 0, ran
         tail = ctb.drive(node, {"op": "agent", "spec": spec,
                                 "request": {"op": "tail", "paths": [log], "lines": 5}})["answer"]
         assert any(line.startswith("written-inside-") for line in tail["lines"]), tail
         assert Path(log).read_text().startswith("written-inside-")
         # A long-lived child the agent starts inside (as Ray will be) ends with the container.
         spawned = ctb.drive(node, {"op": "agent", "spec": spec, "request": {
-            "op": "spawn", "argv": ["sleep", "600"], "marker": marker, "log": log}})["answer"]
-        assert spawned["ok"], spawned
+            "op": "spawn", "argv": ["sleep", "600"], "env": {}, "marker": marker, "log": log}})["answer"]
+        assert spawned["process"]["pid"] > 0, spawned
         assert any("sleep 600" in " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0"))
                    for pid in _ours_left(ctb, node) if Path(f"/proc/{pid}/cmdline").exists())
 
@@ -180,3 +180,145 @@ def _check_same(identities: list[dict]) -> str:
     except ImageMismatch as exc:
         return f"ImageMismatch: {exc}"
 
+
+
+# ---------------------------------------------------------------- the launcher with DSPARK_RUNTIME=podman
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    from tests.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+def _container_env(ctb, tmp_path: Path, model: Path, image: str, **extra: str) -> Path:
+    from tests.launcher_env import scratch, serving_values
+    from tests.test_cluster import write_env
+
+    values = {**serving_values(model), "START_TIMEOUT_S": "400", "VLLM_API_KEY": "sk-dspark-ctest-5e1d",
+              "DSPARK_RUNTIME": "podman", "DSPARK_IMAGE": image,
+              # The model folder lies in the mounted cache; vLLM's sockets and compile cache in a mounted scratch.
+              "DSPARK_CONTAINER_MODEL_CACHE": str(model.parent),
+              "DSPARK_CONTAINER_ARGS": f"--volume {scratch(tmp_path)}:{scratch(tmp_path)}"}
+    return write_env(ctb.tb, tmp_path, **{**values, **extra})
+
+
+def _dspark(ctb, tmp_path: Path, env_file: Path, *args: str, timeout: float = 600):
+    from tests.launcher_env import launcher_env, scratch
+    from tests.test_cluster import VENV_BIN
+
+    env = {**launcher_env(scratch(tmp_path)), "DSPARK_TEST_CONTAINER_GPU_ARGS": ""}  # the test hook
+    return ctb.tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], env=env,
+                       timeout=timeout)
+
+
+def _status(ctb, tmp_path, env_file) -> tuple[int, dict]:
+    import json
+
+    proc = _dspark(ctb, tmp_path, env_file, "status", "--json")
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def _containers(ctb, node) -> list[str]:
+    return ctb.podman(node, "ps", "--all", "--format", "{{.Names}}").stdout.split()
+
+
+def test_start_refuses_different_images_on_the_nodes(ctb, tmp_path, tiny_model):
+    tb = ctb.tb
+    tag = "localhost/dspark-test-node:start-check"
+    assert ctb.podman(tb.head, "tag", ctb.image.tag, tag).returncode == 0
+    other = tb.exec(tb.workers[0], ["sh", "-c", f"cd {tb.state_dir} && echo other > other2.txt && "
+                                    f"tar -cf - other2.txt | podman import - {tag}"])
+    assert other.returncode == 0, other.stderr
+    try:
+        env = _container_env(ctb, tmp_path, tiny_model, tag)
+        refused = _dspark(ctb, tmp_path, env, "start", timeout=120)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "differs between nodes" in refused.stderr and "head" in refused.stderr and "worker1" in refused.stderr
+        # Nothing started: no container, no process, no record.
+        assert _containers(ctb, tb.head) == [] and _containers(ctb, tb.workers[0]) == []
+        assert _ours_left(ctb, tb.head) == set() and _ours_left(ctb, tb.workers[0]) == set()
+        assert not (tmp_path / "state" / "state.json").exists()
+    finally:
+        ctb.podman(tb.head, "rmi", tag)
+        ctb.podman(tb.workers[0], "rmi", tag)
+
+
+def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_model):
+    """One serve: `start` (TP=2 across the two containers), drift, `restart`, a killed container, `stop`."""
+    import json
+    import re
+
+    from tests.test_cluster import scheduler_sha
+    from tests.test_serving import processes_named, set_knob
+
+    tb = ctb.tb
+    worker = tb.workers[0]
+    env = _container_env(ctb, tmp_path, tiny_model, ctb.image.tag)
+    host_sha = {n: scheduler_sha(tb, n) for n in ("head", "worker1")}
+    try:
+        started = _dspark(ctb, tmp_path, env, "start")
+        assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-4000:]
+        assert "serving " in started.stdout and "in-flight prefill cap: 1" in started.stdout
+        assert "hotfix head: applied" in started.stdout and "hotfix worker1: applied" in started.stdout
+        record = json.loads((tmp_path / "state" / "state.json").read_text())
+        names = {n["name"]: n["container_name"] for n in record["nodes"]}
+        assert names["head"].endswith("-head") and names["worker1"].endswith("-worker1")
+        image_id = "sha256:" + ctb.image.image_id
+        assert {n["container_image_id"] for n in record["nodes"]} == {image_id}
+        assert {row["image"] for row in record["versions"].values()} == {image_id}
+        # Each node runs exactly its own container; Ray and vLLM's TP ranks run inside them.
+        assert _containers(ctb, tb.head) == [names["head"]] and _containers(ctb, worker) == [names["worker1"]]
+        for node in (tb.head, worker):
+            init = ctb.podman(node, "inspect", "--format", "{{.State.Pid}}", names[node.name]).stdout.strip()
+            inside = os.readlink(f"/proc/{init}/ns/pid")
+            ranks = processes_named(tb, node.name, "RayWorkerProc")
+            assert ranks and all(os.readlink(f"/proc/{pid}/ns/pid") == inside for pid in ranks), node.name
+        # The hotfix patched the image's vLLM inside the containers, not the nodes' own venvs.
+        assert {n: scheduler_sha(tb, n) for n in ("head", "worker1")} == host_sha
+        log = (tmp_path / "state" / "logs" / "vllm-serve.log").read_text(errors="replace")
+        assert re.search(r"dspark-issue27 hotfix v\d+ active: cap=1 ", log)
+
+        code, data = _status(ctb, tmp_path, env)
+        assert code == 0 and data["state"] == "up", data
+        assert [(n["name"], n["container"], n["container_status"], n["image_id"]) for n in data["nodes"]] == [
+            ("head", names["head"], "running", image_id), ("worker1", names["worker1"], "running", image_id)]
+        assert data["server"]["healthy"] and data["server"]["cap"] == 1
+        text = _dspark(ctb, tmp_path, env, "status").stdout
+        assert names["worker1"] in text and image_id[:19] in text
+        # `logs` reads inside the worker's container (Ray's own log under its temp dir there).
+        logs = _dspark(ctb, tmp_path, env, "logs", "--node", "worker1", "--tail", "5")
+        assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr
+
+        # A cap change: drift shown; `restart` recreates the containers and the scheduler logs the new cap.
+        set_knob(env, "DSPARK_MAX_INFLIGHT_PREFILLS", "2")
+        assert "drift: DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2: restart to apply" in _dspark(ctb, tmp_path, env,
+                                                                                           "status").stdout
+        first_ids = {n: ctb.podman(n, "inspect", "--format", "{{.Id}}", names[n.name]).stdout.strip()
+                     for n in (tb.head, worker)}
+        restarted = _dspark(ctb, tmp_path, env, "restart")
+        assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-4000:]
+        assert "hotfix head: applied" in restarted.stdout and "hotfix worker1: applied" in restarted.stdout
+        assert all(ctb.podman(n, "inspect", "--format", "{{.Id}}", names[n.name]).stdout.strip() != first_ids[n]
+                   for n in (tb.head, worker)), "restart recreates the containers"
+        log = (tmp_path / "state" / "logs" / "vllm-serve.log").read_text(errors="replace")
+        assert re.search(r"dspark-issue27 hotfix v\d+ active: cap=2 ", log)
+        code, data = _status(ctb, tmp_path, env)
+        assert code == 0 and data["server"]["cap"] == 2 and data["server"]["drift"] == [], data
+
+        # The worker's container is killed: status says degraded, naming it.
+        assert ctb.podman(worker, "kill", names["worker1"]).returncode == 0
+        code, data = _status(ctb, tmp_path, env)
+        assert code == 1 and data["state"] == "degraded", data
+        assert data["nodes"][1]["container_status"] in ("exited", "stopped"), data["nodes"]
+        assert any(f"container {names['worker1']} is" in p for p in data["problems"]), data["problems"]
+
+        stopped = _dspark(ctb, tmp_path, env, "stop")
+        assert stopped.returncode == 0, stopped.stderr
+        assert _containers(ctb, tb.head) == [] and _containers(ctb, worker) == []
+        left = _ours_left(ctb, tb.head) | _ours_left(ctb, worker)
+        assert left == set(), left
+        assert not (tmp_path / "state" / "state.json").exists()
+    finally:
+        for node in (tb.head, worker):
+            ctb.podman(node, "rm", "--force", "--all", "--time", "1")

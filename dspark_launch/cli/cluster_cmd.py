@@ -96,5 +96,9 @@ def render_status(view) -> str:
                      (versions and versions.vllm) or "-", (versions and versions.ray) or "-", n.hotfix or "-"))
     since = f", up {time.time() - view.started_at:.0f} s" if view.started_at and view.state != "down" else ""
     head = f"cluster: {view.state} (Ray {view.ray_address}{since})"
-    return head + "\n" + table(("NODE", "IP", "REACHABLE", "RAY", "REGISTERED", "GPUS", "VLLM", "RAY VER", "HOTFIX"),
+    text = head + "\n" + table(("NODE", "IP", "REACHABLE", "RAY", "REGISTERED", "GPUS", "VLLM", "RAY VER", "HOTFIX"),
                                rows, indent="  ")
+    boxes = [(n.name, n.container, n.container_status, n.image_id or "-") for n in view.nodes if n.container]
+    if boxes:
+        text += "\n" + table(("NODE", "CONTAINER", "STATE", "IMAGE"), boxes, indent="  ")
+    return text

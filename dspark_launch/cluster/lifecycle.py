@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 from dspark_launch import __version__
+from dspark_launch.cluster import containers
 from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.cluster.client import ClusterFailure, Reporter
 from dspark_launch.cluster.protocol import VersionRow
@@ -80,10 +81,16 @@ def cluster_up(spec: ClusterSpec, reporter: Reporter) -> UpResult:
         return result
 
 
-def cluster_up_locked(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None) -> UpResult:
-    """Bring the cluster up (or repair a half-up one) for a caller that holds the lock; nothing is saved."""
+def cluster_up_locked(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None,
+                      image_id: str | None = None) -> UpResult:
+    """Bring the cluster up (or repair a half-up one) for a caller that holds the lock; nothing is saved.
+
+    With a container runtime, `image_id` says the caller already made the containers (prepare_containers).
+    """
     for warning in rc.security_warnings(spec):
         reporter.warn(warning)
+    if spec.containers:
+        return _up_in_containers(spec, reporter, existing, image_id)
     repair: list[str] = []
     if existing is not None:
         health = node_health(spec, existing)
@@ -98,6 +105,61 @@ def cluster_up_locked(spec: ClusterSpec, reporter: Reporter, existing: Deploymen
             clear_state(spec.state_dir)
             existing = None
     return _bring_up(spec, reporter, existing, repair)
+
+
+def prepare_containers(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None) -> str:
+    """Container runtime: check the settings and the image on every node, remove what a previous run
+    left, then create every node's container; returns the image id. The caller clears the record."""
+    containers.check_settings(spec)
+    reporter.phase(f"resolving {spec.containers.image} on every node")
+    image_id = containers.same_image(spec)
+    if existing is not None or any(state.status != "absent" for state in containers.inspect(spec).values()):
+        reporter.phase("removing the previous run's containers")
+        remove_containers(spec, reporter)
+        clear_state(spec.state_dir)
+    try:
+        containers.up(spec, list(spec.nodes), image_id, reporter)
+    except BaseException:
+        remove_containers(spec, reporter)
+        raise
+    return image_id
+
+
+def remove_containers(spec: ClusterSpec, reporter: Reporter) -> list[str]:
+    """Every node's container removed at once (ending every process of ours there); returns the nodes where not."""
+    def remove_one(node: Node) -> bool:
+        try:
+            removed = containers.down(spec, [node])[node.name]
+        except DsparkError as exc:
+            reporter.warn(f"{node.label}: {exc}")
+            return False
+        if removed:
+            reporter.phase(f"{node.label}: removed container {spec.containers.name(node.name)}")
+        return True
+
+    results = on_each(spec.nodes, remove_one)
+    return [name for name, ok in results.items() if not ok]
+
+
+def _up_in_containers(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None,
+                      image_id: str | None) -> UpResult:
+    """Every start recreates the containers: the hotfix meets a pristine image's vLLM, in every container."""
+    if image_id is None:
+        if existing is not None and existing.config_digest == spec.config_digest and all(
+                h == "alive" for h in node_health(spec, existing).values()):
+            raise AlreadyRunning(f"the cluster is already up ({existing.ray_address}); `dspark status` shows it")
+        image_id = prepare_containers(spec, reporter, existing)
+    try:
+        result = _bring_up(spec, reporter, None, [])
+    except BaseException:
+        remove_containers(spec, reporter)
+        raise
+    for record in result.state.nodes:
+        record.container_name, record.container_runtime, record.container_image_id = (
+            spec.containers.name(record.name), spec.containers.runtime, image_id)
+    result.state.versions = {name: replace(row, image=image_id) for name, row in result.state.versions.items()}
+    result.matrix = matrix_lines({n.name: result.state.versions[n.name] for n in spec.nodes})
+    return result
 
 
 def stop_leftovers(spec: ClusterSpec, state: Deployment, reporter: Reporter,
@@ -153,6 +215,12 @@ def cluster_down(spec: ClusterSpec, reporter: Reporter) -> list[str]:
 
 def cluster_down_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None) -> list[str]:
     """Stop Ray on every node at once; the record is cleared when all stopped."""
+    if spec.containers:
+        # Named from the state folder: found (and removed) with or without a record.
+        unreachable = remove_containers(spec, reporter)
+        if not unreachable:
+            clear_state(spec.state_dir)
+        return unreachable
     if state is None:
         reporter.phase("nothing to stop: no cluster started from this state folder")
         return []
@@ -187,6 +255,9 @@ class NodeView:
     pids: tuple[int, ...]  # the node's Ray daemons (raylet, gcs_server)
     versions: VersionRow | None
     hotfix: str | None  # the hotfix state at start: applied, not-applied, ...
+    container: str | None = None  # DSPARK_RUNTIME=docker|podman: the node's container,
+    container_status: str | None = None  # its state (running, exited, absent, ...)
+    image_id: str | None = None  # and the image id it runs
 
     @property
     def label(self) -> str:
@@ -211,6 +282,7 @@ def cluster_status(spec: ClusterSpec, state: Deployment | None) -> ClusterView:
     details: dict[str, str] = {}
     # Ray's own view (the head's agent imports Ray: the slowest question) is asked while the nodes are.
     ray_view = Background(lambda: rc.ray_view(spec, RAY_VIEW_TIMEOUT_S)) if state else None
+    boxes = Background(lambda: containers.inspect(spec)) if spec.containers else None
     health = node_health(spec, state, details)
     nodes = []
     for node in spec.nodes:
@@ -222,6 +294,8 @@ def cluster_status(spec: ClusterSpec, state: Deployment | None) -> ClusterView:
             pids=tuple(proc.pid for proc in rc.core_processes(record)) if record else (),
             versions=state.versions.get(node.name) if state else None,
             hotfix=hotfix.status.state if hotfix else None))
+    if boxes is not None:
+        nodes = _with_containers(boxes.result(), nodes)
     alive = [n for n in nodes if n.ray_alive]
     if busy:
         overall = "starting"
@@ -238,7 +312,10 @@ def cluster_status(spec: ClusterSpec, state: Deployment | None) -> ClusterView:
     problems = []
     if state and overall in ("up", "degraded"):
         for node in nodes:
-            if not node.reachable:
+            if node.container and node.container_status != "running":
+                problems.append(f"{node.label}: container {node.container} is {node.container_status}; "
+                                f"`dspark logs --node {node.name}`, then `dspark restart` recreates it")
+            elif not node.reachable:
                 problems.append(f"{node.label}: unreachable ({details.get(node.name, 'no answer')}); "
                                 f"check the fabric link and SSH to {node.ssh_host}")
             elif not node.ray_alive:
@@ -251,6 +328,13 @@ def cluster_status(spec: ClusterSpec, state: Deployment | None) -> ClusterView:
 
 
 RAY_VIEW_TIMEOUT_S = 20
+
+
+def _with_containers(boxes: dict, nodes: list[NodeView]) -> list[NodeView]:
+    """Each node's container and image id; a node whose container is not running is not alive."""
+    return [replace(node, container=boxes[node.name].name, container_status=boxes[node.name].status,
+                    image_id=boxes[node.name].image_id or None,
+                    ray_alive=node.ray_alive and boxes[node.name].running) for node in nodes]
 
 
 def _with_ray_view(ray_view: Background, nodes: list[NodeView]) -> list[NodeView]:

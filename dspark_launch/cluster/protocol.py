@@ -287,6 +287,7 @@ class VersionRow:
     dspark_launch: str | None = None
     scheduler_sha256: str | None = None
     hostname: str | None = None  # shown, not compared
+    image: str | None = None  # the node container's image id (DSPARK_RUNTIME=docker|podman); None on a host
 
 
 @dataclass(frozen=True)

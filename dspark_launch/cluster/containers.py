@@ -1,0 +1,78 @@
+"""The cluster's node containers (DSPARK_RUNTIME=docker|podman): image check, create, inspect, remove.
+
+Every node's container is created before its agent is first asked anything (the agent
+runs inside it), from an image that resolves to the same id on every node: a node that
+lacks it or holds another is refused before anything starts (ImageMismatch, exit 1).
+A start always recreates the containers, so the hotfix is applied to a pristine image's
+vLLM at every start, inside every container. Removing a node's container ends every
+process of ours on that node (its own PID namespace).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dspark_launch
+from dspark_launch.cluster import runtime
+from dspark_launch.cluster.container_transport import HostShell
+from dspark_launch.cluster.parallel import on_each
+from dspark_launch.cluster.spec import ClusterSpec, Node, NodeContainers
+from dspark_launch.cluster.client import Reporter
+
+PACKAGE_DIR = str(Path(dspark_launch.__file__).resolve().parent)
+
+
+def host_of(node: Node) -> HostShell:
+    """The shell on the node's host (the container transport carries it)."""
+    return node.transport.host
+
+
+def container_spec(spec: ClusterSpec, node: Node, agent_package: str, image: str = "") -> runtime.ContainerSpec:
+    """`image`: the id the check found on every node (what runs is what was compared); default DSPARK_IMAGE."""
+    containers = spec.containers
+    return runtime.ContainerSpec(
+        runtime=containers.runtime, image=image or containers.image, marker=containers.name(node.name),
+        agent_package=agent_package, state_dir=str(spec.state_dir), model_cache=containers.model_cache,
+        python=containers.python, extra_args=containers.extra_args,
+        hardware_args=runtime.hardware_args(containers.runtime))
+
+
+def check_settings(spec: ClusterSpec) -> None:
+    """The container arguments against the launcher's own (ConfigError, exit 2), before anything runs."""
+    runtime.check_spec(container_spec(spec, spec.head, PACKAGE_DIR))
+
+
+def same_image(spec: ClusterSpec) -> str:
+    """The image id every node holds for DSPARK_IMAGE; ImageMismatch (exit 1) with a line per node when not."""
+    containers: NodeContainers = spec.containers
+    identities = on_each(spec.nodes, lambda node: runtime.resolve_image(
+        host_of(node), containers.runtime, containers.image, node.name))
+    try:
+        return runtime.check_same_image([identities[n.name] for n in spec.nodes])
+    except runtime.ImageMismatch as exc:
+        exc.extra = [f"  image  {n.label}: {identities[n.name].image_id or 'not on the node'}" for n in spec.nodes]
+        raise
+
+
+def up(spec: ClusterSpec, nodes: list[Node], image_id: str, reporter: Reporter) -> dict[str, runtime.ContainerState]:
+    """(Re)create the containers of `nodes` at once from `image_id`; a worker first gets a copy of the
+    launcher's package."""
+    def up_one(node: Node) -> runtime.ContainerState:
+        host = host_of(node)
+        package = PACKAGE_DIR if node.is_head else runtime.ship_package(host, PACKAGE_DIR, str(spec.state_dir))
+        reporter.phase(f"creating container {spec.containers.name(node.name)} on {node.label}")
+        return runtime.up(host, container_spec(spec, node, package, image_id))
+
+    return on_each(nodes, up_one)
+
+
+def down(spec: ClusterSpec, nodes: list[Node]) -> dict[str, bool]:
+    """Remove the containers of `nodes` at once; per node, whether one was there."""
+    containers = spec.containers
+    return on_each(nodes, lambda node: runtime.down(host_of(node), containers.runtime, containers.name(node.name)))
+
+
+def inspect(spec: ClusterSpec) -> dict[str, runtime.ContainerState]:
+    containers = spec.containers
+    return on_each(spec.nodes, lambda node: runtime.inspect(host_of(node), containers.runtime,
+                                                            containers.name(node.name)))
