@@ -169,7 +169,8 @@ def test_interrupt_during_bring_up_rolls_back(testbed_clean, tmp_path, sig, code
     seen, err = interrupt_after(proc, "starting Ray on worker1", 2, sig, timeout=120)
     assert proc.returncode == code, "".join(seen) + err
     assert "interrupted" in err
-    assert our_pids(tb, "head") == set() and our_pids(tb, "worker1") == set()
+    left = our_pids(tb, "head") | our_pids(tb, "worker1")
+    assert left == set(), describe(left) + "\n" + "".join(seen) + err
 
 
 def test_commands_refuse_the_example_hosts(testbed, tmp_path):
