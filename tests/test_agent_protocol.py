@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -81,7 +82,7 @@ def test_run_and_stop_use_only_the_declared_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     agent = NodeAgent("here", LocalTransport(sys.executable))
     log = tmp_path / "env.log"
-    marker = "dspark-test0001-here"
+    marker = f"dspark-{secrets.token_hex(4)}-here"  # a stopped marker is never started again (see below)
     code = "import os,json,time; print(json.dumps(dict(os.environ)), flush=True); time.sleep(60)"
     answer = agent.spawn(p.Spawn((sys.executable, "-c", code), {"DECLARED": "1"}, marker, str(log)), "spawn")
     try:
@@ -97,6 +98,22 @@ def test_run_and_stop_use_only_the_declared_environment(tmp_path, monkeypatch):
         stopped = agent.stop(p.Stop(marker, (answer.process,), (answer.session,), grace_s=2))
     assert answer.process.pid in stopped.stopped and stopped.left == ()
     assert procfs.start_time(answer.process.pid) is None
+
+
+def test_a_start_that_arrives_after_its_runs_stop_starts_nothing(tmp_path):
+    """An interrupted launcher's rollback can stop a run while one of its starts is still on its way to the
+    node: the stop leaves a mark, and the late start is refused with nothing started."""
+    agent = NodeAgent("here", LocalTransport(sys.executable))
+    marker = f"dspark-{secrets.token_hex(4)}-here"
+    agent.stop(p.Stop(marker))
+    witness = tmp_path / "started"
+    with pytest.raises(ClusterFailure, match="was stopped on this node; nothing started"):
+        agent.run(p.Run((sys.executable, "-c", f"open({str(witness)!r}, 'w')"), {}, marker, "", 30), "ray start", 60)
+    with pytest.raises(ClusterFailure, match="was stopped on this node; nothing started"):
+        agent.spawn(p.Spawn((sys.executable, "-c", f"open({str(witness)!r}, 'w')"), {}, marker,
+                            str(tmp_path / "log")), "spawn")
+    time.sleep(0.5)
+    assert not witness.exists()
 
 
 def test_progress_lines_reach_the_reporter_and_failures_are_typed(tmp_path):

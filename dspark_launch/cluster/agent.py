@@ -22,6 +22,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -178,10 +179,12 @@ def _session_of(proc: subprocess.Popen) -> p.Session:
 
 def run(req: p.Run, report: Report) -> p.RunAnswer:
     """Run argv to completion with the declared environment; the owner marker is added."""
+    _refuse_if_stopped(req.marker)
     log = _open_log(req.log) if req.log else subprocess.DEVNULL
     try:
         proc = _start(req.argv, child_env(req.env, req.marker), log)
         session = _session_of(proc)
+        _undo_if_stopped(req.marker, session)
         try:
             code = proc.wait(timeout=req.timeout)
         except subprocess.TimeoutExpired:
@@ -194,11 +197,13 @@ def run(req: p.Run, report: Report) -> p.RunAnswer:
 
 def spawn(req: p.Spawn, report: Report) -> p.SpawnAnswer:
     """Start argv detached from us (own session, output to a log) and return its identity."""
+    _refuse_if_stopped(req.marker)
     if req.rotate_log and os.path.exists(req.log):
         os.replace(req.log, req.log + ".1")
     with _open_log(req.log) as log:
         proc = _start(req.argv, child_env(req.env, req.marker), log, req.cwd)
     session = _session_of(proc)
+    _undo_if_stopped(req.marker, session)
     return p.SpawnAnswer(p.Process(proc.pid, session.start_time, proc.pid, session.boot_id), session)
 
 
@@ -212,6 +217,7 @@ def stop(req: p.Stop, report: Report) -> p.StopAnswer:
     Looks again after each round: a `ray start` cut short by a rollback may have
     forked a daemon between the first look and its own end.
     """
+    _mark_stopped(req.marker)  # first: a start of this run still on its way must not outlive the stop
     stopped: set[int] = set()
     left: list[int] = []
     for _ in range(3):
@@ -226,6 +232,60 @@ def stop(req: p.Stop, report: Report) -> p.StopAnswer:
         if left:
             break
     return p.StopAnswer(tuple(sorted(stopped)), tuple(left))
+
+
+# A rollback can stop a run while one of its `run`/`spawn` requests is still on its way to this node
+# (an interrupted launcher, the SSH connection of the request already cut): `stop` leaves a mark
+# first, and a start for a stopped marker is refused, or undone when the mark appeared while it started.
+_MARKER = re.compile(r"dspark-[A-Za-z0-9_.-]{1,80}")
+STOPPED_KEEP_S = 86400
+
+
+def _stopped_mark(marker: str) -> Path | None:
+    from dspark_launch.cluster.ray_dirs import private_root
+    from dspark_launch.cluster.safe_path import PRIVATE, UnsafePath, make_dir
+
+    if not _MARKER.fullmatch(marker):
+        return None
+    try:
+        make_dir(private_root(), PRIVATE)
+    except (UnsafePath, OSError):
+        return None
+    return private_root() / f"stopped-{marker}"
+
+
+def _mark_stopped(marker: str) -> None:
+    mark = _stopped_mark(marker)
+    if mark is None:
+        return
+    now = time.time()
+    for old in mark.parent.glob("stopped-*"):
+        try:
+            if now - old.lstat().st_mtime > STOPPED_KEEP_S:
+                old.unlink()
+        except OSError:
+            pass
+    try:
+        os.close(os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+    except OSError:
+        pass
+
+
+def _is_stopped(marker: str) -> bool:
+    mark = _stopped_mark(marker)
+    return mark is not None and mark.exists()
+
+
+def _refuse_if_stopped(marker: str) -> None:
+    if _is_stopped(marker):
+        raise p.OperationFailed(p.Failure("start", f"run {marker} was stopped on this node; nothing started"))
+
+
+def _undo_if_stopped(marker: str, session: p.Session) -> None:
+    if _is_stopped(marker):
+        terminate({proc.pid: proc for proc in owned_processes(marker, (session,))}, 2.0)
+        raise p.OperationFailed(p.Failure("start", f"run {marker} was stopped on this node while it started; "
+                                          "what it started was stopped"))
 
 
 def terminate(targets: dict[int, p.Process], grace_s: float, kill_grace_s: float = 5.0) -> list[int]:
