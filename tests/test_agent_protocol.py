@@ -9,6 +9,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -188,3 +189,23 @@ def test_the_cuda_row_is_read_without_importing_torch():
     from dspark_launch.cluster.node_tasks import torch_cuda_version
 
     assert torch_cuda_version() == torch.version.cuda
+
+
+def test_the_argument_checker_ends_with_the_agent_that_asked():
+    """An interrupted start kills the head's agent in flight; vLLM's parser check (a child of ~10 s) ends with it."""
+    from dspark_launch.cluster.transport import kill_in_flight
+
+    agent = NodeAgent("here", LocalTransport(sys.executable))
+    asking = threading.Thread(target=lambda: pytest.raises(Exception, agent.check_serve_args, ("x",)), daemon=True)
+    asking.start()
+    deadline = time.monotonic() + 30
+    checker = []
+    while not checker and time.monotonic() < deadline:
+        checker = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+                   if "DSPARK-ARGCHECK" in " ".join(procfs.cmdline(pid))]
+        time.sleep(0.05)
+    assert checker, "the checker never started"
+    kill_in_flight()
+    asking.join(10)
+    time.sleep(1.0)
+    assert all(procfs.start_time(pid) is None for pid in checker)

@@ -9,6 +9,7 @@ bad value fails here, before anything starts.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -42,10 +43,18 @@ print("DSPARK-ARGCHECK ok")
 """
 
 
+def _die_with_parent() -> None:
+    """The checker ends with the agent that asked (an interrupted start kills the agent, never its ~10 s
+    child too): Linux's PR_SET_PDEATHSIG."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
 def refusal(serve_args: list[str] | tuple[str, ...], python: str = sys.executable) -> str | None:
     """vLLM's reason for refusing `serve_args` (model first, as after `vllm serve`), or None when accepted."""
     proc = subprocess.run([python, "-c", _CHECK], input=json.dumps(["--model", *serve_args]), capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, preexec_fn=_die_with_parent)
     verdicts = [line for line in proc.stdout.splitlines() if line.startswith("DSPARK-ARGCHECK ")]
     if proc.returncode == 0 and verdicts == ["DSPARK-ARGCHECK ok"]:
         return None
