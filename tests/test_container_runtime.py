@@ -186,13 +186,13 @@ def _check_same(identities: list[dict]) -> str:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    from tests.tiny_model import build_tiny_model
+    from tests.support.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 
 
 def _container_env(ctb, tmp_path: Path, model: Path, image: str, **extra: str) -> Path:
-    from tests.launcher_env import scratch, serving_values
+    from tests.support.launcher_env import scratch, serving_values
     from tests.test_cluster import write_env
 
     values = {**serving_values(model), "START_TIMEOUT_S": "400", "VLLM_API_KEY": "sk-dspark-ctest-5e1d",
@@ -204,7 +204,7 @@ def _container_env(ctb, tmp_path: Path, model: Path, image: str, **extra: str) -
 
 
 def _dspark(ctb, tmp_path: Path, env_file: Path, *args: str, timeout: float = 600):
-    from tests.launcher_env import launcher_env, scratch
+    from tests.support.launcher_env import launcher_env, scratch
     from tests.test_cluster import VENV_BIN
 
     env = {**launcher_env(scratch(tmp_path)), "DSPARK_TEST_CONTAINER_GPU_ARGS": ""}  # the test hook

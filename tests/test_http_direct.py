@@ -97,7 +97,8 @@ def proxied(monkeypatch, proxy):
 
 def test_the_proxy_variables_are_in_force(proxied, api, proxy):
     """Guards the test itself: urllib's default opener does send loopback traffic to the listener."""
-    with urllib.request.urlopen(f"{api.url}/health", timeout=5) as reply:
+    # A fresh default opener: urlopen() would cache this proxied one for every later test of the process.
+    with urllib.request.build_opener().open(f"{api.url}/health", timeout=5) as reply:
         assert reply.status == 200
     assert [path for _, path, _ in proxy.seen] == [f"{api.url}/health"] and api.seen == []
 
