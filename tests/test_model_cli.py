@@ -66,7 +66,7 @@ def test_pull_verify_damage_refuse_repair_then_serve_offline(testbed_clean, tmp_
     env = serving_env(tb, tmp_path, tiny_model, DSPARK_MODEL=REPO_ID, DSPARK_MODEL_CACHE=str(cache))
     repo = tmp_path / "hub-repo"  # the served model's files, without the launcher's manifest
     shutil.copytree(tiny_model, repo, ignore=shutil.ignore_patterns(".dspark-manifest.json*"))
-    hub = tb.popen(tb.head, [f"{tb.venv}/bin/python", "tests/hub_server.py", str(repo)], cwd=str(REPO_ROOT),
+    hub = tb.popen(tb.head, [f"{tb.venv}/bin/python", "-m", "tests.support.hub_server", str(repo)], cwd=str(REPO_ROOT),
                    stdout=subprocess.PIPE, text=True)
     try:
         endpoint = hub.stdout.readline().strip()
