@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 from dspark_launch import __version__
 from dspark_launch.cluster import protocol as p
 from dspark_launch.cluster.codec import DecodeError, from_data, to_data
+from dspark_launch.cluster.container_transport import ContainerTransport
 from dspark_launch.cluster.fabric import FabricEnv, FabricRequest
 from dspark_launch.cluster.transport import NodeUnreachable, Transport
 from dspark_launch.errors import ConfigError, DsparkError
@@ -187,7 +188,8 @@ class NodeAgent:
     # model profile and fabric (issue 11)
 
     def describe_vllm(self) -> VllmOffer:
-        return self.call(p.DescribeVllm(), "installed vLLM", 300).offer
+        in_container = isinstance(self.transport, ContainerTransport)
+        return self.call(p.DescribeVllm(keep=not in_container), "installed vLLM", 300).offer
 
     def fabric_env(self, request: FabricRequest, sysfs_root: str = "") -> FabricEnv:
         return self.call(p.FabricQuery(request, sysfs_root), "fabric").fabric

@@ -381,7 +381,9 @@ class RayTempDirAnswer:
 
 @dataclass(frozen=True)
 class DescribeVllm:
-    """The installed vLLM's serve parser as data (head: imports vLLM, seconds)."""
+    """The installed vLLM's serve parser as data (head: imports vLLM, seconds; a repeat for the same
+    install is answered from the node's private folder, see offer_cache)."""
+    keep: bool = True  # False in a container: recreated on every start, nothing kept there would be read
 
 
 @dataclass(frozen=True)
