@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.cluster import protocol as p
 from dspark_launch.cluster.client import NodeAgent
+from dspark_launch.cluster.container_transport import ContainerTransport, LocalHost
 from dspark_launch.cluster.codec import decode
 from dspark_launch.cluster.offer_cache import KeptOffer, install_identity, kept_file, recall, remember
 from dspark_launch.cluster.transport import LocalTransport
@@ -51,20 +51,27 @@ class Described:
         return any(name == "vllm" or name.startswith("vllm.") for name in self.imported)
 
 
+def _script(path: Path, text: str) -> str:
+    path.write_text(text)
+    path.chmod(0o755)
+    return str(path)
+
+
 class ImportLoggingAgent:
     """The real agent, one process per call, run by `python -X importtime` (every import on stderr)."""
 
     def __init__(self, folder: Path):
         self.log = folder / "imports.log"
-        python = folder / "python"
-        python.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -X importtime \"$@\" "
-                          f"2>{shlex.quote(str(self.log))}\n")
-        python.chmod(0o755)
-        self.python = str(python)
+        self.python = _script(folder / "python", f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -X importtime "
+                                                 f"\"$@\" 2>{shlex.quote(str(self.log))}\n")
+        # Stands in for the container runtime: `RUNTIME exec -i --env PYTHONPATH=... NAME CMD...` runs CMD here.
+        self.runtime = _script(folder / "runtime", '#!/bin/sh\nshift 5\nexec "$@"\n')
 
-    def describe(self, keep: bool = True) -> Described:
+    def describe(self, in_container: bool = False) -> Described:
+        transport = (ContainerTransport(LocalHost(), self.runtime, "dspark-test", self.python) if in_container
+                     else LocalTransport(self.python))
         recorder = Recorder()
-        offer = NodeAgent("here", LocalTransport(self.python), recorder).call(p.DescribeVllm(keep=keep), "vLLM", 300).offer
+        offer = NodeAgent("here", transport, recorder).describe_vllm()
         imported = {line.rsplit("|", 1)[1].strip() for line in self.log.read_text().splitlines()
                     if line.startswith("import time:") and line.count("|") == 2}
         assert "dspark_launch.cluster.protocol" in imported  # the log is the agent's
@@ -102,9 +109,10 @@ def test_the_identity_is_found_without_importing_vllm(identity):
     assert any("dspark_ray_cpu" in plugin for plugin in identity.plugins)  # the test platform plugin counts
 
 
-def test_a_describe_not_to_keep_leaves_nothing(agent, identity):
+def test_an_agent_in_a_container_keeps_nothing(agent, identity):
+    """A container is recreated on every start: nothing kept in it would be read again."""
     path = forget(identity)
-    described = agent.describe(keep=False)
+    described = agent.describe(in_container=True)
     assert described.imported_vllm and READ in described.phases
     assert not os.path.lexists(path)
 
