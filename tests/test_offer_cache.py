@@ -197,3 +197,15 @@ def test_a_planted_link_is_ignored_and_replaced_never_followed(agent, identity, 
     assert described.imported_vllm and described.offer.version == "0.32.0"
     assert kept_content(path) == KeptOffer(identity, described.offer)  # a file of its own now, not the link
     assert target.read_bytes() == planted
+
+
+def test_nothing_is_kept_or_read_through_a_private_folder_that_is_a_link(identity, tmp_path, monkeypatch):
+    from dspark_launch.cluster import ray_dirs
+
+    monkeypatch.setattr(ray_dirs, "ROOT_PARENT", str(tmp_path))
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    (tmp_path / f"dspark-{os.geteuid()}").symlink_to(victim)
+    remember(identity, VllmOffer.from_json((DATA / "vllm-0.25.0-offer.json").read_text()))
+    assert kept_file(identity) is None and recall(identity) is None
+    assert list(victim.iterdir()) == []
