@@ -23,7 +23,7 @@ from typing import Iterator
 
 from dspark_launch.cluster.codec import from_data, to_data
 from dspark_launch.cluster.protocol import HotfixReport, Process, Session, VersionRow
-from dspark_launch.cluster.safe_path import UnsafePath, check_ancestors, check_dir, make_dir
+from dspark_launch.cluster.safe_path import UnsafePath, check_ancestors, check_dir, make_dir, make_log_dir
 from dspark_launch.errors import ConfigError, DsparkError
 
 STATE_FILE = "state.json"
@@ -111,9 +111,9 @@ def _unsafe(path: Path, exc: UnsafePath) -> ConfigError:
 
 def ensure_state_dir(path: Path) -> Path:
     """Create the folder 0700 and its logs/ folder, or check them; one line before anything starts."""
-    for folder in (path, path / LOGS_DIR):
+    for folder, make in ((path, make_dir), (path / LOGS_DIR, make_log_dir)):
         try:
-            make_dir(folder)
+            make(folder)
             probe = folder / f".write-test-{os.getpid()}"
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
             probe.unlink()
