@@ -16,6 +16,7 @@ import os
 import secrets
 import stat
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ STATE_FILE = "state.json"
 LOCK_FILE = "lock"
 TOKEN_FILE = "ray-auth-token"
 LOGS_DIR = "logs"
+LOCK_PROBE_GRACE_S = 0.25
 
 
 class LockHeld(DsparkError):
@@ -237,9 +239,7 @@ def state_lock(state_dir: Path) -> Iterator[None]:
     path = state_dir / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _take_exclusive(fd):
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             raise LockHeld(f"another dspark (pid {holder}) holds {path}; wait for it or stop it") from None
         os.ftruncate(fd, 0)
@@ -247,6 +247,20 @@ def state_lock(state_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def _take_exclusive(fd: int) -> bool:
+    """The lock, unless another launcher holds it. A `lock_holder` probe (`status`, a supervisor) holds it
+    shared for microseconds: tried again for a moment, so a probe is never taken for a holder."""
+    deadline = time.monotonic() + LOCK_PROBE_GRACE_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
 
 
 def lock_holder(state_dir: Path) -> str | None:
