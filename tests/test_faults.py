@@ -232,7 +232,7 @@ def test_start_interrupted_at_each_phase(testbed_clean, tmp_path, tiny_model, ph
 
 def _read_only(tb, node: str, path: Path) -> None:
     """Make `path` read-only inside `node` only (a read-only bind mount in its mount namespace): root included."""
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)  # private, as a log folder must be: only unwritable
     tb.exec(node, ["mount", "--bind", str(path), str(path)], check=True)
     tb.exec(node, ["mount", "-o", "remount,bind,ro", str(path)], check=True)
 

@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.serve.memory import estimate, weights_bytes
+from dspark_launch.model.hub import hub_source
+from dspark_launch.model.location import local_location
+from dspark_launch.model.manifest import Manifest, ManifestFile, read_manifest, write_manifest
+from dspark_launch.model.onnodes import ModelWeights, WantedModel, manifest_weights, placed_weights
+from dspark_launch.serve.memory import estimate
 from tests.support.launcher_env import run_dspark
 from tests.support.paths import REPO
 
@@ -46,41 +50,77 @@ def test_systemd_unit(tmp_path):
     assert "SuccessExitStatus=3 143" in unit and "Restart=on-failure" in unit and "[Install]" in unit
 
 
-def test_weights_from_the_safetensors_index(tmp_path):
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 300 * 2**30}}))
-    assert weights_bytes(tmp_path) == 300 * 2**30
+def placed_model(folder: Path, sizes: dict[str, int], source: str = "", revision: str = "local") -> Path:
+    """A model folder as a pull or copy leaves it: sparse files of these sizes and the manifest over them
+    (sha256 unknown: the sizes are what the fast check and the memory pre-flight read)."""
+    folder.mkdir(parents=True)
+    for name, size in sizes.items():
+        with open(folder / name, "wb") as handle:
+            handle.truncate(size)
+    write_manifest(folder, Manifest(source or str(folder), revision,
+                                    tuple(ManifestFile(name, size, "") for name, size in sorted(sizes.items()))))
+    return folder
+
+
+def hub_cache_model(cache: Path, repo_id: str, sizes: dict[str, int]) -> Path:
+    """`repo_id` pulled into the hub cache folder `cache` (refs/main -> one snapshot holding the manifest)."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    return placed_model(repo / "snapshots" / commit, sizes, repo_id, commit)
+
+
+def test_memory_preflight_counts_the_verified_weights(tmp_path):
+    folder = placed_model(tmp_path / "m", {"a.safetensors": 200 * 2**30, "b.safetensors": 100 * 2**30,
+                                           "config.json": 10})
+    weights = manifest_weights(local_location(str(folder)), read_manifest(folder))
+    assert weights == ModelWeights(str(folder), 300 * 2**30)  # the shards only
     memory = {"head": 128 * 2**30, "worker1": 128 * 2**30}
-    found = estimate("none", str(tmp_path), "", "auto", 256, 2, 0.835, memory)
+    found = estimate("none", weights, "auto", 256, 2, 0.835, memory)
     assert not found.fits and [f.fits for f in found.findings] == [False, False]
     assert found.findings[0].line.startswith("head: 150.0 GiB (weights 150.0 GiB) does not fit in 128.0 GiB x "
                                              "GPU_MEMORY_UTILIZATION 0.835 = 106.9 GiB")
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 150 * 2**30}}))
-    assert estimate("none", str(tmp_path), "", "auto", 256, 2, 0.835, memory).fits
+    assert estimate("none", ModelWeights(str(folder), 150 * 2**30), "auto", 256, 2, 0.835, memory).fits
 
 
-def test_weights_from_safetensors_files(tmp_path):
-    (tmp_path / "a.safetensors").write_bytes(b"x" * 1000)
-    (tmp_path / "b.safetensors").write_bytes(b"x" * 24)
-    assert weights_bytes(tmp_path) == 1024
-    assert weights_bytes(tmp_path / "nope") is None
+def test_weights_without_shards_count_every_file_and_unplaced_weights_are_left_out(tmp_path):
+    folder = placed_model(tmp_path / "m", {"pytorch_model.bin": 1000, "config.json": 24})
+    assert manifest_weights(local_location(str(folder)), read_manifest(folder)).size_bytes == 1024
+    found = estimate("none", None, "auto", 256, 2, 0.835, {"head": 2**30})
+    assert found.weights_per_node is None and any("never placed on the head" in n for n in found.notes)
+
+
+def test_plan_reads_the_heads_manifest_in_the_configured_cache_only(tmp_path):
+    # DSPARK_MODEL_CACHE is a folder the hub's own cache lookup (HF_HUB_CACHE / HF_HOME) never visits.
+    cache = tmp_path / "weights-cache"
+    folder = hub_cache_model(cache, "org/huge", {"model.safetensors": 3 * 2**40})
+    wanted = WantedModel("org/huge", "", hub_source("org/huge", "", str(cache), {"HF_HOME": str(tmp_path / "hf")}), 1)
+    assert placed_weights(wanted) == ModelWeights(str(folder), 3 * 2**40)
+    elsewhere = hub_source("org/huge", "", str(tmp_path / "empty"), {})
+    assert placed_weights(WantedModel("org/huge", "", elsewhere, 1)) is None
 
 
 @pytest.mark.testbed
-def test_memory_preflight_refuses_by_default_before_anything_starts(testbed_clean, tmp_path):
+@pytest.mark.parametrize("where", ["local folder", "hub cache outside HF_HOME"])
+def test_memory_preflight_refuses_by_default_before_anything_starts(testbed_clean, tmp_path, where):
+    """The verified weights (a sparse TiB: the nodes share this filesystem, so the weights pre-flight passes)
+    are what the memory pre-flight counts, wherever the weights pre-flight found them."""
     from tests.support.on_testbed import dspark, our_pids, write_env
 
-    model = tmp_path / "huge-model"
-    model.mkdir()
-    (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 2**50}}))
-    from dspark_launch.model.local_model import prepare_local
-
-    prepare_local(str(model))  # placed (the nodes share this filesystem): the weights pre-flight passes
-    env = write_env(testbed_clean, tmp_path, DSPARK_MODEL=str(model))
+    shards = {"model.safetensors": 2**40, "config.json": 2}
+    if where == "local folder":
+        env = write_env(testbed_clean, tmp_path, DSPARK_MODEL=str(placed_model(tmp_path / "huge-model", shards)))
+    else:
+        cache = tmp_path / "weights-cache"
+        hub_cache_model(cache, "org/huge", shards)
+        env = write_env(testbed_clean, tmp_path, DSPARK_MODEL="org/huge", DSPARK_MODEL_CACHE=str(cache))
     proc = dspark(testbed_clean, env, "start")
     assert proc.returncode == 1, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("dspark: error: ")]
     assert len(errors) == 1 and "memory pre-flight: head (10.213.0.1): " in errors[0], proc.stderr
     assert "does not fit in" in errors[0] and "GPU_MEMORY_UTILIZATION 0.835" in errors[0] and "--force" in errors[0]
+    assert "(weights 512.0 GiB" in errors[0] or "(weights 1024.0 GiB" in errors[0]  # / TP
     assert "starting Ray" not in proc.stderr
     assert our_pids(testbed_clean, "head") == set() and our_pids(testbed_clean, "worker1") == set()
     warn = dspark(testbed_clean, env, "start", "--help")

@@ -40,8 +40,18 @@ def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False
     from dspark_launch.serve import service
 
     reporter = ConsoleReporter()
+    running = []  # the started run's server, from the moment `start` returned
 
     def interrupted(code: int) -> None:
+        """Before `start` returned, its own rollback stopped everything. After: a supervisor stops its own
+        run (from the very first moment: a signal while it printed the start's report left the run up,
+        unsupervised); a detached start leaves the run it completed, as recorded."""
+        if running and foreground and _stop_own_run(spec, running[0]):
+            running.clear()
+        if running:
+            print(f"dspark: interrupted after the start had completed; {running[0].url} keeps serving; "
+                  f"`dspark stop` stops it (exit {code})", file=sys.stderr)
+            return
         print(f"dspark: interrupted; everything this run started was stopped (exit {code}); "
               f"logs in {spec.state_dir / 'logs'}", file=sys.stderr)
 
@@ -51,18 +61,23 @@ def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False
         except DsparkError as error:
             _report_failure(error, spec)
             raise typer.Exit(error.exit_code) from None
-        server = result.server
-        print(f"serving {server.model} as {server.served_name} at {server.url}/v1")
-        print(f"KV cache: {server.kv_cache_tokens or 'unknown'} tokens; "
-              f"in-flight prefill cap: {server.scheduler_cap} (from DSPARK_MAX_INFLIGHT_PREFILLS)")
-        for name, report in result.hotfix.items():
-            print(hotfix_line(name, report))
-        hint = dashboard_hint(spec)
-        if hint:
-            print(hint)
+        running.append(result.server)
+        _report_started(spec, result)
         if foreground:
-            sys.stdout.flush()
-            _stay_attached(spec, server)
+            _stay_attached(spec, result.server)
+
+
+def _report_started(spec, result) -> None:
+    server = result.server
+    print(f"serving {server.model} as {server.served_name} at {server.url}/v1")
+    print(f"KV cache: {server.kv_cache_tokens or 'unknown'} tokens; "
+          f"in-flight prefill cap: {server.scheduler_cap} (from DSPARK_MAX_INFLIGHT_PREFILLS)")
+    for name, report in result.hotfix.items():
+        print(hotfix_line(name, report))
+    hint = dashboard_hint(spec)
+    if hint:
+        print(hint)
+    sys.stdout.flush()
 
 
 TAKEN_OVER_LINE = ("dspark: this run was stopped or replaced by another dspark command (stop, restart); "
@@ -84,17 +99,13 @@ def _stop_own_run(spec, server) -> bool:
 
 def _stay_attached(spec, server) -> None:
     """For a supervisor: exit 1 when the server or a node's Ray dies, 0 when an operator's command took
-    the run over; stop this run (only this one) on SIGTERM/SIGINT."""
+    the run over. SIGTERM/SIGINT: `do_start`'s `interrupted` stops this run (only this one)."""
     from dspark_launch.serve import service, supervise
 
     try:
         cause = supervise.watch(spec, server)
     except DsparkError as error:  # the record became unreadable, say: still one line, and this run stopped
         cause = f"supervision failed: {error}"
-    except (KeyboardInterrupt, Terminated) as interrupt:
-        if _stop_own_run(spec, server):
-            raise  # `interruptible` reports what was stopped
-        raise typer.Exit(EXIT_SIGINT if isinstance(interrupt, KeyboardInterrupt) else EXIT_SIGTERM) from None
     if cause is supervise.TAKEN_OVER:
         print(f"{TAKEN_OVER_LINE}; exit 0 (a unit with Restart=on-failure stays stopped)", file=sys.stderr)
         raise typer.Exit(0)

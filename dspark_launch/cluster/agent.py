@@ -113,14 +113,19 @@ def probe(req: p.Probe, report: Report) -> p.ProbeAnswer:
 
 
 def _writable_dir(path: str) -> str | None:
-    """None when `path` is (or can be made) a folder this user writes to; else why not."""
+    """None when `path` is (or can be made) a private log folder this user writes to; else why not,
+    naming the path."""
+    from dspark_launch.cluster.safe_path import UnsafePath, make_log_dir
+
     try:
-        Path(path).mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_log_dir(Path(path))
         probe_file = Path(path, f".write-test-{os.getpid()}")
-        os.close(os.open(probe_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+        os.close(os.open(probe_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         probe_file.unlink()
+    except UnsafePath as exc:
+        return str(exc)
     except OSError as exc:
-        return exc.strerror or str(exc)
+        return f"{path} is not writable there ({exc.strerror or exc})"
     return None
 
 
@@ -161,9 +166,18 @@ def child_env(declared: dict[str, str], marker: str) -> dict[str, str]:
     return {**inherited, **declared, OWNER_VAR: marker}
 
 
-def _open_log(path: str):
-    Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return open(path, "ab")
+def _open_log(path: str, rotate: bool = False):
+    """The log a started process writes to (safe_path.open_log); a refusal is one typed line naming it."""
+    from dspark_launch.cluster.safe_path import UnsafePath, open_log
+
+    try:
+        return open_log(Path(path), rotate)
+    except UnsafePath as exc:
+        raise p.OperationFailed(p.Failure("log", f"{exc}; refusing to write a log there, nothing started "
+                                                 "(remove it if nobody should have put it there)")) from None
+    except OSError as exc:
+        raise p.OperationFailed(p.Failure("log", f"log {path}: cannot open it ({exc.strerror}); "
+                                                 "nothing started")) from None
 
 
 def _start(argv, env: dict[str, str], log, cwd: str = "") -> subprocess.Popen:
@@ -198,9 +212,7 @@ def run(req: p.Run, report: Report) -> p.RunAnswer:
 def spawn(req: p.Spawn, report: Report) -> p.SpawnAnswer:
     """Start argv detached from us (own session, output to a log) and return its identity."""
     _refuse_if_stopped(req.marker)
-    if req.rotate_log and os.path.exists(req.log):
-        os.replace(req.log, req.log + ".1")
-    with _open_log(req.log) as log:
+    with _open_log(req.log, req.rotate_log) as log:
         proc = _start(req.argv, child_env(req.env, req.marker), log, req.cwd)
     session = _session_of(proc)
     _undo_if_stopped(req.marker, session)

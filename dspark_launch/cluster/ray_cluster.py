@@ -115,8 +115,7 @@ def preflight_node(spec: ClusterSpec, node: Node, reporter: Reporter) -> FabricE
     if missing:
         raise ClusterFailure(node.label, "python", f"{probe.python} cannot import {', '.join(missing)}")
     if probe.log_dir_error:
-        raise ClusterFailure(node.label, "log folder",
-                             f"{spec.state_dir / 'logs'} is not writable there ({probe.log_dir_error})")
+        raise ClusterFailure(node.label, "log folder", f"{probe.log_dir_error}; nothing was started")
     if probe.dashboard_missing:
         raise ClusterFailure(node.label, "dashboard",
                              f"DSPARK_RAY_DASHBOARD=local needs Ray's dashboard packages, missing "

@@ -1,12 +1,15 @@
 """Folders only this user can write: checked without following links, created with care (stdlib only).
 
-Used for the state folder (on the launcher's machine) and for Ray's temp folders (on every
-node, through its agent). A folder is safe when it is a real folder (not a link), owned by
-this user, and neither group nor others can write it; an existing folder is never chmod-ed.
+Used for the state folder (on the launcher's machine), for Ray's temp folders and for the logs
+(on every node, through its agent). A folder is safe when it is a real folder (not a link), owned
+by this user, and neither group nor others can write it (a log folder: nor enter it); an existing
+folder is never chmod-ed. A log is opened without following a link and only when it is a plain
+file of this user.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -78,3 +81,43 @@ def make_dir(path: Path, forbidden: int = WRITABLE_BY_OTHERS) -> bool:
             pass  # made meanwhile by someone else: the check below decides
     check_dir(path, forbidden)
     return created
+
+
+def make_log_dir(path: Path) -> bool:
+    """A log folder: as `make_dir`, and private (0700 when made; an existing one group or others can
+    enter is refused): logs show what was served."""
+    return make_dir(path, PRIVATE)
+
+
+def open_log(path: Path, rotate: bool = False):
+    """`path` opened for appending (created 0600) in a private log folder of this user, made when
+    absent; with `rotate` the old log is first renamed to `<path>.1`. UnsafePath, naming `path`, when
+    the folder is unsafe or `path` is a symbolic link or not a plain file of this user: never
+    followed, never written through."""
+    make_log_dir(path.parent)
+    if os.path.lexists(path):
+        _check_log(path, os.lstat(path))  # before the open: a FIFO would block it or fail it unnamed
+        if rotate:
+            os.replace(path, f"{path}.1")  # a rename: it never follows a link at `<path>.1` either
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath(f"log {path} is a symbolic link (never followed)") from None
+        raise
+    try:
+        _check_log(path, os.fstat(fd))
+    except UnsafePath:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "ab")
+
+
+def _check_log(path: Path, st: os.stat_result) -> None:
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafePath(f"log {path} is a symbolic link (never followed)")
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePath(f"log {path} is not a plain file")
+    if st.st_uid != os.geteuid():
+        raise UnsafePath(f"log {path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")

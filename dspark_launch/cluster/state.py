@@ -16,6 +16,7 @@ import os
 import secrets
 import stat
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,13 +24,14 @@ from typing import Iterator
 
 from dspark_launch.cluster.codec import from_data, to_data
 from dspark_launch.cluster.protocol import HotfixReport, Process, Session, VersionRow
-from dspark_launch.cluster.safe_path import UnsafePath, check_ancestors, check_dir, make_dir
+from dspark_launch.cluster.safe_path import UnsafePath, check_ancestors, check_dir, make_dir, make_log_dir
 from dspark_launch.errors import ConfigError, DsparkError
 
 STATE_FILE = "state.json"
 LOCK_FILE = "lock"
 TOKEN_FILE = "ray-auth-token"
 LOGS_DIR = "logs"
+LOCK_PROBE_GRACE_S = 0.25
 
 
 class LockHeld(DsparkError):
@@ -111,9 +113,9 @@ def _unsafe(path: Path, exc: UnsafePath) -> ConfigError:
 
 def ensure_state_dir(path: Path) -> Path:
     """Create the folder 0700 and its logs/ folder, or check them; one line before anything starts."""
-    for folder in (path, path / LOGS_DIR):
+    for folder, make in ((path, make_dir), (path / LOGS_DIR, make_log_dir)):
         try:
-            make_dir(folder)
+            make(folder)
             probe = folder / f".write-test-{os.getpid()}"
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
             probe.unlink()
@@ -237,9 +239,7 @@ def state_lock(state_dir: Path) -> Iterator[None]:
     path = state_dir / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _take_exclusive(fd):
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             raise LockHeld(f"another dspark (pid {holder}) holds {path}; wait for it or stop it") from None
         os.ftruncate(fd, 0)
@@ -247,6 +247,20 @@ def state_lock(state_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def _take_exclusive(fd: int) -> bool:
+    """The lock, unless another launcher holds it. A `lock_holder` probe (`status`, a supervisor) holds it
+    shared for microseconds: tried again for a moment, so a probe is never taken for a holder."""
+    deadline = time.monotonic() + LOCK_PROBE_GRACE_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
 
 
 def lock_holder(state_dir: Path) -> str | None:

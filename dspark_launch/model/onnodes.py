@@ -55,6 +55,19 @@ class WantedModel:
 
 
 @dataclass(frozen=True)
+class ModelWeights:
+    """The weights as a manifest states them, for the memory pre-flight: no lookup and no read of its own."""
+
+    folder: str  # the model folder, the same path on every node (config.json beside the weights)
+    size_bytes: int  # the safetensors files when there are any, else every file
+
+
+def manifest_weights(location: ModelLocation, manifest: Manifest) -> ModelWeights:
+    shards = [f.size for f in manifest.files if f.path.endswith(".safetensors")]
+    return ModelWeights(location.folder, sum(shards) if shards else manifest.total_size)
+
+
+@dataclass(frozen=True)
 class ServingModel:
     """A model verified on every node: how `vllm serve` and the Ray workers load it with the hub offline."""
 
@@ -64,6 +77,11 @@ class ServingModel:
     revision: str  # the pulled commit for --revision; "" for a folder
     reports: tuple[tuple[str, VerifyReport], ...]
     seconds: float  # the check's wall time
+
+    @property
+    def weights(self) -> ModelWeights:
+        """What every node was just checked to hold."""
+        return manifest_weights(self.location, self.manifest)
 
 
 def wanted_model(settings, environ: Mapping[str, str] | None = None) -> WantedModel:
@@ -144,12 +162,10 @@ def ready_to_serve(wanted: WantedModel, spec, full: bool = False, reporter=None)
                         tuple(reports), time.monotonic() - t0)
 
 
-def weights_bytes(wanted: WantedModel) -> int | None:
-    """The weights' size from the head's manifest (no network, no read of the files): for the memory
-    pre-flight. The safetensors files when there are any, else every file; None when never placed."""
+def placed_weights(wanted: WantedModel) -> ModelWeights | None:
+    """The head's placed copy from its manifest, unchecked on the nodes (`dspark plan`, which starts
+    nothing); None when never placed."""
     try:
-        _, manifest = placed(wanted)
+        return manifest_weights(*placed(wanted))
     except ModelIncomplete:
         return None
-    shards = [f.size for f in manifest.files if f.path.endswith(".safetensors")]
-    return sum(shards) if shards else manifest.total_size

@@ -137,7 +137,7 @@ def memory_preflight(profile: Profile, kv_cache_dtype: str, context_tokens: int,
     kv, basis = _kv_per_node(profile, shape, kv_cache_dtype, context_tokens, tp)
     notes = ["vLLM also needs activations and CUDA graphs beyond this: a fit by a few GiB is not safe"]
     if weights is None:
-        notes.append("weights size unknown (the model is not in the local cache): weights not counted")
+        notes.append("weights size unknown (never placed on the head: `dspark model pull`): weights not counted")
     if kv is None:
         notes.append(f"KV cache not counted: {basis}")
     need = (weights or 0) + (kv or 0)

@@ -19,6 +19,7 @@ from dspark_launch.cluster.parallel import Background, on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node, cluster_spec, placeholder
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError, DsparkError
+from dspark_launch.model.onnodes import placed_weights, wanted_model
 from dspark_launch.profiles.plan import NOT_PROBED_EXAMPLE, NodePlan, Plan, env_entries, not_probed, profile_decisions
 from dspark_launch.profiles.resolve import resolve_selected
 from dspark_launch.serve.memory import estimate
@@ -73,8 +74,8 @@ def build_plan(settings: Settings, reporter: Reporter) -> Plan:
             continue
         nodes.append(_node_plan(spec, node, probe[0], ray_env, serve if node.is_head else None))
         memory[node.name] = probe[1]
-    found_memory = estimate(serve.profile, serve.model, serve.revision, serve.kv_cache_dtype, serve.max_model_len,
-                            serve.tensor_parallel_size, serve.gpu_memory_utilization, memory)
+    found_memory = estimate(serve.profile, placed_weights(wanted_model(settings)), serve.kv_cache_dtype,
+                            serve.max_model_len, serve.tensor_parallel_size, serve.gpu_memory_utilization, memory)
     by_node = {f.node: f for f in found_memory.findings}
     nodes = [replace(n, memory=by_node.get(n.node)) for n in nodes]
     warnings = [w for n in nodes for w in n.warnings]

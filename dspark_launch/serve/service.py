@@ -21,7 +21,7 @@ from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import Deployment, ServerRecord, load_state, save_state
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import DsparkError
-from dspark_launch.model.onnodes import ServingModel
+from dspark_launch.model.onnodes import ModelWeights, ServingModel
 from dspark_launch.serve import http, logscan
 from dspark_launch.serve.argcheck import check_serve_args
 from dspark_launch.serve.logfollow import LogReader
@@ -61,14 +61,16 @@ def resolved_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray
     return plan
 
 
-def preflight_memory(spec: ClusterSpec, plan: ServePlan, reporter: Reporter, force: bool) -> None:
+def preflight_memory(spec: ClusterSpec, plan: ServePlan, weights: ModelWeights, reporter: Reporter,
+                     force: bool) -> None:
     """Weights ÷ TP + KV at MAX_MODEL_LEN against every node's memory (asked at once), before anything starts:
-    unified memory that runs out freezes the host, so a misfit is refused unless `force`."""
+    unified memory that runs out freezes the host, so a misfit is refused unless `force`. `weights`: what the
+    weights pre-flight just verified on every node."""
     from dspark_launch.serve.memory import estimate
 
     memory = {spec.node(name).label: answer.total_bytes
               for name, answer in on_each(spec.nodes, lambda n: n.agent().meminfo()).items()}
-    found = estimate(plan.profile, plan.model, plan.revision, plan.kv_cache_dtype, plan.max_model_len,
+    found = estimate(plan.profile, weights, plan.kv_cache_dtype, plan.max_model_len,
                      plan.tensor_parallel_size, plan.gpu_memory_utilization, memory)
     misfits = [f.line for f in found.findings if not f.fits]
     for finding in found.findings:
@@ -106,12 +108,12 @@ def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool
                                            "`dspark status` shows it")
         if spec.containers:
             return _start_in_containers(settings, spec, reporter, force, verify, state)
-        spec, plan = _checked_plan(settings, spec, reporter, verify)
+        spec, plan, weights = _checked_plan(settings, spec, reporter, verify)
         if state and state.server:
             stop_server(spec, state.server)
             state.server = None
             save_state(spec.state_dir, state)
-        preflight_memory(spec, plan, reporter, force)
+        preflight_memory(spec, plan, weights, reporter, force)
         checked = Background(lambda: check_arguments(settings, spec, plan, reporter))
         cluster_started = True
         try:
@@ -149,8 +151,8 @@ def _start_in_containers(settings: Settings, spec: ClusterSpec, reporter: Report
     """Every node's container recreated first (the agent runs in it), then as on hosts; a failure removes them."""
     image_id = lifecycle.prepare_containers(spec, reporter, previous)
     try:
-        spec, plan = _checked_plan(settings, spec, reporter, verify)
-        preflight_memory(spec, plan, reporter, force)
+        spec, plan, weights = _checked_plan(settings, spec, reporter, verify)
+        preflight_memory(spec, plan, weights, reporter, force)
         checked = Background(lambda: check_arguments(settings, spec, plan, reporter))
         state = lifecycle.cluster_up_locked(spec, reporter, None, image_id).state
         save_state(spec.state_dir, state)
@@ -164,11 +166,12 @@ def _start_in_containers(settings: Settings, spec: ClusterSpec, reporter: Report
 
 
 def _checked_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter,
-                  verify: bool) -> tuple[ClusterSpec, ServePlan]:
+                  verify: bool) -> tuple[ClusterSpec, ServePlan, ModelWeights]:
     """The weights checked on every node, then the plan resolved against the head's vLLM (under the lock:
-    a first start writes the Ray token)."""
+    a first start writes the Ray token); the verified weights for the memory pre-flight."""
     spec, serving = model_preflight(settings, spec, reporter, verify)
-    return spec, with_model(resolved_plan(settings, spec, reporter, rc.auth_env(spec, create=True)), serving)
+    plan = with_model(resolved_plan(settings, spec, reporter, rc.auth_env(spec, create=True)), serving)
+    return spec, plan, serving.weights
 
 
 # --- model weights (issue 12) ---------------------------------------------------------------------
