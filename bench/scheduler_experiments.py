@@ -18,6 +18,7 @@ docs/benchmarks.md are what is kept.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import pathlib
@@ -187,36 +188,88 @@ def _variant_provider(name: str):
     return provide
 
 
-#: Gate mode 2 candidates (issue 15): the room beyond the step bound that
-#: prompts finishing within the step may use, in half-thresholds (None: the
-#: whole budget), the prompts (in thresholds) exempt from the count, and
-#: whether cached tails get the room too (patch v3's first cut) or only what
-#: is left of the bound. The shipped value is contract.SHORT_ROOM_SHARE for
-#: uncached prompts only (m2-fresh-quarter).
-SHORT_ROOMS = {"m2-room0": (0, 0, True), "m2-room-eighth": (0.25, 0, True), "m2-room-quarter": (0.5, 0, True),
-               "m2-room-half": (1, 0, True), "m2-room-chunk": (2, 0, True), "m2-room-budget": (None, 0, True),
-               "m2-split2-half": (1, 2, True), "m2-split2-chunk": (2, 2, True), "m2-split2-quarter": (0.5, 2, True),
-               "m2-split1-half": (1, 1, True), "m2-fresh-eighth": (0.25, 0, False),
-               "m2-fresh-quarter": (0.5, 0, False), "m2-fresh-half": (1, 0, False)}
+@dataclasses.dataclass(frozen=True)
+class CandidateRoom:
+    """A gate mode 2 candidate (issue 15), as a widening of the shipped rule.
+
+    `half_chunks`: the room beyond the step bound that a prompt finishing
+    within the step may use, in half-thresholds (None: the whole budget);
+    `split_chunks`: prompts of up to that many thresholds are exempt from the
+    count; `cached_too`: cached tails get the room as well (patch v3's first
+    cut), else only what is left of the bound (the shipped rule).
+    """
+
+    half_chunks: float | None
+    split_chunks: int
+    cached_too: bool
+
+    def short_room(self, chunk: int) -> int:
+        return (1 << 30) if self.half_chunks is None else int(self.half_chunks * chunk / 2)
 
 
-def _with_short_room(cls: type, room: tuple) -> type:
-    half_chunks, split_chunks, cached_too = room
+#: The candidates of the docs' table. The shipped one is m2-fresh-quarter
+#: (contract.SHORT_ROOM_SHARE, uncached prompts only).
+SHORT_ROOMS = {"m2-room0": CandidateRoom(0, 0, True), "m2-room-eighth": CandidateRoom(0.25, 0, True),
+               "m2-room-quarter": CandidateRoom(0.5, 0, True), "m2-room-half": CandidateRoom(1, 0, True),
+               "m2-room-chunk": CandidateRoom(2, 0, True), "m2-room-budget": CandidateRoom(None, 0, True),
+               "m2-split2-half": CandidateRoom(1, 2, True), "m2-split2-chunk": CandidateRoom(2, 2, True),
+               "m2-split2-quarter": CandidateRoom(0.5, 2, True), "m2-split1-half": CandidateRoom(1, 1, True),
+               "m2-fresh-eighth": CandidateRoom(0.25, 0, False), "m2-fresh-quarter": CandidateRoom(0.5, 0, False),
+               "m2-fresh-half": CandidateRoom(1, 0, False)}
 
+_CANDIDATE_MODULE = "dspark_bench_mode2_candidates"
+
+
+def _candidate_admit(shipped, holds_kv):
+    """The shipped mode 2 decision (`shipped`, the patched module's own
+    `_dspark_i27_admit`) widened by the scheduler's `_bench_room`; the uncached
+    room is the scheduler's `_dspark_short_room`, which the candidate's class
+    sets. Same arguments and results as the shipped function."""
+
+    def admit(sched, request, computed, token_budget, partial, spent):
+        chunk = sched._dspark_chunk
+        if not chunk or holds_kv(request):
+            return shipped(sched, request, computed, token_budget, partial, spent)
+        room = sched._bench_room
+        need = request.num_tokens - computed
+        left = sched._dspark_step_bound - spent
+        cached_room = room.short_room(chunk) if room.cached_too else 0
+        if computed and need <= min(chunk, token_budget) and need <= left + cached_room:
+            return 0
+        decision = shipped(sched, request, computed, token_budget, partial, spent)
+        # Nonzero: it would not finish within the bound (and room) this step.
+        if decision and need <= room.split_chunks * chunk and left + sched._dspark_short_room > 0:
+            return left + sched._dspark_short_room
+        return decision
+
+    return admit
+
+
+def _candidate_classes() -> tuple[type, type]:
+    """(Scheduler, AsyncScheduler) of a patched copy of their own, whose
+    admission calls the candidates' rule: the shipped hotfix's module and
+    the injected code are left as shipped."""
+    sync_cls, async_cls = p.classes_from_text(_CANDIDATE_MODULE, _hotfix_text(p.installed_text()))
+    module = sys.modules[_CANDIDATE_MODULE]
+    if not hasattr(module, "_bench_shipped_admit"):
+        module._bench_shipped_admit = module._dspark_i27_admit
+        module._dspark_i27_admit = _candidate_admit(module._bench_shipped_admit, module._dspark_i27_holds_kv)
+    return sync_cls, async_cls
+
+
+def _with_room(cls: type, name: str, room: CandidateRoom) -> type:
     def __init__(self, *args, **kwargs):
         cls.__init__(self, *args, **kwargs)
-        self._dspark_short_room = (1 << 30) if half_chunks is None else int(half_chunks * self._dspark_chunk / 2)
-        self._dspark_cached_room = self._dspark_short_room if cached_too else 0
-        self._dspark_short_need = split_chunks * self._dspark_chunk
+        self._dspark_short_room = room.short_room(self._dspark_chunk)
+        self._bench_room = room
 
-    return type(f"{cls.__name__}Room{half_chunks}x{split_chunks}{'c' if cached_too else 'f'}", (cls,),
-                {"__init__": __init__})
+    return type(f"{cls.__name__}_{name.replace('-', '_')}", (cls,), {"__init__": __init__})
 
 
-def _room_provider(room: tuple):
+def _room_provider(name: str):
     def provide(spec: h.SchedulerSpec) -> tuple[type, type]:
-        sync_cls, async_cls = h.patched_scheduler_classes()
-        return _with_short_room(sync_cls, room), _with_short_room(async_cls, room)
+        sync_cls, async_cls = _candidate_classes()
+        return _with_room(sync_cls, name, SHORT_ROOMS[name]), _with_room(async_cls, name, SHORT_ROOMS[name])
 
     return provide
 
@@ -225,18 +278,19 @@ def register() -> None:
     p.register()
     for name in VARIANT_GATES:
         h.POLICY_PROVIDERS[f"bench-variant-{name}"] = _variant_provider(name)
-    for name, room in SHORT_ROOMS.items():
-        h.POLICY_PROVIDERS[f"bench-{name}"] = _room_provider(room)
+    for name in SHORT_ROOMS:
+        h.POLICY_PROVIDERS[f"bench-{name}"] = _room_provider(name)
 
 
 def candidate_policies() -> list[p.Policy]:
     """Gate mode 2 with each short-prompt room, at cap 1."""
     return [
         p.Policy(f"{name}:1", "variant", cap=1, mode=name, provider=f"bench-{name}", env=((ENV_GATE_MODE, "2"),),
-                 description=f"gate mode 2, short-prompt room {'the budget' if hc is None else f'{hc} x threshold/2'}"
-                             + ("" if cached else ", uncached prompts only")
-                             + (f"; prompts up to {split} chunks exempt from the count" if split else ""))
-        for name, (hc, split, cached) in SHORT_ROOMS.items()
+                 description=f"gate mode 2, short-prompt room "
+                             f"{'the budget' if r.half_chunks is None else f'{r.half_chunks} x threshold/2'}"
+                             + ("" if r.cached_too else ", uncached prompts only")
+                             + (f"; prompts up to {r.split_chunks} chunks exempt from the count" if r.split_chunks else ""))
+        for name, r in SHORT_ROOMS.items()
     ]
 
 
