@@ -188,34 +188,47 @@ def _variant_provider(name: str):
     return provide
 
 
+def _room(half_chunks: float | None, chunk: int) -> int:
+    return (1 << 30) if half_chunks is None else int(half_chunks * chunk / 2)
+
+
 @dataclasses.dataclass(frozen=True)
 class CandidateRoom:
     """A gate mode 2 candidate (issue 15), as a widening of the shipped rule.
 
-    `half_chunks`: the room beyond the step bound that a prompt finishing
-    within the step may use, in half-thresholds (None: the whole budget);
-    `split_chunks`: prompts of up to that many thresholds are exempt from the
-    count; `cached_too`: cached tails get the room as well (patch v3's first
-    cut), else only what is left of the bound (the shipped rule).
+    `half_chunks`: the room beyond the step bound that a prompt with no
+    prefix-cache hit finishing within the step may use, in half-thresholds
+    (None: the whole budget); `split_chunks`: prompts of up to that many
+    thresholds are exempt from the count; `cached_half_chunks`: the same room
+    for cached tails (0: only what is left of the bound, the shipped rule).
     """
 
     half_chunks: float | None
     split_chunks: int
-    cached_too: bool
+    cached_half_chunks: float | None
 
     def short_room(self, chunk: int) -> int:
-        return (1 << 30) if self.half_chunks is None else int(self.half_chunks * chunk / 2)
+        return _room(self.half_chunks, chunk)
+
+    def cached_room(self, chunk: int) -> int:
+        return _room(self.cached_half_chunks, chunk)
+
+
+def _same(half_chunks: float | None, split_chunks: int = 0) -> CandidateRoom:
+    """The room for every prompt that finishes within the step, cached or not."""
+    return CandidateRoom(half_chunks, split_chunks, half_chunks)
 
 
 #: The candidates of the docs' table. The shipped one is m2-fresh-quarter
 #: (contract.SHORT_ROOM_SHARE, uncached prompts only).
-SHORT_ROOMS = {"m2-room0": CandidateRoom(0, 0, True), "m2-room-eighth": CandidateRoom(0.25, 0, True),
-               "m2-room-quarter": CandidateRoom(0.5, 0, True), "m2-room-half": CandidateRoom(1, 0, True),
-               "m2-room-chunk": CandidateRoom(2, 0, True), "m2-room-budget": CandidateRoom(None, 0, True),
-               "m2-split2-half": CandidateRoom(1, 2, True), "m2-split2-chunk": CandidateRoom(2, 2, True),
-               "m2-split2-quarter": CandidateRoom(0.5, 2, True), "m2-split1-half": CandidateRoom(1, 1, True),
-               "m2-fresh-eighth": CandidateRoom(0.25, 0, False), "m2-fresh-quarter": CandidateRoom(0.5, 0, False),
-               "m2-fresh-half": CandidateRoom(1, 0, False)}
+SHORT_ROOMS = {"m2-room0": _same(0), "m2-room-eighth": _same(0.25), "m2-room-quarter": _same(0.5),
+               "m2-room-half": _same(1), "m2-room-chunk": _same(2), "m2-room-budget": _same(None),
+               "m2-split2-half": _same(1, 2), "m2-split2-chunk": _same(2, 2), "m2-split2-quarter": _same(0.5, 2),
+               "m2-split1-half": _same(1, 1), "m2-fresh-eighth": CandidateRoom(0.25, 0, 0),
+               "m2-fresh-quarter": CandidateRoom(0.5, 0, 0), "m2-fresh-half": CandidateRoom(1, 0, 0),
+               # Issue 15's lower bound leaves the cached target open on the agent workload: cached
+               # tails that finish within the step always pass (the whole budget), fresh prompts as shipped.
+               "m2-fresh-quarter-cached-budget": CandidateRoom(0.5, 0, None)}
 
 _CANDIDATE_MODULE = "dspark_bench_mode2_candidates"
 
@@ -233,7 +246,7 @@ def _candidate_admit(shipped, holds_kv):
         room = sched._bench_room
         need = request.num_tokens - computed
         left = sched._dspark_step_bound - spent
-        cached_room = room.short_room(chunk) if room.cached_too else 0
+        cached_room = room.cached_room(chunk)
         if computed and need <= min(chunk, token_budget) and need <= left + cached_room:
             return 0
         decision = shipped(sched, request, computed, token_budget, partial, spent)
@@ -288,7 +301,8 @@ def candidate_policies() -> list[p.Policy]:
         p.Policy(f"{name}:1", "variant", cap=1, mode=name, provider=f"bench-{name}", env=((ENV_GATE_MODE, "2"),),
                  description=f"gate mode 2, short-prompt room "
                              f"{'the budget' if r.half_chunks is None else f'{r.half_chunks} x threshold/2'}"
-                             + ("" if r.cached_too else ", uncached prompts only")
+                             + ("" if r.cached_half_chunks == r.half_chunks else
+                                f", cached tails {'the budget' if r.cached_half_chunks is None else f'{r.cached_half_chunks} x threshold/2'}")
                              + (f"; prompts up to {r.split_chunks} chunks exempt from the count" if r.split_chunks else ""))
         for name, r in SHORT_ROOMS.items()
     ]
@@ -323,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     register()
     result = scheduler_bench.run(
         scheduler_bench.parse_scale(args.scale),
-        compared=([p.stock_policies()[1], p.hotfix(1, 1)] + candidate_policies()) if args.candidates
+        compared=([p.stock_policies()[1], p.hotfix(1, 1), p.hotfix(1, 2)] + candidate_policies()) if args.candidates
         else experiment_policies(not args.no_variants),
         reference=p.hotfix_name(1, 1) if args.candidates else CAP1,
         grid=args.grid,
