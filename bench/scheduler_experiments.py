@@ -200,12 +200,19 @@ class CandidateRoom:
     prefix-cache hit finishing within the step may use, in half-thresholds
     (None: the whole budget); `split_chunks`: prompts of up to that many
     thresholds are exempt from the count; `cached_half_chunks`: the same room
-    for cached tails (0: only what is left of the bound, the shipped rule).
+    for cached tails (0: only what is left of the bound, the shipped rule);
+    `shortest_first`: a prompt that needs the in-flight slot is held while a
+    waiting request with fewer tokens to compute (after a prefix-cache lookup
+    of its own) waits: shortest first instead of vLLM's arrival order.
     """
 
     half_chunks: float | None
     split_chunks: int
     cached_half_chunks: float | None
+    shortest_first: bool = False
+    #: > 0: a cached tail's tokens count (1 + hit / depth_tokens) each against
+    #: the bound (they attend over the hit: the step-time model's alpha/beta is 66K).
+    depth_tokens: float = 0.0
 
     def short_room(self, chunk: int) -> int:
         return _room(self.half_chunks, chunk)
@@ -226,11 +233,21 @@ SHORT_ROOMS = {"m2-room0": _same(0), "m2-room-eighth": _same(0.25), "m2-room-qua
                "m2-split2-half": _same(1, 2), "m2-split2-chunk": _same(2, 2), "m2-split2-quarter": _same(0.5, 2),
                "m2-split1-half": _same(1, 1), "m2-fresh-eighth": CandidateRoom(0.25, 0, 0),
                "m2-fresh-quarter": CandidateRoom(0.5, 0, 0), "m2-fresh-half": CandidateRoom(1, 0, 0),
-               # Issue 15's lower bound leaves the cached target open on the agent workload: cached
-               # tails that finish within the step always pass (the whole budget), fresh prompts as shipped.
-               "m2-fresh-quarter-cached-budget": CandidateRoom(0.5, 0, None)}
+               # Issue 15's lower bound leaves the cached target open on the agent workload (docs:
+               # "Hotfix v3"): cached tails that finish within the step always pass; cached tails
+               # weighted by their depth; shortest first among prompts that need the slot; both.
+               "m2-fresh-quarter-cached-budget": CandidateRoom(0.5, 0, None),
+               "m2-weighted": CandidateRoom(0.5, 0, 0, False, 66_000.0),
+               "m2-spt": CandidateRoom(0.5, 0, 0, True),
+               "m2-spt-weighted": CandidateRoom(0.5, 0, 0, True, 66_000.0)}
 
 _CANDIDATE_MODULE = "dspark_bench_mode2_candidates"
+
+
+def _tokens_to_compute(sched, request) -> int:
+    """What a waiting request still has to compute, after a prefix-cache
+    lookup of its own (bench only: one more lookup per waiting request)."""
+    return request.num_tokens - sched.kv_cache_manager.get_computed_blocks(request)[1]
 
 
 def _candidate_admit(shipped, holds_kv):
@@ -247,12 +264,24 @@ def _candidate_admit(shipped, holds_kv):
         need = request.num_tokens - computed
         left = sched._dspark_step_bound - spent
         cached_room = room.cached_room(chunk)
-        if computed and need <= min(chunk, token_budget) and need <= left + cached_room:
+        weight = 1.0 + computed / room.depth_tokens if room.depth_tokens else 1.0
+        if computed and need <= min(chunk, token_budget) and need * weight <= left + cached_room:
             return 0
         decision = shipped(sched, request, computed, token_budget, partial, spent)
-        # Nonzero: it would not finish within the bound (and room) this step.
+        if computed and weight > 1.0:
+            # The shipped rule's pass and first chunk, counted in weighted tokens.
+            if decision == 0 and need * weight > left + cached_room:
+                decision = -1 if partial >= sched._dspark_max_inflight_prefills or left <= 0 else left
+            if decision > 0:
+                decision = int(decision / weight) or -1
+        # Nonzero: it does not finish within the bound (and room) this step.
         if decision and need <= room.split_chunks * chunk and left + sched._dspark_short_room > 0:
             return left + sched._dspark_short_room
+        if decision > 0 and room.shortest_first and any(
+            other is not request and not holds_kv(other) and _tokens_to_compute(sched, other) < need
+            for other in sched.waiting
+        ):
+            return -1
         return decision
 
     return admit
@@ -303,7 +332,8 @@ def candidate_policies() -> list[p.Policy]:
                              f"{'the budget' if r.half_chunks is None else f'{r.half_chunks} x threshold/2'}"
                              + ("" if r.cached_half_chunks == r.half_chunks else
                                 f", cached tails {'the budget' if r.cached_half_chunks is None else f'{r.cached_half_chunks} x threshold/2'}")
-                             + (f"; prompts up to {r.split_chunks} chunks exempt from the count" if r.split_chunks else ""))
+                             + (f"; prompts up to {r.split_chunks} chunks exempt from the count" if r.split_chunks else "")
+                             + ("; shortest first among prompts that need the slot" if r.shortest_first else ""))
         for name, r in SHORT_ROOMS.items()
     ]
 
