@@ -238,10 +238,11 @@ def deadlines_feasible(machine: Machine, deadlines: Sequence[tuple[Job, float]])
     )
 
 
-def class_mean_with_long_deadlines(load: workloads.Workload, cls: str, long_ttft: dict[str, float],
-                                   factor: float = 1.0) -> float:
-    """Lowest mean TTFT (modelled ms) of class `cls` any rule could reach while
-    every long prompt's TTFT is at most `factor` times `long_ttft` (per prompt).
+def class_ttft_with_long_deadlines(load: workloads.Workload, cls: str, long_ttft: dict[str, float],
+                                   factor: float = 1.0) -> dict[str, float]:
+    """Per prompt of class `cls`: the lowest TTFT (modelled ms) any rule could
+    give it while every long prompt's TTFT is at most `factor` times
+    `long_ttft` (per prompt); infinite where those deadlines cannot all hold.
 
     Each prompt of the class is bounded on its own (so prompts of the class
     competing with each other are left out, in the rule's favour): by the
@@ -252,8 +253,9 @@ def class_mean_with_long_deadlines(load: workloads.Workload, cls: str, long_ttft
     machine, jobs = relaxed_jobs(load)
     by_id = {j.req_id: j for j in jobs}
     longs = [(j, j.arrival + factor * long_ttft[j.req_id]) for j in jobs if j.cls == "long"]
+    mine = [j for j in jobs if j.cls == cls]
     if not deadlines_feasible(machine, longs):
-        return math.inf
+        return {j.req_id: math.inf for j in mine}
     memo: dict[str, float] = {}
 
     def earliest(job: Job) -> float:
@@ -263,8 +265,14 @@ def class_mean_with_long_deadlines(load: workloads.Workload, cls: str, long_ttft
             memo[job.req_id] = earliest_first_token(machine, job, others, prefix)
         return memo[job.req_id]
 
-    mine = [j for j in jobs if j.cls == cls]
-    return sum(earliest(j) - j.arrival for j in mine) / len(mine)
+    return {j.req_id: earliest(j) - j.arrival for j in mine}
+
+
+def class_mean_with_long_deadlines(load: workloads.Workload, cls: str, long_ttft: dict[str, float],
+                                   factor: float = 1.0) -> float:
+    """The mean of `class_ttft_with_long_deadlines`."""
+    bounds = class_ttft_with_long_deadlines(load, cls, long_ttft, factor)
+    return sum(bounds.values()) / len(bounds)
 
 
 def weighted_mean_busy_bound(machine: Machine, jobs: Sequence[Job], weight: dict[str, float]) -> float:
