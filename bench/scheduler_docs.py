@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Fill the generated tables of docs/benchmarks.md from a `dspark bench scheduler` JSON result.
 
-    python bench/scheduler_docs.py [bench/results/scheduler.json] [docs/benchmarks.md]
+    python bench/scheduler_docs.py [bench/results/scheduler.json] [docs/benchmarks.md] [--only BLOCK ...]
 
 (`bench/scheduler_bound.py`'s result, `scheduler-bound.json` next to the
-grid's, fills the `v3-bound` block when it is there.)
+grid's or in bench/results/, fills the `v3-bound` block. `--only v3-candidates`
+fills that table from a `scheduler_experiments.py --candidates` run.)
 
 Rewrites the text between each `<!-- BEGIN GENERATED: NAME -->` and
 `<!-- END GENERATED: NAME -->` pair; everything else is left as written.
@@ -12,10 +13,12 @@ Rewrites the text between each `<!-- BEGIN GENERATED: NAME -->` and
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 import re
 import sys
+from collections.abc import Sequence
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -120,29 +123,42 @@ def targets(result: dict) -> str:
 
 
 def v3_bound(bound: dict) -> str:
-    """The lower bound of `bench/scheduler_bound.py`, per short-stream workload."""
-    head = ("workload", "stock+thr short TTFT ms (target: 1.2x)", "v2 long TTFT ms",
-            "short TTFT lower bound ms with long <= v2 (x stock+thr)", "long TTFT needed for the short target (x v2)")
-    rows = [[b["workload"], f"{b['stock_thr_short_mean_ms']:.0f} ({b['short_target_ms']:.0f})",
-             f"{b['v2_long_mean_ms']:.0f}",
-             f"{b['short_mean_lower_bound_ms_with_long_at_v2']:.0f} ({b['short_lower_bound_vs_stock_thr']:.2f})",
-             f"{b['long_vs_v2_needed_for_short_target']:.2f}"] for b in bound["bounds"]]
+    """The lower bounds of `bench/scheduler_bound.py`, per workload with a
+    cached or short class: the highest bound with every long prompt at most
+    as slow as under patch v2, and the long TTFT the class target needs."""
+    head = ("workload", "class", "stock+thr TTFT ms (target: 1.2x)", "v2 long TTFT ms",
+            "lower bound ms with long <= v2 (x stock+thr)", "from", "target excluded",
+            "long TTFT needed for the target (x v2)")
+    rows = []
+    for b in bound["bounds"]:
+        which = max(b["bounds_ms_with_long_at_v2"], key=b["bounds_ms_with_long_at_v2"].get)
+        needed = b["long_vs_v2_needed_for_target"]
+        rows.append([b["workload"], b["class"], f"{b['stock_thr_mean_ms']:.0f} ({b['target_ms']:.0f})",
+                     f"{b['v2_long_mean_ms']:.0f}",
+                     f"{b['lower_bound_ms_with_long_at_v2']:.0f} ({b['lower_bound_vs_stock_thr']:.2f})", which,
+                     "yes" if b["target_excluded_with_long_at_v2"] else "no",
+                     f"{needed:.2f}" if needed > 1 else "<= 1.00 (not excluded)"])
     return report.table(rows, head, markdown=True)
 
 
-def blocks(result: dict, bound: dict | None = None) -> dict[str, str]:
-    extra = {"v3-bound": v3_bound(bound)} if bound else {}
-    return {
-        **extra,
-        "summary": report.summary_table(result, "Scheduler", markdown=True),
-        "m0-vs-m1": m0_vs_m1(result),
-        "overhead": report.overhead_text(result.get("overhead"), markdown=True),
-        "targets": targets(result),
-        "v3-classes": v3_classes(result),
-        "v3-classes-async": v3_classes(result, "AsyncScheduler"),
-        "v3-candidates": v3_candidates(result),
-        "runs": report.runs_table(result, "Scheduler", markdown=True),
+def blocks(result: dict, bound: dict | None = None, only: Sequence[str] | None = None) -> dict[str, str]:
+    """Each generated block's text (`only`: just those named)."""
+    makers = {
+        "summary": lambda: report.summary_table(result, "Scheduler", markdown=True),
+        "m0-vs-m1": lambda: m0_vs_m1(result),
+        "overhead": lambda: report.overhead_text(result.get("overhead"), markdown=True),
+        "targets": lambda: targets(result),
+        "v3-classes": lambda: v3_classes(result),
+        "v3-classes-async": lambda: v3_classes(result, "AsyncScheduler"),
+        "v3-candidates": lambda: v3_candidates(result),
+        "runs": lambda: report.runs_table(result, "Scheduler", markdown=True),
     }
+    if bound:
+        makers["v3-bound"] = lambda: v3_bound(bound)
+    unknown = sorted(set(only or ()) - set(makers))
+    if unknown:
+        raise SystemExit(f"--only: no block {', '.join(unknown)} (known: {', '.join(sorted(makers))})")
+    return {name: make() for name, make in makers.items() if not only or name in only}
 
 
 def fill(text: str, parts: dict[str, str]) -> str:
@@ -158,14 +174,21 @@ def fill(text: str, parts: dict[str, str]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    result_path = pathlib.Path(argv[0]) if argv else REPO / "bench" / "results" / "scheduler.json"
-    doc_path = pathlib.Path(argv[1]) if len(argv) > 1 else REPO / "docs" / "benchmarks.md"
-    result = json.loads(result_path.read_text(encoding="utf-8"))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("result", nargs="?", type=pathlib.Path, default=REPO / "bench" / "results" / "scheduler.json")
+    parser.add_argument("doc", nargs="?", type=pathlib.Path, default=REPO / "docs" / "benchmarks.md")
+    parser.add_argument("--only", action="append", metavar="BLOCK",
+                        help="fill only this generated block (repeatable), e.g. v3-candidates from a --candidates run")
+    args = parser.parse_args(argv)
+    result = json.loads(args.result.read_text(encoding="utf-8"))
     # bench/scheduler_bound.py's result, when it sits next to the grid's.
-    bound_path = result_path.with_name("scheduler-bound.json")
+    bound_path = args.result.with_name("scheduler-bound.json")
+    if not bound_path.exists():
+        bound_path = REPO / "bench" / "results" / "scheduler-bound.json"
     bound = json.loads(bound_path.read_text(encoding="utf-8")) if bound_path.exists() else None
-    doc_path.write_text(fill(doc_path.read_text(encoding="utf-8"), blocks(result, bound)), encoding="utf-8")
-    print(f"filled {doc_path} from {result_path}")
+    parts = blocks(result, bound, args.only)
+    args.doc.write_text(fill(args.doc.read_text(encoding="utf-8"), parts), encoding="utf-8")
+    print(f"filled {', '.join(parts)} in {args.doc} from {args.result}")
     return 0
 
 

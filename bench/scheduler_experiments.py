@@ -18,6 +18,7 @@ docs/benchmarks.md are what is kept.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import pathlib
@@ -187,36 +188,130 @@ def _variant_provider(name: str):
     return provide
 
 
-#: Gate mode 2 candidates (issue 15): the room beyond the step bound that
-#: prompts finishing within the step may use, in half-thresholds (None: the
-#: whole budget), the prompts (in thresholds) exempt from the count, and
-#: whether cached tails get the room too (patch v3's first cut) or only what
-#: is left of the bound. The shipped value is contract.SHORT_ROOM_SHARE for
-#: uncached prompts only (m2-fresh-quarter).
-SHORT_ROOMS = {"m2-room0": (0, 0, True), "m2-room-eighth": (0.25, 0, True), "m2-room-quarter": (0.5, 0, True),
-               "m2-room-half": (1, 0, True), "m2-room-chunk": (2, 0, True), "m2-room-budget": (None, 0, True),
-               "m2-split2-half": (1, 2, True), "m2-split2-chunk": (2, 2, True), "m2-split2-quarter": (0.5, 2, True),
-               "m2-split1-half": (1, 1, True), "m2-fresh-eighth": (0.25, 0, False),
-               "m2-fresh-quarter": (0.5, 0, False), "m2-fresh-half": (1, 0, False)}
+def _room(half_chunks: float | None, chunk: int) -> int:
+    return (1 << 30) if half_chunks is None else int(half_chunks * chunk / 2)
 
 
-def _with_short_room(cls: type, room: tuple) -> type:
-    half_chunks, split_chunks, cached_too = room
+@dataclasses.dataclass(frozen=True)
+class CandidateRoom:
+    """A gate mode 2 candidate (issue 15), as a widening of the shipped rule.
 
+    `half_chunks`: the room beyond the step bound that a prompt with no
+    prefix-cache hit finishing within the step may use, in half-thresholds
+    (None: the whole budget); `split_chunks`: prompts of up to that many
+    thresholds are exempt from the count; `cached_half_chunks`: the same room
+    for cached tails (0: only what is left of the bound, the shipped rule);
+    `shortest_first`: a prompt that needs the in-flight slot is held while a
+    waiting request with fewer tokens to compute (after a prefix-cache lookup
+    of its own) waits: shortest first instead of vLLM's arrival order.
+    """
+
+    half_chunks: float | None
+    split_chunks: int
+    cached_half_chunks: float | None
+    shortest_first: bool = False
+    #: > 0: a cached tail's tokens count (1 + hit / depth_tokens) each against
+    #: the bound (they attend over the hit: the step-time model's alpha/beta is 66K).
+    depth_tokens: float = 0.0
+
+    def short_room(self, chunk: int) -> int:
+        return _room(self.half_chunks, chunk)
+
+    def cached_room(self, chunk: int) -> int:
+        return _room(self.cached_half_chunks, chunk)
+
+
+def _same(half_chunks: float | None, split_chunks: int = 0) -> CandidateRoom:
+    """The room for every prompt that finishes within the step, cached or not."""
+    return CandidateRoom(half_chunks, split_chunks, half_chunks)
+
+
+#: The candidates of the docs' table. The shipped one is m2-fresh-quarter
+#: (contract.SHORT_ROOM_SHARE, uncached prompts only).
+SHORT_ROOMS = {"m2-room0": _same(0), "m2-room-eighth": _same(0.25), "m2-room-quarter": _same(0.5),
+               "m2-room-half": _same(1), "m2-room-chunk": _same(2), "m2-room-budget": _same(None),
+               "m2-split2-half": _same(1, 2), "m2-split2-chunk": _same(2, 2), "m2-split2-quarter": _same(0.5, 2),
+               "m2-split1-half": _same(1, 1), "m2-fresh-eighth": CandidateRoom(0.25, 0, 0),
+               "m2-fresh-quarter": CandidateRoom(0.5, 0, 0), "m2-fresh-half": CandidateRoom(1, 0, 0),
+               # Issue 15's lower bound leaves the cached target open on the agent workload (docs:
+               # "Hotfix v3"): cached tails that finish within the step always pass; cached tails
+               # weighted by their depth; shortest first among prompts that need the slot; both.
+               "m2-fresh-quarter-cached-budget": CandidateRoom(0.5, 0, None),
+               "m2-weighted": CandidateRoom(0.5, 0, 0, False, 66_000.0),
+               "m2-spt": CandidateRoom(0.5, 0, 0, True),
+               "m2-spt-weighted": CandidateRoom(0.5, 0, 0, True, 66_000.0)}
+
+_CANDIDATE_MODULE = "dspark_bench_mode2_candidates"
+
+
+def _tokens_to_compute(sched, request) -> int:
+    """What a waiting request still has to compute, after a prefix-cache
+    lookup of its own (bench only: one more lookup per waiting request)."""
+    return request.num_tokens - sched.kv_cache_manager.get_computed_blocks(request)[1]
+
+
+def _candidate_admit(shipped, holds_kv):
+    """The shipped mode 2 decision (`shipped`, the patched module's own
+    `_dspark_i27_admit`) widened by the scheduler's `_bench_room`; the uncached
+    room is the scheduler's `_dspark_short_room`, which the candidate's class
+    sets. Same arguments and results as the shipped function."""
+
+    def admit(sched, request, computed, token_budget, partial, spent):
+        chunk = sched._dspark_chunk
+        if not chunk or holds_kv(request):
+            return shipped(sched, request, computed, token_budget, partial, spent)
+        room = sched._bench_room
+        need = request.num_tokens - computed
+        left = sched._dspark_step_bound - spent
+        cached_room = room.cached_room(chunk)
+        weight = 1.0 + computed / room.depth_tokens if room.depth_tokens else 1.0
+        if computed and need <= min(chunk, token_budget) and need * weight <= left + cached_room:
+            return 0
+        decision = shipped(sched, request, computed, token_budget, partial, spent)
+        if computed and weight > 1.0:
+            # The shipped rule's pass and first chunk, counted in weighted tokens.
+            if decision == 0 and need * weight > left + cached_room:
+                decision = -1 if partial >= sched._dspark_max_inflight_prefills or left <= 0 else left
+            if decision > 0:
+                decision = int(decision / weight) or -1
+        # Nonzero: it does not finish within the bound (and room) this step.
+        if decision and need <= room.split_chunks * chunk and left + sched._dspark_short_room > 0:
+            return left + sched._dspark_short_room
+        if decision > 0 and room.shortest_first and any(
+            other is not request and not holds_kv(other) and _tokens_to_compute(sched, other) < need
+            for other in sched.waiting
+        ):
+            return -1
+        return decision
+
+    return admit
+
+
+def _candidate_classes() -> tuple[type, type]:
+    """(Scheduler, AsyncScheduler) of a patched copy of their own, whose
+    admission calls the candidates' rule: the shipped hotfix's module and
+    the injected code are left as shipped."""
+    sync_cls, async_cls = p.classes_from_text(_CANDIDATE_MODULE, _hotfix_text(p.installed_text()))
+    module = sys.modules[_CANDIDATE_MODULE]
+    if not hasattr(module, "_bench_shipped_admit"):
+        module._bench_shipped_admit = module._dspark_i27_admit
+        module._dspark_i27_admit = _candidate_admit(module._bench_shipped_admit, module._dspark_i27_holds_kv)
+    return sync_cls, async_cls
+
+
+def _with_room(cls: type, name: str, room: CandidateRoom) -> type:
     def __init__(self, *args, **kwargs):
         cls.__init__(self, *args, **kwargs)
-        self._dspark_short_room = (1 << 30) if half_chunks is None else int(half_chunks * self._dspark_chunk / 2)
-        self._dspark_cached_room = self._dspark_short_room if cached_too else 0
-        self._dspark_short_need = split_chunks * self._dspark_chunk
+        self._dspark_short_room = room.short_room(self._dspark_chunk)
+        self._bench_room = room
 
-    return type(f"{cls.__name__}Room{half_chunks}x{split_chunks}{'c' if cached_too else 'f'}", (cls,),
-                {"__init__": __init__})
+    return type(f"{cls.__name__}_{name.replace('-', '_')}", (cls,), {"__init__": __init__})
 
 
-def _room_provider(room: tuple):
+def _room_provider(name: str):
     def provide(spec: h.SchedulerSpec) -> tuple[type, type]:
-        sync_cls, async_cls = h.patched_scheduler_classes()
-        return _with_short_room(sync_cls, room), _with_short_room(async_cls, room)
+        sync_cls, async_cls = _candidate_classes()
+        return _with_room(sync_cls, name, SHORT_ROOMS[name]), _with_room(async_cls, name, SHORT_ROOMS[name])
 
     return provide
 
@@ -225,18 +320,21 @@ def register() -> None:
     p.register()
     for name in VARIANT_GATES:
         h.POLICY_PROVIDERS[f"bench-variant-{name}"] = _variant_provider(name)
-    for name, room in SHORT_ROOMS.items():
-        h.POLICY_PROVIDERS[f"bench-{name}"] = _room_provider(room)
+    for name in SHORT_ROOMS:
+        h.POLICY_PROVIDERS[f"bench-{name}"] = _room_provider(name)
 
 
 def candidate_policies() -> list[p.Policy]:
     """Gate mode 2 with each short-prompt room, at cap 1."""
     return [
         p.Policy(f"{name}:1", "variant", cap=1, mode=name, provider=f"bench-{name}", env=((ENV_GATE_MODE, "2"),),
-                 description=f"gate mode 2, short-prompt room {'the budget' if hc is None else f'{hc} x threshold/2'}"
-                             + ("" if cached else ", uncached prompts only")
-                             + (f"; prompts up to {split} chunks exempt from the count" if split else ""))
-        for name, (hc, split, cached) in SHORT_ROOMS.items()
+                 description=f"gate mode 2, short-prompt room "
+                             f"{'the budget' if r.half_chunks is None else f'{r.half_chunks} x threshold/2'}"
+                             + ("" if r.cached_half_chunks == r.half_chunks else
+                                f", cached tails {'the budget' if r.cached_half_chunks is None else f'{r.cached_half_chunks} x threshold/2'}")
+                             + (f"; prompts up to {r.split_chunks} chunks exempt from the count" if r.split_chunks else "")
+                             + ("; shortest first among prompts that need the slot" if r.shortest_first else ""))
+        for name, r in SHORT_ROOMS.items()
     ]
 
 
@@ -269,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     register()
     result = scheduler_bench.run(
         scheduler_bench.parse_scale(args.scale),
-        compared=([p.stock_policies()[1], p.hotfix(1, 1)] + candidate_policies()) if args.candidates
+        compared=([p.stock_policies()[1], p.hotfix(1, 1), p.hotfix(1, 2)] + candidate_policies()) if args.candidates
         else experiment_policies(not args.no_variants),
         reference=p.hotfix_name(1, 1) if args.candidates else CAP1,
         grid=args.grid,

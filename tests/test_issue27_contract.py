@@ -124,12 +124,12 @@ def test_docs_claim_only_what_holds():
         assert needed in holds, needed
 
 
-def _sched(chunk=256, cap=1, short_room=64, short_need=0):
+def _sched(chunk=256, cap=1, short_room=64):
     from types import SimpleNamespace
 
     bound = cap * chunk + chunk // 2 if chunk else 0
     return SimpleNamespace(_dspark_chunk=chunk, _dspark_step_bound=bound, _dspark_max_inflight_prefills=cap,
-                           _dspark_short_room=short_room, _dspark_cached_room=0, _dspark_short_need=short_need)
+                           _dspark_short_room=short_room)
 
 
 def _request(num_tokens, computed=0):

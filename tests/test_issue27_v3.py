@@ -35,7 +35,7 @@ def prefill_steps(run: h.RunResult, rid: str) -> list[int]:
 def test_mode_two_is_the_default(model_dir):
     sched = h.build_scheduler(h.SchedulerSpec(policy="patched", long_prefill_token_threshold=THRESHOLD), model_dir)
     assert sched._dspark_gate_mode == contract.DEFAULT_GATE_MODE == V3
-    assert (sched._dspark_step_bound, sched._dspark_short_room, sched._dspark_cached_room) == (BOUND, SHORT_ROOM, 0)
+    assert (sched._dspark_step_bound, sched._dspark_short_room) == (BOUND, SHORT_ROOM)
 
 
 def cached_turn_load() -> list[h.RequestSpec]:

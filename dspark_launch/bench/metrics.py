@@ -162,15 +162,11 @@ def run_metrics(run: RunResult, workload: Workload) -> dict:
         ideal_steps.append(ideal_ttft_steps(prompt_len[rid], workload))
         ideal_ms.append(ideal_ttft_ms(prompt_len[rid], workload, MIXED_FIT))
 
+    by_request = ttft_ms_by_request(run, workload, cum)
     by_class = {}
     for name, ids in workload.classes:
-        steps_c, ms_c = [], []
-        for rid in ids:
-            produced = run.token_steps.get(rid)
-            if produced:
-                a, f = arrival[rid], produced[0]
-                steps_c.append(f - a + 1)
-                ms_c.append(cum[f + 1] - cum[a] + wait.get(rid, 0.0))
+        steps_c = [run.token_steps[rid][0] - arrival[rid] + 1 for rid in ids if run.token_steps.get(rid)]
+        ms_c = [by_request[rid] for rid in ids if rid in by_request]
         by_class[name] = {"n": len(ms_c), "model_ms": _stats(ms_c), "steps_mean": _mean(steps_c)}
 
     budget_use = [s.total_tokens / workload.budget for s in run.steps if s.scheduled]
@@ -209,6 +205,21 @@ def run_metrics(run: RunResult, workload: Workload) -> dict:
         },
         "model_total_s": round(cum[-1] / 1000, 2),
     }
+
+
+def ttft_ms_by_request(run: RunResult, workload: Workload, cum: Sequence[float] | None = None) -> dict[str, float]:
+    """Modelled time to first token of every classed prompt that got one, from
+    its arrival (`cum`: the run's cumulative step times, if already known)."""
+    if cum is None:
+        cum = _prefix(MIXED_FIT.step_times(run, float(workload.scale)))
+    arrival, wait = run.arrival, run.arrival_wait_ms
+    out = {}
+    for _, ids in workload.classes:
+        for rid in ids:
+            produced = run.token_steps.get(rid)
+            if produced:
+                out[rid] = cum[produced[0] + 1] - cum[arrival[rid]] + wait.get(rid, 0.0)
+    return out
 
 
 def tokens_per_step(run: RunResult, req_ids: Iterable[str] | None = None) -> dict[str, list[int]]:

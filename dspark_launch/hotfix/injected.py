@@ -103,14 +103,9 @@ def _dspark_i27_init(sched):
     else:
         sched._dspark_chunk = 0
         sched._dspark_step_bound = 0
-    # Mode 2: room beyond the step bound for prompts that finish in the step,
-    # uncached ones (`_dspark_short_room`) and cached tails
-    # (`_dspark_cached_room`); prompts up to `_dspark_short_need` tokens are
-    # exempt from the count (0: none; the benchmark's candidates set the last
-    # two).
+    # Mode 2: room beyond the step bound for prompts with no prefix-cache hit
+    # that finish in the step.
     sched._dspark_short_room = int(_DSPARK_I27_SHORT_ROOM_SHARE * sched._dspark_chunk)
-    sched._dspark_cached_room = 0
-    sched._dspark_short_need = 0
     diag = _dspark_i27_os.environ.get(_DSPARK_I27_DIAG_ENV, "")
     sched._dspark_diag = diag.strip().lower() in ("1", "true", "yes", "on")
     sched._dspark_diag_step = 0
@@ -215,13 +210,10 @@ def _dspark_i27_admit(sched, request, computed, token_budget, partial, spent):
     # The room beyond the bound is for prompts computed from their first
     # token: a cached turn's tail attends over its whole cached prefix, so
     # its tokens cost more per token and get only what is left of the bound.
-    extra = sched._dspark_cached_room if computed else sched._dspark_short_room
+    extra = 0 if computed else sched._dspark_short_room
     if need <= min(chunk, token_budget) and spent + need <= bound + extra:
         return 0
     room = bound - spent
-    short_room = room + sched._dspark_short_room
-    if need <= sched._dspark_short_need and short_room > 0:
-        return short_room
     if partial >= sched._dspark_max_inflight_prefills or room <= 0:
         return -1
     return room
