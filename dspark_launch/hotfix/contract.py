@@ -14,7 +14,7 @@ import re
 
 #: Bumped whenever the injected text changes; a file patched by an older
 #: version reports `outdated` and `apply` re-patches it from its stored original.
-PATCH_VERSION = 3
+PATCH_VERSION = 4
 
 #: Environment variables the patched scheduler reads, once, in `__init__`.
 ENV_CAP = "DSPARK_MAX_INFLIGHT_PREFILLS"
