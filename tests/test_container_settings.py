@@ -55,6 +55,9 @@ def test_production_run_command_has_what_gpu_serving_needs():
     assert f"/opt/launcher/dspark_launch:{AGENT_MOUNT}/dspark_launch:ro" in argv
     assert "/var/lib/dspark:/var/lib/dspark" in argv and "/data/hf:/data/hf" in argv and "HF_HOME=/data/hf" in argv
     assert argv[-3:] == ["sleep", "nvcr.io/nvidia/vllm:25.11-py3", "infinity"]  # --entrypoint sleep IMAGE infinity
+    # The agent inside learns the mounted state folder: its logs are kept there for that folder's owner.
+    marker = argv.index("DSPARK_CONTAINER_STATE_DIR=/var/lib/dspark")
+    assert argv[marker - 1] == "--env" and marker < argv.index("--entrypoint")
     podman = " ".join(run_argv(_spec()))
     assert "--device nvidia.com/gpu=all" in podman and "--gpus" not in podman
 

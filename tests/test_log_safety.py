@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import stat
 import sys
 import time
@@ -15,6 +16,7 @@ import pytest
 
 from dspark_launch.cluster import protocol as p
 from dspark_launch.cluster.client import ClusterFailure, NodeAgent
+from dspark_launch.cluster.safe_path import CONTAINER_STATE_VAR
 from dspark_launch.cluster.state import ensure_state_dir
 from dspark_launch.cluster.transport import LocalTransport
 from dspark_launch.errors import ConfigError
@@ -143,3 +145,86 @@ def test_cluster_up_refuses_a_planted_ray_start_log_on_the_worker(testbed_clean,
     assert victim.read_text() == "precious\n" and (logs / "ray-start-worker1.log").is_symlink()
     left = our_pids(tb, "head") | our_pids(tb, "worker1")
     assert left == set(), describe(left)
+
+
+# A rootful docker/podman driven by a non-root operator: the state folder (mounted into the node
+# container at its host path) is the operator's, the agent inside is root. Here the operator is `nobody`.
+
+def container_agent(tmp_path: Path, state: Path) -> NodeAgent:
+    """A real agent process started as runtime.run_argv's container starts it: the marker in its environment."""
+    wrapper = tmp_path / "bin" / "python"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f"#!/bin/sh\nexport {CONTAINER_STATE_VAR}={shlex.quote(str(state))}\n"
+                       f"exec {shlex.quote(sys.executable)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return NodeAgent("here", LocalTransport(str(wrapper)))
+
+
+def operators_state(tmp_path: Path, with_logs: bool = True) -> Path:
+    state = tmp_path / "state"
+    folders = (state, state / "logs") if with_logs else (state,)
+    for folder in folders:
+        folder.mkdir(mode=0o700)
+        os.chown(folder, NOBODY, NOBODY)
+    return state
+
+
+def test_a_root_agent_in_a_launcher_container_keeps_the_operators_logs(agent, tmp_path):
+    state = operators_state(tmp_path)
+    log = state / "logs" / "ray-start-here.log"
+    inside = container_agent(tmp_path, state)
+    assert inside.probe(str(log.parent)).log_dir_error is None
+    answer = inside.run(p.Run((sys.executable, "-c", "print('hello')"), {}, marker(), str(log), 30), "ray start", 60)
+    assert answer.returncode == 0 and log.read_text() == "hello\n"
+    assert (log.stat().st_uid, log.stat().st_gid, stat.S_IMODE(log.stat().st_mode)) == (NOBODY, NOBODY, 0o600)
+    server_log = state / "logs" / "vllm-serve.log"
+    for _ in range(2):  # the second start rotates the operator's log and makes a new one for them
+        inside.spawn(p.Spawn((sys.executable, "-c", "print('served')"), {}, marker(), str(server_log),
+                             rotate_log=True), "vllm serve")
+    assert server_log.stat().st_uid == NOBODY and Path(f"{server_log}.1").stat().st_uid == NOBODY
+    # The same folder to an agent outside a launcher container: another user's, refused as before.
+    with pytest.raises(ClusterFailure, match=f"is owned by uid {NOBODY}"):
+        agent.run(p.Run((sys.executable, "-c", "print('x')"), {}, marker(), str(log), 30), "ray start", 60)
+    assert log.read_text() == "hello\n"
+
+
+def test_a_log_folder_the_container_agent_makes_is_the_operators(tmp_path):
+    state = operators_state(tmp_path, with_logs=False)
+    log = state / "logs" / "ray-start-here.log"
+    container_agent(tmp_path, state).run(p.Run((sys.executable, "-c", "print('hi')"), {}, marker(), str(log), 30),
+                                         "ray start", 60)
+    folder = log.parent.stat()
+    assert (folder.st_uid, stat.S_IMODE(folder.st_mode)) == (NOBODY, 0o700) and log.stat().st_uid == NOBODY
+
+
+def test_the_container_rule_covers_only_a_private_state_folder(tmp_path):
+    state = operators_state(tmp_path)
+    inside = container_agent(tmp_path, state)
+    elsewhere = tmp_path / "elsewhere"  # a folder of the operator outside the state folder: not theirs to share
+    elsewhere.mkdir(mode=0o700)
+    os.chown(elsewhere, NOBODY, NOBODY)
+    assert inside.probe(str(elsewhere)).log_dir_error == f"{elsewhere} is owned by uid {NOBODY}, not by this user (uid 0)"
+    state.chmod(0o770)
+    assert inside.probe(str(state / "logs")).log_dir_error == (
+        f"the state folder {state} has mode 0770: group or others can write it")
+    state.rename(tmp_path / "real-state")
+    state.symlink_to(tmp_path / "real-state")
+    assert "is a symbolic link" in inside.probe(str(state / "logs")).log_dir_error
+
+
+@pytest.mark.parametrize("in_container", [False, True], ids=["host", "container"])
+def test_a_log_that_is_a_hard_link_is_refused(agent, tmp_path, in_container):
+    victim, witness = victim_file(tmp_path), tmp_path / "started"
+    state = operators_state(tmp_path) if in_container else tmp_path / "state"
+    (state / "logs").mkdir(mode=0o700, parents=True, exist_ok=True)
+    log = state / "logs" / "ray-start-here.log"
+    os.link(victim, log)
+    node = container_agent(tmp_path, state) if in_container else agent
+    with pytest.raises(ClusterFailure) as refused:
+        node.run(p.Run(writes(witness), {}, marker(), str(log), 30), "ray start", 60)
+    assert f"log {log} has 2 names (a hard link: never appended to)" in refused.value.detail
+    with pytest.raises(ClusterFailure, match="a hard link"):
+        node.spawn(p.Spawn(writes(witness), {}, marker(), str(log), rotate_log=True), "vllm serve")
+    time.sleep(0.3)
+    assert victim.read_text() == "precious\n" and victim.stat().st_uid == 0 and not witness.exists()
+    assert not Path(f"{log}.1").exists()

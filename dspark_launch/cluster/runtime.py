@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from dspark_launch.cluster.container_transport import AGENT_MOUNT, ContainerTransport, HostShell
+from dspark_launch.cluster.safe_path import CONTAINER_STATE_VAR
 from dspark_launch.config.container_args import refused_flag
 from dspark_launch.errors import ConfigError, DsparkError
 
@@ -149,7 +150,8 @@ def run_argv(spec: ContainerSpec) -> list[str]:
     """The `run` command that creates the node's container."""
     mounts = ["--volume", f"{spec.agent_package}:{AGENT_MOUNT}/dspark_launch:ro",
               "--volume", f"{spec.state_dir}:{spec.state_dir}"]
-    env = ["--env", f"PYTHONPATH={AGENT_MOUNT}"]
+    # The agent (root in a rootful runtime) keeps the logs in the state folder for that folder's owner.
+    env = ["--env", f"PYTHONPATH={AGENT_MOUNT}", "--env", f"{CONTAINER_STATE_VAR}={spec.state_dir}"]
     if spec.model_cache:
         mounts += ["--volume", f"{spec.model_cache}:{spec.model_cache}"]
         env += ["--env", f"HF_HOME={spec.model_cache}"]
