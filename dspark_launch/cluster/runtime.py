@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from dspark_launch.cluster.container_transport import AGENT_MOUNT, ContainerTransport, HostShell
-from dspark_launch.cluster.safe_path import CONTAINER_STATE_VAR
+from dspark_launch.cluster.safe_path import CONTAINER_STATE_VAR, within
 from dspark_launch.config.container_args import refused_flag
 from dspark_launch.errors import ConfigError, DsparkError
 
@@ -126,10 +126,6 @@ def _mount_targets(words: Sequence[str]) -> list[str]:
     return [t.rstrip("/") or "/" for t in targets if t]  # "/x/" is "/x"; "/" stays "/"
 
 
-def _within(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
-
-
 def check_spec(spec: ContainerSpec) -> None:
     """ConfigError (exit 2) for settings that would defeat the launcher's own container arguments."""
     if spec.runtime not in RUNTIMES:
@@ -141,7 +137,7 @@ def check_spec(spec: ContainerSpec) -> None:
         raise ConfigError(f"DSPARK_CONTAINER_ARGS: {refused[0]} is not allowed ({refused[1]})")
     ours = {AGENT_MOUNT, spec.state_dir.rstrip("/"), spec.model_cache.rstrip("/")} - {""}
     for target in _mount_targets(spec.extra_args):
-        if any(_within(mine, target) or _within(target, mine) for mine in ours):
+        if any(within(mine, target) or within(target, mine) for mine in ours):
             raise ConfigError(f"DSPARK_CONTAINER_ARGS: a mount at {target} would cover the launcher's own "
                               f"({', '.join(sorted(ours))})")
 

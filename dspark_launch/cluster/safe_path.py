@@ -59,7 +59,7 @@ def log_owner(folder: Path) -> LogOwner:
     folder, that folder's owner (read with lstat: a link, or a folder group or others can write, is
     refused), so the operator who launched keeps reading the logs on the host."""
     root = os.environ.get(CONTAINER_STATE_VAR, "")
-    inside = root and os.path.isabs(root) and _within(os.path.abspath(folder), os.path.normpath(root))
+    inside = root and os.path.isabs(root) and within(os.path.abspath(folder), os.path.normpath(root))
     if os.geteuid() != 0 or not inside:
         return this_user()
     try:
@@ -72,7 +72,8 @@ def log_owner(folder: Path) -> LogOwner:
     return LogOwner(st.st_uid, st.st_gid)
 
 
-def _within(path: str, folder: str) -> bool:
+def within(path: str, folder: str) -> bool:
+    """Whether `path` is `folder` or below it (as text: nothing resolved)."""
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
