@@ -368,6 +368,8 @@ LAZY_HANDLERS: dict[str, str] = {
     "ray_temp_dir": "dspark_launch.cluster.ray_dirs:ray_temp_dir",  # stdlib, kept in its feature's module
     # model profile and fabric (issue 11)
     **{op: f"dspark_launch.cluster.profile_ops:{op}" for op in ("describe_vllm", "fabric_env", "non_carry_over")},
+    # each node's version row and hotfix, on its own agent (launch time)
+    **{op: f"dspark_launch.cluster.node_tasks:{op}" for op in ("node_versions", "apply_hotfix")},
 }
 HANDLERS.update(MODEL_HANDLERS)  # model weights (issue 12)
 

@@ -16,13 +16,14 @@ from dspark_launch import __version__
 from dspark_launch.cluster import containers
 from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.cluster.client import ClusterFailure, Reporter
+from dspark_launch.cluster.node_checks import NodeChecks, versions_and_hotfix
 from dspark_launch.cluster.protocol import VersionRow
 from dspark_launch.cluster.parallel import Background, on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import (Deployment, clear_state, ensure_state_dir, load_state, lock_holder,
                                          save_state, state_lock)
 from dspark_launch.cluster.versions import matrix_lines
-from dspark_launch.errors import EXIT_ALREADY_RUNNING, DsparkError
+from dspark_launch.errors import EXIT_ALREADY_RUNNING, DsparkError, Terminated
 
 
 class AlreadyRunning(DsparkError):
@@ -180,10 +181,14 @@ def _bring_up(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None
     bringup = rc.Bringup(spec, reporter)
     to_start = [n for n in spec.nodes if existing is None or n.name in repair]
     workers = [n for n in to_start if not n.is_head]
+    checked: Background[NodeChecks] | None = None
     try:
         # Every node's pre-flight at once, and all of it before any Ray starts: a node that fails it
         # leaves nothing started anywhere (the head's Ray would otherwise start beside it).
         bringup.fabric.update(on_each(to_start, lambda node: rc.preflight_node(spec, node, reporter)))
+        # The version rows and the hotfix need no Ray: every node's agent does them while Ray starts.
+        checked = Background(lambda: versions_and_hotfix(spec, reporter))
+        on_each(to_start, bringup.prepare)
         stale: tuple[str, ...] = ()
         if spec.head in to_start:
             bringup.start_ray(spec.head)
@@ -192,8 +197,11 @@ def _bring_up(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None
             # as alive for a few seconds; remember them so the wait never takes one for the new node.
             stale = tuple(n.node_id for n in rc.ray_view(spec) if n.ip in {m.ip for m in workers})
         on_each(workers, bringup.start_ray)
-        checks = bringup.checks(stale)
-    except BaseException:
+        bringup.checks(stale)
+        checks = checked.result()
+    except BaseException as exc:
+        if checked is not None and not isinstance(exc, (KeyboardInterrupt, Terminated)):
+            checked.join()  # a hotfix being written ends before the rollback (an interrupt does not wait)
         for problem in bringup.rollback():
             reporter.warn(f"rollback: {problem}")
         raise

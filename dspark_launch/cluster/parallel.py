@@ -45,6 +45,10 @@ class Background(Generic[T]):
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
 
+    def join(self) -> None:
+        """Wait until the work ended; its outcome stays for result()."""
+        self._thread.join()
+
     def result(self) -> T:
         self._thread.join()
         if self._error:

@@ -84,9 +84,13 @@ def preflight_memory(spec: ClusterSpec, plan: ServePlan, weights: ModelWeights, 
 
 
 def check_arguments(settings: Settings, spec: ClusterSpec, plan: ServePlan, reporter: Reporter) -> None:
-    """vLLM's own parser on the head (about 10 s: it runs while Ray starts)."""
+    """vLLM's own parser on the head (about 10 s: it runs while Ray starts); once it accepted them,
+    vLLM's list of per-node variables in the server's config folder (vLLM reads it at import)."""
     reporter.phase("checking the vllm serve arguments with the installed vLLM")
-    check_serve_args(spec.head.agent(reporter), plan.serve_args, settings.entries["VLLM_EXTRA_ARGS"].source)
+    head = spec.head.agent(reporter)
+    check_serve_args(head, plan.serve_args, settings.entries["VLLM_EXTRA_ARGS"].source)
+    reporter.phase("vllm serve arguments accepted by the installed vLLM")
+    head.non_carry_over(plan.config_root)
 
 
 def server_alive(spec: ClusterSpec, server: ServerRecord) -> bool:
@@ -124,7 +128,6 @@ def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool
             reporter.phase("the Ray cluster is already up; reusing it")
         try:
             checked.result()
-            spec.head.agent(reporter).non_carry_over(plan.config_root)  # vLLM reads it at import
             server = launch(spec, plan, state, reporter)
         except BaseException:
             if cluster_started:
@@ -157,7 +160,6 @@ def _start_in_containers(settings: Settings, spec: ClusterSpec, reporter: Report
         state = lifecycle.cluster_up_locked(spec, reporter, None, image_id).state
         save_state(spec.state_dir, state)
         checked.result()
-        spec.head.agent(reporter).non_carry_over(plan.config_root)  # vLLM reads it at import
         server = launch(spec, plan, state, reporter)
     except BaseException:
         lifecycle.cluster_down_locked(spec, reporter, None)
