@@ -200,10 +200,12 @@ def _bring_up(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None
         bringup.checks(stale)
         checks = checked.result()
     except BaseException as exc:
-        if checked is not None and not isinstance(exc, (KeyboardInterrupt, Terminated)):
-            checked.join()  # a hotfix being written ends before the rollback (an interrupt does not wait)
-        for problem in bringup.rollback():
-            reporter.warn(f"rollback: {problem}")
+        try:
+            if checked is not None and not isinstance(exc, (KeyboardInterrupt, Terminated)):
+                checked.join()  # a hotfix being written ends before the rollback (an interrupt does not wait)
+        finally:  # a signal during that wait still rolls back
+            for problem in bringup.rollback():
+                reporter.warn(f"rollback: {problem}")
         raise
     if existing is None:
         state = Deployment(ray_address=spec.ray_address, config_digest=spec.config_digest, started_at=time.time(),
