@@ -18,12 +18,12 @@ from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.cluster.client import ClusterFailure, Reporter
 from dspark_launch.cluster.node_checks import NodeChecks, versions_and_hotfix
 from dspark_launch.cluster.protocol import VersionRow
-from dspark_launch.cluster.parallel import Background, on_each
+from dspark_launch.cluster.parallel import Background, on_each, settle
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import (Deployment, clear_state, ensure_state_dir, load_state, lock_holder,
                                          save_state, state_lock)
 from dspark_launch.cluster.versions import matrix_lines
-from dspark_launch.errors import EXIT_ALREADY_RUNNING, DsparkError, Terminated
+from dspark_launch.errors import EXIT_ALREADY_RUNNING, DsparkError
 
 
 class AlreadyRunning(DsparkError):
@@ -181,28 +181,32 @@ def _bring_up(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None
     bringup = rc.Bringup(spec, reporter)
     to_start = [n for n in spec.nodes if existing is None or n.name in repair]
     workers = [n for n in to_start if not n.is_head]
-    checked: Background[NodeChecks] | None = None
+    pending: list[Background] = []  # work beside the bring-up, ended before a rollback
     try:
         # Every node's pre-flight at once, and all of it before any Ray starts: a node that fails it
         # leaves nothing started anywhere (the head's Ray would otherwise start beside it).
         bringup.fabric.update(on_each(to_start, lambda node: rc.preflight_node(spec, node, reporter)))
-        # The version rows and the hotfix need no Ray: every node's agent does them while Ray starts.
-        checked = Background(lambda: versions_and_hotfix(spec, reporter))
-        on_each(to_start, bringup.prepare)
+        # The version rows and the hotfix need no Ray: every node's agent does them while Ray starts;
+        # the workers' Ray temp folders are prepared (over SSH) while the head's Ray starts.
+        checked: Background[NodeChecks] = Background(lambda: versions_and_hotfix(spec, reporter))
+        prepared = Background(lambda: on_each(workers, bringup.prepare))
+        pending += [checked, prepared]
         stale: tuple[str, ...] = ()
         if spec.head in to_start:
+            bringup.prepare(spec.head)
             bringup.start_ray(spec.head)
         else:
             # Repairing beside a live head: Ray may still list the lost nodes' old registrations
             # as alive for a few seconds; remember them so the wait never takes one for the new node.
             stale = tuple(n.node_id for n in rc.ray_view(spec) if n.ip in {m.ip for m in workers})
+        prepared.result()
         on_each(workers, bringup.start_ray)
         bringup.checks(stale)
         checks = checked.result()
     except BaseException as exc:
         try:
-            if checked is not None and not isinstance(exc, (KeyboardInterrupt, Terminated)):
-                checked.join()  # a hotfix being written ends before the rollback (an interrupt does not wait)
+            for work in pending:
+                settle(work, exc)
         finally:  # a signal during that wait still rolls back
             for problem in bringup.rollback():
                 reporter.warn(f"rollback: {problem}")
