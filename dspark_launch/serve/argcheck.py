@@ -43,21 +43,18 @@ print("DSPARK-ARGCHECK ok")
 """
 
 
-def _checker_process() -> None:
+def _die_with_parent() -> None:
     """The checker ends with the agent that asked (an interrupted start kills the agent, never its ~10 s
-    child too): Linux's PR_SET_PDEATHSIG. It yields the CPU to the Ray start it runs beside (on a
-    small head, importing vLLM otherwise slows `ray start` there): niceness 10."""
+    child too): Linux's PR_SET_PDEATHSIG."""
     import ctypes
-    import os
 
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    os.nice(10)
 
 
 def refusal(serve_args: list[str] | tuple[str, ...], python: str = sys.executable) -> str | None:
     """vLLM's reason for refusing `serve_args` (model first, as after `vllm serve`), or None when accepted."""
     proc = subprocess.run([python, "-c", _CHECK], input=json.dumps(["--model", *serve_args]), capture_output=True,
-                          text=True, timeout=300, preexec_fn=_checker_process)
+                          text=True, timeout=300, preexec_fn=_die_with_parent)
     verdicts = [line for line in proc.stdout.splitlines() if line.startswith("DSPARK-ARGCHECK ")]
     if proc.returncode == 0 and verdicts == ["DSPARK-ARGCHECK ok"]:
         return None
