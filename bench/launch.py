@@ -8,6 +8,9 @@ waits for; by hand has no pre-flight, no version matrix, no hotfix and no auth t
 read by importing vLLM), `dspark status --json` (median of 5), `dspark stop`, then `dspark start`
 again with the flags the head kept (warm) and `dspark stop`.
 
+Where `dspark start`'s time until the launch goes, per step, comes from its own timestamped phase
+lines (`until_serve_phases_s`, and the lines as `until_serve_timeline_s`).
+
 Runs as root under the shared lock (`flock /tmp/dspark-heavy.lock python bench/launch.py`);
 writes bench/results/launch.json. Target: dspark start within 1.1x of by hand, status under
 1.5 s, stop under 5 s.
