@@ -62,18 +62,20 @@ def owned_processes(marker: str, sessions: tuple[p.Session, ...] = ()) -> tuple[
         raise ValueError(f"refusing to match processes on marker {marker!r}")
     needle = f"{OWNER_VAR}={marker}".encode()
     ours = {s.sid: s.start_time for s in sessions if _same_boot(s.boot_id)}
-    seen = []  # (pid, start time, sid, carries the marker)
+    looked = []  # (pid, start time, sid, carries the marker)
     for pid in procfs.pids():
         if pid == os.getpid():
             continue
         started = procfs.start_time(pid)
         if started is None:
             continue
-        sid = procfs.session(pid)
-        marked = needle in procfs.environ(pid)
-        if marked or (sid in ours and started >= ours[sid]):
-            seen.append((pid, started, sid, marked))
-    live_sessions = {sid for _, _, sid, marked in seen if marked}
+        looked.append((pid, started, procfs.session(pid), needle in procfs.environ(pid)))
+    # A session where a process carrying the marker lives now is ours even when no record names it
+    # (a `ray start` cut short before its session came back): only its members' descendants can be in
+    # it, and its id cannot be handed out again while it exists.
+    live_sessions = {sid for _, _, sid, marked in looked if marked}
+    seen = [entry for entry in looked
+            if entry[3] or entry[2] in live_sessions or (entry[2] in ours and entry[1] >= ours[entry[2]])]
     this_boot = procfs.boot_id()
     return tuple(p.Process(pid, started, sid, this_boot, " ".join(procfs.cmdline(pid))[:200])
                  for pid, started, sid, marked in seen if marked or sid in live_sessions)
