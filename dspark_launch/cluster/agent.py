@@ -53,10 +53,10 @@ def _same_boot(recorded_boot: str) -> bool:
 def owned_processes(marker: str, sessions: tuple[p.Session, ...] = ()) -> tuple[p.Process, ...]:
     """Every live process carrying DSPARK_OWNER=marker, or living in one of our sessions.
 
-    A session counts only for processes started after its leader was, in the boot
-    it was recorded in, and only while a process carrying the marker still lives
-    in it: once all of ours are gone, a session id that the kernel hands out again
-    belongs to someone else.
+    A recorded session counts for processes started after its leader was, in the boot
+    it was recorded in; any session counts only while a process carrying the marker
+    still lives in it: once all of ours are gone, a session id that the kernel hands
+    out again belongs to someone else.
     """
     if not marker.startswith("dspark-"):
         raise ValueError(f"refusing to match processes on marker {marker!r}")
