@@ -8,6 +8,9 @@ waits for; by hand has no pre-flight, no version matrix, no hotfix and no auth t
 read by importing vLLM), `dspark status --json` (median of 5), `dspark stop`, then `dspark start`
 again with the flags the head kept (warm) and `dspark stop`.
 
+Where `dspark start`'s time until the launch goes, per step, comes from its own timestamped phase
+lines (`until_serve_phases_s`, and the lines as `until_serve_timeline_s`).
+
 Runs as root under the shared lock (`flock /tmp/dspark-heavy.lock python bench/launch.py`);
 writes bench/results/launch.json. Target: dspark start within 1.1x of by hand, status under
 1.5 s, stop under 5 s.
@@ -108,6 +111,57 @@ def serve_launched_at(stderr: str) -> float:
     return float(re.search(r"^\[\s*([0-9.]+)s\] launching vllm serve", stderr, re.M).group(1))
 
 
+# Where `dspark start`'s time before the launch goes, read from its timestamped phase lines: each
+# critical-path step runs from its line to the next one found after it (in this order); work that runs
+# beside them (in a background thread) is timed from its start line to its end line.
+CRITICAL_PATH = (
+    ("weights check", "checking the model weights"),
+    ("profile resolved (describe_vllm, head fabric)", "resolving profile"),
+    ("memory pre-flight", "memory pre-flight"),
+    ("node pre-flight (probe, interface, port, fabric)", "pre-flight "),
+    ("ray start, head", "starting Ray on head"),
+    ("ray start, workers", "starting Ray on worker"),
+    ("Ray checks: join, IPs, GPUs", "checking that every node joined Ray"),
+    ("version matrix (pinned Ray tasks)", "checking versions on"),
+    ("hotfix (pinned Ray tasks), then the rest of the argument check", "applying the scheduler hotfix on"),
+    ("waiting for the overlapped checks, non_carry_over", "Ray checks passed"),
+)
+LAUNCH_LINE = "launching vllm serve"
+OVERLAPPED = (
+    ("vLLM serve-argument check", "checking the vllm serve arguments", "vllm serve arguments accepted"),
+    ("version matrix and hotfix on every node's agent", "asking every node for its version row",
+     "hotfix applied and verified on"),
+)
+
+
+def phase_timeline(stderr: str) -> list[tuple[float, str]]:
+    """(seconds, phase line) of `dspark start` up to the launch of vllm serve."""
+    timeline = []
+    for found in re.finditer(r"^\[\s*([0-9.]+)s\] (.*)$", stderr, re.M):
+        timeline.append((float(found.group(1)), found.group(2)))
+        if found.group(2).startswith(LAUNCH_LINE):
+            break
+    return timeline
+
+
+def phase_breakdown(timeline: list[tuple[float, str]]) -> dict[str, float]:
+    """Seconds per critical-path step (those this launcher prints), then per overlapped step."""
+    starts: list[tuple[str, int]] = []
+    index = 0
+    for name, prefix in (*CRITICAL_PATH, ("launch", LAUNCH_LINE)):
+        at = next((i for i in range(index, len(timeline)) if timeline[i][1].startswith(prefix)), None)
+        if at is not None:
+            starts.append((name, at))
+            index = at
+    out = {name: round(timeline[nxt][0] - timeline[at][0], 2) for (name, at), (_, nxt) in zip(starts, starts[1:])}
+    for name, begin, end in OVERLAPPED:
+        began = next((t for t, line in timeline if line.startswith(begin)), None)
+        ended = next((t for t, line in timeline if line.startswith(end)), None)
+        if began is not None and ended is not None:
+            out[f"overlapped: {name}"] = round(ended - began, 2)
+    return out
+
+
 def dspark(tb: Testbed, env_file: Path, scratch: Path, *args: str) -> tuple[float, subprocess.CompletedProcess]:
     began = time.monotonic()
     proc = tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
@@ -178,6 +232,9 @@ def main(argv: list[str]) -> int:
         "by_hand_start_s": round(hand_s, 1),
         "until_serve_launched_s": {"by_hand": round(hand_launched_s, 1), "dspark_cold": serve_launched_at(cold_log),
                                    "dspark_warm": serve_launched_at(warm_log)},
+        "until_serve_phases_s": {"dspark_cold": phase_breakdown(phase_timeline(cold_log)),
+                                 "dspark_warm": phase_breakdown(phase_timeline(warm_log))},
+        "until_serve_timeline_s": {"dspark_cold": phase_timeline(cold_log), "dspark_warm": phase_timeline(warm_log)},
         "dspark_start_cold_s": round(start_s, 1), "start_ratio_cold": round(start_s / hand_s, 2),
         "dspark_start_warm_s": round(warm_s, 1), "start_ratio_warm": round(warm_s / hand_s, 2),
         "start_target_ratio": 1.1,

@@ -179,8 +179,27 @@ def test_stop_with_a_corrupt_state_file_is_one_line_exit_1(tmp_path):
 
 
 def test_typed_values_round_trip_through_json():
-    checks = p.RayChecksAnswer({"head": p.VersionRow(python="3.11.7", vllm="0.32.0")}, {})
+    checks = p.RayChecksAnswer((p.RayNode("abc", "10.213.0.1", True, 1.0),))
     assert from_data(p.RayChecksAnswer, json.loads(json.dumps(to_data(checks)))) == checks
+    row = p.VersionRow(python="3.11.7", vllm="0.32.0")
+    assert from_data(p.VersionRow, json.loads(json.dumps(to_data(row)))) == row
+
+
+def test_the_version_row_comes_from_the_node_agent_without_importing_vllm():
+    """The row the launcher compares across nodes, asked of a node's agent (launch time, while Ray starts)."""
+    import hashlib
+    import platform
+
+    from dspark_launch import hotfix
+
+    row = NodeAgent("here", LocalTransport(sys.executable)).node_versions()
+    target = hotfix.find_target()
+    assert row.python == platform.python_version() and row.vllm == "0.32.0" and row.ray and row.torch
+    assert row.scheduler_sha256 == (hotfix.status(target).original_sha256
+                                    or hashlib.sha256(target.read_bytes()).hexdigest())
+    probe = ("import sys, dspark_launch.cluster.node_tasks as t; t.version_row(); "
+             "assert 'vllm' not in sys.modules and 'torch' not in sys.modules, 'imported'")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
 
 
 def test_the_cuda_row_is_read_without_importing_torch():

@@ -121,7 +121,8 @@ def test_version_mismatch_prints_matrix_and_rolls_back(testbed_clean, tmp_path):
     drifted = _drift_anchor(tb, "worker1")
     proc = dspark(tb, write_env(tb, tmp_path), "cluster", "up")
     assert proc.returncode == 1
-    assert "version matrix: nodes differ in scheduler_sha256" in proc.stderr, proc.stderr[-3000:]
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("dspark: error:")]
+    assert len(errors) == 1 and "version matrix: nodes differ in scheduler_sha256" in errors[0], proc.stderr[-3000:]
     assert any(l.startswith("! scheduler_sha256") for l in proc.stderr.splitlines())
     assert scheduler_sha(tb, "worker1") == drifted
     assert our_pids(tb, "head") == set() and our_pids(tb, "worker1") == set()
@@ -134,6 +135,30 @@ def test_hotfix_refused_rolls_back_both_nodes(testbed_clean, tmp_path):
     assert proc.returncode == 1
     assert ": hotfix:" in proc.stderr and "0.32.0" in proc.stderr
     assert {node: scheduler_sha(tb, node) for node in before} == before
+    left = our_pids(tb, "head") | our_pids(tb, "worker1")
+    assert left == set(), describe(left)
+
+
+def test_hotfix_failing_on_one_node_while_ray_starts_rolls_back_both(testbed_clean, tmp_path):
+    """The version rows and the hotfix run on each node's agent while Ray starts (launch time): the
+    worker's hotfix cannot be written (its vLLM folder read-only there), so nothing is served and
+    everything this run started meanwhile, Ray on both nodes, is stopped; one error line names it."""
+    tb = testbed_clean
+    folder = str((Path(sys.executable).parent.parent / SCHEDULER_REL).parent)
+    before = scheduler_sha(tb, "worker1")
+    tb.exec("worker1", ["mount", "--bind", folder, folder], check=True)
+    try:
+        tb.exec("worker1", ["mount", "-o", "remount,bind,ro", folder], check=True)
+        proc = dspark(tb, write_env(tb, tmp_path), "cluster", "up")
+    finally:
+        tb.exec("worker1", ["umount", folder])
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("dspark: error:")]
+    assert len(errors) == 1 and "worker1 (10.213.0.2): hotfix:" in errors[0], proc.stderr[-3000:]
+    assert "Read-only file system" in errors[0]
+    assert "starting Ray on worker1" in proc.stderr  # Ray was started beside the hotfix, and rolled back
+    assert scheduler_sha(tb, "worker1") == before
+    assert not (tmp_path / "state" / "state.json").exists()
     left = our_pids(tb, "head") | our_pids(tb, "worker1")
     assert left == set(), describe(left)
 

@@ -53,27 +53,29 @@ def _same_boot(recorded_boot: str) -> bool:
 def owned_processes(marker: str, sessions: tuple[p.Session, ...] = ()) -> tuple[p.Process, ...]:
     """Every live process carrying DSPARK_OWNER=marker, or living in one of our sessions.
 
-    A session counts only for processes started after its leader was, in the boot
-    it was recorded in, and only while a process carrying the marker still lives
-    in it: once all of ours are gone, a session id that the kernel hands out again
-    belongs to someone else.
+    A recorded session counts for processes started after its leader was, in the boot
+    it was recorded in; any session counts only while a process carrying the marker
+    still lives in it: once all of ours are gone, a session id that the kernel hands
+    out again belongs to someone else.
     """
     if not marker.startswith("dspark-"):
         raise ValueError(f"refusing to match processes on marker {marker!r}")
     needle = f"{OWNER_VAR}={marker}".encode()
     ours = {s.sid: s.start_time for s in sessions if _same_boot(s.boot_id)}
-    seen = []  # (pid, start time, sid, carries the marker)
+    looked = []  # (pid, start time, sid, carries the marker)
     for pid in procfs.pids():
         if pid == os.getpid():
             continue
         started = procfs.start_time(pid)
         if started is None:
             continue
-        sid = procfs.session(pid)
-        marked = needle in procfs.environ(pid)
-        if marked or (sid in ours and started >= ours[sid]):
-            seen.append((pid, started, sid, marked))
-    live_sessions = {sid for _, _, sid, marked in seen if marked}
+        looked.append((pid, started, procfs.session(pid), needle in procfs.environ(pid)))
+    # A session where a process carrying the marker lives now is ours even when no record names it
+    # (a `ray start` cut short before its session came back): only its members' descendants can be in
+    # it, and its id cannot be handed out again while it exists.
+    live_sessions = {sid for _, _, sid, marked in looked if marked}
+    seen = [entry for entry in looked
+            if entry[3] or entry[2] in live_sessions or (entry[2] in ours and entry[1] >= ours[entry[2]])]
     this_boot = procfs.boot_id()
     return tuple(p.Process(pid, started, sid, this_boot, " ".join(procfs.cmdline(pid))[:200])
                  for pid, started, sid, marked in seen if marked or sid in live_sessions)
@@ -368,6 +370,8 @@ LAZY_HANDLERS: dict[str, str] = {
     "ray_temp_dir": "dspark_launch.cluster.ray_dirs:ray_temp_dir",  # stdlib, kept in its feature's module
     # model profile and fabric (issue 11)
     **{op: f"dspark_launch.cluster.profile_ops:{op}" for op in ("describe_vllm", "fabric_env", "non_carry_over")},
+    # each node's version row and hotfix, on its own agent (launch time)
+    **{op: f"dspark_launch.cluster.node_tasks:{op}" for op in ("node_versions", "apply_hotfix")},
 }
 HANDLERS.update(MODEL_HANDLERS)  # model weights (issue 12)
 

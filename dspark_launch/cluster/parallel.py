@@ -7,6 +7,7 @@ import threading
 from typing import Callable, Generic, Iterable, TypeVar
 
 from dspark_launch.cluster.transport import kill_in_flight
+from dspark_launch.errors import Terminated
 
 T = TypeVar("T")
 
@@ -45,8 +46,19 @@ class Background(Generic[T]):
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
 
+    def join(self) -> None:
+        """Wait until the work ended; its outcome stays for result()."""
+        self._thread.join()
+
     def result(self) -> T:
         self._thread.join()
         if self._error:
             raise self._error[0]
         return self._value[0]
+
+
+def settle(work: Background, cause: BaseException) -> None:
+    """`cause` ended the caller's own part: let `work` (short, and maybe writing) end before the caller
+    unwinds, so nothing of it outlives the rollback; an interrupt does not wait (its agents end at exit)."""
+    if not isinstance(cause, (KeyboardInterrupt, Terminated)):
+        work.join()

@@ -25,7 +25,7 @@ from dspark_launch.model.node_check import DiskSpace, VerifyReport
 from dspark_launch.cluster.fabric import FabricEnv, FabricRequest  # stdlib-only values
 from dspark_launch.profiles.offer import VllmOffer  # stdlib-only values
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
 
 
 # --- values shared by several operations ---------------------------------------------------------
@@ -314,8 +314,8 @@ class HotfixReport:
 
 @dataclass(frozen=True)
 class RayChecks:
-    """As a Ray driver on the head: wait until every node joined, check each (IP, GPUs, versions),
-    then apply and verify the hotfix on each with a task pinned there. Streams progress."""
+    """On the head, from the GCS's node table (no driver): wait until every node joined Ray once,
+    then check each one's registered IP and GPUs. Streams progress."""
     address: str
     env: dict[str, str] = field(repr=False)
     nodes: tuple[ExpectedNode, ...]
@@ -326,8 +326,7 @@ class RayChecks:
 
 @dataclass(frozen=True)
 class RayChecksAnswer:
-    versions: dict[str, VersionRow]
-    hotfix: dict[str, HotfixReport]
+    nodes: tuple[RayNode, ...]  # as Ray registered them, in the order of the request's nodes
 
 
 @dataclass(frozen=True)
@@ -414,6 +413,18 @@ class NonCarryOverAnswer:
     path: str
 
 
+# --- each node's version row and hotfix, on its own agent (launch time) --------------------------
+
+@dataclass(frozen=True)
+class VersionQuery:
+    """This node's row of the version matrix (files and metadata only: nothing imported)."""
+
+
+@dataclass(frozen=True)
+class HotfixApply:
+    """Apply the scheduler hotfix to the vLLM this node's interpreter (Ray's) imports, then verify it."""
+
+
 OPERATIONS: dict[str, tuple[type, type]] = {
     "hello": (Hello, HelloAnswer),
     "probe": (Probe, ProbeAnswer),
@@ -440,6 +451,9 @@ OPERATIONS: dict[str, tuple[type, type]] = {
     "describe_vllm": (DescribeVllm, DescribeVllmAnswer),
     "fabric_env": (FabricQuery, FabricAnswer),
     "non_carry_over": (NonCarryOver, NonCarryOverAnswer),
+    # each node's version row and hotfix, on its own agent (launch time)
+    "node_versions": (VersionQuery, VersionRow),
+    "apply_hotfix": (HotfixApply, HotfixReport),
 }
 
 OP_OF_REQUEST: dict[type, str] = {request: name for name, (request, _) in OPERATIONS.items()}

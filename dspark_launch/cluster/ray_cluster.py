@@ -2,8 +2,9 @@
 
 Every process started carries the node's DSPARK_OWNER marker, so stopping touches only
 what this launcher started, never a machine-wide `ray stop`. The head is a node like
-the others: its agent starts its Ray and, as the Ray driver, runs the join wait, the
-version matrix and the hotfix on every node (`head_ops`).
+the others: its agent starts its Ray and reads Ray's node table for the join wait and the
+IP and GPU checks (`head_ops`); every node's agent reports its version row and applies the
+hotfix while Ray starts (`node_checks`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import secrets
 from dspark_launch.cluster import protocol as p
 from dspark_launch.cluster.client import ClusterFailure, Reporter
 from dspark_launch.cluster.fabric import SYSFS_ROOT_VAR, FabricEnv
-from dspark_launch.cluster.parallel import on_each
+from dspark_launch.cluster.parallel import Background, on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import NodeRecord, ray_token
 
 RAY_START_TIMEOUT_S = 180
-CHECKS_TIMEOUT_S = 600  # join wait (its own timeout) plus the pinned tasks
+CHECKS_TIMEOUT_S = 60  # beyond the join wait (its own timeout): the IP and GPU checks
 DASHBOARD_PORT = 8265
 # Ray 2.60 binds each worker's (and driver's) gRPC server to every interface; keep them in
 # Ray's default range, named here so a firewall rule and docs/security.md can rely on it.
@@ -109,8 +110,17 @@ def preflight_node(spec: ClusterSpec, node: Node, reporter: Reporter) -> FabricE
     """Every check that can fail before anything starts on `node`, one line per failure; its fabric environment."""
     reporter.phase(f"pre-flight {node.label}")
     agent = node.agent(reporter)
-    probe = agent.probe(str(spec.state_dir / "logs"), node.is_head and spec.dashboard == "local",
-                        spec.ssh_timeout_s + 30)
+    # Read-only questions, asked at once and all answered before any is judged, in this order: the
+    # first problem reported is the one a question at a time would have found, and none is left running.
+    asked_probe = Background(lambda: agent.probe(str(spec.state_dir / "logs"),
+                                                 node.is_head and spec.dashboard == "local", spec.ssh_timeout_s + 30))
+    asked_iface = Background(lambda: agent.interface(spec.fabric_ifname, node.ip))
+    asked_port = Background(lambda: agent.port_free(node.ip, spec.ray_port)) if node.is_head else None
+    asked_fabric = Background(lambda: node_fabric(spec, node, reporter))
+    for asked in (asked_probe, asked_iface, asked_port, asked_fabric):
+        if asked is not None:
+            asked.join()
+    probe = asked_probe.result()
     missing = [name for name, info in probe.modules.items() if not info.found]
     if missing:
         raise ClusterFailure(node.label, "python", f"{probe.python} cannot import {', '.join(missing)}")
@@ -122,18 +132,18 @@ def preflight_node(spec: ClusterSpec, node: Node, reporter: Reporter) -> FabricE
                              f"{', '.join(probe.dashboard_missing)}: pip install 'ray[default]' "
                              f"(the same Ray version) in {probe.python}'s environment, "
                              "or set DSPARK_RAY_DASHBOARD=off")
-    iface = agent.interface(spec.fabric_ifname, node.ip)
+    iface = asked_iface.result()
     if not iface.exists:
         raise ClusterFailure(node.label, "fabric interface", f"no interface {spec.fabric_ifname}")
     if not iface.has_ip:
         raise ClusterFailure(node.label, "fabric interface",
                              f"{spec.fabric_ifname} carries {', '.join(iface.addresses) or 'no address'}, "
                              f"not VLLM_HOST_IP {node.ip}")
-    if node.is_head:
-        port = agent.port_free(node.ip, spec.ray_port)
+    if asked_port is not None:
+        port = asked_port.result()
         if not port.free:
             raise ClusterFailure(node.label, "ray port", f"{node.ip}:{spec.ray_port} is taken ({port.reason})")
-    fabric = node_fabric(spec, node, reporter)
+    fabric = asked_fabric.result()
     for warning in fabric.warnings:
         reporter.warn(warning)
     return fabric
@@ -149,6 +159,7 @@ class Bringup:
         self.records: dict[str, NodeRecord] = {}
         self.token_env = auth_env(spec, create=True)  # callers hold the state lock
         self.fabric: dict[str, FabricEnv] = {}  # each started node's own, from its pre-flight
+        self.temp_dirs: dict[str, str] = {}  # each started node's Ray temp folder, prepared by its agent
 
     def record(self, node: Node) -> NodeRecord:
         if node.name not in self.records:
@@ -159,11 +170,15 @@ class Bringup:
             self.records[node.name].fabric_warnings = list(fabric.warnings) if fabric else []
         return self.records[node.name]
 
+    def prepare(self, node: Node) -> None:
+        """The node's Ray temp folder (every node's at once, before the head's Ray starts)."""
+        self.temp_dirs[node.name] = node.agent(self.reporter).ray_temp_dir(ray_temp_dir_name(self.spec, node))
+
     def start_ray(self, node: Node) -> None:
         record = self.record(node)
         agent = node.agent(self.reporter)
         self.reporter.phase(f"starting Ray on {node.label}")
-        record.ray_temp_dir = agent.ray_temp_dir(ray_temp_dir_name(self.spec, node))
+        record.ray_temp_dir = self.temp_dirs[node.name]
         argv = ray_start_argv(self.spec, node, record.ray_temp_dir)
         answer = agent.run(p.Run(tuple(argv), node_env(self.spec, node, self.token_env, self.fabric.get(node.name)),
                                  record.marker, record.ray_log, RAY_START_TIMEOUT_S, tuple(record.sessions)),
@@ -175,11 +190,15 @@ class Bringup:
             raise ClusterFailure(node.label, "ray start", f"exit {answer.returncode}; log {record.ray_log}", tail)
 
     def checks(self, ignore_node_ids: tuple[str, ...] = ()) -> p.RayChecksAnswer:
-        """Join wait, IPs, GPUs, version matrix and hotfix on every node, by the head's agent as Ray driver."""
+        """Join wait, IPs and GPUs of every node, from Ray's node table by the head's agent."""
+        self.reporter.phase("checking that every node joined Ray with its IP and GPUs")
         request = p.RayChecks(self.spec.ray_address, self.token_env,
                               tuple(p.ExpectedNode(n.name, n.ip) for n in self.spec.nodes),
                               self.spec.gpus_per_node, self.spec.join_timeout_s, ignore_node_ids)
-        return self.spec.head.agent(self.reporter).ray_checks(request, self.spec.join_timeout_s + CHECKS_TIMEOUT_S)
+        answer = self.spec.head.agent(self.reporter).ray_checks(request, self.spec.join_timeout_s + CHECKS_TIMEOUT_S)
+        self.reporter.phase(f"Ray checks passed: {len(answer.nodes)} node(s) joined, each at its IP with "
+                            f"{self.spec.gpus_per_node} GPU(s)")
+        return answer
 
     def rollback(self) -> list[str]:
         """Stop everything this run started, on every node; returns what could not be stopped."""

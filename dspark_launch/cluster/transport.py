@@ -68,8 +68,11 @@ def _stream(argv: list[str], env: dict[str, str] | None, request_line: str, time
     with _in_flight_lock:
         _in_flight.add(proc)
     try:
-        proc.stdin.write(request_line.encode() + b"\n")
-        proc.stdin.close()
+        try:
+            proc.stdin.write(request_line.encode() + b"\n")
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it ended before reading (an SSH that could not connect): its exit code and stderr say why
         deadline = time.monotonic() + timeout
         pending = b""
         with selectors.DefaultSelector() as selector:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster import ray_cluster as rc
-from dspark_launch.cluster.parallel import Background, on_each
+from dspark_launch.cluster.parallel import Background, on_each, settle
 from dspark_launch.cluster.client import ClusterFailure, NodeAgent, Reporter
 from dspark_launch.cluster.protocol import HotfixReport, Spawn, Stop, StopAnswer
 from dspark_launch.cluster.spec import ClusterSpec
@@ -61,15 +61,19 @@ def resolved_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray
     return plan
 
 
-def preflight_memory(spec: ClusterSpec, plan: ServePlan, weights: ModelWeights, reporter: Reporter,
-                     force: bool) -> None:
-    """Weights ÷ TP + KV at MAX_MODEL_LEN against every node's memory (asked at once), before anything starts:
+def node_memory(spec: ClusterSpec) -> dict[str, int]:
+    """Every node's memory in bytes by its label, asked at once (read-only)."""
+    return {spec.node(name).label: answer.total_bytes
+            for name, answer in on_each(spec.nodes, lambda n: n.agent().meminfo()).items()}
+
+
+def preflight_memory(spec: ClusterSpec, plan: ServePlan, weights: ModelWeights, memory: dict[str, int],
+                     reporter: Reporter, force: bool) -> None:
+    """Weights ÷ TP + KV at MAX_MODEL_LEN against every node's `memory` (node_memory), before anything starts:
     unified memory that runs out freezes the host, so a misfit is refused unless `force`. `weights`: what the
     weights pre-flight just verified on every node."""
     from dspark_launch.serve.memory import estimate
 
-    memory = {spec.node(name).label: answer.total_bytes
-              for name, answer in on_each(spec.nodes, lambda n: n.agent().meminfo()).items()}
     found = estimate(plan.profile, weights, plan.kv_cache_dtype, plan.max_model_len,
                      plan.tensor_parallel_size, plan.gpu_memory_utilization, memory)
     misfits = [f.line for f in found.findings if not f.fits]
@@ -84,9 +88,13 @@ def preflight_memory(spec: ClusterSpec, plan: ServePlan, weights: ModelWeights, 
 
 
 def check_arguments(settings: Settings, spec: ClusterSpec, plan: ServePlan, reporter: Reporter) -> None:
-    """vLLM's own parser on the head (about 10 s: it runs while Ray starts)."""
+    """vLLM's own parser on the head (about 10 s: it runs while Ray starts); once it accepted them,
+    vLLM's list of per-node variables in the server's config folder (vLLM reads it at import)."""
     reporter.phase("checking the vllm serve arguments with the installed vLLM")
-    check_serve_args(spec.head.agent(reporter), plan.serve_args, settings.entries["VLLM_EXTRA_ARGS"].source)
+    head = spec.head.agent(reporter)
+    check_serve_args(head, plan.serve_args, settings.entries["VLLM_EXTRA_ARGS"].source)
+    reporter.phase("vllm serve arguments accepted by the installed vLLM")
+    head.non_carry_over(plan.config_root)
 
 
 def server_alive(spec: ClusterSpec, server: ServerRecord) -> bool:
@@ -108,12 +116,12 @@ def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool
                                            "`dspark status` shows it")
         if spec.containers:
             return _start_in_containers(settings, spec, reporter, force, verify, state)
-        spec, plan, weights = _checked_plan(settings, spec, reporter, verify)
+        spec, plan, weights, memory = _checked_plan(settings, spec, reporter, verify)
         if state and state.server:
             stop_server(spec, state.server)
             state.server = None
             save_state(spec.state_dir, state)
-        preflight_memory(spec, plan, weights, reporter, force)
+        preflight_memory(spec, plan, weights, memory, reporter, force)
         checked = Background(lambda: check_arguments(settings, spec, plan, reporter))
         cluster_started = True
         try:
@@ -124,7 +132,6 @@ def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool
             reporter.phase("the Ray cluster is already up; reusing it")
         try:
             checked.result()
-            spec.head.agent(reporter).non_carry_over(plan.config_root)  # vLLM reads it at import
             server = launch(spec, plan, state, reporter)
         except BaseException:
             if cluster_started:
@@ -151,13 +158,12 @@ def _start_in_containers(settings: Settings, spec: ClusterSpec, reporter: Report
     """Every node's container recreated first (the agent runs in it), then as on hosts; a failure removes them."""
     image_id = lifecycle.prepare_containers(spec, reporter, previous)
     try:
-        spec, plan, weights = _checked_plan(settings, spec, reporter, verify)
-        preflight_memory(spec, plan, weights, reporter, force)
+        spec, plan, weights, memory = _checked_plan(settings, spec, reporter, verify)
+        preflight_memory(spec, plan, weights, memory, reporter, force)
         checked = Background(lambda: check_arguments(settings, spec, plan, reporter))
         state = lifecycle.cluster_up_locked(spec, reporter, None, image_id).state
         save_state(spec.state_dir, state)
         checked.result()
-        spec.head.agent(reporter).non_carry_over(plan.config_root)  # vLLM reads it at import
         server = launch(spec, plan, state, reporter)
     except BaseException:
         lifecycle.cluster_down_locked(spec, reporter, None)
@@ -166,12 +172,18 @@ def _start_in_containers(settings: Settings, spec: ClusterSpec, reporter: Report
 
 
 def _checked_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter,
-                  verify: bool) -> tuple[ClusterSpec, ServePlan, ModelWeights]:
+                  verify: bool) -> tuple[ClusterSpec, ServePlan, ModelWeights, dict[str, int]]:
     """The weights checked on every node, then the plan resolved against the head's vLLM (under the lock:
-    a first start writes the Ray token); the verified weights for the memory pre-flight."""
-    spec, serving = model_preflight(settings, spec, reporter, verify)
-    plan = with_model(resolved_plan(settings, spec, reporter, rc.auth_env(spec, create=True)), serving)
-    return spec, plan, serving.weights
+    a first start writes the Ray token); the verified weights and every node's memory (asked meanwhile)
+    for the memory pre-flight."""
+    memory = Background(lambda: node_memory(spec))
+    try:
+        spec, serving = model_preflight(settings, spec, reporter, verify)
+        plan = with_model(resolved_plan(settings, spec, reporter, rc.auth_env(spec, create=True)), serving)
+    except BaseException as exc:
+        settle(memory, exc)
+        raise
+    return spec, plan, serving.weights, memory.result()
 
 
 # --- model weights (issue 12) ---------------------------------------------------------------------

@@ -1,0 +1,42 @@
+"""The version matrix, then the scheduler hotfix applied and verified, on every node's own agent.
+
+Bring-up runs this beside Ray's start (each node at once): it reads and patches files only,
+so it needs no Ray. The hotfix is applied only when every node's row agrees; any failure
+raises, and the caller stops everything it started: nothing is served from a node whose
+hotfix is not applied and verified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dspark_launch.cluster.client import ClusterFailure, Reporter
+from dspark_launch.cluster.parallel import on_each
+from dspark_launch.cluster.protocol import HotfixReport, VersionRow
+from dspark_launch.cluster.spec import ClusterSpec
+from dspark_launch.cluster.versions import differing_rows, matrix_lines
+
+
+@dataclass(frozen=True)
+class NodeChecks:
+    versions: dict[str, VersionRow]  # by node name, in the spec's order
+    hotfix: dict[str, HotfixReport]
+
+
+def versions_and_hotfix(spec: ClusterSpec, reporter: Reporter) -> NodeChecks:
+    """Every node's version row (equal on all, or ClusterFailure with the matrix), then the hotfix on each."""
+    labels = ", ".join(node.label for node in spec.nodes)
+    reporter.phase(f"asking every node for its version row: {labels}")
+    versions = on_each(spec.nodes, lambda node: node.agent(reporter).node_versions())
+    differing = differing_rows(versions)
+    if differing:
+        raise ClusterFailure(", ".join(versions), "version matrix", f"nodes differ in {', '.join(differing)}",
+                             matrix_lines(versions))
+    reporter.phase(f"applying the scheduler hotfix on {labels}")
+    reports = on_each(spec.nodes, lambda node: node.agent(reporter).apply_hotfix())
+    failures = [(node, reports[node.name].failed.message) for node in spec.nodes if reports[node.name].failed]
+    if failures:
+        node, message = failures[0]
+        raise ClusterFailure(node.label, "hotfix", message, [f"{n.label}: {m}" for n, m in failures[1:]])
+    reporter.phase(f"hotfix applied and verified on {labels}")
+    return NodeChecks(versions, reports)
