@@ -17,7 +17,7 @@ from dspark_launch.cli.loading import settings_and_spec, settings_or_exit
 from dspark_launch.cli.output import emit_json, fail
 from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.cli.signals import interruptible
-from dspark_launch.errors import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, ConfigError, DsparkError, Terminated
+from dspark_launch.errors import EXIT_FAILED, ConfigError, DsparkError
 
 HostOption = Annotated[Optional[str], typer.Option("--host", help="API bind address (beats VLLM_HOST).")]
 PortOption = Annotated[Optional[str], typer.Option("--port", help="API port (beats VLLM_PORT).")]

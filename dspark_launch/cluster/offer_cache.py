@@ -20,9 +20,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
-import stat
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +28,7 @@ from dspark_launch import __version__
 from dspark_launch.cluster import codec
 from dspark_launch.cluster.protocol import PROTOCOL_VERSION
 from dspark_launch.cluster.ray_dirs import private_root
-from dspark_launch.cluster.safe_path import PRIVATE, UnsafePath, make_dir
+from dspark_launch.cluster.safe_path import PRIVATE, UnsafePath, make_dir, read_private, write_private
 from dspark_launch.profiles import offer as offer_module
 from dspark_launch.profiles.offer import VllmOffer
 
@@ -128,15 +126,8 @@ def recall(identity: InstallIdentity) -> VllmOffer | None:
     if path is None:
         return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as kept:
-        st = os.fstat(kept.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & PRIVATE:
-            return None
-        data = kept.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
+        data = read_private(path, PRIVATE, MAX_BYTES)
+    except OSError:  # absent, a link, not a plain private file of this user, too large
         return None
     try:
         found = codec.decode(KeptOffer, data.decode("utf-8"))
@@ -152,15 +143,6 @@ def remember(identity: InstallIdentity, offer: VllmOffer) -> None:
     if path is None:
         return
     try:
-        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        write_private(path, codec.encode(KeptOffer(identity, offer)))
     except OSError:
-        return
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(codec.encode(KeptOffer(identity, offer)))
-        os.replace(temporary, path)
-    except OSError:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
+        pass

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -220,3 +221,42 @@ def _check_log(path: Path, st: os.stat_result, owner: LogOwner) -> None:
         raise UnsafePath(f"log {path} {not_ours}")
     if st.st_nlink != 1:
         raise UnsafePath(f"log {path} has {st.st_nlink} names (a hard link: never appended to)")
+
+
+def read_private(path: Path, forbidden: int = WRITABLE_BY_OTHERS, limit: int | None = None) -> bytes:
+    """A plain file of this user with none of the `forbidden` mode bits, opened without following a
+    link (FileNotFoundError when absent; PermissionError when not such a file, or over `limit` bytes)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & forbidden:
+            raise PermissionError(errno.EPERM, f"not a regular file of this user that only it can write "
+                                               f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})")
+        data = handle.read() if limit is None else handle.read(limit + 1)
+    if limit is not None and len(data) > limit:
+        raise PermissionError(errno.EFBIG, f"{path} is larger than {limit} bytes")
+    return data
+
+
+def write_temp(path: Path, text: str) -> str:
+    """`text` in a new 0600 file beside `path` with a unique name (O_EXCL: never an existing file or link)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace `path` by a new 0600 file holding `text` (renamed over it: the old one is never followed)."""
+    tmp = write_temp(path, text)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

@@ -9,13 +9,10 @@ the Ray token has its own 0600 file, generated under the lock.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
 import secrets
-import stat
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,7 +21,8 @@ from typing import Iterator
 
 from dspark_launch.cluster.codec import from_data, to_data
 from dspark_launch.cluster.protocol import HotfixReport, Process, Session, VersionRow
-from dspark_launch.cluster.safe_path import UnsafePath, check_ancestors, check_dir, make_dir, make_log_dir
+from dspark_launch.cluster.safe_path import (UnsafePath, check_ancestors, check_dir, make_dir, make_log_dir,
+                                             read_private, write_private, write_temp)
 from dspark_launch.errors import ConfigError, DsparkError
 
 STATE_FILE = "state.json"
@@ -140,42 +138,11 @@ def check_state_dir(path: Path) -> bool:
 
 
 def _read_private(path: Path) -> str:
-    """A file of this user that others cannot write, opened without following a link (FileNotFoundError
-    when absent; OSError otherwise)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd) as handle:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            raise PermissionError(errno.EPERM, f"not a regular file of this user that only it can write "
-                                               f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})")
-        return handle.read()
-
-
-def _write_temp(path: Path, text: str) -> str:
-    """`text` in a new 0600 file beside `path` with a unique name (O_EXCL: never an existing file or link)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return tmp
-
-
-def _write_private(path: Path, text: str) -> None:
-    tmp = _write_temp(path, text)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    return read_private(path).decode("utf-8")
 
 
 def save_state(state_dir: Path, state: Deployment) -> None:
-    _write_private(state_dir / STATE_FILE, json.dumps(to_data(state), indent=2) + "\n")
+    write_private(state_dir / STATE_FILE, json.dumps(to_data(state), indent=2) + "\n")
 
 
 def load_state(state_dir: Path) -> Deployment | None:
@@ -223,7 +190,7 @@ def ray_token(state_dir: Path, configured: str, create: bool = False) -> str:
             return ""
     except OSError as exc:
         raise StateUnreadable(f"{path}: cannot read it ({exc.strerror})") from None
-    tmp = _write_temp(path, secrets.token_hex(32) + "\n")
+    tmp = write_temp(path, secrets.token_hex(32) + "\n")
     try:
         os.link(tmp, path)
     except FileExistsError:
