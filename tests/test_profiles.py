@@ -179,5 +179,8 @@ def test_docs_put_every_recipe_flag_side_by_side():
     profile = DEEPSEEK_V4_FLASH
     for item in (*profile.switches, *profile.preferences, profile.speculative):
         assert f"| `{item.flag}" in docs, item.flag
+    for var in profile.env:
+        assert f"| `{var.name}=" in docs, var.name
+    assert "| `--max-cudagraph-capture-size" in docs and "draft_sample_method" in docs
     for default in profile.settings:
         assert default.value in docs and f"`{default.setting}`" in docs, default.setting
