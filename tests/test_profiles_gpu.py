@@ -8,7 +8,9 @@ import json
 
 import pytest
 
-from dspark_launch.cluster.node_tasks import gpu_query, proc_driver_version
+from dspark_launch.cluster.node_tasks import gpu_query, proc_driver_version, version_row
+from dspark_launch.cluster.protocol import VersionRow
+from dspark_launch.cluster.versions import differing_rows
 from dspark_launch.config.settings import resolve as load_settings
 from dspark_launch.errors import EXIT_BAD_CONFIG, ConfigError
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, TINY_TEST
@@ -67,6 +69,14 @@ def test_the_version_row_reads_capability_and_driver_without_torch():
     assert proc_driver_version("NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  580.95.05  Release "
                                "Build  (dvs-builder@U16-I3-B03-4-3)") == "580.95.05"
     assert proc_driver_version("nothing here") is None
+
+
+def test_nodes_on_different_gpus_or_nccl_differ_in_the_version_matrix():
+    rows = {"head": VersionRow(compute_capability="12.1", nccl="2.27.7 (nvidia-nccl-cu13)"),
+            "worker1": VersionRow(compute_capability="10.0", nccl="2.30.4 (nvidia-nccl-cu13)")}
+    assert differing_rows(rows) == ["compute_capability", "nccl"]
+    row = version_row()  # this CPU machine: no GPU, no NCCL wheel beside torch+cpu
+    assert row.compute_capability is None and row.nccl is None
 
 
 def test_the_installed_032_judges_deepseek_v4_kv_per_capability(installed):
