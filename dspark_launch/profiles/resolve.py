@@ -195,8 +195,8 @@ class _Resolution:
             return None
         return f"for compute capability {' or '.join(gpus)}; the nodes have {self.gpu.basis}"
 
-    def gpu_clause(self, gpus: tuple[str, ...], judged: bool = False) -> str:
-        if not gpus and not judged:
+    def gpu_clause(self, gpus: tuple[str, ...]) -> str:
+        if not gpus:
             return ""
         return f"judged for {self.gpu.basis}" if self.gpu.known else f"not judged for a GPU: {self.gpu.basis}"
 
@@ -250,6 +250,9 @@ class _Resolution:
         off = self.off_gpu(pref.gpus)
         if off:
             self.omit(pref.flag, f"{', '.join(pref.values)}: {off}{source}")
+            return
+        if flag is None and not pref.required:
+            self.omit(pref.flag, f"the installed vLLM {self.version} has no {pref.flag} ({pref.builds}){source}")
             return
         skipped: list[str] = []
         value = None
