@@ -72,6 +72,11 @@ def _report_started(spec, result) -> None:
     print(f"serving {server.model} as {server.served_name} at {server.url}/v1")
     print(f"KV cache: {server.kv_cache_tokens or 'unknown'} tokens; "
           f"in-flight prefill cap: {server.scheduler_cap} (from DSPARK_MAX_INFLIGHT_PREFILLS)")
+    answer = result.first_answer
+    if answer is not None:
+        kind = "chat completion" if result.plan.chat else "completion"
+        retried = f", {answer.waited_s:.1f} s after the first request" if answer.attempts > 1 else ""
+        print(f"first answer: a one-token {kind} in {answer.latency_s:.1f} s (attempt {answer.attempts}{retried})")
     for name, report in result.hotfix.items():
         print(hotfix_line(name, report))
     hint = dashboard_hint(spec)
