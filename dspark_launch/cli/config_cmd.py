@@ -37,7 +37,7 @@ def show(
     entries = list(settings.entries.values())
     if as_json:
         emit_json({
-            "env_file": str(settings.env_file),
+            "env_file": None if settings.env_file is None else str(settings.env_file),
             "from_example": settings.from_example,
             "settings": [
                 {"name": e.name, "value": e.shown, "source": e.source, "group": e.group,
@@ -47,7 +47,7 @@ def show(
             "warnings": list(settings.warnings),
         })
         return
-    print(f"env file: {settings.env_file}{'  (example)' if settings.from_example else ''}")
+    print(f"env file: {settings.env_file_shown}{'  (example)' if settings.from_example else ''}")
     for group in dict.fromkeys(e.group for e in entries):
         rows = [(e.name, e.shown or '""', e.source, "; ".join(e.notes)) for e in entries if e.group == group]
         print(f"\n[{group}]")
@@ -61,7 +61,7 @@ def check(
 ) -> None:
     """Exit 0 when the configuration is valid, 2 when it is not."""
     settings = load_settings(env_file, strict=strict)
-    print(f"configuration OK: {len(settings.entries)} settings, env file {settings.env_file}")
+    print(f"configuration OK: {len(settings.entries)} settings, env file {settings.env_file_shown}")
 
 
 @app.command()

@@ -319,5 +319,9 @@ def systemd_unit(
         raise fail(ConfigError(f"--user={chosen!r} ({source}): allowed: {exc}")) from None
     exe = shutil.which("dspark")
     launcher = [exe] if exe else [sys.executable, "-m", "dspark_launch"]
-    env = Path(env_file or resolve().env_file).resolve()
+    chosen_file = env_file or resolve().env_file
+    if chosen_file is None:
+        raise fail(ConfigError("no env file for the unit (no --env-file, DSPARK_ENV_FILE or ./.env.dspark); "
+                               "allowed: --env-file PATH, or run `dspark config init`"))
+    env = Path(chosen_file).resolve()
     print(unit_text(launcher, env, chosen))
