@@ -349,6 +349,25 @@ def test_systemd_unit_with_spaces_verifies(tmp_path):
     assert "dspark.service" not in verify.stderr, verify.stderr
 
 
+def test_systemd_unit_refuses_control_characters_in_every_path(tmp_path):
+    evil = tmp_path / "x\nExecStartPre=/path/evil\nX="  # folders "x\nExecStartPre=", "path", "evil\nX="
+    evil.mkdir(parents=True)
+    env = evil / ".env.dspark"
+    env.write_text("")
+    proc = run_dspark(["systemd-unit", "--env-file", str(env), "--user", "root"])
+    assert proc.returncode == 2 and "env file's path" in one_error_line(proc) and "U+000A" in proc.stderr
+    assert "ExecStartPre" not in proc.stdout and proc.stdout == ""
+    bin_dir = tmp_path / "bin\rExecStartPre=evil"
+    bin_dir.mkdir()
+    launcher = bin_dir / "dspark"
+    launcher.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m dspark_launch \"$@\"\n")
+    launcher.chmod(0o755)
+    good_env = tmp_path / "e.env"
+    good_env.write_text("")
+    proc = run_dspark(["systemd-unit", "--env-file", str(good_env)], env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert proc.returncode == 2 and "launcher's path" in one_error_line(proc) and proc.stdout == ""
+
+
 def test_systemd_unit_user_defaults_to_you_and_is_checked(tmp_path):
     env = tmp_path / "e.env"
     env.write_text("")

@@ -324,4 +324,7 @@ def systemd_unit(
         raise fail(ConfigError("no env file for the unit (no --env-file, DSPARK_ENV_FILE or ./.env.dspark); "
                                "allowed: --env-file PATH, or run `dspark config init`"))
     env = Path(chosen_file).resolve()
-    print(unit_text(launcher, env, chosen))
+    try:
+        print(unit_text(launcher, env, chosen))
+    except ConfigError as exc:
+        raise fail(exc) from None
