@@ -26,6 +26,10 @@ from dspark_launch.cluster.fabric import FabricEnv, FabricRequest  # stdlib-only
 from dspark_launch.profiles.offer import VllmOffer  # stdlib-only values
 
 PROTOCOL_VERSION = 2  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
+# The longest line either side reads (the launcher refuses a longer agent reply line: one clear error, the
+# agent killed); a log is read in chunks whose JSON (at most 6 bytes a character, `\u001b`) stays below it.
+MAX_LINE = 1 << 20
+READ_CHUNK = MAX_LINE // 8
 
 
 # --- values shared by several operations ---------------------------------------------------------
