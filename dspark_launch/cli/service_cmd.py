@@ -197,7 +197,7 @@ def status(
                 say(f"  profile {s.profile}:")
             for line in s.decisions:
                 say(f"    {line}")
-        for warning in view.fabric_warnings:
+        for warning in (*view.fabric_warnings, *view.warnings):
             say(f"warning: {warning}")
         for problem in view.problems:
             say(f"problem: {problem}")

@@ -34,8 +34,11 @@ from dspark_launch.errors import ConfigError, DsparkError
 RUNTIMES = ("docker", "podman")  # DSPARK_RUNTIME besides "host"
 OWNER_LABEL = "dspark.owner"
 # Test-only: replaces the GPU/RDMA arguments below (no GPU, no CAP_SYS_RESOURCE in CI).
-# Read from the launcher's process environment only, never from an env file.
+# Read from the launcher's process environment only, never from an env file, and honoured only
+# where the test platform is installed and switched on (TEST_PLATFORM_VAR=1): see test_hook_allowed.
 TEST_GPU_ARGS_VAR = "DSPARK_TEST_CONTAINER_GPU_ARGS"
+TEST_PLATFORM_VAR = "DSPARK_TEST_RAY_CPU_PLATFORM"  # switches tests/vllm_ray_cpu_plugin on
+TEST_PLATFORM_MODULE = "dspark_ray_cpu_platform"
 GPU_ARGS = {
     "docker": ("--gpus", "all"),  # NVIDIA Container Toolkit's runtime hook
     "podman": ("--device", "nvidia.com/gpu=all"),  # CDI spec from `nvidia-ctk cdi generate`
@@ -103,10 +106,21 @@ def container_name(marker: str) -> str:
 
 
 def hardware_args(runtime: str, environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
-    """GPU, RDMA and memlock arguments for `runtime`; the test hook replaces them all when set."""
+    """GPU, RDMA and memlock arguments for `runtime`; the test hook replaces them all when set (and allowed)."""
     if TEST_GPU_ARGS_VAR in environ:
+        test_hook_allowed(environ)
         return tuple(shlex.split(environ[TEST_GPU_ARGS_VAR]))
     return GPU_ARGS[runtime] + RDMA_ARGS
+
+
+def test_hook_allowed(environ: Mapping[str, str]) -> None:
+    """The test hook passes raw `run` arguments past the DSPARK_CONTAINER_ARGS refusals: only on the
+    test platform (its plugin installed and switched on); anywhere else it is exit 2, never ignored."""
+    import importlib.util
+
+    if environ.get(TEST_PLATFORM_VAR) != "1" or importlib.util.find_spec(TEST_PLATFORM_MODULE) is None:
+        raise ConfigError(f"{TEST_GPU_ARGS_VAR} from the environment is a test hook; allowed: only on the test "
+                          f"platform ({TEST_PLATFORM_VAR}=1 with tests/vllm_ray_cpu_plugin installed); unset it")
 
 
 def _mount_targets(words: Sequence[str]) -> list[str]:

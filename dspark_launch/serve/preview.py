@@ -80,5 +80,6 @@ def build_plan(settings: Settings, reporter: Reporter) -> Plan:
     nodes = [replace(n, memory=by_node.get(n.node)) for n in nodes]
     warnings = [w for n in nodes for w in n.warnings]
     warnings += [f"memory: {f.line}: start refuses this without --force" for f in found_memory.findings if not f.fits]
+    warnings += image_warnings(settings)
     return Plan(resolved.profile, resolved.vllm_version, settings.env_file_shown, settings.from_example,
                 profile_decisions(resolved), tuple(nodes), found_memory, tuple(warnings))
