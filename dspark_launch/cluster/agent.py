@@ -256,16 +256,15 @@ STOPPED_KEEP_S = 86400
 
 
 def _stopped_mark(marker: str) -> Path | None:
-    from dspark_launch.cluster.ray_dirs import private_root
-    from dspark_launch.cluster.safe_path import PRIVATE, UnsafePath, make_dir
+    from dspark_launch.cluster.ray_dirs import make_private_root
+    from dspark_launch.cluster.safe_path import UnsafePath
 
     if not _MARKER.fullmatch(marker):
         return None
     try:
-        make_dir(private_root(), PRIVATE)
+        return make_private_root() / f"stopped-{marker}"
     except (UnsafePath, OSError):
         return None
-    return private_root() / f"stopped-{marker}"
 
 
 def _mark_stopped(marker: str) -> None:
