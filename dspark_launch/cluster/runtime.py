@@ -24,6 +24,7 @@ import re
 import shlex
 import tarfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping, Sequence
 
 from dspark_launch.cluster.container_transport import AGENT_MOUNT, ContainerTransport, HostShell
@@ -248,29 +249,52 @@ def up(host: HostShell, spec: ContainerSpec, timeout: float = 120) -> ContainerS
     return state
 
 
-def ship_package(host: HostShell, package_dir: str, dest_root: str, timeout: float = 60) -> str:
-    """Copy the launcher's package folder to `dest_root` on the node's host; returns the copy's path.
-
-    The copy's folder is named by a hash of its content, so a node never mounts a
-    half-written or older copy: it is unpacked beside and renamed into place, and an
-    existing copy of the same content is reused. The result is `agent_package` for that node.
-    """
+def package_archive(package_dir: str) -> tuple[bytes, dict[str, str]]:
+    """The package as a gzipped tar (no caches) and {path: sha256} of every file in it."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         tar.add(package_dir, arcname="dspark_launch",
                 filter=lambda info: None if "__pycache__" in info.name or info.name.endswith(".pyc") else info)
-    digest = hashlib.sha256(buffer.getvalue()).hexdigest()[:16]
-    payload = gzip.compress(buffer.getvalue(), mtime=0)
-    final = f"{dest_root.rstrip('/')}/agent-{digest}"
-    # A fixed script; the paths arrive as its arguments, the archive on stdin (base64: text channel).
-    script = ('set -e; [ -d "$2/dspark_launch" ] && exit 0; mkdir -p -m 700 "$1"; tmp=$(mktemp -d "$2.XXXXXX"); '
-              'base64 -d | tar -xz -C "$tmp"; mv -T "$tmp" "$2" 2>/dev/null || rm -rf "$tmp"')
-    proc = host.run(["sh", "-c", script, "sh", dest_root, final], timeout=timeout,
-                    input=base64.b64encode(payload).decode())
+    hashes: dict[str, str] = {}
+    with tarfile.open(fileobj=io.BytesIO(buffer.getvalue())) as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                hashes[member.name] = hashlib.sha256(tar.extractfile(member).read()).hexdigest()
+    return gzip.compress(buffer.getvalue(), mtime=0), hashes
+
+
+def _ship_program() -> str:
+    """safe_path's source (host mode's folder rules), then agent_copy_host's: run by the host's python3."""
+    from dspark_launch.cluster import agent_copy_host, safe_path
+
+    return "\n".join(Path(module.__file__).read_text(encoding="utf-8") for module in (safe_path, agent_copy_host))
+
+
+def ship_package(host: HostShell, package_dir: str, dest_root: str, timeout: float = 60) -> str:
+    """Copy the launcher's package folder into the worker's state folder `dest_root` on its host; returns
+    the copy's path (the node's `agent_package`).
+
+    Before anything is written the state folder is checked as host mode's pre-flight does (made 0700, or
+    a real folder of this user that group and others cannot write, under folders only root or this user
+    can replace): a refusal is exit 1 naming it, nothing shipped or started. The copy's folder is named
+    by a hash of the content, but the name is never trusted: an existing copy is used only when every
+    file's sha256 matches and nothing else is there (else it is removed and shipped again), and a new
+    one is unpacked beside and checked before it is renamed into place (cluster/agent_copy_host.py).
+    """
+    from dspark_launch.cluster import agent_copy_host
+
+    payload, hashes = package_archive(package_dir)
+    digest = hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()[:16]
+    stdin = json.dumps(hashes) + "\n" + base64.b64encode(payload).decode()
+    proc = host.run(["python3", "-c", _ship_program(), dest_root, digest], timeout=timeout, input=stdin)
+    detail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+    if proc.returncode == agent_copy_host.UNSAFE_EXIT:
+        raise ContainerError(f"{host.description}: {detail}; refusing to ship the launcher's package there, "
+                             "nothing was started (remove it if nobody should have put it there)")
     if proc.returncode != 0:
-        detail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        raise ContainerError(f"{host.description}: copying the launcher's package failed: {detail}")
-    return f"{final}/dspark_launch"
+        raise ContainerError(f"{host.description}: copying the launcher's package failed (python3 on the "
+                             f"node's host): {detail}")
+    return f"{proc.stdout.strip().splitlines()[-1]}/dspark_launch"
 
 
 def transport(host: HostShell, spec: ContainerSpec) -> ContainerTransport:
