@@ -53,6 +53,13 @@ def test_a_planted_copy_with_a_modified_file_is_never_used(tmp_path, package):
     assert [p.name for p in state.iterdir()] == [shipped.parent.name]  # nothing left beside it
 
 
+def test_the_checkout_package_ships_with_its_link_stored_as_a_file(tmp_path):
+    assert (PACKAGE / "config" / "env.dspark.example").is_symlink()  # a link out of the package, in a checkout
+    shipped = Path(ship_package(LocalHost(), str(PACKAGE), str(tmp_path / "state")))
+    example = shipped / "config" / "env.dspark.example"
+    assert not example.is_symlink() and example.read_bytes() == (REPO / ".env.dspark.example").read_bytes()
+
+
 def test_a_copy_is_named_by_its_content(tmp_path, package):
     state = tmp_path / "state"
     first = ship_package(LocalHost(), str(package), str(state))

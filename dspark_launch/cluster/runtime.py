@@ -250,9 +250,10 @@ def up(host: HostShell, spec: ContainerSpec, timeout: float = 120) -> ContainerS
 
 
 def package_archive(package_dir: str) -> tuple[bytes, dict[str, str]]:
-    """The package as a gzipped tar (no caches) and {path: sha256} of every file in it."""
+    """The package as a gzipped tar (no caches; a link stored as the file it names) and {path: sha256}
+    of every file in it."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
+    with tarfile.open(fileobj=buffer, mode="w", dereference=True) as tar:
         tar.add(package_dir, arcname="dspark_launch",
                 filter=lambda info: None if "__pycache__" in info.name or info.name.endswith(".pyc") else info)
     hashes: dict[str, str] = {}
