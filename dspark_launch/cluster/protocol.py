@@ -25,7 +25,8 @@ from dspark_launch.model.node_check import DiskSpace, VerifyReport
 from dspark_launch.cluster.fabric import FabricEnv, FabricRequest  # stdlib-only values
 from dspark_launch.profiles.offer import VllmOffer  # stdlib-only values
 
-PROTOCOL_VERSION = 2  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
+PROTOCOL_VERSION = 3  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
+# 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
 # The longest line either side reads (the launcher refuses a longer agent reply line: one clear error, the
 # agent killed); a log is read in chunks whose JSON (at most 6 bytes a character, `\u001b`) stays below it.
 MAX_LINE = 1 << 20
@@ -288,6 +289,8 @@ class VersionRow:
     torch: str | None = None
     cuda: str | None = None
     driver: str | None = None
+    compute_capability: str | None = None  # the GPU's, "12.1" on a GB10 (nvidia-smi); None without a GPU
+    nccl: str | None = None  # the NCCL wheel torch and vLLM load ("2.27.7 (nvidia-nccl-cu13)"); None when absent
     dspark_launch: str | None = None
     scheduler_sha256: str | None = None
     hostname: str | None = None  # shown, not compared
