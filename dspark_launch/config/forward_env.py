@@ -31,7 +31,7 @@ REFUSED_NAMES: tuple[tuple[str, str], ...] = (
     (r"NCCL_IB_.*|NCCL_NET|NCCL_(SOCKET|GLOO|TP)_IFNAME|(GLOO|TP)_SOCKET_IFNAME|NCCL_CROSS_NIC|NCCL_CUMEM_ENABLE"
      r"|NCCL_IGNORE_CPU_AFFINITY|RAY_MEMORY_MONITOR_REFRESH_MS|RAY_CGRAPH_GET_TIMEOUT|RAY_USAGE_STATS_ENABLED"
      r"|RAY_ENABLE_METRICS_COLLECTION|HF_HUB_OFFLINE|HF_HUB_CACHE|VLLM_CONFIG_ROOT|VLLM_NO_USAGE_STATS"
-     r"|VLLM_ALLOW_LONG_MAX_MODEL_LEN|VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS|DSPARK_(?!TEST_).*",
+     r"|DSPARK_(?!TEST_).*",
      "a variable the launcher sets itself on every node (set it through its setting)"),
     (r".*PLUGIN.*|NCCL_CONF_FILE|CUDA_INJECTION64_PATH|CUDA_HOME|CUDA_PATH|TRITON_.*|TORCHINDUCTOR_.*"
      r"|TORCH_EXTENSIONS_DIR|.*CACHE(_DIR|_PATH|_ROOT|_HOME)?|HF_HOME|XDG_.*",
@@ -43,10 +43,22 @@ REFUSED_NAMES: tuple[tuple[str, str], ...] = (
 _COMPILED = tuple((re.compile(pattern, re.ASCII), why) for pattern, why in REFUSED_NAMES)
 
 
+PROFILE_ENV_WHY = "a variable a model profile sets (change it with DSPARK_PROFILE_ENV)"
+
+
+def profile_env_names() -> frozenset[str]:
+    """Every variable a model profile sets on the nodes (profiles/catalog.py, import-free data)."""
+    from dspark_launch.profiles.catalog import PROFILES
+
+    return frozenset(var.name for profile in PROFILES for var in profile.env)
+
+
 def refusal(name: str) -> str | None:
     """Why `name` may not be forwarded, or None."""
     if looks_secret(name):
         return "it looks like a secret (key, token, password, credential)"
+    if name in profile_env_names():
+        return PROFILE_ENV_WHY
     upper = name.upper()
     for pattern, why in _COMPILED:
         if pattern.fullmatch(upper):
