@@ -62,9 +62,13 @@ def test_production_run_command_has_what_gpu_serving_needs():
     assert "--device nvidia.com/gpu=all" in podman and "--gpus" not in podman
 
 
+TEST_PLATFORM = {"DSPARK_TEST_RAY_CPU_PLATFORM": "1"}  # the test platform's own switch (its plugin is installed here)
+
+
 def test_the_test_hook_replaces_only_the_hardware_arguments():
-    assert hardware_args("podman", {"DSPARK_TEST_CONTAINER_GPU_ARGS": ""}) == ()
-    argv = run_argv(_spec(hardware_args=hardware_args("podman", {"DSPARK_TEST_CONTAINER_GPU_ARGS": "--device /dev/null"})))
+    assert hardware_args("podman", {**TEST_PLATFORM, "DSPARK_TEST_CONTAINER_GPU_ARGS": ""}) == ()
+    argv = run_argv(_spec(hardware_args=hardware_args("podman", {**TEST_PLATFORM,
+                                                                 "DSPARK_TEST_CONTAINER_GPU_ARGS": "--device /dev/null"})))
     assert "nvidia.com/gpu=all" not in argv and "/dev/infiniband" not in argv and "memlock=-1:-1" not in argv
     assert "--device" in argv and "/dev/null" in argv and "--network" in argv
 
@@ -101,3 +105,34 @@ def test_image_equality_check():
     with pytest.raises(ImageMismatch, match="not on worker1") as info:
         check_same_image([same[0], ImageIdentity("worker1", "img", "")])
     assert info.value.exit_code == 1
+
+
+def test_the_test_hook_is_refused_outside_the_test_platform(monkeypatch):
+    for environ in ({"DSPARK_TEST_CONTAINER_GPU_ARGS": "--privileged"},
+                    {"DSPARK_TEST_CONTAINER_GPU_ARGS": "", "DSPARK_TEST_RAY_CPU_PLATFORM": "0"}):
+        with pytest.raises(ConfigError, match="DSPARK_TEST_CONTAINER_GPU_ARGS from the environment is a test hook"):
+            hardware_args("podman", environ)
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "dspark_ray_cpu_platform" else real_find_spec(name, *a))
+    with pytest.raises(ConfigError, match="test hook"):  # switched on, but the plugin is not installed
+        hardware_args("podman", {**TEST_PLATFORM, "DSPARK_TEST_CONTAINER_GPU_ARGS": ""})
+
+
+def test_plan_and_status_warn_when_the_image_is_a_tag(clean_environ):
+    from dspark_launch.cluster.codec import to_data
+    from dspark_launch.config.settings import resolve
+    from dspark_launch.serve.service import ServerView, ServiceStatus, image_warnings
+
+    def warnings(**values):
+        return image_warnings(resolve(env_file="/dev/null", environ={**clean_environ, **values}))
+
+    tagged = warnings(DSPARK_RUNTIME="podman", DSPARK_IMAGE="nvcr.io/nvidia/vllm:25.11-py3")
+    assert len(tagged) == 1 and "DSPARK_IMAGE=nvcr.io/nvidia/vllm:25.11-py3 (environment) is a tag" in tagged[0]
+    assert warnings(DSPARK_RUNTIME="docker", DSPARK_IMAGE="nvcr.io/nvidia/vllm") != ()
+    assert warnings(DSPARK_RUNTIME="podman", DSPARK_IMAGE=f"nvcr.io/nvidia/vllm:25.11-py3@{DIGEST_A}") == ()
+    assert warnings(DSPARK_RUNTIME="host", DSPARK_IMAGE="nvcr.io/nvidia/vllm:25.11-py3") == ()
+    view = ServiceStatus("down", "", None, None, 0.0, (), (), ServerView("down"), (), tagged)
+    assert to_data(view)["warnings"] == list(tagged)

@@ -27,6 +27,10 @@ from dspark_launch.profiles.offer import VllmOffer  # stdlib-only values
 
 PROTOCOL_VERSION = 3  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
 # 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
+# The longest line either side reads (the launcher refuses a longer agent reply line: one clear error, the
+# agent killed); a log is read in chunks whose JSON (at most 6 bytes a character, `\u001b`) stays below it.
+MAX_LINE = 1 << 20
+READ_CHUNK = MAX_LINE // 8
 
 
 # --- values shared by several operations ---------------------------------------------------------

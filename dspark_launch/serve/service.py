@@ -394,6 +394,7 @@ class ServiceStatus:
     nodes: tuple[lifecycle.NodeView, ...]
     server: ServerView
     fabric_warnings: tuple[str, ...] = ()  # per node at start, e.g. NCCL falls back to TCP
+    warnings: tuple[str, ...] = ()  # about the settings now, e.g. an image named by a tag
 
 
 def drift(started_with: dict[str, str], now: dict[str, str]) -> tuple[Drift, ...]:
@@ -446,4 +447,14 @@ def status(settings: Settings, spec: ClusterSpec) -> ServiceStatus:
     overall = "degraded" if server and data.state == "up" and view.state != "up" else data.state
     return ServiceStatus(overall, data.ray_address, data.config_digest, data.started_at, data.checked_at,
                          tuple(problems), data.nodes, view,
-                         tuple(w for record in (state.nodes if state else ()) for w in record.fabric_warnings))
+                         tuple(w for record in (state.nodes if state else ()) for w in record.fabric_warnings),
+                         image_warnings(settings))
+
+
+def image_warnings(settings: Settings) -> tuple[str, ...]:
+    """`plan` and `status`: the container image should be pinned by digest."""
+    from dspark_launch.config.container_args import unpinned_image_warning
+
+    entry = settings.entries["DSPARK_IMAGE"]
+    line = unpinned_image_warning(settings["DSPARK_RUNTIME"], entry.value, entry.source)
+    return (line,) if line else ()
