@@ -95,7 +95,10 @@ def wanted_model(settings, environ: Mapping[str, str] | None = None) -> WantedMo
     streams = settings.int("DSPARK_MODEL_COPY_STREAMS")
     if is_local_folder(model):
         return WantedModel(model, "", None, streams)
-    return WantedModel(model, revision, hub_source(model, revision, settings["DSPARK_MODEL_CACHE"], environ), streams)
+    source = hub_source(model, revision, settings["DSPARK_MODEL_CACHE"], environ,
+                        token_to_endpoint=settings.int("DSPARK_HUB_TOKEN_TO_ENDPOINT") == 1,
+                        proxy=settings.int("DSPARK_HUB_PROXY") == 1)
+    return WantedModel(model, revision, source, streams)
 
 
 def node_ops(spec, reporter=None) -> list[AgentModelOps]:
