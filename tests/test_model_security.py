@@ -275,3 +275,126 @@ def test_the_pull_ignores_proxy_variables_unless_opted_in(tmp_path, proxy):
         assert any(h.get("authorization") == "Bearer hf_guard" for h in proxy.seen)
         seen = len(proxy.seen)
         assert list_model(src).commit == repo.commit and len(proxy.seen) == seen  # direct again
+
+
+# --- point 6: model folders and caches trusted only when only the serving user (or root) writes them ----
+
+NOBODY = 65534
+
+
+def _fast_check(folder: Path, stamp: str, caches: tuple[str, ...] = ()):
+    from dspark_launch.model.agent_ops import model_fast_check
+
+    return model_fast_check(p.ModelFastCheck(str(folder), stamp, caches), lambda progress: None)
+
+
+def _refused(folder: Path, stamp: str, caches: tuple[str, ...] = ()) -> str:
+    with pytest.raises(p.OperationFailed) as info:
+        _fast_check(folder, stamp, caches)
+    return info.value.failure.detail
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+
+
+@pytest.fixture
+def placed(tmp_path):
+    folder = write_tiny_model(tmp_path / "models" / "m")
+    for path in [tmp_path / "models", *folder.rglob("*"), folder]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    _, manifest = prepare_local(str(folder))
+    assert _fast_check(folder, manifest.stamp).ok
+    return folder, manifest
+
+
+@needs_root
+def test_a_model_file_of_another_user_is_refused_at_start(placed):
+    folder, manifest = placed
+    os.chown(folder / "tokenizer_config.json", NOBODY, NOBODY)
+    detail = _refused(folder, manifest.stamp)
+    assert f"{folder / 'tokenizer_config.json'} is owned by uid {NOBODY}" in detail and "\n" not in detail
+
+
+@pytest.mark.parametrize("where", ["folder", "file", "subfolder"])
+def test_a_model_folder_or_file_others_can_write_is_refused(placed, where):
+    folder, manifest = placed
+    target = {"folder": folder, "file": folder / "config.json", "subfolder": folder / "sub"}[where]
+    if where == "subfolder":
+        target.mkdir(mode=0o755)
+    target.chmod(0o777 if where != "file" else 0o666)
+    assert "group or others can write it" in _refused(folder, manifest.stamp)
+
+
+def test_a_link_out_of_the_model_folder_is_refused_at_start(placed, tmp_path):
+    folder, manifest = placed
+    (tmp_path / "evil.py").write_text("import os\n")
+    (folder / "modeling_extra.py").symlink_to(tmp_path / "evil.py")
+    assert "outside" in _refused(folder, manifest.stamp)
+
+
+def test_a_hub_cache_others_can_write_is_refused(hub, tmp_path):
+    src = source(hub, tmp_path)
+    pulled = pull(src, list_model(src))
+    assert _fast_check(Path(pulled.location.folder), pulled.manifest.stamp).ok
+    (tmp_path / "cache").chmod(0o777)  # DSPARK_MODEL_CACHE: anyone could plant a repo folder there
+    assert f"model cache {tmp_path / 'cache'} has mode 0777" in _refused(Path(pulled.location.folder),
+                                                                         pulled.manifest.stamp)
+
+
+@needs_root
+def test_the_container_model_cache_is_checked_too(placed, tmp_path):
+    folder, manifest = placed
+    cache = tmp_path / "hf-home"
+    cache.mkdir(mode=0o755)
+    assert _fast_check(folder, manifest.stamp, (str(cache),)).ok
+    os.chown(cache, NOBODY, NOBODY)
+    assert f"model cache {cache} is owned by uid {NOBODY}" in _refused(folder, manifest.stamp, (str(cache),))
+
+
+@needs_root
+def test_in_a_launcher_container_the_state_folders_owner_may_own_the_model(placed, tmp_path, monkeypatch):
+    """A root agent in a rootful container: the operator's folders are theirs on the host (safe_path.log_owner)."""
+    from dspark_launch.cluster.safe_path import CONTAINER_STATE_VAR
+
+    folder, manifest = placed
+    for path in [folder, *folder.rglob("*")]:
+        os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    os.chown(state, NOBODY, NOBODY)
+    assert "is owned by uid" in _refused(folder, manifest.stamp)
+    monkeypatch.setenv(CONTAINER_STATE_VAR, str(state))
+    assert _fast_check(folder, manifest.stamp).ok
+
+
+def test_the_start_check_hashes_code_config_and_tokenizer(placed):
+    """Same size, other bytes (a Python module or config swapped in): found at every start, while a
+    shard's bytes are only sized there (`dspark model verify` hashes them)."""
+    from dspark_launch.model.node_check import CORRUPT
+
+    folder, manifest = placed
+    config = folder / "config.json"
+    text = config.read_text()
+    config.write_text(text.replace("64", "65"))
+    report = _fast_check(folder, manifest.stamp)
+    assert [(q.path, q.kind) for q in report.problems] == [("config.json", CORRUPT)]
+    assert report.bytes_checked == sum(f.size for f in manifest.files if not f.path.endswith(".safetensors"))
+
+
+@needs_root
+def test_the_copy_belongs_to_the_receiving_user_and_nobody_else_can_write_it(tmp_path):
+    """The real rsync options (local to local, as root): the head's file of another user, group-writable,
+    arrives as the receiver's, without group/other write (rsync -a alone kept uid 65534 and mode 0664)."""
+    from dspark_launch.model.copy import SSHTarget, rsync_argv
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    os.chown(src / "config.json", NOBODY, NOBODY)
+    (src / "config.json").chmod(0o664)
+    (tmp_path / "list").write_text("config.json\n")
+    argv = rsync_argv(SSHTarget("10.0.0.2"), str(src), str(tmp_path / "list"), force=False)
+    local = argv[:argv.index("-e")] + ["--", f"{src}/", f"{dst}/"]
+    subprocess.run(local, check=True, capture_output=True)
+    st = (dst / "config.json").stat()
+    assert (st.st_uid, st.st_gid) == (os.geteuid(), os.getegid()) and not st.st_mode & 0o022

@@ -15,6 +15,8 @@ from .paths import check_all_inside, open_regular, read_bounded
 MISSING, PARTIAL, OVERSIZED, CORRUPT, STALE = "missing", "partial", "oversized", "corrupt", "stale"
 SPECIAL = "special"  # not a regular file (a FIFO, a device): never read
 _CHUNK = 8 << 20
+# Pure tensor files (no code, no pickle): sized at every start, hashed by `dspark model verify`.
+TENSOR_ONLY = (".safetensors", ".gguf")
 
 
 @dataclass(frozen=True)
@@ -116,11 +118,17 @@ def verify_model(folder: str, manifest: Manifest, full: bool = True, workers: in
 
 def fast_check(folder: str, expected_stamp: str) -> VerifyReport:
     """The pre-start check: this node's manifest has `expected_stamp` (it was verified here after the
-    pull or copy) and every file it lists has its size. Stats only, no reads of the weights."""
+    pull or copy), every file it lists has its size, and every file but the tensor shards (the code,
+    configs and tokenizer vLLM runs and reads: small) has its sha256. No reads of the weights."""
     local = read_manifest(Path(folder))
     if local is None or local.stamp != expected_stamp:
         return VerifyReport(str(folder), False, 0, 0, (FileProblem(MANIFEST_NAME, STALE, 0, -1),))
-    return verify_model(folder, local, full=False)
+    sizes = verify_model(folder, local, full=False)
+    if not sizes.ok:
+        return sizes
+    small = [f for f in local.files if f.sha256 and not f.path.endswith(TENSOR_ONLY)]
+    problems = tuple(p for p in (_hash_problem(Path(folder), f) for f in small) if p)
+    return VerifyReport(str(folder), False, len(local.files), sum(f.size for f in small), problems)
 
 
 def free_space(path: str) -> DiskSpace:

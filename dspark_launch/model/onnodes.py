@@ -29,15 +29,16 @@ class AgentModelOps:
 
     name: str
     agent: object  # cluster.client.NodeAgent
+    caches: tuple[str, ...] = ()  # checked there with the model folder (DSPARK_CONTAINER_MODEL_CACHE)
 
     def free_space(self, path: str) -> DiskSpace:
         return self.agent.model_free_space(path)
 
     def verify(self, folder: str, manifest: Manifest, full: bool) -> VerifyReport:
-        return self.agent.model_verify(folder, manifest, full)
+        return self.agent.model_verify(folder, manifest, full, self.caches)
 
     def fast_check(self, folder: str, stamp: str) -> VerifyReport:
-        return self.agent.model_fast_check(folder, stamp)
+        return self.agent.model_fast_check(folder, stamp, self.caches)
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,8 @@ def wanted_model(settings, environ: Mapping[str, str] | None = None) -> WantedMo
 
 
 def node_ops(spec, reporter=None) -> list[AgentModelOps]:
-    return [AgentModelOps(node.label, node.agent(reporter)) for node in spec.nodes]
+    caches = (spec.containers.model_cache,) if spec.containers and spec.containers.model_cache else ()
+    return [AgentModelOps(node.label, node.agent(reporter), caches) for node in spec.nodes]
 
 
 def _workers(spec, ops: list[AgentModelOps]) -> list[Worker]:
