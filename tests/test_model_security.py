@@ -398,3 +398,24 @@ def test_the_copy_belongs_to_the_receiving_user_and_nobody_else_can_write_it(tmp
     subprocess.run(local, check=True, capture_output=True)
     st = (dst / "config.json").stat()
     assert (st.st_uid, st.st_gid) == (os.geteuid(), os.getegid()) and not st.st_mode & 0o022
+
+
+@pytest.mark.parametrize("sha", ["../../../x", "/etc", "abc", ""])
+def test_a_commit_that_is_not_a_folder_name_is_refused(hub, tmp_path, sha):
+    """The hub's commit names the snapshot folder the manifest is written into."""
+    hub.repo = type(hub.repo)(hub.repo.repo_id, sha, hub.repo.files)
+    with pytest.raises(ModelError, match="40 hex digits"):
+        list_model(source(hub, tmp_path))
+
+
+def test_a_ref_that_is_not_a_folder_name_finds_no_pulled_model(hub, tmp_path):
+    from dspark_launch.model.workflow import pulled_model
+
+    src = source(hub, tmp_path, revision="main")
+    pulled = pull(src, list_model(src))
+    assert pulled_model(src) == (pulled.location, pulled.manifest)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    write_manifest(elsewhere, pulled.manifest)
+    (Path(pulled.location.root) / "refs" / "main").write_text(f"../../../{elsewhere.name}")
+    assert pulled_model(src) is None

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,7 @@ def default_cache_dir(environ: Mapping[str, str]) -> str:
 
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
+COMMIT = re.compile(r"[0-9a-f]{40}")  # a git commit: the snapshot folder's name
 _LOOPBACK_NAMES = ("localhost", "localhost.")
 
 
@@ -192,8 +194,9 @@ def list_model(source: HubSource) -> HubListing:
     files = tuple(HubFile(s.rfilename, int(s.size or 0), s.lfs.sha256 if s.lfs else "", s.blob_id or "")
                   for s in info.siblings or ())
     _require_safe_names(source, files)
-    if not info.sha:
-        raise ModelError(f"model {source.repo_id}: the hub gave no commit for revision {source.revision or 'main'}")
+    if not COMMIT.fullmatch(info.sha or ""):
+        raise ModelError(f"model {source.repo_id}: the hub gave no commit for revision {source.revision or 'main'} "
+                         f"(got {info.sha!r}; allowed: 40 hex digits, the snapshot folder's name)")
     return HubListing(source.repo_id, info.sha, files)
 
 
