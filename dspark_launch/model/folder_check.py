@@ -15,21 +15,19 @@ import os
 import stat
 from pathlib import Path
 
-from dspark_launch.cluster.safe_path import CONTAINER_STATE_VAR, UnsafePath, check_ancestors, log_owner, within
+from dspark_launch.cluster.safe_path import (CONTAINER_STATE_VAR, LogOwner, UnsafePath, check_ancestors, log_owner,
+                                             this_user, within)
 
 from .paths import model_root
 
 WRITABLE_BY_OTHERS = 0o022
 
 
-def trusted_owners() -> frozenset[int]:
-    """Root and this user; for a root agent in a launcher container, also the mounted state folder's
-    owner (the operator who launched: the caches are theirs on the host, safe_path.log_owner)."""
-    owners = {0, os.geteuid()}
+def trusted_owner() -> LogOwner:
+    """This user; for a root agent in a launcher container, the mounted state folder's owner (the
+    operator who launched: the caches are theirs on the host; the same rule as safe_path.log_owner)."""
     state = os.environ.get(CONTAINER_STATE_VAR, "")
-    if state and os.path.isabs(state) and os.geteuid() == 0:
-        owners.add(log_owner(Path(state)).uid)
-    return frozenset(owners)
+    return log_owner(Path(state)) if state and os.path.isabs(state) else this_user()
 
 
 def _problem(st: os.stat_result, owners: frozenset[int]) -> str | None:
@@ -47,30 +45,30 @@ def _check_one(path: str, owners: frozenset[int], what: str) -> None:
         raise UnsafePath(f"{what} {path} {problem}")
 
 
-def check_cache(folder: str, owners: frozenset[int] | None = None) -> None:
-    """A cache folder (when it exists): a real folder of the serving user or root, closed to writers
-    other than them, below safe folders. UnsafePath naming it."""
-    owners = owners or trusted_owners()
+def check_cache(folder: str, owner: LogOwner) -> None:
+    """A cache folder (when it exists): a real folder of `owner` or root, closed to other writers,
+    below safe folders. UnsafePath naming it."""
     if not folder or not os.path.lexists(folder):
         return
-    check_ancestors(Path(folder), _Owners(owners))
+    check_ancestors(Path(folder), owner)
     if os.path.islink(folder) or not os.path.isdir(folder):
         raise UnsafePath(f"model cache {folder} is a symbolic link or not a folder")
-    _check_one(folder, owners, "model cache")
+    _check_one(folder, _owners(owner), "model cache")
 
 
 def check_model_folder(folder: str, caches: tuple[str, ...] = ()) -> None:
     """The model's root and all it holds, and `caches` (UnsafePath naming the first problem)."""
-    owners = trusted_owners()
+    owner = trusted_owner()
+    owners = _owners(owner)
     for cache in caches:
-        check_cache(cache, owners)
+        check_cache(cache, owner)
     root = str(model_root(Path(folder)))
     if root != str(Path(folder)):
-        check_cache(str(Path(root).parent), owners)  # the hub cache (DSPARK_MODEL_CACHE) holding the repo
+        check_cache(str(Path(root).parent), owner)  # the hub cache (DSPARK_MODEL_CACHE) holding the repo
     if not os.path.lexists(root):
-        check_ancestors(Path(root), _Owners(owners))
+        check_ancestors(Path(root), owner)
         return
-    check_cache(root, owners)
+    check_cache(root, owner)
     real_root = os.path.realpath(root)
     for parent, dirs, files in os.walk(root):
         for name in dirs + files:
@@ -80,8 +78,5 @@ def check_model_folder(folder: str, caches: tuple[str, ...] = ()) -> None:
                 raise UnsafePath(f"model file {path} is a link to {os.path.realpath(path)}, outside {root}")
 
 
-class _Owners:
-    """The owners check_ancestors accepts besides root (its LogOwner interface)."""
-
-    def __init__(self, owners: frozenset[int]):
-        self.accepted = owners
+def _owners(owner: LogOwner) -> frozenset[int]:
+    return frozenset({0, *owner.accepted})
