@@ -355,13 +355,16 @@ class ModelVerify:
     folder: str
     manifest: Manifest
     full: bool
+    caches: tuple[str, ...] = ()  # cache folders checked like the model folder (model.folder_check)
 
 
 @dataclass(frozen=True)
 class ModelFastCheck:
-    """The start pre-flight: this node's manifest has `stamp` and every file its size (stats only)."""
+    """The start pre-flight: the folder and caches safe (model.folder_check), this node's manifest has
+    `stamp`, every file its size, every file but the tensor shards its sha256."""
     folder: str
     stamp: str
+    caches: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -29,15 +29,16 @@ class AgentModelOps:
 
     name: str
     agent: object  # cluster.client.NodeAgent
+    caches: tuple[str, ...] = ()  # checked there with the model folder (DSPARK_CONTAINER_MODEL_CACHE)
 
     def free_space(self, path: str) -> DiskSpace:
         return self.agent.model_free_space(path)
 
     def verify(self, folder: str, manifest: Manifest, full: bool) -> VerifyReport:
-        return self.agent.model_verify(folder, manifest, full)
+        return self.agent.model_verify(folder, manifest, full, self.caches)
 
     def fast_check(self, folder: str, stamp: str) -> VerifyReport:
-        return self.agent.model_fast_check(folder, stamp)
+        return self.agent.model_fast_check(folder, stamp, self.caches)
 
 
 @dataclass(frozen=True)
@@ -95,11 +96,15 @@ def wanted_model(settings, environ: Mapping[str, str] | None = None) -> WantedMo
     streams = settings.int("DSPARK_MODEL_COPY_STREAMS")
     if is_local_folder(model):
         return WantedModel(model, "", None, streams)
-    return WantedModel(model, revision, hub_source(model, revision, settings["DSPARK_MODEL_CACHE"], environ), streams)
+    source = hub_source(model, revision, settings["DSPARK_MODEL_CACHE"], environ,
+                        token_to_endpoint=settings.int("DSPARK_HUB_TOKEN_TO_ENDPOINT") == 1,
+                        proxy=settings.int("DSPARK_HUB_PROXY") == 1)
+    return WantedModel(model, revision, source, streams)
 
 
 def node_ops(spec, reporter=None) -> list[AgentModelOps]:
-    return [AgentModelOps(node.label, node.agent(reporter)) for node in spec.nodes]
+    caches = (spec.containers.model_cache,) if spec.containers and spec.containers.model_cache else ()
+    return [AgentModelOps(node.label, node.agent(reporter), caches) for node in spec.nodes]
 
 
 def _workers(spec, ops: list[AgentModelOps]) -> list[Worker]:
