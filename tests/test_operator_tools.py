@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from dspark_launch.cluster.protocol import MemoryAnswer
 from dspark_launch.model.hub import hub_source
 from dspark_launch.model.location import local_location
 from dspark_launch.model.manifest import Manifest, ManifestFile, read_manifest, write_manifest
@@ -76,7 +77,7 @@ def test_memory_preflight_counts_the_verified_weights(tmp_path):
                                            "config.json": 10})
     weights = manifest_weights(local_location(str(folder)), read_manifest(folder))
     assert weights == ModelWeights(str(folder), 300 * 2**30)  # the shards only
-    memory = {"head": 128 * 2**30, "worker1": 128 * 2**30}
+    memory = {"head": MemoryAnswer(128 * 2**30), "worker1": MemoryAnswer(128 * 2**30)}
     found = estimate("none", weights, "auto", 256, 2, 0.835, memory)
     assert not found.fits and [f.fits for f in found.findings] == [False, False]
     assert found.findings[0].line.startswith("head: 150.0 GiB (weights 150.0 GiB) does not fit in 128.0 GiB x "
@@ -87,7 +88,7 @@ def test_memory_preflight_counts_the_verified_weights(tmp_path):
 def test_weights_without_shards_count_every_file_and_unplaced_weights_are_left_out(tmp_path):
     folder = placed_model(tmp_path / "m", {"pytorch_model.bin": 1000, "config.json": 24})
     assert manifest_weights(local_location(str(folder)), read_manifest(folder)).size_bytes == 1024
-    found = estimate("none", None, "auto", 256, 2, 0.835, {"head": 2**30})
+    found = estimate("none", None, "auto", 256, 2, 0.835, {"head": MemoryAnswer(2**30)})
     assert found.weights_per_node is None and any("never placed on the head" in n for n in found.notes)
 
 

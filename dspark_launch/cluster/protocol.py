@@ -150,7 +150,9 @@ class MemoryQuery:
 
 @dataclass(frozen=True)
 class MemoryAnswer:
-    total_bytes: int | None
+    total_bytes: int | None  # MemTotal
+    available_bytes: int | None = None  # MemAvailable: what vLLM's start-up gate reads on a GB10
+    nvidia_gpu: bool = False  # an NVIDIA GPU is visible (/dev/nvidia0 ...): vLLM runs its CUDA platform
 
 
 @dataclass(frozen=True)

@@ -16,22 +16,23 @@ from dspark_launch.cluster.ray_dirs import private_root
 from dspark_launch.cluster.client import Reporter
 from dspark_launch.cluster.fabric import FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
+from dspark_launch.cluster.protocol import MemoryAnswer
 from dspark_launch.cluster.spec import ClusterSpec, Node, cluster_spec, placeholder
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.model.onnodes import placed_weights, wanted_model
 from dspark_launch.profiles.plan import NOT_PROBED_EXAMPLE, NodePlan, Plan, env_entries, not_probed, profile_decisions
 from dspark_launch.profiles.resolve import resolve_selected
-from dspark_launch.serve.memory import estimate
+from dspark_launch.serve.memory import estimate, kv_size_fixed
 from dspark_launch.serve.plan import ServePlan, serve_plan
 
 GENERATED = "generated at start"
 
 
-def _probe(spec: ClusterSpec, node: Node) -> tuple[FabricEnv, int | None] | str:
+def _probe(spec: ClusterSpec, node: Node) -> tuple[FabricEnv, MemoryAnswer] | str:
     """The node's fabric environment and memory, or why it was not probed."""
     try:
-        return rc.node_fabric(spec, node), node.agent().meminfo().total_bytes
+        return rc.node_fabric(spec, node), node.agent().meminfo()
     except ConfigError:
         raise
     except DsparkError as exc:
@@ -75,10 +76,12 @@ def build_plan(settings: Settings, reporter: Reporter) -> Plan:
         nodes.append(_node_plan(spec, node, probe[0], ray_env, serve if node.is_head else None))
         memory[node.name] = probe[1]
     found_memory = estimate(serve.profile, placed_weights(wanted_model(settings)), serve.kv_cache_dtype,
-                            serve.max_model_len, serve.tensor_parallel_size, serve.gpu_memory_utilization, memory)
+                            serve.max_model_len, serve.tensor_parallel_size, serve.gpu_memory_utilization, memory,
+                            kv_size_fixed(serve.serve_args, serve.full_env()))
     by_node = {f.node: f for f in found_memory.findings}
     nodes = [replace(n, memory=by_node.get(n.node)) for n in nodes]
     warnings = [w for n in nodes for w in n.warnings]
-    warnings += [f"memory: {f.line}: start refuses this without --force" for f in found_memory.findings if not f.fits]
+    warnings += [f"memory: {f.problem}: start refuses this without --force; {f.fix}"
+                 for f in found_memory.findings if not f.fits]
     return Plan(resolved.profile, resolved.vllm_version, str(settings.env_file), settings.from_example,
                 profile_decisions(resolved), tuple(nodes), found_memory, tuple(warnings))
