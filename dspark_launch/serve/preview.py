@@ -67,7 +67,7 @@ def build_plan(settings: Settings, reporter: Reporter) -> Plan:
     token = spec.auth_token or GENERATED
     ray_env = {"RAY_AUTH_MODE": spec.auth_mode, **({"RAY_AUTH_TOKEN": token} if spec.auth_mode == "token" else {})}
     serve = serve_plan(settings, spec, ray_env, resolved, head[0])
-    nodes, memory = [], {}
+    nodes, memory, refusals = [], {}, []
     for node in spec.nodes:
         probe = found.get(node.name, NOT_PROBED_EXAMPLE)
         if isinstance(probe, str):
@@ -75,12 +75,15 @@ def build_plan(settings: Settings, reporter: Reporter) -> Plan:
             continue
         nodes.append(_node_plan(spec, node, probe[0], ray_env, serve if node.is_head else None))
         memory[node.name] = probe[1]
+        if not probe[0].roce and not spec.allow_tcp_fabric:
+            refusals.append(f"fabric: {node.label}: {probe[0].missing}: start refuses this (exit 2) unless "
+                            "DSPARK_ALLOW_TCP_FABRIC=1")
     found_memory = estimate(serve.profile, placed_weights(wanted_model(settings)), serve.kv_cache_dtype,
                             serve.max_model_len, serve.tensor_parallel_size, serve.gpu_memory_utilization, memory,
                             kv_size_fixed(serve.serve_args, serve.full_env()))
     by_node = {f.node: f for f in found_memory.findings}
     nodes = [replace(n, memory=by_node.get(n.node)) for n in nodes]
-    warnings = [w for n in nodes for w in n.warnings]
+    warnings = [w for n in nodes for w in n.warnings] + refusals
     warnings += [f"memory: {f.problem}: start refuses this without --force; {f.fix}"
                  for f in found_memory.findings if not f.fits]
     return Plan(resolved.profile, resolved.vllm_version, str(settings.env_file), settings.from_example,
