@@ -75,9 +75,8 @@ DEEPSEEK_V4_FLASH = Profile(
     measured_memory=MeasuredMemory(
         weights_per_node=int(81.34 * GIB), non_kv_bytes=int(11.5 * GIB),
         startup_free_dip=int((117 - 111.04) * GIB), node_total=int(121.69 * GIB),
-        source="eugr/spark-vllm-docker recipes/deepseek-v4-flash-0731-1m.yaml, two GB10s, TP 2: 81.34 GiB of "
-               "weights and ~11.5 GiB of activations, non-torch memory, CUDA graphs and draft/indexer scratch "
-               "per 121.69 GiB node; vLLM's start-up gate read 111.04 GiB free where an idle node shows 117"),
+        source="eugr/spark-vllm-docker recipes/deepseek-v4-flash-0731-1m.yaml: two GB10s of 121.69 GiB, TP 2, "
+               "fp8_ds_mla; vLLM's gate read 111.04 GiB free where an idle node shows 117"),
 )
 
 NONE = Profile(

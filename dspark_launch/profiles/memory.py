@@ -217,18 +217,19 @@ def memory_preflight(profile: Profile, kv_cache_dtype: str, context_tokens: int,
     measured = profile.measured_memory
     notes = []
     weights = None if weights_bytes is None else weights_bytes // tp
+    if measured is not None:
+        notes.append(f"measured per node: weights {_gib(measured.weights_per_node)}, non-KV overhead "
+                     f"{_gib(measured.non_kv_bytes)} (activations, non-torch memory, CUDA graphs, draft/indexer "
+                     f"scratch), free memory drop while weights load {_gib(measured.startup_free_dip)} "
+                     f"({measured.source})")
     if weights is None and measured is not None:
         weights = measured.weights_per_node
-        notes.append(f"weights not placed on the head yet: the measured {_gib(weights)} per node counted "
-                     f"({measured.source})")
+        notes.append(f"weights not placed on the head yet: the measured {_gib(weights)} per node counted")
     elif weights is None:
         notes.append("weights size unknown (never placed on the head: `dspark model pull`): weights not counted")
     kv, basis = _kv_per_node(profile, shape, kv_cache_dtype, context_tokens, tp)
     overhead = measured.non_kv_bytes if measured else 0
-    if measured is not None:
-        notes.append(f"non-KV overhead {_gib(overhead)} per node (activations, non-torch memory, CUDA graphs, "
-                     f"draft/indexer scratch), as measured: {measured.source}")
-    else:
+    if measured is None:
         notes.append("vLLM also needs activations and CUDA graphs beyond this: a fit by a few GiB is not safe")
     if kv is None:
         notes.append(f"KV cache not counted: {basis}")
