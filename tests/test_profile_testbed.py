@@ -58,6 +58,9 @@ def test_plan_on_the_example_file_contacts_nothing_and_exits_0():
     assert head["memory"]["need_bytes"] == memory["weights_per_node"] + memory["non_kv_bytes"] + memory["kv_per_node"]
     refused = [w for w in plan["warnings"] if w.startswith("memory: head:")]
     assert head["memory"]["fits"] == (not refused) and all("start refuses this without --force" in w for w in refused)
+    # No RoCE in this namespace: the plan says start would refuse it (exit 2) and how to accept TCP.
+    assert "fabric: head (192.0.2.1): no RDMA device behind enp1s0f1np1: start refuses this (exit 2) unless " \
+           "DSPARK_ALLOW_TCP_FABRIC=1" in plan["warnings"]
     assert not Path("/nonexistent/dspark-plan-test").exists()  # nothing written
 
 
