@@ -127,3 +127,17 @@ def test_memory_preflight_refuses_by_default_before_anything_starts(testbed_clea
     assert our_pids(testbed_clean, "head") == set() and our_pids(testbed_clean, "worker1") == set()
     warn = dspark(testbed_clean, env, "start", "--help")
     assert warn.returncode == 0
+
+
+def test_what_fixes_the_kv_size_of_vllms_cpu_backend_turns_its_free_memory_gate_off():
+    from dspark_launch.serve.memory import kv_size_fixed
+
+    assert kv_size_fixed(("m", "--kv-cache-memory-bytes=2G"), {}) == "--kv-cache-memory-bytes"
+    assert kv_size_fixed(("m",), {"VLLM_CPU_KVCACHE_SPACE": "1"}) == "VLLM_CPU_KVCACHE_SPACE"
+    assert kv_size_fixed(("m",), {"VLLM_CPU_KVCACHE_SPACE": ""}) == ""  # vllm/platforms/cpu.py: empty is unset
+    busy = {"head": MemoryAnswer(24 * 2**30, 2 * 2**30, nvidia_gpu=False)}
+    assert estimate("none", None, "auto", 256, 2, 0.5, busy, "VLLM_CPU_KVCACHE_SPACE").fits
+    refused = estimate("none", None, "auto", 256, 2, 0.5, busy, "")
+    assert not refused.fits and refused.findings[0].problem.startswith("head: MemAvailable 2.00 GiB < 24.00 GiB x")
+    gpu = {"head": MemoryAnswer(24 * 2**30, 2 * 2**30, nvidia_gpu=True)}  # a GPU node: the gate always applies
+    assert not estimate("none", None, "auto", 256, 2, 0.5, gpu, "VLLM_CPU_KVCACHE_SPACE").fits
