@@ -146,6 +146,11 @@ def test_the_env_files_double_equals_form_is_nccls_exact_match(tmp_path):
     settings = load_settings(env_file=str(env), environ={})
     assert settings["NCCL_IB_HCA"] == "=rocep1s0f1,roceP2p1s0f1"
     assert fabric_request(settings, "head", "10.213.0.1").hca_list == "=rocep1s0f1,roceP2p1s0f1"
+    per_node = load_settings(env_file=str(env), environ={
+        "DSPARK_NODE_FABRIC": "worker1:NCCL_IB_HCA==rocep1s0f0,roceP2p1s0f0 worker1:NCCL_IB_GID_INDEX=3"})
+    assert fabric_request(per_node, "worker1", "10.213.0.2").hca_list == "=rocep1s0f0,roceP2p1s0f0"
+    with pytest.raises(ConfigError, match="DSPARK_NODE_FABRIC="):
+        load_settings(env_file=str(env), environ={"DSPARK_NODE_FABRIC": "worker1:NCCL_IB_HCA==a,,b"})
 
 
 def test_nccls_exclude_form_checks_the_devices_left(head_tree):
