@@ -33,23 +33,36 @@ def show(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Every setting with its effective value, where it came from, and notes."""
+    from dspark_launch.profiles.resolve import profile_values
+
     settings = load_settings(env_file)
+    replaced = {v.setting: v for v in profile_values(settings)}
+
+    def shown(e) -> tuple[str, str, list[str]]:
+        """Value, source, notes; a value the profile replaced shows as the profile's, marked."""
+        if e.name not in replaced:
+            return e.shown, e.source, list(e.notes)
+        v = replaced[e.name]
+        return v.value, f"profile {v.profile}", [f"the profile replaced the built-in {v.replaced or '(empty)'}",
+                                                 *e.notes]
+
     entries = list(settings.entries.values())
     if as_json:
         emit_json({
             "env_file": None if settings.env_file is None else str(settings.env_file),
             "from_example": settings.from_example,
             "settings": [
-                {"name": e.name, "value": e.shown, "source": e.source, "group": e.group,
-                 "secret": e.secret, "notes": list(e.notes)}
-                for e in entries
+                {"name": e.name, "value": value, "source": source, "group": e.group,
+                 "secret": e.secret, "notes": notes}
+                for e in entries for value, source, notes in (shown(e),)
             ],
             "warnings": list(settings.warnings),
         })
         return
     say(f"env file: {settings.env_file_shown}{'  (example)' if settings.from_example else ''}")
     for group in dict.fromkeys(e.group for e in entries):
-        rows = [(e.name, e.shown or '""', e.source, "; ".join(e.notes)) for e in entries if e.group == group]
+        rows = [(e.name, value or '""', source, "; ".join(notes)) for e in entries if e.group == group
+                for value, source, notes in (shown(e),)]
         say(f"\n[{group}]")
         say(table(("NAME", "VALUE", "SOURCE", "NOTES"), rows, indent="  "))
 
@@ -69,14 +82,17 @@ def get(
     name: Annotated[str, typer.Argument(help="Setting name, e.g. DSPARK_MAX_INFLIGHT_PREFILLS.")],
     env_file: EnvFileOption = None,
 ) -> None:
-    """The effective value of one setting, alone (secrets print as set/unset)."""
+    """The effective value of one setting, alone (the profile's where it replaced the default; secrets as set/unset)."""
     from dspark_launch.config.registry import load_registry
 
     canonical = load_registry().aliases.get(name, name)
     settings = load_settings(env_file)
     if canonical not in settings.entries:
         raise fail(ConfigError(f"{name}: no such setting; allowed: a name from `dspark config show`"))
-    say(settings.entries[canonical].shown)
+    from dspark_launch.profiles.resolve import profile_values
+
+    replaced = {v.setting: v.value for v in profile_values(settings)}
+    say(replaced.get(canonical, settings.entries[canonical].shown))
 
 
 @app.command(hidden=True)

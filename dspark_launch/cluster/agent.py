@@ -156,10 +156,14 @@ def port_free(req: p.PortQuery, report: Report) -> p.PortAnswer:
 
 
 def meminfo(req: p.MemoryQuery, report: Report) -> p.MemoryAnswer:
+    """MemTotal and MemAvailable (bytes), and whether an NVIDIA GPU is visible here."""
+    found: dict[str, int] = {}
     for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return p.MemoryAnswer(int(line.split()[1]) * 1024)
-    return p.MemoryAnswer(None)
+        name, _, rest = line.partition(":")
+        if name in ("MemTotal", "MemAvailable") and rest.split():
+            found[name] = int(rest.split()[0]) * 1024
+    gpu = bool(list(Path("/dev").glob("nvidia[0-9]*"))) or bool(list(Path("/proc/driver/nvidia/gpus").glob("*")))
+    return p.MemoryAnswer(found.get("MemTotal"), found.get("MemAvailable"), gpu)
 
 
 def child_env(declared: dict[str, str], marker: str) -> dict[str, str]:

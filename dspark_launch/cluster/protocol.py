@@ -27,6 +27,7 @@ from dspark_launch.profiles.offer import VllmOffer  # stdlib-only values
 
 PROTOCOL_VERSION = 3  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
 # 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
+# 3: FabricRequest.hca_list carries NCCL_IB_HCA as written (NCCL's ^ / = / dev:port forms), not split names
 # The longest line either side reads (the launcher refuses a longer agent reply line: one clear error, the
 # agent killed); a log is read in chunks whose JSON (at most 6 bytes a character, `\u001b`) stays below it.
 MAX_LINE = 1 << 20
@@ -155,7 +156,9 @@ class MemoryQuery:
 
 @dataclass(frozen=True)
 class MemoryAnswer:
-    total_bytes: int | None
+    total_bytes: int | None  # MemTotal
+    available_bytes: int | None = None  # MemAvailable: what vLLM's start-up gate reads on a GB10
+    nvidia_gpu: bool = False  # an NVIDIA GPU is visible (/dev/nvidia0 ...): vLLM runs its CUDA platform
 
 
 @dataclass(frozen=True)
@@ -290,7 +293,7 @@ class VersionRow:
     cuda: str | None = None
     driver: str | None = None
     compute_capability: str | None = None  # the GPU's, "12.1" on a GB10 (nvidia-smi); None without a GPU
-    nccl: str | None = None  # the NCCL wheel torch and vLLM load ("2.27.7 (nvidia-nccl-cu13)"); None when absent
+    nccl: str | None = None  # the NCCL vLLM loads there (VLLM_NCCL_SO_PATH, torch's nvidia-nccl wheel, the system's)
     dspark_launch: str | None = None
     scheduler_sha256: str | None = None
     hostname: str | None = None  # shown, not compared

@@ -18,6 +18,7 @@ from dspark_launch.cluster.fabric import SYSFS_ROOT_VAR, FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import NodeRecord, ray_token
+from dspark_launch.errors import ConfigError
 
 RAY_START_TIMEOUT_S = 180
 CHECKS_TIMEOUT_S = 60  # beyond the join wait (its own timeout): the IP and GPU checks
@@ -144,9 +145,19 @@ def preflight_node(spec: ClusterSpec, node: Node, reporter: Reporter) -> FabricE
         if not port.free:
             raise ClusterFailure(node.label, "ray port", f"{node.ip}:{spec.ray_port} is taken ({port.reason})")
     fabric = asked_fabric.result()
+    require_roce(spec, node, fabric)
     for warning in fabric.warnings:
         reporter.warn(warning)
     return fabric
+
+
+def require_roce(spec: ClusterSpec, node: Node, fabric: FabricEnv) -> None:
+    """Fail closed: a node without usable RoCE would run NCCL over TCP sockets (hazyumps measured ~12 against
+    30+ tok/s on two GB10s), so start refuses (exit 2) unless DSPARK_ALLOW_TCP_FABRIC=1 (then a warning)."""
+    if not fabric.roce and not spec.allow_tcp_fabric:
+        raise ConfigError(f"{node.label}: {fabric.missing}: NCCL would run over TCP sockets (~12 against 30+ tok/s); "
+                          "nothing started: fix the fabric (docs/cluster.md) or set DSPARK_ALLOW_TCP_FABRIC=1 to "
+                          "accept TCP")
 
 
 class Bringup:

@@ -70,6 +70,7 @@ class ClusterSpec:
     config_digest: str
     auth_token: str = field(default="", repr=False)  # configured RAY_AUTH_TOKEN; else generated
     containers: NodeContainers | None = None  # None: DSPARK_RUNTIME=host
+    allow_tcp_fabric: bool = False  # DSPARK_ALLOW_TCP_FABRIC=1: a node without RoCE is a warning, not exit 2
 
     @property
     def head(self) -> Node:
@@ -156,7 +157,8 @@ def cluster_spec(settings: Settings, placeholders_ok: bool = False) -> ClusterSp
         auth_mode=settings["RAY_AUTH_MODE"], dashboard=settings["DSPARK_RAY_DASHBOARD"],
         state_dir=state_dir_of(settings), join_timeout_s=settings.int("CLUSTER_JOIN_TIMEOUT_S"),
         ssh_timeout_s=settings.int("SSH_CONNECT_TIMEOUT_S"), config_digest=settings.digest(),
-        auth_token=settings["RAY_AUTH_TOKEN"], containers=containers)
+        auth_token=settings["RAY_AUTH_TOKEN"], containers=containers,
+        allow_tcp_fabric=settings.flag("DSPARK_ALLOW_TCP_FABRIC"))
 
 
 def node_containers(settings: Settings) -> NodeContainers | None:

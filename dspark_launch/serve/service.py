@@ -16,7 +16,7 @@ from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.cluster.parallel import Background, on_each, settle
 from dspark_launch.cluster.client import ClusterFailure, NodeAgent, Reporter
-from dspark_launch.cluster.protocol import HotfixReport, Spawn, Stop, StopAnswer
+from dspark_launch.cluster.protocol import HotfixReport, MemoryAnswer, Spawn, Stop, StopAnswer
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import Deployment, ServerRecord, load_state, save_state
 from dspark_launch.config.settings import Settings
@@ -65,30 +65,35 @@ def resolved_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray
     return plan
 
 
-def node_memory(spec: ClusterSpec) -> dict[str, int]:
-    """Every node's memory in bytes by its label, asked at once (read-only)."""
-    return {spec.node(name).label: answer.total_bytes
+def node_memory(spec: ClusterSpec) -> dict[str, MemoryAnswer]:
+    """Every node's memory (MemTotal, MemAvailable, GPU or not) by its label, asked at once (read-only)."""
+    return {spec.node(name).label: answer
             for name, answer in on_each(spec.nodes, lambda n: n.agent().meminfo()).items()}
 
 
-def preflight_memory(spec: ClusterSpec, plan: ServePlan, weights: ModelWeights, memory: dict[str, int],
+def preflight_memory(spec: ClusterSpec, plan: ServePlan, weights: ModelWeights, memory: dict[str, MemoryAnswer],
                      reporter: Reporter, force: bool) -> None:
-    """Weights ÷ TP + KV at MAX_MODEL_LEN against every node's `memory` (node_memory), before anything starts:
-    unified memory that runs out freezes the host, so a misfit is refused unless `force`. `weights`: what the
-    weights pre-flight just verified on every node."""
-    from dspark_launch.serve.memory import estimate
+    """Weights ÷ TP + overhead + KV at MAX_MODEL_LEN against every node's `memory` (node_memory), and each node's
+    free memory against vLLM's start-up gate, before anything starts: unified memory that runs out freezes the
+    host, and a node below the gate fails vLLM's start. Refused unless `force`. `weights`: what the weights
+    pre-flight just verified on every node."""
+    from dspark_launch.serve.memory import estimate, kv_size_fixed
 
     found = estimate(plan.profile, weights, plan.kv_cache_dtype, plan.max_model_len,
-                     plan.tensor_parallel_size, plan.gpu_memory_utilization, memory)
-    misfits = [f.line for f in found.findings if not f.fits]
+                     plan.tensor_parallel_size, plan.gpu_memory_utilization, memory,
+                     kv_size_fixed(plan.serve_args, plan.full_env()))
     for finding in found.findings:
         reporter.phase(f"memory pre-flight: {finding.line}")
-    if misfits and not force:
-        raise ServeFailure(f"memory pre-flight: {misfits[0]}; unified memory that runs out freezes the host: "
-                           "lower MAX_MODEL_LEN or GPU_MEMORY_UTILIZATION, or pass --force",
-                           [f"memory pre-flight: {line}" for line in (*misfits[1:], *found.notes)])
-    for line in misfits:
-        reporter.warn(f"memory pre-flight: {line} (--force: starting anyway)")
+        if finding.free_line:
+            reporter.phase(f"memory pre-flight: {finding.free_line}")
+    bad = [f for f in found.findings if not f.fits]
+    if bad and not force:
+        raise ServeFailure(f"memory pre-flight: {bad[0].problem}; unified memory that runs out freezes the "
+                           f"host: {bad[0].fix}, or pass --force",
+                           [f"memory pre-flight: {f.problem}; {f.fix}" for f in bad[1:]]
+                           + [f"memory pre-flight: {note}" for note in found.notes])
+    for finding in bad:
+        reporter.warn(f"memory pre-flight: {finding.problem} (--force: starting anyway)")
 
 
 def check_arguments(settings: Settings, spec: ClusterSpec, plan: ServePlan, reporter: Reporter) -> None:
@@ -176,7 +181,7 @@ def _start_in_containers(settings: Settings, spec: ClusterSpec, reporter: Report
 
 
 def _checked_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter,
-                  verify: bool) -> tuple[ClusterSpec, ServePlan, ModelWeights, dict[str, int]]:
+                  verify: bool) -> tuple[ClusterSpec, ServePlan, ModelWeights, dict[str, MemoryAnswer]]:
     """The weights checked on every node, then the plan resolved against the head's vLLM (under the lock:
     a first start writes the Ray token); the verified weights and every node's memory (asked meanwhile)
     for the memory pre-flight."""

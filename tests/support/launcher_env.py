@@ -26,6 +26,9 @@ def cluster_values(tb, state_dir: Path) -> dict[str, str]:
         "DSPARK_SSH_HOST_KEY_CHECK": "accept-new",
         "DSPARK_STATE_DIR": str(state_dir),
         "RAY_OBJECT_STORE_MB": "100",
+        # The testbed's fabric is a veth pair, no RoCE: start would refuse (exit 2) without it;
+        # test_cluster.py shows that refusal.
+        "DSPARK_ALLOW_TCP_FABRIC": "1",
     }
 
 
