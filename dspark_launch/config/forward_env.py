@@ -53,11 +53,11 @@ def profile_env_names() -> frozenset[str]:
     return frozenset(var.name for profile in PROFILES for var in profile.env)
 
 
-def refusal(name: str) -> str | None:
-    """Why `name` may not be forwarded, or None."""
+def refusal(name: str, *, profile_names_allowed: bool = False) -> str | None:
+    """Why `name` may not be forwarded (or, with profile_names_allowed, set through DSPARK_PROFILE_ENV), or None."""
     if looks_secret(name):
         return "it looks like a secret (key, token, password, credential)"
-    if name in profile_env_names():
+    if not profile_names_allowed and name in profile_env_names():
         return PROFILE_ENV_WHY
     upper = name.upper()
     for pattern, why in _COMPILED:
@@ -66,8 +66,8 @@ def refusal(name: str) -> str | None:
     return None
 
 
-def check_forward_names(names: list[str]) -> None:
+def check_forward_names(names: list[str], *, profile_names_allowed: bool = False) -> None:
     for name in names:
-        why = refusal(name)
+        why = refusal(name, profile_names_allowed=profile_names_allowed)
         if why:
             raise Refused(f"names {name}: {why}; allowed: names of harmless variables (e.g. NCCL_DEBUG TORCH_NCCL_ASYNC_ERROR_HANDLING)")

@@ -92,7 +92,7 @@ def _profile_env(value: str) -> str:
         if not match:
             raise ValueError("space-separated NAME=VALUE (VALUE: letters, digits and ._:,=+/@-; empty leaves the "
                              "variable unset), e.g. VLLM_USE_FLASHINFER_SAMPLER=0 CUTE_DSL_ARCH=")
-        check_forward_names([match[1]])
+        check_forward_names([match[1]], profile_names_allowed=True)
     return " ".join(words)
 
 
