@@ -10,6 +10,7 @@ process of ours on that node (its own PID namespace).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import dspark_launch
@@ -18,6 +19,7 @@ from dspark_launch.cluster.container_transport import HostShell
 from dspark_launch.cluster.parallel import on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node, NodeContainers
 from dspark_launch.cluster.client import Reporter
+from dspark_launch.cluster.transport import LocalTransport, Transport
 
 PACKAGE_DIR = str(Path(dspark_launch.__file__).resolve().parent)
 
@@ -76,3 +78,19 @@ def inspect(spec: ClusterSpec) -> dict[str, runtime.ContainerState]:
     containers = spec.containers
     return on_each(spec.nodes, lambda node: runtime.inspect(host_of(node), containers.runtime,
                                                             containers.name(node.name)))
+
+
+def model_transports(spec: ClusterSpec) -> dict[str, Transport]:
+    """Where the model commands check the weights with a container runtime, node containers up or not:
+    the head in the launcher's own Python (it holds the host folder the containers mount), every worker
+    in a short-lived `--rm` container from the image checked on every node (its host needs no Python)."""
+    image_id = same_image(spec)
+
+    def transport_of(node: Node) -> Transport:
+        if node.is_head:
+            return LocalTransport(sys.executable)
+        host = host_of(node)
+        package = runtime.ship_package(host, PACKAGE_DIR, str(spec.state_dir))
+        return runtime.oneshot_transport(host, container_spec(spec, node, package, image_id))
+
+    return on_each(spec.nodes, transport_of)

@@ -26,7 +26,8 @@ import tarfile
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from dspark_launch.cluster.container_transport import AGENT_MOUNT, ContainerTransport, HostShell
+from dspark_launch.cluster.container_transport import (AGENT_MOUNT, ContainerTransport, HostShell,
+                                                       OneShotContainerTransport)
 from dspark_launch.cluster.safe_path import CONTAINER_STATE_VAR, within
 from dspark_launch.config.container_args import refused_flag
 from dspark_launch.errors import ConfigError, DsparkError
@@ -155,6 +156,25 @@ def run_argv(spec: ContainerSpec) -> list[str]:
     return [spec.runtime, "run", "--detach", "--pull", "never", "--name", spec.name, "--label", f"{OWNER_LABEL}={spec.marker}",
             "--network", "host", "--ipc", "host", "--init", *spec.hardware_args, *mounts, *env,
             *spec.extra_args, "--entrypoint", "sleep", spec.image, "infinity"]
+
+
+def oneshot_run_args(spec: ContainerSpec) -> tuple[str, ...]:
+    """`run --rm` arguments of a short-lived container for the model checks: the launcher's package and
+    the model cache (read-only, at the host path), no network, our label; nothing else of the node's."""
+    args = ["--pull", "never", "--network", "none", "--label", f"{OWNER_LABEL}={spec.marker}-model",
+            "--volume", f"{spec.agent_package}:{AGENT_MOUNT}/dspark_launch:ro", "--env", f"PYTHONPATH={AGENT_MOUNT}"]
+    if spec.model_cache:
+        args += ["--volume", f"{spec.model_cache}:{spec.model_cache}:ro"]
+    return tuple(args)
+
+
+def oneshot_transport(host: HostShell, spec: ContainerSpec) -> OneShotContainerTransport:
+    """The agent in a `--rm` container from `spec.image` (the checked id) on the node's host; the model
+    cache folder is created first (a runtime refuses a missing bind source)."""
+    if spec.model_cache:
+        _run(host, ["mkdir", "-p", "-m", "700", spec.model_cache], 30, "creating the model cache folder")
+    return OneShotContainerTransport(host=host, runtime=spec.runtime, image=spec.image,
+                                     run_args=oneshot_run_args(spec), python=spec.python)
 
 
 def _run(host: HostShell, argv: Sequence[str], timeout: float, what: str) -> str:

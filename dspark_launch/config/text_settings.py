@@ -267,6 +267,9 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
     TextSetting("DSPARK_MODEL_COPY_STREAMS", "4", "model",
                 "Parallel rsync streams per worker for the model copy (one stream is bound by one SSH cipher core)",
                 _choice(*(str(n) for n in range(1, 17)))),
+    TextSetting("DSPARK_MODEL_COPY_HOSTS", "", "model",
+                "Address the model copy reaches each worker at, same order as DSPARK_WORKER_HOSTS ([user@]host; "
+                "default: the worker's fabric IP, with the SSH settings of the agent)", _host_list),
     TextSetting("HF_TOKEN", "", "model",
                 "Hugging Face token for gated models (default: the hub's token file from `hf auth login`)",
                 secret=True),

@@ -6,11 +6,11 @@ that node); the copy itself is rsync from the head over SSH.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .copy import CopyResult, SSHTarget, effective_streams, rsync_to
+from .copy import CopyProgress, CopyResult, SSHTarget, effective_streams, rsync_to
 from .errors import InsufficientDisk, ModelIncomplete
 from .location import ModelLocation
 from .manifest import Manifest
@@ -85,12 +85,16 @@ def check_disk(location: ModelLocation, manifest: Manifest, nodes: Sequence[Node
 
 
 def sync_worker(location: ModelLocation, manifest: Manifest, target: SSHTarget, node: NodeModelOps,
-                streams: int = 4, margin: DiskMargin = DiskMargin()) -> WorkerSync:
+                streams: int = 4, margin: DiskMargin = DiskMargin(),
+                progress: Callable[[str], None] | None = None) -> WorkerSync:
     """Free-space check, copy what is missing or differs, full verify there, re-send what the verify
-    names (once), then the manifest last: its presence with the right stamp means verified here."""
-    check_disk(location, manifest, [node], margin)
+    names (once), then the manifest last: its presence with the right stamp means verified here.
+    `progress` gets a line (bytes, rate, ETA) every few seconds of the copy."""
+    checks = check_disk(location, manifest, [node], margin)
     streams = effective_streams(streams)
-    copy = rsync_to(target, location.root, location.storage_paths(manifest) + location.ref_paths(), streams)
+    meter = CopyProgress(node.name, checks[0].payload_bytes, progress) if progress else None
+    copy = rsync_to(target, location.root, location.storage_paths(manifest) + location.ref_paths(), streams,
+                    progress=meter)
     report = node.verify(location.folder, manifest, True)
     repair = None
     if report.bad_paths:

@@ -99,20 +99,44 @@ def wanted_model(settings, environ: Mapping[str, str] | None = None) -> WantedMo
 
 
 def node_ops(spec, reporter=None) -> list[AgentModelOps]:
+    """Every node's checks through its agent (with a container runtime: inside the running containers)."""
     return [AgentModelOps(node.label, node.agent(reporter)) for node in spec.nodes]
 
 
+def where_weights_live(spec, reporter=None) -> list[AgentModelOps]:
+    """The model commands' node checks, on the host folder that holds the weights, whether or not the
+    node containers are up: the nodes' own agents on hosts; with a container runtime, the head's in the
+    launcher's Python and each worker's in a `--rm` container from the checked image."""
+    if not spec.containers:
+        return node_ops(spec, reporter)
+    from dspark_launch.cluster.client import NodeAgent
+    from dspark_launch.cluster.containers import model_transports
+
+    transports = model_transports(spec)
+    return [AgentModelOps(node.label, NodeAgent(node.label, transports[node.name], reporter)) for node in spec.nodes]
+
+
+def copy_target(node) -> SSHTarget:
+    """How the head's rsync reaches a worker: its copy address (the fabric IP by default), the agent's SSH settings."""
+    from dspark_launch.cluster.spec import copy_ssh
+
+    return SSHTarget.from_transport(copy_ssh(node))
+
+
 def _workers(spec, ops: list[AgentModelOps]) -> list[Worker]:
-    return [Worker(SSHTarget.from_transport(node.transport), op) for node, op in zip(spec.workers, ops[1:])]
+    return [Worker(copy_target(node), op) for node, op in zip(spec.workers, ops[1:])]
 
 
 def pull(wanted: WantedModel, spec, reporter=None, tqdm_class=None) -> Placement:
     """`dspark model pull`: every node's disk checked first, the head's pull (or the local folder's
     manifest), the copy to every worker and its verify there."""
-    ops = node_ops(spec, reporter)
+    ops = where_weights_live(spec, reporter)
+    progress = reporter.phase if reporter is not None else None
     if wanted.local:
-        return place_local(str(Path(wanted.name).expanduser()), ops[0], _workers(spec, ops), wanted.streams)
-    return pull_everywhere(wanted.source, ops[0], _workers(spec, ops), wanted.streams, tqdm_class=tqdm_class)
+        return place_local(str(Path(wanted.name).expanduser()), ops[0], _workers(spec, ops), wanted.streams,
+                           progress=progress)
+    return pull_everywhere(wanted.source, ops[0], _workers(spec, ops), wanted.streams, tqdm_class=tqdm_class,
+                           progress=progress)
 
 
 def placed(wanted: WantedModel) -> tuple[ModelLocation, Manifest]:
@@ -135,12 +159,12 @@ def placed(wanted: WantedModel) -> tuple[ModelLocation, Manifest]:
 def check(wanted: WantedModel, spec, full: bool, reporter=None) -> list[tuple[str, VerifyReport]]:
     """Every node's files against the head's manifest: `full` sha256 (`verify`), else the fast check
     (this node's manifest stamp and the sizes: `status` and the start pre-flight)."""
-    return _check_placed(*placed(wanted), spec, full, reporter)
+    location, manifest = placed(wanted)
+    return _check_placed(location, manifest, where_weights_live(spec, reporter), full)
 
 
-def _check_placed(location: ModelLocation, manifest: Manifest, spec, full: bool,
-                  reporter=None) -> list[tuple[str, VerifyReport]]:
-    ops = node_ops(spec, reporter)
+def _check_placed(location: ModelLocation, manifest: Manifest, ops: list[AgentModelOps],
+                  full: bool) -> list[tuple[str, VerifyReport]]:
     if full:
         return check_everywhere(location, manifest, ops, True)
     with ThreadPoolExecutor(max_workers=len(ops)) as pool:
@@ -153,7 +177,7 @@ def ready_to_serve(wanted: WantedModel, spec, full: bool = False, reporter=None)
     file and `dspark model pull`; else how to serve the verified copy with the hub offline."""
     t0 = time.monotonic()
     location, manifest = placed(wanted)
-    reports = _check_placed(location, manifest, spec, full, reporter)
+    reports = _check_placed(location, manifest, node_ops(spec, reporter), full)
     require_ready(reports, PULL_FIX)
     env = [("HF_HUB_OFFLINE", "1")]
     if not wanted.local:

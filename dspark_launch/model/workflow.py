@@ -3,7 +3,7 @@ start pre-flight call. Node operations come in as NodeModelOps (the agent), work
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +33,15 @@ class Placement:
 
 
 def _sync_all(location: ModelLocation, manifest: Manifest, workers: Sequence[Worker], streams: int,
-              margin: DiskMargin) -> tuple[WorkerSync, ...]:
+              margin: DiskMargin, progress: Callable[[str], None] | None = None) -> tuple[WorkerSync, ...]:
     with ThreadPoolExecutor(max_workers=max(1, len(workers))) as pool:
-        return tuple(pool.map(lambda w: sync_worker(location, manifest, w.target, w.ops, streams, margin), workers))
+        return tuple(pool.map(lambda w: sync_worker(location, manifest, w.target, w.ops, streams, margin, progress),
+                              workers))
 
 
 def pull_everywhere(source: HubSource, head: NodeModelOps, workers: Sequence[Worker], streams: int = 4,
-                    margin: DiskMargin = DiskMargin(), tqdm_class=None) -> Placement:
+                    margin: DiskMargin = DiskMargin(), tqdm_class=None,
+                    progress: Callable[[str], None] | None = None) -> Placement:
     """List, check every node's disk (nothing written when one is short), download on the head,
     check against the hub, copy to every worker and verify there."""
     listing = list_model(source)
@@ -47,15 +49,17 @@ def pull_everywhere(source: HubSource, head: NodeModelOps, workers: Sequence[Wor
     disk = check_disk(location, listing.expected(), [head, *(w.ops for w in workers)], margin)
     pulled = pull(source, listing, tqdm_class)
     return Placement(location, pulled.manifest, tuple(disk), pulled.refetched,
-                     _sync_all(location, pulled.manifest, workers, streams, margin))
+                     _sync_all(location, pulled.manifest, workers, streams, margin, progress))
 
 
 def place_local(folder: str, head: NodeModelOps, workers: Sequence[Worker], streams: int = 4,
-                margin: DiskMargin = DiskMargin(), rehash: bool = False) -> Placement:
+                margin: DiskMargin = DiskMargin(), rehash: bool = False,
+                progress: Callable[[str], None] | None = None) -> Placement:
     """DSPARK_MODEL as a folder: the head's folder hashed into a manifest, copied and verified the same way."""
     location, manifest = prepare_local(folder, rehash)
     disk = check_disk(location, manifest, [head, *(w.ops for w in workers)], margin)
-    return Placement(location, manifest, tuple(disk), (), _sync_all(location, manifest, workers, streams, margin))
+    return Placement(location, manifest, tuple(disk), (),
+                     _sync_all(location, manifest, workers, streams, margin, progress))
 
 
 def pulled_model(source: HubSource) -> tuple[ModelLocation, Manifest] | None:
