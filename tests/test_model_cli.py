@@ -114,13 +114,19 @@ def test_pull_verify_damage_refuse_repair_then_serve_offline(testbed_clean, tmp_
         full_refused = model_cli(tb, tmp_path, env, "start", "--verify")  # the flip alone needs the full check
         assert full_refused.returncode == 1 and "worker1" in full_refused.stderr
 
-        repaired = model_cli(tb, tmp_path, env, "model", "pull", "--json", endpoint=endpoint)
+        blob = lambda name: os.readlink(folder / name).split("/")[-1]  # noqa: E731
+        plain = model_cli(tb, tmp_path, env, "model", "pull", "--json", endpoint=endpoint)
+        assert plain.returncode == 0, plain.stderr[-3000:]
+        mended = json.loads(plain.stdout)
+        assert mended["hashed_bytes"] == 0  # the head's files are unchanged: nothing hashed there
+        assert [p.split("/")[-1] for p in mended["workers"][0]["copy"]["files_sent"] if p.startswith("blobs/")] == [
+            blob("model.safetensors")]  # rsync's size check: the truncated one, hashed there alone
+        assert mended["workers"][0]["report"]["bytes_checked"] == os.path.getsize(folder / "model.safetensors")
+        repaired = model_cli(tb, tmp_path, env, "model", "pull", "--json", "--verify", endpoint=endpoint)
         assert repaired.returncode == 0, repaired.stderr[-3000:]
         sync = json.loads(repaired.stdout)["workers"][0]
-        blob = lambda name: os.readlink(folder / name).split("/")[-1]  # noqa: E731
-        sent = [p.split("/")[-1] for p in sync["copy"]["files_sent"] if p.startswith("blobs/")]  # refs/main too
-        assert sent == [blob("model.safetensors")]  # rsync's size check: the truncated one
-        assert [p.split("/")[-1] for p in sync["repair"]["files_sent"]] == [blob("tokenizer.json")]
+        assert [p for p in sync["copy"]["files_sent"] if p.startswith("blobs/")] == []
+        assert [p.split("/")[-1] for p in sync["repair"]["files_sent"]] == [blob("tokenizer.json")]  # --verify found it
         assert model_cli(tb, tmp_path, env, "model", "verify").returncode == 0
     finally:
         hub.terminate()

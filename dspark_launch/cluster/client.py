@@ -174,8 +174,10 @@ class NodeAgent:
 
     # model weights (issue 12) -------------------------------------------------------------------
 
-    def model_verify(self, folder: str, manifest: Manifest, full: bool) -> VerifyReport:
-        return self.call(p.ModelVerify(folder, manifest, full), "model verify", MODEL_VERIFY_TIMEOUT_S if full else 120)
+    def model_verify(self, folder: str, manifest: Manifest, full: bool,
+                     only: tuple[str, ...] | None = None) -> VerifyReport:
+        return self.call(p.ModelVerify(folder, manifest, full, only), "model verify",
+                         MODEL_VERIFY_TIMEOUT_S if full else 120)
 
     def model_fast_check(self, folder: str, stamp: str) -> VerifyReport:
         return self.call(p.ModelFastCheck(folder, stamp), "model check", 120)

@@ -25,7 +25,7 @@ from dspark_launch.model.node_check import DiskSpace, VerifyReport
 from dspark_launch.cluster.fabric import FabricEnv, FabricRequest  # stdlib-only values
 from dspark_launch.profiles.offer import VllmOffer  # stdlib-only values
 
-PROTOCOL_VERSION = 2  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
+PROTOCOL_VERSION = 3  # 3: model_verify hashes `only` the files a copy sent, with progress. 2: 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
 
 
 # --- values shared by several operations ---------------------------------------------------------
@@ -344,10 +344,11 @@ class ServeArgsAnswer:
 
 @dataclass(frozen=True)
 class ModelVerify:
-    """Every file of `manifest` in `folder`: sizes, and with `full` each sha256."""
+    """Every file of `manifest` in `folder`: sizes, and with `full` each sha256 (`only`: of those files alone)."""
     folder: str
     manifest: Manifest
     full: bool
+    only: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

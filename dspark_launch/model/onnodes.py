@@ -33,8 +33,8 @@ class AgentModelOps:
     def free_space(self, path: str) -> DiskSpace:
         return self.agent.model_free_space(path)
 
-    def verify(self, folder: str, manifest: Manifest, full: bool) -> VerifyReport:
-        return self.agent.model_verify(folder, manifest, full)
+    def verify(self, folder: str, manifest: Manifest, full: bool, only: tuple[str, ...] | None = None) -> VerifyReport:
+        return self.agent.model_verify(folder, manifest, full, only)
 
     def fast_check(self, folder: str, stamp: str) -> VerifyReport:
         return self.agent.model_fast_check(folder, stamp)
@@ -127,16 +127,16 @@ def _workers(spec, ops: list[AgentModelOps]) -> list[Worker]:
     return [Worker(copy_target(node), op) for node, op in zip(spec.workers, ops[1:])]
 
 
-def pull(wanted: WantedModel, spec, reporter=None, tqdm_class=None) -> Placement:
+def pull(wanted: WantedModel, spec, reporter=None, tqdm_class=None, verify: bool = False) -> Placement:
     """`dspark model pull`: every node's disk checked first, the head's pull (or the local folder's
     manifest), the copy to every worker and its verify there."""
     ops = where_weights_live(spec, reporter)
     progress = reporter.phase if reporter is not None else None
     if wanted.local:
         return place_local(str(Path(wanted.name).expanduser()), ops[0], _workers(spec, ops), wanted.streams,
-                           progress=progress)
+                           rehash=verify, progress=progress)
     return pull_everywhere(wanted.source, ops[0], _workers(spec, ops), wanted.streams, tqdm_class=tqdm_class,
-                           progress=progress)
+                           progress=progress, verify=verify)
 
 
 def placed(wanted: WantedModel) -> tuple[ModelLocation, Manifest]:
