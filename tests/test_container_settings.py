@@ -101,3 +101,36 @@ def test_image_equality_check():
     with pytest.raises(ImageMismatch, match="not on worker1") as info:
         check_same_image([same[0], ImageIdentity("worker1", "img", "")])
     assert info.value.exit_code == 1
+
+
+def test_the_spec_label_changes_exactly_when_the_container_would_be_made_differently():
+    from dspark_launch.cluster.runtime import JIT_CACHE_VARS, SPEC_LABEL, spec_digest
+
+    base = _spec(image=DIGEST_A, jit_cache="/var/lib/dspark/jit-cache")
+    argv = run_argv(base)
+    assert f"{SPEC_LABEL}={spec_digest(base)}" in argv
+    assert spec_digest(_spec(image=DIGEST_A, jit_cache="/var/lib/dspark/jit-cache")) == spec_digest(base)
+    for changed in (_spec(image=DIGEST_B, jit_cache="/var/lib/dspark/jit-cache"),  # another image id
+                    _spec(image=DIGEST_A, jit_cache="/var/lib/dspark/jit-cache", extra_args=("--shm-size", "8g")),
+                    _spec(image=DIGEST_A, jit_cache="/var/lib/dspark/jit-cache", model_cache="/data/other"),
+                    _spec(image=DIGEST_A, jit_cache="/srv/jit")):
+        assert spec_digest(changed) != spec_digest(base)
+    # every JIT cache the recipes compile into lives in the mounted folder, at its host path
+    assert "/var/lib/dspark/jit-cache:/var/lib/dspark/jit-cache" in argv
+    for var, sub in JIT_CACHE_VARS:
+        assert f"{var}=/var/lib/dspark/jit-cache/{sub}" in argv
+    assert {"VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR", "TILELANG_CACHE_DIR",
+            "CUTE_DSL_CACHE_DIR"} <= {var for var, _ in JIT_CACHE_VARS}
+
+
+def test_a_model_cache_outside_the_mounted_folder_exits_2_naming_both_settings(tmp_path):
+    env = {"DSPARK_RUNTIME": "podman", "DSPARK_IMAGE": "nvcr.io/nvidia/vllm:26.01-py3",
+           "DSPARK_HEAD_IP": "10.213.0.1", "DSPARK_WORKER_HOSTS": "10.213.0.2", "DSPARK_FABRIC_IFNAME": "fab0",
+           "DSPARK_STATE_DIR": str(tmp_path / "state"), "DSPARK_MODEL": "org/m",
+           "DSPARK_CONTAINER_MODEL_CACHE": str(tmp_path / "hf"), "DSPARK_MODEL_CACHE": str(tmp_path / "elsewhere")}
+    for command in (["model", "status"], ["start"]):
+        proc = run_dspark(command, env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert f"DSPARK_MODEL_CACHE={tmp_path / 'elsewhere'}" in proc.stderr
+        assert f"DSPARK_CONTAINER_MODEL_CACHE={tmp_path / 'hf'}" in proc.stderr
+    assert not (tmp_path / "state" / "state.json").exists()

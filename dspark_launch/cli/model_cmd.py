@@ -22,9 +22,13 @@ GIB = 1 << 30
 
 
 def _wanted(env_file):
-    from dspark_launch.model.onnodes import wanted_model
+    from dspark_launch.model.onnodes import require_mounted, wanted_model
 
     settings, spec = settings_and_spec(env_file)
+    try:
+        require_mounted(settings, spec)
+    except DsparkError as error:
+        raise fail(error) from None
     return wanted_model(settings), spec
 
 

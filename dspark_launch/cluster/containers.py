@@ -20,6 +20,7 @@ from dspark_launch.cluster.parallel import on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node, NodeContainers
 from dspark_launch.cluster.client import Reporter
 from dspark_launch.cluster.transport import LocalTransport, Transport
+from dspark_launch.errors import DsparkError
 
 PACKAGE_DIR = str(Path(dspark_launch.__file__).resolve().parent)
 
@@ -36,7 +37,7 @@ def container_spec(spec: ClusterSpec, node: Node, agent_package: str, image: str
         runtime=containers.runtime, image=image or containers.image, marker=containers.name(node.name),
         agent_package=agent_package, state_dir=str(spec.state_dir), model_cache=containers.model_cache,
         python=containers.python, extra_args=containers.extra_args,
-        hardware_args=runtime.hardware_args(containers.runtime))
+        hardware_args=runtime.hardware_args(containers.runtime), jit_cache=containers.jit_cache)
 
 
 def check_settings(spec: ClusterSpec) -> None:
@@ -57,15 +58,29 @@ def same_image(spec: ClusterSpec) -> str:
 
 
 def up(spec: ClusterSpec, nodes: list[Node], image_id: str, reporter: Reporter) -> dict[str, runtime.ContainerState]:
-    """(Re)create the containers of `nodes` at once from `image_id`; a worker first gets a copy of the
-    launcher's package."""
+    """The containers of `nodes` at once from `image_id`: kept when running from the same spec with nothing
+    of a run inside, else (re)created; a worker first gets a copy of the launcher's package."""
     def up_one(node: Node) -> runtime.ContainerState:
         host = host_of(node)
         package = PACKAGE_DIR if node.is_head else runtime.ship_package(host, PACKAGE_DIR, str(spec.state_dir))
-        reporter.phase(f"creating container {spec.containers.name(node.name)} on {node.label}")
-        return runtime.up(host, container_spec(spec, node, package, image_id))
+        wanted = container_spec(spec, node, package, image_id)
+        reuse = runtime.reusable(runtime.inspect(host, wanted.runtime, wanted.name), wanted) and idle(node)
+        if not reuse:
+            reporter.phase(f"creating container {spec.containers.name(node.name)} on {node.label}")
+        return runtime.up(host, wanted, reuse=reuse)
 
     return on_each(nodes, up_one)
+
+
+IDLE_PIDS = 4  # an idle container: its init, `sleep infinity`, the agent asking (and its exec wrapper)
+
+
+def idle(node: Node) -> bool:
+    """Nothing of a run inside the node's container (a launcher that died left no record of its Ray)."""
+    try:
+        return len(node.agent().glob("/proc", "[0-9]*")) <= IDLE_PIDS
+    except DsparkError:
+        return False
 
 
 def down(spec: ClusterSpec, nodes: list[Node]) -> dict[str, bool]:

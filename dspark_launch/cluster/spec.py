@@ -48,6 +48,7 @@ class NodeContainers:
     python: str  # the image's interpreter
     extra_args: tuple[str, ...]
     model_cache: str  # host folder mounted at the same path as HF_HOME; "" = none
+    jit_cache: str = ""  # host folder of the JIT compile caches, mounted at the same path
 
     def name(self, node: str) -> str:
         return f"{self.marker}-{node}"
@@ -170,9 +171,11 @@ def node_containers(settings: Settings) -> NodeContainers | None:
     marker = "dspark-" + hashlib.sha256(str(state_dir_of(settings)).encode()).hexdigest()[:8]
     cache = settings["DSPARK_CONTAINER_MODEL_CACHE"] or os.environ.get("HF_HOME") or str(
         Path.home() / ".cache" / "huggingface")
+    jit_cache = settings["DSPARK_CONTAINER_JIT_CACHE"] or str(state_dir_of(settings) / "jit-cache")
     return NodeContainers(runtime=runtime, image=settings["DSPARK_IMAGE"], marker=marker,
                           python=settings["DSPARK_CONTAINER_PYTHON"] or "python3",
-                          extra_args=settings.words("DSPARK_CONTAINER_ARGS"), model_cache=cache)
+                          extra_args=settings.words("DSPARK_CONTAINER_ARGS"), model_cache=cache,
+                          jit_cache=str(Path(jit_cache).expanduser()))
 
 
 def _in_container(node: Node, containers: NodeContainers) -> Node:

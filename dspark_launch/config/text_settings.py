@@ -260,6 +260,10 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
     TextSetting("DSPARK_CONTAINER_MODEL_CACHE", "", "container",
                 "Hugging Face cache folder on every node, mounted at the same path (HF_HOME) in the containers; "
                 "default $HF_HOME or ~/.cache/huggingface"),
+    TextSetting("DSPARK_CONTAINER_JIT_CACHE", "", "container",
+                "Host folder of the JIT compile caches (vLLM, FlashInfer, Triton, TileLang, CuTe DSL), mounted at the "
+                "same path so a recreated container does not compile again; default <state dir>/jit-cache; "
+                "ours and not group- or other-writable", single_line),
     # model weights (dspark_launch.model)
     TextSetting("DSPARK_MODEL_CACHE", "", "model",
                 "Hub cache folder for the weights, same path on every node (default: HF_HUB_CACHE, "

@@ -98,6 +98,24 @@ def wanted_model(settings, environ: Mapping[str, str] | None = None) -> WantedMo
     return WantedModel(model, revision, hub_source(model, revision, settings["DSPARK_MODEL_CACHE"], environ), streams)
 
 
+def require_mounted(settings, spec) -> None:
+    """With a container runtime, the weights vLLM is told to read must lie inside the host folder mounted
+    into every container (DSPARK_CONTAINER_MODEL_CACHE): ConfigError (exit 2) naming both settings."""
+    if not spec.containers:
+        return
+    from dspark_launch.cluster.safe_path import within
+    from dspark_launch.errors import ConfigError
+
+    wanted = wanted_model(settings)
+    name = "DSPARK_MODEL" if wanted.local else "DSPARK_MODEL_CACHE"
+    served = os.path.abspath(os.path.expanduser(wanted.name if wanted.local else wanted.source.cache_dir))
+    mounted = os.path.abspath(spec.containers.model_cache)
+    if not within(served, mounted):
+        entry, mount = settings.entries[name], settings.entries["DSPARK_CONTAINER_MODEL_CACHE"]
+        raise ConfigError(f"{name}={served} ({entry.source}) is not inside DSPARK_CONTAINER_MODEL_CACHE={mounted} "
+                          f"({mount.source}), the host folder mounted into the containers; allowed: a path inside it")
+
+
 def node_ops(spec, reporter=None) -> list[AgentModelOps]:
     """Every node's checks through its agent (with a container runtime: inside the running containers)."""
     return [AgentModelOps(node.label, node.agent(reporter)) for node in spec.nodes]
