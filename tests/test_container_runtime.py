@@ -370,3 +370,31 @@ def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_mode
             ctb.podman(node, "rm", "--force", "--all", "--time", "1")
         umount_in_node(tb, worker, str(model))
         shutil.rmtree(models, ignore_errors=True)
+
+
+def test_an_image_without_ray_is_one_line_naming_the_dockerfile_fix(ctb, tmp_path, tiny_model):
+    """The image's Python sees vLLM but not Ray (as in recent NGC vLLM images): a wrapper interpreter in a
+    mounted folder hides Ray from everything it runs."""
+    import json as _json
+    from importlib import metadata
+
+    from tests.support.launcher_env import scratch
+
+    tb = ctb.tb
+    folder = scratch(tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    wrapper = folder / "python-noray"
+    hide_ray = "import runpy, sys; sys.modules['ray'] = None; runpy.run_module(sys.argv[2], run_name='__main__', alter_sys=True)"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -c {_json.dumps(hide_ray)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    env = _container_env(ctb, tmp_path, tiny_model, ctb.image.tag, DSPARK_CONTAINER_PYTHON=str(wrapper))
+    refused = _dspark(ctb, tmp_path, env, "start", timeout=300)
+    assert refused.returncode == 1, refused.stdout[-2000:] + refused.stderr[-3000:]
+    line = (f"image {ctb.image.tag} has no Ray: build FROM {ctb.image.tag} with "
+            f"`pip install ray=={metadata.version('ray')}`")
+    assert line in refused.stderr, refused.stderr[-3000:]
+    assert refused.stderr.count("dspark: error") == 1
+    # Nothing left running: no container, no process, no record.
+    assert _containers(ctb, tb.head) == [] and _containers(ctb, tb.workers[0]) == []
+    assert _ours_left(ctb, tb.head) == set() and _ours_left(ctb, tb.workers[0]) == set()
+    assert not (tmp_path / "state" / "state.json").exists()
