@@ -352,3 +352,25 @@ def test_an_unknown_fabric_host_key_is_one_line_naming_the_address_and_the_fix()
                             "closed (0 bytes received so far) [sender]\nrsync error: unexplained error (code 255)\n")
     assert "10.213.0.2" in str(failure) and "not known" in str(failure) and "ssh-keyscan" in str(failure)
     assert "\n" not in str(failure)
+
+
+def test_rsync_progress_becomes_one_line_per_node_and_the_file_names_stay_apart(tmp_path):
+    import subprocess as sp
+
+    from dspark_launch.model.copy import CopyProgress, _read_stream
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "blobs").mkdir(parents=True)
+    (src / "blobs" / "a").write_bytes(os.urandom(3 << 20))
+    (src / "b").write_text("small")
+    (tmp_path / "list").write_text("blobs/a\nb\n")
+    lines: list[str] = []
+    meter = CopyProgress("worker1 (10.213.0.2)", (3 << 20) + 5, lines.append, every_s=0.0)
+    proc = sp.Popen(["rsync", "-a", "--whole-file", f"--files-from={tmp_path / 'list'}", "--out-format=%n",
+                     "--info=progress2", f"{src}/", f"{dst}/"], stdout=sp.PIPE)
+    names: list[str] = []
+    _read_stream(proc, 0, names, meter)
+    assert proc.wait() == 0
+    assert sorted(n for n in names if not n.endswith("/")) == ["b", "blobs/a"]
+    assert lines and lines[-1].startswith("worker1 (10.213.0.2): copied 0.00 of 0.00 GiB, ")
+    assert sum(meter._per_stream.values()) == (3 << 20) + 5 and "MB/s, ETA 0 s" in meter.line()
