@@ -51,6 +51,12 @@ def test_plan_on_the_example_file_contacts_nothing_and_exits_0():
     assert env[("vllm serve", "VLLM_ALLOW_LONG_MAX_MODEL_LEN")] == "1"
     assert env[("ray start: fabric (sysfs)", "NCCL_CUMEM_ENABLE")] == "0"
     assert head["memory"]["fits"] is True and plan["memory"]["kv_cache_dtype"] == "nvfp4_ds_mla"
+    # Every flag and variable of the profile with its reason; this CPU node reports no GPU, and the lines say so.
+    reasons = {d["subject"]: d["reason"] for d in plan["decisions"]}
+    for subject in ("kv-cache-dtype", "moe-backend", "load-format", "max-cudagraph-capture-size",
+                    "VLLM_USE_BREAKABLE_CUDAGRAPH", "CUTE_DSL_ARCH", "PYTORCH_CUDA_ALLOC_CONF"):
+        assert reasons[subject], subject
+    assert "not judged for a GPU: no node reported a GPU compute capability (asked: head" in reasons["kv-cache-dtype"]
     assert not Path("/nonexistent/dspark-plan-test").exists()  # nothing written
 
 

@@ -60,18 +60,21 @@ def test_deepseek_on_032_takes_every_first_choice_and_the_real_parser_accepts_it
                    "--enable-chunked-prefill", "--enable-prefix-caching"):
         assert switch in args
     spec = json.loads(args[args.index("--speculative-config") + 1])
-    assert spec == {"method": "dspark", "num_speculative_tokens": 5}
-    assert dict(resolved.env) == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800"}
-    assert resolved.kv_cache_dtype == "nvfp4_ds_mla" and resolved.chat
+    assert spec == {"method": "dspark", "num_speculative_tokens": 5, "draft_sample_method": "probabilistic"}
+    env = dict(resolved.env)
+    assert env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] == "1" and env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] == "1800"
+    # No node reported a GPU (these CPU nodes): the parser's verdict stands, and the line says so.
+    assert resolved.kv_cache_dtype == "nvfp4_ds_mla" and resolved.chat and not resolved.kv_cache.judged
     assert line_of(resolved, "kv-cache-dtype").startswith("kv-cache-dtype nvfp4_ds_mla: the profile's first choice")
+    assert "not judged for a GPU: no node reported a GPU compute capability" in line_of(resolved, "kv-cache-dtype")
     assert refusal(list(args)) is None  # vLLM 0.32's own parser and validator
 
 
-def test_deepseek_on_025_falls_back_to_fp8_ds_mla(installed):
+def test_deepseek_on_025_falls_back_to_fp8(installed):
     resolved = resolve(DEEPSEEK_V4_FLASH, recorded("0.25.0"), settings())
-    assert resolved.kv_cache_dtype == "fp8_ds_mla"
+    assert resolved.kv_cache_dtype == "fp8"
     assert line_of(resolved, "kv-cache-dtype").startswith(
-        "kv-cache-dtype fp8_ds_mla: nvfp4_ds_mla not offered by the installed vLLM 0.25.0")
+        "kv-cache-dtype fp8: nvfp4_ds_mla not offered by the installed vLLM 0.25.0")
     assert "--speculative-config" in resolved.serve_args and "--tokenizer-mode" in resolved.serve_args
 
 
@@ -90,7 +93,7 @@ def test_deepseek_on_0101_with_the_operators_tokenizer_mode_takes_the_last_fallb
     args = resolved.serve_args
     assert resolved.kv_cache_dtype == "fp8"
     assert line_of(resolved, "kv-cache-dtype").startswith(
-        "kv-cache-dtype fp8: nvfp4_ds_mla, fp8_ds_mla not offered by the installed vLLM 0.10.1.1")
+        "kv-cache-dtype fp8: nvfp4_ds_mla not offered by the installed vLLM 0.10.1.1")
     assert line_of(resolved, "tokenizer-mode").startswith("tokenizer-mode auto: VLLM_EXTRA_ARGS from environment")
     for omitted in ("tool-call-parser", "reasoning-parser", "speculative-config", "enable-auto-tool-choice"):
         assert f"--{omitted}" not in args
@@ -176,5 +179,8 @@ def test_docs_put_every_recipe_flag_side_by_side():
     profile = DEEPSEEK_V4_FLASH
     for item in (*profile.switches, *profile.preferences, profile.speculative):
         assert f"| `{item.flag}" in docs, item.flag
+    for var in profile.env:
+        assert f"| `{var.name}=" in docs, var.name
+    assert "| `--max-cudagraph-capture-size" in docs and "draft_sample_method" in docs
     for default in profile.settings:
         assert default.value in docs and f"`{default.setting}`" in docs, default.setting

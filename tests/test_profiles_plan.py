@@ -44,6 +44,39 @@ def test_plan_on_the_example_file_marks_workers_not_probed_and_hides_secrets(tmp
                                 "warnings": [], "memory": None}
     lines = [d["line"] for d in body["decisions"]]
     assert lines[0] == "vllm 0.25.0: installed on the head; profile deepseek-v4-flash-0731"
-    assert any(line.startswith("kv-cache-dtype fp8_ds_mla: nvfp4_ds_mla not offered") for line in lines)
-    assert body["memory"]["fits"] is True and body["memory"]["kv_cache_dtype"] == "fp8_ds_mla"
+    assert any(line.startswith("kv-cache-dtype fp8: nvfp4_ds_mla not offered") for line in lines)
+    assert body["memory"]["fits"] is True and body["memory"]["kv_cache_dtype"] == "fp8"
     assert "--kv-cache-dtype" in body["nodes"][0]["commands"][0]
+
+
+def test_plan_json_on_the_example_file_shows_every_flag_and_variable_with_its_source_and_reason():
+    """The GB10 judgement as `dspark plan --json` carries it: the installed 0.32's KV verdicts (recorded from
+    the live offer's shape), each profile flag and variable a decision with its recipe and why."""
+    from dataclasses import replace
+
+    from dspark_launch.profiles.gpu import gpu_target
+    from dspark_launch.profiles.offer import KvJudgement, KvVerdict
+
+    settings = load_settings(env_file=str(REPO / ".env.dspark.example"), environ={})
+    offer = replace(VllmOffer.from_json((DATA / "vllm-0.25.0-offer.json").read_text()),
+                    kv_judgements=(KvJudgement("12.1", "DeepseekV4FlashInferSM120Attention (FLASHINFER_MLA_SPARSE_DSV4)",
+                                               (KvVerdict("nvfp4_ds_mla", "", "fp8_ds_mla layout only supports fp8"),
+                                                KvVerdict("fp8", "fp8_ds_mla"))),),
+                    modules=("b12x", "instanttensor", "cutlass"), env_names=("VLLM_USE_BREAKABLE_CUDAGRAPH",))
+    resolved = resolve(DEEPSEEK_V4_FLASH, offer, settings, gpu_target({"head": "12.1", "worker1": "12.1"}))
+    plan = Plan(resolved.profile, resolved.vllm_version, str(settings.env_file), settings.from_example,
+                profile_decisions(resolved), (not_probed("worker1", "192.0.2.2"),), None)
+    decisions = {d["subject"]: d for d in json.loads(plan.to_json())["decisions"]}
+    profile = DEEPSEEK_V4_FLASH
+    for pref in profile.preferences:
+        decision = decisions[pref.flag.lstrip("-")]
+        assert decision["reason"] and decision["line"].startswith(pref.flag.lstrip("-")), pref.flag
+        assert pref.source in decision["reason"], pref.flag
+    for var in profile.env:
+        assert decisions[var.name]["reason"] and var.source in decisions[var.name]["reason"], var.name
+    for subject in ("speculative-config", "max-cudagraph-capture-size", "trust-remote-code"):
+        assert decisions[subject]["reason"], subject
+    assert decisions["kv-cache-dtype"]["value"] == "fp8" and "stored as fp8_ds_mla" in decisions["kv-cache-dtype"]["reason"]
+    assert decisions["moe-backend"]["value"] == "b12x" and decisions["load-format"]["value"] == "instanttensor"
+    assert decisions["VLLM_USE_FLASHINFER_SAMPLER"]["value"] == ""  # not among the variables this build reads
+    assert "does not read VLLM_USE_FLASHINFER_SAMPLER" in decisions["VLLM_USE_FLASHINFER_SAMPLER"]["reason"]

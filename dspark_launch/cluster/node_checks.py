@@ -15,6 +15,7 @@ from dspark_launch.cluster.parallel import on_each
 from dspark_launch.cluster.protocol import HotfixReport, VersionRow
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.versions import differing_rows, matrix_lines
+from dspark_launch.profiles.gpu import GpuTarget, gpu_target
 
 
 @dataclass(frozen=True)
@@ -40,3 +41,10 @@ def versions_and_hotfix(spec: ClusterSpec, reporter: Reporter) -> NodeChecks:
         raise ClusterFailure(node.label, "hotfix", message, [f"{n.label}: {m}" for n, m in failures[1:]])
     reporter.phase(f"hotfix applied and verified on {labels}")
     return NodeChecks(versions, reports)
+
+
+def node_gpus(spec: ClusterSpec, reporter: Reporter) -> GpuTarget:
+    """The compute capability every node's version row reports (read-only: nvidia-smi and metadata), for
+    resolution to judge the profile's GPU-specific flags; asked before anything starts."""
+    rows = on_each(spec.nodes, lambda node: node.agent(reporter).node_versions())
+    return gpu_target({name: row.compute_capability for name, row in rows.items()})

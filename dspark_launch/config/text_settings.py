@@ -77,6 +77,20 @@ def _env_names(value: str) -> str:
     return " ".join(names)
 
 
+_PROFILE_ENV_WORD = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([A-Za-z0-9_.:,=+/@-]*)", re.ASCII)
+
+
+def _profile_env(value: str) -> str:
+    words = value.split()
+    for word in words:
+        match = _PROFILE_ENV_WORD.fullmatch(word)
+        if not match:
+            raise ValueError("space-separated NAME=VALUE (VALUE: letters, digits and ._:,=+/@-; empty leaves the "
+                             "variable unset), e.g. VLLM_USE_FLASHINFER_SAMPLER=0 CUTE_DSL_ARCH=")
+        check_forward_names([match[1]])
+    return " ".join(words)
+
+
 _NODE_FABRIC = re.compile(r"(head|worker[1-9][0-9]*):(DSPARK_FABRIC_IFNAME|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|"
                           r"TP_SOCKET_IFNAME|NCCL_IB_HCA|NCCL_IB_GID_INDEX)=([A-Za-z0-9_.:,-]+)", re.ASCII)
 
@@ -227,6 +241,9 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
     TextSetting("DSPARK_PROFILE", DEFAULT_PROFILE, "serving",
                 "Model profile: the recipe's vllm serve flags and variables, checked against the installed vLLM "
                 "(docs/deepseek-v4-flash.md); none: only the settings' flags", _choice(*PROFILE_NAMES)),
+    TextSetting("DSPARK_PROFILE_ENV", "", "serving",
+                "The profile's vllm serve variables set otherwise: NAME=VALUE (NAME= leaves it unset), only names "
+                "the profile sets (docs/deepseek-v4-flash.md)", _profile_env),
     TextSetting("VLLM_EXTRA_ARGS", "", "serving",
                 "Extra vllm serve arguments, split like a shell would (never run by one); the flags the launcher "
                 "sets are refused (list below)", _serve_args, quiet=True),

@@ -11,6 +11,8 @@ from dspark_launch.profiles.model import (
 )
 
 GIB = 1 << 30
+REASONING_CONFIG = '{"reasoning_parser":"deepseek_v4","reasoning_start_str":"<think>","reasoning_end_str":"</think>"}'
+COMPILATION_CONFIG = '{"cudagraph_mode":"FULL_AND_PIECEWISE","custom_ops":["all"]}'
 
 DEEPSEEK_V4_FLASH = Profile(
     name="deepseek-v4-flash-0731",
@@ -36,11 +38,14 @@ DEEPSEEK_V4_FLASH = Profile(
                "0.10.1.1, 0.25.0, 0.32.0; needs --tool-call-parser", needs="--tool-call-parser"),
     ),
     preferences=(
-        Preference("--kv-cache-dtype", ("nvfp4_ds_mla", "fp8_ds_mla", "fp8"),
-                   "1M tokens of KV only fit compressed: nvfp4_ds_mla about half of fp8_ds_mla, "
-                   "fp8_ds_mla 11.04 GiB per node at 1M, auto about twice that",
-                   "nvfp4_ds_mla: 0.32.0 (and the recipe's patched 0.25.2 image); fp8_ds_mla: 0.25.0, 0.32.0; "
-                   "fp8: every vLLM"),
+        Preference("--kv-cache-dtype", ("nvfp4_ds_mla", "fp8"),
+                   "1M tokens of KV only fit compressed: nvfp4_ds_mla (about half the bytes) where the installed "
+                   "build takes it on this GPU, else fp8, which DeepSeek-V4's attention stores as fp8_ds_mla "
+                   "(11.04 GiB per node at 1M)",
+                   "nvfp4_ds_mla: in 0.32.0's parser, but no stock DeepSeek-V4 attention takes it (MiaAI runs a "
+                   "patched image); fp8: every vLLM",
+                   source="MiaAI: nvfp4_ds_mla (patched image); vLLM recipe dgx_spark_gb10, eugr, hazyumps: fp8",
+                   judge_kv=True),
         Preference("--block-size", ("256",), "the DeepSeek sparse-attention kernels work in 256-token blocks",
                    "every vLLM"),
         Preference("--tokenizer-mode", ("deepseek_v4",),
@@ -50,16 +55,62 @@ DEEPSEEK_V4_FLASH = Profile(
                    "0.25.0, 0.32.0; not 0.10.1.1"),
         Preference("--reasoning-parser", ("deepseek_v4",), "splits thinking from the answer (reasoning_content)",
                    "0.25.0, 0.32.0; not 0.10.1.1"),
+        Preference("--reasoning-config", (REASONING_CONFIG,),
+                   "the strings that open and force-close thinking: a thinking-token budget can end reasoning",
+                   "0.32.0; not 0.25.0, 0.10.1.1",
+                   source="MiaAI and hazyumps (<think>, </think>); the vLLM recipe and eugr pass empty strings"),
+        # The GB10 speed settings (docs/deepseek-v4-flash.md "Speed settings"): each judged for the nodes' GPU.
+        Preference("--moe-backend", ("b12x", "flashinfer_b12x"),
+                   "SM12x FP4 MoE kernels: b12x (native), else FlashInfer's b12x CuTe DSL port",
+                   "b12x and flashinfer_b12x: 0.32.0 (each needs its library: the b12x package, FlashInfer)",
+                   source="vLLM recipe dgx_spark_gb10 and eugr 0731-1m: b12x; MiaAI: flashinfer_b12x",
+                   gpus=("12",), needs_module=(("b12x", "b12x"), ("flashinfer_b12x", "flashinfer"))),
+        Preference("--linear-backend", ("b12x",), "SM12x FP8 and FP4 linear kernels (b12x)",
+                   "b12x: 0.32.0 (needs the b12x package)",
+                   source="vLLM recipe dgx_spark_gb10, eugr 0731-1m", gpus=("12",), needs_module=(("b12x", "b12x"),)),
+        Preference("--attention-backend", ("B12X_MLA_SPARSE",),
+                   "b12x sparse MLA attention for DeepSeek-V4 on SM12x",
+                   "not in 0.32.0's AttentionBackendEnum (the recipes' eugr/spark-vllm-b12x image has it); 0.32.0 "
+                   "picks DeepseekV4FlashInferSM120Attention on 12.x itself",
+                   source="vLLM recipe dgx_spark_gb10, eugr 0731-1m", gpus=("12",)),
+        Preference("--load-format", ("instanttensor", "fastsafetensors"),
+                   "weights read with direct I/O instead of mmap, which is reported very slow on Spark",
+                   "instanttensor and fastsafetensors: 0.32.0 (each needs its package)",
+                   source="vLLM recipe dgx_spark_gb10 and eugr: instanttensor; NVIDIA playbook nvidia/vllm: "
+                          "fastsafetensors",
+                   needs_module=(("instanttensor", "instanttensor"), ("fastsafetensors", "fastsafetensors"))),
+        Preference("--compilation-config", (COMPILATION_CONFIG,),
+                   "full CUDA graphs for decode, piecewise for the rest, vLLM's custom ops on",
+                   "0.10.1.1, 0.25.0, 0.32.0",
+                   source="vLLM recipe dgx_spark_gb10, eugr 0731-1m, hazyumps; MiaAI leaves vLLM's default mode"),
     ),
     speculative=Preference("--speculative-config", ("dspark",), "DeepSeek's MTP head drafts 5 tokens; peers accept "
                            "2.5 to 5.6 a step, most of the single-stream decode speed",
                            "dspark: 0.25.0, 0.32.0; not 0.10.1.1"),
     speculative_tokens=5,
+    draft_sample_method="probabilistic",
+    capture_from_lanes=True,
+    capture_source="MiaAI (6 x 6 = 36); the vLLM recipe's 64 and eugr's 128 cover 8 and 12 lanes the same way",
     env=(
         EnvVar("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1",
-               "lets --max-model-len exceed the length in the checkpoint's config (1M context)"),
+               "lets --max-model-len exceed the length in the checkpoint's config (1M context)",
+               source="MiaAI", read_by="vllm"),
         EnvVar("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "1800",
-               "a first step JIT-compiles sm_121 kernels and a 1M prefill step is long: 300 s (default) kills it"),
+               "a first step JIT-compiles sm_121 kernels and a 1M prefill step is long: 300 s (default) kills it",
+               source="MiaAI", read_by="vllm"),
+        EnvVar("VLLM_USE_BREAKABLE_CUDAGRAPH", "0",
+               "breakable CUDA graphs off: MiaAI measured +28.6 % decode (74.55 -> 95.9 tok/s); 0.32.0's default",
+               source="MiaAI, vLLM recipe dgx_spark_gb10, eugr", read_by="vllm"),
+        EnvVar("VLLM_USE_FLASHINFER_SAMPLER", "1", "FlashInfer's top-k/top-p sampler (0.32.0's default on CUDA)",
+               source="MiaAI, vLLM recipe dgx_spark_gb10, eugr", read_by="vllm"),
+        EnvVar("CUTE_DSL_ARCH", "sm_121a",
+               "CuTe DSL kernels (b12x, FlashInfer) compile for GB10; without it MiaAI saw a slower MoE path JIT-ed",
+               source="MiaAI, vLLM recipe dgx_spark_gb10, eugr", gpus=("12.1",), read_by="cutlass"),
+        EnvVar("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True",
+               "torch's allocator grows segments: fewer fragmentation OOMs on unified memory's large KV allocations",
+               source="MiaAI, vLLM recipe dgx_spark_gb10, hazyumps"),
+        EnvVar("VLLM_USE_DEEP_GEMM", "0", "FP8 DeepGEMM JIT fails on GB10: FP8 GEMMs take vLLM's other kernels",
+               source="eugr's notes as issue 20 reads them (not in the recipe files)", gpus=("12",), read_by="vllm"),
     ),
     chat=True,
     kv_anchor=KvAnchor("fp8_ds_mla", 1048576, int(11.04 * GIB),

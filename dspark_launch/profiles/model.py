@@ -2,7 +2,9 @@
 
 A profile never says which vLLM build is installed; it says what it wants, in order
 of preference where builds differ, and which wants are required. `resolve` checks
-each one against the installed vLLM's own parser (`VllmOffer`).
+each one against the installed vLLM's own parser (`VllmOffer`) and, where a value
+depends on the GPU, against what that build does on the nodes' compute capability
+(`gpus`, `judge_kv`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,17 @@ class Preference:
     """Which vLLM builds offer which value."""
     required: bool = False
     """True: when no value is offered start refuses (exit 2); False: the flag is left out, with the reason."""
+    source: str = ""
+    """Which public recipe sets it (shown in the decision line)."""
+    gpus: tuple[str, ...] = ()
+    """Compute capabilities the setting is for (`"12"`: every 12.x, `"12.1"`: GB10 only); () any GPU.
+    On another GPU it is left out; with no capability reported it is kept and the line says so."""
+    needs_module: tuple[tuple[str, str], ...] = ()
+    """(value, optional module): a value used only when the node's vLLM has that library installed
+    (`--moe-backend b12x` needs the `b12x` package); see `profiles/offer.OPTIONAL_MODULES`."""
+    judge_kv: bool = False
+    """True: the values are KV cache dtypes, each judged by the installed vLLM's DeepSeek-V4 attention for
+    the nodes' compute capability (`VllmOffer.kv_judgements`), not only by its parser."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,13 @@ class EnvVar:
     value: str
     why: str
     """Why the recipe sets it, in one line (also in docs/deepseek-v4-flash.md)."""
+    source: str = ""
+    """Which public recipe sets it."""
+    gpus: tuple[str, ...] = ()
+    """As `Preference.gpus`."""
+    read_by: str = ""
+    """Who reads it, checked against the installed build: "vllm" (a name `vllm.envs` reads), an optional
+    module (`cutlass`: NVIDIA's CuTe DSL), or "" (read by the process itself, e.g. torch's allocator)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +121,13 @@ class Profile:
     multi-token-prediction head), checked against the methods the installed vLLM knows."""
     speculative_tokens: int = 0
     """Draft tokens per step; peers use 5 with `dspark` and accept 2.5 to 5.6 of them per step."""
+    draft_sample_method: str = ""
+    """`draft_sample_method` of the speculative config ("" leaves vLLM's default, greedy in 0.32)."""
+    capture_from_lanes: bool = False
+    """True: `--max-cudagraph-capture-size` = MAX_NUM_SEQS x (speculative_tokens + 1), the tokens of one
+    decode step with every lane drafting, so decode stays on captured CUDA graphs."""
+    capture_source: str = ""
+    """Which recipe gives that rule."""
     env: tuple[EnvVar, ...] = ()
     chat: bool = False
     """True: the model answers chat (readiness and smoke use `/v1/chat/completions`)."""

@@ -1,10 +1,19 @@
-"""What the installed vLLM's `vllm serve` offers: its flags, their choices, its speculative methods.
+"""What the installed vLLM's `vllm serve` offers: its flags, their choices, its speculative methods,
+and which KV cache dtypes its DeepSeek-V4 attention takes on each GPU generation.
 
 `describe_installed_vllm()` runs on a node (the head, through its agent): it imports
 vLLM lazily and reads its own serve parser, so the answer is what that build accepts,
 not what a release note says. The result is a frozen, JSON-able `VllmOffer`;
 `python -m dspark_launch.profiles.offer` prints it, for an agent that keeps vLLM out
 of its own process.
+
+The KV judgement needs no GPU: for each compute capability in `JUDGED_CAPABILITIES` it
+runs the installed build's own code with that capability: `_select_dsv4_attn_cls`
+(models/deepseek_v4/nvidia/model.py: which DeepSeek-V4 attention layer vLLM builds
+there), the layer's `_resolve_dsv4_kv_cache_dtype` (models/deepseek_v4/attention.py:
+its KV layout) and its backend's `validate_configuration` (the backend's dtype,
+capability and combination rules). Whether a kernel library is installed is not part
+of that verdict (`modules` says it).
 """
 
 from __future__ import annotations
@@ -25,11 +34,48 @@ class OfferedFlag:
 
 
 @dataclass(frozen=True)
+class KvVerdict:
+    """How one `--kv-cache-dtype` value fares on one GPU generation."""
+
+    dtype: str
+    layout: str  # what the attention stores it as ("fp8" -> "fp8_ds_mla"); "" when refused
+    refusal: str = ""  # vLLM's own words when refused; "" when accepted
+
+
+@dataclass(frozen=True)
+class KvJudgement:
+    """The installed vLLM's DeepSeek-V4 attention on one compute capability, every dtype judged."""
+
+    capability: str  # "12.1"
+    attention: str  # the layer class vLLM selects there and its backend
+    verdicts: tuple[KvVerdict, ...]
+
+    def verdict(self, dtype: str) -> KvVerdict | None:
+        return next((v for v in self.verdicts if v.dtype == dtype), None)
+
+
+# GPU generations the KV judgement is run for (Hopper, Blackwell B200/B300, Thor, RTX Pro / GB10).
+JUDGED_CAPABILITIES = ("9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
+# Optional libraries some flags need (found without importing them): b12x kernels (vllm/utils/b12x.py),
+# FlashInfer, the InstantTensor and fastsafetensors loaders, NVIDIA's CuTe DSL (`cutlass`), DeepGEMM.
+OPTIONAL_MODULES = ("b12x", "flashinfer", "instanttensor", "fastsafetensors", "cutlass", "deep_gemm")
+
+
+@dataclass(frozen=True)
 class VllmOffer:
     version: str
     flags: tuple[OfferedFlag, ...]
     speculative_methods: tuple[str, ...]  # values of "method" in --speculative-config
     source: str = "the installed vLLM's serve parser"
+    kv_judgements: tuple[KvJudgement, ...] = ()  # per JUDGED_CAPABILITIES; () when not judged
+    kv_judged_by: str = ""  # what judged them, or why they are not ("" in a recorded description)
+    env_names: tuple[str, ...] | None = None  # the variables vllm.envs reads; None: not known
+    modules: tuple[str, ...] | None = None  # which OPTIONAL_MODULES are installed; None: not known
+    draft_sample_methods: tuple[str, ...] = ()  # values of "draft_sample_method" in --speculative-config
+    speculative_fields: tuple[str, ...] = ()  # the keys --speculative-config takes; () not known
+
+    def judgement(self, capability: str) -> KvJudgement | None:
+        return next((j for j in self.kv_judgements if j.capability == capability), None)
 
     def flag(self, option: str) -> OfferedFlag | None:
         """The flag `option` names ("--kv-cache-dtype", "--no-async-scheduling", "-tp"), if offered."""
@@ -46,8 +92,15 @@ class VllmOffer:
         data = json.loads(text)
         flags = tuple(OfferedFlag(tuple(f["option_strings"]), f["dest"], bool(f["takes_value"]), tuple(f["choices"]))
                       for f in data["flags"])
+        judgements = tuple(KvJudgement(j["capability"], j["attention"],
+                                       tuple(KvVerdict(v["dtype"], v["layout"], v.get("refusal", ""))
+                                             for v in j["verdicts"]))
+                           for j in data.get("kv_judgements", ()))
+        optional = {name: (None if data.get(name) is None else tuple(data[name])) for name in ("env_names", "modules")}
         return cls(str(data["version"]), flags, tuple(data["speculative_methods"]),
-                   data.get("source", "a recorded description"))
+                   data.get("source", "a recorded description"), judgements, data.get("kv_judged_by", ""),
+                   optional["env_names"], optional["modules"], tuple(data.get("draft_sample_methods", ())),
+                   tuple(data.get("speculative_fields", ())))
 
 
 def _literal_values(annotation: object) -> list[str]:
@@ -67,10 +120,86 @@ def _registered(manager_module: str, manager: str) -> tuple[str, ...]:
         return ()
 
 
+def _judge_deepseek_v4_kv(dtypes: tuple[str, ...]) -> tuple[tuple[KvJudgement, ...], str]:
+    """Each dtype on each JUDGED_CAPABILITIES, by the installed build's own DeepSeek-V4 code (module docstring);
+    ((), why) when this build cannot be asked (no DeepSeek-V4, or its code moved)."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    try:
+        import torch
+        import vllm.utils.flashinfer as flashinfer_utils
+        from vllm.models.deepseek_v4 import attention as dsv4_attention
+        from vllm.models.deepseek_v4.nvidia import model as dsv4_model
+        from vllm.platforms.interface import DeviceCapability
+
+        select, layout_of = dsv4_model._select_dsv4_attn_cls, dsv4_attention._resolve_dsv4_kv_cache_dtype
+    except (ImportError, AttributeError) as exc:
+        return (), f"not judged: this vLLM's DeepSeek-V4 attention code cannot be read ({type(exc).__name__}: {exc})"
+    judgements = []
+    no_backend = SimpleNamespace(attention_config=SimpleNamespace(backend=None))
+    for text in JUDGED_CAPABILITIES:
+        capability = DeviceCapability(*(int(part) for part in text.split(".")))
+        platform = SimpleNamespace(get_device_capability=lambda capability=capability: capability)
+        # The library check is the node's install, not the dtype rule: asked apart (`modules`).
+        with mock.patch.object(dsv4_model, "current_platform", platform), \
+                mock.patch.object(flashinfer_utils, "has_flashinfer_sparse_mla_sm120", lambda: True):
+            layer = select(no_backend)
+            backend = layer.backend_cls
+            verdicts = []
+            for dtype in dtypes:
+                try:
+                    layout, refusal = layout_of(layer.use_fp8_ds_mla_layout, dtype, None)[0], ""
+                except ValueError as exc:
+                    layout, refusal = "", str(exc).split(". ")[0]
+                reasons = backend.validate_configuration(512, torch.bfloat16, dtype, 256, True, True, True, False,
+                                                         False, capability, "decoder")
+                if reasons and not refusal:
+                    layout, refusal = "", f"{backend.get_name()}: {'; '.join(dict.fromkeys(reasons))}"
+                verdicts.append(KvVerdict(dtype, layout, refusal))
+        judgements.append(KvJudgement(text, f"{layer.__name__} ({backend.get_name()})", tuple(verdicts)))
+    return tuple(judgements), ("the installed vLLM's DeepSeek-V4 code run for each capability: _select_dsv4_attn_cls, "
+                               "_resolve_dsv4_kv_cache_dtype, the backend's validate_configuration")
+
+
+def _optional_modules() -> tuple[str, ...]:
+    import importlib.util
+
+    found = []
+    for name in OPTIONAL_MODULES:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                found.append(name)
+        except (ImportError, ValueError):
+            continue
+    return tuple(found)
+
+
+def _static_choices() -> dict[str, tuple[str, ...]]:
+    """Values argparse leaves open but the build checks later: attention backends and load formats."""
+    found: dict[str, tuple[str, ...]] = {}
+    try:
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+        found["attention_backend"] = tuple(AttentionBackendEnum.__members__)
+    except ImportError:
+        pass
+    try:
+        from vllm.model_executor.model_loader import LoadFormats
+
+        found["load_format"] = tuple(_literal_values(LoadFormats))
+    except ImportError:
+        pass
+    return found
+
+
 def describe_installed_vllm() -> VllmOffer:
     """Node side: the installed vLLM's serve parser as data (takes seconds: imports vLLM)."""
+    import dataclasses
+
     import vllm
-    from vllm.config.speculative import SpeculativeMethod
+    import vllm.envs
+    from vllm.config.speculative import SpeculativeConfig, SpeculativeMethod
 
     try:
         from vllm.entrypoints.launchers.cli_args import make_arg_parser
@@ -86,6 +215,7 @@ def describe_installed_vllm() -> VllmOffer:
         "tool_call_parser": _registered("vllm.tool_parsers", "ToolParserManager")
         or _registered("vllm.entrypoints.openai.tool_parsers", "ToolParserManager"),
         "reasoning_parser": _registered("vllm.reasoning", "ReasoningParserManager"),
+        **_static_choices(),
     }
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
     flags = []
@@ -94,7 +224,19 @@ def describe_installed_vllm() -> VllmOffer:
             continue
         choices = tuple(str(c) for c in action.choices) if action.choices else registries.get(action.dest, ())
         flags.append(OfferedFlag(tuple(action.option_strings), action.dest, action.nargs != 0, choices))
-    return VllmOffer(str(vllm.__version__), tuple(flags), tuple(sorted(set(_literal_values(SpeculativeMethod)))))
+    kv_dtypes = next((f.choices for f in flags if f.dest == "kv_cache_dtype"), ())
+    judgements, judged_by = _judge_deepseek_v4_kv(kv_dtypes)
+    try:
+        from vllm.config.speculative import DraftSampleMethod
+
+        draft_sampling = tuple(_literal_values(DraftSampleMethod))
+    except ImportError:
+        draft_sampling = ()
+    return VllmOffer(str(vllm.__version__), tuple(flags), tuple(sorted(set(_literal_values(SpeculativeMethod)))),
+                     kv_judgements=judgements, kv_judged_by=judged_by,
+                     env_names=tuple(sorted(getattr(vllm.envs, "environment_variables", {}))),
+                     modules=_optional_modules(), draft_sample_methods=draft_sampling,
+                     speculative_fields=tuple(f.name for f in dataclasses.fields(SpeculativeConfig) if f.init))
 
 
 _MARK = "DSPARK-VLLM-OFFER "

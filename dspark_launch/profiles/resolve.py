@@ -10,6 +10,12 @@ An env-file line equal to the built-in default reads as a line copied from the e
 file, so the profile's value applies; to force the built-in value over a profile, give it
 on the CLI or in the environment, or choose `DSPARK_PROFILE=none`.
 Flags the launcher owns cannot be given in `VLLM_EXTRA_ARGS` (exit 2 naming the setting).
+A profile variable's value: `DSPARK_PROFILE_ENV` (`NAME=VALUE`, `NAME=` leaves it unset) over the profile's.
+
+GPU: each GPU-specific value is judged for the nodes' compute capability (`GpuTarget`, from their version
+rows): the KV cache dtype by the installed build's DeepSeek-V4 attention (`VllmOffer.kv_judgements`), the
+GB10 settings by `gpus`. With no capability reported (CPU nodes) the parser's verdict stands, and the line
+says it was not judged for a GPU.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from dspark_launch.config.settings import Setting, Settings
 from dspark_launch.config.text_settings import TEXT_SETTINGS
 from dspark_launch.errors import ConfigError
 from dspark_launch.profiles.catalog import profile_named
-from dspark_launch.profiles.model import Preference, Profile, Switch
+from dspark_launch.profiles.gpu import UNKNOWN, GpuTarget
+from dspark_launch.profiles.model import EnvVar, Preference, Profile, Switch
 from dspark_launch.profiles.offer import OfferedFlag, VllmOffer
 
 # Settings that become `vllm serve` flags, whatever the profile: (setting, flag).
@@ -48,6 +55,15 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class KvCacheChoice:
+    """The KV cache the server will hold: what `--kv-cache-dtype` says and how the attention stores it."""
+
+    value: str  # the flag's value, "auto" when no flag is passed
+    layout: str  # what the attention stores: "fp8" -> "fp8_ds_mla" on DeepSeek-V4; the value when not judged
+    judged: bool  # True: the layout is the installed build's own answer for the nodes' compute capability
+
+
+@dataclass(frozen=True)
 class ResolvedProfile:
     """What `vllm serve` runs with, apart from the launcher's own flags (host, port, TP, Ray backend, API key)."""
 
@@ -59,6 +75,7 @@ class ResolvedProfile:
     max_model_len: int
     gpu_memory_utilization: float
     kv_cache_dtype: str  # the chosen value, "auto" when no flag is passed
+    kv_cache: KvCacheChoice  # the same choice with its stored layout (the memory pre-flight sizes that)
     serve_args: tuple[str, ...]  # what follows `vllm serve`: the model first; the launcher adds its own flags
     env: tuple[tuple[str, str], ...]  # the profile's variables for the vllm serve environment
     decisions: tuple[Decision, ...]
@@ -114,11 +131,19 @@ def extra_args_values(settings: Settings, offer: VllmOffer) -> tuple[tuple[str, 
     return tuple(found)
 
 
+def profile_env_values(settings: Settings) -> dict[str, str]:
+    """DSPARK_PROFILE_ENV as {name: value}; the setting's own check (config) made every word NAME=VALUE."""
+    return dict(word.split("=", 1) for word in settings.words("DSPARK_PROFILE_ENV"))
+
+
 class _Resolution:
-    def __init__(self, profile: Profile, offer: VllmOffer, settings: Settings):
+    def __init__(self, profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN):
         self.profile = profile
         self.offer = offer
         self.settings = settings
+        self.gpu = gpu
+        self.kv: KvCacheChoice | None = None
+        self.env: list[tuple[str, str]] = []
         self.version = offer.version
         self.overridden = dict(extra_args_values(settings, offer))
         self.extra_source = settings.entries["VLLM_EXTRA_ARGS"].source
@@ -163,27 +188,134 @@ class _Resolution:
         self.omitted.add(flag)
         self.decisions.append(Decision(flag.lstrip("-"), "", reason))
 
+    def off_gpu(self, gpus: tuple[str, ...]) -> str | None:
+        """Why a setting for `gpus` is left out on the nodes' GPU, or None (any GPU, a match, or unknown)."""
+        cap = self.gpu.capability
+        if not gpus or cap is None or any(cap.matches(g) for g in gpus):
+            return None
+        return f"for compute capability {' or '.join(gpus)}; the nodes have {self.gpu.basis}"
+
+    def gpu_clause(self, gpus: tuple[str, ...]) -> str:
+        if not gpus:
+            return ""
+        return f"judged for {self.gpu.basis}" if self.gpu.known else f"not judged for a GPU: {self.gpu.basis}"
+
+    def kv_refusal(self, value: str) -> str | None:
+        cap = self.gpu.capability
+        if cap is None:
+            return None
+        judgement = self.offer.judgement(str(cap))
+        verdict = judgement.verdict(value) if judgement else None
+        if verdict is None or not verdict.refusal:
+            return None
+        return f"refused on {cap} by the installed vLLM {self.version}'s {judgement.attention}: {verdict.refusal}"
+
+    def value_refusal(self, pref: Preference, flag: OfferedFlag | None, value: str) -> str | None:
+        """Why `value` cannot be used on this install and GPU, or None."""
+        if flag is None:
+            return f"not offered: the installed vLLM {self.version} has no {pref.flag}"
+        if flag.choices and value not in flag.choices:
+            return f"not offered by the installed vLLM {self.version}"
+        module = dict(pref.needs_module).get(value)
+        if module and self.offer.modules is not None and module not in self.offer.modules:
+            return f"needs the {module} package, not installed beside the vLLM {self.version}"
+        return self.kv_refusal(value) if pref.judge_kv else None
+
+    def kv_layout(self, value: str) -> KvCacheChoice:
+        cap = self.gpu.capability
+        judgement = self.offer.judgement(str(cap)) if cap is not None else None
+        verdict = judgement.verdict(value) if judgement else None
+        if verdict is not None and verdict.layout:
+            return KvCacheChoice(value, verdict.layout, True)
+        return KvCacheChoice(value, value, False)
+
+    def kv_clause(self, choice: KvCacheChoice) -> str:
+        cap = self.gpu.capability
+        if choice.judged:
+            attention = self.offer.judgement(str(cap)).attention
+            return f"taken on {cap} by {attention}, stored as {choice.layout}"
+        if cap is None:
+            return f"not judged for a GPU: {self.gpu.basis}"
+        why = self.offer.kv_judged_by or "the offer holds no KV judgement (a recorded description)"
+        return f"not judged for {cap}: {why if not self.offer.kv_judgements else 'capability not among those judged'}"
+
     def preference(self, pref: Preference) -> None:
         subject = pref.flag.lstrip("-")
         flag = self.offer.flag(pref.flag)
         if self.by_operator(flag, subject, "preference (" + ", ".join(pref.values) + ")"):
+            if pref.judge_kv:
+                self.kv = self.kv_layout(self.chosen[flag.option_strings[0]])
             return
-        offered = () if flag is None else flag.choices
-        usable = [v for v in pref.values if flag is not None and (not flag.choices or v in flag.choices)]
-        if not usable:
+        source = f" ({pref.source})" if pref.source else ""
+        off = self.off_gpu(pref.gpus)
+        if off:
+            self.omit(pref.flag, f"{', '.join(pref.values)}: {off}{source}")
+            return
+        if flag is None and not pref.required:
+            self.omit(pref.flag, f"the installed vLLM {self.version} has no {pref.flag} ({pref.builds}){source}")
+            return
+        skipped: list[str] = []
+        value = None
+        for candidate in pref.values:
+            why_not = self.value_refusal(pref, flag, candidate)
+            if why_not is None:
+                value = candidate
+                break
+            skipped.append(f"{candidate} {why_not}")
+        if value is None:
             if pref.required:
-                raise self.missing(pref.flag, " or ".join(pref.values), pref.why, pref.builds, offered)
-            what = ", ".join(pref.values) if flag is not None else f"no {pref.flag} at all"
-            self.omit(pref.flag, f"{what} not offered by the installed vLLM {self.version} ({pref.builds})")
+                raise self.missing(pref.flag, " or ".join(pref.values), pref.why, pref.builds,
+                                   () if flag is None else flag.choices)
+            self.omit(pref.flag, f"{'; '.join(skipped)} ({pref.builds}){source}")
             return
-        value = usable[0]
-        skipped = pref.values[:pref.values.index(value)]
-        reason = (f"{', '.join(skipped)} not offered by the installed vLLM {self.version}" if skipped
+        reason = ("; ".join(skipped) if skipped
                   else f"the profile's {'first choice' if len(pref.values) > 1 else 'value'}, offered by vLLM "
                        f"{self.version}")
+        if pref.judge_kv:
+            self.kv = self.kv_layout(value)
+            reason += f"; {self.kv_clause(self.kv)}"
+        elif pref.gpus:
+            reason += f"; {self.gpu_clause(pref.gpus)}"
         self.flags += [pref.flag, value]
         self.chosen[pref.flag] = value
-        self.decisions.append(Decision(subject, value, f"{reason}; {pref.why}"))
+        self.decisions.append(Decision(subject, value, f"{reason}; {pref.why}{source}"))
+
+    def variable(self, var: EnvVar, given: dict[str, str]) -> None:
+        source = f" ({var.source})" if var.source else ""
+        if var.name in given:
+            entry = self.settings.entries["DSPARK_PROFILE_ENV"]
+            value = given[var.name]
+            if not value:
+                self.decisions.append(Decision(var.name, "", f"left unset by DSPARK_PROFILE_ENV from {entry.source} "
+                                                             f"(the profile gives {var.value})"))
+                return
+            self.env.append((var.name, value))
+            self.decisions.append(Decision(var.name, value, f"the operator's, from DSPARK_PROFILE_ENV in "
+                                                            f"{entry.source} (the profile gives {var.value})"))
+            return
+        off = self.off_gpu(var.gpus)
+        if off:
+            self.decisions.append(Decision(var.name, "", f"{var.value}: {off}{source}"))
+            return
+        checked = ""
+        if var.read_by == "vllm":
+            if self.offer.env_names is None:
+                checked = "not checked: the offer does not list the variables vLLM reads"
+            elif var.name not in self.offer.env_names:
+                self.decisions.append(Decision(var.name, "", f"the installed vLLM {self.version} does not read "
+                                                             f"{var.name} (vllm/envs.py){source}"))
+                return
+            else:
+                checked = f"read by the installed vLLM {self.version} (vllm/envs.py)"
+        elif var.read_by:
+            if self.offer.modules is not None and var.read_by not in self.offer.modules:
+                self.decisions.append(Decision(var.name, "", f"read by {var.read_by}, not installed beside the "
+                                                             f"vLLM {self.version}{source}"))
+                return
+            checked = f"read by {var.read_by}" + ("" if self.offer.modules is not None else " (not checked)")
+        clauses = [c for c in (checked, self.gpu_clause(var.gpus)) if c]
+        self.env.append((var.name, var.value))
+        self.decisions.append(Decision(var.name, var.value, "; ".join([*clauses, var.why]) + source))
 
     def speculative(self, spec: Preference, tokens: int) -> None:
         flag = self.offer.flag(spec.flag)
@@ -197,9 +329,37 @@ class _Resolution:
             self.omit(spec.flag, f"method {', '.join(spec.values)} not offered by the installed "
                                  f"vLLM {self.version} ({spec.builds})")
             return
-        value = json.dumps({"method": usable[0], "num_speculative_tokens": tokens}, separators=(",", ":"))
+        config: dict[str, object] = {"method": usable[0], "num_speculative_tokens": tokens}
+        notes = []
+        sampling = self.profile.draft_sample_method
+        if sampling and sampling in self.offer.draft_sample_methods:
+            config["draft_sample_method"] = sampling
+            notes.append(f"draft tokens sampled {sampling}, as MiaAI, the vLLM recipe and eugr do "
+                         f"(vLLM {self.version}'s default is greedy)")
+        elif sampling:
+            notes.append(f"draft_sample_method {sampling} left out: the installed vLLM {self.version} does not "
+                         f"take it (drafts sampled greedily)")
+        backend = self.chosen.get("--attention-backend")
+        if backend and "attention_backend" in self.offer.speculative_fields:
+            config["attention_backend"] = backend
+            notes.append(f"the drafter on {backend} too (vLLM recipe dgx_spark_gb10, eugr)")
+        value = json.dumps(config, separators=(",", ":"))
         self.flags += [spec.flag, value]
-        self.decisions.append(Decision("speculative-config", value, spec.why))
+        self.decisions.append(Decision("speculative-config", value, "; ".join([spec.why, *notes])))
+
+    def capture_size(self, lanes: int, tokens: int) -> None:
+        flag = self.offer.flag("--max-cudagraph-capture-size")
+        if self.by_operator(flag, "max-cudagraph-capture-size", "MAX_NUM_SEQS x (draft tokens + 1)"):
+            return
+        if flag is None:
+            self.omit("--max-cudagraph-capture-size", f"the installed vLLM {self.version} has no "
+                                                      f"--max-cudagraph-capture-size")
+            return
+        size = lanes * (tokens + 1)
+        self.flags += ["--max-cudagraph-capture-size", str(size)]
+        self.decisions.append(Decision("max-cudagraph-capture-size", str(size),
+                                       f"MAX_NUM_SEQS {lanes} x ({tokens} draft + 1) tokens: a decode step of every "
+                                       f"lane stays on captured CUDA graphs ({self.profile.capture_source})"))
 
     def setting(self, name: str, model: str = "") -> str:
         """The effective value of a setting, with a decision when the profile has a say.
@@ -222,9 +382,23 @@ class _Resolution:
         return default.value
 
 
-def resolve(profile: Profile, offer: VllmOffer, settings: Settings) -> ResolvedProfile:
-    """The flags and environment `vllm serve` runs with; ConfigError (exit 2) when a required flag is not offered."""
-    run = _Resolution(profile, offer, settings)
+def _checked_profile_env(profile: Profile, settings: Settings) -> dict[str, str]:
+    given = profile_env_values(settings)
+    declared = [var.name for var in profile.env]
+    for name in given:
+        if name not in declared:
+            entry = settings.entries["DSPARK_PROFILE_ENV"]
+            allowed = ", ".join(declared) or "none (this profile sets no variables)"
+            raise ConfigError(f"DSPARK_PROFILE_ENV={entry.value} from {entry.source}: {name} is not a variable of "
+                              f"profile {profile.name}; allowed: {allowed} (others: DSPARK_FORWARD_ENV)")
+    return given
+
+
+def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN) -> ResolvedProfile:
+    """The flags and environment `vllm serve` runs with, judged for `gpu`; ConfigError (exit 2) when a required
+    flag is not offered or DSPARK_PROFILE_ENV names a variable the profile does not set."""
+    given_env = _checked_profile_env(profile, settings)
+    run = _Resolution(profile, offer, settings, gpu)
     model = run.setting("DSPARK_MODEL")
     revision, served = run.setting("DSPARK_MODEL_REVISION", model), run.setting("DSPARK_SERVED_MODEL_NAME")
     args = [model, "--served-model-name", served, *(("--revision", revision) if revision else ())]
@@ -243,19 +417,23 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings) -> ResolvedP
         run.switch(switch)
     if profile.speculative is not None:
         run.speculative(profile.speculative, profile.speculative_tokens)
+    if profile.capture_from_lanes:
+        drafting = profile.speculative is not None and "--speculative-config" not in run.omitted
+        run.capture_size(int(values["MAX_NUM_SEQS"]), profile.speculative_tokens if drafting else 0)
     for var in profile.env:
-        run.decisions.append(Decision(var.name, var.value, var.why))
+        run.variable(var, given_env)
     args += run.flags + list(settings.words("VLLM_EXTRA_ARGS"))
+    kv_value = run.chosen.get("--kv-cache-dtype", "auto")
     return ResolvedProfile(
         profile=profile.name, vllm_version=offer.version, model=model, revision=revision, served_name=served,
         max_model_len=int(values["MAX_MODEL_LEN"]), gpu_memory_utilization=float(values["GPU_MEMORY_UTILIZATION"]),
-        kv_cache_dtype=run.chosen.get("--kv-cache-dtype", "auto"), serve_args=tuple(args),
-        env=tuple((v.name, v.value) for v in profile.env), decisions=tuple(run.decisions), chat=profile.chat)
+        kv_cache_dtype=kv_value, kv_cache=run.kv or KvCacheChoice(kv_value, kv_value, False), serve_args=tuple(args),
+        env=tuple(run.env), decisions=tuple(run.decisions), chat=profile.chat)
 
 
-def resolve_selected(offer: VllmOffer, settings: Settings) -> ResolvedProfile:
-    """`resolve` for the profile DSPARK_PROFILE names."""
-    return resolve(profile_named(settings["DSPARK_PROFILE"]), offer, settings)
+def resolve_selected(offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN) -> ResolvedProfile:
+    """`resolve` for the profile DSPARK_PROFILE names, judged for `gpu`."""
+    return resolve(profile_named(settings["DSPARK_PROFILE"]), offer, settings, gpu)
 
 
 def served_model(settings: Settings) -> tuple[str, str]:

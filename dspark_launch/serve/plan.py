@@ -10,7 +10,7 @@ from dspark_launch.cluster.fabric import FabricEnv
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.config.settings import Settings
 from dspark_launch.hotfix.contract import ENV_CAP, ENV_DIAG, ENV_GATE_MODE
-from dspark_launch.profiles.resolve import Decision, ResolvedProfile
+from dspark_launch.profiles.resolve import Decision, KvCacheChoice, ResolvedProfile
 
 ENTRY_MODULE = "dspark_launch.serve.entry"
 VLLM_CONFIG_DIR = "vllm-config"  # in the state folder: VLLM_CONFIG_ROOT of vllm serve (its non-carry-over list)
@@ -37,7 +37,8 @@ class ServePlan:
     profile: str = ""
     decisions: tuple[Decision, ...] = ()  # the profile's resolution, each with its reason
     chat: bool = False  # readiness (and smoke) use a chat completion
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str = "auto"  # the layout the KV cache is stored in (kv_cache.layout): what memory sizes
+    kv_cache: KvCacheChoice = KvCacheChoice("auto", "auto", False)
     max_model_len: int = 0
     gpu_memory_utilization: float = 0.9
     revision: str = ""
@@ -92,8 +93,8 @@ def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], r
                      settings.int(ENV_CAP), spec.head.transport.python, api_key(settings),
                      settings.int("START_TIMEOUT_S"), settings.int("HEALTH_TIMEOUT_S"),
                      tuple(settings.public_values().items()), settings.digest(), resolved.profile,
-                     resolved.decisions, resolved.chat, resolved.kv_cache_dtype, resolved.max_model_len,
-                     resolved.gpu_memory_utilization, resolved.revision, str(config_root))
+                     resolved.decisions, resolved.chat, resolved.kv_cache.layout, resolved.kv_cache,
+                     resolved.max_model_len, resolved.gpu_memory_utilization, resolved.revision, str(config_root))
 
 
 def api_key(settings: Settings) -> str:

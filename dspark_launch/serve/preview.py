@@ -20,6 +20,7 @@ from dspark_launch.cluster.spec import ClusterSpec, Node, cluster_spec, placehol
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.model.onnodes import placed_weights, wanted_model
+from dspark_launch.profiles.gpu import gpu_target
 from dspark_launch.profiles.plan import NOT_PROBED_EXAMPLE, NodePlan, Plan, env_entries, not_probed, profile_decisions
 from dspark_launch.profiles.resolve import resolve_selected
 from dspark_launch.serve.memory import estimate
@@ -28,10 +29,11 @@ from dspark_launch.serve.plan import ServePlan, serve_plan
 GENERATED = "generated at start"
 
 
-def _probe(spec: ClusterSpec, node: Node) -> tuple[FabricEnv, int | None] | str:
-    """The node's fabric environment and memory, or why it was not probed."""
+def _probe(spec: ClusterSpec, node: Node) -> tuple[FabricEnv, int | None, str | None] | str:
+    """The node's fabric environment, memory and GPU compute capability, or why it was not probed."""
     try:
-        return rc.node_fabric(spec, node), node.agent().meminfo().total_bytes
+        return (rc.node_fabric(spec, node), node.agent().meminfo().total_bytes,
+                node.agent().node_versions().compute_capability)
     except ConfigError:
         raise
     except DsparkError as exc:
@@ -58,11 +60,13 @@ def build_plan(settings: Settings, reporter: Reporter) -> Plan:
     dialled = [n for n in spec.workers if not placeholder(settings, "DSPARK_WORKER_HOSTS")]
     reporter.phase(f"asking {', '.join(n.label for n in (spec.head, *dialled))}")
     probes = Background(lambda: on_each((spec.head, *dialled), lambda node: _probe(spec, node)))
-    resolved = resolve_selected(spec.head.agent(reporter).describe_vllm(), settings)
+    offer = spec.head.agent(reporter).describe_vllm()
     found = probes.result()
     head = found["head"]
     if isinstance(head, str):
         raise DsparkError(f"{spec.head.label}: {head}")
+    resolved = resolve_selected(offer, settings, gpu_target({name: probe[2] for name, probe in found.items()
+                                                             if not isinstance(probe, str)}))
     token = spec.auth_token or GENERATED
     ray_env = {"RAY_AUTH_MODE": spec.auth_mode, **({"RAY_AUTH_TOKEN": token} if spec.auth_mode == "token" else {})}
     serve = serve_plan(settings, spec, ray_env, resolved, head[0])

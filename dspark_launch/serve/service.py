@@ -49,11 +49,14 @@ class StartResult:
 def resolved_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray_env: dict[str, str]) -> ServePlan:
     """The profile resolved against the head's installed vLLM (through its agent), the head's own fabric
     environment beside it; the serve plan built once from both. ConfigError (exit 2) for a flag it lacks."""
+    from dspark_launch.cluster.node_checks import node_gpus
     from dspark_launch.profiles.resolve import resolve_selected
 
-    reporter.phase(f"resolving profile {settings['DSPARK_PROFILE']} against the vLLM on {spec.head.label}")
+    reporter.phase(f"resolving profile {settings['DSPARK_PROFILE']} against the vLLM on {spec.head.label} "
+                   f"and every node's GPU")
     head_fabric = Background(lambda: rc.node_fabric(spec, spec.head))
-    resolved = resolve_selected(spec.head.agent(reporter).describe_vllm(), settings)
+    gpus = Background(lambda: node_gpus(spec, reporter))
+    resolved = resolve_selected(spec.head.agent(reporter).describe_vllm(), settings, gpus.result())
     plan = serve_plan(settings, spec, ray_env, resolved, head_fabric.result())
     reporter.phase(f"profile {plan.profile} on vLLM {resolved.vllm_version}: {len(plan.decisions)} decision(s)")
     for decision in plan.decisions:
