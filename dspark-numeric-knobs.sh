@@ -47,6 +47,8 @@ dspark_knob SSH_CONNECT_TIMEOUT_S          int   10       1    300      hard "se
 dspark_knob CLUSTER_JOIN_TIMEOUT_S         int   120      5    3600     hard "seconds to wait for every node to join Ray"
 # Security
 dspark_knob DSPARK_TRUSTED_NETWORK         int   0        0    1        hard "1 allows a VLLM_HOST other than loopback without an API key (a network you trust)"
+dspark_knob DSPARK_HUB_TOKEN_TO_ENDPOINT   int   0        0    1        hard "1 sends the hub token to an HF_ENDPOINT other than https://huggingface.co (https only)"
+dspark_knob DSPARK_HUB_PROXY               int   0        0    1        hard "1 lets the model pull use the environment's proxy variables (they see the token); 0 connects directly"
 }
 
 # ---- validation (bash side) -------------------------------------------------

@@ -226,5 +226,8 @@ def test_the_argument_checker_ends_with_the_agent_that_asked():
     assert checker, "the checker never started"
     kill_in_flight()
     asking.join(10)
-    time.sleep(1.0)
+    # Polled (a busy host takes a while to end it), well within the ~10 s the checker would run on its own.
+    deadline = time.monotonic() + 5
+    while any(procfs.start_time(pid) is not None for pid in checker) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert all(procfs.start_time(pid) is None for pid in checker)

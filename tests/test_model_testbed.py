@@ -207,3 +207,30 @@ def test_pull_everywhere_from_a_hub_on_the_heads_loopback(testbed, scratch, tmp_
     assert report_from(on_head(testbed, "verify", location, manifest)).ok  # worker, full sha256
     assert verify_model(location.folder, manifest).ok  # head
     assert (worker_disk / Path(location.folder).relative_to(cache) / ".dspark-manifest.json").is_file()
+
+
+def test_the_workers_copy_belongs_to_the_serving_user_and_a_planted_file_is_refused(testbed, scratch):
+    """Issue 22 point 6: the head's file of another user (group-writable) arrives on the worker as the
+    SSH user's (root here), closed to others; a worker file then given to another user makes the
+    worker's start check refuse, naming it."""
+    from dspark_launch.model.location import local_location
+
+    root, mounted = scratch
+    cache, worker_disk = root / "cache", root / "worker-disk"
+    worker_disk.mkdir()
+    bind_in_node(testbed, testbed.workers[0], str(worker_disk), str(cache))
+    mounted.append(str(cache))
+    folder = write_tiny_model(cache / "m")
+    location, manifest = prepare_local(str(folder))
+    assert location == local_location(str(folder))
+    os.chown(folder / "config.json", 65534, 65534)
+    (folder / "config.json").chmod(0o664)
+    synced = on_head(testbed, "sync", location, manifest)
+    assert "error" not in synced, synced
+    copied = (worker_disk / "m" / "config.json").stat()
+    assert copied.st_uid == 0 and not copied.st_mode & 0o022
+    assert report_from(on_head(testbed, "fast_check", location, manifest)).ok
+    os.chown(worker_disk / "m" / "tokenizer.json", 65534, 65534)
+    refused = on_head(testbed, "fast_check", location, manifest)
+    assert refused.get("error") == "ClusterFailure", refused
+    assert f"{cache}/m/tokenizer.json is owned by uid 65534" in refused["message"]

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dspark_launch.cli.output import emit_json, fail, table
+from dspark_launch.cli.output import emit_json, fail, say, table
 from dspark_launch.errors import ConfigError, DsparkError
 
 app = typer.Typer(help="Show, check and initialise the configuration.", no_args_is_help=True)
@@ -37,7 +37,7 @@ def show(
     entries = list(settings.entries.values())
     if as_json:
         emit_json({
-            "env_file": str(settings.env_file),
+            "env_file": None if settings.env_file is None else str(settings.env_file),
             "from_example": settings.from_example,
             "settings": [
                 {"name": e.name, "value": e.shown, "source": e.source, "group": e.group,
@@ -47,11 +47,11 @@ def show(
             "warnings": list(settings.warnings),
         })
         return
-    print(f"env file: {settings.env_file}{'  (example)' if settings.from_example else ''}")
+    say(f"env file: {settings.env_file_shown}{'  (example)' if settings.from_example else ''}")
     for group in dict.fromkeys(e.group for e in entries):
         rows = [(e.name, e.shown or '""', e.source, "; ".join(e.notes)) for e in entries if e.group == group]
-        print(f"\n[{group}]")
-        print(table(("NAME", "VALUE", "SOURCE", "NOTES"), rows, indent="  "))
+        say(f"\n[{group}]")
+        say(table(("NAME", "VALUE", "SOURCE", "NOTES"), rows, indent="  "))
 
 
 @app.command()
@@ -61,7 +61,7 @@ def check(
 ) -> None:
     """Exit 0 when the configuration is valid, 2 when it is not."""
     settings = load_settings(env_file, strict=strict)
-    print(f"configuration OK: {len(settings.entries)} settings, env file {settings.env_file}")
+    say(f"configuration OK: {len(settings.entries)} settings, env file {settings.env_file_shown}")
 
 
 @app.command()
@@ -76,7 +76,7 @@ def get(
     settings = load_settings(env_file)
     if canonical not in settings.entries:
         raise fail(ConfigError(f"{name}: no such setting; allowed: a name from `dspark config show`"))
-    print(settings.entries[canonical].shown)
+    say(settings.entries[canonical].shown)
 
 
 @app.command(hidden=True)
@@ -84,7 +84,7 @@ def docs() -> None:
     """Print the settings reference that docs/configuration.md embeds."""
     from dspark_launch.config.docs import settings_reference
 
-    print(settings_reference(), end="")
+    say(settings_reference(), end="")
 
 
 @app.command()
@@ -102,4 +102,4 @@ def init(
         raise fail(DsparkError(f"{path}: cannot create it ({exc.strerror})")) from None
     with os.fdopen(fd, "wb") as out, open(packaged_example(), "rb") as example:
         shutil.copyfileobj(example, out)
-    print(f"wrote {path} (mode 0600); set DSPARK_HEAD_IP, DSPARK_WORKER_HOSTS and DSPARK_FABRIC_IFNAME")
+    say(f"wrote {path} (mode 0600); set DSPARK_HEAD_IP, DSPARK_WORKER_HOSTS and DSPARK_FABRIC_IFNAME")

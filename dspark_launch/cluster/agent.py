@@ -256,16 +256,15 @@ STOPPED_KEEP_S = 86400
 
 
 def _stopped_mark(marker: str) -> Path | None:
-    from dspark_launch.cluster.ray_dirs import private_root
-    from dspark_launch.cluster.safe_path import PRIVATE, UnsafePath, make_dir
+    from dspark_launch.cluster.ray_dirs import make_private_root
+    from dspark_launch.cluster.safe_path import UnsafePath
 
     if not _MARKER.fullmatch(marker):
         return None
     try:
-        make_dir(private_root(), PRIVATE)
+        return make_private_root() / f"stopped-{marker}"
     except (UnsafePath, OSError):
         return None
-    return private_root() / f"stopped-{marker}"
 
 
 def _mark_stopped(marker: str) -> None:
@@ -332,7 +331,7 @@ def tail(req: p.Tail, report: Report) -> p.TailAnswer:
         try:
             with open(path, "rb") as handle:
                 handle.seek(0, os.SEEK_END)
-                handle.seek(max(0, handle.tell() - 256 * 1024))
+                handle.seek(max(0, handle.tell() - p.READ_CHUNK // max(1, len(req.paths))))
                 text = handle.read().decode(errors="replace").splitlines()[-req.lines:]
         except OSError:
             continue
@@ -341,13 +340,13 @@ def tail(req: p.Tail, report: Report) -> p.TailAnswer:
 
 
 def read(req: p.ReadLog, report: Report) -> p.ReadAnswer:
-    """Bytes of a log from `offset` on (at most 1 MiB), for `logs --follow`."""
+    """Bytes of a log from `offset` on (at most READ_CHUNK: the answer's line stays under MAX_LINE)."""
     try:
         with open(req.path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
             offset = min(req.offset, handle.tell())
             handle.seek(offset)
-            data = handle.read(1 << 20)
+            data = handle.read(p.READ_CHUNK)
     except OSError as exc:
         return p.ReadAnswer("", 0, exc.strerror or str(exc))
     return p.ReadAnswer(data.decode(errors="replace"), offset + len(data))

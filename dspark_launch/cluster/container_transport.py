@@ -102,7 +102,7 @@ class ContainerTransport:
 @dataclass(frozen=True)
 class OneShotContainerTransport:
     """The agent in a short-lived container (`RUNTIME run --rm -i`) from the node's checked image: the
-    node-side model checks on a node whose host may have no Python, with no node container up."""
+    node-side model checks with no node container up, in the image's Python like the node container's agent."""
 
     host: HostShell
     runtime: str

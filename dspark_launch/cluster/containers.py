@@ -98,7 +98,8 @@ def inspect(spec: ClusterSpec) -> dict[str, runtime.ContainerState]:
 def model_transports(spec: ClusterSpec) -> dict[str, Transport]:
     """Where the model commands check the weights with a container runtime, node containers up or not:
     the head in the launcher's own Python (it holds the host folder the containers mount), every worker
-    in a short-lived `--rm` container from the image checked on every node (its host needs no Python)."""
+    in a short-lived `--rm` container from the image checked on every node (the package shipped into
+    its state folder as for the node containers: runtime.ship_package)."""
     image_id = same_image(spec)
 
     def transport_of(node: Node) -> Transport:

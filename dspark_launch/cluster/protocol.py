@@ -28,6 +28,10 @@ from dspark_launch.profiles.offer import VllmOffer  # stdlib-only values
 PROTOCOL_VERSION = 4  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
 # 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
 # 4: model_verify hashes `only` the files a copy sent, with progress lines
+# The longest line either side reads (the launcher refuses a longer agent reply line: one clear error, the
+# agent killed); a log is read in chunks whose JSON (at most 6 bytes a character, `\u001b`) stays below it.
+MAX_LINE = 1 << 20
+READ_CHUNK = MAX_LINE // 8
 
 
 # --- values shared by several operations ---------------------------------------------------------
@@ -353,13 +357,16 @@ class ModelVerify:
     manifest: Manifest
     full: bool
     only: tuple[str, ...] | None = None
+    caches: tuple[str, ...] = ()  # cache folders checked like the model folder (model.folder_check)
 
 
 @dataclass(frozen=True)
 class ModelFastCheck:
-    """The start pre-flight: this node's manifest has `stamp` and every file its size (stats only)."""
+    """The start pre-flight: the folder and caches safe (model.folder_check), this node's manifest has
+    `stamp`, every file its size, every file but the tensor shards its sha256."""
     folder: str
     stamp: str
+    caches: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

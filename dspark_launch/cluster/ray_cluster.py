@@ -49,9 +49,9 @@ def auth_env(spec: ClusterSpec, create: bool = False) -> dict[str, str]:
 def node_env(spec: ClusterSpec, node: Node, token_env: dict[str, str], fabric: FabricEnv | None) -> dict[str, str]:
     """The declared environment of everything started on `node` (Ray workers inherit the raylet's):
     the node's own fabric variables among them, so vLLM's workers there use this node's values."""
-    env = dict(spec.node_env)
+    env = dict(spec.forwarded)  # first: the launcher's own values below always win over a forwarded name
+    env.update(spec.node_env)
     env.update(fabric.env if fabric else ())
-    env.update(spec.forwarded)
     env.update(token_env)
     env["VLLM_HOST_IP"] = node.ip
     env["RAY_USAGE_STATS_ENABLED"] = "0"

@@ -24,6 +24,7 @@ import re
 import shlex
 import tarfile
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Mapping, Sequence
 
 from dspark_launch.cluster.container_transport import (AGENT_MOUNT, ContainerTransport, HostShell,
@@ -49,8 +50,11 @@ JIT_CACHE_VARS = (
     ("B12X_CUTE_COMPILE_CACHE_DIR", "b12x-cute"),  # the b12x MoE backend's CuTe DSL cache (MiaAI's compose)
 )
 # Test-only: replaces the GPU/RDMA arguments below (no GPU, no CAP_SYS_RESOURCE in CI).
-# Read from the launcher's process environment only, never from an env file.
+# Read from the launcher's process environment only, never from an env file, and honoured only
+# where the test platform is installed and switched on (TEST_PLATFORM_VAR=1): see test_hook_allowed.
 TEST_GPU_ARGS_VAR = "DSPARK_TEST_CONTAINER_GPU_ARGS"
+TEST_PLATFORM_VAR = "DSPARK_TEST_RAY_CPU_PLATFORM"  # switches tests/vllm_ray_cpu_plugin on
+TEST_PLATFORM_MODULE = "dspark_ray_cpu_platform"
 GPU_ARGS = {
     "docker": ("--gpus", "all"),  # NVIDIA Container Toolkit's runtime hook
     "podman": ("--device", "nvidia.com/gpu=all"),  # CDI spec from `nvidia-ctk cdi generate`
@@ -121,10 +125,21 @@ def container_name(marker: str) -> str:
 
 
 def hardware_args(runtime: str, environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
-    """GPU, RDMA and memlock arguments for `runtime`; the test hook replaces them all when set."""
+    """GPU, RDMA and memlock arguments for `runtime`; the test hook replaces them all when set (and allowed)."""
     if TEST_GPU_ARGS_VAR in environ:
+        test_hook_allowed(environ)
         return tuple(shlex.split(environ[TEST_GPU_ARGS_VAR]))
     return GPU_ARGS[runtime] + RDMA_ARGS
+
+
+def test_hook_allowed(environ: Mapping[str, str]) -> None:
+    """The test hook passes raw `run` arguments past the DSPARK_CONTAINER_ARGS refusals: only on the
+    test platform (its plugin installed and switched on); anywhere else it is exit 2, never ignored."""
+    import importlib.util
+
+    if environ.get(TEST_PLATFORM_VAR) != "1" or importlib.util.find_spec(TEST_PLATFORM_MODULE) is None:
+        raise ConfigError(f"{TEST_GPU_ARGS_VAR} from the environment is a test hook; allowed: only on the test "
+                          f"platform ({TEST_PLATFORM_VAR}=1 with tests/vllm_ray_cpu_plugin installed); unset it")
 
 
 def _mount_targets(words: Sequence[str]) -> list[str]:
@@ -195,10 +210,14 @@ def _create_argv(spec: ContainerSpec) -> list[str]:
 
 
 def oneshot_run_args(spec: ContainerSpec) -> tuple[str, ...]:
-    """`run --rm` arguments of a short-lived container for the model checks: the launcher's package and
-    the model cache (read-only, at the host path), no network, our label; nothing else of the node's."""
+    """`run --rm` arguments of a short-lived container for the model checks: the launcher's package, the
+    state folder and the model cache (read-only, at the host path), no network, our label; nothing else
+    of the node's. The state folder's owner is whom the model folder check trusts besides root, as in
+    the node container (model.folder_check.trusted_owner)."""
     args = ["--pull", "never", "--network", "none", "--label", f"{OWNER_LABEL}={spec.marker}-model",
-            "--volume", f"{spec.agent_package}:{AGENT_MOUNT}/dspark_launch:ro", "--env", f"PYTHONPATH={AGENT_MOUNT}"]
+            "--volume", f"{spec.agent_package}:{AGENT_MOUNT}/dspark_launch:ro",
+            "--volume", f"{spec.state_dir}:{spec.state_dir}:ro",
+            "--env", f"PYTHONPATH={AGENT_MOUNT}", "--env", f"{CONTAINER_STATE_VAR}={spec.state_dir}"]
     if spec.model_cache:
         args += ["--volume", f"{spec.model_cache}:{spec.model_cache}:ro"]
     return tuple(args)
@@ -314,29 +333,53 @@ def check_private_folder(host: HostShell, folder: str, setting: str, timeout: fl
                              f"allowed: owned by uid {uid}, not group- or other-writable (chmod go-w {folder})")
 
 
-def ship_package(host: HostShell, package_dir: str, dest_root: str, timeout: float = 60) -> str:
-    """Copy the launcher's package folder to `dest_root` on the node's host; returns the copy's path.
-
-    The copy's folder is named by a hash of its content, so a node never mounts a
-    half-written or older copy: it is unpacked beside and renamed into place, and an
-    existing copy of the same content is reused. The result is `agent_package` for that node.
-    """
+def package_archive(package_dir: str) -> tuple[bytes, dict[str, str]]:
+    """The package as a gzipped tar (no caches; a link stored as the file it names) and {path: sha256}
+    of every file in it."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
+    with tarfile.open(fileobj=buffer, mode="w", dereference=True) as tar:
         tar.add(package_dir, arcname="dspark_launch",
                 filter=lambda info: None if "__pycache__" in info.name or info.name.endswith(".pyc") else info)
-    digest = hashlib.sha256(buffer.getvalue()).hexdigest()[:16]
-    payload = gzip.compress(buffer.getvalue(), mtime=0)
-    final = f"{dest_root.rstrip('/')}/agent-{digest}"
-    # A fixed script; the paths arrive as its arguments, the archive on stdin (base64: text channel).
-    script = ('set -e; [ -d "$2/dspark_launch" ] && exit 0; mkdir -p -m 700 "$1"; tmp=$(mktemp -d "$2.XXXXXX"); '
-              'base64 -d | tar -xz -C "$tmp"; mv -T "$tmp" "$2" 2>/dev/null || rm -rf "$tmp"')
-    proc = host.run(["sh", "-c", script, "sh", dest_root, final], timeout=timeout,
-                    input=base64.b64encode(payload).decode())
+    hashes: dict[str, str] = {}
+    with tarfile.open(fileobj=io.BytesIO(buffer.getvalue())) as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                hashes[member.name] = hashlib.sha256(tar.extractfile(member).read()).hexdigest()
+    return gzip.compress(buffer.getvalue(), mtime=0), hashes
+
+
+def _ship_program() -> str:
+    """safe_path's source (host mode's folder rules), then agent_copy_host's: run by the host's python3."""
+    from dspark_launch.cluster import agent_copy_host, safe_path
+
+    return "\n".join(Path(module.__file__).read_text(encoding="utf-8") for module in (safe_path, agent_copy_host))
+
+
+def ship_package(host: HostShell, package_dir: str, dest_root: str, timeout: float = 60) -> str:
+    """Copy the launcher's package folder into the worker's state folder `dest_root` on its host; returns
+    the copy's path (the node's `agent_package`).
+
+    Before anything is written the state folder is checked as host mode's pre-flight does (made 0700, or
+    a real folder of this user that group and others cannot write, under folders only root or this user
+    can replace): a refusal is exit 1 naming it, nothing shipped or started. The copy's folder is named
+    by a hash of the content, but the name is never trusted: an existing copy is used only when every
+    file's sha256 matches and nothing else is there (else it is removed and shipped again), and a new
+    one is unpacked beside and checked before it is renamed into place (cluster/agent_copy_host.py).
+    """
+    from dspark_launch.cluster import agent_copy_host
+
+    payload, hashes = package_archive(package_dir)
+    digest = hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()[:16]
+    stdin = json.dumps(hashes) + "\n" + base64.b64encode(payload).decode()
+    proc = host.run(["python3", "-c", _ship_program(), dest_root, digest], timeout=timeout, input=stdin)
+    detail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+    if proc.returncode == agent_copy_host.UNSAFE_EXIT:
+        raise ContainerError(f"{host.description}: {detail}; refusing to ship the launcher's package there, "
+                             "nothing was started (remove it if nobody should have put it there)")
     if proc.returncode != 0:
-        detail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        raise ContainerError(f"{host.description}: copying the launcher's package failed: {detail}")
-    return f"{final}/dspark_launch"
+        raise ContainerError(f"{host.description}: copying the launcher's package failed (python3 on the "
+                             f"node's host): {detail}")
+    return f"{proc.stdout.strip().splitlines()[-1]}/dspark_launch"
 
 
 def transport(host: HostShell, spec: ContainerSpec) -> ContainerTransport:

@@ -6,10 +6,24 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .folder_check import check_model_folder
 from .node_check import DiskSpace, HashProgress, VerifyReport, fast_check, free_space, verify_model
 
 
+def _trusted_folder(folder: str, caches: tuple[str, ...]) -> None:
+    """The model folder and caches as safe as the state folder (folder_check), else one failure line."""
+    from dspark_launch.cluster.protocol import Failure, OperationFailed
+    from dspark_launch.cluster.safe_path import UnsafePath
+
+    try:
+        check_model_folder(folder, caches)
+    except UnsafePath as exc:
+        raise OperationFailed(Failure("model folder", f"{exc}; whoever can write it runs code as the serving "
+                                                      "user; nothing was started")) from None
+
+
 def model_verify(req, report) -> VerifyReport:
+    _trusted_folder(req.folder, req.caches)
     if not req.full:
         return verify_model(req.folder, req.manifest, False)
     from dspark_launch.cluster.protocol import Progress
@@ -22,6 +36,7 @@ def model_verify(req, report) -> VerifyReport:
 
 
 def model_fast_check(req, report) -> VerifyReport:
+    _trusted_folder(req.folder, req.caches)
     return fast_check(req.folder, req.stamp)
 
 

@@ -139,11 +139,16 @@ def rsync_failure(target: SSHTarget, code: int, err: str) -> CopyFailed:
     return CopyFailed(f"rsync to {target.host} failed (exit {code}): {detail}")
 
 
+RSYNC_OPTIONS = ("-a", "--no-owner", "--no-group", "--chmod=go-w", "--whole-file")
+
+
 def rsync_argv(target: SSHTarget, root: str, list_file: str, force: bool) -> list[str]:
     ssh = target.ssh_argv()
     if any("'" in a or '"' in a or "\n" in a for a in ssh):
         raise CopyFailed(f"{target.host}: SSH options with quotes cannot be passed to rsync -e")
-    argv = ["rsync", "-a", "--whole-file", "--protect-args", "--mkpath", f"--files-from={list_file}",
+    # The copy belongs to whoever receives it (the serving user there), never to the head's owner's
+    # namesake (-a's -o/-g as root), and nobody else can write it: the start check refuses otherwise.
+    argv = ["rsync", *RSYNC_OPTIONS, "--protect-args", "--mkpath", f"--files-from={list_file}",
             "--out-format=%n", "--info=progress2", "-e", shlex.join(ssh)]
     if force:
         argv.append("--ignore-times")

@@ -12,6 +12,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_launch.cluster.safe_path import write_private
+
+from .paths import require_relative
+
 MANIFEST_NAME = ".dspark-manifest.json"
 FORMAT = 1
 
@@ -25,6 +29,11 @@ class ManifestFile:
     # Not part of the stamp (they differ between nodes).
     mtime_ns: int = 0
     inode: int = 0
+
+    def __post_init__(self) -> None:
+        require_relative(self.path, "manifest")  # whoever built it: a listing, a file, a verify request
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
+            raise ValueError(f"manifest: {self.path!r} has size {self.size!r}; allowed: a whole number >= 0")
 
 
 @dataclass(frozen=True)
@@ -64,11 +73,10 @@ class Manifest:
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> Path:
-    """Atomically write the manifest into `folder` (the snapshot or local model folder)."""
+    """Atomically write the manifest into `folder` (the snapshot or local model folder): a new file
+    with a unique name (never a planted link) renamed over the old one."""
     path = Path(folder) / MANIFEST_NAME
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(manifest.to_json())
-    tmp.replace(path)
+    write_private(path, manifest.to_json())
     return path
 
 

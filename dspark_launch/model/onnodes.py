@@ -29,15 +29,16 @@ class AgentModelOps:
 
     name: str
     agent: object  # cluster.client.NodeAgent
+    caches: tuple[str, ...] = ()  # checked there with the model folder (DSPARK_CONTAINER_MODEL_CACHE)
 
     def free_space(self, path: str) -> DiskSpace:
         return self.agent.model_free_space(path)
 
     def verify(self, folder: str, manifest: Manifest, full: bool, only: tuple[str, ...] | None = None) -> VerifyReport:
-        return self.agent.model_verify(folder, manifest, full, only)
+        return self.agent.model_verify(folder, manifest, full, only, self.caches)
 
     def fast_check(self, folder: str, stamp: str) -> VerifyReport:
-        return self.agent.model_fast_check(folder, stamp)
+        return self.agent.model_fast_check(folder, stamp, self.caches)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,10 @@ def wanted_model(settings, environ: Mapping[str, str] | None = None) -> WantedMo
     streams = settings.int("DSPARK_MODEL_COPY_STREAMS")
     if is_local_folder(model):
         return WantedModel(model, "", None, streams)
-    return WantedModel(model, revision, hub_source(model, revision, settings["DSPARK_MODEL_CACHE"], environ), streams)
+    source = hub_source(model, revision, settings["DSPARK_MODEL_CACHE"], environ,
+                        token_to_endpoint=settings.int("DSPARK_HUB_TOKEN_TO_ENDPOINT") == 1,
+                        proxy=settings.int("DSPARK_HUB_PROXY") == 1)
+    return WantedModel(model, revision, source, streams)
 
 
 def require_mounted(settings, spec) -> None:
@@ -118,7 +122,13 @@ def require_mounted(settings, spec) -> None:
 
 def node_ops(spec, reporter=None) -> list[AgentModelOps]:
     """Every node's checks through its agent (with a container runtime: inside the running containers)."""
-    return [AgentModelOps(node.label, node.agent(reporter)) for node in spec.nodes]
+    caches = model_caches(spec)
+    return [AgentModelOps(node.label, node.agent(reporter), caches) for node in spec.nodes]
+
+
+def model_caches(spec) -> tuple[str, ...]:
+    """The container model cache, checked on every node with the model folder (folder_check)."""
+    return (spec.containers.model_cache,) if spec.containers and spec.containers.model_cache else ()
 
 
 def where_weights_live(spec, reporter=None) -> list[AgentModelOps]:
@@ -131,7 +141,9 @@ def where_weights_live(spec, reporter=None) -> list[AgentModelOps]:
     from dspark_launch.cluster.containers import model_transports
 
     transports = model_transports(spec)
-    return [AgentModelOps(node.label, NodeAgent(node.label, transports[node.name], reporter)) for node in spec.nodes]
+    caches = model_caches(spec)
+    return [AgentModelOps(node.label, NodeAgent(node.label, transports[node.name], reporter), caches)
+            for node in spec.nodes]
 
 
 def copy_target(node) -> SSHTarget:

@@ -15,6 +15,7 @@ from .local_model import prepare_local_counted
 from .location import ModelLocation, hub_cache_location
 from .manifest import Manifest, read_manifest
 from .node_check import VerifyReport
+from .paths import path_problem
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def pulled_model(source: HubSource) -> tuple[ModelLocation, Manifest] | None:
     root = Path(source.cache_dir) / ("models--" + source.repo_id.replace("/", "--"))
     ref = root / "refs" / (source.revision or "main")
     commit = ref.read_text().strip() if ref.is_file() else source.revision
-    if not commit:
+    if not commit or path_problem(commit) or "/" in commit:  # one folder name under snapshots/
         return None
     location = hub_cache_location(source.cache_dir, source.repo_id, commit)
     manifest = read_manifest(Path(location.folder))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dspark_launch.cluster import ray_cluster as rc
-from dspark_launch.cluster.ray_dirs import private_root
+from dspark_launch.cluster.ray_dirs import shown_private_root
 from dspark_launch.cluster.client import Reporter
 from dspark_launch.cluster.fabric import FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
@@ -45,7 +45,7 @@ def _node_plan(spec: ClusterSpec, node: Node, fabric: FabricEnv, ray_env: dict[s
     own = dict(fabric.env)
     ray = {k: v for k, v in rc.node_env(spec, node, ray_env, fabric).items() if k not in own}
     # The folder the node's agent prepares at start (`ray_temp_dir`), shown for this user's id.
-    temp_dir = str(private_root() / rc.ray_temp_dir_name(spec, node))
+    temp_dir = f"{shown_private_root()}/{rc.ray_temp_dir_name(spec, node)}"
     commands = [tuple(rc.ray_start_argv(spec, node, temp_dir))]
     env = env_entries(fabric.env, "ray start: fabric (sysfs)") + env_entries(sorted(ray.items()), "ray start")
     if serve is not None:
@@ -84,5 +84,6 @@ def build_plan(settings: Settings, reporter: Reporter) -> Plan:
     nodes = [replace(n, memory=by_node.get(n.node)) for n in nodes]
     warnings = [w for n in nodes for w in n.warnings]
     warnings += [f"memory: {f.line}: start refuses this without --force" for f in found_memory.findings if not f.fits]
-    return Plan(resolved.profile, resolved.vllm_version, str(settings.env_file), settings.from_example,
+    warnings += image_warnings(settings)
+    return Plan(resolved.profile, resolved.vllm_version, settings.env_file_shown, settings.from_example,
                 profile_decisions(resolved), tuple(nodes), found_memory, tuple(warnings))

@@ -22,7 +22,7 @@ from dspark_launch.cluster.state import Deployment, ServerRecord, load_state, sa
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import DsparkError
 from dspark_launch.model.onnodes import ModelWeights, ServingModel
-from dspark_launch.serve import http, logscan
+from dspark_launch.serve import http, logscan, readiness
 from dspark_launch.serve.argcheck import check_serve_args
 from dspark_launch.serve.logfollow import LogReader
 from dspark_launch.serve.plan import ServePlan, api_key, serve_plan
@@ -44,6 +44,7 @@ class StartResult:
     server: ServerRecord
     cluster_started: bool
     hotfix: dict[str, HotfixReport] = field(default_factory=dict)
+    first_answer: readiness.FirstAnswer | None = None  # readiness's one-token request that answered
 
 
 def resolved_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray_env: dict[str, str]) -> ServePlan:
@@ -135,12 +136,12 @@ def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool
             reporter.phase("the Ray cluster is already up; reusing it")
         try:
             checked.result()
-            server = launch(spec, plan, state, reporter)
+            server, answer = launch(spec, plan, state, reporter)
         except BaseException:
             if cluster_started:
                 lifecycle.cluster_down_locked(spec, reporter, load_state(spec.state_dir))
             raise
-        return StartResult(plan, server, cluster_started, state.hotfix)
+        return StartResult(plan, server, cluster_started, state.hotfix, answer)
 
 
 def _alive_or_container_gone(spec: ClusterSpec, server: ServerRecord) -> bool:
@@ -171,11 +172,11 @@ def _start_in_containers(settings: Settings, spec: ClusterSpec, reporter: Report
         state = lifecycle.cluster_up_locked(spec, reporter, None, image_id).state
         save_state(spec.state_dir, state)
         checked.result()
-        server = launch(spec, plan, state, reporter)
+        server, answer = launch(spec, plan, state, reporter)
     except BaseException:
         lifecycle.cluster_down_locked(spec, reporter, None, remove=True)
         raise
-    return StartResult(plan, server, True, state.hotfix)
+    return StartResult(plan, server, True, state.hotfix, answer)
 
 
 def _checked_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter,
@@ -221,7 +222,8 @@ def with_model(plan: ServePlan, serving: ServingModel) -> ServePlan:
     return dataclasses.replace(plan, serve_args=tuple(args), env=tuple(sorted(env.items())))
 
 
-def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment, reporter: Reporter) -> ServerRecord:
+def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment,
+           reporter: Reporter) -> tuple[ServerRecord, readiness.FirstAnswer]:
     """`vllm serve` on the head (through its agent), recorded at once, then waited for."""
     log = str(spec.state_dir / "logs" / SERVER_LOG)
     head = spec.head.agent(reporter)
@@ -238,30 +240,41 @@ def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment, reporter: Repo
         server.sessions = [answer.session]
         state.server = server
         save_state(spec.state_dir, state)
-        text = wait_until_serving(spec, plan, server, head, reporter)
+        ready = wait_until_serving(spec, plan, server, head, reporter)
     except BaseException:
         stop_server(spec, server)
         state.server = None
         save_state(spec.state_dir, state)
         raise
-    server.kv_cache_tokens = logscan.kv_cache_tokens(text)
-    server.scheduler_cap = logscan.hotfix_cap(text)
+    server.kv_cache_tokens = logscan.kv_cache_tokens(ready.log)
+    server.scheduler_cap = logscan.hotfix_cap(ready.log)
     save_state(spec.state_dir, state)
-    return server
+    return server, ready.first_answer
+
+
+@dataclass(frozen=True)
+class Ready:
+    log: str  # the server log when it was found ready
+    first_answer: readiness.FirstAnswer
 
 
 def wait_until_serving(spec: ClusterSpec, plan: ServePlan, server: ServerRecord, head: NodeAgent,
-                       reporter: Reporter) -> str:
-    """/health, then /v1/models listing the served name, then a one-token (chat) completion; returns the log."""
+                       reporter: Reporter, backoff: readiness.Backoff | None = None) -> Ready:
+    """/health, then /v1/models listing the served name, then a one-token (chat) completion, retried while it
+    gets no answer; all within START_TIMEOUT_S of launch, a server that exits meanwhile a failure at once."""
     log = LogReader(head, server.log)
     start = time.monotonic()
+
+    def exited() -> ServeFailure:
+        final = log.refresh()  # read again: the last lines were written as it died
+        return ServeFailure(f"vllm serve exited during start (phase: {logscan.phase(final)}): "
+                            f"{logscan.failure(final)}; log {server.log}", tails(spec, server, state=None))
+
     while True:
         elapsed = time.monotonic() - start
         text = log.refresh()
         if not server_alive(spec, server):
-            final = log.refresh()  # read again: the last lines were written as it died
-            raise ServeFailure(f"vllm serve exited during start (phase: {logscan.phase(final)}): "
-                               f"{logscan.failure(final)}; log {server.log}", tails(spec, server, state=None))
+            raise exited()
         if _server_healthy(plan.base_url, plan.client_key, plan.served_name, plan.health_timeout_s):
             break
         if elapsed > plan.start_timeout_s:
@@ -272,17 +285,28 @@ def wait_until_serving(spec: ClusterSpec, plan: ServePlan, server: ServerRecord,
     kind = "chat completion" if plan.chat else "completion"
     reporter.phase(f"sending a one-token {kind}")
     ask = http.chat if plan.chat else http.complete
-    reply = ask(plan.base_url, plan.client_key, plan.served_name, "Hello", 1, max(30, plan.health_timeout_s))
-    if reply.status != 200:
-        raise ServeFailure(f"the one-token {kind} failed: HTTP {reply.status} {reply.body[:200]}",
+    answer = readiness.first_answer(
+        lambda timeout: ask(plan.base_url, plan.client_key, plan.served_name, "Hello", 1, timeout),
+        lambda: server_alive(spec, server), f"the one-token {kind}", start, plan.start_timeout_s, reporter,
+        backoff or readiness.Backoff(first_timeout_s=max(30, plan.health_timeout_s)))
+    if answer.outcome == readiness.DIED:
+        raise exited()
+    if answer.outcome == readiness.REFUSED:
+        raise ServeFailure(f"the one-token {kind} failed: HTTP {answer.reply.status} {answer.reply.body[:200]}",
                            tails(spec, server, state=None))
+    if answer.outcome == readiness.NO_ANSWER:
+        last = f"HTTP {answer.reply.status}" if answer.reply.status else "no answer"
+        raise ServeFailure(f"vllm serve not ready after {plan.start_timeout_s} s: the API is up but the one-token "
+                           f"{kind} got no answer in {answer.attempts} attempt(s) (the last: {last} after "
+                           f"{answer.latency_s:.0f} s); log {server.log}", tails(spec, server, state=None))
+    reporter.phase(f"the one-token {kind} answered in {answer.latency_s:.1f} s (attempt {answer.attempts})")
     text = log.refresh()
     cap = logscan.hotfix_cap(text)
     if cap != plan.cap:
         raise ServeFailure(f"the EngineCore's scheduler reported cap {cap}, expected {plan.cap}: "
                            "the hotfix is not active in the served vLLM; refusing to serve",
                            tails(spec, server, state=None))
-    return text
+    return Ready(text, answer)
 
 
 def tails(spec: ClusterSpec, server: ServerRecord | None, state: Deployment | None, lines: int = 30) -> list[str]:
@@ -375,6 +399,7 @@ class ServiceStatus:
     nodes: tuple[lifecycle.NodeView, ...]
     server: ServerView
     fabric_warnings: tuple[str, ...] = ()  # per node at start, e.g. NCCL falls back to TCP
+    warnings: tuple[str, ...] = ()  # about the settings now, e.g. an image named by a tag
 
 
 def drift(started_with: dict[str, str], now: dict[str, str]) -> tuple[Drift, ...]:
@@ -427,4 +452,14 @@ def status(settings: Settings, spec: ClusterSpec) -> ServiceStatus:
     overall = "degraded" if server and data.state == "up" and view.state != "up" else data.state
     return ServiceStatus(overall, data.ray_address, data.config_digest, data.started_at, data.checked_at,
                          tuple(problems), data.nodes, view,
-                         tuple(w for record in (state.nodes if state else ()) for w in record.fabric_warnings))
+                         tuple(w for record in (state.nodes if state else ()) for w in record.fabric_warnings),
+                         image_warnings(settings))
+
+
+def image_warnings(settings: Settings) -> tuple[str, ...]:
+    """`plan` and `status`: the container image should be pinned by digest."""
+    from dspark_launch.config.container_args import unpinned_image_warning
+
+    entry = settings.entries["DSPARK_IMAGE"]
+    line = unpinned_image_warning(settings["DSPARK_RUNTIME"], entry.value, entry.source)
+    return (line,) if line else ()

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from tests.support.paths import REPO
 
-# Passed from the launcher to every node's Ray and to vllm serve (DSPARK_FORWARD_ENV).
-FORWARDED = ("DSPARK_TEST_RAY_CPU_PLATFORM", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH")
+# Passed from the launcher to every node's Ray and to vllm serve (DSPARK_FORWARD_ENV; VLLM_CACHE_ROOT, a cache
+# of compiled code, may not be forwarded: the nodes use their default).
+FORWARDED = ("DSPARK_TEST_RAY_CPU_PLATFORM", "VLLM_CPU_KVCACHE_SPACE", "VLLM_RPC_BASE_PATH")
 
 
 def cluster_values(tb, state_dir: Path) -> dict[str, str]:
