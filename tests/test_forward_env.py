@@ -69,6 +69,14 @@ def test_plugin_library_and_code_cache_names_are_refused(name):
     assert refusal(name), name
 
 
+def test_the_container_jit_cache_names_are_refused():
+    """A node container points these at its JIT cache folder (compiled code it loads): never forwarded."""
+    from dspark_launch.cluster.runtime import JIT_CACHE_VARS
+
+    allowed = [var for var, _ in JIT_CACHE_VARS if refusal(var) is None]
+    assert not allowed, f"JIT cache names DSPARK_FORWARD_ENV would accept: {allowed}"
+
+
 @pytest.mark.parametrize("name", STILL_ALLOWED)
 def test_tuning_and_test_names_stay_allowed(name):
     assert refusal(name) is None, name

@@ -419,3 +419,34 @@ def test_a_ref_that_is_not_a_folder_name_finds_no_pulled_model(hub, tmp_path):
     write_manifest(elsewhere, pulled.manifest)
     (Path(pulled.location.root) / "refs" / "main").write_text(f"../../../{elsewhere.name}")
     assert pulled_model(src) is None
+
+
+def test_the_model_commands_without_node_containers_check_the_folders_too(placed, tmp_path, monkeypatch, clean_environ):
+    """With a container runtime `dspark model pull|verify|status` reach the nodes without their containers
+    (head: the launcher's Python; workers: a `--rm` container): the same folder checks run there, the
+    container model cache included, before a size or hash (here every node's agent is a local process)."""
+    from dspark_launch.cluster import containers
+    from dspark_launch.cluster.client import ClusterFailure
+    from dspark_launch.cluster.spec import cluster_spec
+    from dspark_launch.cluster.transport import LocalTransport
+    from dspark_launch.config.settings import resolve
+    from dspark_launch.model.onnodes import where_weights_live
+
+    folder, manifest = placed
+    cache = tmp_path / "hf-home"
+    cache.mkdir(mode=0o755)
+    settings = resolve(env_file="/dev/null", environ={
+        **clean_environ, "DSPARK_RUNTIME": "podman", "DSPARK_IMAGE": "nvcr.io/nvidia/vllm@sha256:" + "a" * 64,
+        "DSPARK_HEAD_IP": "10.213.0.1", "DSPARK_WORKER_HOSTS": "10.213.0.2", "DSPARK_FABRIC_IFNAME": "fab0",
+        "DSPARK_STATE_DIR": str(tmp_path / "state"), "DSPARK_CONTAINER_MODEL_CACHE": str(cache)})
+    spec = cluster_spec(settings)
+    monkeypatch.setattr(containers, "model_transports", lambda spec: {n.name: LocalTransport() for n in spec.nodes})
+    ops = where_weights_live(spec)
+    assert [op.caches for op in ops] == [(str(cache),)] * 2
+    assert all(op.verify(str(folder), manifest, True, only=("config.json",)).ok for op in ops)
+    cache.chmod(0o777)
+    for op in ops:
+        with pytest.raises(ClusterFailure, match=f"model cache {cache} has mode 0777"):
+            op.verify(str(folder), manifest, True, only=("config.json",))
+        with pytest.raises(ClusterFailure, match=f"model cache {cache} has mode 0777"):
+            op.fast_check(str(folder), manifest.stamp)

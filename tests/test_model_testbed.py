@@ -105,6 +105,13 @@ def test_pull_copy_verify_then_repair_only_the_damaged_shards(testbed, scratch, 
     # the worker's copy is its own (a separate disk), not the head's files
     worker_folder = worker_disk / Path(location.folder).relative_to(cache)
     assert (worker_folder / shard(1)).resolve().is_relative_to(worker_disk)
+    # a re-pull of the unchanged model: nothing sent (not even the manifest), nothing hashed there
+    manifest_mtime = (worker_folder / ".dspark-manifest.json").stat().st_mtime_ns
+    repeat = on_head(testbed, "sync", location, manifest)
+    assert repeat["copy"]["files_sent"] == [] and repeat["report"]["bytes_checked"] == 0, repeat
+    assert (worker_folder / ".dspark-manifest.json").stat().st_mtime_ns == manifest_mtime
+    everything = on_head(testbed, "sync", location, manifest, full=True)  # --verify: every file hashed there
+    assert everything["copy"]["files_sent"] == [] and everything["report"]["bytes_checked"] == manifest.total_size
 
     blob1, blob2 = ((worker_folder / shard(n)).resolve() for n in (1, 2))
     with open(blob1, "r+b") as fh:
@@ -123,7 +130,7 @@ def test_pull_copy_verify_then_repair_only_the_damaged_shards(testbed, scratch, 
     assert [(p.path, p.kind) for p in fast.problems] == [(shard(1), PARTIAL)]  # sizes only: the flip needs --verify
 
     downloads = len([r for r in hub.requests if r.method == "GET"])
-    second = on_head(testbed, "sync", location, manifest)
+    second = on_head(testbed, "sync", location, manifest, full=True)  # the flip needs --verify
     blob_rel = [p for p in location.storage_paths(manifest, (shard(1),)) if p.startswith("blobs/")]
     assert second["copy"]["files_sent"] == blob_rel  # rsync's size check: the truncated shard only
     repaired = set(second["repair"]["files_sent"])  # the worker's checksum named the flipped one

@@ -22,9 +22,13 @@ GIB = 1 << 30
 
 
 def _wanted(env_file):
-    from dspark_launch.model.onnodes import wanted_model
+    from dspark_launch.model.onnodes import require_mounted, wanted_model
 
     settings, spec = settings_and_spec(env_file)
+    try:
+        require_mounted(settings, spec)
+    except DsparkError as error:
+        raise fail(error) from None
     return wanted_model(settings), spec
 
 
@@ -72,9 +76,12 @@ def _check(env_file, as_json: bool, full: bool) -> None:
 
 
 @app.command()
-def pull(env_file: EnvFileOption = None, as_json: JsonOption = False) -> None:
+def pull(env_file: EnvFileOption = None, as_json: JsonOption = False,
+         verify: Annotated[bool, typer.Option("--verify", help="Hash every file on every node, even those "
+                                              "unchanged since the last pull.")] = False) -> None:
     """Pull the model once on the head (the profile's pinned revision), copy it to every worker, verify there.
-    Free disk is checked on every node before the first byte; a rerun fetches only what is missing or bad."""
+    Free disk is checked on every node before the first byte; a rerun fetches only what is missing or bad,
+    hashes only files changed since (size, mtime, inode) and verifies on a worker only what was sent."""
     from dspark_launch.model import onnodes
 
     wanted, spec = _wanted(env_file)
@@ -86,25 +93,29 @@ def pull(env_file: EnvFileOption = None, as_json: JsonOption = False) -> None:
     with interruptible(lambda code: say(f"dspark: interrupted (exit {code}); run `dspark model pull` again to "
                                           "resume: complete files are kept", file=sys.stderr)):
         try:
-            placement = onnodes.pull(wanted, spec, reporter, tqdm_class=_quiet_tqdm() if as_json else None)
+            placement = onnodes.pull(wanted, spec, reporter, tqdm_class=_quiet_tqdm() if as_json else None,
+                                     verify=verify)
         except DsparkError as error:
             raise fail(error) from None
     seconds = time.monotonic() - t0
     if as_json:
         emit_json({"model": wanted.name, "revision": placement.manifest.revision, "folder": placement.location.folder,
                    "stamp": placement.manifest.stamp, "bytes": placement.manifest.total_size, "seconds": seconds,
+                   "hashed_bytes": placement.hashed_bytes,
                    "disk": [asdict(d) for d in placement.disk], "refetched": list(placement.refetched),
                    "workers": [asdict(w) for w in placement.workers]})
         return
     say(f"head: {placement.manifest.revision[:12]} in {placement.location.folder}: "
-          f"{len(placement.manifest.files)} files, {placement.manifest.total_size / GIB:.2f} GiB verified"
-          + (f" ({len(placement.refetched)} fetched again)" if placement.refetched else ""))
+        f"{len(placement.manifest.files)} files, {placement.manifest.total_size / GIB:.2f} GiB verified "
+        f"({placement.hashed_bytes / GIB:.2f} GiB hashed now)"
+        + (f" ({len(placement.refetched)} fetched again)" if placement.refetched else ""))
     for sync in placement.workers:
         sent = sync.copy.bytes_sent + (sync.repair.bytes_sent if sync.repair else 0)
         rate = sync.copy.bytes_sent / sync.copy.seconds / 1e6 if sync.copy.seconds else 0
         say(f"{sync.node}: copied {sent / GIB:.2f} GiB in {sync.copy.seconds:.1f} s ({rate:.0f} MB/s, "
-              f"{sync.copy.streams} stream(s)), verified {sync.report.files_checked} files"
-              + (f", {len(sync.repair.files_sent)} repaired" if sync.repair else ""))
+            f"{sync.copy.streams} stream(s)), {sync.report.files_checked} files checked, "
+            f"{sync.report.bytes_checked / GIB:.2f} GiB hashed there"
+            + (f", {len(sync.repair.files_sent)} repaired" if sync.repair else ""))
     say(f"model ready on {1 + len(placement.workers)} node(s) in {seconds:.1f} s")
 
 

@@ -137,13 +137,16 @@ def start(
     do_start(settings, spec, force, foreground, verify)
 
 
-def stop(env_file: EnvFileOption = None) -> None:
+def stop(env_file: EnvFileOption = None,
+         remove: Annotated[bool, typer.Option("--remove", help="Also remove the node containers "
+                                              "(DSPARK_RUNTIME=docker|podman; else they stay for the next start).")]
+         = False) -> None:
     """Stop the server, then Ray on every node; idempotent."""
     from dspark_launch.serve import service
 
     _, spec = settings_and_spec(env_file)
     try:
-        unreachable = service.stop(spec, ConsoleReporter())
+        unreachable = service.stop(spec, ConsoleReporter(), remove)
     except DsparkError as error:
         raise fail(error) from None
     if unreachable:

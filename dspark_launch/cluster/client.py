@@ -174,8 +174,9 @@ class NodeAgent:
 
     # model weights (issue 12) -------------------------------------------------------------------
 
-    def model_verify(self, folder: str, manifest: Manifest, full: bool, caches: tuple[str, ...] = ()) -> VerifyReport:
-        return self.call(p.ModelVerify(folder, manifest, full, caches), "model verify",
+    def model_verify(self, folder: str, manifest: Manifest, full: bool,
+                     only: tuple[str, ...] | None = None, caches: tuple[str, ...] = ()) -> VerifyReport:
+        return self.call(p.ModelVerify(folder, manifest, full, only, caches), "model verify",
                          MODEL_VERIFY_TIMEOUT_S if full else 120)
 
     def model_fast_check(self, folder: str, stamp: str, caches: tuple[str, ...] = ()) -> VerifyReport:

@@ -25,9 +25,10 @@ from dspark_launch.model.node_check import DiskSpace, VerifyReport
 from dspark_launch.cluster.fabric import FabricEnv, FabricRequest  # stdlib-only values
 from dspark_launch.profiles.offer import VllmOffer  # stdlib-only values
 
-PROTOCOL_VERSION = 3  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
+PROTOCOL_VERSION = 4  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
 # 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
 # 3: FabricRequest.hca_list carries NCCL_IB_HCA as written (NCCL's ^ / = / dev:port forms), not split names
+# 4: model_verify hashes `only` the files a copy sent, with progress lines
 # The longest line either side reads (the launcher refuses a longer agent reply line: one clear error, the
 # agent killed); a log is read in chunks whose JSON (at most 6 bytes a character, `\u001b`) stays below it.
 MAX_LINE = 1 << 20
@@ -354,10 +355,11 @@ class ServeArgsAnswer:
 
 @dataclass(frozen=True)
 class ModelVerify:
-    """Every file of `manifest` in `folder`: sizes, and with `full` each sha256."""
+    """Every file of `manifest` in `folder`: sizes, and with `full` each sha256 (`only`: of those files alone)."""
     folder: str
     manifest: Manifest
     full: bool
+    only: tuple[str, ...] | None = None
     caches: tuple[str, ...] = ()  # cache folders checked like the model folder (model.folder_check)
 
 

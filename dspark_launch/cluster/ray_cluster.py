@@ -107,6 +107,19 @@ def node_fabric(spec: ClusterSpec, node: Node, reporter: Reporter | None = None)
     return node.agent(reporter).fabric_env(node.fabric, dict(spec.forwarded).get(SYSFS_ROOT_VAR, ""))
 
 
+def image_without_ray(image: str) -> str:
+    """The one-line fix for an image that ships vLLM without Ray (recent NGC vLLM images): the head's Ray
+    version (the launcher's environment), so every node runs the same Ray."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("ray")
+    except metadata.PackageNotFoundError:
+        version = "<the Ray version of your other nodes>"
+    return (f"image {image} has no Ray: build FROM {image} with `pip install ray=={version}` "
+            "(docs/containers.md has the Dockerfile); nothing was started")
+
+
 def preflight_node(spec: ClusterSpec, node: Node, reporter: Reporter) -> FabricEnv:
     """Every check that can fail before anything starts on `node`, one line per failure; its fabric environment."""
     reporter.phase(f"pre-flight {node.label}")
@@ -123,6 +136,8 @@ def preflight_node(spec: ClusterSpec, node: Node, reporter: Reporter) -> FabricE
             asked.join()
     probe = asked_probe.result()
     missing = [name for name, info in probe.modules.items() if not info.found]
+    if "ray" in missing and spec.containers:
+        raise ClusterFailure(node.label, "image", image_without_ray(spec.containers.image))
     if missing:
         raise ClusterFailure(node.label, "python", f"{probe.python} cannot import {', '.join(missing)}")
     if probe.log_dir_error:

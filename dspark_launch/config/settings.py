@@ -265,6 +265,11 @@ def _cross_checks(entries: Mapping[str, Setting], warnings: list[str]) -> None:
         raise ConfigError(
             f"DSPARK_WORKER_IPS has {len(ips)} address(es) from {src('DSPARK_WORKER_IPS')} but "
             f"DSPARK_WORKER_HOSTS has {len(hosts)}; allowed: one fabric IP per worker, same order")
+    copy_hosts = entries["DSPARK_MODEL_COPY_HOSTS"].value.split()
+    if copy_hosts and len(copy_hosts) != len(hosts):
+        raise ConfigError(
+            f"DSPARK_MODEL_COPY_HOSTS has {len(copy_hosts)} address(es) from {src('DSPARK_MODEL_COPY_HOSTS')} but "
+            f"DSPARK_WORKER_HOSTS has {len(hosts)}; allowed: one copy address per worker, same order")
 
 
 def _check_exposure(entries: Mapping[str, Setting], warnings: list[str]) -> None:

@@ -285,6 +285,10 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
     TextSetting("DSPARK_CONTAINER_MODEL_CACHE", "", "container",
                 "Hugging Face cache folder on every node, mounted at the same path (HF_HOME) in the containers; "
                 "default $HF_HOME or ~/.cache/huggingface"),
+    TextSetting("DSPARK_CONTAINER_JIT_CACHE", "", "container",
+                "Host folder of the JIT compile caches (vLLM, FlashInfer, Triton, TileLang, CuTe DSL), mounted at the "
+                "same path so a recreated container does not compile again; default <state dir>/jit-cache; "
+                "ours and not group- or other-writable", single_line),
     # model weights (dspark_launch.model)
     TextSetting("DSPARK_MODEL_CACHE", "", "model",
                 "Hub cache folder for the weights, same path on every node (default: HF_HUB_CACHE, "
@@ -292,6 +296,9 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
     TextSetting("DSPARK_MODEL_COPY_STREAMS", "4", "model",
                 "Parallel rsync streams per worker for the model copy (one stream is bound by one SSH cipher core)",
                 _choice(*(str(n) for n in range(1, 17)))),
+    TextSetting("DSPARK_MODEL_COPY_HOSTS", "", "model",
+                "Address the model copy reaches each worker at, same order as DSPARK_WORKER_HOSTS ([user@]host; "
+                "default: the worker's fabric IP, with the SSH settings of the agent)", _host_list),
     TextSetting("HF_TOKEN", "", "model",
                 "Hugging Face token for gated models (default: the hub's token file from `hf auth login`)",
                 secret=True),

@@ -16,7 +16,7 @@ import hashlib
 import ipaddress
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -25,10 +25,14 @@ from dspark_launch.cluster.safe_path import write_private
 from dspark_launch.errors import ConfigError
 
 from .errors import ModelAccessError, ModelError, ModelIncomplete
+from .head_hash import hash_folder_files
 from .location import ModelLocation, hub_cache_location
-from .manifest import Manifest, ManifestFile, write_manifest
-from .node_check import sha256_file, verify_model
+from .manifest import Manifest, ManifestFile, read_manifest, write_manifest
+from .node_check import verify_model
 from .paths import UnsafeModelPath, read_bounded, require_relative, resolve_inside
+
+
+HUB_LISTING = "the hub's listing"  # where a pulled file's name came from, in a refusal
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class PulledModel:
     location: ModelLocation
     manifest: Manifest
     refetched: tuple[str, ...]  # files that failed the hub's checksum and were fetched again
+    hashed_bytes: int = 0  # bytes the head read to hash (0 on a re-pull of an unchanged model)
 
 
 def resolve_token(environ: Mapping[str, str]) -> str | None:
@@ -219,38 +224,47 @@ def git_blob_sha1(path: Path, size: int) -> str:
     return "" if len(data) > size else hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def _check_against_hub(folder: Path, listing: HubListing) -> tuple[Manifest, list[str]]:
-    """The manifest (sha256 of every file) and the files whose content is not what the hub lists."""
+def _check_against_hub(folder: Path, listing: HubListing, previous: Manifest | None = None, rehash: bool = False,
+                       progress: Callable[[str], None] | None = None) -> tuple[Manifest, list[str], int]:
+    """The manifest (sha256 of every file), the files whose content is not what the hub lists, and the
+    bytes hashed: files hashed at once, one unchanged since `previous` (size, mtime, inode) not again."""
     sizes = verify_model(str(folder), listing.expected(), full=False)
     bad = list(sizes.bad_paths)
+    present = [f for f in listing.files if f.path not in bad]
+    hashed = hash_folder_files(folder, [f.path for f in present], previous, rehash, progress, HUB_LISTING)
+    done = {entry.path: entry for entry in hashed.files}
+    fresh = set(hashed.hashed_paths)  # an unchanged small file passed its git sha1 check when hashed
     entries = []
     for f in listing.files:
         if f.path in bad:
             entries.append(ManifestFile(f.path, f.size, f.sha256))
             continue
-        path = resolve_inside(folder, f.path, "the hub's listing")
-        digest = sha256_file(path, f.size)
-        if f.sha256 and digest != f.sha256 or not f.sha256 and f.blob_id and git_blob_sha1(path, f.size) != f.blob_id:
+        entry = done[f.path]
+        if f.sha256 and entry.sha256 != f.sha256 or (not f.sha256 and f.blob_id and f.path in fresh
+                                                      and git_blob_sha1(resolve_inside(folder, f.path, HUB_LISTING),
+                                                                        f.size) != f.blob_id):
             bad.append(f.path)
-        entries.append(ManifestFile(f.path, f.size, f.sha256 or digest))
-    return Manifest(listing.repo_id, listing.commit, tuple(entries)), bad
+        entries.append(entry)
+    return Manifest(listing.repo_id, listing.commit, tuple(entries)), bad, hashed.hashed_bytes
 
 
 def _forget(folder: Path, path: str) -> None:
     """Remove a cached file and its blob so the client fetches it again (both inside the repo's cache
     folder, checked before anything is removed)."""
     link = folder / path
-    target = resolve_inside(folder, path, "the hub's listing")
+    target = resolve_inside(folder, path, HUB_LISTING)
     with contextlib.suppress(OSError):
         if link.is_symlink():
             target.unlink()
         link.unlink()
 
 
-def pull(source: HubSource, listing: HubListing, tqdm_class=None) -> PulledModel:
+def pull(source: HubSource, listing: HubListing, tqdm_class=None, rehash: bool = False,
+         progress: Callable[[str], None] | None = None) -> PulledModel:
     """Download `listing.commit` into the cache (what is there already is kept), check every file
     against the hub, fetch a bad one again once, write the manifest. `tqdm_class`: the progress bar
-    (None: huggingface_hub's own, on stderr)."""
+    (None: huggingface_hub's own, on stderr). A file unchanged since the last manifest is not hashed
+    again unless `rehash`; `progress` gets a line every few seconds while hashing."""
     from huggingface_hub import snapshot_download
 
     location = hub_cache_location(source.cache_dir, listing.repo_id, listing.commit)
@@ -265,21 +279,24 @@ def pull(source: HubSource, listing: HubListing, tqdm_class=None) -> PulledModel
 
     download()
     try:
-        manifest, bad = _check_against_hub(folder, listing)
+        previous = read_manifest(folder)
+        manifest, bad, hashed = _check_against_hub(folder, listing, previous, rehash, progress)
         refetched = tuple(bad)
         if bad:
             for path in bad:
                 _forget(folder, path)
             download()
-            manifest, bad = _check_against_hub(folder, listing)
+            manifest, bad, again = _check_against_hub(folder, listing, manifest, False, progress)
+            hashed += again
     except UnsafeModelPath as exc:
         raise ModelError(f"model {listing.repo_id}: {exc}") from None
     if bad:
         raise ModelIncomplete(f"model {listing.repo_id}@{listing.commit[:12]}: {bad[0]} differs from the hub "
                               f"after a second download ({len(bad)} file(s) bad in {folder})")
     _write_ref(Path(location.root), source.revision or "main", listing.commit)
-    write_manifest(folder, manifest)
-    return PulledModel(location, manifest, refetched)
+    if previous is None or manifest.to_json() != previous.to_json():
+        write_manifest(folder, manifest)
+    return PulledModel(location, manifest, refetched, hashed)
 
 
 def _write_ref(repo_root: Path, revision: str, commit: str) -> None:

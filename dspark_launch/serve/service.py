@@ -164,7 +164,11 @@ def _serving(spec: ClusterSpec, server: ServerRecord, client_key: str, timeout: 
 
 def _start_in_containers(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool, verify: bool,
                          previous: Deployment | None) -> StartResult:
-    """Every node's container recreated first (the agent runs in it), then as on hosts; a failure removes them."""
+    """Every node's container made ready first (the agent runs in it: reused when unchanged), then as on hosts;
+    a failure removes them."""
+    from dspark_launch.model.onnodes import require_mounted
+
+    require_mounted(settings, spec)
     image_id = lifecycle.prepare_containers(spec, reporter, previous)
     try:
         spec, plan, weights, memory = _checked_plan(settings, spec, reporter, verify)
@@ -175,7 +179,7 @@ def _start_in_containers(settings: Settings, spec: ClusterSpec, reporter: Report
         checked.result()
         server, answer = launch(spec, plan, state, reporter)
     except BaseException:
-        lifecycle.cluster_down_locked(spec, reporter, None)
+        lifecycle.cluster_down_locked(spec, reporter, None, remove=True)
         raise
     return StartResult(plan, server, True, state.hotfix, answer)
 
@@ -333,10 +337,11 @@ def stop_server(spec: ClusterSpec, server: ServerRecord, grace_s: float = 15.0) 
                                   "stop server")
 
 
-def stop(spec: ClusterSpec, reporter: Reporter) -> list[str]:
-    """The server, then Ray on every node; idempotent. Returns nodes that could not be stopped."""
+def stop(spec: ClusterSpec, reporter: Reporter, remove: bool = False) -> list[str]:
+    """The server, then Ray on every node; idempotent. Returns nodes that could not be stopped.
+    `remove`: the node containers too (else they stay, idle and warm, for the next start)."""
     with lifecycle.locked_deployment(spec.state_dir) as state:
-        return stop_locked(spec, reporter, state)
+        return stop_locked(spec, reporter, state, remove)
 
 
 def stop_run(spec: ClusterSpec, reporter: Reporter, marker: str) -> bool:
@@ -349,7 +354,7 @@ def stop_run(spec: ClusterSpec, reporter: Reporter, marker: str) -> bool:
         return True
 
 
-def stop_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None) -> list[str]:
+def stop_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None, remove: bool = False) -> list[str]:
     if state and state.server:
         try:
             answer = stop_server(spec, state.server)
@@ -360,7 +365,7 @@ def stop_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None)
             reporter.warn(f"{exc}; removing the containers ends it")
         state.server = None
         save_state(spec.state_dir, state)
-    return lifecycle.cluster_down_locked(spec, reporter, state)
+    return lifecycle.cluster_down_locked(spec, reporter, state, remove)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ def handle(req: dict) -> dict:
     location = ModelLocation(**req["location"])
     manifest = Manifest.from_json(req["manifest"])
     if req["op"] == "sync":
-        return asdict(sync_worker(location, manifest, target, worker, streams=req.get("streams", 4)))
+        return asdict(sync_worker(location, manifest, target, worker, streams=req.get("streams", 4),
+                                  full=req.get("full", False)))
     if req["op"] == "check_disk":
         return {"checks": [asdict(c) for c in check_disk(location, manifest, [head, worker])]}
     if req["op"] == "fast_check":
