@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from dspark_launch.model.errors import ModelAccessError
-from dspark_launch.model.hub import HubSource, list_model, pull, resolve_token
+from dspark_launch.model.hub import list_model, pull, resolve_token
 from dspark_launch.model.local_model import prepare_local
 from dspark_launch.model.manifest import MANIFEST_NAME, read_manifest
 from dspark_launch.model.node_check import CORRUPT, MISSING, OVERSIZED, PARTIAL, STALE, fast_check, verify_model
-from tests.support.hub_server import HubRepo, HubServer, online_hub, write_tiny_model
+from tests.support.hub_server import (TINY_REPO_ID, HubRepo, HubServer, online_hub, tiny_hub, tiny_hub_source,
+                                      write_tiny_model)
 
-REPO_ID = "test-org/tiny"
+REPO_ID = TINY_REPO_ID
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
 
 
 @pytest.fixture(autouse=True)
@@ -29,13 +29,11 @@ def _hub_online(monkeypatch):
 
 @pytest.fixture
 def hub(tmp_path):
-    repo = HubRepo.from_folder(REPO_ID, write_tiny_model(tmp_path / "src"))
-    with HubServer(repo) as server:
+    with tiny_hub(tmp_path / "src") as server:
         yield server
 
 
-def source(server, tmp_path, revision="", token=None) -> HubSource:
-    return HubSource(REPO_ID, revision, str(tmp_path / "cache"), server.endpoint, token)
+source = tiny_hub_source
 
 
 def shard(n: int) -> str:

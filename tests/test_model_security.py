@@ -25,9 +25,10 @@ from dspark_launch.model.local_model import prepare_local
 from dspark_launch.model.manifest import MANIFEST_NAME, Manifest, ManifestFile, read_manifest, write_manifest
 from dspark_launch.model.node_check import SPECIAL, verify_model
 from dspark_launch.model.paths import UnsafeModelPath
-from tests.support.hub_server import HubRepo, HubServer, online_hub, write_tiny_model
+from tests.support.hub_server import (TINY_REPO_ID, HubRepo, HubServer, online_hub, tiny_hub, tiny_hub_source,
+                                      write_tiny_model)
 
-REPO_ID = "test-org/tiny"
+REPO_ID = TINY_REPO_ID
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -38,12 +39,11 @@ def _hub_online(monkeypatch):
 
 @pytest.fixture
 def hub(tmp_path):
-    with HubServer(HubRepo.from_folder(REPO_ID, write_tiny_model(tmp_path / "src"))) as server:
+    with tiny_hub(tmp_path / "src") as server:
         yield server
 
 
-def source(server, tmp_path, revision="", token=None) -> HubSource:
-    return HubSource(REPO_ID, revision, str(tmp_path / "cache"), server.endpoint, token)
+source = tiny_hub_source
 
 
 # --- point 2: every name a relative path inside the model folder -------------------------------------

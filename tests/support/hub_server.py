@@ -22,6 +22,7 @@ file, Range) without the token.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -355,3 +356,20 @@ def online_hub(monkeypatch) -> None:
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+
+TINY_REPO_ID = "test-org/tiny"
+
+
+@contextlib.contextmanager
+def tiny_hub(folder: Path):
+    """A loopback hub serving a freshly written tiny model (written under `folder`) as TINY_REPO_ID."""
+    with HubServer(HubRepo.from_folder(TINY_REPO_ID, write_tiny_model(folder))) as server:
+        yield server
+
+
+def tiny_hub_source(server: HubServer, tmp_path: Path, revision: str = "", token: str | None = None):
+    """The launcher's HubSource for TINY_REPO_ID on `server`, cached under tmp_path/cache."""
+    from dspark_launch.model.hub import HubSource
+
+    return HubSource(TINY_REPO_ID, revision, str(tmp_path / "cache"), server.endpoint, token)
