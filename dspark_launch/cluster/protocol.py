@@ -205,6 +205,7 @@ class Stop:
     processes: tuple[Process, ...] = ()
     sessions: tuple[Session, ...] = ()
     grace_s: float = 5.0
+    drain_s: float = 0.0  # > 0: one SIGTERM, then up to drain_s for the processes to end by themselves
 
 
 @dataclass(frozen=True)

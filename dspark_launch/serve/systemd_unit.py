@@ -4,6 +4,7 @@ Every path is quoted for systemd (a folder with spaces, `%` or `$` stays one lit
 argument). Exit codes the unit relies on: 0 = the operator's own `stop`/`restart` took
 the run over (not restarted: `Restart=on-failure`), 3 = already running and healthy,
 143 = stopped by SIGTERM (both success); 1 = the server or a node's Ray was lost (restarted).
+TimeoutStopSec covers `dspark stop`'s drain (DSPARK_DRAIN_TIMEOUT_S) on top of its own bounded waits.
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ def command_line(argv: list[str]) -> str:
     return " ".join(quote_arg(arg, expands_variables=index > 0) for index, arg in enumerate(argv))
 
 
-def unit_text(launcher: list[str], env_file: Path, user: str) -> str:
+# `dspark stop` without a drain: the server, then Ray on every node (SIGKILL after bounded waits).
+STOP_WITHOUT_DRAIN_S = 120
+
+
+def unit_text(launcher: list[str], env_file: Path, user: str, drain_s: int = 0) -> str:
+    """`drain_s`: DSPARK_DRAIN_TIMEOUT_S, which `dspark stop` (ExecStop) may spend letting requests finish."""
     env = str(env_file)
     start = command_line([*launcher, "start", "--foreground", "--env-file", env])
     stop = command_line([*launcher, "stop", "--env-file", env])
@@ -49,7 +55,7 @@ SuccessExitStatus=3 143
 Restart=on-failure
 RestartSec=30
 TimeoutStartSec=infinity
-TimeoutStopSec=120
+TimeoutStopSec={STOP_WITHOUT_DRAIN_S + drain_s}
 KillMode=mixed
 
 [Install]
