@@ -31,7 +31,7 @@ def test_report_counts_finished_and_cut():
     assert (timed_out.in_flight, timed_out.finished, timed_out.cut) == (4, 1, 3)
     assert timed_out.line == "vllm serve drained in 60.0 s (limit 60 s): 1 request(s) finished, 3 cut"
     gone = report(None, None, 0.1, 60, lambda: "")
-    assert (gone.in_flight, gone.finished, gone.cut) == (0, 0, 0)
+    assert not gone.answered and gone.line == "vllm serve did not answer /metrics; stopped in 0.1 s, nothing counted"
 
 
 KEEP = """

@@ -36,9 +36,12 @@ class DrainReport:
     cut: int
     seconds: float
     timeout_s: int
+    answered: bool = True  # False: /metrics did not answer when the stop began (a dead or hung server)
 
     @property
     def line(self) -> str:
+        if not self.answered:
+            return f"vllm serve did not answer /metrics; stopped in {self.seconds:.1f} s, nothing counted"
         return (f"vllm serve drained in {self.seconds:.1f} s (limit {self.timeout_s} s): "
                 f"{self.finished} request(s) finished, {self.cut} cut")
 
@@ -90,7 +93,7 @@ def drained_stop(stop: Callable[[], T], base_url: str, timeout_s: int, probe_s: 
 def report(before: RequestCounts | None, last: RequestCounts | None, seconds: float, timeout_s: int,
             log_since_stop: Callable[[], str]) -> DrainReport:
     if before is None:
-        return DrainReport(0, 0, 0, seconds, timeout_s)
+        return DrainReport(0, 0, 0, seconds, timeout_s, answered=False)
     if DRAINED_LOG in log_since_stop():  # the EngineCore ran out of work: it finished every request it had
         return DrainReport(before.in_flight, before.in_flight, 0, seconds, timeout_s)
     finished = min(before.in_flight, max(0, last.finished - before.finished)) if last else 0
