@@ -64,3 +64,24 @@ def test_rays_sigterm_handler_leaves_vllms_in_place_only_through_the_entry_shim(
 
     assert outcome("") == "False True"  # Ray's own sys.exit replaces vLLM's drain: why the shim exists
     assert outcome("keep_vllms_sigterm_handler()") == "True True"  # with none installed, Ray's goes in
+
+
+ROUTED = """
+import pickle, sys
+from dspark_launch.serve import entry
+entry.start_engine_core_through_this_module()
+from vllm.v1.engine.core import EngineCoreProc
+import inspect, vllm.v1.engine.utils as engine_utils
+# vLLM reads the class attribute when it starts the EngineCore process:
+assert "target=EngineCoreProc.run_engine_core" in inspect.getsource(engine_utils.CoreEngineProcManager.__init__)
+target = EngineCoreProc.run_engine_core
+# A spawned child finds it by module and name (pickled by reference), and then runs vLLM's own:
+assert target is entry.run_engine_core and pickle.loads(pickle.dumps(target)) is entry.run_engine_core
+assert entry._VLLM_RUN_ENGINE_CORE.__module__ == "vllm.v1.engine.core"
+print("ok")
+"""
+
+
+def test_the_engine_core_starts_through_the_entry_shim():
+    proc = subprocess.run([sys.executable, "-c", ROUTED], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

