@@ -222,7 +222,7 @@ def restart_serve(settings: Settings, spec: ClusterSpec, reporter: Reporter, for
         spec, plan, weights, memory = _checked_plan(settings, spec, reporter, verify)
         preflight_memory(spec, plan, weights, memory, reporter, force)
         check_arguments(settings, spec, plan, reporter)
-        answer = stop_server(spec, state.server) if now else drain_server(spec, state.server, reporter)
+        answer = abort_server(spec, state.server) if now else drain_server(spec, state.server, reporter)
         reporter.phase(f"vllm serve: stopped {len(answer.stopped)} process(es); Ray kept up on every node")
         state.server = None
         state.config_digest = spec.config_digest  # the settings this deployment now runs with
@@ -369,6 +369,13 @@ def drain_server(spec: ClusterSpec, server: ServerRecord, reporter: Reporter) ->
     return answer
 
 
+def abort_server(spec: ClusterSpec, server: ServerRecord) -> StopAnswer:
+    """`--now`: a server started with a drain timeout drains on SIGTERM whatever it is sent after it (vLLM has
+    no abort signal then), so its processes get SIGKILL right after the SIGTERM; one started without
+    aborts on SIGTERM (the plain stop)."""
+    return stop_server(spec, server, grace_s=0.0) if server.drain_s > 0 else stop_server(spec, server)
+
+
 def stop(spec: ClusterSpec, reporter: Reporter, now: bool = False) -> list[str]:
     """The server (drained unless `now`), then Ray on every node; idempotent. Returns nodes that could not
     be stopped."""
@@ -389,7 +396,7 @@ def stop_run(spec: ClusterSpec, reporter: Reporter, marker: str) -> bool:
 def stop_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None, now: bool = False) -> list[str]:
     if state and state.server:
         try:
-            answer = stop_server(spec, state.server) if now else drain_server(spec, state.server, reporter)
+            answer = abort_server(spec, state.server) if now else drain_server(spec, state.server, reporter)
             reporter.phase(f"vllm serve: stopped {len(answer.stopped)} process(es)")
         except ClusterFailure as exc:
             if not spec.containers:
