@@ -201,8 +201,19 @@ def restart_kind_of(settings: Settings, spec: ClusterSpec, state: Deployment | N
     if state is not None and state.launcher_version != __version__:
         return RestartKind(False, f"the record is of dspark-launch {state.launcher_version}, this is {__version__}")
     running = state.server.settings if state and state.server else None
-    ray_up = running is not None and all(h == "alive" for h in lifecycle.node_health(spec, state).values())
-    return restart_kind(running, settings.public_values(), ray_up)
+    return restart_kind(running, settings.public_values(), running is not None and _ray_up(spec, state))
+
+
+def _ray_up(spec: ClusterSpec, state: Deployment | None) -> bool:
+    """Every node's recorded Ray daemons alive, and Ray itself (the GCS) lists every node alive: after a
+    cut link the daemons can live on while Ray has declared the node dead."""
+    if not all(h == "alive" for h in lifecycle.node_health(spec, state).values()):
+        return False
+    try:
+        seen = {node.ip for node in rc.ray_view(spec, lifecycle.RAY_VIEW_TIMEOUT_S) if node.alive}
+    except ClusterFailure:
+        return False
+    return all(node.ip in seen for node in spec.nodes)
 
 
 def restart_kind_now(settings: Settings, spec: ClusterSpec) -> RestartKind:
