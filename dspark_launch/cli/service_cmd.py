@@ -166,14 +166,18 @@ def restart(
     from dspark_launch.serve import service
 
     settings, spec = settings_and_spec(env_file, host, port, strict)
+    from dspark_launch.cluster.state import load_state
+
     try:
-        kind = service.restart_kind_now(settings, spec)
+        state = load_state(spec.state_dir)
+        kind = service.restart_kind_of(settings, spec, state)
     except DsparkError as error:
         raise fail(error) from None
     print(kind.line, file=sys.stderr)
     if kind.serve_only:
+        marker = state.server.marker
         do_start(settings, spec, force, False,
-                 begin=lambda *args, **kw: service.restart_serve(*args, **kw, now=now))
+                 begin=lambda *args, **kw: service.restart_serve(*args, **kw, now=now, marker=marker))
         return
     try:
         service.stop(spec, ConsoleReporter(), now)

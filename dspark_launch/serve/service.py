@@ -207,29 +207,24 @@ def restart_kind_of(settings: Settings, spec: ClusterSpec, state: Deployment | N
 def _ray_up(spec: ClusterSpec, state: Deployment | None) -> bool:
     """Every node's recorded Ray daemons alive, and Ray itself (the GCS) lists every node alive: after a
     cut link the daemons can live on while Ray has declared the node dead."""
-    if not all(h == "alive" for h in lifecycle.node_health(spec, state).values()):
-        return False
+    ray_view = Background(lambda: rc.ray_view(spec, lifecycle.RAY_VIEW_TIMEOUT_S))  # asked while the nodes are
+    healthy = all(h == "alive" for h in lifecycle.node_health(spec, state).values())
     try:
-        seen = {node.ip for node in rc.ray_view(spec, lifecycle.RAY_VIEW_TIMEOUT_S) if node.alive}
+        seen = {node.ip for node in ray_view.result() if node.alive}
     except ClusterFailure:
         return False
-    return all(node.ip in seen for node in spec.nodes)
-
-
-def restart_kind_now(settings: Settings, spec: ClusterSpec) -> RestartKind:
-    """What `restart` would do now (the record read without the lock)."""
-    return restart_kind_of(settings, spec, load_state(spec.state_dir))
+    return healthy and all(node.ip in seen for node in spec.nodes)
 
 
 def restart_serve(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool = False,
-                  verify: bool = False, now: bool = False) -> StartResult:
-    """Only `vllm serve` restarted, Ray (and the containers) kept: the new plan is resolved and its
-    arguments checked while the old server still serves, then the old one drains (unless `now`) and
-    the new one starts. A failure leaves Ray up and no server (`dspark start` serves again)."""
+                  verify: bool = False, now: bool = False, marker: str = "") -> StartResult:
+    """Only `vllm serve` restarted, Ray (and the containers) kept, after `restart_kind_of` found it enough
+    for the server with `marker`: the new plan is resolved and its arguments checked while the old server
+    still serves, then the old one drains (unless `now`) and the new one starts. A failure leaves Ray up
+    and no server (`dspark start` serves again)."""
     with lifecycle.locked_deployment(spec.state_dir) as state:
-        kind = restart_kind_of(settings, spec, state)
-        if not kind.serve_only or state is None or state.server is None:
-            raise DsparkError(f"the deployment changed meanwhile ({kind.why}); run `dspark restart` again")
+        if state is None or state.server is None or state.server.marker != marker:
+            raise DsparkError("the deployment changed meanwhile (another dspark command); run `dspark restart` again")
         spec, plan, weights, memory = _checked_plan(settings, spec, reporter, verify)
         preflight_memory(spec, plan, weights, memory, reporter, force)
         check_arguments(settings, spec, plan, reporter)
