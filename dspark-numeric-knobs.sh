@@ -46,8 +46,11 @@ dspark_knob GPUS_PER_NODE                  int   1        1    8        hard "GP
 dspark_knob SSH_PORT                       int   22       1    65535    hard "SSH port of the worker nodes"
 dspark_knob SSH_CONNECT_TIMEOUT_S          int   10       1    300      hard "seconds before an SSH connection attempt fails"
 dspark_knob CLUSTER_JOIN_TIMEOUT_S         int   120      5    3600     hard "seconds to wait for every node to join Ray"
+dspark_knob DSPARK_ALLOW_TCP_FABRIC        int   0        0    1        hard "1 lets start go on (with a warning) when a node has no usable RoCE port behind its fabric interface: NCCL then runs over TCP sockets, about 12 against 30+ tok/s"
 # Security
 dspark_knob DSPARK_TRUSTED_NETWORK         int   0        0    1        hard "1 allows a VLLM_HOST other than loopback without an API key (a network you trust)"
+dspark_knob DSPARK_HUB_TOKEN_TO_ENDPOINT   int   0        0    1        hard "1 sends the hub token to an HF_ENDPOINT other than https://huggingface.co (https only)"
+dspark_knob DSPARK_HUB_PROXY               int   0        0    1        hard "1 lets the model pull use the environment's proxy variables (they see the token); 0 connects directly"
 }
 
 # ---- validation (bash side) -------------------------------------------------

@@ -226,5 +226,27 @@ def test_the_argument_checker_ends_with_the_agent_that_asked():
     assert checker, "the checker never started"
     kill_in_flight()
     asking.join(10)
-    time.sleep(1.0)
+    # Polled (a busy host takes a while to end it), well within the ~10 s the checker would run on its own.
+    deadline = time.monotonic() + 5
+    while any(procfs.start_time(pid) is not None for pid in checker) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert all(procfs.start_time(pid) is None for pid in checker)
+
+
+def test_the_version_row_names_the_nccl_vllm_will_load(tmp_path, monkeypatch):
+    from dspark_launch.cluster import node_tasks
+
+    library = tmp_path / "libnccl.so.2.27.7"
+    library.write_bytes(b"")
+    (tmp_path / "libnccl.so.2").symlink_to(library.name)
+    monkeypatch.setenv("VLLM_NCCL_SO_PATH", str(tmp_path / "libnccl.so.2"))  # vLLM loads what it names
+    assert node_tasks.nccl_version() == "2.27.7"
+    monkeypatch.setenv("VLLM_NCCL_SO_PATH", str(tmp_path / "custom.so"))
+    assert node_tasks.nccl_version() == f"VLLM_NCCL_SO_PATH={tmp_path / 'custom.so'}"
+    monkeypatch.delenv("VLLM_NCCL_SO_PATH")  # else the wheel torch loads it from
+    monkeypatch.setattr(node_tasks, "installed_version",
+                        lambda *dists: "2.28.3" if dists[0] == "nvidia-nccl-cu13" else None)
+    assert node_tasks.nccl_version() == "2.28.3"
+    from dspark_launch.cluster.versions import COMPARED_ROWS
+
+    assert "nccl" in COMPARED_ROWS  # compared across nodes like every row

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from dspark_launch.config.registry import load_registry
+from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
 from tests.support.launcher_env import run_dspark
 from tests.support.paths import REPO
 
@@ -15,9 +16,39 @@ from tests.support.paths import REPO
 def test_show_on_example_lists_every_knob_with_its_source():
     proc = run_dspark(["config", "show", "--env-file", str(REPO / ".env.dspark.example")])
     assert proc.returncode == 0, proc.stderr
+    by_profile = {d.setting for d in DEEPSEEK_V4_FLASH.settings}
     for knob in load_registry().knobs:
         line = next(l for l in proc.stdout.splitlines() if l.split()[:1] == [knob.name])
-        assert ".env.dspark.example:" in line, line
+        expected = "profile deepseek-v4-flash-0731" if knob.name in by_profile else ".env.dspark.example:"
+        assert expected in line, line
+
+
+def show_json(env_file) -> dict[str, dict]:
+    proc = run_dspark(["config", "show", "--json", "--env-file", str(env_file)])
+    assert proc.returncode == 0, proc.stderr
+    return {s["name"]: s for s in json.loads(proc.stdout)["settings"]}
+
+
+def test_show_marks_the_values_the_profile_replaced_and_keeps_the_operators_lines(tmp_path):
+    from_example = show_json(REPO / ".env.dspark.example")
+    assert from_example["DSPARK_MODEL"] == {
+        "name": "DSPARK_MODEL", "value": "deepseek-ai/DeepSeek-V4-Flash-0731",
+        "source": "profile deepseek-v4-flash-0731", "group": "serving", "secret": False,
+        "notes": ["the profile replaced the built-in deepseek-ai/DeepSeek-V4-Flash"]}
+    assert from_example["GPU_MEMORY_UTILIZATION"]["value"] == "0.9"
+    assert from_example["VLLM_PORT"]["source"].startswith(str(REPO / ".env.dspark.example"))
+    env = tmp_path / "mine.env"
+    env.write_text("DSPARK_MODEL=deepseek-ai/DeepSeek-V4-Flash\n")  # written on purpose, equal to the built-in
+    env.chmod(0o600)
+    mine = show_json(env)
+    assert (mine["DSPARK_MODEL"]["value"], mine["DSPARK_MODEL"]["source"]) == ("deepseek-ai/DeepSeek-V4-Flash",
+                                                                               f"{env}:1")
+    # The profile's revision pins its own checkpoint only: with another model nothing replaces the empty default.
+    assert mine["DSPARK_MODEL_REVISION"]["value"] == "" and mine["DSPARK_MODEL_REVISION"]["source"] == "default"
+    got = run_dspark(["config", "get", "MAX_MODEL_LEN", "--env-file", str(env)])
+    assert got.stdout.strip() == "1048576" and got.returncode == 0
+    got = run_dspark(["config", "get", "DSPARK_SERVED_MODEL_NAME", "--env-file", str(env)])
+    assert got.stdout.strip() == "deepseek-v4-flash-0731"
 
 
 def test_show_json_and_secrets(tmp_path):

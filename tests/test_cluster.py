@@ -35,6 +35,8 @@ def test_up_status_repair_down(testbed_clean, tmp_path):
 
     up = dspark(tb, env, "cluster", "up")
     assert up.returncode == 0, up.stderr
+    # The testbed's fabric has no RoCE: with DSPARK_ALLOW_TCP_FABRIC=1 (launcher_env) a warning per node.
+    assert "head: no RDMA device behind fab0: NCCL falls back to TCP sockets" in up.stderr
     assert "version matrix:" in up.stdout and "scheduler_sha256" in up.stdout
     assert "hotfix head: applied" in up.stdout and "hotfix worker1: applied" in up.stdout
     # Each node patched its own copy; the host's venv is untouched.
@@ -110,6 +112,17 @@ def test_misconfigured_worker_ip_is_caught(testbed_clean, tmp_path):
     assert our_pids(tb, "head") == set() and our_pids(tb, "worker1") == set()
 
 
+def test_no_roce_is_refused_unless_tcp_is_allowed(testbed_clean, tmp_path):
+    tb = testbed_clean
+    proc = dspark(tb, write_env(tb, tmp_path, DSPARK_ALLOW_TCP_FABRIC="0"), "cluster", "up")
+    assert proc.returncode == 2, proc.stderr
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("dspark: error:")]
+    assert len(errors) == 1 and "(10.213.0." in errors[0] and "no RDMA device behind fab0" in errors[0], proc.stderr
+    assert "DSPARK_ALLOW_TCP_FABRIC=1" in errors[0]
+    assert "starting Ray" not in proc.stderr
+    assert our_pids(tb, "head") == set() and our_pids(tb, "worker1") == set()
+
+
 def _drift_anchor(tb, node: str) -> str:
     path = str(Path(sys.executable).parent.parent / SCHEDULER_REL)
     tb.exec(node, ["sed", "-i", "s/self.max_num_active_reqs/self.max_active_requests_renamed/g", path], check=True)
@@ -170,7 +183,7 @@ def test_two_launchers_one_wins(testbed_clean, tmp_path):
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lock = tmp_path / "state" / "lock"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # the first launcher's start-up is slow on a busy host
         while time.monotonic() < deadline and not (lock.exists() and lock.read_text().strip()):
             time.sleep(0.2)
         second = dspark(tb, env, "cluster", "up")

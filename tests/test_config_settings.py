@@ -140,8 +140,10 @@ def test_env_file_choice(tmp_path, clean_environ):
     assert s["VLLM_PORT"] == "9003" and not s.from_example
     empty = tmp_path / "empty"
     empty.mkdir()
+    write(empty, "VLLM_PORT=9004\n", ".env.dspark.example")  # a template, never read from the working directory
     s = resolve(environ=clean_environ, cwd=empty)
-    assert s.from_example and any("example" in w for w in s.warnings)
+    assert s.env_file is None and not s.from_example and s["VLLM_PORT"] == "8888"
+    assert any(w.startswith("no env file") and "built-in defaults" in w for w in s.warnings)
     with pytest.raises(ConfigError, match="no such file"):
         resolve(env_file=str(tmp_path / "missing"), environ=clean_environ)
 

@@ -252,11 +252,34 @@ def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_mode
     from tests.test_cluster import scheduler_sha
     from tests.test_serving import processes_named, set_knob
 
+    import shutil
+
+    from tests.support.launcher_env import scratch
+    from tests.support.model_nodes import bind_in_node, umount_in_node
+
     tb = ctb.tb
     worker = tb.workers[0]
-    env = _container_env(ctb, tmp_path, tiny_model, ctb.image.tag)
+    # The model in a folder of the mounted cache; the worker's copy of that folder is its own disk.
+    models = Path(f"/tmp/dspctr-{os.getpid()}")
+    model, worker_disk = models / "tiny", tmp_path / "worker-disk"
+    shutil.copytree(tiny_model, model, ignore=shutil.ignore_patterns(".dspark-manifest.json*"))
+    worker_disk.mkdir()
+    bind_in_node(tb, worker, str(worker_disk), str(model))
+    env = _container_env(ctb, tmp_path, model, ctb.image.tag)
     host_sha = {n: scheduler_sha(tb, n) for n in ("head", "worker1")}
     try:
+        # `model pull` with no node container: the head hashes in the launcher's Python, the worker's check
+        # runs in a --rm container from the checked image; the copy goes to the worker's own disk.
+        assert _containers(ctb, tb.head) == [] and _containers(ctb, worker) == []
+        pulled = _dspark(ctb, tmp_path, env, "model", "pull", "--json", timeout=300)
+        assert pulled.returncode == 0, pulled.stdout[-2000:] + pulled.stderr[-3000:]
+        placed = json.loads(pulled.stdout)
+        assert placed["workers"][0]["report"]["problems"] == [] and placed["workers"][0]["report"]["bytes_checked"] > 0
+        assert (worker_disk / "config.json").read_bytes() == (model / "config.json").read_bytes()
+        assert (worker_disk / ".dspark-manifest.json").is_file()
+        assert _containers(ctb, tb.head) == [] and _containers(ctb, worker) == []  # the --rm ones are gone
+        assert _dspark(ctb, tmp_path, env, "model", "status").returncode == 0
+
         started = _dspark(ctb, tmp_path, env, "start")
         assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-4000:]
         assert "serving " in started.stdout and "in-flight prefill cap: 1" in started.stdout
@@ -295,14 +318,23 @@ def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_mode
         set_knob(env, "DSPARK_MAX_INFLIGHT_PREFILLS", "2")
         assert "drift: DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2: restart to apply" in _dspark(ctb, tmp_path, env,
                                                                                            "status").stdout
-        first_ids = {n: ctb.podman(n, "inspect", "--format", "{{.Id}}", names[n.name]).stdout.strip()
-                     for n in (tb.head, worker)}
+        ids = lambda: {n.name: ctb.podman(n, "inspect", "--format", "{{.Id}}", names[n.name]).stdout.strip()  # noqa: E731
+                       for n in (tb.head, worker)}
+        first_ids = ids()
+        # The JIT caches live in the node's host folder, mounted at its path: kept by a reused container.
+        jit = tmp_path / "state" / "jit-cache"
+        inside = ctb.podman(worker, "exec", names["worker1"], "printenv", "TRITON_CACHE_DIR").stdout.strip()
+        assert inside == str(jit / "triton")
+        (jit / "triton").mkdir(parents=True, exist_ok=True)
+        (jit / "triton" / "kept").write_text("compiled")
         restarted = _dspark(ctb, tmp_path, env, "restart")
         assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-4000:]
         assert "hotfix head: applied" in restarted.stdout and "hotfix worker1: applied" in restarted.stdout
+        # Serve-only (issue 24): Ray and the containers stay up (no container start, so no "reusing" line);
+        # the JIT cache in the kept container is still there.
         assert "restart: serve-only" in restarted.stderr, restarted.stderr[-3000:]
-        assert all(ctb.podman(n, "inspect", "--format", "{{.Id}}", names[n.name]).stdout.strip() == first_ids[n]
-                   for n in (tb.head, worker)), "a serve-only restart keeps the containers"
+        assert ids() == first_ids, "a serve-only restart keeps both containers"
+        assert ctb.podman(worker, "exec", names["worker1"], "cat", str(jit / "triton" / "kept")).stdout == "compiled"
         log = (tmp_path / "state" / "logs" / "vllm-serve.log").read_text(errors="replace")
         assert re.search(r"dspark-issue27 hotfix v\d+ active: cap=2 ", log)
         code, data = _status(ctb, tmp_path, env)
@@ -315,8 +347,23 @@ def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_mode
         assert data["nodes"][1]["container_status"] in ("exited", "stopped"), data["nodes"]
         assert any(f"container {names['worker1']} is" in p for p in data["problems"]), data["problems"]
 
+        # `stop` ends Ray and vLLM inside; the head's container stays, idle and warm; the dead one goes.
         stopped = _dspark(ctb, tmp_path, env, "stop")
         assert stopped.returncode == 0, stopped.stderr
+        assert _containers(ctb, tb.head) == [names["head"]] and _containers(ctb, worker) == []
+        assert processes_named(tb, "head", "RayWorkerProc") == [] and processes_named(tb, "head", "raylet") == []
+        assert not (tmp_path / "state" / "state.json").exists()
+
+        # Other container arguments: the kept container is not reused but recreated (`cluster up`: no serve).
+        set_knob(env, "DSPARK_CONTAINER_ARGS", f"--volume {scratch(tmp_path)}:{scratch(tmp_path)} --env DSPARK_CTEST=2")
+        head_before = ids()["head"]
+        up = _dspark(ctb, tmp_path, env, "cluster", "up")
+        assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-3000:]
+        assert ids()["head"] != head_before and "reusing container" not in up.stderr
+        assert ctb.podman(tb.head, "exec", names["head"], "printenv", "DSPARK_CTEST").stdout.strip() == "2"
+
+        removed = _dspark(ctb, tmp_path, env, "stop", "--remove")
+        assert removed.returncode == 0, removed.stderr
         assert _containers(ctb, tb.head) == [] and _containers(ctb, worker) == []
         left = _ours_left(ctb, tb.head) | _ours_left(ctb, worker)
         assert left == set(), left
@@ -324,3 +371,33 @@ def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_mode
     finally:
         for node in (tb.head, worker):
             ctb.podman(node, "rm", "--force", "--all", "--time", "1")
+        umount_in_node(tb, worker, str(model))
+        shutil.rmtree(models, ignore_errors=True)
+
+
+def test_an_image_without_ray_is_one_line_naming_the_dockerfile_fix(ctb, tmp_path, tiny_model):
+    """The image's Python sees vLLM but not Ray (as in recent NGC vLLM images): a wrapper interpreter in a
+    mounted folder hides Ray from everything it runs."""
+    import json as _json
+    from importlib import metadata
+
+    from tests.support.launcher_env import scratch
+
+    tb = ctb.tb
+    folder = scratch(tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    wrapper = folder / "python-noray"
+    hide_ray = "import runpy, sys; sys.modules['ray'] = None; runpy.run_module(sys.argv[2], run_name='__main__', alter_sys=True)"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -c {_json.dumps(hide_ray)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    env = _container_env(ctb, tmp_path, tiny_model, ctb.image.tag, DSPARK_CONTAINER_PYTHON=str(wrapper))
+    refused = _dspark(ctb, tmp_path, env, "start", timeout=300)
+    assert refused.returncode == 1, refused.stdout[-2000:] + refused.stderr[-3000:]
+    line = (f"image {ctb.image.tag} has no Ray: build FROM {ctb.image.tag} with "
+            f"`pip install ray=={metadata.version('ray')}`")
+    assert line in refused.stderr, refused.stderr[-3000:]
+    assert refused.stderr.count("dspark: error") == 1
+    # Nothing left running: no container, no process, no record.
+    assert _containers(ctb, tb.head) == [] and _containers(ctb, tb.workers[0]) == []
+    assert _ours_left(ctb, tb.head) == set() and _ours_left(ctb, tb.workers[0]) == set()
+    assert not (tmp_path / "state" / "state.json").exists()

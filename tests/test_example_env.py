@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 from dspark_launch.config.envfile import read_env_file
 from dspark_launch.config.registry import load_registry
 from dspark_launch.config.text_settings import TEXT_SETTINGS
+from dspark_launch.profiles.catalog import DEFAULT_PROFILE, profile_named
 from tests.support.paths import REPO
 
 EXAMPLE = REPO / ".env.dspark.example"
@@ -12,9 +15,25 @@ EXAMPLE = REPO / ".env.dspark.example"
 PLACEHOLDERS = {"DSPARK_HEAD_IP", "DSPARK_WORKER_HOSTS", "DSPARK_FABRIC_IFNAME"}
 
 
+# The settings the default profile gives: commented out in the example with the profile's value, so a copy of
+# the example sets none of them and every line an operator writes is used as written.
+BY_PROFILE = {d.setting: d.value for d in profile_named(DEFAULT_PROFILE).settings}
+
+
+def commented_out() -> dict[str, str]:
+    found = {}
+    for line in EXAMPLE.read_text().splitlines():
+        match = re.fullmatch(r"# ([A-Z][A-Z0-9_]*)=(\S*)", line)
+        if match:
+            found[match[1]] = match[2]
+    return found
+
+
 def test_every_knob_is_in_the_example_with_its_default():
     values = read_env_file(EXAMPLE, True).values
     for knob in load_registry().knobs:
+        if knob.name in BY_PROFILE:
+            continue
         assert knob.name in values, f"{knob.name} missing from {EXAMPLE.name}"
         assert values[knob.name] == knob.default, f"{knob.name}: example {values[knob.name]!r}, registry {knob.default!r}"
 
@@ -22,11 +41,21 @@ def test_every_knob_is_in_the_example_with_its_default():
 def test_every_text_setting_is_in_the_example():
     values = read_env_file(EXAMPLE, True).values
     for spec in TEXT_SETTINGS:
+        if spec.name in BY_PROFILE:
+            continue
         assert spec.name in values, f"{spec.name} missing from {EXAMPLE.name}"
         if spec.name not in PLACEHOLDERS:
             assert values[spec.name] == spec.default, spec.name
     for name in PLACEHOLDERS:
         assert values[name], f"{name} needs a placeholder in the example"
+
+
+def test_the_settings_the_profile_gives_are_commented_out_with_the_profiles_value():
+    values, shown = read_env_file(EXAMPLE, True).values, commented_out()
+    assert set(BY_PROFILE) <= set(shown) and not set(BY_PROFILE) & set(values)
+    for name, value in BY_PROFILE.items():
+        assert shown[name] == value, f"{name}: example shows {shown[name]!r}, the profile gives {value!r}"
+    assert shown["DSPARK_MODEL"] == "deepseek-ai/DeepSeek-V4-Flash-0731"  # the checkpoint the profile serves
 
 
 def test_example_sets_nothing_unknown():

@@ -114,13 +114,19 @@ def test_pull_verify_damage_refuse_repair_then_serve_offline(testbed_clean, tmp_
         full_refused = model_cli(tb, tmp_path, env, "start", "--verify")  # the flip alone needs the full check
         assert full_refused.returncode == 1 and "worker1" in full_refused.stderr
 
-        repaired = model_cli(tb, tmp_path, env, "model", "pull", "--json", endpoint=endpoint)
+        blob = lambda name: os.readlink(folder / name).split("/")[-1]  # noqa: E731
+        plain = model_cli(tb, tmp_path, env, "model", "pull", "--json", endpoint=endpoint)
+        assert plain.returncode == 0, plain.stderr[-3000:]
+        mended = json.loads(plain.stdout)
+        assert mended["hashed_bytes"] == 0  # the head's files are unchanged: nothing hashed there
+        assert [p.split("/")[-1] for p in mended["workers"][0]["copy"]["files_sent"] if p.startswith("blobs/")] == [
+            blob("model.safetensors")]  # rsync's size check: the truncated one, hashed there alone
+        assert mended["workers"][0]["report"]["bytes_checked"] == os.path.getsize(folder / "model.safetensors")
+        repaired = model_cli(tb, tmp_path, env, "model", "pull", "--json", "--verify", endpoint=endpoint)
         assert repaired.returncode == 0, repaired.stderr[-3000:]
         sync = json.loads(repaired.stdout)["workers"][0]
-        blob = lambda name: os.readlink(folder / name).split("/")[-1]  # noqa: E731
-        sent = [p.split("/")[-1] for p in sync["copy"]["files_sent"] if p.startswith("blobs/")]  # refs/main too
-        assert sent == [blob("model.safetensors")]  # rsync's size check: the truncated one
-        assert [p.split("/")[-1] for p in sync["repair"]["files_sent"]] == [blob("tokenizer.json")]
+        assert [p for p in sync["copy"]["files_sent"] if p.startswith("blobs/")] == []
+        assert [p.split("/")[-1] for p in sync["repair"]["files_sent"]] == [blob("tokenizer.json")]  # --verify found it
         assert model_cli(tb, tmp_path, env, "model", "verify").returncode == 0
     finally:
         hub.terminate()
@@ -145,3 +151,43 @@ def test_pull_verify_damage_refuse_repair_then_serve_offline(testbed_clean, tmp_
     assert stopped.returncode == 0, stopped.stderr
     left = our_pids(tb, "head") | our_pids(tb, "worker1")
     assert left == set(), describe(left)
+
+
+def test_the_copy_goes_to_the_fabric_address_and_needs_that_addresses_host_key(testbed_clean, tmp_path, tiny_model,
+                                                                               worker_cache):
+    """SSH reaches the worker by a name (`worker1-ssh` in the head's /etc/hosts), the copy by its fabric IP:
+    with the worker's key known only under its SSH name, the pull stops naming the fabric address and the fix;
+    with the key added for that address, the copy goes there."""
+    tb = testbed_clean
+    cache, disk = worker_cache
+    worker = tb.workers[0]
+    folder = cache / "tiny"
+    shutil.copytree(tiny_model, folder, ignore=shutil.ignore_patterns(".dspark-manifest.json*"))
+    keys = [line for line in Path(tb.known_hosts).read_text().splitlines() if line.split(" ", 1)[0] == worker.ip]
+    assert keys, "the testbed's known_hosts holds the worker's key by its IP"
+    known = tmp_path / "known_hosts"
+    known.write_text("".join(line.replace(worker.ip, "worker1-ssh", 1) + "\n" for line in keys))
+    hosts = Path(tb.state_dir, "nodes", "head", "hosts")  # bind-mounted at the head's /etc/hosts
+    original = hosts.read_text()
+    hosts.write_text(original + f"{worker.ip}\tworker1-ssh\n")
+    try:
+        env = serving_env(tb, tmp_path, folder, DSPARK_WORKER_HOSTS="root@worker1-ssh", DSPARK_WORKER_IPS=worker.ip,
+                          DSPARK_SSH_HOST_KEY_CHECK="yes", DSPARK_SSH_OPTIONS=f"-o UserKnownHostsFile={known}")
+        refused = model_cli(tb, tmp_path, env, "model", "pull")
+        assert refused.returncode == 1, refused.stderr[-2000:]
+        assert f"rsync to {worker.ip} failed: the SSH host key of {worker.ip}" in refused.stderr, refused.stderr
+        assert "ssh-keyscan" in refused.stderr and refused.stderr.count("dspark: error") == 1
+        assert not (disk / "tiny" / "config.json").exists()  # nothing copied
+
+        known.write_text(known.read_text() + "".join(line + "\n" for line in keys))
+        pulled = model_cli(tb, tmp_path, env, "model", "pull")
+        assert pulled.returncode == 0, pulled.stderr[-3000:]
+        assert f"worker1 ({worker.ip}): copied " in pulled.stderr and " MB/s, ETA " in pulled.stderr  # progress line
+        assert (disk / "tiny" / "config.json").read_bytes() == (folder / "config.json").read_bytes()
+        again = model_cli(tb, tmp_path, env, "model", "pull", "--json")
+        data = json.loads(again.stdout)
+        assert data["workers"][0]["copy"]["host"] == worker.ip  # the fabric address, not worker1-ssh
+        assert data["workers"][0]["copy"]["files_sent"] == [] and data["hashed_bytes"] == 0
+        assert data["workers"][0]["report"]["bytes_checked"] == 0
+    finally:
+        hosts.write_text(original)

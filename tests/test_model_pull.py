@@ -193,7 +193,7 @@ def test_source_from_settings_uses_the_configured_cache_endpoint_and_token(tmp_p
     from dspark_launch.model.hub import hub_source, is_local_folder
 
     env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_TOKEN": "hf_x", "HF_HOME": str(tmp_path)}
-    src = hub_source("org/m", "abc", "", env)
+    src = hub_source("org/m", "abc", "", env, token_to_endpoint=True)
     assert (src.cache_dir, src.endpoint, src.token) == (str(tmp_path / "hub"), "http://127.0.0.1:9", "hf_x")
     assert hub_source("org/m", "", "/data/hf", env).cache_dir == "/data/hf"
     assert "hf_x" not in repr(src)
@@ -259,7 +259,7 @@ def test_dspark_model_pull_on_a_gated_repo_is_one_line_exit_1_before_any_node(tm
     env_file = tmp_path / "dspark.env"
     env_file.write_text(f"DSPARK_HEAD_IP=10.213.0.91\nDSPARK_WORKER_HOSTS=root@10.213.0.92\nDSPARK_FABRIC_IFNAME=fab0\n"
                         f"DSPARK_MODEL={REPO_ID}\nDSPARK_MODEL_CACHE={tmp_path / 'cache'}\n"
-                        f"DSPARK_STATE_DIR={tmp_path / 'state'}\n")
+                        f"DSPARK_STATE_DIR={tmp_path / 'state'}\nDSPARK_HUB_TOKEN_TO_ENDPOINT=1\n")
     with HubServer(repo) as server:
         env = {"HF_ENDPOINT": server.endpoint, "HF_HOME": str(tmp_path / "hf-home")}
         if token:
@@ -292,3 +292,85 @@ def test_the_model_commands_take_the_model_and_revision_by_the_profiles_rule(tmp
     assert wanted(DSPARK_MODEL="org/other", DSPARK_MODEL_REVISION="v2").revision == "v2"
     folder = wanted(DSPARK_MODEL=str(tmp_path))
     assert folder.local and folder.revision == ""
+
+
+def test_a_re_pull_hashes_only_files_changed_since_unless_rehash(hub, tmp_path):
+    src = source(hub, tmp_path)
+    first = pull(src, list_model(src))
+    assert first.hashed_bytes == first.manifest.total_size  # every file read once
+    stamp_before = (Path(first.location.folder) / MANIFEST_NAME).stat().st_mtime_ns
+    again = pull(src, list_model(src))
+    assert again.hashed_bytes == 0 and again.manifest == first.manifest  # size, mtime, inode unchanged
+    assert (Path(first.location.folder) / MANIFEST_NAME).stat().st_mtime_ns == stamp_before  # not rewritten
+    blob = (Path(first.location.folder) / shard(2)).resolve()
+    os.utime(blob, ns=(blob.stat().st_atime_ns, blob.stat().st_mtime_ns + 1))  # touched: hashed again alone
+    touched = pull(src, list_model(src))
+    assert touched.hashed_bytes == blob.stat().st_size and touched.refetched == ()
+    assert pull(src, list_model(src), rehash=True).hashed_bytes == first.manifest.total_size
+
+
+def test_a_local_folder_is_hashed_in_parallel_once_and_again_only_where_changed(tmp_path):
+    from dspark_launch.model.local_model import prepare_local_counted
+
+    folder = write_tiny_model(tmp_path / "m")
+    _, first, hashed = prepare_local_counted(str(folder))
+    assert hashed == first.total_size and all(f.inode and f.mtime_ns for f in first.files)
+    assert prepare_local_counted(str(folder))[2] == 0
+    (folder / "config.json").write_text('{"x": 1}')
+    _, changed, hashed = prepare_local_counted(str(folder))
+    assert hashed == len('{"x": 1}') and changed.stamp != first.stamp
+    assert prepare_local_counted(str(folder), rehash=True)[2] == changed.total_size
+
+
+def test_the_copy_goes_to_the_fabric_ip_with_the_agents_ssh_settings_in_every_runtime(tmp_path):
+    from dspark_launch.cluster.spec import cluster_spec
+    from dspark_launch.config.settings import resolve as load_settings
+    from dspark_launch.model.onnodes import copy_target
+
+    def target(**values):
+        env_file = tmp_path / "c.env"
+        env_file.write_text("".join(f"{k}={v}\n" for k, v in {
+            "DSPARK_HEAD_IP": "10.213.0.1", "DSPARK_WORKER_HOSTS": "admin@spark2.lan", "DSPARK_WORKER_IPS": "10.213.0.2",
+            "DSPARK_FABRIC_IFNAME": "fab0", "SSH_PORT": "2222", "DSPARK_SSH_KEY": "/k",
+            "DSPARK_SSH_OPTIONS": "-o UserKnownHostsFile=/kh", **values}.items()))
+        spec = cluster_spec(load_settings(env_file=str(env_file), environ={}))
+        return copy_target(spec.workers[0])
+
+    for runtime in ("host", "podman", "docker"):  # a container runtime once failed here (no port on its transport)
+        fabric = target(DSPARK_RUNTIME=runtime, DSPARK_IMAGE="nvcr.io/nvidia/vllm:26.01-py3")
+        assert (fabric.host, fabric.user, fabric.port, fabric.key) == ("10.213.0.2", "admin", 2222, "/k")
+        assert fabric.extra_options == ("-o", "UserKnownHostsFile=/kh") and fabric.host_key_check == "yes"
+    other = target(DSPARK_MODEL_COPY_HOSTS="copy@10.9.0.2")
+    assert (other.host, other.user) == ("10.9.0.2", "copy")
+
+
+def test_an_unknown_fabric_host_key_is_one_line_naming_the_address_and_the_fix():
+    from dspark_launch.model.copy import SSHTarget, rsync_failure
+
+    failure = rsync_failure(SSHTarget("10.213.0.2"), 255, "No ED25519 host key is known for 10.213.0.2 and you have "
+                            "requested strict checking.\nHost key verification failed.\nrsync: connection unexpectedly "
+                            "closed (0 bytes received so far) [sender]\nrsync error: unexplained error (code 255)\n")
+    assert "10.213.0.2" in str(failure) and "not known" in str(failure) and "ssh-keyscan" in str(failure)
+    assert "\n" not in str(failure)
+
+
+def test_rsync_progress_becomes_one_line_per_node_and_the_file_names_stay_apart(tmp_path):
+    import subprocess as sp
+
+    from dspark_launch.model.copy import CopyProgress, _read_stream
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "blobs").mkdir(parents=True)
+    (src / "blobs" / "a").write_bytes(os.urandom(3 << 20))
+    (src / "b").write_text("small")
+    (tmp_path / "list").write_text("blobs/a\nb\n")
+    lines: list[str] = []
+    meter = CopyProgress("worker1 (10.213.0.2)", (3 << 20) + 5, lines.append, every_s=0.0)
+    proc = sp.Popen(["rsync", "-a", "--whole-file", f"--files-from={tmp_path / 'list'}", "--out-format=%n",
+                     "--info=progress2", f"{src}/", f"{dst}/"], stdout=sp.PIPE)
+    names: list[str] = []
+    _read_stream(proc, 0, names, meter)
+    assert proc.wait() == 0
+    assert sorted(n for n in names if not n.endswith("/")) == ["b", "blobs/a"]
+    assert lines and lines[-1].startswith("worker1 (10.213.0.2): copied 0.00 of 0.00 GiB, ")
+    assert sum(meter._per_stream.values()) == (3 << 20) + 5 and "MB/s, ETA 0 s" in meter.line()

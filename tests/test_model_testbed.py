@@ -105,6 +105,13 @@ def test_pull_copy_verify_then_repair_only_the_damaged_shards(testbed, scratch, 
     # the worker's copy is its own (a separate disk), not the head's files
     worker_folder = worker_disk / Path(location.folder).relative_to(cache)
     assert (worker_folder / shard(1)).resolve().is_relative_to(worker_disk)
+    # a re-pull of the unchanged model: nothing sent (not even the manifest), nothing hashed there
+    manifest_mtime = (worker_folder / ".dspark-manifest.json").stat().st_mtime_ns
+    repeat = on_head(testbed, "sync", location, manifest)
+    assert repeat["copy"]["files_sent"] == [] and repeat["report"]["bytes_checked"] == 0, repeat
+    assert (worker_folder / ".dspark-manifest.json").stat().st_mtime_ns == manifest_mtime
+    everything = on_head(testbed, "sync", location, manifest, full=True)  # --verify: every file hashed there
+    assert everything["copy"]["files_sent"] == [] and everything["report"]["bytes_checked"] == manifest.total_size
 
     blob1, blob2 = ((worker_folder / shard(n)).resolve() for n in (1, 2))
     with open(blob1, "r+b") as fh:
@@ -123,7 +130,7 @@ def test_pull_copy_verify_then_repair_only_the_damaged_shards(testbed, scratch, 
     assert [(p.path, p.kind) for p in fast.problems] == [(shard(1), PARTIAL)]  # sizes only: the flip needs --verify
 
     downloads = len([r for r in hub.requests if r.method == "GET"])
-    second = on_head(testbed, "sync", location, manifest)
+    second = on_head(testbed, "sync", location, manifest, full=True)  # the flip needs --verify
     blob_rel = [p for p in location.storage_paths(manifest, (shard(1),)) if p.startswith("blobs/")]
     assert second["copy"]["files_sent"] == blob_rel  # rsync's size check: the truncated shard only
     repaired = set(second["repair"]["files_sent"])  # the worker's checksum named the flipped one
@@ -200,3 +207,30 @@ def test_pull_everywhere_from_a_hub_on_the_heads_loopback(testbed, scratch, tmp_
     assert report_from(on_head(testbed, "verify", location, manifest)).ok  # worker, full sha256
     assert verify_model(location.folder, manifest).ok  # head
     assert (worker_disk / Path(location.folder).relative_to(cache) / ".dspark-manifest.json").is_file()
+
+
+def test_the_workers_copy_belongs_to_the_serving_user_and_a_planted_file_is_refused(testbed, scratch):
+    """Issue 22 point 6: the head's file of another user (group-writable) arrives on the worker as the
+    SSH user's (root here), closed to others; a worker file then given to another user makes the
+    worker's start check refuse, naming it."""
+    from dspark_launch.model.location import local_location
+
+    root, mounted = scratch
+    cache, worker_disk = root / "cache", root / "worker-disk"
+    worker_disk.mkdir()
+    bind_in_node(testbed, testbed.workers[0], str(worker_disk), str(cache))
+    mounted.append(str(cache))
+    folder = write_tiny_model(cache / "m")
+    location, manifest = prepare_local(str(folder))
+    assert location == local_location(str(folder))
+    os.chown(folder / "config.json", 65534, 65534)
+    (folder / "config.json").chmod(0o664)
+    synced = on_head(testbed, "sync", location, manifest)
+    assert "error" not in synced, synced
+    copied = (worker_disk / "m" / "config.json").stat()
+    assert copied.st_uid == 0 and not copied.st_mode & 0o022
+    assert report_from(on_head(testbed, "fast_check", location, manifest)).ok
+    os.chown(worker_disk / "m" / "tokenizer.json", 65534, 65534)
+    refused = on_head(testbed, "fast_check", location, manifest)
+    assert refused.get("error") == "ClusterFailure", refused
+    assert f"{cache}/m/tokenizer.json is owned by uid 65534" in refused["message"]

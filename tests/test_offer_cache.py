@@ -209,6 +209,7 @@ def test_nothing_is_kept_or_read_through_a_private_folder_that_is_a_link(identit
     from dspark_launch.cluster import ray_dirs
 
     monkeypatch.setattr(ray_dirs, "ROOT_PARENT", str(tmp_path))
+    monkeypatch.setattr(ray_dirs, "RUN_PARENT", str(tmp_path))
     victim = tmp_path / "victim"
     victim.mkdir(mode=0o700)
     (tmp_path / f"dspark-{os.geteuid()}").symlink_to(victim)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from dspark_launch.cluster.protocol import MemoryAnswer
 from dspark_launch.model.hub import hub_source
 from dspark_launch.model.location import local_location
 from dspark_launch.model.manifest import Manifest, ManifestFile, read_manifest, write_manifest
@@ -86,7 +87,7 @@ def test_memory_preflight_counts_the_verified_weights(tmp_path):
                                            "config.json": 10})
     weights = manifest_weights(local_location(str(folder)), read_manifest(folder))
     assert weights == ModelWeights(str(folder), 300 * 2**30)  # the shards only
-    memory = {"head": 128 * 2**30, "worker1": 128 * 2**30}
+    memory = {"head": MemoryAnswer(128 * 2**30), "worker1": MemoryAnswer(128 * 2**30)}
     found = estimate("none", weights, "auto", 256, 2, 0.835, memory)
     assert not found.fits and [f.fits for f in found.findings] == [False, False]
     assert found.findings[0].line.startswith("head: 150.0 GiB (weights 150.0 GiB) does not fit in 128.0 GiB x "
@@ -97,7 +98,7 @@ def test_memory_preflight_counts_the_verified_weights(tmp_path):
 def test_weights_without_shards_count_every_file_and_unplaced_weights_are_left_out(tmp_path):
     folder = placed_model(tmp_path / "m", {"pytorch_model.bin": 1000, "config.json": 24})
     assert manifest_weights(local_location(str(folder)), read_manifest(folder)).size_bytes == 1024
-    found = estimate("none", None, "auto", 256, 2, 0.835, {"head": 2**30})
+    found = estimate("none", None, "auto", 256, 2, 0.835, {"head": MemoryAnswer(2**30)})
     assert found.weights_per_node is None and any("never placed on the head" in n for n in found.notes)
 
 
@@ -129,9 +130,24 @@ def test_memory_preflight_refuses_by_default_before_anything_starts(testbed_clea
     assert proc.returncode == 1, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("dspark: error: ")]
     assert len(errors) == 1 and "memory pre-flight: head (10.213.0.1): " in errors[0], proc.stderr
-    assert "does not fit in" in errors[0] and "GPU_MEMORY_UTILIZATION 0.835" in errors[0] and "--force" in errors[0]
+    assert "does not fit in" in errors[0] and "GPU_MEMORY_UTILIZATION 0.9 " in errors[0] and "--force" in errors[0]
+    assert "lower MAX_MODEL_LEN" in errors[0] or "MAX_MODEL_LEN cannot fix it" in errors[0]
     assert "(weights 512.0 GiB" in errors[0] or "(weights 1024.0 GiB" in errors[0]  # / TP
     assert "starting Ray" not in proc.stderr
     assert our_pids(testbed_clean, "head") == set() and our_pids(testbed_clean, "worker1") == set()
     warn = dspark(testbed_clean, env, "start", "--help")
     assert warn.returncode == 0
+
+
+def test_what_fixes_the_kv_size_of_vllms_cpu_backend_turns_its_free_memory_gate_off():
+    from dspark_launch.serve.memory import kv_size_fixed
+
+    assert kv_size_fixed(("m", "--kv-cache-memory-bytes=2G"), {}) == "--kv-cache-memory-bytes"
+    assert kv_size_fixed(("m",), {"VLLM_CPU_KVCACHE_SPACE": "1"}) == "VLLM_CPU_KVCACHE_SPACE"
+    assert kv_size_fixed(("m",), {"VLLM_CPU_KVCACHE_SPACE": ""}) == ""  # vllm/platforms/cpu.py: empty is unset
+    busy = {"head": MemoryAnswer(24 * 2**30, 2 * 2**30, nvidia_gpu=False)}
+    assert estimate("none", None, "auto", 256, 2, 0.5, busy, "VLLM_CPU_KVCACHE_SPACE").fits
+    refused = estimate("none", None, "auto", 256, 2, 0.5, busy, "")
+    assert not refused.fits and refused.findings[0].problem.startswith("head: MemAvailable 2.00 GiB < 24.00 GiB x")
+    gpu = {"head": MemoryAnswer(24 * 2**30, 2 * 2**30, nvidia_gpu=True)}  # a GPU node: the gate always applies
+    assert not estimate("none", None, "auto", 256, 2, 0.5, gpu, "VLLM_CPU_KVCACHE_SPACE").fits

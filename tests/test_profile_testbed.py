@@ -50,7 +50,17 @@ def test_plan_on_the_example_file_contacts_nothing_and_exits_0():
     env = {(e["origin"], e["name"]): e["value"] for e in head["env"]}
     assert env[("vllm serve", "VLLM_ALLOW_LONG_MAX_MODEL_LEN")] == "1"
     assert env[("ray start: fabric (sysfs)", "NCCL_CUMEM_ENABLE")] == "0"
-    assert head["memory"]["fits"] is True and plan["memory"]["kv_cache_dtype"] == "nvfp4_ds_mla"
+    assert plan["memory"]["kv_cache_dtype"] == "nvfp4_ds_mla"
+    # Weights not pulled: the profile's measured 81.34 GiB per node and ~11.5 GiB overhead are counted, so this
+    # small CPU machine does not hold the share, and the plan says start would refuse it.
+    memory = plan["memory"]
+    assert memory["weights_per_node"] == int(81.34 * 2**30) and memory["non_kv_bytes"] == int(11.5 * 2**30)
+    assert head["memory"]["need_bytes"] == memory["weights_per_node"] + memory["non_kv_bytes"] + memory["kv_per_node"]
+    refused = [w for w in plan["warnings"] if w.startswith("memory: head:")]
+    assert head["memory"]["fits"] == (not refused) and all("start refuses this without --force" in w for w in refused)
+    # No RoCE in this namespace: the plan says start would refuse it (exit 2) and how to accept TCP.
+    assert "fabric: head (192.0.2.1): no RDMA device behind enp1s0f1np1: start refuses this (exit 2) unless " \
+           "DSPARK_ALLOW_TCP_FABRIC=1" in plan["warnings"]
     # Every flag and variable of the profile with its reason; this CPU node reports no GPU, and the lines say so.
     reasons = {d["subject"]: d["reason"] for d in plan["decisions"]}
     for subject in ("kv-cache-dtype", "moe-backend", "load-format", "max-cudagraph-capture-size",
@@ -61,12 +71,14 @@ def test_plan_on_the_example_file_contacts_nothing_and_exits_0():
 
 
 def fake_spark(root: Path, ip: str, hca: str, twin: str | None, gid_index: int) -> Path:
-    """A node's sysfs: `fab0` on RDMA device `hca` whose RoCE v2 GID `gid_index` carries `ip`; a twin port in
-    PCI domain 0002 with the same index (a Spark's second PCIe link of the same QSFP port)."""
-    gids = {0: ("fe80:0000:0000:0000:0000:0000:0000:0001", V2), gid_index: (ipv4_gid(ip), V2)}
-    add_port(root, "0000:01:00.1", "fab0", hca, gids)
-    if twin:
-        add_port(root, "0002:01:00.1", "fab1", twin, gids)
+    """A node's sysfs: `fab0` on RDMA device `hca` (ACTIVE, Ethernet) whose RoCE v2 GID `gid_index` carries `ip`;
+    a twin port in PCI domain 0002 with its own address at the same index (a Spark's second PCIe link of the same
+    QSFP port)."""
+    link_local = ("fe80:0000:0000:0000:0000:0000:0000:0001", V2)
+    add_port(root, "0000:01:00.1", "fab0", hca, {0: link_local, gid_index: (ipv4_gid(ip), V2)})
+    if twin:  # its own address on its own link, at the same index
+        a, b, c, d = ip.split(".")
+        add_port(root, "0002:01:00.1", "fab1", twin, {0: link_local, gid_index: (ipv4_gid(f"{a}.{b}.{int(c) + 1}.{d}"), V2)})
     return root
 
 

@@ -142,18 +142,33 @@ def test_dspark_profile_selects_and_is_checked(installed):
     assert "one of " + ", ".join(PROFILE_NAMES) in str(caught.value)
 
 
-def test_operator_values_win_over_the_profile_and_example_lines_do_not(installed, tmp_path):
+def test_operator_values_win_over_the_profile_as_written(installed, tmp_path):
     env_file = tmp_path / ".env.dspark"
-    env_file.write_text("MAX_MODEL_LEN=1048576\nMAX_NUM_SEQS=4\nDSPARK_MODEL=deepseek-ai/DeepSeek-V4-Flash\n")
+    env_file.write_text("MAX_MODEL_LEN=1048576\nMAX_NUM_SEQS=4\n")
     resolved = resolve(TINY_TEST, installed, settings(env_file=str(env_file)))
-    assert resolved.max_model_len == 256  # a line equal to the built-in default reads as the example's
+    assert resolved.max_model_len == 1048576  # equal to the built-in default, and still the operator's line
+    assert line_of(resolved, "MAX_MODEL_LEN") == \
+        f"MAX_MODEL_LEN 1048576: the operator's, from {env_file}:1 (the profile gives 256)"
     assert resolved.serve_args[resolved.serve_args.index("--max-num-seqs") + 1] == "4"
-    from_env = resolve(TINY_TEST, installed, settings({"MAX_MODEL_LEN": "1048576"}, env_file=str(env_file)))
-    assert from_env.max_model_len == 1048576
+    from_env = resolve(TINY_TEST, installed, settings({"MAX_MODEL_LEN": "4096"}, env_file=str(env_file)))
+    assert from_env.max_model_len == 4096
     assert line_of(from_env, "MAX_MODEL_LEN") == \
-        "MAX_MODEL_LEN 1048576: the operator's, from environment (the profile gives 256)"
+        "MAX_MODEL_LEN 4096: the operator's, from environment (the profile gives 256)"
     from_cli = resolve(DEEPSEEK_V4_FLASH, installed, settings(cli={"MAX_MODEL_LEN": ("65536", "--max-model-len")}))
     assert from_cli.max_model_len == 65536
+
+
+def test_a_model_line_equal_to_the_builtin_default_is_served_as_written(installed, tmp_path):
+    env_file = tmp_path / ".env.dspark"
+    env_file.write_text("DSPARK_MODEL=deepseek-ai/DeepSeek-V4-Flash\n")  # the built-in default, on purpose
+    resolved = resolve(DEEPSEEK_V4_FLASH, installed, settings(env_file=str(env_file)))
+    assert resolved.model == resolved.serve_args[0] == "deepseek-ai/DeepSeek-V4-Flash"
+    assert resolved.revision == ""  # the profile's pin is for its own checkpoint only
+    copied = tmp_path / "copied.env"
+    copied.write_bytes((REPO / ".env.dspark.example").read_bytes())  # `dspark config init`
+    from_example = resolve(DEEPSEEK_V4_FLASH, installed, settings(env_file=str(copied)))
+    assert from_example.model == "deepseek-ai/DeepSeek-V4-Flash-0731"
+    assert from_example.revision == "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
 
 
 def test_the_profiles_revision_pin_follows_only_its_own_model(installed):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.cluster import procfs
+from dspark_launch.cluster import procfs, ray_dirs
 from tests.support.launcher_env import launcher_env, scratch
 from tests.support.on_testbed import VENV_BIN, dspark, our_pids, read_until_served, serving_env, state, status, write_env
 from tests.support.processes import describe
@@ -84,7 +84,7 @@ def test_private_ray_folders_and_one_token_for_two_first_starts(testbed_clean, t
             for proc in daemons:  # the token the running cluster uses is the file's
                 assert f"RAY_AUTH_TOKEN={token}".encode() in procfs.environ(proc["pid"]), node["name"]
             temp = Path(node["ray_temp_dir"])
-            root = Path(f"/tmp/dspark-{os.geteuid()}")
+            root = ray_dirs.private_root()  # /run/dspark-0 for root (docs/security.md, issue 22 point 7)
             assert temp.parent == root, temp
             root_stat = os.lstat(root)
             assert stat.S_ISDIR(root_stat.st_mode) and stat.S_IMODE(root_stat.st_mode) == 0o700

@@ -251,6 +251,7 @@ def tmp_parent(monkeypatch) -> Path:
     parent = Path(tempfile.mkdtemp(prefix="dr", dir="/tmp"))
     parent.chmod(0o1777)
     monkeypatch.setattr(ray_dirs, "ROOT_PARENT", str(parent))
+    monkeypatch.setattr(ray_dirs, "RUN_PARENT", str(parent))  # root's folder: in /run, here beside
     yield parent
     shutil.rmtree(parent)
 
@@ -307,6 +308,48 @@ def test_a_planted_root_of_another_user_or_open_is_refused(tmp_parent):
     assert stat.S_IMODE(root.stat().st_mode) == 0o755  # refused, never repaired
 
 
+@needs_root
+def test_roots_private_folder_is_in_run():
+    assert ray_dirs.private_root() == Path("/run/dspark-0")
+
+
+@needs_root
+def test_roots_private_folder_is_in_run_and_a_planted_tmp_folder_changes_nothing(tmp_parent, monkeypatch):
+    run_stat = os.stat("/run")
+    assert run_stat.st_uid == 0 and not run_stat.st_mode & 0o022  # nobody else can create a folder there
+    run = tmp_parent / "r"  # short, for Ray's socket paths
+    run.mkdir(mode=0o755)
+    monkeypatch.setattr(ray_dirs, "RUN_PARENT", str(run))
+    old = tmp_parent / "dspark-0"  # the old predictable place, made first by another user
+    old.mkdir(mode=0o700)
+    os.chown(old, NOBODY, NOBODY)
+    path = Path(prepare())
+    assert path == run / "dspark-0" / "abcd1234-head"
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700 and old.stat().st_uid == NOBODY
+    assert len("/run/dspark-0/abcd1234-worker100") + ray_dirs.SOCKET_TAIL <= ray_dirs.SOCKET_PATH_MAX
+
+
+def test_a_users_private_folder_has_a_name_nobody_can_plant(tmp_parent, tmp_path, monkeypatch):
+    """A user other than root: /tmp/dspark-<random>, the random part kept in their state folder; a
+    folder planted at that name (the name guessed or leaked) gets a new name, never a refusal."""
+    monkeypatch.setattr(ray_dirs, "_is_root", lambda: False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    first = Path(prepare("ab-h"))
+    kept = tmp_path / "state" / "dspark" / "private-tmp-name"
+    suffix = kept.read_text().strip()
+    assert first == tmp_parent / f"dspark-{suffix}" / "ab-h" and len(suffix) == 8
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and stat.S_IMODE(first.parent.stat().st_mode) == 0o700
+    assert Path(prepare("ab-h")) == first  # kept: the same folder every time
+    kept.write_text("0badc0de\n")
+    planted = tmp_parent / "dspark-0badc0de"
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o777)
+    again = Path(prepare("ab-h"))
+    assert again.parent != planted and again.parent.parent == tmp_parent and kept.read_text().strip() != "0badc0de"
+    assert stat.S_IMODE(planted.stat().st_mode) == 0o777 and list(planted.iterdir()) == []  # untouched
+    assert len("/tmp/dspark-0123abcd/abcd1234-worker100") + ray_dirs.SOCKET_TAIL <= ray_dirs.SOCKET_PATH_MAX
+
+
 def test_bad_names_and_long_paths_are_refused(tmp_parent):
     assert "refusing folder name" in refusal("../etc")
     assert "refusing folder name" in refusal("a/b")
@@ -347,6 +390,25 @@ def test_systemd_unit_with_spaces_verifies(tmp_path):
     verify = subprocess.run(["systemd-analyze", "verify", str(unit_file)], capture_output=True, text=True, timeout=60)
     assert verify.returncode == 0, verify.stderr
     assert "dspark.service" not in verify.stderr, verify.stderr
+
+
+def test_systemd_unit_refuses_control_characters_in_every_path(tmp_path):
+    evil = tmp_path / "x\nExecStartPre=/path/evil\nX="  # folders "x\nExecStartPre=", "path", "evil\nX="
+    evil.mkdir(parents=True)
+    env = evil / ".env.dspark"
+    env.write_text("")
+    proc = run_dspark(["systemd-unit", "--env-file", str(env), "--user", "root"])
+    assert proc.returncode == 2 and "env file's path" in one_error_line(proc) and "U+000A" in proc.stderr
+    assert "ExecStartPre" not in proc.stdout and proc.stdout == ""
+    bin_dir = tmp_path / "bin\rExecStartPre=evil"
+    bin_dir.mkdir()
+    launcher = bin_dir / "dspark"
+    launcher.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m dspark_launch \"$@\"\n")
+    launcher.chmod(0o755)
+    good_env = tmp_path / "e.env"
+    good_env.write_text("")
+    proc = run_dspark(["systemd-unit", "--env-file", str(good_env)], env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert proc.returncode == 2 and "launcher's path" in one_error_line(proc) and proc.stdout == ""
 
 
 def test_systemd_unit_user_defaults_to_you_and_is_checked(tmp_path):

@@ -9,7 +9,7 @@ import typer
 
 from dspark_launch.cli.config_cmd import EnvFileOption
 from dspark_launch.cli.loading import settings_and_spec
-from dspark_launch.cli.output import fail, table
+from dspark_launch.cli.output import fail, say, table
 from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.cli.signals import interruptible
 from dspark_launch.errors import EXIT_FAILED, DsparkError
@@ -19,14 +19,14 @@ app = typer.Typer(help="Bring the Ray cluster up or down across the nodes.", no_
 
 def _print_failure(error: DsparkError) -> None:
     for line in getattr(error, "extra", []):
-        print(line, file=sys.stderr)
+        say(line, file=sys.stderr)
 
 
 def run_up(spec, reporter):
     from dspark_launch.cluster.lifecycle import cluster_up
 
     def interrupted(code: int) -> None:
-        print(f"dspark: interrupted; everything this run started was stopped (exit {code}); "
+        say(f"dspark: interrupted; everything this run started was stopped (exit {code}); "
               f"logs in {spec.state_dir / 'logs'}", file=sys.stderr)
 
     with interruptible(interrupted):
@@ -35,8 +35,8 @@ def run_up(spec, reporter):
         except DsparkError as error:
             _print_failure(error)
             if error.exit_code == EXIT_FAILED:
-                print(f"dspark: error: {error}", file=sys.stderr)
-                print(f"dspark: rolled back; logs in {spec.state_dir / 'logs'}", file=sys.stderr)
+                say(f"dspark: error: {error}", file=sys.stderr)
+                say(f"dspark: rolled back; logs in {spec.state_dir / 'logs'}", file=sys.stderr)
                 raise typer.Exit(EXIT_FAILED) from None
             raise fail(error) from None
 
@@ -47,14 +47,14 @@ def up(env_file: EnvFileOption = None) -> None:
     _, spec = settings_and_spec(env_file)
     reporter = ConsoleReporter()
     result = run_up(spec, reporter)
-    print("version matrix:")
-    print("\n".join(result.matrix))
+    say("version matrix:")
+    say("\n".join(result.matrix))
     for name, report in result.state.hotfix.items():
-        print(hotfix_line(name, report))
-    print(f"cluster up: {len(spec.nodes)} nodes, Ray at {spec.ray_address}")
+        say(hotfix_line(name, report))
+    say(f"cluster up: {len(spec.nodes)} nodes, Ray at {spec.ray_address}")
     hint = dashboard_hint(spec)
     if hint:
-        print(hint)
+        say(hint)
 
 
 @app.command()

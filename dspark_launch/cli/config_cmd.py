@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dspark_launch.cli.output import emit_json, fail, table
+from dspark_launch.cli.output import emit_json, fail, say, table
 from dspark_launch.errors import ConfigError, DsparkError
 
 app = typer.Typer(help="Show, check and initialise the configuration.", no_args_is_help=True)
@@ -33,25 +33,38 @@ def show(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Every setting with its effective value, where it came from, and notes."""
+    from dspark_launch.profiles.resolve import profile_values
+
     settings = load_settings(env_file)
+    replaced = {v.setting: v for v in profile_values(settings)}
+
+    def shown(e) -> tuple[str, str, list[str]]:
+        """Value, source, notes; a value the profile replaced shows as the profile's, marked."""
+        if e.name not in replaced:
+            return e.shown, e.source, list(e.notes)
+        v = replaced[e.name]
+        return v.value, f"profile {v.profile}", [f"the profile replaced the built-in {v.replaced or '(empty)'}",
+                                                 *e.notes]
+
     entries = list(settings.entries.values())
     if as_json:
         emit_json({
-            "env_file": str(settings.env_file),
+            "env_file": None if settings.env_file is None else str(settings.env_file),
             "from_example": settings.from_example,
             "settings": [
-                {"name": e.name, "value": e.shown, "source": e.source, "group": e.group,
-                 "secret": e.secret, "notes": list(e.notes)}
-                for e in entries
+                {"name": e.name, "value": value, "source": source, "group": e.group,
+                 "secret": e.secret, "notes": notes}
+                for e in entries for value, source, notes in (shown(e),)
             ],
             "warnings": list(settings.warnings),
         })
         return
-    print(f"env file: {settings.env_file}{'  (example)' if settings.from_example else ''}")
+    say(f"env file: {settings.env_file_shown}{'  (example)' if settings.from_example else ''}")
     for group in dict.fromkeys(e.group for e in entries):
-        rows = [(e.name, e.shown or '""', e.source, "; ".join(e.notes)) for e in entries if e.group == group]
-        print(f"\n[{group}]")
-        print(table(("NAME", "VALUE", "SOURCE", "NOTES"), rows, indent="  "))
+        rows = [(e.name, value or '""', source, "; ".join(notes)) for e in entries if e.group == group
+                for value, source, notes in (shown(e),)]
+        say(f"\n[{group}]")
+        say(table(("NAME", "VALUE", "SOURCE", "NOTES"), rows, indent="  "))
 
 
 @app.command()
@@ -61,7 +74,7 @@ def check(
 ) -> None:
     """Exit 0 when the configuration is valid, 2 when it is not."""
     settings = load_settings(env_file, strict=strict)
-    print(f"configuration OK: {len(settings.entries)} settings, env file {settings.env_file}")
+    say(f"configuration OK: {len(settings.entries)} settings, env file {settings.env_file_shown}")
 
 
 @app.command()
@@ -69,14 +82,17 @@ def get(
     name: Annotated[str, typer.Argument(help="Setting name, e.g. DSPARK_MAX_INFLIGHT_PREFILLS.")],
     env_file: EnvFileOption = None,
 ) -> None:
-    """The effective value of one setting, alone (secrets print as set/unset)."""
+    """The effective value of one setting, alone (the profile's where it replaced the default; secrets as set/unset)."""
     from dspark_launch.config.registry import load_registry
 
     canonical = load_registry().aliases.get(name, name)
     settings = load_settings(env_file)
     if canonical not in settings.entries:
         raise fail(ConfigError(f"{name}: no such setting; allowed: a name from `dspark config show`"))
-    print(settings.entries[canonical].shown)
+    from dspark_launch.profiles.resolve import profile_values
+
+    replaced = {v.setting: v.value for v in profile_values(settings)}
+    say(replaced.get(canonical, settings.entries[canonical].shown))
 
 
 @app.command(hidden=True)
@@ -84,7 +100,7 @@ def docs() -> None:
     """Print the settings reference that docs/configuration.md embeds."""
     from dspark_launch.config.docs import settings_reference
 
-    print(settings_reference(), end="")
+    say(settings_reference(), end="")
 
 
 @app.command()
@@ -102,4 +118,4 @@ def init(
         raise fail(DsparkError(f"{path}: cannot create it ({exc.strerror})")) from None
     with os.fdopen(fd, "wb") as out, open(packaged_example(), "rb") as example:
         shutil.copyfileobj(example, out)
-    print(f"wrote {path} (mode 0600); set DSPARK_HEAD_IP, DSPARK_WORKER_HOSTS and DSPARK_FABRIC_IFNAME")
+    say(f"wrote {path} (mode 0600); set DSPARK_HEAD_IP, DSPARK_WORKER_HOSTS and DSPARK_FABRIC_IFNAME")

@@ -11,7 +11,7 @@ import typer
 
 from dspark_launch.cli.config_cmd import EnvFileOption
 from dspark_launch.cli.loading import settings_and_spec
-from dspark_launch.cli.output import emit_json, fail
+from dspark_launch.cli.output import emit_json, fail, say
 from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.cli.signals import interruptible
 from dspark_launch.errors import EXIT_FAILED, DsparkError
@@ -22,9 +22,13 @@ GIB = 1 << 30
 
 
 def _wanted(env_file):
-    from dspark_launch.model.onnodes import wanted_model
+    from dspark_launch.model.onnodes import require_mounted, wanted_model
 
     settings, spec = settings_and_spec(env_file)
+    try:
+        require_mounted(settings, spec)
+    except DsparkError as error:
+        raise fail(error) from None
     return wanted_model(settings), spec
 
 
@@ -51,12 +55,12 @@ def _render_checks(wanted, reports, as_json: bool) -> None:
                    "problems": problems})
     else:
         for node, report in reports:
-            print(_report_line(node, report))
+            say(_report_line(node, report))
         for row in problems:
-            print(f"  {row['node']}: {row['path']}: {row['kind']}")
+            say(f"  {row['node']}: {row['path']}: {row['kind']}")
     if problems:
         if not as_json:
-            print("dspark: error: model weights not ready; run `dspark model pull`", file=sys.stderr)
+            say("dspark: error: model weights not ready; run `dspark model pull`", file=sys.stderr)
         raise typer.Exit(EXIT_FAILED)
 
 
@@ -72,9 +76,12 @@ def _check(env_file, as_json: bool, full: bool) -> None:
 
 
 @app.command()
-def pull(env_file: EnvFileOption = None, as_json: JsonOption = False) -> None:
+def pull(env_file: EnvFileOption = None, as_json: JsonOption = False,
+         verify: Annotated[bool, typer.Option("--verify", help="Hash every file on every node, even those "
+                                              "unchanged since the last pull.")] = False) -> None:
     """Pull the model once on the head (the profile's pinned revision), copy it to every worker, verify there.
-    Free disk is checked on every node before the first byte; a rerun fetches only what is missing or bad."""
+    Free disk is checked on every node before the first byte; a rerun fetches only what is missing or bad,
+    hashes only files changed since (size, mtime, inode) and verifies on a worker only what was sent."""
     from dspark_launch.model import onnodes
 
     wanted, spec = _wanted(env_file)
@@ -83,29 +90,33 @@ def pull(env_file: EnvFileOption = None, as_json: JsonOption = False) -> None:
     reporter.phase(f"model {what}: checking free disk on {len(spec.nodes)} node(s), then "
                    + ("placing the local folder" if wanted.local else f"pulling into {wanted.source.cache_dir}"))
     t0 = time.monotonic()
-    with interruptible(lambda code: print(f"dspark: interrupted (exit {code}); run `dspark model pull` again to "
+    with interruptible(lambda code: say(f"dspark: interrupted (exit {code}); run `dspark model pull` again to "
                                           "resume: complete files are kept", file=sys.stderr)):
         try:
-            placement = onnodes.pull(wanted, spec, reporter, tqdm_class=_quiet_tqdm() if as_json else None)
+            placement = onnodes.pull(wanted, spec, reporter, tqdm_class=_quiet_tqdm() if as_json else None,
+                                     verify=verify)
         except DsparkError as error:
             raise fail(error) from None
     seconds = time.monotonic() - t0
     if as_json:
         emit_json({"model": wanted.name, "revision": placement.manifest.revision, "folder": placement.location.folder,
                    "stamp": placement.manifest.stamp, "bytes": placement.manifest.total_size, "seconds": seconds,
+                   "hashed_bytes": placement.hashed_bytes,
                    "disk": [asdict(d) for d in placement.disk], "refetched": list(placement.refetched),
                    "workers": [asdict(w) for w in placement.workers]})
         return
-    print(f"head: {placement.manifest.revision[:12]} in {placement.location.folder}: "
-          f"{len(placement.manifest.files)} files, {placement.manifest.total_size / GIB:.2f} GiB verified"
-          + (f" ({len(placement.refetched)} fetched again)" if placement.refetched else ""))
+    say(f"head: {placement.manifest.revision[:12]} in {placement.location.folder}: "
+        f"{len(placement.manifest.files)} files, {placement.manifest.total_size / GIB:.2f} GiB verified "
+        f"({placement.hashed_bytes / GIB:.2f} GiB hashed now)"
+        + (f" ({len(placement.refetched)} fetched again)" if placement.refetched else ""))
     for sync in placement.workers:
         sent = sync.copy.bytes_sent + (sync.repair.bytes_sent if sync.repair else 0)
         rate = sync.copy.bytes_sent / sync.copy.seconds / 1e6 if sync.copy.seconds else 0
-        print(f"{sync.node}: copied {sent / GIB:.2f} GiB in {sync.copy.seconds:.1f} s ({rate:.0f} MB/s, "
-              f"{sync.copy.streams} stream(s)), verified {sync.report.files_checked} files"
-              + (f", {len(sync.repair.files_sent)} repaired" if sync.repair else ""))
-    print(f"model ready on {1 + len(placement.workers)} node(s) in {seconds:.1f} s")
+        say(f"{sync.node}: copied {sent / GIB:.2f} GiB in {sync.copy.seconds:.1f} s ({rate:.0f} MB/s, "
+            f"{sync.copy.streams} stream(s)), {sync.report.files_checked} files checked, "
+            f"{sync.report.bytes_checked / GIB:.2f} GiB hashed there"
+            + (f", {len(sync.repair.files_sent)} repaired" if sync.repair else ""))
+    say(f"model ready on {1 + len(placement.workers)} node(s) in {seconds:.1f} s")
 
 
 def _quiet_tqdm():

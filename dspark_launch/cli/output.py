@@ -11,8 +11,22 @@ import typer
 from dspark_launch.errors import DsparkError
 
 
+def printable(text: str, keep: str = "\n\t") -> str:
+    """`text` safe to show on a terminal: every character that is not printable (an escape sequence from
+    a worker's reply or a log, a carriage return, a bidi override), except those in `keep`, written as
+    its Python escape (`\\x1b`), so nothing a node sends can move the cursor, retitle or rewrite the screen."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else ascii(c)[1:-1] for c in text)
+
+
+def say(*values: Any, sep: str = " ", end: str = "\n", file=None, flush: bool = False) -> None:
+    """`print` for everything the CLI shows: through `printable`."""
+    print(printable(sep.join(str(v) for v in values)), end=end, file=file or sys.stdout, flush=flush)
+
+
 def warn(message: str) -> None:
-    print(f"dspark: warning: {message}", file=sys.stderr)
+    say(f"dspark: warning: {message}", file=sys.stderr)
 
 
 def warn_all(messages: Iterable[str]) -> None:
@@ -21,7 +35,7 @@ def warn_all(messages: Iterable[str]) -> None:
 
 
 def fail(error: DsparkError) -> typer.Exit:
-    print(f"dspark: error: {error}", file=sys.stderr)
+    say(f"dspark: error: {error}", file=sys.stderr)
     return typer.Exit(error.exit_code)
 
 

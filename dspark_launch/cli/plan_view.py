@@ -26,6 +26,8 @@ def render_plan(plan: Plan) -> str:
         lines += [f"  fabric: {note}" for note in node.fabric_notes]
         if node.memory is not None:
             lines.append(f"  memory: {node.memory.line}")
+            if node.memory.free_line:
+                lines.append(f"  free memory: {node.memory.free_line}")
     if plan.memory is not None:
         lines.append(f"memory estimate: {plan.memory.basis}")
         lines += [f"  note: {note}" for note in plan.memory.notes]

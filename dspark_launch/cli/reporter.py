@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 import time
 
+from dspark_launch.cli.output import printable
+
 
 class ConsoleReporter:
     def __init__(self, quiet: bool = False):
@@ -19,12 +21,12 @@ class ConsoleReporter:
     def phase(self, message: str) -> None:
         if not self.quiet:
             self._end_wait()
-            print(f"{self._elapsed()} {message}", file=sys.stderr, flush=True)
+            print(f"{self._elapsed()} {printable(message)}", file=sys.stderr, flush=True)
 
     def waiting(self, message: str, elapsed: float, timeout: float) -> None:
         if self.quiet:
             return
-        line = f"{self._elapsed()} {message} ({elapsed:.0f}/{timeout:.0f} s)"
+        line = f"{self._elapsed()} {printable(message)} ({elapsed:.0f}/{timeout:.0f} s)"
         if self.tty:
             print("\r" + line.ljust(100), end="", file=sys.stderr, flush=True)
             self._last_wait = 1.0
@@ -39,4 +41,4 @@ class ConsoleReporter:
 
     def warn(self, message: str) -> None:
         self._end_wait()
-        print(f"dspark: warning: {message}", file=sys.stderr, flush=True)
+        print(f"dspark: warning: {printable(message)}", file=sys.stderr, flush=True)

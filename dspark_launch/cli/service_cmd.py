@@ -14,7 +14,7 @@ import typer
 from dspark_launch.cli.cluster_cmd import dashboard_hint, hotfix_line, render_status
 from dspark_launch.cli.config_cmd import EnvFileOption
 from dspark_launch.cli.loading import settings_and_spec, settings_or_exit
-from dspark_launch.cli.output import emit_json, fail
+from dspark_launch.cli.output import emit_json, fail, say
 from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.cli.signals import interruptible
 from dspark_launch.errors import EXIT_FAILED, ConfigError, DsparkError
@@ -25,10 +25,10 @@ PortOption = Annotated[Optional[str], typer.Option("--port", help="API port (bea
 
 def _report_failure(error: DsparkError, spec) -> None:
     for line in getattr(error, "extra", []):
-        print(line, file=sys.stderr)
-    print(f"dspark: error: {error}", file=sys.stderr)
+        say(line, file=sys.stderr)
+    say(f"dspark: error: {error}", file=sys.stderr)
     if error.exit_code == EXIT_FAILED:
-        print(f"dspark: everything this run started was stopped; logs in {spec.state_dir / 'logs'}", file=sys.stderr)
+        say(f"dspark: everything this run started was stopped; logs in {spec.state_dir / 'logs'}", file=sys.stderr)
 
 
 ForceOption = Annotated[bool, typer.Option(
@@ -52,10 +52,10 @@ def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False
         if running and foreground and _stop_own_run(spec, running[0]):
             running.clear()
         if running:
-            print(f"dspark: interrupted after the start had completed; {running[0].url} keeps serving; "
+            say(f"dspark: interrupted after the start had completed; {running[0].url} keeps serving; "
                   f"`dspark stop` stops it (exit {code})", file=sys.stderr)
             return
-        print(f"dspark: interrupted; everything this run started was stopped (exit {code}); "
+        say(f"dspark: interrupted; everything this run started was stopped (exit {code}); "
               f"logs in {spec.state_dir / 'logs'}", file=sys.stderr)
 
     with interruptible(interrupted):
@@ -72,14 +72,19 @@ def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False
 
 def _report_started(spec, result) -> None:
     server = result.server
-    print(f"serving {server.model} as {server.served_name} at {server.url}/v1")
-    print(f"KV cache: {server.kv_cache_tokens or 'unknown'} tokens; "
+    say(f"serving {server.model} as {server.served_name} at {server.url}/v1")
+    say(f"KV cache: {server.kv_cache_tokens or 'unknown'} tokens; "
           f"in-flight prefill cap: {server.scheduler_cap} (from DSPARK_MAX_INFLIGHT_PREFILLS)")
+    answer = result.first_answer
+    if answer is not None:
+        kind = "chat completion" if result.plan.chat else "completion"
+        retried = f", {answer.waited_s:.1f} s after the first request" if answer.attempts > 1 else ""
+        print(f"first answer: a one-token {kind} in {answer.latency_s:.1f} s (attempt {answer.attempts}{retried})")
     for name, report in result.hotfix.items():
-        print(hotfix_line(name, report))
+        say(hotfix_line(name, report))
     hint = dashboard_hint(spec)
     if hint:
-        print(hint)
+        say(hint)
     sys.stdout.flush()
 
 
@@ -94,9 +99,9 @@ def _stop_own_run(spec, server) -> bool:
     try:
         if service.stop_run(spec, ConsoleReporter(quiet=True), server.marker):
             return True
-        print(TAKEN_OVER_LINE, file=sys.stderr)
+        say(TAKEN_OVER_LINE, file=sys.stderr)
     except DsparkError as error:
-        print(f"dspark: error: {error}; nothing was stopped by this supervisor", file=sys.stderr)
+        say(f"dspark: error: {error}; nothing was stopped by this supervisor", file=sys.stderr)
     return False
 
 
@@ -110,13 +115,13 @@ def _stay_attached(spec, server) -> None:
     except DsparkError as error:  # the record became unreadable, say: still one line, and this run stopped
         cause = f"supervision failed: {error}"
     if cause is supervise.TAKEN_OVER:
-        print(f"{TAKEN_OVER_LINE}; exit 0 (a unit with Restart=on-failure stays stopped)", file=sys.stderr)
+        say(f"{TAKEN_OVER_LINE}; exit 0 (a unit with Restart=on-failure stays stopped)", file=sys.stderr)
         raise typer.Exit(0)
     for line in service.tails(spec, server, state=None):
-        print(line, file=sys.stderr)
-    print(f"dspark: error: {cause}; log {server.log}; node logs: `dspark logs --node NAME`", file=sys.stderr)
+        say(line, file=sys.stderr)
+    say(f"dspark: error: {cause}; log {server.log}; node logs: `dspark logs --node NAME`", file=sys.stderr)
     if _stop_own_run(spec, server):
-        print("dspark: stopped everything this run started; exit 1 so a supervisor restarts it", file=sys.stderr)
+        say("dspark: stopped everything this run started; exit 1 so a supervisor restarts it", file=sys.stderr)
     raise typer.Exit(EXIT_FAILED)
 
 
@@ -139,14 +144,17 @@ NowOption = Annotated[bool, typer.Option(
     "--now", help="Abort in-flight requests instead of letting them finish (DSPARK_DRAIN_TIMEOUT_S).")]
 
 
-def stop(env_file: EnvFileOption = None, now: NowOption = False) -> None:
+def stop(env_file: EnvFileOption = None, now: NowOption = False,
+         remove: Annotated[bool, typer.Option("--remove", help="Also remove the node containers "
+                                              "(DSPARK_RUNTIME=docker|podman; else they stay for the next start).")]
+         = False) -> None:
     """Stop the server (letting in-flight requests finish, up to DSPARK_DRAIN_TIMEOUT_S), then Ray on every
     node; idempotent."""
     from dspark_launch.serve import service
 
     _, spec = settings_and_spec(env_file)
     try:
-        unreachable = service.stop(spec, ConsoleReporter(), now)
+        unreachable = service.stop(spec, ConsoleReporter(), now, remove)
     except DsparkError as error:
         raise fail(error) from None
     if unreachable:
@@ -173,7 +181,7 @@ def restart(
         kind = service.restart_kind_of(settings, spec, state)
     except DsparkError as error:
         raise fail(error) from None
-    print(kind.line, file=sys.stderr)
+    say(kind.line, file=sys.stderr)
     if kind.serve_only:
         marker = state.server.marker
         do_start(settings, spec, force, False,
@@ -202,28 +210,28 @@ def status(
     if as_json:
         emit_json(to_data(view))
     else:
-        print(render_status(view))
+        say(render_status(view))
         s = view.server
         if s.state == "down" and not s.pid:
-            print("server: not started")
+            say("server: not started")
         else:
             uptime = f", up {s.uptime_s} s" if s.uptime_s is not None else ""
-            print(f"server: {s.state} (pid {s.pid}{uptime}) {s.url}  cap {s.cap}  KV cache {s.kv_cache_tokens} tokens")
+            say(f"server: {s.state} (pid {s.pid}{uptime}) {s.url}  cap {s.cap}  KV cache {s.kv_cache_tokens} tokens")
             m = s.metrics
             if m:
-                print(f"  running {m.get('vllm:num_requests_running', 0):g}  waiting "
+                say(f"  running {m.get('vllm:num_requests_running', 0):g}  waiting "
                       f"{m.get('vllm:num_requests_waiting', 0):g}  KV cache used "
                       f"{100 * m.get('vllm:kv_cache_usage_perc', 0):.1f}%")
             for d in s.drift:
-                print(f"  drift: {d.name} {d.running} -> {d.configured}: restart to apply")
+                say(f"  drift: {d.name} {d.running} -> {d.configured}: restart to apply")
             if s.profile:
-                print(f"  profile {s.profile}:")
+                say(f"  profile {s.profile}:")
             for line in s.decisions:
-                print(f"    {line}")
-        for warning in view.fabric_warnings:
-            print(f"warning: {warning}")
+                say(f"    {line}")
+        for warning in (*view.fabric_warnings, *view.warnings):
+            say(f"warning: {warning}")
         for problem in view.problems:
-            print(f"problem: {problem}")
+            say(f"problem: {problem}")
     if view.state == "degraded":
         raise typer.Exit(EXIT_FAILED)
 
@@ -253,10 +261,10 @@ def logs(
             raise DsparkError(f"no logs for {target.label}: nothing started there from this state folder")
         agent = target.agent()
         for line in agent.tail(paths, tail):
-            print(line)
+            say(line)
         if follow:
             for text in follow_logs(agent, paths, time.sleep):
-                sys.stdout.write(text)
+                say(text, end="")
                 sys.stdout.flush()
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
@@ -295,11 +303,11 @@ def smoke(
         for i, reply, took in pool.map(one, range(concurrency)):
             if reply.status == 200:
                 usage = reply.json().get("usage", {})
-                print(f"request {i}: ok {took:.2f} s, {usage.get('completion_tokens', '?')} tokens")
+                say(f"request {i}: ok {took:.2f} s, {usage.get('completion_tokens', '?')} tokens")
             else:
                 failed += 1
-                print(f"request {i}: FAILED HTTP {reply.status or 'unreachable'} after {took:.2f} s")
-    print(f"{concurrency - failed} passed, {failed} failed")
+                say(f"request {i}: FAILED HTTP {reply.status or 'unreachable'} after {took:.2f} s")
+    say(f"{concurrency - failed} passed, {failed} failed")
     if failed:
         raise typer.Exit(EXIT_FAILED)
 
@@ -320,7 +328,7 @@ def plan(
         built = build_plan(settings, ConsoleReporter(quiet=as_json))
     except DsparkError as error:
         raise fail(error) from None
-    print(built.to_json() if as_json else render_plan(built))
+    say(built.to_json() if as_json else render_plan(built))
     if not as_json:
         _print_restart_kind(settings)
 
@@ -335,7 +343,7 @@ def _print_restart_kind(settings) -> None:
         spec = cluster_spec(settings)
         state = load_state(spec.state_dir)
         if state and state.server:
-            print(service.restart_kind_of(settings, spec, state).line)
+            say(service.restart_kind_of(settings, spec, state).line)
     except DsparkError:
         pass  # the plan above is what was asked for; status names what is wrong with the deployment
 
@@ -359,6 +367,13 @@ def systemd_unit(
         raise fail(ConfigError(f"--user={chosen!r} ({source}): allowed: {exc}")) from None
     exe = shutil.which("dspark")
     launcher = [exe] if exe else [sys.executable, "-m", "dspark_launch"]
-    env = Path(env_file or resolve().env_file).resolve()
+    chosen_file = env_file or resolve().env_file
+    if chosen_file is None:
+        raise fail(ConfigError("no env file for the unit (no --env-file, DSPARK_ENV_FILE or ./.env.dspark); "
+                               "allowed: --env-file PATH, or run `dspark config init`"))
+    env = Path(chosen_file).resolve()
     drain_s = settings_or_exit(str(env)).int("DSPARK_DRAIN_TIMEOUT_S")
-    print(unit_text(launcher, env, chosen, drain_s))
+    try:
+        say(unit_text(launcher, env, chosen, drain_s))
+    except ConfigError as exc:
+        raise fail(exc) from None

@@ -14,6 +14,7 @@ from typing import Iterator
 
 import typer
 
+from dspark_launch.cli.output import say
 from dspark_launch.errors import EXIT_SIGINT, EXIT_SIGTERM, Terminated
 
 
@@ -24,7 +25,7 @@ def interruptible(on_interrupt) -> Iterator[None]:
 
     def handler(signum, frame):
         if interrupted:
-            print("dspark: still stopping what this run started; please wait", file=sys.stderr, flush=True)
+            say("dspark: still stopping what this run started; please wait", file=sys.stderr, flush=True)
             return
         interrupted.append(signum)
         raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()

@@ -156,10 +156,14 @@ def port_free(req: p.PortQuery, report: Report) -> p.PortAnswer:
 
 
 def meminfo(req: p.MemoryQuery, report: Report) -> p.MemoryAnswer:
+    """MemTotal and MemAvailable (bytes), and whether an NVIDIA GPU is visible here."""
+    found: dict[str, int] = {}
     for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return p.MemoryAnswer(int(line.split()[1]) * 1024)
-    return p.MemoryAnswer(None)
+        name, _, rest = line.partition(":")
+        if name in ("MemTotal", "MemAvailable") and rest.split():
+            found[name] = int(rest.split()[0]) * 1024
+    gpu = bool(list(Path("/dev").glob("nvidia[0-9]*"))) or bool(list(Path("/proc/driver/nvidia/gpus").glob("*")))
+    return p.MemoryAnswer(found.get("MemTotal"), found.get("MemAvailable"), gpu)
 
 
 def child_env(declared: dict[str, str], marker: str) -> dict[str, str]:
@@ -282,16 +286,15 @@ STOPPED_KEEP_S = 86400
 
 
 def _stopped_mark(marker: str) -> Path | None:
-    from dspark_launch.cluster.ray_dirs import private_root
-    from dspark_launch.cluster.safe_path import PRIVATE, UnsafePath, make_dir
+    from dspark_launch.cluster.ray_dirs import make_private_root
+    from dspark_launch.cluster.safe_path import UnsafePath
 
     if not _MARKER.fullmatch(marker):
         return None
     try:
-        make_dir(private_root(), PRIVATE)
+        return make_private_root() / f"stopped-{marker}"
     except (UnsafePath, OSError):
         return None
-    return private_root() / f"stopped-{marker}"
 
 
 def _mark_stopped(marker: str) -> None:
@@ -358,7 +361,7 @@ def tail(req: p.Tail, report: Report) -> p.TailAnswer:
         try:
             with open(path, "rb") as handle:
                 handle.seek(0, os.SEEK_END)
-                handle.seek(max(0, handle.tell() - 256 * 1024))
+                handle.seek(max(0, handle.tell() - p.READ_CHUNK // max(1, len(req.paths))))
                 text = handle.read().decode(errors="replace").splitlines()[-req.lines:]
         except OSError:
             continue
@@ -367,13 +370,13 @@ def tail(req: p.Tail, report: Report) -> p.TailAnswer:
 
 
 def read(req: p.ReadLog, report: Report) -> p.ReadAnswer:
-    """Bytes of a log from `offset` on (at most 1 MiB), for `logs --follow`."""
+    """Bytes of a log from `offset` on (at most READ_CHUNK: the answer's line stays under MAX_LINE)."""
     try:
         with open(req.path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
             offset = min(req.offset, handle.tell())
             handle.seek(offset)
-            data = handle.read(1 << 20)
+            data = handle.read(p.READ_CHUNK)
     except OSError as exc:
         return p.ReadAnswer("", 0, exc.strerror or str(exc))
     return p.ReadAnswer(data.decode(errors="replace"), offset + len(data))

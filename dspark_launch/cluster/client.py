@@ -174,11 +174,13 @@ class NodeAgent:
 
     # model weights (issue 12) -------------------------------------------------------------------
 
-    def model_verify(self, folder: str, manifest: Manifest, full: bool) -> VerifyReport:
-        return self.call(p.ModelVerify(folder, manifest, full), "model verify", MODEL_VERIFY_TIMEOUT_S if full else 120)
+    def model_verify(self, folder: str, manifest: Manifest, full: bool,
+                     only: tuple[str, ...] | None = None, caches: tuple[str, ...] = ()) -> VerifyReport:
+        return self.call(p.ModelVerify(folder, manifest, full, only, caches), "model verify",
+                         MODEL_VERIFY_TIMEOUT_S if full else 120)
 
-    def model_fast_check(self, folder: str, stamp: str) -> VerifyReport:
-        return self.call(p.ModelFastCheck(folder, stamp), "model check", 120)
+    def model_fast_check(self, folder: str, stamp: str, caches: tuple[str, ...] = ()) -> VerifyReport:
+        return self.call(p.ModelFastCheck(folder, stamp, caches), "model check", 120)
 
     def model_free_space(self, path: str) -> DiskSpace:
         return self.call(p.ModelDiskQuery(path), "model disk")

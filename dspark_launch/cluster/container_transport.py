@@ -97,3 +97,31 @@ class ContainerTransport:
             raise NodeUnreachable(f"{self.description}: SSH failed: {last or 'connection failed'}")
         if code != 0:
             raise NodeUnreachable(f"{self.description}: {self.python}: {last or 'no answer'} (exit {code})")
+
+
+@dataclass(frozen=True)
+class OneShotContainerTransport:
+    """The agent in a short-lived container (`RUNTIME run --rm -i`) from the node's checked image: the
+    node-side model checks with no node container up, in the image's Python like the node container's agent."""
+
+    host: HostShell
+    runtime: str
+    image: str  # the image id checked on every node
+    run_args: tuple[str, ...]  # between `run --rm -i` and the image: mounts, env, label, network
+    python: str = "python3"
+
+    @property
+    def description(self) -> str:
+        return f"{self.host.description} {self.runtime} run --rm"
+
+    def run_argv(self) -> list[str]:
+        return [self.runtime, "run", "--rm", "-i", *self.run_args, "--entrypoint", self.python, self.image,
+                "-m", AGENT_MODULE]
+
+    def exchange(self, request_line: str, timeout: float, on_line: Callable[[str], None]) -> None:
+        code, last = _stream(self.host.command(self.run_argv()), None, request_line, timeout, on_line,
+                             self.description)
+        if code == 255 and isinstance(self.host, SSHHost):
+            raise NodeUnreachable(f"{self.description}: SSH failed: {last or 'connection failed'}")
+        if code != 0:
+            raise NodeUnreachable(f"{self.description}: {self.python}: {last or 'no answer'} (exit {code})")

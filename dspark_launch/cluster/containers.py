@@ -10,6 +10,7 @@ process of ours on that node (its own PID namespace).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import dspark_launch
@@ -18,6 +19,8 @@ from dspark_launch.cluster.container_transport import HostShell
 from dspark_launch.cluster.parallel import on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node, NodeContainers
 from dspark_launch.cluster.client import Reporter
+from dspark_launch.cluster.transport import LocalTransport, Transport
+from dspark_launch.errors import DsparkError
 
 PACKAGE_DIR = str(Path(dspark_launch.__file__).resolve().parent)
 
@@ -34,7 +37,7 @@ def container_spec(spec: ClusterSpec, node: Node, agent_package: str, image: str
         runtime=containers.runtime, image=image or containers.image, marker=containers.name(node.name),
         agent_package=agent_package, state_dir=str(spec.state_dir), model_cache=containers.model_cache,
         python=containers.python, extra_args=containers.extra_args,
-        hardware_args=runtime.hardware_args(containers.runtime))
+        hardware_args=runtime.hardware_args(containers.runtime), jit_cache=containers.jit_cache)
 
 
 def check_settings(spec: ClusterSpec) -> None:
@@ -55,15 +58,29 @@ def same_image(spec: ClusterSpec) -> str:
 
 
 def up(spec: ClusterSpec, nodes: list[Node], image_id: str, reporter: Reporter) -> dict[str, runtime.ContainerState]:
-    """(Re)create the containers of `nodes` at once from `image_id`; a worker first gets a copy of the
-    launcher's package."""
+    """The containers of `nodes` at once from `image_id`: kept when running from the same spec with nothing
+    of a run inside, else (re)created; a worker first gets a copy of the launcher's package."""
     def up_one(node: Node) -> runtime.ContainerState:
         host = host_of(node)
         package = PACKAGE_DIR if node.is_head else runtime.ship_package(host, PACKAGE_DIR, str(spec.state_dir))
-        reporter.phase(f"creating container {spec.containers.name(node.name)} on {node.label}")
-        return runtime.up(host, container_spec(spec, node, package, image_id))
+        wanted = container_spec(spec, node, package, image_id)
+        reuse = runtime.reusable(runtime.inspect(host, wanted.runtime, wanted.name), wanted) and idle(node)
+        if not reuse:
+            reporter.phase(f"creating container {spec.containers.name(node.name)} on {node.label}")
+        return runtime.up(host, wanted, reuse=reuse)
 
     return on_each(nodes, up_one)
+
+
+IDLE_PIDS = 4  # an idle container: its init, `sleep infinity`, the agent asking (and its exec wrapper)
+
+
+def idle(node: Node) -> bool:
+    """Nothing of a run inside the node's container (a launcher that died left no record of its Ray)."""
+    try:
+        return len(node.agent().glob("/proc", "[0-9]*")) <= IDLE_PIDS
+    except DsparkError:
+        return False
 
 
 def down(spec: ClusterSpec, nodes: list[Node]) -> dict[str, bool]:
@@ -76,3 +93,20 @@ def inspect(spec: ClusterSpec) -> dict[str, runtime.ContainerState]:
     containers = spec.containers
     return on_each(spec.nodes, lambda node: runtime.inspect(host_of(node), containers.runtime,
                                                             containers.name(node.name)))
+
+
+def model_transports(spec: ClusterSpec) -> dict[str, Transport]:
+    """Where the model commands check the weights with a container runtime, node containers up or not:
+    the head in the launcher's own Python (it holds the host folder the containers mount), every worker
+    in a short-lived `--rm` container from the image checked on every node (the package shipped into
+    its state folder as for the node containers: runtime.ship_package)."""
+    image_id = same_image(spec)
+
+    def transport_of(node: Node) -> Transport:
+        if node.is_head:
+            return LocalTransport(sys.executable)
+        host = host_of(node)
+        package = runtime.ship_package(host, PACKAGE_DIR, str(spec.state_dir))
+        return runtime.oneshot_transport(host, container_spec(spec, node, package, image_id))
+
+    return on_each(spec.nodes, transport_of)

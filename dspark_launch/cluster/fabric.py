@@ -20,6 +20,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
+from dspark_launch.cluster.nccl_hca import parse_hca_list
 from dspark_launch.errors import ConfigError, DsparkError
 
 if TYPE_CHECKING:  # the node side imports nothing from config
@@ -60,7 +61,7 @@ class FabricRequest:
     node: str  # "head", "worker1": for messages
     ifname: str  # the fabric interface on this node
     fabric_ip: str  # the node's fabric IP (Ray's --node-ip-address)
-    hcas: tuple[str, ...] = ()  # NCCL_IB_HCA given by the operator (for this node); () = found in sysfs
+    hca_list: str = ""  # NCCL_IB_HCA as the operator gave it (for this node), NCCL's form; "" = found in sysfs
     gid_index: str = ""  # NCCL_IB_GID_INDEX given by the operator (for this node); "" = found in sysfs
     socket_ifnames: tuple[tuple[str, str], ...] = ()  # NCCL_/GLOO_/TP_SOCKET_IFNAME the operator set
 
@@ -76,6 +77,7 @@ class FabricEnv:
     roce: bool  # False: NCCL falls back to TCP sockets
     notes: tuple[str, ...]
     warnings: tuple[str, ...]
+    missing: str = ""  # when not `roce`: what is missing, one line naming the interface (start refuses on it)
 
 
 def fabric_request(settings: Settings, node: str, fabric_ip: str) -> FabricRequest:
@@ -88,7 +90,7 @@ def fabric_request(settings: Settings, node: str, fabric_ip: str) -> FabricReque
             values[name] = value
     return FabricRequest(
         node=node, ifname=values["DSPARK_FABRIC_IFNAME"], fabric_ip=fabric_ip,
-        hcas=tuple(h for h in values["NCCL_IB_HCA"].split(",") if h), gid_index=values["NCCL_IB_GID_INDEX"],
+        hca_list=values["NCCL_IB_HCA"], gid_index=values["NCCL_IB_GID_INDEX"],
         socket_ifnames=tuple((n, values[n]) for n in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
                              if values[n]))
 
@@ -118,14 +120,64 @@ def _gid_of(ip: str) -> str:
     return ":".join(packed[i:i + 4] for i in range(0, 32, 4))
 
 
-def _roce_v2_indexes(root: Path, hca: str) -> list[tuple[str, str]]:
-    """(index, gid) of every RoCE v2 GID on port 1 of `hca`."""
-    port = root / "class" / "infiniband" / hca / "ports" / "1"
-    found = []
-    for entry in sorted((port / "gids").glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else -1):
-        if "RoCE v2" in _read(port / "gid_attrs" / "types" / entry.name):
-            found.append((entry.name, _read(entry)))
-    return found
+def _ipv4_of_gid(gid: str) -> str:
+    """The IPv4 address an IPv4-mapped GID carries; "" for any other GID (IPv6, link-local, unset)."""
+    try:
+        mapped = ipaddress.IPv6Address(gid).ipv4_mapped
+    except ValueError:
+        return ""
+    if mapped is None or mapped.is_link_local or mapped.is_unspecified:  # 169.254/16: an autoconf address
+        return ""
+    return str(mapped)
+
+
+@dataclass(frozen=True)
+class _Member:
+    """One RDMA device port as NCCL would use it, with what its sysfs says."""
+
+    hca: str
+    port: str
+    netdev: str  # the device's own network interface ("" when sysfs names none)
+    state: str  # "4: ACTIVE"
+    link_layer: str  # "Ethernet" for RoCE
+    own_gids: tuple[tuple[str, str], ...]  # (index, IPv4) of each RoCE v2 GID of the netdev's own IPv4 address
+
+    @property
+    def label(self) -> str:
+        return f"{self.hca} port {self.port}" + (f" ({self.netdev})" if self.netdev else "")
+
+    @property
+    def unusable(self) -> str:
+        """Why NCCL cannot use this port for RoCE ("" when it can)."""
+        if not self.state.endswith("ACTIVE"):
+            return f"{self.label} is not ACTIVE (state {self.state or 'unreadable'})"
+        if self.link_layer != "Ethernet":
+            return f"{self.label} has link layer {self.link_layer or 'unreadable'}, not Ethernet (RoCE)"
+        return ""
+
+    def index_of(self, ip: str) -> str:
+        return next((index for index, own in self.own_gids if own == ip), "")
+
+
+def _member(root: Path, hca: str, port: str) -> _Member:
+    """Port `port` of `hca`: its state, link layer, netdev, and the RoCE v2 GIDs of that netdev's own IPv4
+    addresses (`gid_attrs/ndevs/N` names the netdev a GID belongs to, as MiaAI-Lab's recipe checks)."""
+    device = root / "class" / "infiniband" / hca
+    netdevs = sorted(p.name for p in (device / "device" / "net").glob("*"))
+    netdev = netdevs[0] if netdevs else ""
+    folder = device / "ports" / port
+    own = []
+    for entry in sorted((folder / "gids").glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else -1):
+        ip = _ipv4_of_gid(_read(entry))
+        if ip and "RoCE v2" in _read(folder / "gid_attrs" / "types" / entry.name) \
+                and netdev and _read(folder / "gid_attrs" / "ndevs" / entry.name) == netdev:
+            own.append((entry.name, ip))
+    return _Member(hca, port, netdev, _read(folder / "state"), _read(folder / "link_layer"), tuple(own))
+
+
+def _ports(root: Path, hca: str) -> list[str]:
+    return sorted((p.name for p in (root / "class" / "infiniband" / hca / "ports").glob("*")),
+                  key=lambda n: int(n) if n.isdigit() else 0)
 
 
 def _twins(root: Path, hca: str) -> list[str]:
@@ -139,53 +191,152 @@ def _twins(root: Path, hca: str) -> list[str]:
     return twins
 
 
+def _operator_members(root: Path, request: FabricRequest, known: list[str]) -> list[_Member]:
+    """Every device port the operator's NCCL_IB_HCA selects, as NCCL reads the list; ConfigError for a name that
+    selects nothing, a port the device lacks, or a list that leaves no device."""
+    given = f"NCCL_IB_HCA={request.hca_list} for {request.node}"
+    try:
+        wanted = parse_hca_list(request.hca_list)
+    except ValueError as exc:
+        raise ConfigError(f"{given}: not NCCL's form; allowed: {exc}") from None
+    allowed = f"allowed: {', '.join(known) or 'none found'}"
+    members: list[_Member] = []
+    if wanted.exclude:
+        for hca in known:
+            if not any(wanted.matches(e, hca) and not e.port for e in wanted.entries):
+                members += [_member(root, hca, port) for port in _ports(root, hca)
+                            if not any(wanted.matches(e, hca) and e.port == port for e in wanted.entries)]
+        if not members:
+            raise ConfigError(f"{given}: excludes every RDMA device there; {allowed}")
+        return members
+    for entry in wanted.entries:
+        hcas = [h for h in known if wanted.matches(entry, h)]
+        if not hcas:
+            raise ConfigError(f"{given}: {entry.device} is no RDMA device there; {allowed}")
+        for hca in hcas:
+            ports = _ports(root, hca)
+            if entry.port and entry.port not in ports:
+                raise ConfigError(f"{given}: {hca} has no port {entry.port}; allowed: {', '.join(ports) or 'none'}")
+            members += [_member(root, hca, port) for port in ([entry.port] if entry.port else ports)]
+    return members
+
+
+def _mtu_warnings(root: Path, node: str, members: list[_Member]) -> list[str]:
+    warnings = []
+    for netdev in dict.fromkeys(m.netdev for m in members if m.netdev):
+        mtu = _read(root / "class" / "net" / netdev / "mtu")
+        if mtu.isdigit() and int(mtu) < 9000:
+            warnings.append(f"{node}: MTU {mtu} on fabric member {netdev}, below 9000: RoCE runs with smaller "
+                            f"frames (set mtu 9000 on {netdev} on every node)")
+    return warnings
+
+
 def fabric_env(request: FabricRequest, root: Path | None = None) -> FabricEnv:
-    """Node side: this node's fabric variables; FabricError/ConfigError (one line) when NCCL could not use them."""
+    """Node side: this node's fabric variables; FabricError/ConfigError (one line) when NCCL could not use them.
+    No usable RoCE behind the fabric interface: `roce` False with `missing` saying what (the launcher refuses to
+    start on it unless DSPARK_ALLOW_TCP_FABRIC=1)."""
     root = root or sysfs_root()
-    notes: list[str] = []
-    warnings: list[str] = []
     known = sorted(p.name for p in (root / "class" / "infiniband").glob("*"))
-    if request.hcas:
-        unknown = [h for h in request.hcas if h not in known]
-        if unknown:
-            raise ConfigError(f"NCCL_IB_HCA={','.join(request.hcas)} for {request.node}: {', '.join(unknown)} is no "
-                              f"RDMA device there; allowed: {', '.join(known) or 'none found'}")
-        hcas = list(request.hcas)
-        notes.append(f"NCCL_IB_HCA {','.join(hcas)}: the operator's")
-    else:
-        hcas = sorted(p.name for p in (root / "class" / "net" / request.ifname / "device" / "infiniband").glob("*"))
-        if hcas:
-            notes.append(f"RoCE device {hcas[0]} behind {request.ifname}")
     socket_env = [(name, dict(request.socket_ifnames).get(name) or request.ifname)
                   for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")]
-    if not hcas:
-        warnings.append(f"{request.node}: no RoCE device behind {request.ifname}: NCCL falls back to TCP sockets "
-                        f"(far slower); see docs/deepseek-v4-flash.md")
-        return FabricEnv(request.node, tuple(socket_env + list(FIXED_ENV)), (), "", False, tuple(notes),
-                         tuple(warnings))
-    gid_index = request.gid_index or _gid_index(root, hcas[0], request)
+    if request.hca_list:
+        return _operator_fabric(root, request, known, socket_env)
+    behind = sorted(p.name for p in (root / "class" / "net" / request.ifname / "device" / "infiniband").glob("*"))
+    if not behind:
+        return _tcp_only(request, socket_env, f"no RDMA device behind {request.ifname}")
+    notes = [f"RoCE device {behind[0]} behind {request.ifname}"]
+    primary = next((m for port in _ports(root, behind[0]) if not (m := _member(root, behind[0], port)).unusable),
+                   None)
+    if primary is None:
+        first = _ports(root, behind[0])
+        why = _member(root, behind[0], first[0]).unusable if first else f"{behind[0]} has no port"
+        return _tcp_only(request, socket_env, f"{request.ifname}: {why}")
+    gid_index = request.gid_index or _fabric_ip_index(primary, request)
+    _check_index(primary, gid_index, request, primary_member=True)
     notes.append(f"NCCL_IB_GID_INDEX {gid_index}: " + ("the operator's" if request.gid_index else
-                                                       f"the RoCE v2 GID of {request.fabric_ip} on {hcas[0]}"))
-    if not request.hcas:
-        for twin in _twins(root, hcas[0]):
-            if gid_index in dict(_roce_v2_indexes(root, twin)):
-                hcas.append(twin)
-                notes.append(f"twin port {twin}: same QSFP port, RoCE v2 GID at index {gid_index}")
-            else:
-                warnings.append(f"{request.node}: twin port {twin} left out of NCCL_IB_HCA: no RoCE v2 GID at "
-                                f"index {gid_index}")
-    env = socket_env + [("NCCL_IB_HCA", ",".join(hcas)), ("NCCL_IB_GID_INDEX", gid_index), *ROCE_ENV, *FIXED_ENV]
-    return FabricEnv(request.node, tuple(env), tuple(hcas), gid_index, True, tuple(notes), tuple(warnings))
+                                                       f"the RoCE v2 GID of {request.fabric_ip} on {primary.hca}"))
+    members, warnings = [primary], []
+    for twin in _twins(root, primary.hca):
+        candidate = _member(root, twin, primary.port)
+        problem = candidate.unusable or (
+            "" if any(index == gid_index for index, _ in candidate.own_gids) else
+            f"no RoCE v2 GID of its own IPv4 address at index {gid_index}"
+            + (f" (its own at {', '.join(i for i, _ in candidate.own_gids)})" if candidate.own_gids else
+               f" ({candidate.netdev or 'its netdev'} carries no IPv4 address of its own)"))
+        if problem:
+            warnings.append(f"{request.node}: twin port {twin} left out of NCCL_IB_HCA: {problem}")
+        else:
+            members.append(candidate)
+            notes.append(f"twin port {twin}: same QSFP port, RoCE v2 GID of its own {_ip_at(candidate, gid_index)} "
+                         f"at index {gid_index}")
+    return _roce_env(request, socket_env, members, gid_index, notes, warnings + _mtu_warnings(root, request.node,
+                                                                                              members))
 
 
-def _gid_index(root: Path, hca: str, request: FabricRequest) -> str:
-    wanted = _gid_of(request.fabric_ip)
-    for index, gid in _roce_v2_indexes(root, hca):
-        if gid == wanted:
-            return index
-    raise FabricError(f"{request.node}: no RoCE v2 GID carries the fabric IP {request.fabric_ip} on {hca} "
-                      f"(behind {request.ifname}); NCCL would hang at init: check the address on {request.ifname}, "
-                      f"or set this node's NCCL_IB_GID_INDEX in DSPARK_NODE_FABRIC")
+def _operator_fabric(root: Path, request: FabricRequest, known: list[str], socket_env) -> FabricEnv:
+    """The operator's NCCL_IB_HCA: every device port it selects must be usable with the one GID index."""
+    members = _operator_members(root, request, known)
+    notes = [f"NCCL_IB_HCA {request.hca_list}: the operator's ({', '.join(m.label for m in members)})"]
+    usable = [m for m in members if not m.unusable]
+    for member in members:
+        if member.unusable:
+            if not parse_hca_list(request.hca_list).exclude:
+                raise ConfigError(f"NCCL_IB_HCA={request.hca_list} for {request.node}: {member.unusable}; "
+                                  "allowed: ACTIVE Ethernet (RoCE) ports only")
+            notes.append(f"{member.unusable}: NCCL skips it")
+    if not usable:
+        return _tcp_only(request, socket_env, f"{request.ifname}: no ACTIVE Ethernet port among NCCL_IB_HCA="
+                                              f"{request.hca_list}")
+    primary = next((m for m in usable if m.netdev == request.ifname), usable[0])
+    gid_index = request.gid_index or _fabric_ip_index(primary, request)
+    for member in usable:
+        _check_index(member, gid_index, request, primary_member=member is primary)
+    notes.append(f"NCCL_IB_GID_INDEX {gid_index}: " + ("the operator's" if request.gid_index else
+                                                       f"the RoCE v2 GID of {request.fabric_ip} on {primary.hca}")
+                 + f", checked on {', '.join(m.hca for m in usable)}")
+    return _roce_env(request, socket_env, usable, gid_index, notes, _mtu_warnings(root, request.node, usable),
+                     request.hca_list)
+
+
+def _ip_at(member: _Member, index: str) -> str:
+    return next((ip for i, ip in member.own_gids if i == index), "")
+
+
+def _fabric_ip_index(member: _Member, request: FabricRequest) -> str:
+    index = member.index_of(request.fabric_ip)
+    if not index:
+        raise FabricError(f"{request.node}: no RoCE v2 GID carries the fabric IP {request.fabric_ip} on {member.hca} "
+                          f"(behind {member.netdev or request.ifname}); NCCL would hang at init: check the address on "
+                          f"{request.ifname}, or set this node's NCCL_IB_GID_INDEX in DSPARK_NODE_FABRIC")
+    return index
+
+
+def _check_index(member: _Member, index: str, request: FabricRequest, primary_member: bool) -> None:
+    """NCCL uses one GID index for every device: at it, each member needs a RoCE v2 GID of its own netdev's IPv4
+    (the primary: the fabric IP itself)."""
+    ip = _ip_at(member, index)
+    if ip and (ip == request.fabric_ip or not primary_member):
+        return
+    own = ", ".join(f"{i}: {a}" for i, a in member.own_gids) or "none"
+    raise FabricError(f"{request.node}: {member.label} has no RoCE v2 GID of "
+                      f"{'the fabric IP ' + request.fabric_ip if primary_member else 'its own IPv4 address'} at "
+                      f"index {index} (its own RoCE v2 IPv4 GIDs: {own}); NCCL uses one NCCL_IB_GID_INDEX for every "
+                      f"device and would hang at init: fix the address, or this node's NCCL_IB_HCA / "
+                      f"NCCL_IB_GID_INDEX in DSPARK_NODE_FABRIC")
+
+
+def _tcp_only(request: FabricRequest, socket_env, missing: str) -> FabricEnv:
+    warning = (f"{request.node}: {missing}: NCCL falls back to TCP sockets (hazyumps measured ~12 against 30+ tok/s); "
+               "see docs/cluster.md")
+    return FabricEnv(request.node, tuple(socket_env + list(FIXED_ENV)), (), "", False, (), (warning,), missing)
+
+
+def _roce_env(request: FabricRequest, socket_env, members: list[_Member], gid_index: str, notes: list[str],
+              warnings: list[str], hca_value: str = "") -> FabricEnv:
+    hcas = tuple(dict.fromkeys(m.hca for m in members))
+    value = hca_value or ",".join(hcas)
+    env = socket_env + [("NCCL_IB_HCA", value), ("NCCL_IB_GID_INDEX", gid_index), *ROCE_ENV, *FIXED_ENV]
+    return FabricEnv(request.node, tuple(env), hcas, gid_index, True, tuple(notes), tuple(warnings))
 
 
 def write_non_carry_over(config_root: Path, names: tuple[str, ...] = NON_CARRY_OVER) -> Path:

@@ -109,20 +109,26 @@ def cluster_up_locked(spec: ClusterSpec, reporter: Reporter, existing: Deploymen
 
 
 def prepare_containers(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None) -> str:
-    """Container runtime: check the settings and the image on every node, remove what a previous run
-    left, then create every node's container; returns the image id. The caller clears the record."""
+    """Container runtime: check the settings and the image on every node, then make every node's container
+    ready; returns the image id. A container running from the same image id, mounts and arguments with
+    nothing of a run inside is kept (its JIT caches warm); any other is recreated. After a run that was
+    never stopped (a record left), every container is recreated. The caller clears the record."""
     containers.check_settings(spec)
     reporter.phase(f"resolving {spec.containers.image} on every node")
     image_id = containers.same_image(spec)
-    if existing is not None or any(state.status != "absent" for state in containers.inspect(spec).values()):
+    if existing is not None:
         reporter.phase("removing the previous run's containers")
         remove_containers(spec, reporter)
         clear_state(spec.state_dir)
     try:
-        containers.up(spec, list(spec.nodes), image_id, reporter)
+        states = containers.up(spec, list(spec.nodes), image_id, reporter)
     except BaseException:
         remove_containers(spec, reporter)
         raise
+    for name, state in states.items():
+        if state.reused:
+            reporter.phase(f"{spec.node(name).label}: reusing container {state.name} (image, mounts and "
+                           "arguments unchanged)")
     return image_id
 
 
@@ -227,11 +233,13 @@ def cluster_down(spec: ClusterSpec, reporter: Reporter) -> list[str]:
         return cluster_down_locked(spec, reporter, state)
 
 
-def cluster_down_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None) -> list[str]:
-    """Stop Ray on every node at once; the record is cleared when all stopped."""
+def cluster_down_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None,
+                        remove: bool = False) -> list[str]:
+    """Stop Ray on every node at once; the record is cleared when all stopped. With a container runtime
+    the containers stay (idle, warm for the next start) unless `remove`, or unless stopping inside failed."""
     if spec.containers:
         # Named from the state folder: found (and removed) with or without a record.
-        unreachable = remove_containers(spec, reporter)
+        unreachable = remove_containers(spec, reporter) if remove else _stop_in_containers(spec, reporter, state)
         if not unreachable:
             clear_state(spec.state_dir)
         return unreachable
@@ -255,6 +263,37 @@ def cluster_down_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment
     if not unreachable:
         clear_state(spec.state_dir)
     return unreachable
+
+
+def _stop_in_containers(spec: ClusterSpec, reporter: Reporter, state: Deployment | None) -> list[str]:
+    """Ray stopped inside each running container by the record; a container that is not running, or in
+    which something was left, is removed (that ends every process in it). Returns nodes not cleaned."""
+    boxes = containers.inspect(spec)
+
+    def stop_one(node: Node) -> bool:
+        record = state.node(node.name) if state else None
+        if boxes[node.name].running and record is not None:
+            try:
+                answer = rc.stop_node(node, record)
+                reporter.phase(f"{node.label}: stopped {len(answer.stopped)} process(es); container kept")
+                if not answer.left:
+                    return True
+            except ClusterFailure as exc:
+                reporter.warn(f"{exc}; removing the container")
+        elif boxes[node.name].running:
+            return True  # idle since the last stop
+        elif boxes[node.name].status == "absent":
+            return True
+        try:
+            containers.down(spec, [node])
+        except DsparkError as exc:
+            reporter.warn(f"{node.label}: {exc}")
+            return False
+        reporter.phase(f"{node.label}: removed container {spec.containers.name(node.name)}")
+        return True
+
+    results = on_each(spec.nodes, stop_one)
+    return [name for name, ok in results.items() if not ok]
 
 
 @dataclass(frozen=True)

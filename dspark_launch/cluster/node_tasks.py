@@ -8,8 +8,10 @@ to Ray: config/forward_env.py). Nothing here imports vLLM or torch.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib.util
+import os
 import platform
 import re
 import shutil
@@ -32,9 +34,6 @@ def torch_cuda_version() -> str | None:
         return None
     found = re.search(r"^cuda\s*(?::[^=\n]*)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", text, re.MULTILINE)
     return (found.group(1) or found.group(2)) if found and (found.group(1) or found.group(2)) else None
-
-
-NCCL_WHEELS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")  # the libnccl torch (and vLLM) load
 
 
 def gpu_query(output: str) -> tuple[str | None, str | None]:
@@ -72,11 +71,27 @@ def gpu_row() -> tuple[str | None, str | None]:
         return None, None
 
 
+_NCCL_SO = re.compile(r"libnccl\.so\.(\d+\.\d+\.\d+)$")
+_SYSTEM_NCCL = ("/usr/lib/*/libnccl.so.2.*", "/usr/lib64/libnccl.so.2.*", "/usr/local/cuda/lib64/libnccl.so.2.*",
+                "/usr/local/cuda/targets/*/lib/libnccl.so.2.*")
+
+
 def nccl_version() -> str | None:
-    for wheel in NCCL_WHEELS:
-        found = installed_version(wheel)
-        if found:
-            return f"{found} ({wheel})"
+    """The NCCL vLLM loads on this node, without loading it (vllm/utils/nccl.py find_nccl_library): the library
+    VLLM_NCCL_SO_PATH names, else `libnccl.so.2`, which resolves to the one torch already loaded: the
+    nvidia-nccl-cu* wheel's, or in an image built against the system's NCCL, the system's."""
+    named = os.environ.get("VLLM_NCCL_SO_PATH", "")
+    if named:
+        found = _NCCL_SO.search(os.path.realpath(named))
+        return found.group(1) if found else f"VLLM_NCCL_SO_PATH={named}"
+    wheel = installed_version("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+    if wheel:
+        return wheel
+    for pattern in _SYSTEM_NCCL:
+        for library in sorted(glob.glob(pattern)):
+            found = _NCCL_SO.search(library)
+            if found:
+                return found.group(1)
     return None
 
 

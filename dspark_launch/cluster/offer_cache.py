@@ -2,7 +2,7 @@
 
 Describing the installed vLLM imports it (seconds, on every start, restart and plan). The
 answer depends only on the install the agent would import and on the launcher code that
-reads it, so the node keeps it in this user's private folder (`/tmp/dspark-<uid>`, see
+reads it, so the node keeps it in this user's private folder (`/run/dspark-0` for root, see
 ray_dirs) beside the identity of both, and answers from there while the identity holds.
 
 The identity is found without importing vLLM: the folder the import system would load
@@ -27,8 +27,8 @@ from pathlib import Path
 from dspark_launch import __version__
 from dspark_launch.cluster import codec
 from dspark_launch.cluster.protocol import PROTOCOL_VERSION
-from dspark_launch.cluster.ray_dirs import private_root
-from dspark_launch.cluster.safe_path import PRIVATE, UnsafePath, make_dir, read_private, write_private
+from dspark_launch.cluster.ray_dirs import make_private_root
+from dspark_launch.cluster.safe_path import PRIVATE, UnsafePath, read_private, write_private
 from dspark_launch.profiles import offer as offer_module
 from dspark_launch.profiles.offer import VllmOffer
 
@@ -113,11 +113,11 @@ def kept_file(identity: InstallIdentity) -> Path | None:
     """Where this install's offer is kept (one file per install and interpreter); None when this
     user's private folder is not safe to use."""
     try:
-        make_dir(private_root(), PRIVATE)
+        root = make_private_root()
     except (UnsafePath, OSError):
         return None
     which = _sha256(f"{identity.package_dir}\0{identity.python}".encode())[:16]
-    return private_root() / f"vllm-offer-{which}.json"
+    return root / f"vllm-offer-{which}.json"
 
 
 def recall(identity: InstallIdentity) -> VllmOffer | None:

@@ -53,6 +53,11 @@ class Background(Generic[T]):
         """Wait until the work ended; its outcome stays for result()."""
         self._thread.join()
 
+    def ended(self, within_s: float) -> bool:
+        """Whether the work ended, waiting at most `within_s` for it."""
+        self._thread.join(within_s)
+        return not self._thread.is_alive()
+
     def result(self) -> T:
         self._thread.join()
         if self._error:

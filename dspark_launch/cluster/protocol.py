@@ -25,8 +25,15 @@ from dspark_launch.model.node_check import DiskSpace, VerifyReport
 from dspark_launch.cluster.fabric import FabricEnv, FabricRequest  # stdlib-only values
 from dspark_launch.profiles.offer import VllmOffer  # stdlib-only values
 
-PROTOCOL_VERSION = 3  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
+PROTOCOL_VERSION = 5  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
 # 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
+# 3: FabricRequest.hca_list carries NCCL_IB_HCA as written (NCCL's ^ / = / dev:port forms), not split names
+# 4: model_verify hashes `only` the files a copy sent, with progress lines
+# 5: Stop.drain_s > 0 sends one SIGTERM and waits up to drain_s for the server to drain and end by itself
+# The longest line either side reads (the launcher refuses a longer agent reply line: one clear error, the
+# agent killed); a log is read in chunks whose JSON (at most 6 bytes a character, `\u001b`) stays below it.
+MAX_LINE = 1 << 20
+READ_CHUNK = MAX_LINE // 8
 
 
 # --- values shared by several operations ---------------------------------------------------------
@@ -151,7 +158,9 @@ class MemoryQuery:
 
 @dataclass(frozen=True)
 class MemoryAnswer:
-    total_bytes: int | None
+    total_bytes: int | None  # MemTotal
+    available_bytes: int | None = None  # MemAvailable: what vLLM's start-up gate reads on a GB10
+    nvidia_gpu: bool = False  # an NVIDIA GPU is visible (/dev/nvidia0 ...): vLLM runs its CUDA platform
 
 
 @dataclass(frozen=True)
@@ -287,7 +296,7 @@ class VersionRow:
     cuda: str | None = None
     driver: str | None = None
     compute_capability: str | None = None  # the GPU's, "12.1" on a GB10 (nvidia-smi); None without a GPU
-    nccl: str | None = None  # the NCCL wheel torch and vLLM load ("2.27.7 (nvidia-nccl-cu13)"); None when absent
+    nccl: str | None = None  # the NCCL vLLM loads there (VLLM_NCCL_SO_PATH, torch's nvidia-nccl wheel, the system's)
     dspark_launch: str | None = None
     scheduler_sha256: str | None = None
     hostname: str | None = None  # shown, not compared
@@ -348,17 +357,21 @@ class ServeArgsAnswer:
 
 @dataclass(frozen=True)
 class ModelVerify:
-    """Every file of `manifest` in `folder`: sizes, and with `full` each sha256."""
+    """Every file of `manifest` in `folder`: sizes, and with `full` each sha256 (`only`: of those files alone)."""
     folder: str
     manifest: Manifest
     full: bool
+    only: tuple[str, ...] | None = None
+    caches: tuple[str, ...] = ()  # cache folders checked like the model folder (model.folder_check)
 
 
 @dataclass(frozen=True)
 class ModelFastCheck:
-    """The start pre-flight: this node's manifest has `stamp` and every file its size (stats only)."""
+    """The start pre-flight: the folder and caches safe (model.folder_check), this node's manifest has
+    `stamp`, every file its size, every file but the tensor shards its sha256."""
     folder: str
     stamp: str
+    caches: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from dspark_launch.cluster.fabric import SYSFS_ROOT_VAR, FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import NodeRecord, ray_token
+from dspark_launch.errors import ConfigError
 
 RAY_START_TIMEOUT_S = 180
 CHECKS_TIMEOUT_S = 60  # beyond the join wait (its own timeout): the IP and GPU checks
@@ -49,9 +50,9 @@ def auth_env(spec: ClusterSpec, create: bool = False) -> dict[str, str]:
 def node_env(spec: ClusterSpec, node: Node, token_env: dict[str, str], fabric: FabricEnv | None) -> dict[str, str]:
     """The declared environment of everything started on `node` (Ray workers inherit the raylet's):
     the node's own fabric variables among them, so vLLM's workers there use this node's values."""
-    env = dict(spec.node_env)
+    env = dict(spec.forwarded)  # first: the launcher's own values below always win over a forwarded name
+    env.update(spec.node_env)
     env.update(fabric.env if fabric else ())
-    env.update(spec.forwarded)
     env.update(token_env)
     env["VLLM_HOST_IP"] = node.ip
     env["RAY_USAGE_STATS_ENABLED"] = "0"
@@ -106,6 +107,19 @@ def node_fabric(spec: ClusterSpec, node: Node, reporter: Reporter | None = None)
     return node.agent(reporter).fabric_env(node.fabric, dict(spec.forwarded).get(SYSFS_ROOT_VAR, ""))
 
 
+def image_without_ray(image: str) -> str:
+    """The one-line fix for an image that ships vLLM without Ray (recent NGC vLLM images): the head's Ray
+    version (the launcher's environment), so every node runs the same Ray."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("ray")
+    except metadata.PackageNotFoundError:
+        version = "<the Ray version of your other nodes>"
+    return (f"image {image} has no Ray: build FROM {image} with `pip install ray=={version}` "
+            "(docs/containers.md has the Dockerfile); nothing was started")
+
+
 def preflight_node(spec: ClusterSpec, node: Node, reporter: Reporter) -> FabricEnv:
     """Every check that can fail before anything starts on `node`, one line per failure; its fabric environment."""
     reporter.phase(f"pre-flight {node.label}")
@@ -122,6 +136,8 @@ def preflight_node(spec: ClusterSpec, node: Node, reporter: Reporter) -> FabricE
             asked.join()
     probe = asked_probe.result()
     missing = [name for name, info in probe.modules.items() if not info.found]
+    if "ray" in missing and spec.containers:
+        raise ClusterFailure(node.label, "image", image_without_ray(spec.containers.image))
     if missing:
         raise ClusterFailure(node.label, "python", f"{probe.python} cannot import {', '.join(missing)}")
     if probe.log_dir_error:
@@ -144,9 +160,19 @@ def preflight_node(spec: ClusterSpec, node: Node, reporter: Reporter) -> FabricE
         if not port.free:
             raise ClusterFailure(node.label, "ray port", f"{node.ip}:{spec.ray_port} is taken ({port.reason})")
     fabric = asked_fabric.result()
+    require_roce(spec, node, fabric)
     for warning in fabric.warnings:
         reporter.warn(warning)
     return fabric
+
+
+def require_roce(spec: ClusterSpec, node: Node, fabric: FabricEnv) -> None:
+    """Fail closed: a node without usable RoCE would run NCCL over TCP sockets (hazyumps measured ~12 against
+    30+ tok/s on two GB10s), so start refuses (exit 2) unless DSPARK_ALLOW_TCP_FABRIC=1 (then a warning)."""
+    if not fabric.roce and not spec.allow_tcp_fabric:
+        raise ConfigError(f"{node.label}: {fabric.missing}: NCCL would run over TCP sockets (~12 against 30+ tok/s); "
+                          "nothing started: fix the fabric (docs/cluster.md) or set DSPARK_ALLOW_TCP_FABRIC=1 to "
+                          "accept TCP")
 
 
 class Bringup:

@@ -23,19 +23,38 @@ import os
 import re
 import shlex
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Mapping, Sequence
 
-from dspark_launch.cluster.container_transport import AGENT_MOUNT, ContainerTransport, HostShell
+from dspark_launch.cluster.container_transport import (AGENT_MOUNT, ContainerTransport, HostShell,
+                                                       OneShotContainerTransport)
 from dspark_launch.cluster.safe_path import CONTAINER_STATE_VAR, within
 from dspark_launch.config.container_args import refused_flag
 from dspark_launch.errors import ConfigError, DsparkError
 
 RUNTIMES = ("docker", "podman")  # DSPARK_RUNTIME besides "host"
 OWNER_LABEL = "dspark.owner"
+# A digest of everything the container was created from (image id, mounts, arguments): an unchanged
+# one is reused by the next start, so the JIT caches and the container's own state stay warm.
+SPEC_LABEL = "dspark.spec"
+# The JIT compile caches kept across container re-creation, each a sub-folder of the node's JIT cache
+# folder (mounted at its host path). MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark keeps the same
+# on its cache volume (docker-compose.dspark.yml): the DeepSeek-V4 compile can exceed 300 s.
+JIT_CACHE_VARS = (
+    ("VLLM_CACHE_ROOT", "vllm"),  # vllm/envs.py: torch.compile artifacts, kernel tuning
+    ("FLASHINFER_WORKSPACE_BASE", "flashinfer"),  # FlashInfer's JIT modules (.cache/flashinfer below it)
+    ("TRITON_CACHE_DIR", "triton"),  # triton/knobs.py
+    ("TILELANG_CACHE_DIR", "tilelang"),  # TileLang kernels (the DeepSeek-V4 recipes' TileLang backend)
+    ("CUTE_DSL_CACHE_DIR", "cute-dsl"),  # CUTLASS CuTe DSL compiled kernels
+    ("B12X_CUTE_COMPILE_CACHE_DIR", "b12x-cute"),  # the b12x MoE backend's CuTe DSL cache (MiaAI's compose)
+)
 # Test-only: replaces the GPU/RDMA arguments below (no GPU, no CAP_SYS_RESOURCE in CI).
-# Read from the launcher's process environment only, never from an env file.
+# Read from the launcher's process environment only, never from an env file, and honoured only
+# where the test platform is installed and switched on (TEST_PLATFORM_VAR=1): see test_hook_allowed.
 TEST_GPU_ARGS_VAR = "DSPARK_TEST_CONTAINER_GPU_ARGS"
+TEST_PLATFORM_VAR = "DSPARK_TEST_RAY_CPU_PLATFORM"  # switches tests/vllm_ray_cpu_plugin on
+TEST_PLATFORM_MODULE = "dspark_ray_cpu_platform"
 GPU_ARGS = {
     "docker": ("--gpus", "all"),  # NVIDIA Container Toolkit's runtime hook
     "podman": ("--device", "nvidia.com/gpu=all"),  # CDI spec from `nvidia-ctk cdi generate`
@@ -66,6 +85,7 @@ class ContainerSpec:
     python: str = "python3"  # the image's interpreter
     extra_args: tuple[str, ...] = ()  # DSPARK_CONTAINER_ARGS, already split
     hardware_args: tuple[str, ...] = ()  # from hardware_args(); GPU + RDMA in production
+    jit_cache: str = ""  # host folder of the JIT compile caches, mounted at the same path; "" = none
 
     @property
     def name(self) -> str:
@@ -90,6 +110,8 @@ class ContainerState:
     status: str  # the runtime's word: running, exited, created, paused, ...; "absent" when there is none
     image_id: str  # "sha256:<64 hex>", "" when absent
     owner: str  # its dspark.owner label
+    spec_digest: str = ""  # its dspark.spec label: what it was created from
+    reused: bool = False  # `up` found it running as `spec` asks and kept it
 
     @property
     def running(self) -> bool:
@@ -103,10 +125,21 @@ def container_name(marker: str) -> str:
 
 
 def hardware_args(runtime: str, environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
-    """GPU, RDMA and memlock arguments for `runtime`; the test hook replaces them all when set."""
+    """GPU, RDMA and memlock arguments for `runtime`; the test hook replaces them all when set (and allowed)."""
     if TEST_GPU_ARGS_VAR in environ:
+        test_hook_allowed(environ)
         return tuple(shlex.split(environ[TEST_GPU_ARGS_VAR]))
     return GPU_ARGS[runtime] + RDMA_ARGS
+
+
+def test_hook_allowed(environ: Mapping[str, str]) -> None:
+    """The test hook passes raw `run` arguments past the DSPARK_CONTAINER_ARGS refusals: only on the
+    test platform (its plugin installed and switched on); anywhere else it is exit 2, never ignored."""
+    import importlib.util
+
+    if environ.get(TEST_PLATFORM_VAR) != "1" or importlib.util.find_spec(TEST_PLATFORM_MODULE) is None:
+        raise ConfigError(f"{TEST_GPU_ARGS_VAR} from the environment is a test hook; allowed: only on the test "
+                          f"platform ({TEST_PLATFORM_VAR}=1 with tests/vllm_ray_cpu_plugin installed); unset it")
 
 
 def _mount_targets(words: Sequence[str]) -> list[str]:
@@ -135,7 +168,7 @@ def check_spec(spec: ContainerSpec) -> None:
     refused = refused_flag(list(spec.extra_args))
     if refused:
         raise ConfigError(f"DSPARK_CONTAINER_ARGS: {refused[0]} is not allowed ({refused[1]})")
-    ours = {AGENT_MOUNT, spec.state_dir.rstrip("/"), spec.model_cache.rstrip("/")} - {""}
+    ours = {AGENT_MOUNT, spec.state_dir.rstrip("/"), spec.model_cache.rstrip("/"), spec.jit_cache.rstrip("/")} - {""}
     for target in _mount_targets(spec.extra_args):
         if any(within(mine, target) or within(target, mine) for mine in ours):
             raise ConfigError(f"DSPARK_CONTAINER_ARGS: a mount at {target} would cover the launcher's own "
@@ -143,7 +176,23 @@ def check_spec(spec: ContainerSpec) -> None:
 
 
 def run_argv(spec: ContainerSpec) -> list[str]:
-    """The `run` command that creates the node's container."""
+    """The `run` command that creates the node's container, labelled with the digest of the rest of it."""
+    argv = _create_argv(spec)
+    label = argv.index(f"{OWNER_LABEL}={spec.marker}")
+    return argv[:label + 1] + ["--label", f"{SPEC_LABEL}={spec_digest(spec)}"] + argv[label + 1:]
+
+
+def spec_digest(spec: ContainerSpec) -> str:
+    """Equal for two specs exactly when their containers would be created alike (image id, mounts,
+    environment, arguments)."""
+    return hashlib.sha256(json.dumps(_create_argv(spec)).encode()).hexdigest()[:16]
+
+
+def jit_env(jit_cache: str) -> list[str]:
+    return [f"{var}={jit_cache.rstrip('/')}/{sub}" for var, sub in JIT_CACHE_VARS] if jit_cache else []
+
+
+def _create_argv(spec: ContainerSpec) -> list[str]:
     mounts = ["--volume", f"{spec.agent_package}:{AGENT_MOUNT}/dspark_launch:ro",
               "--volume", f"{spec.state_dir}:{spec.state_dir}"]
     # The agent (root in a rootful runtime) keeps the logs in the state folder for that folder's owner.
@@ -151,10 +200,36 @@ def run_argv(spec: ContainerSpec) -> list[str]:
     if spec.model_cache:
         mounts += ["--volume", f"{spec.model_cache}:{spec.model_cache}"]
         env += ["--env", f"HF_HOME={spec.model_cache}"]
+    if spec.jit_cache:
+        mounts += ["--volume", f"{spec.jit_cache}:{spec.jit_cache}"]
+        env += [word for pair in jit_env(spec.jit_cache) for word in ("--env", pair)]
     # --pull never: the image was checked on every node before; a run never fetches another.
     return [spec.runtime, "run", "--detach", "--pull", "never", "--name", spec.name, "--label", f"{OWNER_LABEL}={spec.marker}",
             "--network", "host", "--ipc", "host", "--init", *spec.hardware_args, *mounts, *env,
             *spec.extra_args, "--entrypoint", "sleep", spec.image, "infinity"]
+
+
+def oneshot_run_args(spec: ContainerSpec) -> tuple[str, ...]:
+    """`run --rm` arguments of a short-lived container for the model checks: the launcher's package, the
+    state folder and the model cache (read-only, at the host path), no network, our label; nothing else
+    of the node's. The state folder's owner is whom the model folder check trusts besides root, as in
+    the node container (model.folder_check.trusted_owner)."""
+    args = ["--pull", "never", "--network", "none", "--label", f"{OWNER_LABEL}={spec.marker}-model",
+            "--volume", f"{spec.agent_package}:{AGENT_MOUNT}/dspark_launch:ro",
+            "--volume", f"{spec.state_dir}:{spec.state_dir}:ro",
+            "--env", f"PYTHONPATH={AGENT_MOUNT}", "--env", f"{CONTAINER_STATE_VAR}={spec.state_dir}"]
+    if spec.model_cache:
+        args += ["--volume", f"{spec.model_cache}:{spec.model_cache}:ro"]
+    return tuple(args)
+
+
+def oneshot_transport(host: HostShell, spec: ContainerSpec) -> OneShotContainerTransport:
+    """The agent in a `--rm` container from `spec.image` (the checked id) on the node's host; the model
+    cache folder is created first (a runtime refuses a missing bind source)."""
+    if spec.model_cache:
+        _run(host, ["mkdir", "-p", "-m", "700", spec.model_cache], 30, "creating the model cache folder")
+    return OneShotContainerTransport(host=host, runtime=spec.runtime, image=spec.image,
+                                     run_args=oneshot_run_args(spec), python=spec.python)
 
 
 def _run(host: HostShell, argv: Sequence[str], timeout: float, what: str) -> str:
@@ -195,12 +270,14 @@ def check_same_image(identities: Sequence[ImageIdentity]) -> str:
 
 
 def inspect(host: HostShell, runtime: str, name: str, timeout: float = 30) -> ContainerState:
-    fmt = "{{.State.Status}} {{.Image}} {{index .Config.Labels \"" + OWNER_LABEL + "\"}}"
+    fmt = ("{{.State.Status}} {{.Image}} {{index .Config.Labels \"" + OWNER_LABEL + "\"}} "
+           "{{index .Config.Labels \"" + SPEC_LABEL + "\"}}")
     proc = host.run([runtime, "container", "inspect", "--format", fmt, name], timeout=timeout)
     if proc.returncode != 0:
         return ContainerState(name=name, status="absent", image_id="", owner="")
-    status, image_id, owner = (proc.stdout.strip().split(" ") + ["", "", ""])[:3]
-    return ContainerState(name=name, status=status, image_id=_sha256(image_id), owner=owner)
+    status, image_id, owner, digest = (proc.stdout.strip().split(" ") + ["", "", "", ""])[:4]
+    digest = "" if digest == "<no value>" else digest
+    return ContainerState(name=name, status=status, image_id=_sha256(image_id), owner=owner, spec_digest=digest)
 
 
 def down(host: HostShell, runtime: str, marker: str, grace_s: int = 10, timeout: float = 60) -> bool:
@@ -220,13 +297,24 @@ def down(host: HostShell, runtime: str, marker: str, grace_s: int = 10, timeout:
     return True
 
 
-def up(host: HostShell, spec: ContainerSpec, timeout: float = 120) -> ContainerState:
-    """(Re)create the node's container from `spec` and return its state; an old one of ours is removed first."""
+def reusable(state: ContainerState, spec: ContainerSpec) -> bool:
+    """Ours, running, and created from exactly `spec` (image id, mounts, arguments)."""
+    return state.running and state.owner == spec.marker and state.spec_digest == spec_digest(spec)
+
+
+def up(host: HostShell, spec: ContainerSpec, timeout: float = 120, reuse: bool = True) -> ContainerState:
+    """The node's container from `spec`: one of ours already running from the same spec is kept (`reuse`),
+    else it is (re)created, an old one of ours removed first."""
     check_spec(spec)
+    current = inspect(host, spec.runtime, spec.name)
+    if reuse and reusable(current, spec):
+        return replace(current, reused=True)
     down(host, spec.runtime, spec.marker)
     # podman refuses a missing bind source (docker would create it root-owned): make ours first.
     folders = [f for f in (spec.state_dir, spec.model_cache) if f]
     _run(host, ["mkdir", "-p", "-m", "700", *folders], timeout, "creating the state folder")
+    if spec.jit_cache:
+        check_private_folder(host, spec.jit_cache, "DSPARK_CONTAINER_JIT_CACHE", timeout)
     _run(host, run_argv(spec), timeout, f"starting container {spec.name} from {spec.image}")
     state = inspect(host, spec.runtime, spec.name)
     if not state.running:
@@ -234,29 +322,64 @@ def up(host: HostShell, spec: ContainerSpec, timeout: float = 120) -> ContainerS
     return state
 
 
-def ship_package(host: HostShell, package_dir: str, dest_root: str, timeout: float = 60) -> str:
-    """Copy the launcher's package folder to `dest_root` on the node's host; returns the copy's path.
+def check_private_folder(host: HostShell, folder: str, setting: str, timeout: float = 60) -> None:
+    """Create `folder` (mode 700) on the node's host when missing; ContainerError unless it is owned by the
+    user we run as and neither group- nor other-writable (what runs from it is compiled code)."""
+    script = 'mkdir -p -m 700 "$1" && stat -L -c "%u %a" "$1" && id -u'
+    out = _run(host, ["sh", "-c", script, "sh", folder], timeout, f"preparing {folder}").split()
+    owner, mode, uid = (out + ["", "", ""])[:3]
+    if owner != uid or int(mode or "0", 8) & 0o022:
+        raise ContainerError(f"{host.description}: {folder} ({setting}) is owned by uid {owner} with mode {mode}; "
+                             f"allowed: owned by uid {uid}, not group- or other-writable (chmod go-w {folder})")
 
-    The copy's folder is named by a hash of its content, so a node never mounts a
-    half-written or older copy: it is unpacked beside and renamed into place, and an
-    existing copy of the same content is reused. The result is `agent_package` for that node.
-    """
+
+def package_archive(package_dir: str) -> tuple[bytes, dict[str, str]]:
+    """The package as a gzipped tar (no caches; a link stored as the file it names) and {path: sha256}
+    of every file in it."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
+    with tarfile.open(fileobj=buffer, mode="w", dereference=True) as tar:
         tar.add(package_dir, arcname="dspark_launch",
                 filter=lambda info: None if "__pycache__" in info.name or info.name.endswith(".pyc") else info)
-    digest = hashlib.sha256(buffer.getvalue()).hexdigest()[:16]
-    payload = gzip.compress(buffer.getvalue(), mtime=0)
-    final = f"{dest_root.rstrip('/')}/agent-{digest}"
-    # A fixed script; the paths arrive as its arguments, the archive on stdin (base64: text channel).
-    script = ('set -e; [ -d "$2/dspark_launch" ] && exit 0; mkdir -p -m 700 "$1"; tmp=$(mktemp -d "$2.XXXXXX"); '
-              'base64 -d | tar -xz -C "$tmp"; mv -T "$tmp" "$2" 2>/dev/null || rm -rf "$tmp"')
-    proc = host.run(["sh", "-c", script, "sh", dest_root, final], timeout=timeout,
-                    input=base64.b64encode(payload).decode())
+    hashes: dict[str, str] = {}
+    with tarfile.open(fileobj=io.BytesIO(buffer.getvalue())) as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                hashes[member.name] = hashlib.sha256(tar.extractfile(member).read()).hexdigest()
+    return gzip.compress(buffer.getvalue(), mtime=0), hashes
+
+
+def _ship_program() -> str:
+    """safe_path's source (host mode's folder rules), then agent_copy_host's: run by the host's python3."""
+    from dspark_launch.cluster import agent_copy_host, safe_path
+
+    return "\n".join(Path(module.__file__).read_text(encoding="utf-8") for module in (safe_path, agent_copy_host))
+
+
+def ship_package(host: HostShell, package_dir: str, dest_root: str, timeout: float = 60) -> str:
+    """Copy the launcher's package folder into the worker's state folder `dest_root` on its host; returns
+    the copy's path (the node's `agent_package`).
+
+    Before anything is written the state folder is checked as host mode's pre-flight does (made 0700, or
+    a real folder of this user that group and others cannot write, under folders only root or this user
+    can replace): a refusal is exit 1 naming it, nothing shipped or started. The copy's folder is named
+    by a hash of the content, but the name is never trusted: an existing copy is used only when every
+    file's sha256 matches and nothing else is there (else it is removed and shipped again), and a new
+    one is unpacked beside and checked before it is renamed into place (cluster/agent_copy_host.py).
+    """
+    from dspark_launch.cluster import agent_copy_host
+
+    payload, hashes = package_archive(package_dir)
+    digest = hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()[:16]
+    stdin = json.dumps(hashes) + "\n" + base64.b64encode(payload).decode()
+    proc = host.run(["python3", "-c", _ship_program(), dest_root, digest], timeout=timeout, input=stdin)
+    detail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+    if proc.returncode == agent_copy_host.UNSAFE_EXIT:
+        raise ContainerError(f"{host.description}: {detail}; refusing to ship the launcher's package there, "
+                             "nothing was started (remove it if nobody should have put it there)")
     if proc.returncode != 0:
-        detail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        raise ContainerError(f"{host.description}: copying the launcher's package failed: {detail}")
-    return f"{final}/dspark_launch"
+        raise ContainerError(f"{host.description}: copying the launcher's package failed (python3 on the "
+                             f"node's host): {detail}")
+    return f"{proc.stdout.strip().splitlines()[-1]}/dspark_launch"
 
 
 def transport(host: HostShell, spec: ContainerSpec) -> ContainerTransport:

@@ -24,6 +24,7 @@ class Node:
     ssh_host: str | None  # None for the head (local)
     transport: Transport
     fabric: FabricRequest | None = None  # what its agent needs to work out its own fabric environment
+    copy_host: str = ""  # [user@]address the model copy reaches it at (a worker's fabric IP by default)
 
     @property
     def is_head(self) -> bool:
@@ -47,6 +48,7 @@ class NodeContainers:
     python: str  # the image's interpreter
     extra_args: tuple[str, ...]
     model_cache: str  # host folder mounted at the same path as HF_HOME; "" = none
+    jit_cache: str = ""  # host folder of the JIT compile caches, mounted at the same path
 
     def name(self, node: str) -> str:
         return f"{self.marker}-{node}"
@@ -70,6 +72,7 @@ class ClusterSpec:
     config_digest: str
     auth_token: str = field(default="", repr=False)  # configured RAY_AUTH_TOKEN; else generated
     containers: NodeContainers | None = None  # None: DSPARK_RUNTIME=host
+    allow_tcp_fabric: bool = False  # DSPARK_ALLOW_TCP_FABRIC=1: a node without RoCE is a warning, not exit 2
 
     @property
     def head(self) -> Node:
@@ -134,12 +137,13 @@ def cluster_spec(settings: Settings, placeholders_ok: bool = False) -> ClusterSp
                connect_timeout=settings.int("SSH_CONNECT_TIMEOUT_S"),
                extra_options=settings.words("DSPARK_SSH_OPTIONS"))
     containers = node_containers(settings)
+    copy_hosts = settings["DSPARK_MODEL_COPY_HOSTS"].split() or ips
     nodes = [Node("head", head_ip, None, LocalTransport(head_python), fabric_request(settings, "head", head_ip))]
-    for index, (host, ip) in enumerate(zip(hosts, ips), start=1):
+    for index, (host, ip, copy_host) in enumerate(zip(hosts, ips, copy_hosts), start=1):
         name = f"worker{index}"
         nodes.append(Node(name, ip, host, SSHTransport(host=host.rsplit("@", 1)[-1], python=python,
                                                        **{**ssh, "user": _user(host, ssh["user"])}),
-                          fabric_request(settings, name, ip)))
+                          fabric_request(settings, name, ip), copy_host))
     if containers:
         nodes = [_in_container(node, containers) for node in nodes]
     ifname = settings["DSPARK_FABRIC_IFNAME"]
@@ -156,7 +160,8 @@ def cluster_spec(settings: Settings, placeholders_ok: bool = False) -> ClusterSp
         auth_mode=settings["RAY_AUTH_MODE"], dashboard=settings["DSPARK_RAY_DASHBOARD"],
         state_dir=state_dir_of(settings), join_timeout_s=settings.int("CLUSTER_JOIN_TIMEOUT_S"),
         ssh_timeout_s=settings.int("SSH_CONNECT_TIMEOUT_S"), config_digest=settings.digest(),
-        auth_token=settings["RAY_AUTH_TOKEN"], containers=containers)
+        auth_token=settings["RAY_AUTH_TOKEN"], containers=containers,
+        allow_tcp_fabric=settings.flag("DSPARK_ALLOW_TCP_FABRIC"))
 
 
 def node_containers(settings: Settings) -> NodeContainers | None:
@@ -168,9 +173,11 @@ def node_containers(settings: Settings) -> NodeContainers | None:
     marker = "dspark-" + hashlib.sha256(str(state_dir_of(settings)).encode()).hexdigest()[:8]
     cache = settings["DSPARK_CONTAINER_MODEL_CACHE"] or os.environ.get("HF_HOME") or str(
         Path.home() / ".cache" / "huggingface")
+    jit_cache = settings["DSPARK_CONTAINER_JIT_CACHE"] or str(state_dir_of(settings) / "jit-cache")
     return NodeContainers(runtime=runtime, image=settings["DSPARK_IMAGE"], marker=marker,
                           python=settings["DSPARK_CONTAINER_PYTHON"] or "python3",
-                          extra_args=settings.words("DSPARK_CONTAINER_ARGS"), model_cache=cache)
+                          extra_args=settings.words("DSPARK_CONTAINER_ARGS"), model_cache=cache,
+                          jit_cache=str(Path(jit_cache).expanduser()))
 
 
 def _in_container(node: Node, containers: NodeContainers) -> Node:
@@ -178,6 +185,24 @@ def _in_container(node: Node, containers: NodeContainers) -> Node:
     host = LocalHost() if node.is_head else SSHHost(node.transport)
     return replace(node, transport=ContainerTransport(host=host, runtime=containers.runtime,
                                                       container=containers.name(node.name), python=containers.python))
+
+
+def host_ssh(node: Node) -> SSHTransport:
+    """A worker's SSH settings on its host (the agent's transport, or the one under its container's)."""
+    transport = node.transport
+    if isinstance(transport, ContainerTransport) and isinstance(transport.host, SSHHost):
+        return transport.host.ssh
+    if isinstance(transport, SSHTransport):
+        return transport
+    raise ValueError(f"{node.name} is not reached over SSH")
+
+
+def copy_ssh(node: Node) -> SSHTransport:
+    """The SSH settings of the model copy to a worker: the agent's (port, key, options, host-key check)
+    aimed at its copy address (DSPARK_MODEL_COPY_HOSTS, else its fabric IP), user@ there overriding."""
+    ssh = host_ssh(node)
+    host = node.copy_host or node.ip
+    return replace(ssh, host=host.rsplit("@", 1)[-1].strip("[]"), user=_user(host, ssh.user))
 
 
 def _user(host: str, default: str) -> str:

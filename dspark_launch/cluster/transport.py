@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from dspark_launch.cluster.protocol import MAX_LINE
 from dspark_launch.errors import DsparkError
 
 AGENT_MODULE = "dspark_launch.cluster.agent"
@@ -91,6 +92,9 @@ def _stream(argv: list[str], env: dict[str, str] | None, request_line: str, time
                     else:
                         pending += chunk
                         *lines, pending = pending.split(b"\n")
+                        if len(pending) > MAX_LINE or any(len(line) > MAX_LINE for line in lines):
+                            raise NodeUnreachable(f"{description}: the agent sent a reply line longer than "
+                                                  f"{MAX_LINE} bytes (1 MiB); not read, the agent was stopped")
                         for line in lines:
                             on_line(line.decode(errors="replace"))
         if pending:

@@ -63,3 +63,16 @@ def check_image(value: str) -> str:
     if value and not _IMAGE_REFERENCE.match(value):
         raise ValueError("an image reference such as nvcr.io/nvidia/vllm:25.11-py3 or name@sha256:<64 hex>")
     return value
+
+
+_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+
+
+def unpinned_image_warning(runtime: str, image: str, source: str) -> str | None:
+    """A line for `plan` and `status` when the container image is named by a tag: whoever can push that
+    tag (or the registry) chooses what runs as root on every node at the next start."""
+    if runtime not in ("docker", "podman") or not image or _DIGEST.search(image):
+        return None
+    return (f"DSPARK_IMAGE={image} ({source}) is a tag, not a digest: whoever can move that tag chooses what "
+            "runs on every node at the next start; pin it as NAME@sha256:DIGEST "
+            "(e.g. `podman image inspect --format '{{.Digest}}' IMAGE`)")

@@ -57,5 +57,7 @@ def _refusal_tables() -> list[str]:
     for pattern, why in forward_env.REFUSED_NAMES:
         escaped = pattern.replace("|", " \\| ")  # a pipe inside a table cell
         lines.append(f"| `{escaped}` | {why} |")
+    names = ", ".join(f"`{name}`" for name in sorted(forward_env.profile_env_names()))
+    lines += ["", f"Also refused: {forward_env.PROFILE_ENV_WHY}: {names}."]
     lines += ["", f"`RAY_AUTH_TOKEN`, when set, has at least {RAY_TOKEN_MIN_LENGTH} characters."]
     return lines

@@ -25,6 +25,8 @@ from dspark_launch.config.text_settings import META_NAMES, TEXT_SETTINGS, TextSe
 from dspark_launch.errors import ConfigError
 
 REDACTED = "<redacted>"
+NO_ENV_FILE = ("no env file (no --env-file, DSPARK_ENV_FILE or ./.env.dspark): using the built-in defaults "
+               "and the environment; run `dspark config init` to make .env.dspark")
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,10 @@ class Settings:
 
     def __getitem__(self, name: str) -> str:
         return self.entries[name].value
+
+    @property
+    def env_file_shown(self) -> str:
+        return str(self.env_file) if self.env_file else "none (built-in defaults and the environment)"
 
     def int(self, name: str) -> int:
         return int(self.entries[name].value)
@@ -259,6 +265,11 @@ def _cross_checks(entries: Mapping[str, Setting], warnings: list[str]) -> None:
         raise ConfigError(
             f"DSPARK_WORKER_IPS has {len(ips)} address(es) from {src('DSPARK_WORKER_IPS')} but "
             f"DSPARK_WORKER_HOSTS has {len(hosts)}; allowed: one fabric IP per worker, same order")
+    copy_hosts = entries["DSPARK_MODEL_COPY_HOSTS"].value.split()
+    if copy_hosts and len(copy_hosts) != len(hosts):
+        raise ConfigError(
+            f"DSPARK_MODEL_COPY_HOSTS has {len(copy_hosts)} address(es) from {src('DSPARK_MODEL_COPY_HOSTS')} but "
+            f"DSPARK_WORKER_HOSTS has {len(hosts)}; allowed: one copy address per worker, same order")
 
 
 def _check_exposure(entries: Mapping[str, Setting], warnings: list[str]) -> None:
@@ -290,10 +301,12 @@ def resolve(
     environ = dict(os.environ if environ is None else environ)
     registry = load_registry()
     path, is_example = choose_env_file(env_file, environ, cwd or Path.cwd())
-    loaded = read_env_file(path, is_example)
+    loaded = EnvFile.none() if path is None else read_env_file(path, is_example)
     resolver = _Resolver(registry, loaded, environ, cli or {})
     warnings = resolver.warnings
-    if is_example:
+    if path is None:
+        warnings.append(NO_ENV_FILE)
+    elif is_example:
         warnings.append(f"using the example settings {path}; run `dspark config init` to make your own .env.dspark")
     entries: dict[str, Setting] = {}
     for knob in registry.knobs:
@@ -305,6 +318,6 @@ def resolve(
     warnings.extend(_unknown_key_warnings(environ, lambda n: "environment", known, any_close=False))
     _cross_checks(entries, warnings)
     secret_in_file = any(value.strip() and is_secret(name) for name, value in loaded.values.items())
-    if secret_in_file and group_or_world_readable(path):
+    if path is not None and secret_in_file and group_or_world_readable(path):
         warnings.append(f"{path} holds a secret and is readable by group or others; run: chmod 600 {path}")
     return Settings(MappingProxyType(entries), path, is_example, tuple(dict.fromkeys(warnings)))

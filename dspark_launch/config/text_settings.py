@@ -17,6 +17,7 @@ from dspark_launch.config.forward_env import check_forward_names
 from dspark_launch.config.serve_flags import check_extra_args
 from dspark_launch.config.ssh_options import check_ssh_options
 from dspark_launch.profiles.catalog import DEFAULT_PROFILE, PROFILE_NAMES
+from dspark_launch.cluster.nccl_hca import parse_hca_list  # stdlib only: the node side reads the same grammar
 from dspark_launch.config.container_args import check_container_args, check_image
 
 _IFNAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}", re.ASCII)
@@ -68,6 +69,10 @@ def _ifname_list(value: str) -> str:
     return ",".join(names)
 
 
+def _hca_list(value: str) -> str:
+    return parse_hca_list(value).text if value.strip() else ""
+
+
 def _env_names(value: str) -> str:
     names = value.replace(",", " ").split()
     for name in names:
@@ -87,12 +92,12 @@ def _profile_env(value: str) -> str:
         if not match:
             raise ValueError("space-separated NAME=VALUE (VALUE: letters, digits and ._:,=+/@-; empty leaves the "
                              "variable unset), e.g. VLLM_USE_FLASHINFER_SAMPLER=0 CUTE_DSL_ARCH=")
-        check_forward_names([match[1]])
+        check_forward_names([match[1]], profile_names_allowed=True)
     return " ".join(words)
 
 
 _NODE_FABRIC = re.compile(r"(head|worker[1-9][0-9]*):(DSPARK_FABRIC_IFNAME|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|"
-                          r"TP_SOCKET_IFNAME|NCCL_IB_HCA|NCCL_IB_GID_INDEX)=([A-Za-z0-9_.:,-]+)", re.ASCII)
+                          r"TP_SOCKET_IFNAME|NCCL_IB_HCA|NCCL_IB_GID_INDEX)=([A-Za-z0-9_.:,^=-]+)", re.ASCII)
 
 
 def _gid_index(value: str) -> str:
@@ -108,7 +113,9 @@ def _node_fabric(value: str) -> str:
         if not match or (match[2] == "NCCL_IB_GID_INDEX" and not match[3].isdigit()):  # ASCII: re.ASCII above
             raise ValueError("space-separated NODE:NAME=VALUE (NODE head or workerN; NAME DSPARK_FABRIC_IFNAME, "
                              "NCCL_IB_HCA, NCCL_IB_GID_INDEX or a *_SOCKET_IFNAME), e.g. worker1:NCCL_IB_GID_INDEX=3")
-        if match[2] != "NCCL_IB_GID_INDEX":
+        if match[2] == "NCCL_IB_HCA":
+            _hca_list(match[3])
+        elif match[2] != "NCCL_IB_GID_INDEX":
             _ifname_list(match[3])
     return " ".join(entries)
 
@@ -220,8 +227,9 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
     TextSetting("NCCL_SOCKET_IFNAME", "", "fabric", "NCCL bootstrap interface(s)", _ifname_list),
     TextSetting("GLOO_SOCKET_IFNAME", "", "fabric", "Gloo interface(s)", _ifname_list),
     TextSetting("TP_SOCKET_IFNAME", "", "fabric", "TensorPipe interface(s)", _ifname_list),
-    TextSetting("NCCL_IB_HCA", "", "fabric", "RoCE HCA(s) NCCL uses, e.g. rocep1s0f1,roceP2p1s0f1; default: each node's device "
-                "behind the fabric interface and its twin port, read from its sysfs", _ifname_list),
+    TextSetting("NCCL_IB_HCA", "", "fabric", "RoCE HCA(s) NCCL uses, in NCCL's form ([^][=]device[:port],...), e.g. "
+                "=rocep1s0f1,roceP2p1s0f1; default: each node's device behind the fabric interface and its twin port, "
+                "read from its sysfs; every device it selects is checked on its node", _hca_list),
     TextSetting("NCCL_IB_GID_INDEX", "", "fabric",
                 "GID index NCCL uses; default: each node's RoCE v2 GID of its fabric IP, read from its sysfs",
                 _gid_index),
@@ -277,6 +285,10 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
     TextSetting("DSPARK_CONTAINER_MODEL_CACHE", "", "container",
                 "Hugging Face cache folder on every node, mounted at the same path (HF_HOME) in the containers; "
                 "default $HF_HOME or ~/.cache/huggingface"),
+    TextSetting("DSPARK_CONTAINER_JIT_CACHE", "", "container",
+                "Host folder of the JIT compile caches (vLLM, FlashInfer, Triton, TileLang, CuTe DSL), mounted at the "
+                "same path so a recreated container does not compile again; default <state dir>/jit-cache; "
+                "ours and not group- or other-writable", single_line),
     # model weights (dspark_launch.model)
     TextSetting("DSPARK_MODEL_CACHE", "", "model",
                 "Hub cache folder for the weights, same path on every node (default: HF_HUB_CACHE, "
@@ -284,6 +296,9 @@ TEXT_SETTINGS: tuple[TextSetting, ...] = (
     TextSetting("DSPARK_MODEL_COPY_STREAMS", "4", "model",
                 "Parallel rsync streams per worker for the model copy (one stream is bound by one SSH cipher core)",
                 _choice(*(str(n) for n in range(1, 17)))),
+    TextSetting("DSPARK_MODEL_COPY_HOSTS", "", "model",
+                "Address the model copy reaches each worker at, same order as DSPARK_WORKER_HOSTS ([user@]host; "
+                "default: the worker's fabric IP, with the SSH settings of the agent)", _host_list),
     TextSetting("HF_TOKEN", "", "model",
                 "Hugging Face token for gated models (default: the hub's token file from `hf auth login`)",
                 secret=True),

@@ -6,19 +6,37 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .node_check import DiskSpace, VerifyReport, fast_check, free_space, verify_model
+from .folder_check import check_model_folder
+from .node_check import DiskSpace, HashProgress, VerifyReport, fast_check, free_space, verify_model
+
+
+def _trusted_folder(folder: str, caches: tuple[str, ...]) -> None:
+    """The model folder and caches as safe as the state folder (folder_check), else one failure line."""
+    from dspark_launch.cluster.protocol import Failure, OperationFailed
+    from dspark_launch.cluster.safe_path import UnsafePath
+
+    try:
+        check_model_folder(folder, caches)
+    except UnsafePath as exc:
+        raise OperationFailed(Failure("model folder", f"{exc}; whoever can write it runs code as the serving "
+                                                      "user; nothing was started")) from None
 
 
 def model_verify(req, report) -> VerifyReport:
-    if req.full:
-        from dspark_launch.cluster.protocol import Progress
+    _trusted_folder(req.folder, req.caches)
+    if not req.full:
+        return verify_model(req.folder, req.manifest, False)
+    from dspark_launch.cluster.protocol import Progress
 
-        report(Progress("phase", f"sha256 of {len(req.manifest.files)} files "
-                                 f"({req.manifest.total_size / (1 << 30):.1f} GiB) in {req.folder}"))
-    return verify_model(req.folder, req.manifest, req.full)
+    files = [f for f in req.manifest.files if req.only is None or f.path in set(req.only)]
+    total = sum(f.size for f in files)
+    report(Progress("phase", f"sha256 of {len(files)} files ({total / (1 << 30):.1f} GiB) in {req.folder}"))
+    meter = HashProgress("sha256", total, lambda line: report(Progress("phase", line)))
+    return verify_model(req.folder, req.manifest, True, only=req.only, on_bytes=meter)
 
 
 def model_fast_check(req, report) -> VerifyReport:
+    _trusted_folder(req.folder, req.caches)
     return fast_check(req.folder, req.stamp)
 
 

@@ -9,12 +9,15 @@ cipher, hence several streams over balanced shares of the files.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from .errors import CopyFailed
 
@@ -70,35 +73,117 @@ def _shares(root: Path, paths: list[str], streams: int) -> list[list[str]]:
     return [b[1] for b in bins if b[1]]
 
 
+_PROGRESS = re.compile(r"^\s*([\d,]+)\s+\d+%")  # rsync --info=progress2: bytes so far, percent, ...
+
+
+@dataclass
+class CopyProgress:
+    """Bytes sent to one worker over all its streams, reported as one line (bytes, rate, ETA) every
+    `every_s` seconds and at the end."""
+
+    node: str
+    total_bytes: int
+    report: Callable[[str], None]
+    every_s: float = 5.0
+    _per_stream: dict[int, int] = field(default_factory=dict)
+    _started: float = field(default_factory=time.monotonic)
+    _last: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def update(self, stream: int, sent: int) -> None:
+        with self._lock:
+            self._per_stream[stream] = sent
+            now = time.monotonic()
+            if now - self._last >= self.every_s:
+                self._last = now
+                self.report(self.line())
+
+    def line(self) -> str:
+        sent = sum(self._per_stream.values())
+        elapsed = max(time.monotonic() - self._started, 1e-6)
+        rate = sent / elapsed
+        left = max(self.total_bytes - sent, 0)
+        eta = f"{left / rate:.0f} s" if rate > 0 else "?"
+        return (f"{self.node}: copied {sent / (1 << 30):.2f} of {self.total_bytes / (1 << 30):.2f} GiB, "
+                f"{rate / 1e6:.0f} MB/s, ETA {eta}")
+
+
+def _read_stream(proc: subprocess.Popen, index: int, names: list[str], progress: CopyProgress | None) -> None:
+    """rsync's stdout: a file name per line (--out-format) between \\r-separated progress updates."""
+    pending = ""
+    while chunk := proc.stdout.read1(65536):
+        pending += chunk.decode(errors="replace")
+        *parts, pending = re.split(r"[\r\n]", pending)
+        for part in parts:
+            _take(part, index, names, progress)
+    _take(pending, index, names, progress)
+
+
+def _take(part: str, index: int, names: list[str], progress: CopyProgress | None) -> None:
+    match = _PROGRESS.match(part)
+    if match:
+        if progress is not None:
+            progress.update(index, int(match.group(1).replace(",", "")))
+    elif part.strip():
+        names.append(part)
+
+
+def rsync_failure(target: SSHTarget, code: int, err: str) -> CopyFailed:
+    """One line naming the address the copy used; an unknown host key says how to add it."""
+    if "Host key verification failed" in err:
+        return CopyFailed(f"rsync to {target.host} failed: the SSH host key of {target.host} (the copy address: "
+                          f"the worker's fabric IP unless DSPARK_MODEL_COPY_HOSTS says otherwise) is not known; "
+                          f"check its fingerprint on the worker and add it, e.g. "
+                          f"`ssh-keyscan -p {target.port} {target.host} >> ~/.ssh/known_hosts`")
+    detail = (err.strip().splitlines() or ["no message"])[-1]
+    return CopyFailed(f"rsync to {target.host} failed (exit {code}): {detail}")
+
+
+RSYNC_OPTIONS = ("-a", "--no-owner", "--no-group", "--chmod=go-w", "--whole-file")
+
+
 def rsync_argv(target: SSHTarget, root: str, list_file: str, force: bool) -> list[str]:
     ssh = target.ssh_argv()
     if any("'" in a or '"' in a or "\n" in a for a in ssh):
         raise CopyFailed(f"{target.host}: SSH options with quotes cannot be passed to rsync -e")
-    argv = ["rsync", "-a", "--whole-file", "--protect-args", "--mkpath", f"--files-from={list_file}",
-            "--out-format=%n", "-e", shlex.join(ssh)]
+    # The copy belongs to whoever receives it (the serving user there), never to the head's owner's
+    # namesake (-a's -o/-g as root), and nobody else can write it: the start check refuses otherwise.
+    argv = ["rsync", *RSYNC_OPTIONS, "--protect-args", "--mkpath", f"--files-from={list_file}",
+            "--out-format=%n", "--info=progress2", "-e", shlex.join(ssh)]
     if force:
         argv.append("--ignore-times")
-    return argv + ["--", root.rstrip("/") + "/", f"{target.host}:{root.rstrip('/')}/"]
+    host = f"[{target.host}]" if ":" in target.host else target.host
+    return argv + ["--", root.rstrip("/") + "/", f"{host}:{root.rstrip('/')}/"]
 
 
-def rsync_to(target: SSHTarget, root: str, paths: list[str], streams: int = 4, force: bool = False) -> CopyResult:
-    """Copy `paths` (relative to `root`) to the same `root` on the target, `streams` rsyncs at once."""
+def rsync_to(target: SSHTarget, root: str, paths: list[str], streams: int = 4, force: bool = False,
+             progress: CopyProgress | None = None) -> CopyResult:
+    """Copy `paths` (relative to `root`) to the same `root` on the target, `streams` rsyncs at once;
+    `progress` gets each stream's bytes as rsync reports them."""
     t0 = time.monotonic()
     shares = _shares(Path(root), paths, streams)
     if not shares:
         return CopyResult(target.host, (), 0, 0.0, 0)
     with tempfile.TemporaryDirectory(prefix="dspark-rsync-") as tmp:
-        procs = []
+        procs, readers, names = [], [], [[] for _ in shares]
         for i, share in enumerate(shares):
             list_file = os.path.join(tmp, f"share{i}")
             Path(list_file).write_text("".join(p + "\n" for p in share))
-            procs.append(subprocess.Popen(rsync_argv(target, root, list_file, force), stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))
-        outputs = [(p, *p.communicate()) for p in procs]
-    for proc, _, err in outputs:
+            proc = subprocess.Popen(rsync_argv(target, root, list_file, force), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE)
+            procs.append(proc)
+            readers.append(threading.Thread(target=_read_stream, args=(proc, i, names[i], progress), daemon=True))
+            readers[-1].start()
+        errors = [p.stderr.read().decode(errors="replace") for p in procs]
+        for reader in readers:
+            reader.join()
+        for proc in procs:
+            proc.wait()
+    for proc, err in zip(procs, errors):
         if proc.returncode != 0:
-            detail = (err.strip().splitlines() or ["no message"])[-1]
-            raise CopyFailed(f"rsync to {target.host} failed (exit {proc.returncode}): {detail}")
-    sent = tuple(line for _, out, _ in outputs for line in out.splitlines() if line and not line.endswith("/"))
+            raise rsync_failure(target, proc.returncode, err)
+    sent = tuple(line for share in names for line in share if not line.endswith("/"))
     sent_bytes = sum(os.lstat(Path(root) / p).st_size for p in sent if (Path(root) / p).exists())
+    if progress is not None and sent_bytes:
+        progress.report(progress.line())
     return CopyResult(target.host, sent, sent_bytes, time.monotonic() - t0, len(shares))

@@ -6,11 +6,11 @@ that node); the copy itself is rsync from the head over SSH.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .copy import CopyResult, SSHTarget, effective_streams, rsync_to
+from .copy import CopyProgress, CopyResult, SSHTarget, effective_streams, rsync_to
 from .errors import InsufficientDisk, ModelIncomplete
 from .location import ModelLocation
 from .manifest import Manifest
@@ -24,7 +24,9 @@ class NodeModelOps(Protocol):
 
     def free_space(self, path: str) -> DiskSpace: ...
 
-    def verify(self, folder: str, manifest: Manifest, full: bool) -> VerifyReport: ...
+    def verify(self, folder: str, manifest: Manifest, full: bool, only: tuple[str, ...] | None = None) -> VerifyReport: ...
+
+    def fast_check(self, folder: str, stamp: str) -> VerifyReport: ...
 
 
 @dataclass(frozen=True)
@@ -85,23 +87,40 @@ def check_disk(location: ModelLocation, manifest: Manifest, nodes: Sequence[Node
 
 
 def sync_worker(location: ModelLocation, manifest: Manifest, target: SSHTarget, node: NodeModelOps,
-                streams: int = 4, margin: DiskMargin = DiskMargin()) -> WorkerSync:
-    """Free-space check, copy what is missing or differs, full verify there, re-send what the verify
-    names (once), then the manifest last: its presence with the right stamp means verified here."""
-    check_disk(location, manifest, [node], margin)
+                streams: int = 4, margin: DiskMargin = DiskMargin(),
+                progress: Callable[[str], None] | None = None, full: bool = False) -> WorkerSync:
+    """Free-space check, copy what is missing or differs, sha256 there of what the copy sent (of every
+    file when `full`, or when this node never verified this manifest), re-send what the verify names
+    (once), then the manifest last: its presence with the right stamp means verified here. A node
+    already verified that is sent nothing gets nothing, the manifest included.
+    `progress` gets a line (bytes, rate, ETA) every few seconds of the copy."""
+    checks = check_disk(location, manifest, [node], margin)
+    # This manifest was verified here before (sizes may have changed since: rsync re-sends those).
+    verified_before = not full and all(p.kind != STALE
+                                       for p in node.fast_check(location.folder, manifest.stamp).problems)
     streams = effective_streams(streams)
-    copy = rsync_to(target, location.root, location.storage_paths(manifest) + location.ref_paths(), streams)
-    report = node.verify(location.folder, manifest, True)
+    meter = CopyProgress(node.name, checks[0].payload_bytes, progress) if progress else None
+    copy = rsync_to(target, location.root, location.storage_paths(manifest) + location.ref_paths(), streams,
+                    progress=meter)
+    only = sent_files(location, manifest, copy.files_sent) if verified_before else None
+    report = node.verify(location.folder, manifest, True, only)
     repair = None
     if report.bad_paths:
         repair = rsync_to(target, location.root, location.storage_paths(manifest, report.bad_paths), streams,
                           force=True)
-        report = node.verify(location.folder, manifest, True)
+        report = node.verify(location.folder, manifest, True, report.bad_paths)
     if not report.ok:
         raise ModelIncomplete(f"{node.name}: {report.problems[0].describe()} in {location.folder} after the copy "
                               f"({len(report.problems)} file(s) bad)")
-    rsync_to(target, location.root, [location.manifest_path], 1, force=True)
+    if not (verified_before and only == () and repair is None):
+        rsync_to(target, location.root, [location.manifest_path], 1, force=True)
     return WorkerSync(node.name, copy, repair, report)
+
+
+def sent_files(location: ModelLocation, manifest: Manifest, sent: Sequence[str]) -> tuple[str, ...]:
+    """The manifest files (model-folder paths) whose file or blob is among `sent` (root-relative)."""
+    sent_set = set(sent)
+    return tuple(f.path for f in manifest.files if sent_set & set(location.storage_paths(manifest, (f.path,))))
 
 
 def require_ready(reports: Sequence[tuple[str, VerifyReport]], fix: str = "dspark model pull") -> None:

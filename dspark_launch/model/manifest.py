@@ -12,6 +12,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_launch.cluster.safe_path import write_private
+
+from .paths import require_relative
+
 MANIFEST_NAME = ".dspark-manifest.json"
 FORMAT = 1
 
@@ -21,6 +25,15 @@ class ManifestFile:
     path: str  # relative to the model folder, "/"-separated
     size: int
     sha256: str  # "" while unknown (a hub listing before the download): size-only checks
+    # The head's stat when it hashed the file (0: unknown): an unchanged file is not hashed again.
+    # Not part of the stamp (they differ between nodes).
+    mtime_ns: int = 0
+    inode: int = 0
+
+    def __post_init__(self) -> None:
+        require_relative(self.path, "manifest")  # whoever built it: a listing, a file, a verify request
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
+            raise ValueError(f"manifest: {self.path!r} has size {self.size!r}; allowed: a whole number >= 0")
 
 
 @dataclass(frozen=True)
@@ -42,7 +55,8 @@ class Manifest:
 
     def to_json(self) -> str:
         return json.dumps({"format": FORMAT, "source": self.source, "revision": self.revision, "stamp": self.stamp,
-                           "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files]},
+                           "files": [{"path": f.path, "size": f.size, "sha256": f.sha256, "mtime_ns": f.mtime_ns,
+                                      "inode": f.inode} for f in self.files]},
                           indent=1)
 
     @classmethod
@@ -51,18 +65,18 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"not a manifest of format {FORMAT}")
         manifest = cls(str(data["source"]), str(data["revision"]),
-                       tuple(ManifestFile(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in data["files"]))
+                       tuple(ManifestFile(str(f["path"]), int(f["size"]), str(f["sha256"]), int(f.get("mtime_ns", 0)),
+                                          int(f.get("inode", 0))) for f in data["files"]))
         if data.get("stamp") != manifest.stamp:
             raise ValueError("manifest stamp does not match its content")
         return manifest
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> Path:
-    """Atomically write the manifest into `folder` (the snapshot or local model folder)."""
+    """Atomically write the manifest into `folder` (the snapshot or local model folder): a new file
+    with a unique name (never a planted link) renamed over the old one."""
     path = Path(folder) / MANIFEST_NAME
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(manifest.to_json())
-    tmp.replace(path)
+    write_private(path, manifest.to_json())
     return path
 
 

@@ -29,15 +29,16 @@ class AgentModelOps:
 
     name: str
     agent: object  # cluster.client.NodeAgent
+    caches: tuple[str, ...] = ()  # checked there with the model folder (DSPARK_CONTAINER_MODEL_CACHE)
 
     def free_space(self, path: str) -> DiskSpace:
         return self.agent.model_free_space(path)
 
-    def verify(self, folder: str, manifest: Manifest, full: bool) -> VerifyReport:
-        return self.agent.model_verify(folder, manifest, full)
+    def verify(self, folder: str, manifest: Manifest, full: bool, only: tuple[str, ...] | None = None) -> VerifyReport:
+        return self.agent.model_verify(folder, manifest, full, only, self.caches)
 
     def fast_check(self, folder: str, stamp: str) -> VerifyReport:
-        return self.agent.model_fast_check(folder, stamp)
+        return self.agent.model_fast_check(folder, stamp, self.caches)
 
 
 @dataclass(frozen=True)
@@ -95,24 +96,77 @@ def wanted_model(settings, environ: Mapping[str, str] | None = None) -> WantedMo
     streams = settings.int("DSPARK_MODEL_COPY_STREAMS")
     if is_local_folder(model):
         return WantedModel(model, "", None, streams)
-    return WantedModel(model, revision, hub_source(model, revision, settings["DSPARK_MODEL_CACHE"], environ), streams)
+    source = hub_source(model, revision, settings["DSPARK_MODEL_CACHE"], environ,
+                        token_to_endpoint=settings.int("DSPARK_HUB_TOKEN_TO_ENDPOINT") == 1,
+                        proxy=settings.int("DSPARK_HUB_PROXY") == 1)
+    return WantedModel(model, revision, source, streams)
+
+
+def require_mounted(settings, spec) -> None:
+    """With a container runtime, the weights vLLM is told to read must lie inside the host folder mounted
+    into every container (DSPARK_CONTAINER_MODEL_CACHE): ConfigError (exit 2) naming both settings."""
+    if not spec.containers:
+        return
+    from dspark_launch.cluster.safe_path import within
+    from dspark_launch.errors import ConfigError
+
+    wanted = wanted_model(settings)
+    name = "DSPARK_MODEL" if wanted.local else "DSPARK_MODEL_CACHE"
+    served = os.path.abspath(os.path.expanduser(wanted.name if wanted.local else wanted.source.cache_dir))
+    mounted = os.path.abspath(spec.containers.model_cache)
+    if not within(served, mounted):
+        entry, mount = settings.entries[name], settings.entries["DSPARK_CONTAINER_MODEL_CACHE"]
+        raise ConfigError(f"{name}={served} ({entry.source}) is not inside DSPARK_CONTAINER_MODEL_CACHE={mounted} "
+                          f"({mount.source}), the host folder mounted into the containers; allowed: a path inside it")
 
 
 def node_ops(spec, reporter=None) -> list[AgentModelOps]:
-    return [AgentModelOps(node.label, node.agent(reporter)) for node in spec.nodes]
+    """Every node's checks through its agent (with a container runtime: inside the running containers)."""
+    caches = model_caches(spec)
+    return [AgentModelOps(node.label, node.agent(reporter), caches) for node in spec.nodes]
+
+
+def model_caches(spec) -> tuple[str, ...]:
+    """The container model cache, checked on every node with the model folder (folder_check)."""
+    return (spec.containers.model_cache,) if spec.containers and spec.containers.model_cache else ()
+
+
+def where_weights_live(spec, reporter=None) -> list[AgentModelOps]:
+    """The model commands' node checks, on the host folder that holds the weights, whether or not the
+    node containers are up: the nodes' own agents on hosts; with a container runtime, the head's in the
+    launcher's Python and each worker's in a `--rm` container from the checked image."""
+    if not spec.containers:
+        return node_ops(spec, reporter)
+    from dspark_launch.cluster.client import NodeAgent
+    from dspark_launch.cluster.containers import model_transports
+
+    transports = model_transports(spec)
+    caches = model_caches(spec)
+    return [AgentModelOps(node.label, NodeAgent(node.label, transports[node.name], reporter), caches)
+            for node in spec.nodes]
+
+
+def copy_target(node) -> SSHTarget:
+    """How the head's rsync reaches a worker: its copy address (the fabric IP by default), the agent's SSH settings."""
+    from dspark_launch.cluster.spec import copy_ssh
+
+    return SSHTarget.from_transport(copy_ssh(node))
 
 
 def _workers(spec, ops: list[AgentModelOps]) -> list[Worker]:
-    return [Worker(SSHTarget.from_transport(node.transport), op) for node, op in zip(spec.workers, ops[1:])]
+    return [Worker(copy_target(node), op) for node, op in zip(spec.workers, ops[1:])]
 
 
-def pull(wanted: WantedModel, spec, reporter=None, tqdm_class=None) -> Placement:
+def pull(wanted: WantedModel, spec, reporter=None, tqdm_class=None, verify: bool = False) -> Placement:
     """`dspark model pull`: every node's disk checked first, the head's pull (or the local folder's
     manifest), the copy to every worker and its verify there."""
-    ops = node_ops(spec, reporter)
+    ops = where_weights_live(spec, reporter)
+    progress = reporter.phase if reporter is not None else None
     if wanted.local:
-        return place_local(str(Path(wanted.name).expanduser()), ops[0], _workers(spec, ops), wanted.streams)
-    return pull_everywhere(wanted.source, ops[0], _workers(spec, ops), wanted.streams, tqdm_class=tqdm_class)
+        return place_local(str(Path(wanted.name).expanduser()), ops[0], _workers(spec, ops), wanted.streams,
+                           rehash=verify, progress=progress)
+    return pull_everywhere(wanted.source, ops[0], _workers(spec, ops), wanted.streams, tqdm_class=tqdm_class,
+                           progress=progress, verify=verify)
 
 
 def placed(wanted: WantedModel) -> tuple[ModelLocation, Manifest]:
@@ -135,12 +189,12 @@ def placed(wanted: WantedModel) -> tuple[ModelLocation, Manifest]:
 def check(wanted: WantedModel, spec, full: bool, reporter=None) -> list[tuple[str, VerifyReport]]:
     """Every node's files against the head's manifest: `full` sha256 (`verify`), else the fast check
     (this node's manifest stamp and the sizes: `status` and the start pre-flight)."""
-    return _check_placed(*placed(wanted), spec, full, reporter)
+    location, manifest = placed(wanted)
+    return _check_placed(location, manifest, where_weights_live(spec, reporter), full)
 
 
-def _check_placed(location: ModelLocation, manifest: Manifest, spec, full: bool,
-                  reporter=None) -> list[tuple[str, VerifyReport]]:
-    ops = node_ops(spec, reporter)
+def _check_placed(location: ModelLocation, manifest: Manifest, ops: list[AgentModelOps],
+                  full: bool) -> list[tuple[str, VerifyReport]]:
     if full:
         return check_everywhere(location, manifest, ops, True)
     with ThreadPoolExecutor(max_workers=len(ops)) as pool:
@@ -153,7 +207,7 @@ def ready_to_serve(wanted: WantedModel, spec, full: bool = False, reporter=None)
     file and `dspark model pull`; else how to serve the verified copy with the hub offline."""
     t0 = time.monotonic()
     location, manifest = placed(wanted)
-    reports = _check_placed(location, manifest, spec, full, reporter)
+    reports = _check_placed(location, manifest, node_ops(spec, reporter), full)
     require_ready(reports, PULL_FIX)
     env = [("HF_HUB_OFFLINE", "1")]
     if not wanted.local:

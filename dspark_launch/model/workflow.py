@@ -3,7 +3,7 @@ start pre-flight call. Node operations come in as NodeModelOps (the agent), work
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,10 +11,11 @@ from pathlib import Path
 from .copy import SSHTarget
 from .distribute import DiskCheck, DiskMargin, NodeModelOps, WorkerSync, check_disk, sync_worker
 from .hub import HubSource, list_model, pull
-from .local_model import prepare_local
+from .local_model import prepare_local_counted
 from .location import ModelLocation, hub_cache_location
 from .manifest import Manifest, read_manifest
 from .node_check import VerifyReport
+from .paths import path_problem
 
 
 @dataclass(frozen=True)
@@ -30,32 +31,41 @@ class Placement:
     disk: tuple[DiskCheck, ...]  # head first, then the workers
     refetched: tuple[str, ...]  # head files fetched again after failing the hub's checksum
     workers: tuple[WorkerSync, ...]
+    hashed_bytes: int = 0  # bytes the head hashed (0 on a re-pull of an unchanged model)
 
 
 def _sync_all(location: ModelLocation, manifest: Manifest, workers: Sequence[Worker], streams: int,
-              margin: DiskMargin) -> tuple[WorkerSync, ...]:
+              margin: DiskMargin, progress: Callable[[str], None] | None = None,
+              full: bool = False) -> tuple[WorkerSync, ...]:
     with ThreadPoolExecutor(max_workers=max(1, len(workers))) as pool:
-        return tuple(pool.map(lambda w: sync_worker(location, manifest, w.target, w.ops, streams, margin), workers))
+        return tuple(pool.map(lambda w: sync_worker(location, manifest, w.target, w.ops, streams, margin, progress,
+                                                    full), workers))
 
 
 def pull_everywhere(source: HubSource, head: NodeModelOps, workers: Sequence[Worker], streams: int = 4,
-                    margin: DiskMargin = DiskMargin(), tqdm_class=None) -> Placement:
+                    margin: DiskMargin = DiskMargin(), tqdm_class=None,
+                    progress: Callable[[str], None] | None = None, verify: bool = False) -> Placement:
     """List, check every node's disk (nothing written when one is short), download on the head,
-    check against the hub, copy to every worker and verify there."""
+    check against the hub, copy to every worker and verify there. `verify`: hash every file on every
+    node, unchanged or not."""
     listing = list_model(source)
     location = hub_cache_location(source.cache_dir, listing.repo_id, listing.commit)
     disk = check_disk(location, listing.expected(), [head, *(w.ops for w in workers)], margin)
-    pulled = pull(source, listing, tqdm_class)
+    pulled = pull(source, listing, tqdm_class, verify, progress)
     return Placement(location, pulled.manifest, tuple(disk), pulled.refetched,
-                     _sync_all(location, pulled.manifest, workers, streams, margin))
+                     _sync_all(location, pulled.manifest, workers, streams, margin, progress, verify),
+                     pulled.hashed_bytes)
 
 
 def place_local(folder: str, head: NodeModelOps, workers: Sequence[Worker], streams: int = 4,
-                margin: DiskMargin = DiskMargin(), rehash: bool = False) -> Placement:
-    """DSPARK_MODEL as a folder: the head's folder hashed into a manifest, copied and verified the same way."""
-    location, manifest = prepare_local(folder, rehash)
+                margin: DiskMargin = DiskMargin(), rehash: bool = False,
+                progress: Callable[[str], None] | None = None) -> Placement:
+    """DSPARK_MODEL as a folder: the head's folder hashed into a manifest, copied and verified the same way
+    (`rehash`: every file hashed on every node, unchanged or not)."""
+    location, manifest, hashed = prepare_local_counted(folder, rehash, progress)
     disk = check_disk(location, manifest, [head, *(w.ops for w in workers)], margin)
-    return Placement(location, manifest, tuple(disk), (), _sync_all(location, manifest, workers, streams, margin))
+    return Placement(location, manifest, tuple(disk), (),
+                     _sync_all(location, manifest, workers, streams, margin, progress, rehash), hashed)
 
 
 def pulled_model(source: HubSource) -> tuple[ModelLocation, Manifest] | None:
@@ -64,7 +74,7 @@ def pulled_model(source: HubSource) -> tuple[ModelLocation, Manifest] | None:
     root = Path(source.cache_dir) / ("models--" + source.repo_id.replace("/", "--"))
     ref = root / "refs" / (source.revision or "main")
     commit = ref.read_text().strip() if ref.is_file() else source.revision
-    if not commit:
+    if not commit or path_problem(commit) or "/" in commit:  # one folder name under snapshots/
         return None
     location = hub_cache_location(source.cache_dir, source.repo_id, commit)
     manifest = read_manifest(Path(location.folder))

@@ -7,12 +7,17 @@ serve parser (installed), and the 0.25.0 and 0.10.1.1 wheels (tests/data/README.
 from __future__ import annotations
 
 from dspark_launch.profiles.model import (
-    EnvVar, KvAnchor, KvRow, Preference, Profile, SettingDefault, Switch,
+    EnvVar, KvAnchor, KvRow, MeasuredMemory, Preference, Profile, SettingDefault, Switch,
 )
 
 GIB = 1 << 30
 REASONING_CONFIG = '{"reasoning_parser":"deepseek_v4","reasoning_start_str":"<think>","reasoning_end_str":"</think>"}'
 COMPILATION_CONFIG = '{"cudagraph_mode":"FULL_AND_PIECEWISE","custom_ops":["all"]}'
+
+# vLLM 0.32 DeepSeek-V4 (models/deepseek_v4/attention.py, v1/attention/backends/mla/flashmla_sparse.py): 448 fp8
+# latent + 64 bf16 rotary + 7 ue8m0 scales (one per 64) and 1 pad byte = 584 B a row; any fp8 dtype (and auto on
+# the fp8_ds_mla backends) is stored that way. vLLM issue 47648: 584, not 592.
+DEEPSEEK_V4_ROW = KvRow(nope_dim=448, rope_dim=64, scale_block=64, scale_bytes=1, scale_align=8, fp8_is_ds_mla=True)
 
 DEEPSEEK_V4_FLASH = Profile(
     name="deepseek-v4-flash-0731",
@@ -26,8 +31,9 @@ DEEPSEEK_V4_FLASH = Profile(
         SettingDefault("MAX_NUM_SEQS", "6", "six lanes share one KV pool at 1M context"),
         SettingDefault("MAX_NUM_BATCHED_TOKENS", "8192", "the recipe's step budget"),
         SettingDefault("LONG_PREFILL_TOKEN_THRESHOLD", "1024", "a long prompt takes at most 1024 tokens a step"),
-        SettingDefault("GPU_MEMORY_UTILIZATION", "0.835",
-                       "unified memory: leave the host enough (an overrun freezes it)"),
+        SettingDefault("GPU_MEMORY_UTILIZATION", "0.9",
+                       "eugr's measured 1M plan on two GB10s: 0.85 leaves 10.3-10.6 GiB for 11.04 GiB of KV and "
+                       "fails at start; vLLM's free-memory gate caps it near 0.91 (111 GiB free while weights load)"),
     ),
     switches=(
         Switch("--trust-remote-code", "the checkpoint ships its own configuration code",
@@ -116,7 +122,12 @@ DEEPSEEK_V4_FLASH = Profile(
     kv_anchor=KvAnchor("fp8_ds_mla", 1048576, int(11.04 * GIB),
                        "eugr/spark-vllm-docker, 1M recipe: needs 11.04 GiB against 10.33 GiB free at 0.85"),
     # vLLM 0.32's DeepSeek-V4 attention: 448 latent + 64 rotary per token row (584 B in fp8_ds_mla).
-    kv_row=KvRow(nope_dim=448, rope_dim=64),
+    kv_row=DEEPSEEK_V4_ROW,
+    measured_memory=MeasuredMemory(
+        weights_per_node=int(81.34 * GIB), non_kv_bytes=int(11.5 * GIB),
+        startup_free_dip=int((117 - 111.04) * GIB), node_total=int(121.69 * GIB),
+        source="eugr/spark-vllm-docker recipes/deepseek-v4-flash-0731-1m.yaml: two GB10s of 121.69 GiB, TP 2, "
+               "fp8_ds_mla; vLLM's gate read 111.04 GiB free where an idle node shows 117"),
 )
 
 NONE = Profile(

@@ -96,6 +96,22 @@ class KvAnchor:
 
 
 @dataclass(frozen=True)
+class MeasuredMemory:
+    """What one node of a recipe's cluster was measured to hold beside the KV cache, and what vLLM's
+    start-up gate read: calibrates the memory pre-flight (profiles/memory.py)."""
+
+    weights_per_node: int
+    """Weights one node loads (used when the manifest is not at hand, e.g. `plan` before `model pull`)."""
+    non_kv_bytes: int
+    """Activations, non-torch memory, CUDA graphs, draft/indexer scratch: the budget's share that is not KV."""
+    startup_free_dip: int
+    """MemAvailable of an idle node minus the free memory vLLM's start-up gate read while weights loaded."""
+    node_total: int
+    """The node's total memory in that measurement (for the record; each node's own total is used)."""
+    source: str
+
+
+@dataclass(frozen=True)
 class KvRow:
     """What one token stores per attention layer, in elements (the model's config.json gives it;
     a profile records it for when config.json is not at hand)."""
@@ -103,6 +119,10 @@ class KvRow:
     nope_dim: int  # latent (MLA) or key+value width stored without rotary embedding
     rope_dim: int  # rotary part of the row (bf16 in the `*_ds_mla` layouts)
     mla: bool = True  # one latent row per token and layer, the same on every TP rank
+    scale_block: int = 128  # fp8_ds_mla: one scale per this many latent values (V3.2 128, V4 64)
+    scale_bytes: int = 4  # fp8_ds_mla: bytes per scale (V3.2 fp32, V4 ue8m0)
+    scale_align: int = 1  # fp8_ds_mla: the scales padded to a multiple of this (V4: 7 + 1 pad = 8)
+    fp8_is_ds_mla: bool = False  # any fp8 KV dtype is stored in the fp8_ds_mla layout (vLLM 0.32, DeepSeek-V4)
 
 
 @dataclass(frozen=True)
@@ -133,3 +153,4 @@ class Profile:
     """True: the model answers chat (readiness and smoke use `/v1/chat/completions`)."""
     kv_anchor: KvAnchor | None = None
     kv_row: KvRow | None = None
+    measured_memory: MeasuredMemory | None = None

@@ -3,12 +3,10 @@
 Pure: the offer comes from the head's agent (`describe_installed_vllm`), the settings
 from config. Precedence of a value, highest first:
 1. `VLLM_EXTRA_ARGS` for a profile flag (the operator chose it: the profile's preference is not applied);
-2. a setting the operator gave (CLI, environment, or an env-file line that differs from the built-in default);
+2. a setting the operator gave: CLI, environment, or any env-file line, honoured as written
+   (the example file leaves the settings a profile gives commented out, so a copy of it gives none);
 3. the profile's value;
 4. the built-in default.
-An env-file line equal to the built-in default reads as a line copied from the example
-file, so the profile's value applies; to force the built-in value over a profile, give it
-on the CLI or in the environment, or choose `DSPARK_PROFILE=none`.
 Flags the launcher owns cannot be given in `VLLM_EXTRA_ARGS` (exit 2 naming the setting).
 A profile variable's value: `DSPARK_PROFILE_ENV` (`NAME=VALUE`, `NAME=` leaves it unset) over the profile's.
 
@@ -23,9 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from dspark_launch.config.registry import load_registry
 from dspark_launch.config.settings import Setting, Settings
-from dspark_launch.config.text_settings import TEXT_SETTINGS
 from dspark_launch.errors import ConfigError
 from dspark_launch.profiles.catalog import profile_named
 from dspark_launch.profiles.gpu import UNKNOWN, GpuTarget
@@ -85,20 +81,35 @@ class ResolvedProfile:
     drain_timeout_s: int = 0  # vllm --shutdown-timeout as passed; 0: stop aborts in-flight requests
 
 
-def builtin_default(name: str) -> str:
-    for knob in load_registry().knobs:
-        if knob.name == name:
-            return knob.default
-    return next(spec.default for spec in TEXT_SETTINGS if spec.name == name)
-
-
 def operator_gave(entry: Setting) -> bool:
-    """True when the operator set this value (see the module docstring for the env-file rule)."""
-    if entry.source == "default":
-        return False
-    if entry.source == "environment" or entry.source.startswith("CLI"):
-        return True
-    return entry.value != builtin_default(entry.name)
+    """True when the operator set this value: any source but the built-in default (an env-file line as written)."""
+    return entry.source != "default"
+
+
+@dataclass(frozen=True)
+class ProfileValue:
+    """A setting whose value the selected profile gives, because the operator gave none."""
+
+    setting: str
+    value: str
+    replaced: str  # the built-in default it replaces
+    profile: str
+    why: str
+
+
+def profile_values(settings: Settings) -> tuple[ProfileValue, ...]:
+    """The settings the selected profile replaces, by the rule `resolve` applies (for `config show`, which must
+    stay fast: nothing is asked of vLLM)."""
+    profile = profile_named(settings["DSPARK_PROFILE"])
+    run = _Resolution(profile, VllmOffer("", (), ()), settings)
+    model = run.setting("DSPARK_MODEL")
+    found = []
+    for default in profile.settings:
+        value = run.setting(default.setting, model if default.setting == "DSPARK_MODEL_REVISION" else "")
+        entry = settings.entries[default.setting]
+        if not operator_gave(entry) and value == default.value:
+            found.append(ProfileValue(default.setting, value, entry.value, profile.name, default.why))
+    return tuple(found)
 
 
 def _dest_of(token: str, offer: VllmOffer) -> OfferedFlag | None:

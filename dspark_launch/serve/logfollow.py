@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
+from dspark_launch.cluster import protocol as p
 from dspark_launch.cluster.client import NodeAgent
 
 END = 1 << 62  # an offset past any end: "from now on"
 
 
 class LogReader:
-    """Accumulates a node's log as it grows (the agent returns at most 1 MiB per call)."""
+    """Accumulates a node's log as it grows (the agent returns at most READ_CHUNK bytes per call)."""
 
     def __init__(self, agent: NodeAgent, path: str):
         self.agent, self.path = agent, path
@@ -25,9 +26,9 @@ class LogReader:
             if answer.offset < self.offset:  # rotated or truncated: start over
                 self.text, self.offset = "", 0
                 continue
-            self.offset = answer.offset
+            read, self.offset = answer.offset - self.offset, answer.offset
             added.append(answer.text)
-            if not answer.text or len(answer.text.encode()) < (1 << 20) - 4:
+            if read < p.READ_CHUNK:
                 break
         return "".join(added)
 

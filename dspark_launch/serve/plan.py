@@ -68,9 +68,9 @@ def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], r
     args = [model, "--host", settings["VLLM_HOST"], "--port", settings["VLLM_PORT"],
             "--distributed-executor-backend", "ray", "--tensor-parallel-size", str(tp), *rest]
     config_root = spec.state_dir / VLLM_CONFIG_DIR
-    env = dict(spec.node_env)
+    env = dict(spec.forwarded)  # first: the launcher's own values below always win over a forwarded name
+    env.update(spec.node_env)
     env.update(head_fabric.env if head_fabric else ())
-    env.update(spec.forwarded)
     env.update(resolved.env)
     env["VLLM_CONFIG_ROOT"] = str(config_root)
     env.update({

@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dspark_launch.cluster import ray_cluster as rc
-from dspark_launch.cluster.ray_dirs import private_root
+from dspark_launch.cluster.ray_dirs import shown_private_root
 from dspark_launch.cluster.client import Reporter
 from dspark_launch.cluster.fabric import FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
+from dspark_launch.cluster.protocol import MemoryAnswer
 from dspark_launch.cluster.spec import ClusterSpec, Node, cluster_spec, placeholder
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError, DsparkError
@@ -23,17 +24,16 @@ from dspark_launch.model.onnodes import placed_weights, wanted_model
 from dspark_launch.profiles.gpu import gpu_target
 from dspark_launch.profiles.plan import NOT_PROBED_EXAMPLE, NodePlan, Plan, env_entries, not_probed, profile_decisions
 from dspark_launch.profiles.resolve import resolve_selected
-from dspark_launch.serve.memory import estimate
+from dspark_launch.serve.memory import estimate, kv_size_fixed
 from dspark_launch.serve.plan import ServePlan, serve_plan
 
 GENERATED = "generated at start"
 
 
-def _probe(spec: ClusterSpec, node: Node) -> tuple[FabricEnv, int | None, str | None] | str:
+def _probe(spec: ClusterSpec, node: Node) -> tuple[FabricEnv, MemoryAnswer, str | None] | str:
     """The node's fabric environment, memory and GPU compute capability, or why it was not probed."""
     try:
-        return (rc.node_fabric(spec, node), node.agent().meminfo().total_bytes,
-                node.agent().node_versions().compute_capability)
+        return rc.node_fabric(spec, node), node.agent().meminfo(), node.agent().node_versions().compute_capability
     except ConfigError:
         raise
     except DsparkError as exc:
@@ -45,7 +45,7 @@ def _node_plan(spec: ClusterSpec, node: Node, fabric: FabricEnv, ray_env: dict[s
     own = dict(fabric.env)
     ray = {k: v for k, v in rc.node_env(spec, node, ray_env, fabric).items() if k not in own}
     # The folder the node's agent prepares at start (`ray_temp_dir`), shown for this user's id.
-    temp_dir = str(private_root() / rc.ray_temp_dir_name(spec, node))
+    temp_dir = f"{shown_private_root()}/{rc.ray_temp_dir_name(spec, node)}"
     commands = [tuple(rc.ray_start_argv(spec, node, temp_dir))]
     env = env_entries(fabric.env, "ray start: fabric (sysfs)") + env_entries(sorted(ray.items()), "ray start")
     if serve is not None:
@@ -70,7 +70,7 @@ def build_plan(settings: Settings, reporter: Reporter) -> Plan:
     token = spec.auth_token or GENERATED
     ray_env = {"RAY_AUTH_MODE": spec.auth_mode, **({"RAY_AUTH_TOKEN": token} if spec.auth_mode == "token" else {})}
     serve = serve_plan(settings, spec, ray_env, resolved, head[0])
-    nodes, memory = [], {}
+    nodes, memory, refusals = [], {}, []
     for node in spec.nodes:
         probe = found.get(node.name, NOT_PROBED_EXAMPLE)
         if isinstance(probe, str):
@@ -78,11 +78,17 @@ def build_plan(settings: Settings, reporter: Reporter) -> Plan:
             continue
         nodes.append(_node_plan(spec, node, probe[0], ray_env, serve if node.is_head else None))
         memory[node.name] = probe[1]
+        if not probe[0].roce and not spec.allow_tcp_fabric:
+            refusals.append(f"fabric: {node.label}: {probe[0].missing}: start refuses this (exit 2) unless "
+                            "DSPARK_ALLOW_TCP_FABRIC=1")
     found_memory = estimate(serve.profile, placed_weights(wanted_model(settings)), serve.kv_cache_dtype,
-                            serve.max_model_len, serve.tensor_parallel_size, serve.gpu_memory_utilization, memory)
+                            serve.max_model_len, serve.tensor_parallel_size, serve.gpu_memory_utilization, memory,
+                            kv_size_fixed(serve.serve_args, serve.full_env()))
     by_node = {f.node: f for f in found_memory.findings}
     nodes = [replace(n, memory=by_node.get(n.node)) for n in nodes]
-    warnings = [w for n in nodes for w in n.warnings]
-    warnings += [f"memory: {f.line}: start refuses this without --force" for f in found_memory.findings if not f.fits]
-    return Plan(resolved.profile, resolved.vllm_version, str(settings.env_file), settings.from_example,
+    warnings = [w for n in nodes for w in n.warnings] + refusals
+    warnings += [f"memory: {f.problem}: start refuses this without --force; {f.fix}"
+                 for f in found_memory.findings if not f.fits]
+    warnings += image_warnings(settings)
+    return Plan(resolved.profile, resolved.vllm_version, settings.env_file_shown, settings.from_example,
                 profile_decisions(resolved), tuple(nodes), found_memory, tuple(warnings))

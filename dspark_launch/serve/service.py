@@ -16,13 +16,13 @@ from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.cluster.parallel import Background, on_each, settle
 from dspark_launch.cluster.client import ClusterFailure, NodeAgent, Reporter
-from dspark_launch.cluster.protocol import HotfixReport, Spawn, Stop, StopAnswer
+from dspark_launch.cluster.protocol import HotfixReport, MemoryAnswer, Spawn, Stop, StopAnswer
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import Deployment, ServerRecord, load_state, save_state
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import DsparkError
 from dspark_launch.model.onnodes import ModelWeights, ServingModel
-from dspark_launch.serve import http, logscan
+from dspark_launch.serve import http, logscan, readiness
 from dspark_launch.serve.argcheck import check_serve_args
 from dspark_launch.serve.logfollow import LogReader
 from dspark_launch.serve.plan import ServePlan, api_key, serve_plan
@@ -45,6 +45,7 @@ class StartResult:
     server: ServerRecord
     cluster_started: bool
     hotfix: dict[str, HotfixReport] = field(default_factory=dict)
+    first_answer: readiness.FirstAnswer | None = None  # readiness's one-token request that answered
 
 
 def resolved_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray_env: dict[str, str]) -> ServePlan:
@@ -65,30 +66,35 @@ def resolved_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray
     return plan
 
 
-def node_memory(spec: ClusterSpec) -> dict[str, int]:
-    """Every node's memory in bytes by its label, asked at once (read-only)."""
-    return {spec.node(name).label: answer.total_bytes
+def node_memory(spec: ClusterSpec) -> dict[str, MemoryAnswer]:
+    """Every node's memory (MemTotal, MemAvailable, GPU or not) by its label, asked at once (read-only)."""
+    return {spec.node(name).label: answer
             for name, answer in on_each(spec.nodes, lambda n: n.agent().meminfo()).items()}
 
 
-def preflight_memory(spec: ClusterSpec, plan: ServePlan, weights: ModelWeights, memory: dict[str, int],
+def preflight_memory(spec: ClusterSpec, plan: ServePlan, weights: ModelWeights, memory: dict[str, MemoryAnswer],
                      reporter: Reporter, force: bool) -> None:
-    """Weights ÷ TP + KV at MAX_MODEL_LEN against every node's `memory` (node_memory), before anything starts:
-    unified memory that runs out freezes the host, so a misfit is refused unless `force`. `weights`: what the
-    weights pre-flight just verified on every node."""
-    from dspark_launch.serve.memory import estimate
+    """Weights ÷ TP + overhead + KV at MAX_MODEL_LEN against every node's `memory` (node_memory), and each node's
+    free memory against vLLM's start-up gate, before anything starts: unified memory that runs out freezes the
+    host, and a node below the gate fails vLLM's start. Refused unless `force`. `weights`: what the weights
+    pre-flight just verified on every node."""
+    from dspark_launch.serve.memory import estimate, kv_size_fixed
 
     found = estimate(plan.profile, weights, plan.kv_cache_dtype, plan.max_model_len,
-                     plan.tensor_parallel_size, plan.gpu_memory_utilization, memory)
-    misfits = [f.line for f in found.findings if not f.fits]
+                     plan.tensor_parallel_size, plan.gpu_memory_utilization, memory,
+                     kv_size_fixed(plan.serve_args, plan.full_env()))
     for finding in found.findings:
         reporter.phase(f"memory pre-flight: {finding.line}")
-    if misfits and not force:
-        raise ServeFailure(f"memory pre-flight: {misfits[0]}; unified memory that runs out freezes the host: "
-                           "lower MAX_MODEL_LEN or GPU_MEMORY_UTILIZATION, or pass --force",
-                           [f"memory pre-flight: {line}" for line in (*misfits[1:], *found.notes)])
-    for line in misfits:
-        reporter.warn(f"memory pre-flight: {line} (--force: starting anyway)")
+        if finding.free_line:
+            reporter.phase(f"memory pre-flight: {finding.free_line}")
+    bad = [f for f in found.findings if not f.fits]
+    if bad and not force:
+        raise ServeFailure(f"memory pre-flight: {bad[0].problem}; unified memory that runs out freezes the "
+                           f"host: {bad[0].fix}, or pass --force",
+                           [f"memory pre-flight: {f.problem}; {f.fix}" for f in bad[1:]]
+                           + [f"memory pre-flight: {note}" for note in found.notes])
+    for finding in bad:
+        reporter.warn(f"memory pre-flight: {finding.problem} (--force: starting anyway)")
 
 
 def check_arguments(settings: Settings, spec: ClusterSpec, plan: ServePlan, reporter: Reporter) -> None:
@@ -136,12 +142,12 @@ def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool
             reporter.phase("the Ray cluster is already up; reusing it")
         try:
             checked.result()
-            server = launch(spec, plan, state, reporter)
+            server, answer = launch(spec, plan, state, reporter)
         except BaseException:
             if cluster_started:
                 lifecycle.cluster_down_locked(spec, reporter, load_state(spec.state_dir))
             raise
-        return StartResult(plan, server, cluster_started, state.hotfix)
+        return StartResult(plan, server, cluster_started, state.hotfix, answer)
 
 
 def _alive_or_container_gone(spec: ClusterSpec, server: ServerRecord) -> bool:
@@ -159,7 +165,11 @@ def _serving(spec: ClusterSpec, server: ServerRecord, client_key: str, timeout: 
 
 def _start_in_containers(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool, verify: bool,
                          previous: Deployment | None) -> StartResult:
-    """Every node's container recreated first (the agent runs in it), then as on hosts; a failure removes them."""
+    """Every node's container made ready first (the agent runs in it: reused when unchanged), then as on hosts;
+    a failure removes them."""
+    from dspark_launch.model.onnodes import require_mounted
+
+    require_mounted(settings, spec)
     image_id = lifecycle.prepare_containers(spec, reporter, previous)
     try:
         spec, plan, weights, memory = _checked_plan(settings, spec, reporter, verify)
@@ -168,15 +178,15 @@ def _start_in_containers(settings: Settings, spec: ClusterSpec, reporter: Report
         state = lifecycle.cluster_up_locked(spec, reporter, None, image_id).state
         save_state(spec.state_dir, state)
         checked.result()
-        server = launch(spec, plan, state, reporter)
+        server, answer = launch(spec, plan, state, reporter)
     except BaseException:
-        lifecycle.cluster_down_locked(spec, reporter, None)
+        lifecycle.cluster_down_locked(spec, reporter, None, remove=True)
         raise
-    return StartResult(plan, server, True, state.hotfix)
+    return StartResult(plan, server, True, state.hotfix, answer)
 
 
 def _checked_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter,
-                  verify: bool) -> tuple[ClusterSpec, ServePlan, ModelWeights, dict[str, int]]:
+                  verify: bool) -> tuple[ClusterSpec, ServePlan, ModelWeights, dict[str, MemoryAnswer]]:
     """The weights checked on every node, then the plan resolved against the head's vLLM (under the lock:
     a first start writes the Ray token); the verified weights and every node's memory (asked meanwhile)
     for the memory pre-flight."""
@@ -265,7 +275,8 @@ def with_model(plan: ServePlan, serving: ServingModel) -> ServePlan:
     return dataclasses.replace(plan, serve_args=tuple(args), env=tuple(sorted(env.items())))
 
 
-def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment, reporter: Reporter) -> ServerRecord:
+def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment,
+           reporter: Reporter) -> tuple[ServerRecord, readiness.FirstAnswer]:
     """`vllm serve` on the head (through its agent), recorded at once, then waited for."""
     log = str(spec.state_dir / "logs" / SERVER_LOG)
     head = spec.head.agent(reporter)
@@ -282,30 +293,41 @@ def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment, reporter: Repo
         server.sessions = [answer.session]
         state.server = server
         save_state(spec.state_dir, state)
-        text = wait_until_serving(spec, plan, server, head, reporter)
+        ready = wait_until_serving(spec, plan, server, head, reporter)
     except BaseException:
         stop_server(spec, server)
         state.server = None
         save_state(spec.state_dir, state)
         raise
-    server.kv_cache_tokens = logscan.kv_cache_tokens(text)
-    server.scheduler_cap = logscan.hotfix_cap(text)
+    server.kv_cache_tokens = logscan.kv_cache_tokens(ready.log)
+    server.scheduler_cap = logscan.hotfix_cap(ready.log)
     save_state(spec.state_dir, state)
-    return server
+    return server, ready.first_answer
+
+
+@dataclass(frozen=True)
+class Ready:
+    log: str  # the server log when it was found ready
+    first_answer: readiness.FirstAnswer
 
 
 def wait_until_serving(spec: ClusterSpec, plan: ServePlan, server: ServerRecord, head: NodeAgent,
-                       reporter: Reporter) -> str:
-    """/health, then /v1/models listing the served name, then a one-token (chat) completion; returns the log."""
+                       reporter: Reporter, backoff: readiness.Backoff | None = None) -> Ready:
+    """/health, then /v1/models listing the served name, then a one-token (chat) completion, retried while it
+    gets no answer; all within START_TIMEOUT_S of launch, a server that exits meanwhile a failure at once."""
     log = LogReader(head, server.log)
     start = time.monotonic()
+
+    def exited() -> ServeFailure:
+        final = log.refresh()  # read again: the last lines were written as it died
+        return ServeFailure(f"vllm serve exited during start (phase: {logscan.phase(final)}): "
+                            f"{logscan.failure(final)}; log {server.log}", tails(spec, server, state=None))
+
     while True:
         elapsed = time.monotonic() - start
         text = log.refresh()
         if not server_alive(spec, server):
-            final = log.refresh()  # read again: the last lines were written as it died
-            raise ServeFailure(f"vllm serve exited during start (phase: {logscan.phase(final)}): "
-                               f"{logscan.failure(final)}; log {server.log}", tails(spec, server, state=None))
+            raise exited()
         if _server_healthy(plan.base_url, plan.client_key, plan.served_name, plan.health_timeout_s):
             break
         if elapsed > plan.start_timeout_s:
@@ -316,17 +338,28 @@ def wait_until_serving(spec: ClusterSpec, plan: ServePlan, server: ServerRecord,
     kind = "chat completion" if plan.chat else "completion"
     reporter.phase(f"sending a one-token {kind}")
     ask = http.chat if plan.chat else http.complete
-    reply = ask(plan.base_url, plan.client_key, plan.served_name, "Hello", 1, max(30, plan.health_timeout_s))
-    if reply.status != 200:
-        raise ServeFailure(f"the one-token {kind} failed: HTTP {reply.status} {reply.body[:200]}",
+    answer = readiness.first_answer(
+        lambda timeout: ask(plan.base_url, plan.client_key, plan.served_name, "Hello", 1, timeout),
+        lambda: server_alive(spec, server), f"the one-token {kind}", start, plan.start_timeout_s, reporter,
+        backoff or readiness.Backoff(first_timeout_s=max(30, plan.health_timeout_s)))
+    if answer.outcome == readiness.DIED:
+        raise exited()
+    if answer.outcome == readiness.REFUSED:
+        raise ServeFailure(f"the one-token {kind} failed: HTTP {answer.reply.status} {answer.reply.body[:200]}",
                            tails(spec, server, state=None))
+    if answer.outcome == readiness.NO_ANSWER:
+        last = f"HTTP {answer.reply.status}" if answer.reply.status else "no answer"
+        raise ServeFailure(f"vllm serve not ready after {plan.start_timeout_s} s: the API is up but the one-token "
+                           f"{kind} got no answer in {answer.attempts} attempt(s) (the last: {last} after "
+                           f"{answer.latency_s:.0f} s); log {server.log}", tails(spec, server, state=None))
+    reporter.phase(f"the one-token {kind} answered in {answer.latency_s:.1f} s (attempt {answer.attempts})")
     text = log.refresh()
     cap = logscan.hotfix_cap(text)
     if cap != plan.cap:
         raise ServeFailure(f"the EngineCore's scheduler reported cap {cap}, expected {plan.cap}: "
                            "the hotfix is not active in the served vLLM; refusing to serve",
                            tails(spec, server, state=None))
-    return text
+    return Ready(text, answer)
 
 
 def tails(spec: ClusterSpec, server: ServerRecord | None, state: Deployment | None, lines: int = 30) -> list[str]:
@@ -382,11 +415,11 @@ def abort_server(spec: ClusterSpec, server: ServerRecord) -> StopAnswer:
     return stop_server(spec, server, grace_s=0.0) if server.drain_s > 0 else stop_server(spec, server)
 
 
-def stop(spec: ClusterSpec, reporter: Reporter, now: bool = False) -> list[str]:
+def stop(spec: ClusterSpec, reporter: Reporter, now: bool = False, remove: bool = False) -> list[str]:
     """The server (drained unless `now`), then Ray on every node; idempotent. Returns nodes that could not
-    be stopped."""
+    be stopped. `remove`: the node containers too (else they stay, idle and warm, for the next start)."""
     with lifecycle.locked_deployment(spec.state_dir) as state:
-        return stop_locked(spec, reporter, state, now)
+        return stop_locked(spec, reporter, state, now, remove)
 
 
 def stop_run(spec: ClusterSpec, reporter: Reporter, marker: str) -> bool:
@@ -399,7 +432,8 @@ def stop_run(spec: ClusterSpec, reporter: Reporter, marker: str) -> bool:
         return True
 
 
-def stop_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None, now: bool = False) -> list[str]:
+def stop_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None, now: bool = False,
+                remove: bool = False) -> list[str]:
     if state and state.server:
         try:
             answer = abort_server(spec, state.server) if now else drain_server(spec, state.server, reporter)
@@ -410,7 +444,7 @@ def stop_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None,
             reporter.warn(f"{exc}; removing the containers ends it")
         state.server = None
         save_state(spec.state_dir, state)
-    return lifecycle.cluster_down_locked(spec, reporter, state)
+    return lifecycle.cluster_down_locked(spec, reporter, state, remove)
 
 
 @dataclass(frozen=True)
@@ -449,6 +483,7 @@ class ServiceStatus:
     nodes: tuple[lifecycle.NodeView, ...]
     server: ServerView
     fabric_warnings: tuple[str, ...] = ()  # per node at start, e.g. NCCL falls back to TCP
+    warnings: tuple[str, ...] = ()  # about the settings now, e.g. an image named by a tag
 
 
 def drift(started_with: dict[str, str], now: dict[str, str]) -> tuple[Drift, ...]:
@@ -501,4 +536,14 @@ def status(settings: Settings, spec: ClusterSpec) -> ServiceStatus:
     overall = "degraded" if server and data.state == "up" and view.state != "up" else data.state
     return ServiceStatus(overall, data.ray_address, data.config_digest, data.started_at, data.checked_at,
                          tuple(problems), data.nodes, view,
-                         tuple(w for record in (state.nodes if state else ()) for w in record.fabric_warnings))
+                         tuple(w for record in (state.nodes if state else ()) for w in record.fabric_warnings),
+                         image_warnings(settings))
+
+
+def image_warnings(settings: Settings) -> tuple[str, ...]:
+    """`plan` and `status`: the container image should be pinned by digest."""
+    from dspark_launch.config.container_args import unpinned_image_warning
+
+    entry = settings.entries["DSPARK_IMAGE"]
+    line = unpinned_image_warning(settings["DSPARK_RUNTIME"], entry.value, entry.source)
+    return (line,) if line else ()

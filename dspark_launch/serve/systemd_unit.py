@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dspark_launch.config.checks import hidden_character
+from dspark_launch.errors import ConfigError
+
 
 def _specifiers(text: str) -> str:
     return text.replace("%", "%%")
@@ -33,9 +36,22 @@ def command_line(argv: list[str]) -> str:
 STOP_WITHOUT_DRAIN_S = 120
 
 
+def _one_line(label: str, text: str) -> None:
+    """A control or invisible character (a newline above all) would end the unit's line and add one
+    of its own (`ExecStartPre=`): refused, with the text shown escaped."""
+    hidden = hidden_character(text, "")
+    if hidden:
+        raise ConfigError(f"{label} {ascii(text)} holds the control or invisible character {hidden}, which "
+                          "would add a line to the unit; allowed: a path without control characters")
+
+
 def unit_text(launcher: list[str], env_file: Path, user: str, drain_s: int = 0) -> str:
     """`drain_s`: DSPARK_DRAIN_TIMEOUT_S, which `dspark stop` (ExecStop) may spend letting requests finish."""
     env = str(env_file)
+    for index, word in enumerate(launcher):
+        _one_line("the launcher's path" if index == 0 else "the launcher's argument", word)
+    _one_line("the env file's path", env)
+    _one_line("the unit's user", user)
     start = command_line([*launcher, "start", "--foreground", "--env-file", env])
     stop = command_line([*launcher, "stop", "--env-file", env])
     return f"""[Unit]

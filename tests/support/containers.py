@@ -356,7 +356,8 @@ class ContainerTestbed:
 
     def drive(self, node, request: dict, timeout: float = 180) -> dict:
         """Run `drive(request)` inside the head node, aimed at `node`'s host."""
-        env = {"DSPARK_TEST_CONTAINER_GPU_ARGS": ""}  # the test hook: no GPU, no RDMA, no memlock here
+        # the test hook (honoured on the test platform only): no GPU, no RDMA, no memlock here
+        env = {"DSPARK_TEST_CONTAINER_GPU_ARGS": "", "DSPARK_TEST_RAY_CPU_PLATFORM": "1"}
         request = {**request, "host": self.host_desc(node)}
         proc = self.tb.exec(self.tb.head, [sys.executable, "-m", "tests.support.containers", json.dumps(request)],
                             env=env, cwd=str(self.repo), timeout=timeout)

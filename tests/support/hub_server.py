@@ -13,7 +13,8 @@ It answers what huggingface_hub 2.4 asks when downloading a model repository
 * ``GET /cdn/{sha256}``: the LFS bytes, with ``Range`` (206) so a cut download resumes.
 
 Gated mode: the API and resolve endpoints answer 401 without a token and 403 with a
-wrong one (``X-Error-Code: GatedRepo``), like the hub. Hooks: ``cut_next`` closes the
+wrong one (``X-Error-Code: GatedRepo``), like the hub. ``extra_siblings``: entries added to
+the model-info listing as given (a malicious or broken hub). Hooks: ``cut_next`` closes the
 connection after N bytes of a file's next download; ``stall_next`` sends N bytes and
 then waits (the test kills the client meanwhile). Every request is logged (method,
 file, Range) without the token.
@@ -120,6 +121,8 @@ class HubServer:
         self.repo = repo
         self.hooks = _Hooks()
         self.requests: list[Request] = []
+        self.extra_siblings: list[dict] = []  # listed by model info as given, served by nothing
+        self.authorizations: list[str] = []  # the Authorization headers received, in order
         self._lock = threading.Lock()
         # Two listeners: the hub, and a "CDN" on another origin (the client stops following
         # redirects at a foreign origin and reads the file's metadata from the 302 itself).
@@ -187,6 +190,8 @@ def _handler_for(hub: HubServer):
         # ------------------------------------------------------------ routing
 
         def _route(self, head: bool) -> None:
+            if self.headers.get("Authorization"):
+                hub.authorizations.append(self.headers["Authorization"])
             url = urlsplit(self.path)
             query = parse_qs(url.query)
             path = unquote(url.path)
@@ -242,6 +247,7 @@ def _handler_for(hub: HubServer):
                     if f.lfs:
                         entry["lfs"] = {"sha256": f.sha256, "size": len(f.data), "pointerSize": 134}
                 siblings.append(entry)
+            siblings += hub.extra_siblings
             body = {"_id": "0" * 24, "id": repo.repo_id, "modelId": repo.repo_id, "sha": repo.commit,
                     "private": False, "gated": "manual" if repo.gated_token else False, "disabled": False,
                     "downloads": 0, "likes": 0, "tags": [], "siblings": siblings,

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from tests.support.paths import REPO
 
-# Passed from the launcher to every node's Ray and to vllm serve (DSPARK_FORWARD_ENV).
-FORWARDED = ("DSPARK_TEST_RAY_CPU_PLATFORM", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH")
+# Passed from the launcher to every node's Ray and to vllm serve (DSPARK_FORWARD_ENV; VLLM_CACHE_ROOT, a cache
+# of compiled code, may not be forwarded: the nodes use their default).
+FORWARDED = ("DSPARK_TEST_RAY_CPU_PLATFORM", "VLLM_CPU_KVCACHE_SPACE", "VLLM_RPC_BASE_PATH")
 
 
 def cluster_values(tb, state_dir: Path) -> dict[str, str]:
@@ -25,6 +26,9 @@ def cluster_values(tb, state_dir: Path) -> dict[str, str]:
         "DSPARK_SSH_HOST_KEY_CHECK": "accept-new",
         "DSPARK_STATE_DIR": str(state_dir),
         "RAY_OBJECT_STORE_MB": "100",
+        # The testbed's fabric is a veth pair, no RoCE: start would refuse (exit 2) without it;
+        # test_cluster.py shows that refusal.
+        "DSPARK_ALLOW_TCP_FABRIC": "1",
     }
 
 

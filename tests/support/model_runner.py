@@ -14,6 +14,7 @@ import json
 import sys
 from dataclasses import asdict
 
+from dspark_launch.errors import DsparkError
 from dspark_launch.model.copy import SSHTarget
 from dspark_launch.model.distribute import check_disk, sync_worker
 from dspark_launch.model.errors import ModelError
@@ -36,7 +37,8 @@ def handle(req: dict) -> dict:
     location = ModelLocation(**req["location"])
     manifest = Manifest.from_json(req["manifest"])
     if req["op"] == "sync":
-        return asdict(sync_worker(location, manifest, target, worker, streams=req.get("streams", 4)))
+        return asdict(sync_worker(location, manifest, target, worker, streams=req.get("streams", 4),
+                                  full=req.get("full", False)))
     if req["op"] == "check_disk":
         return {"checks": [asdict(c) for c in check_disk(location, manifest, [head, worker])]}
     if req["op"] == "fast_check":
@@ -47,7 +49,7 @@ def handle(req: dict) -> dict:
 def main() -> int:
     try:
         answer = handle(json.load(sys.stdin))
-    except ModelError as exc:
+    except (ModelError, DsparkError) as exc:  # a node's refusal (ClusterFailure) too
         answer = {"error": type(exc).__name__, "message": str(exc)}
     print(json.dumps(answer))
     return 0
