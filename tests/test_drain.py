@@ -3,8 +3,11 @@ and the entry shim keeping vLLM's SIGTERM handler when Ray starts in the same pr
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from dspark_launch.serve.drain import DRAINED_LOG, RequestCounts, counts_from_metrics, report
 
@@ -85,3 +88,24 @@ print("ok")
 def test_the_engine_core_starts_through_the_entry_shim():
     proc = subprocess.run([sys.executable, "-c", ROUTED], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+NO_ABORT = """
+import ray._private.ray_constants as ray_constants
+from dspark_launch.serve import entry
+before = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
+entry._VLLM_RUN_ENGINE_CORE = lambda *args, **kwargs: (before, ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER, kwargs)
+print(entry.run_engine_core(dp_rank=0))
+"""
+
+
+def test_the_engine_core_runs_without_rays_failure_signal_handler():
+    """Ray's core worker reads ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER when ray.init makes it; left on,
+    Abseil's handler aborts the EngineCore 3 s after the drain's SIGTERM (entry.no_rays_failure_signal_handler)."""
+    raylet = importlib.util.find_spec("ray._raylet").origin
+    assert b"RAY_DISABLE_FAILURE_SIGNAL_HANDLER" in Path(raylet).read_bytes()  # the name the installed Ray reads
+    env = {k: v for k, v in os.environ.items() if k != "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"}
+    proc = subprocess.run([sys.executable, "-c", NO_ABORT], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Ray's default is the handler; vLLM's own run_engine_core is called with it off, and with its arguments.
+    assert proc.stdout.strip().splitlines()[-1] == "(False, True, {'dp_rank': 0})"
