@@ -49,6 +49,16 @@ def test_systemd_unit(tmp_path):
     unit = proc.stdout
     assert f'"start" "--foreground" "--env-file" "{env}"' in unit and f'"stop" "--env-file" "{env}"' in unit
     assert "SuccessExitStatus=3 143" in unit and "Restart=on-failure" in unit and "[Install]" in unit
+    assert "\nTimeoutStopSec=180\n" in unit  # 120 s of bounded stop waits + the default 60 s drain
+
+
+def test_systemd_unit_stop_timeout_covers_the_drain(tmp_path):
+    env = tmp_path / "site.env"
+    env.write_text("DSPARK_DRAIN_TIMEOUT_S=600\n")
+    unit = run_dspark(["systemd-unit", "--env-file", str(env)]).stdout
+    assert "\nTimeoutStopSec=720\n" in unit
+    env.write_text("DSPARK_DRAIN_TIMEOUT_S=0\n")
+    assert "\nTimeoutStopSec=120\n" in run_dspark(["systemd-unit", "--env-file", str(env)]).stdout
 
 
 def placed_model(folder: Path, sizes: dict[str, int], source: str = "", revision: str = "local") -> Path:

@@ -117,9 +117,21 @@ def test_none_profile_is_the_generic_serve(installed):
     resolved = resolve(NONE, installed, settings())
     flags = [a for a in resolved.serve_args if a.startswith("--")]
     assert flags == ["--served-model-name", *(f for _, f in SETTING_FLAGS), "--enable-chunked-prefill",
-                     "--enable-prefix-caching"]
+                     "--enable-prefix-caching", "--shutdown-timeout"]
+    assert resolved.serve_args[-1] == "60" and resolved.drain_timeout_s == 60
     assert resolved.serve_args[0] == "deepseek-ai/DeepSeek-V4-Flash" and resolved.env == ()
     assert resolved.decisions == () and resolved.kv_cache_dtype == "auto" and not resolved.chat
+
+
+def test_drain_passes_vllms_shutdown_timeout_only_where_offered(installed):
+    drained = resolve(NONE, installed, settings({"DSPARK_DRAIN_TIMEOUT_S": "7"}))
+    assert drained.serve_args[-2:] == ("--shutdown-timeout", "7") and drained.drain_timeout_s == 7
+    assert refusal(list(drained.serve_args)) is None
+    aborting = resolve(NONE, installed, settings({"DSPARK_DRAIN_TIMEOUT_S": "0"}))
+    assert "--shutdown-timeout" not in aborting.serve_args and aborting.drain_timeout_s == 0
+    old = resolve(NONE, recorded("0.10.1.1"), settings())
+    assert "--shutdown-timeout" not in old.serve_args and old.drain_timeout_s == 0
+    assert "DSPARK_DRAIN_TIMEOUT_S=60 not applied" in line_of(old, "shutdown-timeout")
 
 
 def test_dspark_profile_selects_and_is_checked(installed):

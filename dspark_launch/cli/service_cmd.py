@@ -36,8 +36,11 @@ ForceOption = Annotated[bool, typer.Option(
 StrictOption = Annotated[bool, typer.Option("--strict", help="Treat configuration warnings as errors.")]
 
 
-def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False) -> None:
+def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False, begin=None) -> None:
+    """`begin`: what starts the server (default `service.start`; a serve-only restart passes its own)."""
     from dspark_launch.serve import service
+
+    begin = begin or service.start
 
     reporter = ConsoleReporter()
     running = []  # the started run's server, from the moment `start` returned
@@ -57,7 +60,7 @@ def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False
 
     with interruptible(interrupted):
         try:
-            result = service.start(settings, spec, reporter, force=force, verify=verify)
+            result = begin(settings, spec, reporter, force=force, verify=verify)
         except DsparkError as error:
             _report_failure(error, spec)
             raise typer.Exit(error.exit_code) from None
@@ -137,16 +140,21 @@ def start(
     do_start(settings, spec, force, foreground, verify)
 
 
-def stop(env_file: EnvFileOption = None,
+NowOption = Annotated[bool, typer.Option(
+    "--now", help="Abort in-flight requests instead of letting them finish (DSPARK_DRAIN_TIMEOUT_S).")]
+
+
+def stop(env_file: EnvFileOption = None, now: NowOption = False,
          remove: Annotated[bool, typer.Option("--remove", help="Also remove the node containers "
                                               "(DSPARK_RUNTIME=docker|podman; else they stay for the next start).")]
          = False) -> None:
-    """Stop the server, then Ray on every node; idempotent."""
+    """Stop the server (letting in-flight requests finish, up to DSPARK_DRAIN_TIMEOUT_S), then Ray on every
+    node; idempotent."""
     from dspark_launch.serve import service
 
     _, spec = settings_and_spec(env_file)
     try:
-        unreachable = service.stop(spec, ConsoleReporter(), remove)
+        unreachable = service.stop(spec, ConsoleReporter(), now, remove)
     except DsparkError as error:
         raise fail(error) from None
     if unreachable:
@@ -159,13 +167,28 @@ def restart(
     port: PortOption = None,
     force: ForceOption = False,
     strict: StrictOption = False,
+    now: NowOption = False,
 ) -> None:
-    """Stop, then start with the env file as it is now."""
+    """Stop (drained unless --now), then start with the env file as it is now: only `vllm serve` when only
+    serve-level settings changed (Ray kept up), else everything."""
     from dspark_launch.serve import service
 
     settings, spec = settings_and_spec(env_file, host, port, strict)
+    from dspark_launch.cluster.state import load_state
+
     try:
-        service.stop(spec, ConsoleReporter())
+        state = load_state(spec.state_dir)
+        kind = service.restart_kind_of(settings, spec, state)
+    except DsparkError as error:
+        raise fail(error) from None
+    say(kind.line, file=sys.stderr)
+    if kind.serve_only:
+        marker = state.server.marker
+        do_start(settings, spec, force, False,
+                 begin=lambda *args, **kw: service.restart_serve(*args, **kw, now=now, marker=marker))
+        return
+    try:
+        service.stop(spec, ConsoleReporter(), now)
     except DsparkError as error:
         raise fail(error) from None
     do_start(settings, spec, force, False)
@@ -306,6 +329,23 @@ def plan(
     except DsparkError as error:
         raise fail(error) from None
     say(built.to_json() if as_json else render_plan(built))
+    if not as_json:
+        _print_restart_kind(settings)
+
+
+def _print_restart_kind(settings) -> None:
+    """What `dspark restart` would do now, when a server is recorded (serve-only or full, and why)."""
+    from dspark_launch.cluster.spec import cluster_spec
+    from dspark_launch.cluster.state import load_state
+    from dspark_launch.serve import service
+
+    try:
+        spec = cluster_spec(settings)
+        state = load_state(spec.state_dir)
+        if state and state.server:
+            say(service.restart_kind_of(settings, spec, state).line)
+    except DsparkError:
+        pass  # the plan above is what was asked for; status names what is wrong with the deployment
 
 
 def systemd_unit(
@@ -332,7 +372,8 @@ def systemd_unit(
         raise fail(ConfigError("no env file for the unit (no --env-file, DSPARK_ENV_FILE or ./.env.dspark); "
                                "allowed: --env-file PATH, or run `dspark config init`"))
     env = Path(chosen_file).resolve()
+    drain_s = settings_or_exit(str(env)).int("DSPARK_DRAIN_TIMEOUT_S")
     try:
-        say(unit_text(launcher, env, chosen))
+        say(unit_text(launcher, env, chosen, drain_s))
     except ConfigError as exc:
         raise fail(exc) from None

@@ -238,11 +238,10 @@ def stop(req: p.Stop, report: Report) -> p.StopAnswer:
     _mark_stopped(req.marker)  # first: a start of this run still on its way must not outlive the stop
     stopped: set[int] = set()
     left: list[int] = []
+    if req.drain_s > 0:
+        stopped |= drain(_stop_targets(req), req.processes, req.drain_s)
     for _ in range(3):
-        targets = {proc.pid: proc for proc in owned_processes(req.marker, req.sessions)}
-        for proc in req.processes:
-            if proc.pid not in targets and _alive(proc):
-                targets[proc.pid] = proc
+        targets = _stop_targets(req)
         if not targets:
             break
         stopped |= set(targets)
@@ -250,6 +249,33 @@ def stop(req: p.Stop, report: Report) -> p.StopAnswer:
         if left:
             break
     return p.StopAnswer(tuple(sorted(stopped)), tuple(left))
+
+
+def _stop_targets(req: p.Stop) -> dict[int, p.Process]:
+    targets = {proc.pid: proc for proc in owned_processes(req.marker, req.sessions)}
+    for proc in req.processes:
+        if proc.pid not in targets and _alive(proc):
+            targets[proc.pid] = proc
+    return targets
+
+
+def drain(targets: dict[int, p.Process], leaders: tuple[p.Process, ...], drain_s: float) -> set[int]:
+    """One SIGTERM to each of `leaders` (else to every target), then up to `drain_s` for all `targets` to end.
+
+    vLLM with --shutdown-timeout drains on SIGTERM: its API server keeps streaming while it signals its
+    EngineCore itself and waits for it; signalled again, the EngineCore starts its shutdown bookkeeping
+    over, so it gets no signal of ours until the drain is over (then the usual stop).
+    """
+    for proc in [proc for proc in leaders if _alive(proc)] or list(targets.values()):
+        if _alive(proc):
+            try:
+                os.kill(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + drain_s
+    while time.monotonic() < deadline and any(_alive(proc) for proc in targets.values()):
+        time.sleep(0.1)
+    return set(targets)
 
 
 # A rollback can stop a run while one of its `run`/`spawn` requests is still on its way to this node

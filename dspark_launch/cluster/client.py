@@ -152,7 +152,7 @@ class NodeAgent:
         return self.call(p.AliveQuery(tuple(processes)), step, timeout).alive
 
     def stop(self, request: p.Stop, step: str = "stop") -> p.StopAnswer:
-        return self.call(request, step, 90)
+        return self.call(request, step, 90 + request.drain_s)
 
     def tail(self, paths: list[str] | tuple[str, ...], lines: int = 40) -> tuple[str, ...]:
         return self.call(p.Tail(tuple(paths), lines), "logs").lines

@@ -25,10 +25,11 @@ from dspark_launch.model.node_check import DiskSpace, VerifyReport
 from dspark_launch.cluster.fabric import FabricEnv, FabricRequest  # stdlib-only values
 from dspark_launch.profiles.offer import VllmOffer  # stdlib-only values
 
-PROTOCOL_VERSION = 4  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
+PROTOCOL_VERSION = 5  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
 # 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
 # 3: FabricRequest.hca_list carries NCCL_IB_HCA as written (NCCL's ^ / = / dev:port forms), not split names
 # 4: model_verify hashes `only` the files a copy sent, with progress lines
+# 5: Stop.drain_s > 0 sends one SIGTERM and waits up to drain_s for the server to drain and end by itself
 # The longest line either side reads (the launcher refuses a longer agent reply line: one clear error, the
 # agent killed); a log is read in chunks whose JSON (at most 6 bytes a character, `\u001b`) stays below it.
 MAX_LINE = 1 << 20
@@ -213,6 +214,7 @@ class Stop:
     processes: tuple[Process, ...] = ()
     sessions: tuple[Session, ...] = ()
     grace_s: float = 5.0
+    drain_s: float = 0.0  # > 0: one SIGTERM, then up to drain_s for the processes to end by themselves
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ class ServerRecord:
     profile: str = ""  # DSPARK_PROFILE it was started with
     decisions: list[str] = field(default_factory=list)  # the profile's decision lines (shown by status)
     chat: bool = False  # readiness and smoke use /v1/chat/completions
+    drain_s: int = 0  # the --shutdown-timeout it was started with: `stop` lets it drain that long (0: aborts)
 
     @property
     def process(self) -> Process | None:

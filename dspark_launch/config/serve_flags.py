@@ -46,6 +46,7 @@ LAUNCHER_FLAGS: tuple[LauncherFlag, ...] = (
     LauncherFlag(("--enable-prefix-caching", "--no-enable-prefix-caching"), "ENABLE_PREFIX_CACHING"),
     LauncherFlag(("--enable-chunked-prefill", "--no-enable-chunked-prefill"), "",
                  "the scheduler hotfix needs chunked prefill on"),
+    LauncherFlag(("--shutdown-timeout",), "DSPARK_DRAIN_TIMEOUT_S"),
     LauncherFlag(("--config",), "", "a vLLM config file can set every flag of this table"),
 )
 

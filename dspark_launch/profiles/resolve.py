@@ -36,6 +36,8 @@ SETTING_FLAGS: tuple[tuple[str, str], ...] = (
     ("MAX_MODEL_LEN", "--max-model-len"),
     ("GPU_MEMORY_UTILIZATION", "--gpu-memory-utilization"),
 )
+DRAIN_FLAG = "--shutdown-timeout"
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -76,6 +78,7 @@ class ResolvedProfile:
     env: tuple[tuple[str, str], ...]  # the profile's variables for the vllm serve environment
     decisions: tuple[Decision, ...]
     chat: bool  # readiness and smoke use /v1/chat/completions
+    drain_timeout_s: int = 0  # vllm --shutdown-timeout as passed; 0: stop aborts in-flight requests
 
 
 def operator_gave(entry: Setting) -> bool:
@@ -194,6 +197,18 @@ class _Resolution:
         else:
             self.flags.append(switch.flag)
             self.decisions.append(Decision(subject, "on", switch.why))
+
+    def drain(self, seconds: int) -> int:
+        """vLLM's own drain on SIGTERM (`--shutdown-timeout`, vllm/engine/arg_utils.py; EngineCore._handle_shutdown
+        finishes in-flight requests and rejects new ones): the seconds passed, 0 when none or not offered."""
+        if seconds == 0:
+            return 0
+        if self.offer.flag(DRAIN_FLAG) is None:
+            self.omit(DRAIN_FLAG, f"the installed vLLM {self.version} has no {DRAIN_FLAG}: stop aborts in-flight "
+                                  f"requests (DSPARK_DRAIN_TIMEOUT_S={seconds} not applied)")
+            return 0
+        self.flags += [DRAIN_FLAG, str(seconds)]
+        return seconds
 
     def omit(self, flag: str, reason: str) -> None:
         self.omitted.add(flag)
@@ -433,13 +448,14 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarg
         run.capture_size(int(values["MAX_NUM_SEQS"]), profile.speculative_tokens if drafting else 0)
     for var in profile.env:
         run.variable(var, given_env)
+    drain_s = run.drain(settings.int("DSPARK_DRAIN_TIMEOUT_S"))
     args += run.flags + list(settings.words("VLLM_EXTRA_ARGS"))
     kv_value = run.chosen.get("--kv-cache-dtype", "auto")
     return ResolvedProfile(
         profile=profile.name, vllm_version=offer.version, model=model, revision=revision, served_name=served,
         max_model_len=int(values["MAX_MODEL_LEN"]), gpu_memory_utilization=float(values["GPU_MEMORY_UTILIZATION"]),
         kv_cache_dtype=kv_value, kv_cache=run.kv or KvCacheChoice(kv_value, kv_value, False), serve_args=tuple(args),
-        env=tuple(run.env), decisions=tuple(run.decisions), chat=profile.chat)
+        env=tuple(run.env), decisions=tuple(run.decisions), chat=profile.chat, drain_timeout_s=drain_s)
 
 
 def resolve_selected(offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN) -> ResolvedProfile:

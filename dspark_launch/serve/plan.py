@@ -43,6 +43,7 @@ class ServePlan:
     gpu_memory_utilization: float = 0.9
     revision: str = ""
     config_root: str = ""  # VLLM_CONFIG_ROOT: the head writes the non-carry-over list there
+    drain_timeout_s: int = 0  # the --shutdown-timeout passed (0: none, stop aborts in-flight requests)
 
     @property
     def argv(self) -> list[str]:
@@ -94,7 +95,8 @@ def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], r
                      settings.int("START_TIMEOUT_S"), settings.int("HEALTH_TIMEOUT_S"),
                      tuple(settings.public_values().items()), settings.digest(), resolved.profile,
                      resolved.decisions, resolved.chat, resolved.kv_cache.layout, resolved.kv_cache,
-                     resolved.max_model_len, resolved.gpu_memory_utilization, resolved.revision, str(config_root))
+                     resolved.max_model_len, resolved.gpu_memory_utilization, resolved.revision, str(config_root),
+                     resolved.drain_timeout_s)
 
 
 def api_key(settings: Settings) -> str:

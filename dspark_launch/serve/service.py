@@ -26,6 +26,7 @@ from dspark_launch.serve import http, logscan, readiness
 from dspark_launch.serve.argcheck import check_serve_args
 from dspark_launch.serve.logfollow import LogReader
 from dspark_launch.serve.plan import ServePlan, api_key, serve_plan
+from dspark_launch.serve.restart_kind import RestartKind
 
 SERVER_LOG = "vllm-serve.log"
 
@@ -199,6 +200,53 @@ def _checked_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter,
     return spec, plan, serving.weights, memory.result()
 
 
+# --- serve-only restarts (issue 24) --------------------------------------------------------------
+
+def restart_kind_of(settings: Settings, spec: ClusterSpec, state: Deployment | None) -> RestartKind:
+    """Serve-only when the recorded server's settings differ from `settings` only in serve-level ones,
+    this launcher version made the record, and every node's Ray is alive; else full (with why)."""
+    from dspark_launch import __version__
+    from dspark_launch.serve.restart_kind import restart_kind
+
+    if state is not None and state.launcher_version != __version__:
+        return RestartKind(False, f"the record is of dspark-launch {state.launcher_version}, this is {__version__}")
+    running = state.server.settings if state and state.server else None
+    return restart_kind(running, settings.public_values(), running is not None and _ray_up(spec, state))
+
+
+def _ray_up(spec: ClusterSpec, state: Deployment | None) -> bool:
+    """Every node's recorded Ray daemons alive, and Ray itself (the GCS) lists every node alive: after a
+    cut link the daemons can live on while Ray has declared the node dead."""
+    ray_view = Background(lambda: rc.ray_view(spec, lifecycle.RAY_VIEW_TIMEOUT_S))  # asked while the nodes are
+    healthy = all(h == "alive" for h in lifecycle.node_health(spec, state).values())
+    try:
+        seen = {node.ip for node in ray_view.result() if node.alive}
+    except ClusterFailure:
+        return False
+    return healthy and all(node.ip in seen for node in spec.nodes)
+
+
+def restart_serve(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool = False,
+                  verify: bool = False, now: bool = False, marker: str = "") -> StartResult:
+    """Only `vllm serve` restarted, Ray (and the containers) kept, after `restart_kind_of` found it enough
+    for the server with `marker`: the new plan is resolved and its arguments checked while the old server
+    still serves, then the old one drains (unless `now`) and the new one starts. A failure leaves Ray up
+    and no server (`dspark start` serves again)."""
+    with lifecycle.locked_deployment(spec.state_dir) as state:
+        if state is None or state.server is None or state.server.marker != marker:
+            raise DsparkError("the deployment changed meanwhile (another dspark command); run `dspark restart` again")
+        spec, plan, weights, memory = _checked_plan(settings, spec, reporter, verify)
+        preflight_memory(spec, plan, weights, memory, reporter, force)
+        check_arguments(settings, spec, plan, reporter)
+        answer = abort_server(spec, state.server) if now else drain_server(spec, state.server, reporter)
+        reporter.phase(f"vllm serve: stopped {len(answer.stopped)} process(es); Ray kept up on every node")
+        state.server = None
+        state.config_digest = spec.config_digest  # the settings this deployment now runs with
+        save_state(spec.state_dir, state)
+        server = launch(spec, plan, state, reporter)
+        return StartResult(plan, server, False, state.hotfix)
+
+
 # --- model weights (issue 12) ---------------------------------------------------------------------
 
 def model_preflight(settings: Settings, spec: ClusterSpec, reporter: Reporter,
@@ -237,7 +285,7 @@ def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment,
     server = ServerRecord(marker=marker, log=log, url=plan.base_url, served_name=plan.served_name, model=plan.model,
                           started_at=time.time(), settings=dict(plan.settings), digest=plan.settings_digest,
                           cap=plan.cap, profile=plan.profile, decisions=[d.line for d in plan.decisions],
-                          chat=plan.chat)
+                          chat=plan.chat, drain_s=plan.drain_timeout_s)
     try:
         # Inside the try: an interrupt while the agent spawns still stops the server (found by its marker).
         answer = head.spawn(Spawn(tuple(plan.argv), plan.full_env(), marker, log, rotate_log=True), "vllm serve")
@@ -331,17 +379,47 @@ def tails(spec: ClusterSpec, server: ServerRecord | None, state: Deployment | No
     return out
 
 
-def stop_server(spec: ClusterSpec, server: ServerRecord, grace_s: float = 15.0) -> StopAnswer:
+def stop_server(spec: ClusterSpec, server: ServerRecord, grace_s: float = 15.0, drain_s: float = 0.0) -> StopAnswer:
     process = server.process
-    return spec.head.agent().stop(Stop(server.marker, (process,) if process else (), tuple(server.sessions), grace_s),
-                                  "stop server")
+    return spec.head.agent().stop(Stop(server.marker, (process,) if process else (), tuple(server.sessions), grace_s,
+                                       drain_s), "stop server")
 
 
-def stop(spec: ClusterSpec, reporter: Reporter, remove: bool = False) -> list[str]:
-    """The server, then Ray on every node; idempotent. Returns nodes that could not be stopped.
-    `remove`: the node containers too (else they stay, idle and warm, for the next start)."""
+# After vLLM's own drain timeout: its API server's teardown (Ray executor, sockets) before the usual stop.
+DRAIN_TEARDOWN_S = 30.0
+DRAIN_PROBE_S = 2.0
+
+
+def drain_server(spec: ClusterSpec, server: ServerRecord, reporter: Reporter) -> StopAnswer:
+    """`stop_server`, letting in-flight requests finish first when the server was started with a drain
+    timeout (vLLM's --shutdown-timeout); says how many finished and how many were cut."""
+    from dspark_launch.serve.drain import drained_stop
+    from dspark_launch.serve.logfollow import END
+
+    if server.drain_s <= 0:
+        return stop_server(spec, server)
+    reporter.phase(f"vllm serve: draining in-flight requests (up to {server.drain_s} s; new ones are refused; "
+                   "`dspark stop --now` aborts them)")
+    log = LogReader(spec.head.agent(), server.log)
+    log.offset = spec.head.agent().read(server.log, END).offset
+    answer, report = drained_stop(lambda: stop_server(spec, server, drain_s=server.drain_s + DRAIN_TEARDOWN_S),
+                                  server.url, server.drain_s, DRAIN_PROBE_S, log.new_text)
+    reporter.phase(report.line)
+    return answer
+
+
+def abort_server(spec: ClusterSpec, server: ServerRecord) -> StopAnswer:
+    """`--now`: a server started with a drain timeout drains on SIGTERM whatever it is sent after it (vLLM has
+    no abort signal then), so its processes get SIGKILL right after the SIGTERM; one started without
+    aborts on SIGTERM (the plain stop)."""
+    return stop_server(spec, server, grace_s=0.0) if server.drain_s > 0 else stop_server(spec, server)
+
+
+def stop(spec: ClusterSpec, reporter: Reporter, now: bool = False, remove: bool = False) -> list[str]:
+    """The server (drained unless `now`), then Ray on every node; idempotent. Returns nodes that could not
+    be stopped. `remove`: the node containers too (else they stay, idle and warm, for the next start)."""
     with lifecycle.locked_deployment(spec.state_dir) as state:
-        return stop_locked(spec, reporter, state, remove)
+        return stop_locked(spec, reporter, state, now, remove)
 
 
 def stop_run(spec: ClusterSpec, reporter: Reporter, marker: str) -> bool:
@@ -354,10 +432,11 @@ def stop_run(spec: ClusterSpec, reporter: Reporter, marker: str) -> bool:
         return True
 
 
-def stop_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None, remove: bool = False) -> list[str]:
+def stop_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None, now: bool = False,
+                remove: bool = False) -> list[str]:
     if state and state.server:
         try:
-            answer = stop_server(spec, state.server)
+            answer = abort_server(spec, state.server) if now else drain_server(spec, state.server, reporter)
             reporter.phase(f"vllm serve: stopped {len(answer.stopped)} process(es)")
         except ClusterFailure as exc:
             if not spec.containers:

@@ -4,6 +4,7 @@ Every path is quoted for systemd (a folder with spaces, `%` or `$` stays one lit
 argument). Exit codes the unit relies on: 0 = the operator's own `stop`/`restart` took
 the run over (not restarted: `Restart=on-failure`), 3 = already running and healthy,
 143 = stopped by SIGTERM (both success); 1 = the server or a node's Ray was lost (restarted).
+TimeoutStopSec covers `dspark stop`'s drain (DSPARK_DRAIN_TIMEOUT_S) on top of its own bounded waits.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ def command_line(argv: list[str]) -> str:
     return " ".join(quote_arg(arg, expands_variables=index > 0) for index, arg in enumerate(argv))
 
 
+# `dspark stop` without a drain: the server, then Ray on every node (SIGKILL after bounded waits).
+STOP_WITHOUT_DRAIN_S = 120
+
+
 def _one_line(label: str, text: str) -> None:
     """A control or invisible character (a newline above all) would end the unit's line and add one
     of its own (`ExecStartPre=`): refused, with the text shown escaped."""
@@ -40,7 +45,8 @@ def _one_line(label: str, text: str) -> None:
                           "would add a line to the unit; allowed: a path without control characters")
 
 
-def unit_text(launcher: list[str], env_file: Path, user: str) -> str:
+def unit_text(launcher: list[str], env_file: Path, user: str, drain_s: int = 0) -> str:
+    """`drain_s`: DSPARK_DRAIN_TIMEOUT_S, which `dspark stop` (ExecStop) may spend letting requests finish."""
     env = str(env_file)
     for index, word in enumerate(launcher):
         _one_line("the launcher's path" if index == 0 else "the launcher's argument", word)
@@ -65,7 +71,7 @@ SuccessExitStatus=3 143
 Restart=on-failure
 RestartSec=30
 TimeoutStartSec=infinity
-TimeoutStopSec=120
+TimeoutStopSec={STOP_WITHOUT_DRAIN_S + drain_s}
 KillMode=mixed
 
 [Install]

@@ -1,0 +1,100 @@
+"""A drained stop of `vllm serve` (issue 24): vLLM's own `--shutdown-timeout` does the draining; this
+counts what it finished and what it cut.
+
+With `--shutdown-timeout N` (vllm/engine/arg_utils.py), SIGTERM to the API server makes it signal its
+EngineCore and wait up to N s for it (entrypoints/launchers/launcher.py); the EngineCore keeps stepping
+its running and waiting requests and answers every new one with an abort (EngineCore._handle_shutdown,
+_reject_add_in_shutdown), and logs "request processing complete" once it has no work left. The API
+server keeps serving HTTP meanwhile, so its /metrics is read until it is gone.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+from dspark_launch.serve import http
+
+T = TypeVar("T")
+DRAINED_LOG = "[shutdown] EngineCore: request processing complete"
+POLL_S = 0.25
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    """From the server's /metrics: requests in the engine, and those finished without an abort so far."""
+    in_flight: int
+    finished: int
+
+
+@dataclass(frozen=True)
+class DrainReport:
+    in_flight: int  # running + waiting when the stop began
+    finished: int
+    cut: int
+    seconds: float
+    timeout_s: int
+    answered: bool = True  # False: /metrics did not answer when the stop began (a dead or hung server)
+
+    @property
+    def line(self) -> str:
+        if not self.answered:
+            return f"vllm serve did not answer /metrics; stopped in {self.seconds:.1f} s, nothing counted"
+        return (f"vllm serve drained in {self.seconds:.1f} s (limit {self.timeout_s} s): "
+                f"{self.finished} request(s) finished, {self.cut} cut")
+
+
+_SUCCESS = re.compile(r'^vllm:request_success_total\{([^}]*)\}\s+([0-9.eE+-]+)$')
+_REASON = re.compile(r'finished_reason="([^"]*)"')
+_IN_ENGINE = re.compile(r'^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})?\s+([0-9.eE+-]+)$')
+
+
+def request_counts(base_url: str, timeout: float) -> RequestCounts | None:
+    """None when /metrics does not answer (the server is gone or never listened)."""
+    reply = http.request(f"{base_url}/metrics", timeout=timeout)
+    return counts_from_metrics(reply.body) if reply.status == 200 else None
+
+
+def counts_from_metrics(body: str) -> RequestCounts:
+    finished = in_engine = 0.0
+    for line in body.splitlines():
+        gauge = _IN_ENGINE.match(line)
+        if gauge:
+            in_engine += float(gauge.group(1))
+        match = _SUCCESS.match(line)
+        if match:
+            reason = _REASON.search(match.group(1))
+            if reason is None or reason.group(1) != "abort":
+                finished += float(match.group(2))
+    return RequestCounts(int(in_engine), int(finished))
+
+
+def drained_stop(stop: Callable[[], T], base_url: str, timeout_s: int, probe_s: float,
+                 log_since_stop: Callable[[], str]) -> tuple[T, DrainReport]:
+    """Runs `stop` (which blocks until the server's processes are gone) while /metrics is read every
+    POLL_S; `log_since_stop` gives the server log written after `stop` began."""
+    from dspark_launch.cluster.parallel import Background
+
+    before = request_counts(base_url, probe_s)
+    began = time.monotonic()
+    stopping = Background(stop)
+    last = before
+    while not stopping.done():
+        counts = request_counts(base_url, probe_s)
+        if counts is not None:
+            last = counts
+        time.sleep(POLL_S)
+    answer = stopping.result()
+    return answer, report(before, last, time.monotonic() - began, timeout_s, log_since_stop)
+
+
+def report(before: RequestCounts | None, last: RequestCounts | None, seconds: float, timeout_s: int,
+            log_since_stop: Callable[[], str]) -> DrainReport:
+    if before is None:
+        return DrainReport(0, 0, 0, seconds, timeout_s, answered=False)
+    if DRAINED_LOG in log_since_stop():  # the EngineCore ran out of work: it finished every request it had
+        return DrainReport(before.in_flight, before.in_flight, 0, seconds, timeout_s)
+    finished = min(before.in_flight, max(0, last.finished - before.finished)) if last else 0
+    return DrainReport(before.in_flight, finished, before.in_flight - finished, seconds, timeout_s)

@@ -1,0 +1,111 @@
+"""Drained stops (issue 24), the parts that need no server: what /metrics says, what the stop reports,
+and the entry shim keeping vLLM's SIGTERM handler when Ray starts in the same process."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dspark_launch.serve.drain import DRAINED_LOG, RequestCounts, counts_from_metrics, report
+
+METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+vllm:num_requests_running{engine="0",model_name="tiny"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 1.0
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="tiny"} 5.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="tiny"} 2.0
+vllm:request_success_total{engine="0",finished_reason="abort",model_name="tiny"} 9.0
+"""
+
+
+def test_metrics_count_requests_in_the_engine_and_finished_ones_without_aborts():
+    assert counts_from_metrics(METRICS) == RequestCounts(in_flight=4, finished=7)
+    assert counts_from_metrics("") == RequestCounts(0, 0)
+
+
+def test_report_counts_finished_and_cut():
+    before = RequestCounts(4, 10)
+    drained = report(before, RequestCounts(0, 12), 3.0, 60, lambda: f"x\n{DRAINED_LOG}; starting resource teardown\n")
+    assert (drained.finished, drained.cut) == (4, 0)  # the EngineCore ran out of work: all four finished
+    timed_out = report(before, RequestCounts(2, 11), 60.0, 60, lambda: "force killing remaining processes")
+    assert (timed_out.in_flight, timed_out.finished, timed_out.cut) == (4, 1, 3)
+    assert timed_out.line == "vllm serve drained in 60.0 s (limit 60 s): 1 request(s) finished, 3 cut"
+    gone = report(None, None, 0.1, 60, lambda: "")
+    assert not gone.answered and gone.line == "vllm serve did not answer /metrics; stopped in 0.1 s, nothing counted"
+
+
+KEEP = """
+import inspect, signal
+import ray._private.utils as ray_utils
+import ray._private.worker as ray_worker
+from dspark_launch.serve.entry import keep_vllms_sigterm_handler
+# ray.init installs its handler through this module attribute, before it connects:
+assert "ray._private.utils.set_sigterm_handler(sigterm_handler)" in inspect.getsource(ray_worker.init)
+{prepare}
+def vllm_handler(signum, frame):
+    pass
+def rays_handler(signum, frame):
+    pass
+signal.signal(signal.SIGTERM, vllm_handler)
+ray_utils.set_sigterm_handler(rays_handler)
+kept = signal.getsignal(signal.SIGTERM) is vllm_handler
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+ray_utils.set_sigterm_handler(rays_handler)
+print(kept, signal.getsignal(signal.SIGTERM) is rays_handler)
+"""
+
+
+def test_rays_sigterm_handler_leaves_vllms_in_place_only_through_the_entry_shim():
+    def outcome(prepare: str) -> str:
+        proc = subprocess.run([sys.executable, "-c", KEEP.format(prepare=prepare)], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout.strip().splitlines()[-1]
+
+    assert outcome("") == "False True"  # Ray's own sys.exit replaces vLLM's drain: why the shim exists
+    assert outcome("keep_vllms_sigterm_handler()") == "True True"  # with none installed, Ray's goes in
+
+
+ROUTED = """
+import pickle, sys
+from dspark_launch.serve import entry
+entry.start_engine_core_through_this_module()
+from vllm.v1.engine.core import EngineCoreProc
+import inspect, vllm.v1.engine.utils as engine_utils
+# vLLM reads the class attribute when it starts the EngineCore process:
+assert "target=EngineCoreProc.run_engine_core" in inspect.getsource(engine_utils.CoreEngineProcManager.__init__)
+target = EngineCoreProc.run_engine_core
+# A spawned child finds it by module and name (pickled by reference), and then runs vLLM's own:
+assert target is entry.run_engine_core and pickle.loads(pickle.dumps(target)) is entry.run_engine_core
+assert entry._VLLM_RUN_ENGINE_CORE.__module__ == "vllm.v1.engine.core"
+print("ok")
+"""
+
+
+def test_the_engine_core_starts_through_the_entry_shim():
+    proc = subprocess.run([sys.executable, "-c", ROUTED], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+NO_ABORT = """
+import ray._private.ray_constants as ray_constants
+from dspark_launch.serve import entry
+before = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
+entry._VLLM_RUN_ENGINE_CORE = lambda *args, **kwargs: (before, ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER, kwargs)
+print(entry.run_engine_core(dp_rank=0))
+"""
+
+
+def test_the_engine_core_runs_without_rays_failure_signal_handler():
+    """Ray's core worker reads ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER when ray.init makes it; left on,
+    Abseil's handler aborts the EngineCore 3 s after the drain's SIGTERM (entry.no_rays_failure_signal_handler)."""
+    raylet = importlib.util.find_spec("ray._raylet").origin
+    assert b"RAY_DISABLE_FAILURE_SIGNAL_HANDLER" in Path(raylet).read_bytes()  # the name the installed Ray reads
+    env = {k: v for k, v in os.environ.items() if k != "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"}
+    proc = subprocess.run([sys.executable, "-c", NO_ABORT], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Ray's default is the handler; vLLM's own run_engine_core is called with it off, and with its arguments.
+    assert proc.stdout.strip().splitlines()[-1] == "(False, True, {'dp_rank': 0})"

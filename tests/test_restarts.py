@@ -1,0 +1,119 @@
+"""Operator restarts without downtime (issue 24) on the two-namespace testbed: real SSH, Ray, vLLM (CPU).
+
+A drained `stop` lets in-flight streams finish (vLLM's --shutdown-timeout), `stop --now` cuts them; a
+serve-only `restart` keeps the Ray processes, a cluster-level change restarts them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.on_testbed import API_KEY, our_pids, run, serving_env, set_knob, state, status
+from tests.support.processes import describe
+
+pytestmark = [pytest.mark.testbed, pytest.mark.serving]
+
+CLIENT = Path(__file__).parent / "support" / "stream_client.py"
+STREAMS = 4
+MAX_TOKENS = 200
+
+
+def streams_in_flight(tb) -> subprocess.Popen:
+    """STREAMS streaming chats from inside the head node, returned once each has its first token."""
+    client = tb.popen("head", [sys.executable, str(CLIENT), "http://127.0.0.1:8000", API_KEY, "tiny", str(STREAMS),
+                               str(MAX_TOKENS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = set()
+    deadline = time.monotonic() + 120
+    while len(started) < STREAMS and time.monotonic() < deadline:
+        line = client.stdout.readline()
+        if not line:
+            break
+        if line.startswith("first "):
+            started.add(line.split()[1])
+    assert len(started) == STREAMS, f"only {sorted(started)} streaming; {client.stderr.read()[-2000:]}"
+    return client
+
+
+def outcomes(client: subprocess.Popen) -> list[dict]:
+    out, err = client.communicate(timeout=240)
+    found = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert len(found) == STREAMS, out + err
+    return found
+
+
+def test_drained_stop_finishes_streams_and_now_cuts_them(testbed_clean, tmp_path, tiny_model):
+    tb = testbed_clean
+    env = serving_env(tb, tmp_path, tiny_model)
+
+    started = run(tb, tmp_path, env, "start")
+    assert started.returncode == 0, started.stderr[-4000:]
+    client = streams_in_flight(tb)
+    stopped = run(tb, tmp_path, env, "stop")
+    assert stopped.returncode == 0, stopped.stderr[-4000:]
+    results = outcomes(client)
+    assert all(r["finish_reason"] == "length" and r["error"] is None for r in results), results
+    assert f"{STREAMS} request(s) finished, 0 cut" in stopped.stderr, stopped.stderr[-3000:]
+    log = (tmp_path / "state" / "logs" / "vllm-serve.log").read_text(errors="replace")
+    assert "--shutdown-timeout" in log or "shutdown_timeout" in log
+    assert f"draining in-flight requests count={STREAMS}" in log
+    left = our_pids(tb, "head") | our_pids(tb, "worker1")
+    assert left == set(), describe(left)
+
+    started = run(tb, tmp_path, env, "start")
+    assert started.returncode == 0, started.stderr[-4000:]
+    client = streams_in_flight(tb)
+    stopped = run(tb, tmp_path, env, "stop", "--now")
+    assert stopped.returncode == 0, stopped.stderr[-4000:]
+    results = outcomes(client)
+    assert all(r["finish_reason"] not in ("length", "stop") for r in results), results
+    assert "drained" not in stopped.stderr
+    left = our_pids(tb, "head") | our_pids(tb, "worker1")
+    assert left == set(), describe(left)
+
+
+def ray_pids(tmp_path: Path) -> dict[str, list[int]]:
+    return {node["name"]: sorted(p["pid"] for p in node["processes"]) for node in state(tmp_path)["nodes"]}
+
+
+def test_serve_only_restart_keeps_ray_and_a_cluster_change_restarts_it(testbed_clean, tmp_path, tiny_model):
+    tb = testbed_clean
+    env = serving_env(tb, tmp_path, tiny_model)
+    started = run(tb, tmp_path, env, "start")
+    assert started.returncode == 0, started.stderr[-4000:]
+    ray_before, server_before = ray_pids(tmp_path), state(tmp_path)["server"]["pid"]
+    assert all(ray_before.values()), ray_before
+
+    set_knob(env, "MAX_NUM_SEQS", "4")
+    set_knob(env, "DSPARK_MAX_INFLIGHT_PREFILLS", "2")
+    began = time.monotonic()
+    serve_only = run(tb, tmp_path, env, "restart")
+    serve_only_s = time.monotonic() - began
+    assert serve_only.returncode == 0, serve_only.stderr[-4000:]
+    assert ("restart: serve-only (Ray and the nodes kept up; only vllm serve restarts): serve-level setting(s) "
+            "changed: DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2, MAX_NUM_SEQS 6 -> 4") in serve_only.stderr
+    assert ray_pids(tmp_path) == ray_before and state(tmp_path)["server"]["pid"] != server_before
+    assert all(pid in our_pids(tb, node) for node, pids in ray_before.items() for pid in pids)
+    code, data = status(tb, tmp_path, env)
+    assert code == 0 and data["state"] == "up" and data["server"]["cap"] == 2 and data["server"]["drift"] == [], data
+    log = (tmp_path / "state" / "logs" / "vllm-serve.log").read_text(errors="replace")
+    assert "'max_num_seqs': 4" in log
+
+    set_knob(env, "RAY_OBJECT_STORE_MB", "256")
+    began = time.monotonic()
+    full = run(tb, tmp_path, env, "restart")
+    full_s = time.monotonic() - began
+    assert full.returncode == 0, full.stderr[-4000:]
+    assert "restart: full: cluster-level setting(s) changed: RAY_OBJECT_STORE_MB" in full.stderr
+    assert set(sum(ray_pids(tmp_path).values(), [])).isdisjoint(sum(ray_before.values(), []))
+    print(f"restart times: serve-only {serve_only_s:.1f} s, full {full_s:.1f} s")  # reported, never asserted
+
+    stopped = run(tb, tmp_path, env, "stop")
+    assert stopped.returncode == 0, stopped.stderr
+    left = our_pids(tb, "head") | our_pids(tb, "worker1")
+    assert left == set(), describe(left)
