@@ -22,12 +22,14 @@ pytestmark = [pytest.mark.testbed, pytest.mark.serving]
 CLIENT = Path(__file__).parent / "support" / "stream_client.py"
 STREAMS = 4
 MAX_TOKENS = 200
+# `stop --now` must land while the streams still run: on an idle machine 200 tokens can be done first.
+MAX_TOKENS_CUT = 900
 
 
-def streams_in_flight(tb) -> subprocess.Popen:
+def streams_in_flight(tb, max_tokens: int = MAX_TOKENS) -> subprocess.Popen:
     """STREAMS streaming chats from inside the head node, returned once each has its first token."""
     client = tb.popen("head", [sys.executable, str(CLIENT), "http://127.0.0.1:8000", API_KEY, "tiny", str(STREAMS),
-                               str(MAX_TOKENS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               str(max_tokens)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     started = set()
     deadline = time.monotonic() + 120
     while len(started) < STREAMS and time.monotonic() < deadline:
@@ -49,7 +51,7 @@ def outcomes(client: subprocess.Popen) -> list[dict]:
 
 def test_drained_stop_finishes_streams_and_now_cuts_them(testbed_clean, tmp_path, tiny_model):
     tb = testbed_clean
-    env = serving_env(tb, tmp_path, tiny_model)
+    env = serving_env(tb, tmp_path, tiny_model, MAX_MODEL_LEN="1024", MAX_NUM_BATCHED_TOKENS="1024")
 
     started = run(tb, tmp_path, env, "start")
     assert started.returncode == 0, started.stderr[-4000:]
@@ -67,7 +69,7 @@ def test_drained_stop_finishes_streams_and_now_cuts_them(testbed_clean, tmp_path
 
     started = run(tb, tmp_path, env, "start")
     assert started.returncode == 0, started.stderr[-4000:]
-    client = streams_in_flight(tb)
+    client = streams_in_flight(tb, MAX_TOKENS_CUT)
     stopped = run(tb, tmp_path, env, "stop", "--now")
     assert stopped.returncode == 0, stopped.stderr[-4000:]
     results = outcomes(client)
