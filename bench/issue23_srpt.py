@@ -30,18 +30,18 @@ from dspark_launch.bench import metrics, scheduler_bench, workloads  # noqa: E40
 from dspark_launch.hotfix.contract import ENV_AGING, ENV_GATE_MODE  # noqa: E402
 
 FITS = {"mixed": metrics.MIXED_FIT, "solo": metrics.SOLO_FIT}
-AGINGS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 8.0)
+AGINGS = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 8.0)
 #: stock+thr's knob on the curve: its threshold as a share of the workload's.
 THRESHOLD_SHARES = (0.25, 0.5, 1.0)
 
 
-def policies(k_values=AGINGS, curve: bool = False) -> list[dict]:
+def policies(k_values=AGINGS, curve: bool = False, only_mode3: bool = False) -> list[dict]:
     """Every (name, policy spec overrides) the run compares."""
-    out = [{"name": "stock+thr", "family": "stock+thr", "policy": "stock", "threshold_share": 1.0}]
-    if curve:
+    out = [] if only_mode3 else [{"name": "stock+thr", "family": "stock+thr", "policy": "stock", "threshold_share": 1.0}]
+    if curve and not only_mode3:
         out += [{"name": f"stock+thr@{s:g}", "family": "stock+thr", "policy": "stock", "threshold_share": s}
                 for s in THRESHOLD_SHARES if s != 1.0]
-    for mode, family in ((1, "v2"), (2, "v3")):
+    for mode, family in (() if only_mode3 else ((1, "v2"), (2, "v3"))):
         for cap in ((1, 2, 3) if curve else (1,)):
             out.append({"name": f"{family}" + (f"@cap{cap}" if cap != 1 else ""), "family": family,
                         "policy": "patched", "cap": cap, "env": [[ENV_GATE_MODE, str(mode)]]})
@@ -106,13 +106,14 @@ def main(argv=None) -> int:
     ap.add_argument("--fit", default="both", choices=("mixed", "solo", "both"))
     ap.add_argument("--workloads", default="all", choices=("all", "curve"))
     ap.add_argument("--curve", action="store_true", help="also the knob sweeps of stock+thr (threshold) and v2/v3 (cap)")
+    ap.add_argument("--only-mode3", action="store_true", help="only mode 3 (to add k values to an earlier run)")
     ap.add_argument("--aging", default=",".join(f"{k:g}" for k in AGINGS))
     ap.add_argument("--out", type=pathlib.Path, default=REPO / "bench" / "results" / "issue23-srpt.json")
     args = ap.parse_args(argv)
     scale = scheduler_bench.parse_scale(args.scale)
     model_dir = scheduler_bench.prepare()
     fits = list(FITS.values()) if args.fit == "both" else [FITS[args.fit]]
-    pols = policies(tuple(float(k) for k in args.aging.split(",")), args.curve)
+    pols = policies(tuple(float(k) for k in args.aging.split(",")), args.curve, args.only_mode3)
     rows = []
     for fit in fits:
         for load in selected_workloads(scale, args.workloads):

@@ -59,8 +59,8 @@ def test_mode_three_is_the_default_and_reads_its_aging_once(model_dir, caplog):
 
 
 AGING_TABLE = [(None, contract.DEFAULT_AGING, False), ("", contract.DEFAULT_AGING, False), ("3", 3.0, False),
-               (" 1.5 ", 1.5, False), ("+4.", 4.0, False), ("0.5", 0.5, False), ("64", 64.0, False),
-               ("0.4", contract.DEFAULT_AGING, True), ("65", contract.DEFAULT_AGING, True),
+               (" 1.5 ", 1.5, False), ("+4.", 4.0, False), ("0", 0.0, False), ("0.25", 0.25, False), ("64", 64.0, False),
+               ("64.5", contract.DEFAULT_AGING, True), ("65", contract.DEFAULT_AGING, True),
                ("-1", contract.DEFAULT_AGING, True), ("1e1", contract.DEFAULT_AGING, True),
                ("1.2.3", contract.DEFAULT_AGING, True), (".", contract.DEFAULT_AGING, True),
                ("٣", contract.DEFAULT_AGING, True)]

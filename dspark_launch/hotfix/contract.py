@@ -47,9 +47,10 @@ SHORT_ROOM_SHARE = 0.25
 MAX_SKIPS = 8
 #: Mode 3's aging knob k (DSPARK_PREFILL_AGING): a prompt that has waited
 #: more than k times its own solo prefill time (its uncached tokens in
-#: threshold-sized steps) goes first. Bounds and default equal the registry's
+#: threshold-sized steps) goes first (0: every request is aged at once,
+#: i.e. oldest first inside the bound). Bounds and default equal the registry's
 #: (dspark-numeric-knobs.sh); the default is picked in docs/hotfix-issue27.md.
-AGING_MIN = 0.5
+AGING_MIN = 0.0
 AGING_MAX = 64.0
 DEFAULT_AGING = 2.0
 
