@@ -427,9 +427,9 @@ def _dspark_i27_planned_spent(sched, num_scheduled_tokens):
 
 def _dspark_i27_admit_srpt(sched, request, computed, token_budget, partial, spent):
     """Mode 3's admission, after admission's own prefix-cache lookup: -1 holds
-    `request` back; 0 admits it as vLLM would; n > 0 admits it with exactly n
-    tokens this step (vLLM's budget still applies), which may be the whole
-    prompt beyond the threshold while it fits the step's room.
+    `request` back; 0 admits it as vLLM would; n > 0 admits it with at most n
+    tokens this step, past vLLM's threshold (its budget still applies):
+    `request.num_tokens` when the whole prompt fits the step's room.
 
     The room is the step bound less what running prompts got and what the
     plan promised other waiting requests with less work left. A prompt that
@@ -448,7 +448,10 @@ def _dspark_i27_admit_srpt(sched, request, computed, token_budget, partial, spen
     sched._dspark_reserved_total -= mine
     room = min(sched._dspark_step_bound - spent - sched._dspark_reserved_total, token_budget)
     if need <= room:
-        return max(need, 1)
+        # The whole prompt: a limit no chunk can reach, so that the first
+        # chunk is everything left to compute (on layouts with bounded prefix
+        # replay that includes the replayed window, which `need` does not).
+        return request.num_tokens
     if partial >= sched._dspark_max_inflight_prefills or room <= 0:
         return -1
     return min(room, sched._dspark_chunk)

@@ -221,7 +221,7 @@ _SITES: tuple[_Site, ...] = (
         # Mode 3 sizes the first chunk itself, possibly the whole prompt
         # beyond the threshold; vLLM's budget clamp follows.
         "                    if _dspark_limit > 0 and self._dspark_gate_mode == 3:  " + _INJECT_TAG + "\n"
-        "                        num_new_tokens = _dspark_limit\n",
+        "                        num_new_tokens = min(request.num_tokens - num_computed_tokens, _dspark_limit)\n",
     ),
     _Site(
         "admission",
