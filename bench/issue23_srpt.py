@@ -63,6 +63,8 @@ def selected_workloads(scale: Fraction, which: str) -> list[workloads.Workload]:
     shorts = [workloads.short_stream(scale), workloads.short_stream(scale, every_ms=250.0, long_k=32)]
     if which == "curve":
         return shorts
+    if which == "targets":
+        return shorts + [workloads.agent(scale)]
     return shorts + [
         workloads.short_stream(scale, every_ms=1000.0, replies=(200, 300)),
         workloads.agent(scale),
@@ -104,8 +106,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", default="1/16")
     ap.add_argument("--fit", default="both", choices=("mixed", "solo", "both"))
-    ap.add_argument("--workloads", default="all", choices=("all", "curve"))
+    ap.add_argument("--workloads", default="all", choices=("all", "curve", "targets"))
     ap.add_argument("--curve", action="store_true", help="also the knob sweeps of stock+thr (threshold) and v2/v3 (cap)")
+    ap.add_argument("--async-scheduling", action="store_true", help="drive AsyncScheduler instead of Scheduler")
+    ap.add_argument("--policies", default="", help="comma-separated policy names to keep (default: all)")
     ap.add_argument("--only-mode3", action="store_true", help="only mode 3 (to add k values to an earlier run)")
     ap.add_argument("--aging", default=",".join(f"{k:g}" for k in AGINGS))
     ap.add_argument("--out", type=pathlib.Path, default=REPO / "bench" / "results" / "issue23-srpt.json")
@@ -114,11 +118,15 @@ def main(argv=None) -> int:
     model_dir = scheduler_bench.prepare()
     fits = list(FITS.values()) if args.fit == "both" else [FITS[args.fit]]
     pols = policies(tuple(float(k) for k in args.aging.split(",")), args.curve, args.only_mode3)
+    if args.policies:
+        keep = set(args.policies.split(","))
+        pols = [pol for pol in pols if pol["name"] in keep]
     rows = []
     for fit in fits:
         for load in selected_workloads(scale, args.workloads):
             for pol in pols:
-                row = run_one(pol, load, fit, model_dir)
+                row = run_one(pol, load, fit, model_dir, args.async_scheduling)
+                row["scheduler"] = "AsyncScheduler" if args.async_scheduling else "Scheduler"
                 rows.append(row)
                 print(f"{fit.name:9s} {load.name[:36]:36s} {pol['name']:14s} itl99={row['itl_p99_ms']} "
                       f"cls={row['class_mean_ms']} unf={len(row['unfinished'])} {row['wall_s']}s", file=sys.stderr, flush=True)
