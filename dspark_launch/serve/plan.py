@@ -9,7 +9,7 @@ from pathlib import Path
 from dspark_launch.cluster.fabric import FabricEnv
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.config.settings import Settings
-from dspark_launch.hotfix.contract import ENV_CAP, ENV_DIAG, ENV_GATE_MODE
+from dspark_launch.hotfix.contract import ENV_AGING, ENV_CAP, ENV_DIAG, ENV_GATE_MODE
 from dspark_launch.profiles.resolve import Decision, KvCacheChoice, ResolvedProfile
 
 ENTRY_MODULE = "dspark_launch.serve.entry"
@@ -76,6 +76,7 @@ def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], r
     env.update({
         ENV_CAP: settings[ENV_CAP],
         ENV_GATE_MODE: settings[ENV_GATE_MODE],
+        ENV_AGING: settings[ENV_AGING],
         ENV_DIAG: settings[ENV_DIAG],
         "RAY_ADDRESS": spec.ray_address,
         "VLLM_HOST_IP": spec.head.ip,
