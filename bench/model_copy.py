@@ -21,18 +21,19 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dspark_launch.model.copy import SSHTarget, effective_streams, rsync_to  # noqa: E402
+from dspark_launch.model.copy import BULK_SSH_OPTIONS, SSHTarget, effective_streams, rsync_to  # noqa: E402
 from dspark_launch.model.manifest import Manifest, ManifestFile, write_manifest  # noqa: E402
 from dspark_launch.model.local_model import local_manifest  # noqa: E402
 from dspark_launch.model.node_check import fast_check, hash_files, sha256_file, verify_model  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "model_copy.json"
+SSH_DEFAULT_CIPHER = "chacha20-poly1305@openssh.com"  # OpenSSH's first choice when nothing is said
 
 
 def write_payload(folder: Path, files: int, size: int) -> list[str]:
@@ -67,10 +68,10 @@ def inner(request: dict) -> dict:
         subprocess.run(argv + [os.path.join(src, n) for n in names] + [f"{target.host}:{dest_root}/scp/"], check=True)
         return time.perf_counter() - t0
 
-    def rsync(streams: int) -> float:
+    def rsync(streams: int, via: SSHTarget = target) -> float:
         remote(f"find {shlex.quote(src)} -mindepth 1 -delete")  # the worker's own disk at src's path
         t0 = time.perf_counter()
-        result = rsync_to(target, src, names, streams)
+        result = rsync_to(via, src, names, streams)
         assert len(result.files_sent) == len(names), result
         return time.perf_counter() - t0
 
@@ -93,12 +94,18 @@ def inner(request: dict) -> dict:
         receiver.wait(timeout=60)
         return seconds
 
-    runs: dict[str, list[float]] = {"raw_tcp": [], "scp": [], "rsync_1": [], "rsync_2": [], "rsync_4": []}
+    # The copy as it was before AES-GCM was preferred: ssh's own first choice (the agent's options come
+    # before the copy's, and ssh keeps a keyword's first value).
+    chacha = replace(target, extra_options=target.extra_options + ("-o", f"Ciphers={SSH_DEFAULT_CIPHER}"))
+    default = effective_streams(4)
+    runs: dict[str, list[float]] = {"raw_tcp": [], "scp": [], "rsync_1": [], "rsync_2": [], "rsync_4": [],
+                                    f"rsync_{default}_chacha20": []}
     for _ in range(request["repeat"]):
         runs["raw_tcp"].append(raw_tcp())
         runs["scp"].append(scp())
         for streams in (1, 2, 4):
             runs[f"rsync_{streams}"].append(rsync(streams))
+        runs[f"rsync_{default}_chacha20"].append(rsync(default, chacha))
     remote(f"rm -rf {shlex.quote(dest_root)}/scp {shlex.quote(dest_root)}/raw.bin")
     return {"bytes": total, "runs_s": runs, "pull": pull_and_repull(request, target)}
 
@@ -118,25 +125,44 @@ conn.sendall(b"ok")
 
 def pull_and_repull(request: dict, target: SSHTarget) -> dict:
     """`dspark model pull` of the payload as a local folder model (hash on the head, copy with the default
-    streams, verify on the worker), then again with nothing changed."""
+    streams, verify on the worker), then again with nothing changed; each with the agent calls per node
+    (one SSH or local agent start each) and the rsync rounds, counted."""
+    from dspark_launch.model import distribute
     from dspark_launch.model.manifest import MANIFEST_NAME
     from dspark_launch.model.workflow import Worker, place_local
-    from tests.support.model_nodes import head_ops, worker_ops
+    from tests.support.model_nodes import agent_calls, head_ops, worker_ops
 
     src = request["src"]
     subprocess.run(target.ssh_argv() + ["--", target.host, f"find {shlex.quote(src)} -mindepth 1 -delete"],
                    check=True, capture_output=True)
     Path(src, MANIFEST_NAME).unlink(missing_ok=True)
     python = request["python"]
-    head, worker = head_ops(python), worker_ops("worker1", target, python)
+    head, worker = head_ops(python, counted=True), worker_ops("worker1", target, python, counted=True)
+    rsync_rounds: list[int] = []
+    real_rsync = distribute.rsync_to
+
+    def counted_rsync(*args, **kwargs):
+        result = real_rsync(*args, **kwargs)
+        rsync_rounds.append(result.streams)
+        return result
+
+    distribute.rsync_to = counted_rsync
     timed = {}
-    for run in ("first", "again"):
-        t0 = time.perf_counter()
-        placed = place_local(src, head, [Worker(target, worker)], 4)
-        sync = placed.workers[0]
-        timed[run] = {"seconds": round(time.perf_counter() - t0, 3), "head_hashed_bytes": placed.hashed_bytes,
-                      "files_sent": len(sync.copy.files_sent), "bytes_sent": sync.copy.bytes_sent,
-                      "worker_hashed_bytes": sync.report.bytes_checked}
+    try:
+        for run in ("first", "again"):
+            calls_before = {n: len(agent_calls(o)) for n, o in (("head", head), ("worker1", worker))}
+            rounds_before = len(rsync_rounds)
+            t0 = time.perf_counter()
+            placed = place_local(src, head, [Worker(target, worker)], 4)
+            sync = placed.workers[0]
+            timed[run] = {"seconds": round(time.perf_counter() - t0, 3), "head_hashed_bytes": placed.hashed_bytes,
+                          "files_sent": len(sync.copy.files_sent), "bytes_sent": sync.copy.bytes_sent,
+                          "worker_hashed_bytes": sync.report.bytes_checked,
+                          "agent_calls": {n: agent_calls(o)[calls_before[n]:]
+                                          for n, o in (("head", head), ("worker1", worker))},
+                          "rsync_rounds": rsync_rounds[rounds_before:]}
+    finally:
+        distribute.rsync_to = real_rsync
     timed["again_over_first"] = round(timed["again"]["seconds"] / timed["first"]["seconds"], 4)
     timed["target_ratio"] = 0.05
     return timed
@@ -245,7 +271,8 @@ def main() -> int:
     report = {
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
                    f"load {os.getloadavg()[0]:.2f}",
-        "link": "veth pair through a bridge (two network namespaces on one machine), SSH with default ciphers",
+        "link": "veth pair through a bridge (two network namespaces on one machine)",
+        "copy_ssh_options": " ".join(BULK_SSH_OPTIONS) + f" (scp too; the _chacha20 row: Ciphers={SSH_DEFAULT_CIPHER})",
         "payload": {"files": args.files, "bytes": total},
         "repeat": args.repeat,
         "median_s": {k: round(v, 3) for k, v in medians.items()},

@@ -175,6 +175,23 @@ def test_fast_check_refuses_a_missing_or_foreign_manifest(tmp_path):
     assert [p.kind for p in fast_check(str(folder), manifest.stamp).problems] == [STALE]
 
 
+def test_placement_gives_sizes_free_space_and_the_verified_stamp_in_one_answer(tmp_path):
+    """What a copy asks a node before it starts (one agent call): the stamp there is the node's own
+    manifest's, "" without one; a file of another size is named; the free space is of the root's disk."""
+    from dspark_launch.model.node_check import placement
+
+    folder = write_tiny_model(tmp_path / "m")
+    _, manifest = prepare_local(str(folder))
+    state = placement(str(folder), str(tmp_path / "not-yet"), manifest)
+    assert state.verified_stamp == manifest.stamp and state.sizes.ok and state.sizes.bytes_checked == 0
+    assert state.space.checked == str(tmp_path) and state.space.free_bytes > 0
+    with open(folder / shard(2), "r+b") as fh:
+        fh.truncate(1000)
+    (folder / MANIFEST_NAME).unlink()
+    state = placement(str(folder), str(folder), manifest)
+    assert state.verified_stamp == "" and [(p.path, p.kind) for p in state.sizes.problems] == [(shard(2), PARTIAL)]
+
+
 def test_local_folder_manifest_is_reused_until_sizes_change(tmp_path):
     folder = write_tiny_model(tmp_path / "m")
     _, first = prepare_local(str(folder))
@@ -206,7 +223,14 @@ def test_the_copy_uses_the_launchers_ssh_settings_and_balances_streams(tmp_path)
                              host_key_check="accept-new", extra_options=("-o", "UserKnownHostsFile=/kh"))
     target = SSHTarget.from_transport(transport)
     agent_argv = transport.argv()
-    assert target.ssh_argv() == agent_argv[:agent_argv.index("--")]
+    agent_options = agent_argv[:agent_argv.index("--")]
+    assert target.ssh_argv()[:len(agent_options)] == agent_options  # first: ssh keeps a keyword's first value
+    # what the real ssh makes of the copy's options: AES-GCM first, ssh's other defaults kept, no compression
+    resolved = subprocess.run(target.ssh_argv() + ["-G", "10.213.0.2"], capture_output=True, text=True, check=True)
+    config = dict(line.split(" ", 1) for line in resolved.stdout.splitlines() if " " in line)
+    assert config["ciphers"].split(",")[:2] == ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com"]
+    assert "chacha20-poly1305@openssh.com" in config["ciphers"] and config["compression"] == "no"
+    assert (config["port"], config["stricthostkeychecking"], config["forwardagent"]) == ("2222", "accept-new", "no")
     argv = rsync_argv(target, "/models/m", "/tmp/list", force=False)
     assert argv[-2:] == ["/models/m/", "10.213.0.2:/models/m/"] and "--ignore-times" not in argv
     assert "--ignore-times" in rsync_argv(target, "/models/m", "/tmp/list", force=True)

@@ -444,8 +444,11 @@ def test_the_model_commands_without_node_containers_check_the_folders_too(placed
     ops = where_weights_live(spec)
     assert [op.caches for op in ops] == [(str(cache),)] * 2
     assert all(op.verify(str(folder), manifest, True, only=("config.json",)).ok for op in ops)
+    assert all(op.placement(str(folder), str(folder), manifest).verified_stamp == manifest.stamp for op in ops)
     cache.chmod(0o777)
     for op in ops:
+        with pytest.raises(ClusterFailure, match=f"model cache {cache} has mode 0777"):
+            op.placement(str(folder), str(folder), manifest)
         with pytest.raises(ClusterFailure, match=f"model cache {cache} has mode 0777"):
             op.verify(str(folder), manifest, True, only=("config.json",))
         with pytest.raises(ClusterFailure, match=f"model cache {cache} has mode 0777"):

@@ -20,7 +20,7 @@ from dspark_launch.cluster.fabric import FabricEnv, FabricRequest
 from dspark_launch.cluster.transport import NodeUnreachable, Transport
 from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.model.manifest import Manifest
-from dspark_launch.model.node_check import DiskSpace, VerifyReport
+from dspark_launch.model.node_check import NodePlacement, VerifyReport
 from dspark_launch.profiles.offer import VllmOffer
 
 A = TypeVar("A")
@@ -182,8 +182,9 @@ class NodeAgent:
     def model_fast_check(self, folder: str, stamp: str, caches: tuple[str, ...] = ()) -> VerifyReport:
         return self.call(p.ModelFastCheck(folder, stamp, caches), "model check", 120)
 
-    def model_free_space(self, path: str) -> DiskSpace:
-        return self.call(p.ModelDiskQuery(path), "model disk")
+    def model_placement(self, folder: str, root: str, manifest: Manifest,
+                        caches: tuple[str, ...] = ()) -> NodePlacement:
+        return self.call(p.ModelPlacementQuery(folder, root, manifest, caches), "model disk", 120)
 
     # --- Ray's private temp folders (security review, issue 14)
     def ray_temp_dir(self, name: str) -> str:

@@ -21,15 +21,16 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from dspark_launch.model.manifest import Manifest  # stdlib only, as the node checks
-from dspark_launch.model.node_check import DiskSpace, VerifyReport
+from dspark_launch.model.node_check import NodePlacement, VerifyReport
 from dspark_launch.cluster.fabric import FabricEnv, FabricRequest  # stdlib-only values
 from dspark_launch.profiles.offer import VllmOffer  # stdlib-only values
 
-PROTOCOL_VERSION = 5  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
+PROTOCOL_VERSION = 6  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
 # 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
 # 3: FabricRequest.hca_list carries NCCL_IB_HCA as written (NCCL's ^ / = / dev:port forms), not split names
 # 4: model_verify hashes `only` the files a copy sent, with progress lines
 # 5: Stop.drain_s > 0 sends one SIGTERM and waits up to drain_s for the server to drain and end by itself
+# 6: model_placement (sizes, free space and the verified stamp in one call) replaces model_free_space
 # The longest line either side reads (the launcher refuses a longer agent reply line: one clear error, the
 # agent killed); a log is read in chunks whose JSON (at most 6 bytes a character, `\u001b`) stays below it.
 MAX_LINE = 1 << 20
@@ -375,8 +376,13 @@ class ModelFastCheck:
 
 
 @dataclass(frozen=True)
-class ModelDiskQuery:
-    path: str
+class ModelPlacementQuery:
+    """Before a copy, in one round trip: the folder and caches safe (model.folder_check), every file of
+    `manifest` in `folder` its size, the free space under `root`, the stamp this node last verified."""
+    folder: str
+    root: str
+    manifest: Manifest
+    caches: tuple[str, ...] = ()
 
 
 # --- Ray's private temp folders (security review, issue 14) --------------------------------------
@@ -461,7 +467,7 @@ OPERATIONS: dict[str, tuple[type, type]] = {
     # model weights (issue 12)
     "model_verify": (ModelVerify, VerifyReport),
     "model_fast_check": (ModelFastCheck, VerifyReport),
-    "model_free_space": (ModelDiskQuery, DiskSpace),
+    "model_placement": (ModelPlacementQuery, NodePlacement),
     # --- Ray's private temp folders (security review, issue 14)
     "ray_temp_dir": (RayTempDir, RayTempDirAnswer),
     # model profile and fabric (issue 11)

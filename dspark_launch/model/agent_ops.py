@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .folder_check import check_model_folder
-from .node_check import DiskSpace, HashProgress, VerifyReport, fast_check, free_space, verify_model
+from .node_check import HashProgress, NodePlacement, VerifyReport, fast_check, placement, verify_model
 
 
 def _trusted_folder(folder: str, caches: tuple[str, ...]) -> None:
@@ -40,10 +40,11 @@ def model_fast_check(req, report) -> VerifyReport:
     return fast_check(req.folder, req.stamp)
 
 
-def model_free_space(req, report) -> DiskSpace:
-    return free_space(req.path)
+def model_placement(req, report) -> NodePlacement:
+    _trusted_folder(req.folder, req.caches)
+    return placement(req.folder, req.root, req.manifest)
 
 
 MODEL_HANDLERS: dict[str, Callable] = {
-    "model_verify": model_verify, "model_fast_check": model_fast_check, "model_free_space": model_free_space,
+    "model_verify": model_verify, "model_fast_check": model_fast_check, "model_placement": model_placement,
 }

@@ -40,12 +40,21 @@ class SSHTarget:
 
     def ssh_argv(self) -> list[str]:
         """ssh and its options, without the host (rsync adds it): exactly what the launcher's agent
-        calls use, taken from SSHTransport so the two never drift apart."""
+        calls use, taken from SSHTransport so the two never drift apart, then the copy's bulk options."""
         from dspark_launch.cluster.transport import SSHTransport
 
         argv = SSHTransport(self.host, "", self.port, self.user, self.key, self.host_key_check,
                             self.connect_timeout, self.extra_options).argv()
-        return argv[:argv.index("--")]
+        return argv[:argv.index("--")] + list(BULK_SSH_OPTIONS)
+
+
+# After the agent's options (ssh takes the first value of each keyword), for the bytes of the copy:
+# AES-GCM tried first, the rest of ssh's default list kept after it (`^`: prepended, so any sshd
+# that accepts a default cipher still connects). With AES instructions (x86 AES-NI, the Arm crypto
+# extension of the GB10's cores) it runs about twice chacha20-poly1305, ssh's default first choice,
+# per core (bench/model_copy.py); weights do not compress, so compression stays off whatever
+# ~/.ssh/config says.
+BULK_SSH_OPTIONS = ("-o", "Ciphers=^aes128-gcm@openssh.com,aes256-gcm@openssh.com", "-o", "Compression=no")
 
 
 @dataclass(frozen=True)

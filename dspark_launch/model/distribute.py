@@ -14,7 +14,7 @@ from .copy import CopyProgress, CopyResult, SSHTarget, effective_streams, rsync_
 from .errors import InsufficientDisk, ModelIncomplete
 from .location import ModelLocation
 from .manifest import Manifest
-from .node_check import STALE, DiskSpace, VerifyReport
+from .node_check import STALE, DiskSpace, NodePlacement, VerifyReport
 
 
 class NodeModelOps(Protocol):
@@ -22,7 +22,7 @@ class NodeModelOps(Protocol):
 
     name: str
 
-    def free_space(self, path: str) -> DiskSpace: ...
+    def placement(self, folder: str, root: str, manifest: Manifest) -> NodePlacement: ...
 
     def verify(self, folder: str, manifest: Manifest, full: bool, only: tuple[str, ...] | None = None) -> VerifyReport: ...
 
@@ -46,6 +46,8 @@ class DiskCheck:
     space: DiskSpace
     payload_bytes: int  # bytes of the model this node still lacks
     required_bytes: int  # payload plus the margin
+    sizes: VerifyReport  # the size check the payload was counted from
+    verified_stamp: str  # the stamp of the manifest this node last verified ("" never)
 
     @property
     def ok(self) -> bool:
@@ -62,7 +64,9 @@ class WorkerSync:
     node: str
     copy: CopyResult
     repair: CopyResult | None  # files re-sent after the worker's checksum named them
-    report: VerifyReport  # the worker's full verify after the copy (clean)
+    # the worker's full verify after the copy (clean); its size check before the copy when nothing
+    # was sent to a node that had verified this manifest (nothing to hash)
+    report: VerifyReport
 
 
 def missing_bytes(manifest: Manifest, report: VerifyReport) -> int:
@@ -73,12 +77,17 @@ def missing_bytes(manifest: Manifest, report: VerifyReport) -> int:
 
 def check_disk(location: ModelLocation, manifest: Manifest, nodes: Sequence[NodeModelOps],
                margin: DiskMargin = DiskMargin()) -> list[DiskCheck]:
-    """Every node's free space against what it lacks of `manifest` (a hub listing before the pull);
-    InsufficientDisk naming each short node, before anything is written."""
+    """Every node's free space against what it lacks of `manifest` (a hub listing before the pull), all
+    nodes at once, one agent call each; InsufficientDisk naming each short node, before anything is written."""
+    from dspark_launch.cluster.parallel import on_each
+
+    found = on_each(nodes, lambda node: node.placement(location.folder, location.root, manifest))
     checks = []
     for node in nodes:
-        payload = missing_bytes(manifest, node.verify(location.folder, manifest, False))
-        checks.append(DiskCheck(node.name, node.free_space(location.root), payload, margin.required(payload)))
+        state = found[node.name]
+        payload = missing_bytes(manifest, state.sizes)
+        checks.append(DiskCheck(node.name, state.space, payload, margin.required(payload), state.sizes,
+                                state.verified_stamp))
     short = [c for c in checks if not c.ok]
     if short:
         raise InsufficientDisk("not enough disk: " + "; ".join(c.describe() for c in short)
@@ -88,21 +97,27 @@ def check_disk(location: ModelLocation, manifest: Manifest, nodes: Sequence[Node
 
 def sync_worker(location: ModelLocation, manifest: Manifest, target: SSHTarget, node: NodeModelOps,
                 streams: int = 4, margin: DiskMargin = DiskMargin(),
-                progress: Callable[[str], None] | None = None, full: bool = False) -> WorkerSync:
-    """Free-space check, copy what is missing or differs, sha256 there of what the copy sent (of every
-    file when `full`, or when this node never verified this manifest), re-send what the verify names
-    (once), then the manifest last: its presence with the right stamp means verified here. A node
-    already verified that is sent nothing gets nothing, the manifest included.
+                progress: Callable[[str], None] | None = None, full: bool = False,
+                checked: DiskCheck | None = None) -> WorkerSync:
+    """Free-space check (`checked`: the one the caller just made of this node for the same files), copy
+    what is missing or differs, sha256 there of what the copy sent (of every file when `full`, or when
+    this node never verified this manifest), re-send what the verify names (once), then the manifest
+    last: its presence with the right stamp means verified here. A node already verified whose sizes
+    were all right and that is sent nothing gets nothing more: no hashing, no manifest, no further call.
     `progress` gets a line (bytes, rate, ETA) every few seconds of the copy."""
-    checks = check_disk(location, manifest, [node], margin)
+    if checked is None:
+        checked = check_disk(location, manifest, [node], margin)[0]
     # This manifest was verified here before (sizes may have changed since: rsync re-sends those).
-    verified_before = not full and all(p.kind != STALE
-                                       for p in node.fast_check(location.folder, manifest.stamp).problems)
+    verified_before = not full and checked.verified_stamp == manifest.stamp
     streams = effective_streams(streams)
-    meter = CopyProgress(node.name, checks[0].payload_bytes, progress) if progress else None
+    meter = CopyProgress(node.name, checked.payload_bytes, progress) if progress else None
     copy = rsync_to(target, location.root, location.storage_paths(manifest) + location.ref_paths(), streams,
                     progress=meter)
     only = sent_files(location, manifest, copy.files_sent) if verified_before else None
+    if only == () and not copy.files_sent and checked.sizes.ok:
+        # rsync compared every file's size and mtime and sent nothing; the sizes matched the manifest
+        # this node verified: there is nothing to hash and nothing to write.
+        return WorkerSync(node.name, copy, None, checked.sizes)
     report = node.verify(location.folder, manifest, True, only)
     repair = None
     if report.bad_paths:

@@ -184,6 +184,23 @@ def fast_check(folder: str, expected_stamp: str) -> VerifyReport:
     return VerifyReport(str(folder), False, len(local.files), sum(f.size for f in small), problems)
 
 
+@dataclass(frozen=True)
+class NodePlacement:
+    """What a copy needs to know of one node, from one agent call: the sizes of the model's files there,
+    the free space where they go, and the stamp of the manifest this node last verified."""
+
+    sizes: VerifyReport  # size-only check of every file of the manifest asked about
+    space: DiskSpace
+    verified_stamp: str  # the stamp of the node's own manifest; "" when it has none (never verified here)
+
+
+def placement(folder: str, root: str, manifest: Manifest) -> NodePlacement:
+    """Before a copy: sizes (no reads of the weights), free space under `root`, this node's manifest stamp."""
+    local = read_manifest(Path(folder))
+    return NodePlacement(verify_model(folder, manifest, full=False), free_space(root),
+                         local.stamp if local is not None else "")
+
+
 def free_space(path: str) -> DiskSpace:
     """Free bytes (for an unprivileged writer) on the filesystem that holds or would hold `path`."""
     probe = Path(path).absolute()

@@ -17,7 +17,7 @@ from .errors import ModelIncomplete
 from .hub import HubSource, hub_source, is_local_folder
 from .location import ModelLocation, local_location
 from .manifest import Manifest, read_manifest
-from .node_check import DiskSpace, VerifyReport
+from .node_check import NodePlacement, VerifyReport
 from .workflow import Placement, Worker, check_everywhere, place_local, pull_everywhere, pulled_model
 
 PULL_FIX = "dspark model pull"
@@ -31,8 +31,8 @@ class AgentModelOps:
     agent: object  # cluster.client.NodeAgent
     caches: tuple[str, ...] = ()  # checked there with the model folder (DSPARK_CONTAINER_MODEL_CACHE)
 
-    def free_space(self, path: str) -> DiskSpace:
-        return self.agent.model_free_space(path)
+    def placement(self, folder: str, root: str, manifest: Manifest) -> NodePlacement:
+        return self.agent.model_placement(folder, root, manifest, self.caches)
 
     def verify(self, folder: str, manifest: Manifest, full: bool, only: tuple[str, ...] | None = None) -> VerifyReport:
         return self.agent.model_verify(folder, manifest, full, only, self.caches)

@@ -36,10 +36,20 @@ class Placement:
 
 def _sync_all(location: ModelLocation, manifest: Manifest, workers: Sequence[Worker], streams: int,
               margin: DiskMargin, progress: Callable[[str], None] | None = None,
-              full: bool = False) -> tuple[WorkerSync, ...]:
+              full: bool = False, checks: Sequence[DiskCheck] = (), checked_files: Manifest | None = None
+              ) -> tuple[WorkerSync, ...]:
+    """Every worker at once. `checks` (in worker order), the disk checks just made against
+    `checked_files`, are reused when that lists the same files and sizes as `manifest` (else each
+    worker is checked again)."""
+    reuse = checked_files is not None and _same_files(checked_files, manifest) and len(checks) == len(workers)
+    pairs = list(zip(workers, checks if reuse else [None] * len(workers)))
     with ThreadPoolExecutor(max_workers=max(1, len(workers))) as pool:
-        return tuple(pool.map(lambda w: sync_worker(location, manifest, w.target, w.ops, streams, margin, progress,
-                                                    full), workers))
+        return tuple(pool.map(lambda pair: sync_worker(location, manifest, pair[0].target, pair[0].ops, streams,
+                                                       margin, progress, full, pair[1]), pairs))
+
+
+def _same_files(a: Manifest, b: Manifest) -> bool:
+    return [(f.path, f.size) for f in a.files] == [(f.path, f.size) for f in b.files]
 
 
 def pull_everywhere(source: HubSource, head: NodeModelOps, workers: Sequence[Worker], streams: int = 4,
@@ -50,10 +60,12 @@ def pull_everywhere(source: HubSource, head: NodeModelOps, workers: Sequence[Wor
     node, unchanged or not."""
     listing = list_model(source)
     location = hub_cache_location(source.cache_dir, listing.repo_id, listing.commit)
-    disk = check_disk(location, listing.expected(), [head, *(w.ops for w in workers)], margin)
+    expected = listing.expected()
+    disk = check_disk(location, expected, [head, *(w.ops for w in workers)], margin)
     pulled = pull(source, listing, tqdm_class, verify, progress)
     return Placement(location, pulled.manifest, tuple(disk), pulled.refetched,
-                     _sync_all(location, pulled.manifest, workers, streams, margin, progress, verify),
+                     _sync_all(location, pulled.manifest, workers, streams, margin, progress, verify, disk[1:],
+                               expected),
                      pulled.hashed_bytes)
 
 
@@ -65,7 +77,8 @@ def place_local(folder: str, head: NodeModelOps, workers: Sequence[Worker], stre
     location, manifest, hashed = prepare_local_counted(folder, rehash, progress)
     disk = check_disk(location, manifest, [head, *(w.ops for w in workers)], margin)
     return Placement(location, manifest, tuple(disk), (),
-                     _sync_all(location, manifest, workers, streams, margin, progress, rehash), hashed)
+                     _sync_all(location, manifest, workers, streams, margin, progress, rehash, disk[1:], manifest),
+                     hashed)
 
 
 def pulled_model(source: HubSource) -> tuple[ModelLocation, Manifest] | None:

@@ -5,7 +5,9 @@ Requests: {"op": "pull_everywhere" | "place_local" | "sync" | "check_disk" | "ve
 "target": SSHTarget fields, "source": HubSource fields, "folder": a local model folder,
 "python": the worker's interpreter, "worker": node name, "location": ModelLocation fields,
 "manifest": manifest JSON, "streams": int, "full": bool}.
-Answers: the result as a dict, or {"error": class name, "message": one line}.
+Answers: the result as a dict, or {"error": class name, "message": one line}; each with "calls": the
+agent operations sent to each node ({"head": [...], "worker1": [...]}) and "rsync_runs": the streams of
+each rsync round (counted, for tests that bound the round trips of a re-pull).
 """
 
 from __future__ import annotations
@@ -16,19 +18,29 @@ from dataclasses import asdict
 
 from dspark_launch.errors import DsparkError
 from dspark_launch.model.copy import SSHTarget
+from dspark_launch.model import distribute
 from dspark_launch.model.distribute import check_disk, sync_worker
 from dspark_launch.model.errors import ModelError
 from dspark_launch.model.hub import HubSource
 from dspark_launch.model.location import ModelLocation
 from dspark_launch.model.manifest import Manifest
 from dspark_launch.model.workflow import Worker, place_local, pull_everywhere
-from tests.support.model_nodes import head_ops, worker_ops
+from tests.support.model_nodes import agent_calls, head_ops, worker_ops
+
+RSYNC_RUNS: list[int] = []  # streams of each rsync_to call, in order
 
 
-def handle(req: dict) -> dict:
+def _counted_rsync(*args, **kwargs):
+    result = _rsync_to(*args, **kwargs)
+    RSYNC_RUNS.append(result.streams)
+    return result
+
+
+_rsync_to, distribute.rsync_to = distribute.rsync_to, _counted_rsync
+
+
+def handle(req: dict, head, worker) -> dict:
     target = SSHTarget(**{**req["target"], "extra_options": tuple(req["target"]["extra_options"])})
-    worker = worker_ops(req["worker"], target, req["python"])
-    head = head_ops(req["python"])
     if req["op"] == "pull_everywhere":
         source = HubSource(**req["source"])
         return asdict(pull_everywhere(source, head, [Worker(target, worker)], req.get("streams", 4)))
@@ -47,10 +59,16 @@ def handle(req: dict) -> dict:
 
 
 def main() -> int:
+    req = json.load(sys.stdin)
+    target = SSHTarget(**{**req["target"], "extra_options": tuple(req["target"]["extra_options"])})
+    head = head_ops(req["python"], counted=True)
+    worker = worker_ops(req["worker"], target, req["python"], counted=True)
     try:
-        answer = handle(json.load(sys.stdin))
+        answer = handle(req, head, worker)
     except (ModelError, DsparkError) as exc:  # a node's refusal (ClusterFailure) too
         answer = {"error": type(exc).__name__, "message": str(exc)}
+    answer["calls"] = {"head": agent_calls(head), req["worker"]: agent_calls(worker)}
+    answer["rsync_runs"] = RSYNC_RUNS
     print(json.dumps(answer))
     return 0
 
