@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 
-from dspark_launch.bench import harness as h
-from dspark_launch.bench import metrics, overhead, policies, report, workloads
+from tests.support import scheduler_harness as h
+from bench.scheduler import metrics, overhead, policies, report, workloads
 
 SCHEMA_VERSION = 1
 # Max position embeddings of the benchmark's tiny model config: long enough

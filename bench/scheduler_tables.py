@@ -24,8 +24,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from dspark_launch.bench import report  # noqa: E402
-from dspark_launch.bench.report import CAP1  # noqa: E402
+from bench.scheduler import report  # noqa: E402
+from bench.scheduler.report import CAP1  # noqa: E402
 
 
 def m0_vs_m1(result: dict) -> str:

@@ -8,7 +8,7 @@ import math
 import pathlib
 from collections.abc import Iterable, Sequence
 
-from dspark_launch.bench.policies import hotfix_name
+from bench.scheduler.policies import hotfix_name
 
 #: The result's JSON schema, shipped inside the package (docs link to it).
 SCHEMA_RESOURCE = "bench-schema.json"
@@ -17,7 +17,7 @@ CAP1 = hotfix_name(1, 0)
 
 
 def schema_text() -> str:
-    return importlib.resources.files("dspark_launch.bench").joinpath(SCHEMA_RESOURCE).read_text(encoding="utf-8")
+    return importlib.resources.files("bench.scheduler").joinpath(SCHEMA_RESOURCE).read_text(encoding="utf-8")
 
 
 def _runs(result: dict, scheduler: str = "Scheduler") -> dict[tuple[str, str], dict]:
