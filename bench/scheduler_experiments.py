@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
 """Prototype admission gates (issue 6) and the full scheduler experiment grid.
 
-Not part of the package: `dspark bench scheduler` measures what an operator
-runs (stock, the community baseline, the shipped hotfix at their settings).
-This script runs the grid behind docs/benchmarks.md: caps 1..3 in every gate
+`python -m bench.scheduler` measures what an operator runs (stock, the
+community baseline, the shipped hotfix at their settings). This script runs
+the grid behind the research log bench/results/scheduler.md: caps 1..3 in every gate
 mode, the community gate at 1..3, and the prototypes below, which are written
 on top of the hotfix by replacing its gate text in a patched copy (bench
 only; the one that won was shipped as a gate mode).
 
     python bench/scheduler_experiments.py [--scale 1] [--grid full] [--out bench/results/scheduler.json]
-    python bench/scheduler_docs.py bench/results/scheduler.json   # then refill the docs' tables
+    python bench/scheduler_tables.py bench/results/scheduler.json   # then refill the log's tables
 
 The raw JSON is not kept in git (about 34k lines); the tables in
-docs/benchmarks.md are what is kept.
+bench/results/scheduler.md are what is kept.
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def scheduler(
 
 
 def report_markdown(result: dict) -> str:
-    """The Markdown tables docs/benchmarks.md is made of."""
+    """The Markdown tables of the research log (bench/results/scheduler.md)."""
     from bench.scheduler import report
 
     parts = [

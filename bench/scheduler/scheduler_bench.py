@@ -1,4 +1,4 @@
-"""`dspark bench scheduler`: every admission policy on identical workloads,
+"""`python -m bench.scheduler`: every admission policy on identical workloads,
 driven through the real vLLM scheduler (no GPU, no model).
 
 Imports vLLM lazily (the first scheduler build costs a few seconds).
@@ -184,7 +184,7 @@ def run(
         "schedulers": list(schedulers),
         "versions": versions(),
         "step_time_model": {
-            "label": "MODEL fitted to published GB10 numbers (docs/benchmarks.md), not a measurement",
+            "label": "MODEL fitted to published GB10 numbers (bench/results/scheduler.md), not a measurement",
             "primary": metrics.MIXED_FIT.describe(),
             "sensitivity": metrics.SOLO_FIT.describe(),
         },
