@@ -12,16 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.on_testbed import SCHEDULER_REL, VENV_BIN, dspark, interrupt_after, our_pids, write_env
+from tests.support.on_testbed import SCHEDULER_REL, VENV_BIN, dspark, interrupt_after, our_pids, scheduler_sha, write_env
 from tests.support.processes import describe
 
 pytestmark = pytest.mark.testbed
-
-def scheduler_sha(tb, node: str) -> str:
-    venv = Path(sys.executable).parent.parent
-    out = tb.exec(node, ["sha256sum", str(venv / SCHEDULER_REL)], check=True)
-    return out.stdout.split()[0]
-
 
 def status_json(tb, env_file: Path) -> tuple[int, dict]:
     proc = dspark(tb, env_file, "status", "--json")

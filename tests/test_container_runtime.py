@@ -193,7 +193,7 @@ def tiny_model(tmp_path_factory) -> Path:
 
 def _container_env(ctb, tmp_path: Path, model: Path, image: str, **extra: str) -> Path:
     from tests.support.launcher_env import scratch, serving_values
-    from tests.test_cluster import write_env
+    from tests.support.on_testbed import write_env
 
     values = {**serving_values(model), "START_TIMEOUT_S": "400", "VLLM_API_KEY": "sk-dspark-ctest-5e1d",
               "DSPARK_RUNTIME": "podman", "DSPARK_IMAGE": image,
@@ -205,7 +205,7 @@ def _container_env(ctb, tmp_path: Path, model: Path, image: str, **extra: str) -
 
 def _dspark(ctb, tmp_path: Path, env_file: Path, *args: str, timeout: float = 600):
     from tests.support.launcher_env import launcher_env, scratch
-    from tests.test_cluster import VENV_BIN
+    from tests.support.on_testbed import VENV_BIN
 
     env = {**launcher_env(scratch(tmp_path)), "DSPARK_TEST_CONTAINER_GPU_ARGS": ""}  # the test hook
     return ctb.tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], env=env,
@@ -249,8 +249,7 @@ def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_mode
     import json
     import re
 
-    from tests.test_cluster import scheduler_sha
-    from tests.test_serving import processes_named, set_knob
+    from tests.support.on_testbed import processes_named, scheduler_sha, set_knob
 
     import shutil
 
