@@ -9,6 +9,7 @@ import pytest
 
 from tests.support.launcher_env import clean_environ as _clean_environ
 from tests.support.launcher_env import scratch, vllm_dirs_restored
+from tests.support.steps import step_recorder
 from tests.support.testbed.fixture import testbed, testbed_clean  # noqa: F401  (the two-node testbed)
 from tests.support.tiny_model import build_tiny_model
 
@@ -18,6 +19,12 @@ def _remove_short_scratch(tmp_path):
     """Tests that serve put vLLM's sockets in a short folder outside tmp_path; remove it after each test."""
     yield
     shutil.rmtree(scratch(tmp_path), ignore_errors=True)
+
+
+@pytest.fixture
+def step(request):
+    """`step("name")` marks where a stage of a long scenario begins; a failure names it."""
+    return step_recorder(request.node)
 
 
 @pytest.fixture
