@@ -44,10 +44,10 @@ bench-cli: $(STAMP)
 # The main job on an embedded default: two network-namespace "Sparks" on this machine,
 # real SSH, real Ray, vLLM (CPU) serving a tiny local model with tensor parallel 2.
 demo: $(STAMP) testbed-deps
-	$(PY) -m tests.demo up
+	$(PY) -m demo up
 
 demo-down:
-	$(PY) -m tests.demo down
+	$(PY) -m demo down
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

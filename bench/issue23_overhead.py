@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Issue 23: `schedule()` overhead of gate mode 3 at 256 running / 1,024
 waiting (and 6 / 16), against stock with the threshold, with the A/A and
-copy controls of dspark_launch/bench/overhead.py, plus the per-step plan of
+copy controls of bench/scheduler/overhead.py, plus the per-step plan of
 mode 3 timed directly with a free seat (so that it also looks at the first
 waiting requests, which the scenario's full `max_num_seqs` skips).
 
@@ -21,8 +21,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from dspark_launch.bench import overhead, scheduler_bench  # noqa: E402
-from dspark_launch.bench import policies as p  # noqa: E402
+from bench.scheduler import overhead, scheduler_bench  # noqa: E402
+from bench.scheduler import policies as p  # noqa: E402
 
 
 def plan_us(model_dir, running: int = 256, waiting: int = 1024, calls: int = 2000) -> dict:

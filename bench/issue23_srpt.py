@@ -8,7 +8,7 @@ step bound, with aging k) against stock+thr, patch v2 (mode 1) and v3/v4
 
 Arrivals are timed with the same fit the numbers are reported in (a solo-fit
 run is a different run, not a re-costing). Token counts are scaled by
-`--scale` (step counts are not; see dspark_launch/bench/workloads.py).
+`--scale` (step counts are not; see bench/scheduler/workloads.py).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from dspark_launch.bench import harness as h  # noqa: E402
-from dspark_launch.bench import metrics, scheduler_bench, workloads  # noqa: E402
+from tests.support import scheduler_harness as h  # noqa: E402
+from bench.scheduler import metrics, scheduler_bench, workloads  # noqa: E402
 from dspark_launch.hotfix.contract import ENV_AGING, ENV_GATE_MODE  # noqa: E402
 
 FITS = {"mixed": metrics.MIXED_FIT, "solo": metrics.SOLO_FIT}

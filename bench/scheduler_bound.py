@@ -6,7 +6,7 @@ short-stream workloads) the script asks: if no long prompt's time to first
 token is worse than under patch v2 (target "long prompts no worse than v2"),
 how low can the class's mean time to first token be, under ANY admission rule
 that keeps vLLM's threshold? Everything is in the benchmark's step-time model
-(`dspark_launch.bench.metrics.MIXED_FIT`), arrivals in modelled time, token
+(`bench.scheduler.metrics.MIXED_FIT`), arrivals in modelled time, token
 counts at full size. Every bound is a relaxation in the rule's favour; the
 relaxations each one makes are listed with it. None of them uses the
 inter-token target (a rule is not asked to keep p99 inter-token time).
@@ -79,8 +79,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from dspark_launch.bench import harness as h  # noqa: E402
-from dspark_launch.bench import metrics, policies, report, scheduler_bench, workloads  # noqa: E402
+from tests.support import scheduler_harness as h  # noqa: E402
+from bench.scheduler import metrics, policies, report, scheduler_bench, workloads  # noqa: E402
 
 MODEL = metrics.MIXED_FIT
 

@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
 """Prototype admission gates (issue 6) and the full scheduler experiment grid.
 
-Not part of the package: `dspark bench scheduler` measures what an operator
-runs (stock, the community baseline, the shipped hotfix at their settings).
-This script runs the grid behind docs/benchmarks.md: caps 1..3 in every gate
+`python -m bench.scheduler` measures what an operator runs (stock, the
+community baseline, the shipped hotfix at their settings). This script runs
+the grid behind the research log bench/results/scheduler.md: caps 1..3 in every gate
 mode, the community gate at 1..3, and the prototypes below, which are written
 on top of the hotfix by replacing its gate text in a patched copy (bench
 only; the one that won was shipped as a gate mode).
 
     python bench/scheduler_experiments.py [--scale 1] [--grid full] [--out bench/results/scheduler.json]
-    python bench/scheduler_docs.py bench/results/scheduler.json   # then refill the docs' tables
+    python bench/scheduler_tables.py bench/results/scheduler.json   # then refill the log's tables
 
 The raw JSON is not kept in git (about 34k lines); the tables in
-docs/benchmarks.md are what is kept.
+bench/results/scheduler.md are what is kept.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from dspark_launch.bench import harness as h  # noqa: E402
-from dspark_launch.bench import policies as p  # noqa: E402
-from dspark_launch.bench import report, scheduler_bench  # noqa: E402
+from tests.support import scheduler_harness as h  # noqa: E402
+from bench.scheduler import policies as p  # noqa: E402
+from bench.scheduler import report, scheduler_bench  # noqa: E402
 from dspark_launch.hotfix.contract import ENV_GATE_MODE, GATE_MODES  # noqa: E402
 from dspark_launch.hotfix.layout import render_patched  # noqa: E402
 

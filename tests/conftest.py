@@ -1,4 +1,17 @@
-"""Registers the shared fixtures; they live in tests/support/fixtures.py."""
+"""Registers the shared fixtures (tests/support/fixtures.py) and names the failing step of a
+scenario test (tests/support/steps.py)."""
 
-from tests.support.fixtures import (_remove_short_scratch, clean_environ, model_dir, testbed,  # noqa: F401
-                                    testbed_clean, tiny_model)
+import pytest
+
+from tests.support.fixtures import (_remove_short_scratch, clean_environ, model_dir, step,  # noqa: F401
+                                    testbed, testbed_clean, tiny_model)
+from tests.support.steps import name_the_step
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    try:
+        return (yield)
+    except Exception as error:
+        name_the_step(item, error)
+        raise

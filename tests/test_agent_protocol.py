@@ -22,6 +22,7 @@ from dspark_launch.cluster.client import ClusterFailure, NodeAgent, VersionMisma
 from dspark_launch.cluster.codec import DecodeError, from_data, to_data
 from dspark_launch.cluster.state import Deployment, NodeRecord, StateUnreadable, load_state, save_state
 from dspark_launch.cluster.transport import LOGIN_ENV, LocalTransport
+from tests.support.processes import never_started
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -113,8 +114,7 @@ def test_a_start_that_arrives_after_its_runs_stop_starts_nothing(tmp_path):
     with pytest.raises(ClusterFailure, match="was stopped on this node; nothing started"):
         agent.spawn(p.Spawn((sys.executable, "-c", f"open({str(witness)!r}, 'w')"), {}, marker,
                             str(tmp_path / "log")), "spawn")
-    time.sleep(0.5)
-    assert not witness.exists()
+    assert never_started(marker, witness)
 
 
 def test_progress_lines_reach_the_reporter_and_failures_are_typed(tmp_path):

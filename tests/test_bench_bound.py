@@ -11,8 +11,8 @@ from fractions import Fraction
 import pytest
 
 from bench import scheduler_bound as bound  # bench/, outside the package
-from dspark_launch.bench import harness as h
-from dspark_launch.bench import metrics, policies, workloads
+from tests.support import scheduler_harness as h
+from bench.scheduler import metrics, policies, workloads
 
 SCALE = Fraction(1, 64)
 POLICIES = (policies.stock_policies()[1], policies.hotfix(1, policies.V2_MODE), policies.hotfix(1, 2),

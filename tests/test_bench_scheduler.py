@@ -1,4 +1,4 @@
-"""`dspark bench scheduler` at CI size (scale 1/64, four workloads, both
+"""`python -m bench.scheduler` at CI size (scale 1/64, four workloads, both
 scheduler classes): behavioural assertions only, never timings."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import pytest
 
-from dspark_launch.bench import policies, report, scheduler_bench, workloads
+from bench.scheduler import policies, report, scheduler_bench, workloads
 from dspark_launch.hotfix import contract
 from tests.support.launcher_env import vllm_dirs_restored
 from tests.support.paths import REPO
@@ -156,20 +156,21 @@ def test_tables_and_plot(result):
 
 
 def test_cli_rejects_a_bad_scale_without_running():
-    proc = subprocess.run([sys.executable, "-m", "dspark_launch", "bench", "scheduler", "--scale", "2"],
+    proc = subprocess.run([sys.executable, "-m", "bench.scheduler", "--scale", "2"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2
     assert "scale must be in (0, 1]" in proc.stderr
 
 
-def test_the_package_ships_only_what_an_operator_runs():
-    """Prototypes and the experiment grid live in bench/; the packaged command
-    compares stock, the community baseline and the hotfix at the given settings."""
+def test_the_operator_comparison_holds_only_what_an_operator_runs():
+    """Prototypes and the experiment grid live in bench/scheduler_experiments.py;
+    `python -m bench.scheduler` compares stock, the community baseline and the
+    hotfix at the given settings, and nothing of it is in the package."""
     assert [p.name for p in policies.operator_policies(2, 0)] == ["stock", "stock+thr", "community:2", "hotfix-m1:2",
                                                                    "hotfix-m0:2"]
     assert [p.name for p in policies.operator_policies()][-2:] == ["hotfix-m1:1", policies.SHIPPED]
-    package = REPO / "dspark_launch" / "bench"
-    for source in package.glob("*.py"):
+    assert not list((REPO / "dspark_launch").glob("bench/*.py"))
+    for source in (REPO / "bench" / "scheduler").glob("*.py"):
         text = source.read_text()
         assert "VARIANT_GATES" not in text and "parents[2]" not in text, source
     community = policies.community_text(policies.installed_text())
@@ -182,7 +183,8 @@ def test_time_to_first_token_counts_from_the_arrival_not_the_next_step(model_dir
     make it longer, so leaving it out flattered stock)."""
     import functools
 
-    from dspark_launch.bench import harness, metrics
+    from tests.support import scheduler_harness as harness
+    from bench.scheduler import metrics
 
     load = workloads.short_stream(SCALE, n_prompts=12)
     spec = policies.stock_policies()[1].spec(**load.scheduler_kwargs())

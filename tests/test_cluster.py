@@ -12,27 +12,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.on_testbed import SCHEDULER_REL, VENV_BIN, dspark, interrupt_after, our_pids, write_env
+from tests.support.on_testbed import SCHEDULER_REL, VENV_BIN, dspark, interrupt_after, our_pids, scheduler_sha, write_env
 from tests.support.processes import describe
 
 pytestmark = pytest.mark.testbed
-
-def scheduler_sha(tb, node: str) -> str:
-    venv = Path(sys.executable).parent.parent
-    out = tb.exec(node, ["sha256sum", str(venv / SCHEDULER_REL)], check=True)
-    return out.stdout.split()[0]
-
 
 def status_json(tb, env_file: Path) -> tuple[int, dict]:
     proc = dspark(tb, env_file, "status", "--json")
     return proc.returncode, json.loads(proc.stdout)
 
 
-def test_up_status_repair_down(testbed_clean, tmp_path):
+def test_up_status_repair_down(testbed_clean, tmp_path, step):
     tb = testbed_clean
     env = write_env(tb, tmp_path)
     host_sha = hashlib.sha256((Path(sys.executable).parent.parent / SCHEDULER_REL).read_bytes()).hexdigest()
 
+    step("cluster up: Ray and the hotfix on both nodes")
     up = dspark(tb, env, "cluster", "up")
     assert up.returncode == 0, up.stderr
     # The testbed's fabric has no RoCE: with DSPARK_ALLOW_TCP_FABRIC=1 (launcher_env) a warning per node.
@@ -43,6 +38,7 @@ def test_up_status_repair_down(testbed_clean, tmp_path):
     assert scheduler_sha(tb, "head") != host_sha and scheduler_sha(tb, "worker1") != host_sha
     assert "dspark-issue27" in tb.exec("worker1", ["cat", str(Path(sys.executable).parent.parent / SCHEDULER_REL)]).stdout
 
+    step("status: up, both nodes, the token kept private")
     code, data = status_json(tb, env)
     assert code == 0 and data["state"] == "up"
     assert [(n["name"], n["ip"], n["registered_ip"], n["ray_alive"], n["gpus"]) for n in data["nodes"]] == [
@@ -53,9 +49,11 @@ def test_up_status_repair_down(testbed_clean, tmp_path):
     token = (state_dir / "ray-auth-token").read_text().strip()
     assert token and token not in (state_dir / "state.json").read_text() and token not in up.stdout + up.stderr
 
+    step("a second up is refused")
     again = dspark(tb, env, "cluster", "up")
     assert again.returncode == 3, again.stderr
 
+    step("a worker's raylet dies: degraded, then repaired")
     # A worker's raylet dies: degraded within seconds, and `up` repairs it.
     raylet = [p for p in data["nodes"][1]["pids"]]
     for pid in raylet:
@@ -71,6 +69,7 @@ def test_up_status_repair_down(testbed_clean, tmp_path):
     code, data = status_json(tb, env)
     assert data["state"] == "up", data
 
+    step("stop: nothing left")
     down = dspark(tb, env, "stop")
     assert down.returncode == 0, down.stderr
     left = our_pids(tb, "head") | our_pids(tb, "worker1")

@@ -193,7 +193,7 @@ def tiny_model(tmp_path_factory) -> Path:
 
 def _container_env(ctb, tmp_path: Path, model: Path, image: str, **extra: str) -> Path:
     from tests.support.launcher_env import scratch, serving_values
-    from tests.test_cluster import write_env
+    from tests.support.on_testbed import write_env
 
     values = {**serving_values(model), "START_TIMEOUT_S": "400", "VLLM_API_KEY": "sk-dspark-ctest-5e1d",
               "DSPARK_RUNTIME": "podman", "DSPARK_IMAGE": image,
@@ -205,7 +205,7 @@ def _container_env(ctb, tmp_path: Path, model: Path, image: str, **extra: str) -
 
 def _dspark(ctb, tmp_path: Path, env_file: Path, *args: str, timeout: float = 600):
     from tests.support.launcher_env import launcher_env, scratch
-    from tests.test_cluster import VENV_BIN
+    from tests.support.on_testbed import VENV_BIN
 
     env = {**launcher_env(scratch(tmp_path)), "DSPARK_TEST_CONTAINER_GPU_ARGS": ""}  # the test hook
     return ctb.tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], env=env,
@@ -244,18 +244,15 @@ def test_start_refuses_different_images_on_the_nodes(ctb, tmp_path, tiny_model):
         ctb.podman(tb.workers[0], "rmi", tag)
 
 
-def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_model):
+def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_model, step):
     """One serve: `start` (TP=2 across the two containers), drift, `restart`, a killed container, `stop`."""
     import json
     import re
-
-    from tests.test_cluster import scheduler_sha
-    from tests.test_serving import processes_named, set_knob
-
     import shutil
 
     from tests.support.launcher_env import scratch
     from tests.support.model_nodes import bind_in_node, umount_in_node
+    from tests.support.on_testbed import processes_named, scheduler_sha, set_knob
 
     tb = ctb.tb
     worker = tb.workers[0]
@@ -268,6 +265,7 @@ def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_mode
     env = _container_env(ctb, tmp_path, model, ctb.image.tag)
     host_sha = {n: scheduler_sha(tb, n) for n in ("head", "worker1")}
     try:
+        step("model pull without a node container")
         # `model pull` with no node container: the head hashes in the launcher's Python, the worker's check
         # runs in a --rm container from the checked image; the copy goes to the worker's own disk.
         assert _containers(ctb, tb.head) == [] and _containers(ctb, worker) == []
@@ -280,6 +278,7 @@ def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_mode
         assert _containers(ctb, tb.head) == [] and _containers(ctb, worker) == []  # the --rm ones are gone
         assert _dspark(ctb, tmp_path, env, "model", "status").returncode == 0
 
+        step("start in the node containers")
         started = _dspark(ctb, tmp_path, env, "start")
         assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-4000:]
         assert "serving " in started.stdout and "in-flight prefill cap: 1" in started.stdout
@@ -302,6 +301,7 @@ def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_mode
         log = (tmp_path / "state" / "logs" / "vllm-serve.log").read_text(errors="replace")
         assert re.search(r"dspark-issue27 hotfix v\d+ active: cap=1 ", log)
 
+        step("status and logs")
         code, data = _status(ctb, tmp_path, env)
         assert code == 0 and data["state"] == "up", data
         assert [(n["name"], n["container"], n["container_status"], n["image_id"]) for n in data["nodes"]] == [
@@ -313,6 +313,7 @@ def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_mode
         logs = _dspark(ctb, tmp_path, env, "logs", "--node", "worker1", "--tail", "5")
         assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr
 
+        step("drift, then a serve-only restart with cap 2")
         # A cap change: drift shown; `restart` is serve-only (issue 24): the containers and Ray stay, the
         # scheduler logs the new cap.
         set_knob(env, "DSPARK_MAX_INFLIGHT_PREFILLS", "2")
@@ -340,6 +341,7 @@ def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_mode
         code, data = _status(ctb, tmp_path, env)
         assert code == 0 and data["server"]["cap"] == 2 and data["server"]["drift"] == [], data
 
+        step("the worker's container is killed: degraded")
         # The worker's container is killed: status says degraded, naming it.
         assert ctb.podman(worker, "kill", names["worker1"]).returncode == 0
         code, data = _status(ctb, tmp_path, env)
@@ -347,6 +349,7 @@ def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_mode
         assert data["nodes"][1]["container_status"] in ("exited", "stopped"), data["nodes"]
         assert any(f"container {names['worker1']} is" in p for p in data["problems"]), data["problems"]
 
+        step("stop: the head's container stays, warm")
         # `stop` ends Ray and vLLM inside; the head's container stays, idle and warm; the dead one goes.
         stopped = _dspark(ctb, tmp_path, env, "stop")
         assert stopped.returncode == 0, stopped.stderr
@@ -354,6 +357,7 @@ def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_mode
         assert processes_named(tb, "head", "RayWorkerProc") == [] and processes_named(tb, "head", "raylet") == []
         assert not (tmp_path / "state" / "state.json").exists()
 
+        step("other container arguments: the container recreated")
         # Other container arguments: the kept container is not reused but recreated (`cluster up`: no serve).
         set_knob(env, "DSPARK_CONTAINER_ARGS", f"--volume {scratch(tmp_path)}:{scratch(tmp_path)} --env DSPARK_CTEST=2")
         head_before = ids()["head"]
@@ -362,6 +366,7 @@ def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_mode
         assert ids()["head"] != head_before and "reusing container" not in up.stderr
         assert ctb.podman(tb.head, "exec", names["head"], "printenv", "DSPARK_CTEST").stdout.strip() == "2"
 
+        step("stop --remove: nothing left")
         removed = _dspark(ctb, tmp_path, env, "stop", "--remove")
         assert removed.returncode == 0, removed.stderr
         assert _containers(ctb, tb.head) == [] and _containers(ctb, worker) == []

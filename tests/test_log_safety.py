@@ -9,7 +9,6 @@ import secrets
 import shlex
 import stat
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from dspark_launch.cluster.safe_path import CONTAINER_STATE_VAR
 from dspark_launch.cluster.state import ensure_state_dir
 from dspark_launch.cluster.transport import LocalTransport
 from dspark_launch.errors import ConfigError
+from tests.support.processes import never_started
 
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chown to nobody needs root")
@@ -49,13 +49,13 @@ def test_ray_start_log_that_is_a_link_is_refused_and_nothing_starts(agent, tmp_p
     logs, victim, witness = tmp_path / "logs", victim_file(tmp_path), tmp_path / "started"
     logs.mkdir(mode=0o700)
     (logs / "ray-start-here.log").symlink_to(victim)
+    owner = marker()
     with pytest.raises(ClusterFailure) as refused:
-        agent.run(p.Run(writes(witness), {}, marker(), str(logs / "ray-start-here.log"), 30), "ray start", 60)
+        agent.run(p.Run(writes(witness), {}, owner, str(logs / "ray-start-here.log"), 30), "ray start", 60)
     assert str(refused.value).startswith(f"here: ray start: log {logs / 'ray-start-here.log'} is a symbolic link "
                                          "(never followed); refusing to write a log there, nothing started")
     assert "\n" not in str(refused.value)
-    time.sleep(0.3)
-    assert victim.read_text() == "precious\n" and not witness.exists()
+    assert never_started(owner, witness) and victim.read_text() == "precious\n"
 
 
 def test_server_log_link_is_refused_before_rotation(agent, tmp_path):
@@ -63,11 +63,11 @@ def test_server_log_link_is_refused_before_rotation(agent, tmp_path):
     logs.mkdir(mode=0o700)
     log = logs / "vllm-serve.log"
     log.symlink_to(victim)
+    owner = marker()
     with pytest.raises(ClusterFailure, match="is a symbolic link"):
-        agent.spawn(p.Spawn(writes(witness), {}, marker(), str(log), rotate_log=True), "vllm serve")
+        agent.spawn(p.Spawn(writes(witness), {}, owner, str(log), rotate_log=True), "vllm serve")
     assert log.is_symlink() and not (logs / "vllm-serve.log.1").exists()  # not rotated away either
-    time.sleep(0.3)
-    assert victim.read_text() == "precious\n" and not witness.exists()
+    assert never_started(owner, witness) and victim.read_text() == "precious\n"
 
 
 def test_a_log_folder_of_another_user_is_refused_and_not_written(agent, tmp_path):
@@ -220,11 +220,12 @@ def test_a_log_that_is_a_hard_link_is_refused(agent, tmp_path, in_container):
     log = state / "logs" / "ray-start-here.log"
     os.link(victim, log)
     node = container_agent(tmp_path, state) if in_container else agent
+    owner = marker()
     with pytest.raises(ClusterFailure) as refused:
-        node.run(p.Run(writes(witness), {}, marker(), str(log), 30), "ray start", 60)
+        node.run(p.Run(writes(witness), {}, owner, str(log), 30), "ray start", 60)
     assert f"log {log} has 2 names (a hard link: never appended to)" in refused.value.detail
     with pytest.raises(ClusterFailure, match="a hard link"):
-        node.spawn(p.Spawn(writes(witness), {}, marker(), str(log), rotate_log=True), "vllm serve")
-    time.sleep(0.3)
-    assert victim.read_text() == "precious\n" and victim.stat().st_uid == 0 and not witness.exists()
+        node.spawn(p.Spawn(writes(witness), {}, owner, str(log), rotate_log=True), "vllm serve")
+    assert never_started(owner, witness)
+    assert victim.read_text() == "precious\n" and victim.stat().st_uid == 0
     assert not Path(f"{log}.1").exists()

@@ -84,16 +84,21 @@ def test_a_pull_killed_mid_file_then_run_again_completes_and_fetches_only_what_w
               "s = HubSource(sys.argv[1], '', sys.argv[2], sys.argv[3]); pull(s, list_model(s))")
     child = subprocess.Popen([sys.executable, "-c", script, REPO_ID, str(tmp_path / "cache"), hub.endpoint],
                              cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    blobs = tmp_path / "cache" / "models--test-org--tiny" / "blobs"
+    others = {(f.sha256 if f.lfs else f.blob_id) for f in hub.repo.files if f.path != shard(2)}
+
+    def whole_blobs() -> set[str]:
+        return {p.name for p in blobs.iterdir() if not p.name.endswith(".incomplete")} if blobs.is_dir() else set()
+
+    try:  # killed once shard 2 is stuck mid-file and every other file is whole
         deadline = time.monotonic() + 60
-        while not hub.downloads(shard(2)) and time.monotonic() < deadline:
+        while not (hub.downloads(shard(2)) and others <= whole_blobs()) and time.monotonic() < deadline:
+            assert child.poll() is None, "the pull ended before it was killed"
             time.sleep(0.05)
-        time.sleep(0.5)  # the other files finish meanwhile
     finally:
         child.kill()
         child.wait()
-    blobs = tmp_path / "cache" / "models--test-org--tiny" / "blobs"
-    complete = {p.name for p in blobs.iterdir() if not p.name.endswith(".incomplete")}
+    complete = whole_blobs()
     assert hub.repo.file(shard(2)).sha256 not in complete  # killed mid-file
     before = len(hub.requests)
     pulled = pull(source(hub, tmp_path), list_model(source(hub, tmp_path)))

@@ -37,11 +37,12 @@ def files_containing(root: Path, needle: bytes) -> list[str]:
     return hits
 
 
-def test_start_serve_drift_restart_kill_stop(testbed_clean, tmp_path, tiny_model):
+def test_start_serve_drift_restart_kill_stop(testbed_clean, tmp_path, tiny_model, step):
     tb = testbed_clean
     env = serving_env(tb, tmp_path, tiny_model)
     outputs = []
 
+    step("start")
     started = run(tb, tmp_path, env, "start")
     outputs.append(started.stdout + started.stderr)
     assert started.returncode == 0, started.stderr[-4000:]
@@ -52,20 +53,24 @@ def test_start_serve_drift_restart_kill_stop(testbed_clean, tmp_path, tiny_model
     assert "sending a one-token chat completion" in started.stderr
     assert re.search(r"^first answer: a one-token chat completion in [\d.]+ s \(attempt \d+", started.stdout, re.M)
 
+    step("tensor parallel ranks on both nodes")
     # Tensor parallel rank 1 runs on the worker node, rank 0 on the head.
     assert processes_named(tb, "worker1", "RayWorkerProc"), "no vLLM Ray worker on worker1"
     assert processes_named(tb, "head", "RayWorkerProc"), "no vLLM Ray worker on head"
 
+    step("smoke")
     smoke = run(tb, tmp_path, env, "smoke", "--concurrency", "3")
     outputs.append(smoke.stdout + smoke.stderr)
     assert smoke.returncode == 0 and "3 passed, 0 failed" in smoke.stdout, smoke.stdout + smoke.stderr
 
+    step("the patched scheduler with cap 1")
     # The EngineCore's scheduler is the patched one and uses the validated cap.
     log = (tmp_path / "state" / "logs" / "vllm-serve.log").read_text(errors="replace")
     assert re.search(r"dspark-issue27 hotfix v\d+ active: cap=1 ", log)
     steps = [l for l in log.splitlines() if "dspark-issue27 step=" in l]
     assert steps and all(" cap=1 " in l for l in steps)
 
+    step("status: up")
     code, data = status(tb, tmp_path, env)
     outputs.append(json.dumps(data))
     assert code == 0 and data["state"] == "up", data
@@ -73,9 +78,11 @@ def test_start_serve_drift_restart_kill_stop(testbed_clean, tmp_path, tiny_model
         ("head", True, "10.213.0.1"), ("worker1", True, "10.213.0.2")]
     assert data["server"]["healthy"] and data["server"]["cap"] == 1 and data["server"]["drift"] == []
 
+    step("a second start is refused")
     again = run(tb, tmp_path, env, "start")
     assert again.returncode == 3, again.stderr
 
+    step("drift, then restart with cap 2")
     # Edit the cap: status shows the drift, restart applies it.
     set_knob(env, "DSPARK_MAX_INFLIGHT_PREFILLS", "2")
     text = run(tb, tmp_path, env, "status")
@@ -90,6 +97,7 @@ def test_start_serve_drift_restart_kill_stop(testbed_clean, tmp_path, tiny_model
     log = (tmp_path / "state" / "logs" / "vllm-serve.log").read_text(errors="replace")
     assert re.search(r"dspark-issue27 hotfix v\d+ active: cap=2 ", log)
 
+    step("the API key nowhere")
     # No key in the launcher's output, status, the state folder, the server log, Ray logs, or any argv.
     secret = API_KEY.encode()
     assert all(API_KEY not in out for out in outputs)
@@ -104,7 +112,7 @@ def test_start_serve_drift_restart_kill_stop(testbed_clean, tmp_path, tiny_model
             except FileNotFoundError:
                 pass
 
-    # The server dies: status says so.
+    step("the server dies: status says dead")
     server_pid = state(tmp_path)["server"]["pid"]
     os.kill(server_pid, signal.SIGKILL)
     deadline = time.monotonic() + 120  # a status takes seconds on a busy host; the loop ends once it says dead
@@ -115,6 +123,7 @@ def test_start_serve_drift_restart_kill_stop(testbed_clean, tmp_path, tiny_model
         time.sleep(1)
     assert data["server"]["state"] == "dead" and data["state"] == "degraded" and code == 1
 
+    step("stop: nothing left")
     stopped = run(tb, tmp_path, env, "stop")
     assert stopped.returncode == 0, stopped.stderr
     left = our_pids(tb, "head") | our_pids(tb, "worker1")

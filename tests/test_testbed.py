@@ -16,7 +16,7 @@ import pytest
 
 from dspark_launch.cluster import procfs
 from tests.support.paths import REPO
-from tests.support.processes import cmdline, describe
+from tests.support.processes import alive, cmdline, describe, wait_until
 from tests.support.testbed.fixture import extra_testbed
 from tests.support.testbed.testbed import FABRIC_IF, Testbed, requirements_met
 
@@ -249,9 +249,10 @@ def test_second_testbed_partial_up_and_down_leave_nothing():
             Testbed(state_dir=state, nodes=2, prefix=prefix).up()  # other settings: refused
         # a stray process in worker2, then every holder dies: down must still clean up
         stray = tb.popen("worker2", ["sleep", "300"])
-        for n in tb.nodes:
-            os.kill(n.holder_pid, 9)
-        time.sleep(0.2)
+        holders = [n.holder_pid for n in tb.nodes]
+        for pid in holders:
+            os.kill(pid, 9)
+        assert wait_until(lambda: not any(alive(pid) for pid in holders), 10), describe(holders)
     finally:
         tb.down()
     assert stray.wait(timeout=10) != 0

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from dspark_launch import __version__
-from dspark_launch.cli import bench_cmd, cluster_cmd, config_cmd, model_cmd, service_cmd
+from dspark_launch.cli import cluster_cmd, config_cmd, model_cmd, service_cmd
 
 app = typer.Typer(
     name="dspark",
@@ -17,7 +17,6 @@ app = typer.Typer(
 )
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(cluster_cmd.app, name="cluster")
-app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(model_cmd.app, name="model")
 
 

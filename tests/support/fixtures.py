@@ -9,6 +9,7 @@ import pytest
 
 from tests.support.launcher_env import clean_environ as _clean_environ
 from tests.support.launcher_env import scratch, vllm_dirs_restored
+from tests.support.steps import step_recorder
 from tests.support.testbed.fixture import testbed, testbed_clean  # noqa: F401  (the two-node testbed)
 from tests.support.tiny_model import build_tiny_model
 
@@ -18,6 +19,12 @@ def _remove_short_scratch(tmp_path):
     """Tests that serve put vLLM's sockets in a short folder outside tmp_path; remove it after each test."""
     yield
     shutil.rmtree(scratch(tmp_path), ignore_errors=True)
+
+
+@pytest.fixture
+def step(request):
+    """`step("name")` marks where a stage of a long scenario begins; a failure names it."""
+    return step_recorder(request.node)
 
 
 @pytest.fixture
@@ -31,7 +38,7 @@ def model_dir(tmp_path_factory):
     """vLLM dirs under a temp folder (unless the run already set them), and one
     stock scheduler built up front (the first construction inspects the model
     in a subprocess, ~7 s)."""
-    from dspark_launch.bench import harness
+    from tests.support import scheduler_harness as harness
 
     base = tmp_path_factory.mktemp("issue27")
     with vllm_dirs_restored():

@@ -28,6 +28,12 @@ def serving_env(tb, tmp_path: Path, model: Path, **extra: str) -> Path:
     return write_env(tb, tmp_path, **{**values, **extra})
 
 
+def scheduler_sha(tb, node: str) -> str:
+    """sha256 of the vLLM scheduler.py a node's Python (this venv's path) imports."""
+    out = tb.exec(node, ["sha256sum", str(VENV_BIN.parent / SCHEDULER_REL)], check=True)
+    return out.stdout.split()[0]
+
+
 def set_knob(env_file: Path, name: str, value: str) -> None:
     lines = [l for l in env_file.read_text().splitlines() if not l.startswith(f"{name}=")]
     env_file.write_text("\n".join(lines + [f"{name}={value}"]) + "\n")

@@ -53,6 +53,30 @@ def describe(pids: Iterable[int]) -> str:
     return "; ".join(out)
 
 
+def carrying(entry: str) -> list[int]:
+    """Live pids whose environment holds `entry` (`NAME=value`), read from /proc."""
+    needle = entry.encode()
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environ = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if needle in environ and alive(int(name)):
+            found.append(int(name))
+    return found
+
+
+def never_started(marker: str, witness: Path) -> bool:
+    """True when no process an agent started for `marker` lives and none left `witness` behind.
+
+    No wait is needed: an agent answers once its child exists, and a child whose first act is
+    writing `witness` is then either alive (carrying DSPARK_OWNER=marker) or has written it.
+    Looking at the processes first and at the file second leaves no gap between the two.
+    """
+    return not carrying(f"DSPARK_OWNER={marker}") and not witness.exists()
+
+
 def wait_until(predicate, timeout: float, step: float = 0.5):
     deadline = time.monotonic() + timeout
     while True:

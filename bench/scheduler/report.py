@@ -8,16 +8,16 @@ import math
 import pathlib
 from collections.abc import Iterable, Sequence
 
-from dspark_launch.bench.policies import hotfix_name
+from bench.scheduler.policies import hotfix_name
 
-#: The result's JSON schema, shipped inside the package (docs link to it).
+#: The result's JSON schema, beside this module (the docs link to it).
 SCHEMA_RESOURCE = "bench-schema.json"
 #: Plain cap 1 (gate mode 0): the reference of the issue-6 targets, when a run has it.
 CAP1 = hotfix_name(1, 0)
 
 
 def schema_text() -> str:
-    return importlib.resources.files("dspark_launch.bench").joinpath(SCHEMA_RESOURCE).read_text(encoding="utf-8")
+    return importlib.resources.files("bench.scheduler").joinpath(SCHEMA_RESOURCE).read_text(encoding="utf-8")
 
 
 def _runs(result: dict, scheduler: str = "Scheduler") -> dict[tuple[str, str], dict]:
@@ -383,7 +383,7 @@ def terminal(result: dict) -> str:
 
 
 def validate(result: dict, schema_path: pathlib.Path | None = None) -> None:
-    """Raise ValueError when `result` does not match the packaged bench-schema.json.
+    """Raise ValueError when `result` does not match bench-schema.json.
 
     Uses `jsonschema` (a dependency of vLLM); without it only the top-level
     required keys are checked.

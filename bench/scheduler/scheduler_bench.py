@@ -1,4 +1,4 @@
-"""`dspark bench scheduler`: every admission policy on identical workloads,
+"""`python -m bench.scheduler`: every admission policy on identical workloads,
 driven through the real vLLM scheduler (no GPU, no model).
 
 Imports vLLM lazily (the first scheduler build costs a few seconds).
@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 
-from dspark_launch.bench import harness as h
-from dspark_launch.bench import metrics, overhead, policies, report, workloads
+from tests.support import scheduler_harness as h
+from bench.scheduler import metrics, overhead, policies, report, workloads
 
 SCHEMA_VERSION = 1
 # Max position embeddings of the benchmark's tiny model config: long enough
@@ -184,7 +184,7 @@ def run(
         "schedulers": list(schedulers),
         "versions": versions(),
         "step_time_model": {
-            "label": "MODEL fitted to published GB10 numbers (docs/benchmarks.md), not a measurement",
+            "label": "MODEL fitted to published GB10 numbers (bench/results/scheduler.md), not a measurement",
             "primary": metrics.MIXED_FIT.describe(),
             "sensitivity": metrics.SOLO_FIT.describe(),
         },

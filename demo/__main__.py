@@ -1,4 +1,5 @@
-"""`make demo`: the real `dspark start` on two "Sparks" built on this machine.
+"""`make demo` (`python -m demo up|down` from the repository root): the real `dspark start`
+on two "Sparks" built on this machine.
 
 Builds a tiny random Llama locally (no hub), two network-namespace nodes joined by
 a fabric with a real sshd on the worker (tests/support/testbed), then runs `dspark start`
@@ -85,4 +86,9 @@ def down() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit({"up": up, "down": down}[sys.argv[1] if len(sys.argv) > 1 else "up"]())
+    actions = {"up": up, "down": down}
+    action = sys.argv[1] if len(sys.argv) > 1 else "up"
+    if action not in actions or len(sys.argv) > 2:
+        print(f"demo: unknown arguments {shlex.join(sys.argv[1:])!r} (command line): use `up` or `down`", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(actions[action]())

@@ -1,4 +1,6 @@
-"""`dspark bench ...`: benchmarks. Imports vLLM only inside the command that needs it."""
+"""`python -m bench.scheduler` (from the repository root): the scheduler benchmark.
+
+Not installed with dspark-launch. Imports vLLM only once the options are checked."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from dspark_launch.cli.output import emit_json, fail, warn
 from dspark_launch.errors import ConfigError
 from dspark_launch.hotfix.contract import CAP_MAX, CAP_MIN, DEFAULT_CAP, DEFAULT_GATE_MODE, ENV_CAP, ENV_GATE_MODE, GATE_MODES
 
-app = typer.Typer(help="Benchmarks (real vLLM scheduler, no GPU).", no_args_is_help=True)
+app = typer.Typer(help="The scheduler benchmark (real vLLM scheduler, no GPU).", pretty_exceptions_enable=False)
 
 
 class Grid(str, Enum):
@@ -35,7 +37,7 @@ def scheduler(
     which: Annotated[Which, typer.Option("--scheduler", help="vLLM Scheduler (sync), AsyncScheduler (async) or both.")] = Which.both,
     cap: Annotated[int, typer.Option(envvar=ENV_CAP, min=CAP_MIN, max=CAP_MAX, help=f"The hotfix's in-flight cap to measure (default: ${ENV_CAP}, else {DEFAULT_CAP}).")] = DEFAULT_CAP,
     gate_mode: Annotated[int, typer.Option(envvar=ENV_GATE_MODE, min=min(GATE_MODES), max=max(GATE_MODES), help=f"The hotfix's gate mode to measure (default: ${ENV_GATE_MODE}, else {DEFAULT_GATE_MODE}).")] = DEFAULT_GATE_MODE,
-    out: Annotated[pathlib.Path, typer.Option(help="JSON result (schema: dspark_launch/bench/bench-schema.json).")] = pathlib.Path("scheduler-bench.json"),
+    out: Annotated[pathlib.Path, typer.Option(help="JSON result (schema: bench/scheduler/bench-schema.json).")] = pathlib.Path("scheduler-bench.json"),
     plot: Annotated[Optional[pathlib.Path], typer.Option(help="PNG of tokens per request per step (default: next to --out).")] = None,
     no_plot: Annotated[bool, typer.Option("--no-plot", help="Skip the PNG (no matplotlib needed).")] = False,
     markdown: Annotated[Optional[pathlib.Path], typer.Option(help="Also write the tables as Markdown here.")] = None,
@@ -50,7 +52,7 @@ def scheduler(
 
     Exit 0 when every run finished and the JSON matches its schema, 1 otherwise, 2 for bad options.
     """
-    from dspark_launch.bench import policies, report, scheduler_bench
+    from bench.scheduler import policies, report, scheduler_bench
 
     try:
         factor = scheduler_bench.parse_scale(scale)
@@ -83,14 +85,13 @@ def scheduler(
         overhead_reps=(reps_small, reps_large) if overhead else None,
         plot_path=plot_path,
         progress=progress,
-        command=["dspark", "bench", "scheduler", *sys.argv[sys.argv.index("scheduler") + 1:]]
-        if "scheduler" in sys.argv else ["dspark", "bench", "scheduler"],
+        command=["python", "-m", "bench.scheduler", *sys.argv[1:]],
     )
     problems = []
     try:
         report.validate(result)
     except (ValueError, FileNotFoundError) as error:
-        problems.append(f"JSON result does not match its schema (dspark_launch/bench/bench-schema.json): {error}")
+        problems.append(f"JSON result does not match its schema (bench/scheduler/bench-schema.json): {error}")
     unfinished = [f"{r['workload']}/{r['policy']}/{r['scheduler']}" for r in result["runs"] if r["unfinished"]]
     if unfinished:
         problems.append(f"runs that did not finish (deadlock?): {', '.join(unfinished)}")
@@ -112,8 +113,8 @@ def scheduler(
 
 
 def report_markdown(result: dict) -> str:
-    """The Markdown tables docs/benchmarks.md is made of."""
-    from dspark_launch.bench import report
+    """The Markdown tables of the research log (bench/results/scheduler.md)."""
+    from bench.scheduler import report
 
     parts = [
         f"### Summary: each policy against `{result['reference_policy']}`, Scheduler",
@@ -130,3 +131,7 @@ def report_markdown(result: dict) -> str:
                                      for t in result["targets"])]
     parts += ["### Every run, Scheduler", report.runs_table(result, "Scheduler", markdown=True)]
     return "\n\n".join(parts) + "\n"
+
+
+if __name__ == "__main__":
+    app()

@@ -41,8 +41,8 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
-from dspark_launch.bench.harness import RunResult, StepRecord, percentile
-from dspark_launch.bench.workloads import Workload
+from tests.support.scheduler_harness import RunResult, StepRecord, percentile
+from bench.scheduler.workloads import Workload
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The admission policies `dspark bench scheduler` compares, on the real vLLM scheduler.
+"""The admission policies `python -m bench.scheduler` compares, on the real vLLM scheduler.
 
 Every policy is a real ``Scheduler`` / ``AsyncScheduler`` pair:
 
@@ -13,9 +13,9 @@ Every policy is a real ``Scheduler`` / ``AsyncScheduler`` pair:
 * ``stock-copy``: stock ``scheduler.py`` loaded from a copy the way the patched
   ones are (a control for the overhead measurement).
 
-Prototype gates and the full experiment grid live outside the package, in
-``bench/`` (``bench/scheduler_experiments.py``); they register further
-policies through :data:`dspark_launch.bench.harness.POLICY_PROVIDERS`.
+Prototype gates and the full experiment grid are in
+``bench/scheduler_experiments.py``; they register further
+policies through :data:`tests.support.scheduler_harness.POLICY_PROVIDERS`.
 Nothing installed is modified.
 """
 
@@ -29,7 +29,7 @@ import shutil
 import sys
 import tempfile
 
-from dspark_launch.bench import harness as h
+from tests.support import scheduler_harness as h
 from dspark_launch.hotfix.contract import DEFAULT_CAP, DEFAULT_GATE_MODE, ENV_GATE_MODE
 
 
@@ -165,7 +165,7 @@ def hotfix_name(cap: int, mode: int) -> str:
 
 #: The configuration the hotfix ships with (contract defaults).
 SHIPPED = hotfix_name(DEFAULT_CAP, DEFAULT_GATE_MODE)
-#: The reference every policy of the packaged run is compared with.
+#: The reference every policy of the operator's comparison is compared with.
 STOCK_THR = "stock+thr"
 
 
@@ -191,7 +191,7 @@ V2_MODE = 1
 
 
 def operator_policies(cap: int = DEFAULT_CAP, mode: int = DEFAULT_GATE_MODE) -> list[Policy]:
-    """What `dspark bench scheduler` compares: stock, the community gate at the
+    """What `python -m bench.scheduler` compares: stock, the community gate at the
     same cap as a baseline, patch v2's gate (mode 1) and the hotfix at the
     operator's settings."""
     previous = [] if mode == V2_MODE else [hotfix(cap, V2_MODE, " (patch v2's gate)")]

@@ -19,8 +19,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from dspark_launch.bench import harness as h
-from dspark_launch.bench.policies import Policy
+from tests.support import scheduler_harness as h
+from bench.scheduler.policies import Policy
 
 
 def _trimmed_mean(values: Sequence[float], trim: float = 0.1) -> float:

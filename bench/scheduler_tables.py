@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""Fill the generated tables of docs/benchmarks.md from a `dspark bench scheduler` JSON result.
+"""Fill the generated tables of the research log bench/results/scheduler.md from a grid result.
 
-    python bench/scheduler_docs.py [bench/results/scheduler.json] [docs/benchmarks.md] [--only BLOCK ...]
+    python bench/scheduler_tables.py [bench/results/scheduler.json] [bench/results/scheduler.md] [--only BLOCK ...]
+
+(The grid: `bench/scheduler_experiments.py`; `python -m bench.scheduler` writes the
+same JSON for the operator's comparison.)
 
 (`bench/scheduler_bound.py`'s result, `scheduler-bound.json` next to the
 grid's or in bench/results/, fills the `v3-bound` block. `--only v3-candidates`
@@ -24,8 +27,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from dspark_launch.bench import report  # noqa: E402
-from dspark_launch.bench.report import CAP1  # noqa: E402
+from bench.scheduler import report  # noqa: E402
+from bench.scheduler.report import CAP1  # noqa: E402
 
 
 def m0_vs_m1(result: dict) -> str:
@@ -141,9 +144,14 @@ def v3_bound(bound: dict) -> str:
     return report.table(rows, head, markdown=True)
 
 
+#: Every generated block of the research log, in its order there.
+BLOCKS = ("summary", "m0-vs-m1", "overhead", "targets", "v3-candidates", "v3-bound", "v3-classes",
+          "v3-classes-async", "runs")
+
+
 def blocks(result: dict, bound: dict | None = None, only: Sequence[str] | None = None) -> dict[str, str]:
     """Each generated block's text (`only`: just those named)."""
-    makers = {
+    makers: dict = {
         "summary": lambda: report.summary_table(result, "Scheduler", markdown=True),
         "m0-vs-m1": lambda: m0_vs_m1(result),
         "overhead": lambda: report.overhead_text(result.get("overhead"), markdown=True),
@@ -155,6 +163,7 @@ def blocks(result: dict, bound: dict | None = None, only: Sequence[str] | None =
     }
     if bound:
         makers["v3-bound"] = lambda: v3_bound(bound)
+    assert set(makers) <= set(BLOCKS), sorted(set(makers) - set(BLOCKS))
     unknown = sorted(set(only or ()) - set(makers))
     if unknown:
         raise SystemExit(f"--only: no block {', '.join(unknown)} (known: {', '.join(sorted(makers))})")
@@ -176,7 +185,7 @@ def fill(text: str, parts: dict[str, str]) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("result", nargs="?", type=pathlib.Path, default=REPO / "bench" / "results" / "scheduler.json")
-    parser.add_argument("doc", nargs="?", type=pathlib.Path, default=REPO / "docs" / "benchmarks.md")
+    parser.add_argument("doc", nargs="?", type=pathlib.Path, default=REPO / "bench" / "results" / "scheduler.md")
     parser.add_argument("--only", action="append", metavar="BLOCK",
                         help="fill only this generated block (repeatable), e.g. v3-candidates from a --candidates run")
     args = parser.parse_args(argv)
