@@ -372,7 +372,7 @@ def systemd_unit(
         raise fail(ConfigError("no env file for the unit (no --env-file, DSPARK_ENV_FILE or ./.env.dspark); "
                                "allowed: --env-file PATH, or run `dspark config init`"))
     env = Path(chosen_file).resolve()
-    drain_s = settings_or_exit(str(env)).int("DSPARK_DRAIN_TIMEOUT_S")
+    drain_s = settings_or_exit(str(env)).dspark_drain_timeout_s
     try:
         say(unit_text(launcher, env, chosen, drain_s))
     except ConfigError as exc:

@@ -100,7 +100,7 @@ class ProfileValue:
 def profile_values(settings: Settings) -> tuple[ProfileValue, ...]:
     """The settings the selected profile replaces, by the rule `resolve` applies (for `config show`, which must
     stay fast: nothing is asked of vLLM)."""
-    profile = profile_named(settings["DSPARK_PROFILE"])
+    profile = profile_named(settings.dspark_profile)
     run = _Resolution(profile, VllmOffer("", (), ()), settings)
     model = run.setting("DSPARK_MODEL")
     found = []
@@ -129,7 +129,7 @@ def _dest_of(token: str, offer: VllmOffer) -> OfferedFlag | None:
 def extra_args_values(settings: Settings, offer: VllmOffer) -> tuple[tuple[str, str], ...]:
     """(destination, value) of each flag VLLM_EXTRA_ARGS sets ("on"/"off" for switches). Flags the launcher
     owns never get here: settings resolution refuses them (config/serve_flags.py, the one table)."""
-    tokens = settings.words("VLLM_EXTRA_ARGS")
+    tokens = settings.vllm_extra_args
     found = []
     for index, token in enumerate(tokens):
         flag = _dest_of(token, offer)
@@ -147,7 +147,7 @@ def extra_args_values(settings: Settings, offer: VllmOffer) -> tuple[tuple[str, 
 
 def profile_env_values(settings: Settings) -> dict[str, str]:
     """DSPARK_PROFILE_ENV as {name: value}; the setting's own check (config) made every word NAME=VALUE."""
-    return dict(word.split("=", 1) for word in settings.words("DSPARK_PROFILE_ENV"))
+    return dict(word.split("=", 1) for word in settings.dspark_profile_env)
 
 
 class _Resolution:
@@ -436,7 +436,7 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarg
     for name, flag in SETTING_FLAGS:
         args += [flag, values[name]]
     args += ["--enable-chunked-prefill",
-             "--enable-prefix-caching" if settings.flag("ENABLE_PREFIX_CACHING") else "--no-enable-prefix-caching"]
+             "--enable-prefix-caching" if settings.enable_prefix_caching else "--no-enable-prefix-caching"]
     for pref in profile.preferences:
         run.preference(pref)
     for switch in profile.switches:
@@ -448,8 +448,8 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarg
         run.capture_size(int(values["MAX_NUM_SEQS"]), profile.speculative_tokens if drafting else 0)
     for var in profile.env:
         run.variable(var, given_env)
-    drain_s = run.drain(settings.int("DSPARK_DRAIN_TIMEOUT_S"))
-    args += run.flags + list(settings.words("VLLM_EXTRA_ARGS"))
+    drain_s = run.drain(settings.dspark_drain_timeout_s)
+    args += run.flags + list(settings.vllm_extra_args)
     kv_value = run.chosen.get("--kv-cache-dtype", "auto")
     return ResolvedProfile(
         profile=profile.name, vllm_version=offer.version, model=model, revision=revision, served_name=served,
@@ -460,12 +460,12 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarg
 
 def resolve_selected(offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN) -> ResolvedProfile:
     """`resolve` for the profile DSPARK_PROFILE names, judged for `gpu`."""
-    return resolve(profile_named(settings["DSPARK_PROFILE"]), offer, settings, gpu)
+    return resolve(profile_named(settings.dspark_profile), offer, settings, gpu)
 
 
 def served_model(settings: Settings) -> tuple[str, str]:
     """The model and revision the selected profile serves, by the same rule as `resolve` (the profile's
     pinned revision applies to its own model only), without asking vLLM: for `dspark model ...`."""
-    run = _Resolution(profile_named(settings["DSPARK_PROFILE"]), VllmOffer("", (), ()), settings)
+    run = _Resolution(profile_named(settings.dspark_profile), VllmOffer("", (), ()), settings)
     model = run.setting("DSPARK_MODEL")
     return model, run.setting("DSPARK_MODEL_REVISION", model)

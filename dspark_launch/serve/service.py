@@ -54,7 +54,7 @@ def resolved_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray
     from dspark_launch.cluster.node_checks import node_gpus
     from dspark_launch.profiles.resolve import resolve_selected
 
-    reporter.phase(f"resolving profile {settings['DSPARK_PROFILE']} against the vLLM on {spec.head.label} "
+    reporter.phase(f"resolving profile {settings.dspark_profile} against the vLLM on {spec.head.label} "
                    f"and every node's GPU")
     head_fabric = Background(lambda: rc.node_fabric(spec, spec.head))
     gpus = Background(lambda: node_gpus(spec, reporter))
@@ -121,7 +121,7 @@ def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool
           verify: bool = False) -> StartResult:
     """Ray on every node and the serve-argument check at once, then `vllm serve` on the head; one record saved."""
     with lifecycle.locked_deployment(spec.state_dir) as state:
-        if state and state.server and _serving(spec, state.server, api_key(settings), settings.int("HEALTH_TIMEOUT_S")):
+        if state and state.server and _serving(spec, state.server, api_key(settings), settings.health_timeout_s):
             raise lifecycle.AlreadyRunning(f"already running and healthy at {state.server.url}; "
                                            "`dspark status` shows it")
         if spec.containers:
@@ -496,7 +496,7 @@ def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | N
 
     if server is None:
         return ServerView("down")
-    probe = settings.int("HEALTH_TIMEOUT_S")
+    probe = settings.health_timeout_s
     alive = _alive_or_container_gone(spec, server)
     healthy = alive and _server_healthy(server.url, api_key(settings), server.served_name, probe)
     return ServerView(
@@ -532,7 +532,7 @@ def status(settings: Settings, spec: ClusterSpec) -> ServiceStatus:
                         f"log {server.log}; `dspark restart` starts it again")
     elif server and view.state == "unhealthy":
         problems.append(f"vllm serve (pid {server.pid}) runs but {server.url}/health does not answer "
-                        f"within {settings.int('HEALTH_TIMEOUT_S')} s; log {server.log}")
+                        f"within {settings.health_timeout_s} s; log {server.log}")
     overall = "degraded" if server and data.state == "up" and view.state != "up" else data.state
     return ServiceStatus(overall, data.ray_address, data.config_digest, data.started_at, data.checked_at,
                          tuple(problems), data.nodes, view,
@@ -545,5 +545,5 @@ def image_warnings(settings: Settings) -> tuple[str, ...]:
     from dspark_launch.config.container_args import unpinned_image_warning
 
     entry = settings.entries["DSPARK_IMAGE"]
-    line = unpinned_image_warning(settings["DSPARK_RUNTIME"], entry.value, entry.source)
+    line = unpinned_image_warning(settings.dspark_runtime, entry.value, entry.source)
     return (line,) if line else ()
