@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from dspark_launch.config.checks import ASCII_WORD, not_an_option, shell_words, single_line
+from dspark_launch.config.checks import ASCII_WORD, not_an_option, shell_words, single_line, user_name
 from dspark_launch.config.forward_env import check_forward_names
 from dspark_launch.config.serve_flags import check_extra_args
 from dspark_launch.config.ssh_options import check_ssh_options
@@ -28,7 +28,6 @@ _IFNAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}", re.ASCII)
 _HOST = re.compile(r"(?:[A-Za-z0-9_.-]+@)?(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\])", re.ASCII)
 _SERVED_NAME = re.compile(r"[A-Za-z0-9._:/-]+", re.ASCII)
 _REVISION = re.compile(r"[A-Za-z0-9._/-]+", re.ASCII)
-_SSH_USER = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,31}", re.ASCII)
 _LIST_SEPARATORS = re.compile(r"[ \t]+")
 RAY_TOKEN_MIN_LENGTH = 32  # 128 bits as hex; the generated token has 64 hex digits
 
@@ -150,12 +149,6 @@ def _revision(value: str) -> str:
     return value
 
 
-def _ssh_user(value: str) -> str:
-    if not _SSH_USER.fullmatch(value):
-        raise ValueError("a user name: letters, digits and ._-, not starting with '-', at most 32")
-    return value
-
-
 def _bind_host(value: str) -> str:
     if value in ("localhost",):
         return value
@@ -227,7 +220,7 @@ class TextSettings:
     """Python interpreter that runs the head's agent, Ray and vllm serve (default: the launcher's own)"""
     dspark_worker_python: str = text("", group="cluster", check=single_line)
     """Python interpreter on the workers (default: the head's interpreter path)"""
-    dspark_ssh_user: str = text("", group="cluster", check=_ssh_user)
+    dspark_ssh_user: str = text("", group="cluster", check=user_name)
     """SSH user for the workers (default: ssh's own)"""
     dspark_ssh_key: str = text("", group="cluster", check=single_line)
     """SSH private key file (default: ssh's own)"""

@@ -420,13 +420,16 @@ def _checked_profile_env(profile: Profile, settings: Settings) -> dict[str, str]
     return given
 
 
-def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN) -> ResolvedProfile:
+def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN,
+            revision: str = "") -> ResolvedProfile:
     """The flags and environment `vllm serve` runs with, judged for `gpu`; ConfigError (exit 2) when a required
-    flag is not offered or DSPARK_PROFILE_ENV names a variable the profile does not set."""
+    flag is not offered or DSPARK_PROFILE_ENV names a variable the profile does not set. `revision`: the commit
+    the verified copy of the weights holds (start), served instead of the pin the settings name."""
     given_env = _checked_profile_env(profile, settings)
     run = _Resolution(profile, offer, settings, gpu)
     model = run.setting("DSPARK_MODEL")
-    revision, served = run.setting("DSPARK_MODEL_REVISION", model), run.setting("DSPARK_SERVED_MODEL_NAME")
+    pinned, served = run.setting("DSPARK_MODEL_REVISION", model), run.setting("DSPARK_SERVED_MODEL_NAME")
+    revision = revision or pinned
     args = [model, "--served-model-name", served, *(("--revision", revision) if revision else ())]
     values = {name: run.setting(name) for name, _ in SETTING_FLAGS}
     if int(values["LONG_PREFILL_TOKEN_THRESHOLD"]) > int(values["MAX_MODEL_LEN"]):  # vLLM refuses it at engine start
@@ -458,9 +461,10 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarg
         env=tuple(run.env), decisions=tuple(run.decisions), chat=profile.chat, drain_timeout_s=drain_s)
 
 
-def resolve_selected(offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN) -> ResolvedProfile:
+def resolve_selected(offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN,
+                     revision: str = "") -> ResolvedProfile:
     """`resolve` for the profile DSPARK_PROFILE names, judged for `gpu`."""
-    return resolve(profile_named(settings.dspark_profile), offer, settings, gpu)
+    return resolve(profile_named(settings.dspark_profile), offer, settings, gpu, revision)
 
 
 def served_model(settings: Settings) -> tuple[str, str]:

@@ -60,9 +60,10 @@ class ServePlan:
 
 
 def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], resolved: ResolvedProfile,
-               head_fabric: FabricEnv | None) -> ServePlan:
+               head_fabric: FabricEnv | None, model_env: tuple[tuple[str, str], ...] = ()) -> ServePlan:
     """Built once per command from the profile resolved against the head's vLLM, plus the launcher's own
-    flags; `ray_env`: RAY_AUTH_MODE (+ token) for the Ray driver in vLLM; `head_fabric`: the head's own."""
+    flags; `ray_env`: RAY_AUTH_MODE (+ token) for the Ray driver in vLLM; `head_fabric`: the head's own;
+    `model_env`: what serving the verified copy of the weights needs (the hub offline), over everything else."""
     tp = spec.gpus_per_node * len(spec.nodes)
     model, *rest = resolved.serve_args
     args = [model, "--host", settings.vllm_host, "--port", str(settings.vllm_port),
@@ -85,6 +86,7 @@ def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], r
     })
     secret = {k: v for k, v in ray_env.items() if k in SECRET_ENV}
     env.update({k: v for k, v in ray_env.items() if k not in SECRET_ENV})
+    env.update(model_env)
     if settings.vllm_api_key:
         secret["VLLM_API_KEY"] = settings.vllm_api_key
     if settings.dspark_api_keys:
