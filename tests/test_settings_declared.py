@@ -77,6 +77,8 @@ def test_docs_block_is_rewritten_and_stray_end_markers_dropped():
     text = generate.DOCS.read_text()
     messy = text.replace(END, f"{END}\n\n{END}\n{END}", 1)
     assert generate.render_docs(messy) == text
+    stale = text.replace("| `HEALTH_TIMEOUT_S` |", "| `HEALTH_TIMEOUT` |") + "\n## After the block\n"
+    assert generate.render_docs(stale) == text + "\n## After the block\n"
 
 
 def test_no_module_reads_a_setting_by_string_key():

@@ -89,7 +89,7 @@ def render_docs(text: str) -> str:
     before, rest = text.split(BEGIN, 1)
     after = rest.split(END, 1)[1]
     after = re.sub(rf"\A(\s*{re.escape(END)})*", "", after)  # stray end markers left by earlier edits
-    return before + settings_reference().rstrip("\n") + ("\n" + after.lstrip("\n") if after.strip() else "\n")
+    return before + settings_reference().rstrip("\n") + (after if after.strip() else "\n")
 
 
 GENERATED = ((REGISTRY, render_registry), (EXAMPLE, render_example), (DOCS, render_docs))
