@@ -32,9 +32,11 @@ def prefill_steps(run: h.RunResult, rid: str) -> list[int]:
     return [s.step for s in run.steps if rid in s.mid_prefill]
 
 
-def test_mode_two_is_the_default(model_dir):
-    sched = h.build_scheduler(h.SchedulerSpec(policy="patched", long_prefill_token_threshold=THRESHOLD), model_dir)
-    assert sched._dspark_gate_mode == contract.DEFAULT_GATE_MODE == V3
+def test_mode_two_is_kept_beside_the_default_mode_three(model_dir):
+    default = h.build_scheduler(h.SchedulerSpec(policy="patched", long_prefill_token_threshold=THRESHOLD), model_dir)
+    assert default._dspark_gate_mode == contract.DEFAULT_GATE_MODE == 3
+    sched = h.build_scheduler(spec(V3, False), model_dir)
+    assert sched._dspark_gate_mode == V3
     assert (sched._dspark_step_bound, sched._dspark_short_room) == (BOUND, SHORT_ROOM)
 
 

@@ -1,4 +1,7 @@
-"""Each setting is declared once (config/knobs.py, config/text_settings.py); the rest is generated or typed."""
+"""Each setting is declared once (config/knobs.py, config/text_settings.py); the rest is generated or typed.
+
+settings-codemod: skip (the codemod's examples below are the old reads on purpose)
+"""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@
 
 A receiver is a name ending in `settings` (`settings`, `self.settings`, `head_settings`), a call
 (`settings_or_exit(env).int(...)`, method forms only) or one of --receiver (tests use `s`).
-`settings.entries["NAME"]` (a setting's source and notes, by environment name) is left alone.
+`settings.entries["NAME"]` (a setting's source and notes, by environment name) is left alone, and so is a
+file that says `settings-codemod: skip` (tests/test_settings_declared.py: examples of the old reads).
 
 Usage, from the repository root:
 
@@ -37,6 +38,7 @@ from dspark_launch.config.text_settings import TextSettings  # noqa: E402
 
 FIELD_TYPES = {f.name.upper(): f.type for f in dataclasses.fields(NumericKnobs) + dataclasses.fields(TextSettings)}
 NUMBER_TYPES = {"int", "float"}
+SKIP_MARK = "settings-codemod: " + "skip"  # a file holding examples of the old reads (its own test)
 
 # <receiver end>.<method>("NAME") with an optional `== 1` after it; either quote
 _METHOD = re.compile(r"""(?P<end>\b\w+|\))\.(?P<method>int|float|flag|words|text|get)\((?P<q>["'])"""
@@ -123,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         if path.resolve() == Path(__file__).resolve():
             continue
         text = path.read_text(encoding="utf-8")
+        if SKIP_MARK in text:
+            continue
         new = rewrite(text, str(path), receivers, report)
         if new != text:
             changed.append(path)

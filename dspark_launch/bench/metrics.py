@@ -122,10 +122,13 @@ def ideal_ttft_ms(prompt_len: int, workload: Workload, model: StepTimeModel) -> 
     return total
 
 
-def run_metrics(run: RunResult, workload: Workload) -> dict:
-    """Every number the benchmark reports for one (policy, workload) run."""
+def run_metrics(run: RunResult, workload: Workload, model: StepTimeModel = MIXED_FIT) -> dict:
+    """Every number the benchmark reports for one (policy, workload) run.
+
+    `model` is the step-time fit the run's arrivals were timed with (the
+    primary numbers); `ttft_solo_fit_ms_mean` is always the solo fit's."""
     scale = float(workload.scale)
-    times = MIXED_FIT.step_times(run, scale)
+    times = model.step_times(run, scale)
     alt_times = SOLO_FIT.step_times(run, scale)
     cum, alt_cum = _prefix(times), _prefix(alt_times)
     totals = _prefix([s.total_tokens for s in run.steps])
@@ -160,7 +163,7 @@ def run_metrics(run: RunResult, workload: Workload) -> dict:
         ttft_ms.append(cum[f + 1] - cum[a] + wait.get(rid, 0.0))
         ttft_alt.append(alt_cum[f + 1] - alt_cum[a])
         ideal_steps.append(ideal_ttft_steps(prompt_len[rid], workload))
-        ideal_ms.append(ideal_ttft_ms(prompt_len[rid], workload, MIXED_FIT))
+        ideal_ms.append(ideal_ttft_ms(prompt_len[rid], workload, model))
 
     by_request = ttft_ms_by_request(run, workload, cum)
     by_class = {}

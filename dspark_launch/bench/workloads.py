@@ -243,22 +243,29 @@ SHORT_MIX = (0.3, 0.5, 1, 2, 0.8, 1.5)
 
 
 def short_stream(scale: Fraction, n_prompts: int = 60, every_ms: float = 400.0, long_k: int = 62,
-                 long_at_ms: float = 2000.0, n_streams: int = 2, max_num_seqs: int = 16) -> Workload:
+                 long_at_ms: float = 2000.0, n_streams: int = 2, max_num_seqs: int = 16,
+                 replies: tuple[int, int] | None = None) -> Workload:
     """A sustained stream of short prompts (0.3K to 2K, one every `every_ms` of
-    modelled time) with one cold `long_k` K document among them."""
+    modelled time) with one cold `long_k` K document among them.
+
+    `replies` (first, spread): the shorts' replies are `first` to
+    `first + spread` tokens (realistic chat answers: about ten shorts decode
+    while the document is ingested); default 16 to 31."""
     budget, threshold = _settings(scale)
     stream_prompt = scaled(STREAM_PROMPT, scale)
+    first, spread = replies or (16, 16)
     prompts = [RequestSpec(f"short-{i:02d}", 0, scaled(int(SHORT_MIX[i % len(SHORT_MIX)] * K), scale),
-                           16 + (i * 7) % 16, arrival_ms=200.0 + i * every_ms) for i in range(n_prompts)]
+                           first + (i * 7) % spread, arrival_ms=200.0 + i * every_ms) for i in range(n_prompts)]
     prompts.append(RequestSpec("long-0", 0, scaled(long_k * K, scale), 64, arrival_ms=long_at_ms))
     prompts.sort(key=lambda r: r.arrival_ms)
     horizon = sum(math.ceil(p.prompt_len / threshold) + p.max_tokens for p in prompts) + 64
     streams = [RequestSpec(f"stream-{i}", 0, stream_prompt, horizon) for i in range(n_streams)]
+    suffix = f"-replies{first}-{first + spread - 1}" if replies else ""
     return _unpressured(
-        f"short-stream-{n_prompts}x-every{every_ms:g}ms-long{long_k}k", "short-stream", streams, prompts,
+        f"short-stream-{n_prompts}x-every{every_ms:g}ms-long{long_k}k{suffix}", "short-stream", streams, prompts,
         max_num_seqs, budget, threshold, scale,
         {"n_prompts": n_prompts, "every_ms_model": every_ms, "mix_k": list(SHORT_MIX), "long_tokens_full": long_k * K,
-         "long_at_ms_model": long_at_ms, "n_streams": n_streams})
+         "long_at_ms_model": long_at_ms, "n_streams": n_streams, "reply_tokens": [first, first + spread - 1]})
 
 
 def suite(scale: Fraction, grid: str = "full") -> list[Workload]:
@@ -283,5 +290,6 @@ def suite(scale: Fraction, grid: str = "full") -> list[Workload]:
         agent(scale),
         short_stream(scale),
         short_stream(scale, every_ms=250.0, long_k=32),
+        short_stream(scale, every_ms=1000.0, replies=(200, 300)),
     ]
     return loads

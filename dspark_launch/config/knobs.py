@@ -52,10 +52,14 @@ class NumericKnobs:
     dspark_max_inflight_prefills: int = knob(1, ge=1, le=3, group="hotfix", soft=True,
                                              alias="DSPARKMAXINFLIGHTPREFILLS")
     """Requests allowed mid-prefill (partial prefill) at once; the scheduler hotfix caps it at 3"""
-    dspark_prefill_gate_mode: int = knob(2, ge=0, le=2, group="hotfix")
+    dspark_prefill_gate_mode: int = knob(3, ge=0, le=3, group="hotfix")
     """Scheduler hotfix gate: 0 counts in-flight prefills only; 1 also bounds a step's prefill tokens at
-    (cap + 1/2) x threshold; 2 (default) judges prompts after their prefix-cache hit and gives uncached prompts
-    that finish in the step a quarter threshold of extra room"""
+    (cap + 1/2) x threshold; 2 judges prompts after their prefix-cache hit and gives uncached prompts that finish
+    in the step a quarter threshold of extra room; 3 (default) gives the step's bounded prefill room, running
+    prompts included, to the least uncached work left first"""
+    dspark_prefill_aging: float = knob(2.0, ge=0.0, le=64.0, group="hotfix")
+    """Gate mode 3: a prompt that has waited more than this many times its own solo prefill steps goes first
+    (aging: nothing starves; 0 = oldest first)"""
     dspark_issue43_sched_diag: bool = switch(False, group="hotfix")
     """1 logs one scheduler diagnostics line per step (prefill/decode tokens, in-flight prefills)"""
 

@@ -14,12 +14,13 @@ import re
 
 #: Bumped whenever the injected text changes; a file patched by an older
 #: version reports `outdated` and `apply` re-patches it from its stored original.
-PATCH_VERSION = 4
+PATCH_VERSION = 5
 
 #: Environment variables the patched scheduler reads, once, in `__init__`.
 ENV_CAP = "DSPARK_MAX_INFLIGHT_PREFILLS"
 ENV_GATE_MODE = "DSPARK_PREFILL_GATE_MODE"
 ENV_DIAG = "DSPARK_ISSUE43_SCHED_DIAG"
+ENV_AGING = "DSPARK_PREFILL_AGING"
 
 #: Bounds of DSPARK_MAX_INFLIGHT_PREFILLS (values above CAP_MAX are clamped to it).
 CAP_MIN = 1
@@ -30,9 +31,10 @@ DEFAULT_CAP = 1
 #: a per-step prefill token bound (patch v2); 2 (patch v3) mode 1 judged after
 #: the prefix-cache lookup by the tokens a prompt still has to compute, prompts
 #: that finish in the step given extra room, requests holding KV blocks never
-#: starved of budget.
-GATE_MODES = (0, 1, 2)
-DEFAULT_GATE_MODE = 2
+#: starved of budget; 3 (patch v5) the step's prefill room, running prompts'
+#: chunks included, goes to the least uncached work left first, with aging.
+GATE_MODES = (0, 1, 2, 3)
+DEFAULT_GATE_MODE = 3
 #: Mode 2: prefill tokens beyond the step bound that prompts finishing within
 #: the step may use when they have no prefix-cache hit (a cached turn's tail
 #: gets only what is left of the bound), as a share of the threshold
@@ -40,8 +42,17 @@ DEFAULT_GATE_MODE = 2
 #: every prompt and for uncached ones only: 1/4 for uncached prompts is what
 #: keeps p99 inter-token time within 10 % of patch v2's on every workload).
 SHORT_ROOM_SHARE = 0.25
-#: Long prompts a gate steps over in one step, at most.
+#: Long prompts a gate steps over in one step, at most; mode 3 also looks at
+#: no more than this many waiting requests per step when it plans the step.
 MAX_SKIPS = 8
+#: Mode 3's aging knob k (DSPARK_PREFILL_AGING): a prompt that has waited
+#: more than k times its own solo prefill time (its uncached tokens in
+#: threshold-sized steps) goes first (0: every request is aged at once,
+#: i.e. oldest first inside the bound). Bounds and default equal the registry's
+#: (dspark-numeric-knobs.sh); the default is picked in docs/hotfix-issue27.md.
+AGING_MIN = 0.0
+AGING_MAX = 64.0
+DEFAULT_AGING = 2.0
 
 #: vLLM (major, minor) range whose scheduler layout this patch knows.
 SUPPORTED_RANGE = ((0, 25), (0, 33))
@@ -115,4 +126,6 @@ def injected_constants(patch_version: int = PATCH_VERSION) -> dict[str, object]:
         "_DSPARK_I27_MAX_SKIPS": MAX_SKIPS,
         "_DSPARK_I27_SHORT_ROOM_SHARE": SHORT_ROOM_SHARE,
         "_DSPARK_I27_ACTIVE_LOG": ACTIVE_LOG_FORMAT,
+        "_DSPARK_I27_AGING_ENV": ENV_AGING,
+        "_DSPARK_I27_AGING": (AGING_MIN, DEFAULT_AGING, AGING_MAX),
     }

@@ -25,6 +25,8 @@ _DSPARK_I27_DEFAULT_MODE = contract.DEFAULT_GATE_MODE
 _DSPARK_I27_MAX_SKIPS = contract.MAX_SKIPS
 _DSPARK_I27_SHORT_ROOM_SHARE = contract.SHORT_ROOM_SHARE
 _DSPARK_I27_ACTIVE_LOG = contract.ACTIVE_LOG_FORMAT
+_DSPARK_I27_AGING_ENV = contract.ENV_AGING
+_DSPARK_I27_AGING = (contract.AGING_MIN, contract.DEFAULT_AGING, contract.AGING_MAX)
 
 # ---- INJECTED BODY (everything below goes into scheduler.py) ----
 
@@ -283,3 +285,173 @@ def _dspark_i27_diag(sched, num_scheduled_tokens, inflight, spent=0):
             if legacy_after < inflight
             else "over-count: the set also holds async KV loads",
         )
+
+
+# ---- gate mode 3 (patch v5): shortest remaining work first, with aging ----
+
+
+def _dspark_i27_parse_aging(raw):
+    """Return (k, bad) for a raw DSPARK_PREFILL_AGING value.
+
+    Unset or blank means the default; a plain decimal (digits with at most
+    one '.') inside the bounds is taken; anything else is `bad` (the caller
+    warns) and gives the default.
+    """
+    low, default, high = _DSPARK_I27_AGING
+    if raw is None or not raw.strip():
+        return default, False
+    text = raw.strip()
+    if text[0] == "+":
+        text = text[1:]
+    if not text or text.count(".") > 1 or any(c not in "0123456789." for c in text) or text == ".":
+        return default, True
+    value = float(text)
+    if not low <= value <= high:
+        return default, True
+    return value, False
+
+
+def _dspark_i27_init_srpt(sched):
+    """Mode 3's state; set for every mode so that nothing depends on the order
+    in which the other `__init__` helpers ran."""
+    raw = _dspark_i27_os.environ.get(_DSPARK_I27_AGING_ENV)
+    aging, bad = _dspark_i27_parse_aging(raw)
+    if bad:
+        logger.warning(
+            "dspark-issue27: ignoring %s=%r (expected a decimal in %g..%g); using %g",
+            _DSPARK_I27_AGING_ENV, raw, _DSPARK_I27_AGING[0], _DSPARK_I27_AGING[2], aging,
+        )
+    sched._dspark_aging = aging
+    sched._dspark_srpt_step = 0
+    sched._dspark_reserved = {}
+    sched._dspark_reserved_total = 0
+
+
+def _dspark_i27_srpt_ok(sched):
+    # Mamba-aligned chunks cannot be cut to an arbitrary size: mode 3 then
+    # leaves the running loop alone and gates like mode 2.
+    return not getattr(sched, "need_mamba_block_aligned_split", False)
+
+
+def _dspark_i27_first_sight(sched, request):
+    """Remember a request's uncached need the first time mode 3 sees it: one
+    prefix-cache lookup per request, stopping at the first missed block (the
+    cache's own walk); later admissions' lookups refresh it."""
+    need = getattr(request, "_dspark_need", None)
+    if need is not None:
+        return need
+    hit = 0
+    if request.num_computed_tokens:
+        hit = request.num_computed_tokens
+    elif sched.cache_config.enable_prefix_caching and request.block_hashes and not getattr(
+        request, "skip_reading_prefix_cache", False
+    ):
+        hit = sched.kv_cache_manager.coordinator.find_longest_cache_hit(
+            request.block_hashes, request.num_tokens - 1
+        )[1]
+    need = max(1, request.num_tokens - hit)
+    request._dspark_need = need
+    request._dspark_seen = sched._dspark_srpt_step
+    request._dspark_solo = -(-need // sched._dspark_chunk)
+    return need
+
+
+def _dspark_i27_plan(sched):
+    """Mode 3: split this step's prefill room (the step bound) among running
+    prompts mid-prefill and the first waiting requests, least uncached work
+    left first; requests that waited more than k times their solo prefill
+    steps go first, oldest first.
+
+    Returns {request_id: tokens} for the running prompts mid-prefill (0:
+    skipped this step; decoding requests are never in it), or None when mode
+    3 is off. Room promised to waiting requests is kept in
+    `sched._dspark_reserved` for the admission gate.
+    """
+    if sched._dspark_gate_mode != 3 or not sched._dspark_step_bound or not _dspark_i27_srpt_ok(sched):
+        return None
+    sched._dspark_srpt_step += 1
+    now = sched._dspark_srpt_step
+    aging = sched._dspark_aging
+    chunk = sched._dspark_chunk
+    candidates = []
+    partials = 0
+    for request in sched.running:
+        if request.is_prefill_chunk:
+            partials += 1
+            _dspark_i27_first_sight(sched, request)
+            left = request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
+            aged = now - request._dspark_seen > aging * request._dspark_solo
+            candidates.append((not aged, request._dspark_seen if aged else left, request._dspark_seen, len(candidates), True, left, request))
+    seats = len(sched.running) < sched.max_num_running_reqs
+    looked = 0
+    if seats:
+        for request in sched.waiting:
+            if looked >= _DSPARK_I27_MAX_SKIPS:
+                break
+            looked += 1
+            if _dspark_i27_holds_kv(request):
+                continue
+            need = _dspark_i27_first_sight(sched, request)
+            aged = now - request._dspark_seen > aging * request._dspark_solo
+            candidates.append((not aged, request._dspark_seen if aged else need, request._dspark_seen, len(candidates), False, need, request))
+    room = sched._dspark_step_bound
+    slots = sched._dspark_max_inflight_prefills - partials
+    seats = sched.max_num_running_reqs - len(sched.running)
+    plan = {}
+    reserved = {}
+    candidates.sort()  # unique 4th field: requests are never compared
+    for _, _, _, _, running, need, request in candidates:
+        if running:
+            give = min(need, chunk, room)
+            plan[request.request_id] = give
+            room -= give
+        elif seats > 0 and room > 0 and (need <= room or slots > 0):
+            # Whole within the room, or a first chunk in a free slot.
+            give = need if need <= room else min(chunk, room)
+            if give < need:
+                slots -= 1
+            seats -= 1
+            reserved[request.request_id] = give
+            room -= give
+    sched._dspark_reserved = reserved
+    sched._dspark_reserved_total = sum(reserved.values())
+    return plan
+
+
+def _dspark_i27_planned_spent(sched, num_scheduled_tokens):
+    """Mode 3: the prefill tokens the running loop actually gave prompts
+    mid-prefill (a prompt the plan skipped claims nothing)."""
+    get = num_scheduled_tokens.get
+    return sum(get(r.request_id, 0) for r in sched.running if r.is_prefill_chunk)
+
+
+def _dspark_i27_admit_srpt(sched, request, computed, token_budget, partial, spent):
+    """Mode 3's admission, after admission's own prefix-cache lookup: -1 holds
+    `request` back; 0 admits it as vLLM would; n > 0 admits it with at most n
+    tokens this step, past vLLM's threshold (its budget still applies):
+    `request.num_tokens` when the whole prompt fits the step's room.
+
+    The room is the step bound less what running prompts got and what the
+    plan promised other waiting requests with less work left. A prompt that
+    would stay mid-prefill needs a free in-flight slot, as in modes 0-2.
+    """
+    if _dspark_i27_holds_kv(request):
+        return 0
+    if not sched._dspark_chunk or not _dspark_i27_srpt_ok(sched):
+        return _dspark_i27_admit(sched, request, computed, token_budget, partial, spent)
+    need = request.num_tokens - computed
+    request._dspark_need = max(1, need)
+    if getattr(request, "_dspark_seen", None) is None:
+        request._dspark_seen = sched._dspark_srpt_step
+        request._dspark_solo = -(-request._dspark_need // sched._dspark_chunk)
+    mine = sched._dspark_reserved.pop(request.request_id, 0)
+    sched._dspark_reserved_total -= mine
+    room = min(sched._dspark_step_bound - spent - sched._dspark_reserved_total, token_budget)
+    if need <= room:
+        # The whole prompt: a limit no chunk can reach, so that the first
+        # chunk is everything left to compute (on layouts with bounded prefix
+        # replay that includes the replayed window, which `need` does not).
+        return request.num_tokens
+    if partial >= sched._dspark_max_inflight_prefills or room <= 0:
+        return -1
+    return min(room, sched._dspark_chunk)

@@ -92,11 +92,67 @@ class _Site:
     requires: tuple[str, ...] = ()  # per anchor alternative ("" = nothing)
 
 
+def _srpt_gate_code(skip: str) -> str:
+    """Mode 3's admission gate, after admission's own prefix-cache lookup and
+    mode 2's gate: `_dspark_limit` > 0 is the exact size of the first chunk."""
+    return (
+        "                if self._dspark_gate_mode == 3 and not load_kv_async:  " + _INJECT_TAG + "\n"
+        "                    _dspark_limit = _dspark_i27_admit_srpt(\n"
+        "                        self, request, num_computed_tokens, token_budget, _dspark_partial, _dspark_spent\n"
+        "                    )\n"
+        "                    if _dspark_limit < 0:\n"
+        "                        if _dspark_skips >= _DSPARK_I27_MAX_SKIPS:\n"
+        "                            break\n"
+        "                        _dspark_skips += 1\n"
+        + skip.replace("                    ", "                        ", 1)
+        + "                        continue\n"
+    )
+
+
+#: vLLM's own threshold clamp of a waiting request's first chunk (0.31 ..
+#: 0.33, then 0.25 .. 0.30).
+_FIRST_CHUNK_CLAMPS = (
+    "                    if 0 < long_prefill_token_threshold < num_new_tokens:\n"
+    "                        num_new_tokens = long_prefill_token_threshold\n",
+    "                    threshold = self.scheduler_config.long_prefill_token_threshold\n"
+    "                    if 0 < threshold < num_new_tokens:\n"
+    "                        num_new_tokens = threshold\n",
+)
+
 _SITES: tuple[_Site, ...] = (
     _Site(
         "init",
         ("        self.scheduler_config = vllm_config.scheduler_config\n",),
         "        _dspark_i27_init(self)  " + _INJECT_TAG + "\n",
+    ),
+    _Site(
+        "init-srpt",
+        ("        _dspark_i27_init(self)  " + _INJECT_TAG + "\n",),
+        "        _dspark_i27_init_srpt(self)  " + _INJECT_TAG + "\n",
+    ),
+    _Site(
+        "running-plan",
+        ("        # First, schedule the RUNNING requests.\n",),
+        "        _dspark_plan = _dspark_i27_plan(self)  " + _INJECT_TAG + "\n",
+        before=True,
+    ),
+    _Site(
+        "running-chunk",
+        (
+            # vLLM 0.31 .. 0.33: the running loop's (possibly adaptive) threshold.
+            "\n            if 0 < long_prefill_token_threshold < num_new_tokens:\n"
+            "                num_new_tokens = long_prefill_token_threshold\n",
+            # vLLM 0.25 .. 0.30: the configured threshold.
+            "\n            if 0 < self.scheduler_config.long_prefill_token_threshold < num_new_tokens:\n"
+            "                num_new_tokens = self.scheduler_config.long_prefill_token_threshold\n",
+        ),
+        # Mode 3's plan may shrink a running prompt's chunk, or skip it this
+        # step; decoding requests are never in the plan.
+        "            if _dspark_plan and request.request_id in _dspark_plan:  " + _INJECT_TAG + "\n"
+        "                num_new_tokens = min(num_new_tokens, _dspark_plan[request.request_id])\n"
+        "                if not num_new_tokens:\n"
+        "                    req_index += 1\n"
+        "                    continue\n",
     ),
     _Site(
         "waiting-section",
@@ -108,6 +164,13 @@ _SITES: tuple[_Site, ...] = (
         "            token_budget = min(token_budget, max(0, self._dspark_step_bound - _dspark_spent))\n"
         "        _dspark_skips = 0  " + _INJECT_TAG + "\n"
         "        _dspark_limit = 0  " + _INJECT_TAG + "\n",
+        before=True,
+    ),
+    _Site(
+        "srpt-spent",
+        ("        # Next, schedule the WAITING requests.\n",),
+        "        if _dspark_plan is not None:  " + _INJECT_TAG + "\n"
+        "            _dspark_spent = _dspark_i27_planned_spent(self, num_scheduled_tokens)\n",
         before=True,
     ),
     _Site(
@@ -133,6 +196,12 @@ _SITES: tuple[_Site, ...] = (
         before=True,
     ),
     _Site(
+        "srpt-gate",
+        ("                encoder_inputs_to_schedule = None\n",),
+        (_srpt_gate_code(_SKIP_031), _srpt_gate_code(_SKIP_025)),
+        before=True,
+    ),
+    _Site(
         "first-chunk",
         (
             # vLLM 0.31 .. 0.33: the step's (possibly adaptive) threshold.
@@ -145,6 +214,14 @@ _SITES: tuple[_Site, ...] = (
         ),
         "                    if _dspark_limit:  " + _INJECT_TAG + "\n"
         "                        num_new_tokens = min(num_new_tokens, _dspark_limit)\n",
+    ),
+    _Site(
+        "srpt-first-chunk",
+        _FIRST_CHUNK_CLAMPS,
+        # Mode 3 sizes the first chunk itself, possibly the whole prompt
+        # beyond the threshold; vLLM's budget clamp follows.
+        "                    if _dspark_limit > 0 and self._dspark_gate_mode == 3:  " + _INJECT_TAG + "\n"
+        "                        num_new_tokens = min(request.num_tokens - num_computed_tokens, _dspark_limit)\n",
     ),
     _Site(
         "admission",

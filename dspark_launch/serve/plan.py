@@ -9,7 +9,7 @@ from pathlib import Path
 from dspark_launch.cluster.fabric import FabricEnv
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.config.settings import Settings
-from dspark_launch.hotfix.contract import ENV_CAP, ENV_DIAG, ENV_GATE_MODE
+from dspark_launch.hotfix.contract import ENV_AGING, ENV_CAP, ENV_DIAG, ENV_GATE_MODE
 from dspark_launch.profiles.resolve import Decision, KvCacheChoice, ResolvedProfile
 
 ENTRY_MODULE = "dspark_launch.serve.entry"
@@ -77,6 +77,7 @@ def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], r
     env.update({
         ENV_CAP: str(settings.dspark_max_inflight_prefills),
         ENV_GATE_MODE: str(settings.dspark_prefill_gate_mode),
+        ENV_AGING: str(settings.dspark_prefill_aging),
         ENV_DIAG: str(int(settings.dspark_issue43_sched_diag)),
         "RAY_ADDRESS": spec.ray_address,
         "VLLM_HOST_IP": spec.head.ip,
