@@ -1,7 +1,9 @@
 # shellcheck shell=bash
 # dspark-numeric-knobs.sh: the registry of every numeric knob dspark-launch reads.
 #
-# One `dspark_knob` line per knob is the single source of truth:
+# One `dspark_knob` line per knob, GENERATED from dspark_launch/config/knobs.py
+# (edit a knob there, then `python -m dspark_launch.config.generate`; the tests
+# fail while this table is stale):
 #   dspark_knob NAME TYPE DEFAULT MIN MAX RANGE "DESCRIPTION"
 # TYPE  int   : optional sign, ASCII digits, base 10 ("010" is ten, never octal)
 #       float : optional sign, ASCII digits with at most one '.', no exponent
@@ -39,7 +41,7 @@ dspark_knob HF_HUB_OFFLINE                 int   0        0    1        hard "1 
 dspark_knob VLLM_PORT                      int   8888     1    65535    hard "TCP port of the OpenAI-compatible API"
 dspark_knob START_TIMEOUT_S                int   1800     10   86400    hard "seconds to wait for vllm serve to answer after launch"
 dspark_knob HEALTH_TIMEOUT_S               int   5        1    600      hard "seconds one health or status probe may take"
-dspark_knob DSPARK_DRAIN_TIMEOUT_S           int   60       0    3600     hard "seconds dspark stop and restart let vllm serve finish in-flight requests (vllm --shutdown-timeout); 0 aborts them at once"
+dspark_knob DSPARK_DRAIN_TIMEOUT_S         int   60       0    3600     hard "seconds dspark stop and restart let vllm serve finish in-flight requests (vllm --shutdown-timeout); 0 aborts them at once"
 # Cluster
 dspark_knob RAY_PORT                       int   6379     1    65535    hard "TCP port of the Ray head (GCS) on the fabric IP"
 dspark_knob RAY_OBJECT_STORE_MB            int   2048     80   1048576  hard "Ray object store per node, MiB (else Ray claims 30% of RAM)"

@@ -26,10 +26,10 @@ def test_precedence_cli_environment_file_default(tmp_path, clean_environ):
     path = write(tmp_path, "VLLM_PORT=9000\nMAX_NUM_SEQS=8\nRAY_PORT=7000\n")
     environ = {**clean_environ, "VLLM_PORT": "9100", "MAX_NUM_SEQS": "8"}
     s = resolve(env_file=str(path), environ=environ, cli={"VLLM_PORT": ("9200", "--port")})
-    assert (s["VLLM_PORT"], s.entries["VLLM_PORT"].source) == ("9200", "CLI --port")
-    assert s["MAX_NUM_SEQS"] == "8" and s.entries["MAX_NUM_SEQS"].source == "environment"
-    assert s["RAY_PORT"] == "7000" and s.entries["RAY_PORT"].source == f"{path}:3"
-    assert s["MAX_NUM_BATCHED_TOKENS"] == "8192" and s.entries["MAX_NUM_BATCHED_TOKENS"].source == "default"
+    assert (str(s.vllm_port), s.entries["VLLM_PORT"].source) == ("9200", "CLI --port")
+    assert str(s.max_num_seqs) == "8" and s.entries["MAX_NUM_SEQS"].source == "environment"
+    assert str(s.ray_port) == "7000" and s.entries["RAY_PORT"].source == f"{path}:3"
+    assert str(s.max_num_batched_tokens) == "8192" and s.entries["MAX_NUM_BATCHED_TOKENS"].source == "default"
 
 
 def test_environment_overriding_the_file_warns_once(tmp_path, clean_environ):
@@ -43,8 +43,8 @@ def test_bom_crlf_quotes_and_export(tmp_path, clean_environ):
     path = write(tmp_path, b'\xef\xbb\xbfexport VLLM_PORT=9001\r\nMAX_NUM_SEQS="7"\r\n'
                            b"DSPARK_SERVED_MODEL_NAME='tiny'\r\n# comment\r\nDSPARK_MAX_INFLIGHT_PREFILLS= 2 \r\n")
     s = resolve(env_file=str(path), environ=clean_environ)
-    assert (s["VLLM_PORT"], s["MAX_NUM_SEQS"], s["DSPARK_SERVED_MODEL_NAME"]) == ("9001", "7", "tiny")
-    assert s["DSPARK_MAX_INFLIGHT_PREFILLS"] == "2"
+    assert (str(s.vllm_port), str(s.max_num_seqs), s.dspark_served_model_name) == ("9001", "7", "tiny")
+    assert str(s.dspark_max_inflight_prefills) == "2"
     assert s.entries["DSPARK_MAX_INFLIGHT_PREFILLS"].source == f"{path}:5"
 
 
@@ -53,7 +53,7 @@ def test_env_file_is_never_executed(tmp_path, clean_environ):
     path = write(tmp_path, f"DSPARK_MODEL=$(touch {marker})\nVLLM_EXTRA_ARGS=--chat-template `touch {marker}`\n")
     s = resolve(env_file=str(path), environ=clean_environ)
     assert not marker.exists()
-    assert s["DSPARK_MODEL"] == f"$(touch {marker})"
+    assert s.dspark_model == f"$(touch {marker})"
 
 
 def test_error_names_variable_value_file_line_and_allowed(tmp_path, clean_environ):
@@ -68,17 +68,17 @@ def test_error_names_variable_value_file_line_and_allowed(tmp_path, clean_enviro
 
 def test_cap_clamped_and_defaulted_with_notes(tmp_path, clean_environ):
     s = resolve(env_file=str(write(tmp_path, "DSPARK_MAX_INFLIGHT_PREFILLS=64\n")), environ=clean_environ)
-    assert s["DSPARK_MAX_INFLIGHT_PREFILLS"] == "3"
+    assert str(s.dspark_max_inflight_prefills) == "3"
     assert "clamped" in s.entries["DSPARK_MAX_INFLIGHT_PREFILLS"].notes
     assert any("caps it at 3" in w for w in s.warnings)
     s = resolve(env_file=str(write(tmp_path, "DSPARK_MAX_INFLIGHT_PREFILLS=-1\n")), environ=clean_environ)
-    assert s["DSPARK_MAX_INFLIGHT_PREFILLS"] == "1"
+    assert str(s.dspark_max_inflight_prefills) == "1"
     assert any("using the default 1" in w for w in s.warnings)
 
 
 def test_alias_in_file_and_conflict(tmp_path, clean_environ):
     s = resolve(env_file=str(write(tmp_path, "DSPARKMAXINFLIGHTPREFILLS=2\n")), environ=clean_environ)
-    assert s["DSPARK_MAX_INFLIGHT_PREFILLS"] == "2"
+    assert str(s.dspark_max_inflight_prefills) == "2"
     assert "alias DSPARKMAXINFLIGHTPREFILLS used" in s.entries["DSPARK_MAX_INFLIGHT_PREFILLS"].notes
     assert any("spell it DSPARK_MAX_INFLIGHT_PREFILLS" in w for w in s.warnings)
     path = write(tmp_path, "DSPARKMAXINFLIGHTPREFILLS=2\nDSPARK_MAX_INFLIGHT_PREFILLS=3\n")
@@ -134,15 +134,15 @@ def test_env_file_choice(tmp_path, clean_environ):
     other = write(tmp_path, "VLLM_PORT=9002\n", "b.env")
     write(tmp_path, "VLLM_PORT=9003\n")
     environ = {**clean_environ, "DSPARK_ENV_FILE": str(other)}
-    assert resolve(env_file=str(explicit), environ=environ, cwd=tmp_path)["VLLM_PORT"] == "9001"
-    assert resolve(environ=environ, cwd=tmp_path)["VLLM_PORT"] == "9002"
+    assert resolve(env_file=str(explicit), environ=environ, cwd=tmp_path).vllm_port == 9001
+    assert resolve(environ=environ, cwd=tmp_path).vllm_port == 9002
     s = resolve(environ=clean_environ, cwd=tmp_path)
-    assert s["VLLM_PORT"] == "9003" and not s.from_example
+    assert str(s.vllm_port) == "9003" and not s.from_example
     empty = tmp_path / "empty"
     empty.mkdir()
     write(empty, "VLLM_PORT=9004\n", ".env.dspark.example")  # a template, never read from the working directory
     s = resolve(environ=clean_environ, cwd=empty)
-    assert s.env_file is None and not s.from_example and s["VLLM_PORT"] == "8888"
+    assert s.env_file is None and not s.from_example and str(s.vllm_port) == "8888"
     assert any(w.startswith("no env file") and "built-in defaults" in w for w in s.warnings)
     with pytest.raises(ConfigError, match="no such file"):
         resolve(env_file=str(tmp_path / "missing"), environ=clean_environ)
@@ -171,7 +171,7 @@ def test_random_env_files_give_settings_or_a_clean_config_error(tmp_path, clean_
     except ConfigError as error:
         assert "\n" not in str(error) and str(error)
         return
-    cap = int(s["DSPARK_MAX_INFLIGHT_PREFILLS"])
+    cap = int(str(s.dspark_max_inflight_prefills))
     assert 1 <= cap <= 3
 
 
@@ -210,14 +210,14 @@ def test_bad_text_values_are_one_clean_line(tmp_path, clean_environ, name, value
 
 def test_accepted_keys_fit_an_http_header_and_split_only_on_ascii_whitespace(clean_environ):
     s = resolve(env_file="/dev/null", environ={**clean_environ, "DSPARK_API_KEYS": " sk-a\tsk-b  sk-c "})
-    assert s["DSPARK_API_KEYS"] == "sk-a sk-b sk-c"
+    assert s.dspark_api_keys == "sk-a sk-b sk-c"
     token = "A1b2" * 8
-    assert resolve(env_file="/dev/null", environ={**clean_environ, "RAY_AUTH_TOKEN": token})["RAY_AUTH_TOKEN"] == token
+    assert resolve(env_file="/dev/null", environ={**clean_environ, "RAY_AUTH_TOKEN": token}).ray_auth_token == token
 
 
 def test_env_file_that_is_not_a_regular_file(tmp_path, clean_environ):
     s = resolve(env_file="/dev/null", environ=clean_environ)
-    assert s.env_file == Path("/dev/null") and not s.from_example and s["VLLM_PORT"] == "8888"
+    assert s.env_file == Path("/dev/null") and not s.from_example and str(s.vllm_port) == "8888"
     with pytest.raises(ConfigError, match="a directory, not a regular file"):
         resolve(env_file=str(tmp_path), environ=clean_environ)
     fifo = tmp_path / "fifo"
@@ -245,7 +245,7 @@ def test_random_text_values_give_usable_settings_or_a_clean_config_error(clean_e
     except ConfigError as error:
         assert str(error).isprintable() and "allowed:" in str(error)
         return
-    for key in [s["VLLM_API_KEY"], *s["DSPARK_API_KEYS"].split(), s["RAY_AUTH_TOKEN"]]:
+    for key in [s.vllm_api_key, *s.dspark_api_keys.split(), s.ray_auth_token]:
         f"Bearer {key}".encode("ascii")
     for entry in s.entries.values():
         assert hidden_character(entry.value) is None, entry

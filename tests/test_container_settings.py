@@ -157,7 +157,7 @@ def test_the_test_hook_is_refused_outside_the_test_platform(monkeypatch):
 def test_plan_and_status_warn_when_the_image_is_a_tag(clean_environ):
     from dspark_launch.cluster.codec import to_data
     from dspark_launch.config.settings import resolve
-    from dspark_launch.serve.service import ServerView, ServiceStatus, image_warnings
+    from dspark_launch.serve.status import ServerView, ServiceStatus, image_warnings
 
     def warnings(**values):
         return image_warnings(resolve(env_file="/dev/null", environ={**clean_environ, **values}))

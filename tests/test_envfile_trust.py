@@ -75,7 +75,7 @@ def test_env_files_another_user_could_write_are_refused(tmp_path, clean_environ)
     linked = _folder(tmp_path, "i") / "link.env"
     linked.symlink_to(good)
     for accepted in (good, linked):
-        assert resolve(env_file=str(accepted), environ=clean_environ)["VLLM_PORT"] == "9001"
+        assert resolve(env_file=str(accepted), environ=clean_environ).vllm_port == 9001
     assert resolve(env_file=os.devnull, environ=clean_environ).env_file == Path(os.devnull)
 
 

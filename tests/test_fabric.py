@@ -144,7 +144,7 @@ def test_the_env_files_double_equals_form_is_nccls_exact_match(tmp_path):
     env = tmp_path / "e.env"
     env.write_text("NCCL_IB_HCA==rocep1s0f1,roceP2p1s0f1\n")  # MiaAI-Lab's recommended line
     settings = load_settings(env_file=str(env), environ={})
-    assert settings["NCCL_IB_HCA"] == "=rocep1s0f1,roceP2p1s0f1"
+    assert settings.nccl_ib_hca == "=rocep1s0f1,roceP2p1s0f1"
     assert fabric_request(settings, "head", "10.213.0.1").hca_list == "=rocep1s0f1,roceP2p1s0f1"
     per_node = load_settings(env_file=str(env), environ={
         "DSPARK_NODE_FABRIC": "worker1:NCCL_IB_HCA==rocep1s0f0,roceP2p1s0f0 worker1:NCCL_IB_GID_INDEX=3"})

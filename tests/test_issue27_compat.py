@@ -16,7 +16,7 @@ import zipfile
 
 import pytest
 
-from dspark_launch.hotfix import issue27_patch as patch
+from dspark_launch.hotfix import patch_tool as patch
 
 pytestmark = pytest.mark.compat
 

@@ -16,7 +16,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PATCH = REPO / "patches" / "hotfix-dsv4-issue27-partial-prefill-concurrency.py"
 
-from dspark_launch.hotfix import issue27_patch as patch  # noqa: E402
+from dspark_launch.hotfix import patch_tool as patch  # noqa: E402
 from dspark_launch.hotfix.contract import EXIT_UNSUPPORTED  # noqa: E402
 
 

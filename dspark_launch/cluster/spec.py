@@ -95,7 +95,7 @@ def default_state_dir() -> Path:
 
 
 def state_dir_of(settings: Settings) -> Path:
-    return Path(settings["DSPARK_STATE_DIR"]).expanduser() if settings["DSPARK_STATE_DIR"] else default_state_dir()
+    return Path(settings.dspark_state_dir).expanduser() if settings.dspark_state_dir else default_state_dir()
 
 
 def placeholder(settings: Settings, name: str) -> bool:
@@ -118,26 +118,26 @@ def cluster_spec(settings: Settings, placeholders_ok: bool = False) -> ClusterSp
     """The nodes to contact; refuses placeholders so nothing reaches an address nobody configured
     (`placeholders_ok`: for `dspark plan`, which never dials a placeholder, see `placeholder`)."""
     _require_real_hosts(settings, placeholders_ok)
-    hosts = settings["DSPARK_WORKER_HOSTS"].split()
-    ips = settings["DSPARK_WORKER_IPS"].split() or [h.rsplit("@", 1)[-1].strip("[]") for h in hosts]
+    hosts = settings.dspark_worker_hosts.split()
+    ips = settings.dspark_worker_ips.split() or [h.rsplit("@", 1)[-1].strip("[]") for h in hosts]
     for host, ip in zip(hosts, ips):
         try:
             ipaddress.ip_address(ip)
         except ValueError:
             raise ConfigError(f"DSPARK_WORKER_IPS: worker {host} has no fabric IP "
                               f"({settings.entries['DSPARK_WORKER_IPS'].source}); allowed: one IP per worker") from None
-    head_ip = settings["DSPARK_HEAD_IP"]
+    head_ip = settings.dspark_head_ip
     if head_ip in ips or len(set(ips)) != len(ips):
         raise ConfigError(f"DSPARK_WORKER_IPS={' '.join(ips)}: every node needs its own fabric IP "
                           f"(head {head_ip}); allowed: distinct addresses")
-    head_python = settings["DSPARK_HEAD_PYTHON"] or sys.executable
-    python = settings["DSPARK_WORKER_PYTHON"] or head_python
-    ssh = dict(port=settings.int("SSH_PORT"), user=settings["DSPARK_SSH_USER"], key=settings["DSPARK_SSH_KEY"],
-               host_key_check=settings["DSPARK_SSH_HOST_KEY_CHECK"],
-               connect_timeout=settings.int("SSH_CONNECT_TIMEOUT_S"),
-               extra_options=settings.words("DSPARK_SSH_OPTIONS"))
+    head_python = settings.dspark_head_python or sys.executable
+    python = settings.dspark_worker_python or head_python
+    ssh = dict(port=settings.ssh_port, user=settings.dspark_ssh_user, key=settings.dspark_ssh_key,
+               host_key_check=settings.dspark_ssh_host_key_check,
+               connect_timeout=settings.ssh_connect_timeout_s,
+               extra_options=settings.dspark_ssh_options)
     containers = node_containers(settings)
-    copy_hosts = settings["DSPARK_MODEL_COPY_HOSTS"].split() or ips
+    copy_hosts = settings.dspark_model_copy_hosts.split() or ips
     nodes = [Node("head", head_ip, None, LocalTransport(head_python), fabric_request(settings, "head", head_ip))]
     for index, (host, ip, copy_host) in enumerate(zip(hosts, ips, copy_hosts), start=1):
         name = f"worker{index}"
@@ -146,37 +146,37 @@ def cluster_spec(settings: Settings, placeholders_ok: bool = False) -> ClusterSp
                           fabric_request(settings, name, ip), copy_host))
     if containers:
         nodes = [_in_container(node, containers) for node in nodes]
-    ifname = settings["DSPARK_FABRIC_IFNAME"]
+    ifname = settings.dspark_fabric_ifname
     node_env: list[tuple[str, str]] = []  # NCCL_*, *_SOCKET_IFNAME: per node, from its agent (`fabric_env`)
-    port = settings.int("RAY_PORT")
+    port = settings.ray_port
     return ClusterSpec(
         nodes=tuple(nodes), ray_port=port, ray_address=f"{_bracket(head_ip)}:{port}", fabric_ifname=ifname,
         node_env=tuple(node_env),
         # Read from the launcher's environment once, here: every node gets these values, nothing else of it.
-        forwarded=tuple((name, os.environ[name]) for name in settings["DSPARK_FORWARD_ENV"].split()
+        forwarded=tuple((name, os.environ[name]) for name in settings.dspark_forward_env.split()
                         if name in os.environ),
-        gpus_per_node=settings.int("GPUS_PER_NODE"),
-        object_store_bytes=settings.int("RAY_OBJECT_STORE_MB") * 1024 * 1024,
-        auth_mode=settings["RAY_AUTH_MODE"], dashboard=settings["DSPARK_RAY_DASHBOARD"],
-        state_dir=state_dir_of(settings), join_timeout_s=settings.int("CLUSTER_JOIN_TIMEOUT_S"),
-        ssh_timeout_s=settings.int("SSH_CONNECT_TIMEOUT_S"), config_digest=settings.digest(),
-        auth_token=settings["RAY_AUTH_TOKEN"], containers=containers,
-        allow_tcp_fabric=settings.flag("DSPARK_ALLOW_TCP_FABRIC"))
+        gpus_per_node=settings.gpus_per_node,
+        object_store_bytes=settings.ray_object_store_mb * 1024 * 1024,
+        auth_mode=settings.ray_auth_mode, dashboard=settings.dspark_ray_dashboard,
+        state_dir=state_dir_of(settings), join_timeout_s=settings.cluster_join_timeout_s,
+        ssh_timeout_s=settings.ssh_connect_timeout_s, config_digest=settings.digest(),
+        auth_token=settings.ray_auth_token, containers=containers,
+        allow_tcp_fabric=settings.dspark_allow_tcp_fabric)
 
 
 def node_containers(settings: Settings) -> NodeContainers | None:
-    runtime = settings["DSPARK_RUNTIME"]
+    runtime = settings.dspark_runtime
     if runtime == "host":
         return None
     # One deployment per state folder (its lock): the containers are named from it, so `stop` and
     # `status` find them from the settings alone, record or not.
     marker = "dspark-" + hashlib.sha256(str(state_dir_of(settings)).encode()).hexdigest()[:8]
-    cache = settings["DSPARK_CONTAINER_MODEL_CACHE"] or os.environ.get("HF_HOME") or str(
+    cache = settings.dspark_container_model_cache or os.environ.get("HF_HOME") or str(
         Path.home() / ".cache" / "huggingface")
-    jit_cache = settings["DSPARK_CONTAINER_JIT_CACHE"] or str(state_dir_of(settings) / "jit-cache")
-    return NodeContainers(runtime=runtime, image=settings["DSPARK_IMAGE"], marker=marker,
-                          python=settings["DSPARK_CONTAINER_PYTHON"] or "python3",
-                          extra_args=settings.words("DSPARK_CONTAINER_ARGS"), model_cache=cache,
+    jit_cache = settings.dspark_container_jit_cache or str(state_dir_of(settings) / "jit-cache")
+    return NodeContainers(runtime=runtime, image=settings.dspark_image, marker=marker,
+                          python=settings.dspark_container_python or "python3",
+                          extra_args=settings.dspark_container_args, model_cache=cache,
                           jit_cache=str(Path(jit_cache).expanduser()))
 
 

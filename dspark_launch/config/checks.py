@@ -20,6 +20,7 @@ _HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
 ASCII_WORD = re.compile(r"[!-~]+", re.ASCII)  # printable ASCII, no space
 SECRET_WORDS = ("KEY", "TOKEN", "PASSWORD", "PASSWD", "PASSPHRASE", "SECRET", "CREDENTIAL", "AUTH", "COOKIE", "PRIVATE")
 _SECRET_WORDS = re.compile("|".join(SECRET_WORDS), re.IGNORECASE)
+_USER_NAME = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,31}", re.ASCII)
 
 
 class Refused(ValueError):
@@ -59,4 +60,11 @@ def not_an_option(value: str) -> str:
     single_line(value)
     if value.startswith("-"):
         raise ValueError("a value that does not start with '-'")
+    return value
+
+
+def user_name(value: str) -> str:
+    """A login name (DSPARK_SSH_USER, the systemd unit's User=)."""
+    if not _USER_NAME.fullmatch(value):
+        raise ValueError("a user name: letters, digits and ._-, not starting with '-', at most 32")
     return value

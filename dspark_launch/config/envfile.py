@@ -3,7 +3,7 @@
 The file decides which programs run (`DSPARK_HEAD_PYTHON`, ...), so it is read only when nobody
 but this user or root could have written it: the file and the folder holding it owned by this
 user or root and not writable by group or others, the folders above as for the state folder
-(docs/security.md, issue 22 point 1). The example is a template (`config init` copies it), never
+(docs/security.md, third round, point 1). The example is a template (`config init` copies it), never
 read from the working directory: without `--env-file`, `DSPARK_ENV_FILE` or `./.env.dspark`
 the settings are the built-in defaults and the environment.
 """

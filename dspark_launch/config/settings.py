@@ -6,6 +6,7 @@ The result is a frozen `Settings`; nothing downstream re-parses a value.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import ipaddress
@@ -20,8 +21,9 @@ from typing import Iterable, Mapping
 from dspark_launch.config import numbers
 from dspark_launch.config.checks import Refused, hidden_character, looks_secret
 from dspark_launch.config.envfile import EnvFile, choose_env_file, group_or_world_readable, read_env_file
+from dspark_launch.config.knobs import NumericKnobs
 from dspark_launch.config.registry import Knob, Registry, load_registry
-from dspark_launch.config.text_settings import META_NAMES, TEXT_SETTINGS, TextSetting
+from dspark_launch.config.text_settings import META_NAMES, TEXT_SETTINGS, TextSetting, TextSettings
 from dspark_launch.errors import ConfigError
 
 REDACTED = "<redacted>"
@@ -46,32 +48,21 @@ class Setting:
         return self.value
 
 
-@dataclass(frozen=True)
-class Settings:
+@dataclass(frozen=True, kw_only=True)
+class Settings(NumericKnobs, TextSettings):
+    """Every setting resolved once, as typed attributes (`settings.health_timeout_s: int`); the fields and their
+    meaning are declared in `NumericKnobs` (config/knobs.py) and `TextSettings` (config/text_settings.py).
+    `entries` keeps each setting's canonical text and where it came from, by environment name: what
+    `config show` prints and error lines cite."""
+
     entries: Mapping[str, Setting]
     env_file: Path | None
     from_example: bool
     warnings: tuple[str, ...] = ()
 
-    def __getitem__(self, name: str) -> str:
-        return self.entries[name].value
-
     @property
     def env_file_shown(self) -> str:
         return str(self.env_file) if self.env_file else "none (built-in defaults and the environment)"
-
-    def int(self, name: str) -> int:
-        return int(self.entries[name].value)
-
-    def float(self, name: str) -> float:
-        return float(self.entries[name].value)
-
-    def flag(self, name: str) -> bool:
-        return self.entries[name].value == "1"
-
-    def words(self, name: str) -> tuple[str, ...]:
-        """A setting split like a shell would (DSPARK_SSH_OPTIONS, VLLM_EXTRA_ARGS); checked when resolved."""
-        return tuple(shlex.split(self.entries[name].value))
 
     def public_values(self) -> dict[str, str]:
         """Every setting's value, secrets as set/unset: safe to print, store and compare."""
@@ -80,6 +71,21 @@ class Settings:
     def digest(self) -> str:
         blob = json.dumps(self.public_values(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+_TYPED = {
+    "int": int,
+    "float": float,
+    "bool": lambda text: text == "1",
+    "str": str,
+    "tuple[str, ...]": lambda text: tuple(shlex.split(text)),  # checked when resolved: it splits
+}
+
+
+def _typed_values(entries: Mapping[str, Setting]) -> dict[str, object]:
+    """Each declared setting's canonical text as the type its field declares."""
+    fields = dataclasses.fields(NumericKnobs) + dataclasses.fields(TextSettings)
+    return {field.name: _TYPED[field.type](entries[field.name.upper()].value) for field in fields}
 
 
 @dataclass(frozen=True)
@@ -320,4 +326,5 @@ def resolve(
     secret_in_file = any(value.strip() and is_secret(name) for name, value in loaded.values.items())
     if path is not None and secret_in_file and group_or_world_readable(path):
         warnings.append(f"{path} holds a secret and is readable by group or others; run: chmod 600 {path}")
-    return Settings(MappingProxyType(entries), path, is_example, tuple(dict.fromkeys(warnings)))
+    return Settings(**_typed_values(entries), entries=MappingProxyType(entries), env_file=path,  # type: ignore[arg-type]
+                    from_example=is_example, warnings=tuple(dict.fromkeys(warnings)))

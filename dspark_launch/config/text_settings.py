@@ -1,30 +1,33 @@
 """The non-numeric settings: names, defaults, groups and how each is checked.
 
-Numeric knobs live in `dspark-numeric-knobs.sh`; everything else the launcher
-reads is declared here, once. Each check returns the canonical value or raises
+Numeric knobs are declared in `config/knobs.py`; everything else the launcher
+reads is declared here, once: one field of `TextSettings` per setting, its
+docstring the description. Each check returns the canonical value or raises
 ValueError with the "allowed" half of an error line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
+import shlex
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
-from dspark_launch.config.checks import ASCII_WORD, not_an_option, shell_words, single_line
+from dspark_launch.config.checks import ASCII_WORD, not_an_option, shell_words, single_line, user_name
 from dspark_launch.config.forward_env import check_forward_names
 from dspark_launch.config.serve_flags import check_extra_args
 from dspark_launch.config.ssh_options import check_ssh_options
 from dspark_launch.profiles.catalog import DEFAULT_PROFILE, PROFILE_NAMES
 from dspark_launch.cluster.nccl_hca import parse_hca_list  # stdlib only: the node side reads the same grammar
 from dspark_launch.config.container_args import check_container_args, check_image
+from dspark_launch.config.field_docs import field_docs
 
 _IFNAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}", re.ASCII)
 _HOST = re.compile(r"(?:[A-Za-z0-9_.-]+@)?(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\])", re.ASCII)
 _SERVED_NAME = re.compile(r"[A-Za-z0-9._:/-]+", re.ASCII)
 _REVISION = re.compile(r"[A-Za-z0-9._/-]+", re.ASCII)
-_SSH_USER = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,31}", re.ASCII)
 _LIST_SEPARATORS = re.compile(r"[ \t]+")
 RAY_TOKEN_MIN_LENGTH = 32  # 128 bits as hex; the generated token has 64 hex digits
 
@@ -146,12 +149,6 @@ def _revision(value: str) -> str:
     return value
 
 
-def _ssh_user(value: str) -> str:
-    if not _SSH_USER.fullmatch(value):
-        raise ValueError("a user name: letters, digits and ._-, not starting with '-', at most 32")
-    return value
-
-
 def _bind_host(value: str) -> str:
     if value in ("localhost",):
         return value
@@ -190,119 +187,153 @@ class TextSetting:
     quiet: bool = False  # errors never show the value: it may hold a secret (an --api-key in VLLM_EXTRA_ARGS)
 
 
-TEXT_SETTINGS: tuple[TextSetting, ...] = (
-    # cluster
-    TextSetting("DSPARK_HEAD_IP", "", "cluster",
-                "Fabric IP of the head node (this machine); Ray and vLLM bind to it",
-                _optional_ip, required_for_cluster=True),
-    TextSetting("DSPARK_WORKER_HOSTS", "", "cluster",
-                "SSH address of each worker node, space-separated ([user@]host)",
-                _host_list, required_for_cluster=True),
-    TextSetting("DSPARK_WORKER_IPS", "", "cluster",
-                "Fabric IP of each worker, same order as DSPARK_WORKER_HOSTS (default: the host itself)",
-                _ip_list),
-    TextSetting("DSPARK_HEAD_PYTHON", "", "cluster",
-                "Python interpreter that runs the head's agent, Ray and vllm serve (default: the launcher's own)",
-                single_line),
-    TextSetting("DSPARK_WORKER_PYTHON", "", "cluster",
-                "Python interpreter on the workers (default: the head's interpreter path)", single_line),
-    TextSetting("DSPARK_SSH_USER", "", "cluster", "SSH user for the workers (default: ssh's own)", _ssh_user),
-    TextSetting("DSPARK_SSH_KEY", "", "cluster", "SSH private key file (default: ssh's own)", single_line),
-    TextSetting("DSPARK_SSH_OPTIONS", "", "cluster",
-                "Extra ssh options, split like a shell would (never run by one); only those listed under "
-                "\"ssh options\" below", check_ssh_options),
-    TextSetting("DSPARK_SSH_HOST_KEY_CHECK", "yes", "cluster",
-                "StrictHostKeyChecking for workers: yes, or accept-new to trust a first-seen key",
-                _choice("yes", "accept-new")),
-    TextSetting("DSPARK_FORWARD_ENV", "", "cluster",
-                "Names of variables passed from the launcher's environment to every node's Ray and to vllm serve; "
-                "secrets and loader/interpreter names are refused (list below)",
-                _env_names),
-    TextSetting("DSPARK_STATE_DIR", "", "cluster",
-                "State folder (pids, logs, Ray token); default $XDG_STATE_HOME/dspark", single_line),
-    # fabric
-    TextSetting("DSPARK_FABRIC_IFNAME", "", "fabric",
-                "Fabric interface (same name on every node); default for the *_SOCKET_IFNAME below",
-                _ifname, required_for_cluster=True),
-    TextSetting("NCCL_SOCKET_IFNAME", "", "fabric", "NCCL bootstrap interface(s)", _ifname_list),
-    TextSetting("GLOO_SOCKET_IFNAME", "", "fabric", "Gloo interface(s)", _ifname_list),
-    TextSetting("TP_SOCKET_IFNAME", "", "fabric", "TensorPipe interface(s)", _ifname_list),
-    TextSetting("NCCL_IB_HCA", "", "fabric", "RoCE HCA(s) NCCL uses, in NCCL's form ([^][=]device[:port],...), e.g. "
-                "=rocep1s0f1,roceP2p1s0f1; default: each node's device behind the fabric interface and its twin port, "
-                "read from its sysfs; every device it selects is checked on its node", _hca_list),
-    TextSetting("NCCL_IB_GID_INDEX", "", "fabric",
-                "GID index NCCL uses; default: each node's RoCE v2 GID of its fabric IP, read from its sysfs",
-                _gid_index),
-    TextSetting("DSPARK_NODE_FABRIC", "", "fabric",
-                "Per-node fabric values for sites whose nodes differ: NODE:NAME=VALUE, e.g. "
-                "worker1:NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0", _node_fabric),
-    # serving
-    TextSetting("DSPARK_MODEL", "deepseek-ai/DeepSeek-V4-Flash", "serving",
-                "Hugging Face model id or local path", not_an_option),
-    TextSetting("DSPARK_MODEL_REVISION", "", "serving", "Model revision pin (commit, tag or branch)", _revision),
-    TextSetting("DSPARK_SERVED_MODEL_NAME", "deepseek-v4-flash", "serving",
-                "Model name clients ask for", _served_name),
-    TextSetting("VLLM_HOST", "127.0.0.1", "serving",
-                "Address the API binds to; an address other than loopback needs an API key "
-                "(or DSPARK_TRUSTED_NETWORK=1)",
-                _bind_host),
-    TextSetting("DSPARK_PROFILE", DEFAULT_PROFILE, "serving",
-                "Model profile: the recipe's vllm serve flags and variables, checked against the installed vLLM "
-                "(docs/deepseek-v4-flash.md); none: only the settings' flags", _choice(*PROFILE_NAMES)),
-    TextSetting("DSPARK_PROFILE_ENV", "", "serving",
-                "The profile's vllm serve variables set otherwise: NAME=VALUE (NAME= leaves it unset), only names "
-                "the profile sets (docs/deepseek-v4-flash.md)", _profile_env),
-    TextSetting("VLLM_EXTRA_ARGS", "", "serving",
-                "Extra vllm serve arguments, split like a shell would (never run by one); the flags the launcher "
-                "sets are refused (list below)", _serve_args, quiet=True),
-    # security
-    TextSetting("VLLM_API_KEY", "", "security", "API key clients must send (never on argv)",
-                _api_key, secret=True),
-    TextSetting("DSPARK_API_KEYS", "", "security",
-                "Several API keys, space-separated (instead of VLLM_API_KEY, never both)",
-                _api_key_list, secret=True),
-    TextSetting("RAY_AUTH_MODE", "token", "security",
-                "Ray authentication: token (default) or disabled (isolated fabric only)",
-                _choice("token", "disabled")),
-    TextSetting("RAY_AUTH_TOKEN", "", "security",
-                f"Ray token shared by all nodes (at least {RAY_TOKEN_MIN_LENGTH} printable ASCII characters); "
-                "generated into the state folder when empty", _ray_token, secret=True),
-    TextSetting("DSPARK_RAY_DASHBOARD", "off", "security",
-                "Ray dashboard: off, or local (127.0.0.1 only; reach it through an SSH tunnel)",
-                _choice("off", "local")),
-    # container (docs/containers.md)
-    TextSetting("DSPARK_RUNTIME", "host", "container",
-                "Where Ray and vLLM run on each node: host (a venv), or one docker or podman container per node",
-                _choice("host", "docker", "podman")),
-    TextSetting("DSPARK_IMAGE", "", "container",
-                "Node image for docker/podman (tag or name@sha256:digest); the same image id on every node",
-                check_image),
-    TextSetting("DSPARK_CONTAINER_ARGS", "", "container",
-                "Extra arguments for the node container's run, split like a shell would; "
-                "none that replace the launcher's own (network, ipc, pid, name, label, ...)", check_container_args),
-    TextSetting("DSPARK_CONTAINER_PYTHON", "python3", "container",
-                "Python inside the image (the one vLLM and Ray are installed for)"),
-    TextSetting("DSPARK_CONTAINER_MODEL_CACHE", "", "container",
-                "Hugging Face cache folder on every node, mounted at the same path (HF_HOME) in the containers; "
-                "default $HF_HOME or ~/.cache/huggingface"),
-    TextSetting("DSPARK_CONTAINER_JIT_CACHE", "", "container",
-                "Host folder of the JIT compile caches (vLLM, FlashInfer, Triton, TileLang, CuTe DSL), mounted at the "
-                "same path so a recreated container does not compile again; default <state dir>/jit-cache; "
-                "ours and not group- or other-writable", single_line),
-    # model weights (dspark_launch.model)
-    TextSetting("DSPARK_MODEL_CACHE", "", "model",
-                "Hub cache folder for the weights, same path on every node (default: HF_HUB_CACHE, "
-                "else $HF_HOME/hub); vllm serve reads the weights there"),
-    TextSetting("DSPARK_MODEL_COPY_STREAMS", "4", "model",
-                "Parallel rsync streams per worker for the model copy (one stream is bound by one SSH cipher core)",
-                _choice(*(str(n) for n in range(1, 17)))),
-    TextSetting("DSPARK_MODEL_COPY_HOSTS", "", "model",
-                "Address the model copy reaches each worker at, same order as DSPARK_WORKER_HOSTS ([user@]host; "
-                "default: the worker's fabric IP, with the SSH settings of the agent)", _host_list),
-    TextSetting("HF_TOKEN", "", "model",
-                "Hugging Face token for gated models (default: the hub's token file from `hf auth login`)",
-                secret=True),
-)
+@dataclass(frozen=True)
+class TextRule:
+    group: str
+    check: Callable[[str], str]
+    secret: bool
+    required_for_cluster: bool
+    quiet: bool
+
+
+def text(default: str | int | tuple[str, ...], *, group: str, check: Callable[[str], str] = _any,
+         secret: bool = False, required_for_cluster: bool = False, quiet: bool = False) -> Any:
+    """A text setting field: its default and how a value is checked (`check` gets the text the operator wrote).
+    The attribute's type says what the code gets: `str` (the canonical text), `int`, or `tuple[str, ...]`
+    (the value split like a shell would, never run by one)."""
+    return dataclasses.field(default=default, metadata={"text": TextRule(group, check, secret, required_for_cluster,
+                                                                          quiet)})
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextSettings:
+    """The settings that are not numeric knobs; the environment name is the field name in capitals."""
+
+    # ---- cluster
+    dspark_head_ip: str = text("", group="cluster", check=_optional_ip, required_for_cluster=True)
+    """Fabric IP of the head node (this machine); Ray and vLLM bind to it"""
+    dspark_worker_hosts: str = text("", group="cluster", check=_host_list, required_for_cluster=True)
+    """SSH address of each worker node, space-separated ([user@]host)"""
+    dspark_worker_ips: str = text("", group="cluster", check=_ip_list)
+    """Fabric IP of each worker, same order as DSPARK_WORKER_HOSTS (default: the host itself)"""
+    dspark_head_python: str = text("", group="cluster", check=single_line)
+    """Python interpreter that runs the head's agent, Ray and vllm serve (default: the launcher's own)"""
+    dspark_worker_python: str = text("", group="cluster", check=single_line)
+    """Python interpreter on the workers (default: the head's interpreter path)"""
+    dspark_ssh_user: str = text("", group="cluster", check=user_name)
+    """SSH user for the workers (default: ssh's own)"""
+    dspark_ssh_key: str = text("", group="cluster", check=single_line)
+    """SSH private key file (default: ssh's own)"""
+    dspark_ssh_options: tuple[str, ...] = text((), group="cluster", check=check_ssh_options)
+    """Extra ssh options, split like a shell would (never run by one); only those listed under "ssh options" below"""
+    dspark_ssh_host_key_check: str = text("yes", group="cluster", check=_choice("yes", "accept-new"))
+    """StrictHostKeyChecking for workers: yes, or accept-new to trust a first-seen key"""
+    dspark_forward_env: str = text("", group="cluster", check=_env_names)
+    """Names of variables passed from the launcher's environment to every node's Ray and to vllm serve; secrets and
+    loader/interpreter names are refused (list below)"""
+    dspark_state_dir: str = text("", group="cluster", check=single_line)
+    """State folder (pids, logs, Ray token); default $XDG_STATE_HOME/dspark"""
+
+    # ---- fabric
+    dspark_fabric_ifname: str = text("", group="fabric", check=_ifname, required_for_cluster=True)
+    """Fabric interface (same name on every node); default for the *_SOCKET_IFNAME below"""
+    nccl_socket_ifname: str = text("", group="fabric", check=_ifname_list)
+    """NCCL bootstrap interface(s)"""
+    gloo_socket_ifname: str = text("", group="fabric", check=_ifname_list)
+    """Gloo interface(s)"""
+    tp_socket_ifname: str = text("", group="fabric", check=_ifname_list)
+    """TensorPipe interface(s)"""
+    nccl_ib_hca: str = text("", group="fabric", check=_hca_list)
+    """RoCE HCA(s) NCCL uses, in NCCL's form ([^][=]device[:port],...), e.g. =rocep1s0f1,roceP2p1s0f1; default: each
+    node's device behind the fabric interface and its twin port, read from its sysfs; every device it selects is
+    checked on its node"""
+    nccl_ib_gid_index: str = text("", group="fabric", check=_gid_index)
+    """GID index NCCL uses; default: each node's RoCE v2 GID of its fabric IP, read from its sysfs"""
+    dspark_node_fabric: str = text("", group="fabric", check=_node_fabric)
+    """Per-node fabric values for sites whose nodes differ: NODE:NAME=VALUE, e.g.
+    worker1:NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0"""
+
+    # ---- serving
+    dspark_model: str = text("deepseek-ai/DeepSeek-V4-Flash", group="serving", check=not_an_option)
+    """Hugging Face model id or local path"""
+    dspark_model_revision: str = text("", group="serving", check=_revision)
+    """Model revision pin (commit, tag or branch)"""
+    dspark_served_model_name: str = text("deepseek-v4-flash", group="serving", check=_served_name)
+    """Model name clients ask for"""
+    vllm_host: str = text("127.0.0.1", group="serving", check=_bind_host)
+    """Address the API binds to; an address other than loopback needs an API key (or DSPARK_TRUSTED_NETWORK=1)"""
+    dspark_profile: str = text(DEFAULT_PROFILE, group="serving", check=_choice(*PROFILE_NAMES))
+    """Model profile: the recipe's vllm serve flags and variables, checked against the installed vLLM
+    (docs/deepseek-v4-flash.md); none: only the settings' flags"""
+    dspark_profile_env: tuple[str, ...] = text((), group="serving", check=_profile_env)
+    """The profile's vllm serve variables set otherwise: NAME=VALUE (NAME= leaves it unset), only names the profile
+    sets (docs/deepseek-v4-flash.md)"""
+    vllm_extra_args: tuple[str, ...] = text((), group="serving", check=_serve_args, quiet=True)
+    """Extra vllm serve arguments, split like a shell would (never run by one); the flags the launcher sets are
+    refused (list below)"""
+
+    # ---- security
+    vllm_api_key: str = text("", group="security", check=_api_key, secret=True)
+    """API key clients must send (never on argv)"""
+    dspark_api_keys: str = text("", group="security", check=_api_key_list, secret=True)
+    """Several API keys, space-separated (instead of VLLM_API_KEY, never both)"""
+    ray_auth_mode: str = text("token", group="security", check=_choice("token", "disabled"))
+    """Ray authentication: token (default) or disabled (isolated fabric only)"""
+    ray_auth_token: str = text("", group="security", check=_ray_token, secret=True)
+    """Ray token shared by all nodes (at least 32 printable ASCII characters); generated into the state folder when
+    empty"""
+    dspark_ray_dashboard: str = text("off", group="security", check=_choice("off", "local"))
+    """Ray dashboard: off, or local (127.0.0.1 only; reach it through an SSH tunnel)"""
+
+    # ---- container
+    dspark_runtime: str = text("host", group="container", check=_choice("host", "docker", "podman"))
+    """Where Ray and vLLM run on each node: host (a venv), or one docker or podman container per node"""
+    dspark_image: str = text("", group="container", check=check_image)
+    """Node image for docker/podman (tag or name@sha256:digest); the same image id on every node"""
+    dspark_container_args: tuple[str, ...] = text((), group="container", check=check_container_args)
+    """Extra arguments for the node container's run, split like a shell would; none that replace the launcher's own
+    (network, ipc, pid, name, label, ...)"""
+    dspark_container_python: str = text("python3", group="container")
+    """Python inside the image (the one vLLM and Ray are installed for)"""
+    dspark_container_model_cache: str = text("", group="container")
+    """Hugging Face cache folder on every node, mounted at the same path (HF_HOME) in the containers; default
+    $HF_HOME or ~/.cache/huggingface"""
+    dspark_container_jit_cache: str = text("", group="container", check=single_line)
+    """Host folder of the JIT compile caches (vLLM, FlashInfer, Triton, TileLang, CuTe DSL), mounted at the same path
+    so a recreated container does not compile again; default <state dir>/jit-cache; ours and not group- or
+    other-writable"""
+
+    # ---- model
+    dspark_model_cache: str = text("", group="model")
+    """Hub cache folder for the weights, same path on every node (default: HF_HUB_CACHE, else $HF_HOME/hub); vllm
+    serve reads the weights there"""
+    dspark_model_copy_streams: int = text(4, group="model", check=_choice(*(str(n) for n in range(1, 17))))
+    """Parallel rsync streams per worker for the model copy (one stream is bound by one SSH cipher core)"""
+    dspark_model_copy_hosts: str = text("", group="model", check=_host_list)
+    """Address the model copy reaches each worker at, same order as DSPARK_WORKER_HOSTS ([user@]host; default: the
+    worker's fabric IP, with the SSH settings of the agent)"""
+    hf_token: str = text("", group="model", secret=True)
+    """Hugging Face token for gated models (default: the hub's token file from `hf auth login`)"""
+
+
+def as_text(value: str | int | tuple[str, ...]) -> str:
+    """A typed default as an operator would write it."""
+    return shlex.join(value) if isinstance(value, tuple) else str(value)
+
+
+def _text_settings() -> tuple[TextSetting, ...]:
+    docs = field_docs(TextSettings)
+    specs = []
+    for field in dataclasses.fields(TextSettings):
+        rule: TextRule = field.metadata["text"]
+        if field.name not in docs:
+            raise ValueError(f"TextSettings.{field.name} has no docstring")
+        specs.append(TextSetting(field.name.upper(), as_text(field.default), rule.group, docs[field.name], rule.check,
+                                 rule.secret, rule.required_for_cluster, rule.quiet))
+    return tuple(specs)
+
+
+TEXT_SETTINGS: tuple[TextSetting, ...] = _text_settings()
 
 # Names the launcher reads that are not settings of a run.
 META_NAMES = frozenset({"DSPARK_ENV_FILE"})

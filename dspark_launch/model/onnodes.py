@@ -90,15 +90,15 @@ def wanted_model(settings, environ: Mapping[str, str] | None = None) -> WantedMo
     from dspark_launch.profiles.resolve import served_model
 
     environ = dict(os.environ if environ is None else environ)
-    if settings["HF_TOKEN"]:
-        environ["HF_TOKEN"] = settings["HF_TOKEN"]
+    if settings.hf_token:
+        environ["HF_TOKEN"] = settings.hf_token
     model, revision = served_model(settings)
-    streams = settings.int("DSPARK_MODEL_COPY_STREAMS")
+    streams = settings.dspark_model_copy_streams
     if is_local_folder(model):
         return WantedModel(model, "", None, streams)
-    source = hub_source(model, revision, settings["DSPARK_MODEL_CACHE"], environ,
-                        token_to_endpoint=settings.int("DSPARK_HUB_TOKEN_TO_ENDPOINT") == 1,
-                        proxy=settings.int("DSPARK_HUB_PROXY") == 1)
+    source = hub_source(model, revision, settings.dspark_model_cache, environ,
+                        token_to_endpoint=settings.dspark_hub_token_to_endpoint,
+                        proxy=settings.dspark_hub_proxy)
     return WantedModel(model, revision, source, streams)
 
 

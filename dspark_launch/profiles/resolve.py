@@ -100,7 +100,7 @@ class ProfileValue:
 def profile_values(settings: Settings) -> tuple[ProfileValue, ...]:
     """The settings the selected profile replaces, by the rule `resolve` applies (for `config show`, which must
     stay fast: nothing is asked of vLLM)."""
-    profile = profile_named(settings["DSPARK_PROFILE"])
+    profile = profile_named(settings.dspark_profile)
     run = _Resolution(profile, VllmOffer("", (), ()), settings)
     model = run.setting("DSPARK_MODEL")
     found = []
@@ -129,7 +129,7 @@ def _dest_of(token: str, offer: VllmOffer) -> OfferedFlag | None:
 def extra_args_values(settings: Settings, offer: VllmOffer) -> tuple[tuple[str, str], ...]:
     """(destination, value) of each flag VLLM_EXTRA_ARGS sets ("on"/"off" for switches). Flags the launcher
     owns never get here: settings resolution refuses them (config/serve_flags.py, the one table)."""
-    tokens = settings.words("VLLM_EXTRA_ARGS")
+    tokens = settings.vllm_extra_args
     found = []
     for index, token in enumerate(tokens):
         flag = _dest_of(token, offer)
@@ -147,7 +147,7 @@ def extra_args_values(settings: Settings, offer: VllmOffer) -> tuple[tuple[str, 
 
 def profile_env_values(settings: Settings) -> dict[str, str]:
     """DSPARK_PROFILE_ENV as {name: value}; the setting's own check (config) made every word NAME=VALUE."""
-    return dict(word.split("=", 1) for word in settings.words("DSPARK_PROFILE_ENV"))
+    return dict(word.split("=", 1) for word in settings.dspark_profile_env)
 
 
 class _Resolution:
@@ -420,13 +420,16 @@ def _checked_profile_env(profile: Profile, settings: Settings) -> dict[str, str]
     return given
 
 
-def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN) -> ResolvedProfile:
+def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN,
+            revision: str = "") -> ResolvedProfile:
     """The flags and environment `vllm serve` runs with, judged for `gpu`; ConfigError (exit 2) when a required
-    flag is not offered or DSPARK_PROFILE_ENV names a variable the profile does not set."""
+    flag is not offered or DSPARK_PROFILE_ENV names a variable the profile does not set. `revision`: the commit
+    the verified copy of the weights holds (start), served instead of the pin the settings name."""
     given_env = _checked_profile_env(profile, settings)
     run = _Resolution(profile, offer, settings, gpu)
     model = run.setting("DSPARK_MODEL")
-    revision, served = run.setting("DSPARK_MODEL_REVISION", model), run.setting("DSPARK_SERVED_MODEL_NAME")
+    pinned, served = run.setting("DSPARK_MODEL_REVISION", model), run.setting("DSPARK_SERVED_MODEL_NAME")
+    revision = revision or pinned
     args = [model, "--served-model-name", served, *(("--revision", revision) if revision else ())]
     values = {name: run.setting(name) for name, _ in SETTING_FLAGS}
     if int(values["LONG_PREFILL_TOKEN_THRESHOLD"]) > int(values["MAX_MODEL_LEN"]):  # vLLM refuses it at engine start
@@ -436,7 +439,7 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarg
     for name, flag in SETTING_FLAGS:
         args += [flag, values[name]]
     args += ["--enable-chunked-prefill",
-             "--enable-prefix-caching" if settings.flag("ENABLE_PREFIX_CACHING") else "--no-enable-prefix-caching"]
+             "--enable-prefix-caching" if settings.enable_prefix_caching else "--no-enable-prefix-caching"]
     for pref in profile.preferences:
         run.preference(pref)
     for switch in profile.switches:
@@ -448,8 +451,8 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarg
         run.capture_size(int(values["MAX_NUM_SEQS"]), profile.speculative_tokens if drafting else 0)
     for var in profile.env:
         run.variable(var, given_env)
-    drain_s = run.drain(settings.int("DSPARK_DRAIN_TIMEOUT_S"))
-    args += run.flags + list(settings.words("VLLM_EXTRA_ARGS"))
+    drain_s = run.drain(settings.dspark_drain_timeout_s)
+    args += run.flags + list(settings.vllm_extra_args)
     kv_value = run.chosen.get("--kv-cache-dtype", "auto")
     return ResolvedProfile(
         profile=profile.name, vllm_version=offer.version, model=model, revision=revision, served_name=served,
@@ -458,14 +461,15 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarg
         env=tuple(run.env), decisions=tuple(run.decisions), chat=profile.chat, drain_timeout_s=drain_s)
 
 
-def resolve_selected(offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN) -> ResolvedProfile:
+def resolve_selected(offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN,
+                     revision: str = "") -> ResolvedProfile:
     """`resolve` for the profile DSPARK_PROFILE names, judged for `gpu`."""
-    return resolve(profile_named(settings["DSPARK_PROFILE"]), offer, settings, gpu)
+    return resolve(profile_named(settings.dspark_profile), offer, settings, gpu, revision)
 
 
 def served_model(settings: Settings) -> tuple[str, str]:
     """The model and revision the selected profile serves, by the same rule as `resolve` (the profile's
     pinned revision applies to its own model only), without asking vLLM: for `dspark model ...`."""
-    run = _Resolution(profile_named(settings["DSPARK_PROFILE"]), VllmOffer("", (), ()), settings)
+    run = _Resolution(profile_named(settings.dspark_profile), VllmOffer("", (), ()), settings)
     model = run.setting("DSPARK_MODEL")
     return model, run.setting("DSPARK_MODEL_REVISION", model)

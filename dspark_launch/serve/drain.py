@@ -1,4 +1,4 @@
-"""A drained stop of `vllm serve` (issue 24): vLLM's own `--shutdown-timeout` does the draining; this
+"""A drained stop of `vllm serve`: vLLM's own `--shutdown-timeout` does the draining; this
 counts what it finished and what it cut.
 
 With `--shutdown-timeout N` (vllm/engine/arg_utils.py), SIGTERM to the API server makes it signal its

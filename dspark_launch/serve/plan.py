@@ -60,12 +60,13 @@ class ServePlan:
 
 
 def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], resolved: ResolvedProfile,
-               head_fabric: FabricEnv | None) -> ServePlan:
+               head_fabric: FabricEnv | None, model_env: tuple[tuple[str, str], ...] = ()) -> ServePlan:
     """Built once per command from the profile resolved against the head's vLLM, plus the launcher's own
-    flags; `ray_env`: RAY_AUTH_MODE (+ token) for the Ray driver in vLLM; `head_fabric`: the head's own."""
+    flags; `ray_env`: RAY_AUTH_MODE (+ token) for the Ray driver in vLLM; `head_fabric`: the head's own;
+    `model_env`: what serving the verified copy of the weights needs (the hub offline), over everything else."""
     tp = spec.gpus_per_node * len(spec.nodes)
     model, *rest = resolved.serve_args
-    args = [model, "--host", settings["VLLM_HOST"], "--port", settings["VLLM_PORT"],
+    args = [model, "--host", settings.vllm_host, "--port", str(settings.vllm_port),
             "--distributed-executor-backend", "ray", "--tensor-parallel-size", str(tp), *rest]
     config_root = spec.state_dir / VLLM_CONFIG_DIR
     env = dict(spec.forwarded)  # first: the launcher's own values below always win over a forwarded name
@@ -74,26 +75,27 @@ def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], r
     env.update(resolved.env)
     env["VLLM_CONFIG_ROOT"] = str(config_root)
     env.update({
-        ENV_CAP: settings[ENV_CAP],
-        ENV_GATE_MODE: settings[ENV_GATE_MODE],
-        ENV_AGING: settings[ENV_AGING],
-        ENV_DIAG: settings[ENV_DIAG],
+        ENV_CAP: str(settings.dspark_max_inflight_prefills),
+        ENV_GATE_MODE: str(settings.dspark_prefill_gate_mode),
+        ENV_AGING: str(settings.dspark_prefill_aging),
+        ENV_DIAG: str(int(settings.dspark_issue43_sched_diag)),
         "RAY_ADDRESS": spec.ray_address,
         "VLLM_HOST_IP": spec.head.ip,
-        "HF_HUB_OFFLINE": settings["HF_HUB_OFFLINE"],
+        "HF_HUB_OFFLINE": str(int(settings.hf_hub_offline)),
         "RAY_USAGE_STATS_ENABLED": "0",
         "VLLM_NO_USAGE_STATS": "1",
     })
     secret = {k: v for k, v in ray_env.items() if k in SECRET_ENV}
     env.update({k: v for k, v in ray_env.items() if k not in SECRET_ENV})
-    if settings["VLLM_API_KEY"]:
-        secret["VLLM_API_KEY"] = settings["VLLM_API_KEY"]
-    if settings["DSPARK_API_KEYS"]:
-        secret["DSPARK_API_KEYS"] = settings["DSPARK_API_KEYS"]
+    env.update(model_env)
+    if settings.vllm_api_key:
+        secret["VLLM_API_KEY"] = settings.vllm_api_key
+    if settings.dspark_api_keys:
+        secret["DSPARK_API_KEYS"] = settings.dspark_api_keys
     return ServePlan(tuple(args), tuple(sorted(env.items())), tuple(sorted(secret.items())),
-                     settings["VLLM_HOST"], settings.int("VLLM_PORT"), resolved.served_name, model, tp,
-                     settings.int(ENV_CAP), spec.head.transport.python, api_key(settings),
-                     settings.int("START_TIMEOUT_S"), settings.int("HEALTH_TIMEOUT_S"),
+                     settings.vllm_host, settings.vllm_port, resolved.served_name, model, tp,
+                     settings.dspark_max_inflight_prefills, spec.head.transport.python, api_key(settings),
+                     settings.start_timeout_s, settings.health_timeout_s,
                      tuple(settings.public_values().items()), settings.digest(), resolved.profile,
                      resolved.decisions, resolved.chat, resolved.kv_cache.layout, resolved.kv_cache,
                      resolved.max_model_len, resolved.gpu_memory_utilization, resolved.revision, str(config_root),
@@ -102,7 +104,7 @@ def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], r
 
 def api_key(settings: Settings) -> str:
     """A key clients can use (the first one), or "" when the API is open."""
-    return settings["VLLM_API_KEY"] or (settings["DSPARK_API_KEYS"].split() or [""])[0]
+    return settings.vllm_api_key or (settings.dspark_api_keys.split() or [""])[0]
 
 
 def local_model_dir(model: str) -> Path | None:

@@ -26,7 +26,7 @@ from dspark_launch.profiles.plan import NOT_PROBED_EXAMPLE, NodePlan, Plan, env_
 from dspark_launch.profiles.resolve import resolve_selected
 from dspark_launch.serve.memory import estimate, kv_size_fixed
 from dspark_launch.serve.plan import ServePlan, serve_plan
-from dspark_launch.serve.service import image_warnings
+from dspark_launch.serve.status import image_warnings
 
 GENERATED = "generated at start"
 

@@ -1,4 +1,4 @@
-"""Which restart a settings change needs (issue 24): serve-only keeps Ray (and the node containers) up and
+"""Which restart a settings change needs: serve-only keeps Ray (and the node containers) up and
 restarts only `vllm serve`; full takes Ray down on every node too.
 
 A setting is serve-level when only `vllm serve` reads it (its flags, its environment, the launcher's

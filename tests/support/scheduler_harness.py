@@ -332,7 +332,7 @@ def patched_scheduler_classes(workdir: str | None = None) -> tuple[type, type]:
     import vllm.v1.core.sched.async_scheduler as stock_async
     import vllm.v1.core.sched.scheduler as stock
 
-    from dspark_launch.hotfix import issue27_patch
+    from dspark_launch.hotfix import patch_tool
 
     if workdir is None:
         workdir = tempfile.mkdtemp(prefix="dspark-issue27-")
@@ -341,7 +341,7 @@ def patched_scheduler_classes(workdir: str | None = None) -> tuple[type, type]:
     copy = root / "patched_scheduler" / "scheduler.py"
     copy.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(stock.__file__, copy)
-    result = issue27_patch.apply(copy)
+    result = patch_tool.apply(copy)
     if not result.ok:
         raise RuntimeError(f"issue-27 patch did not apply to a copy of {stock.__file__}: {result.message}")
     patched = _load_module(PATCHED_MODULE_NAME, copy)

@@ -1,0 +1,144 @@
+"""Every numeric knob, declared once: name, type, bounds, default, group and meaning.
+
+Each field is one knob; its environment name is the field name in capitals
+(`health_timeout_s` is `HEALTH_TIMEOUT_S`) and the docstring under it is its
+description. `python -m dspark_launch.config.generate` writes from this class
+the bash registry `dspark-numeric-knobs.sh` (sourced by the start script, parsed
+by `config/registry.py`), the knob lines of `.env.dspark.example` and the tables
+of docs/configuration.md; the tests fail while any of them is stale.
+
+Types: `int`, `float`, or `bool` for a 0/1 switch (an `int` 0..1 in the bash
+registry). `soft=True`: a value below the minimum warns and uses the default, one
+above the maximum warns and uses the maximum; otherwise out of range is an error.
+Fields are grouped (and rendered) in the order written here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from dspark_launch.config import numbers
+from dspark_launch.config.field_docs import field_docs
+from dspark_launch.config.registry import Knob
+
+
+@dataclass(frozen=True)
+class KnobRule:
+    group: str
+    minimum: int | float
+    maximum: int | float
+    soft: bool = False
+    alias: str = ""
+
+
+def knob(default: int | float | bool, *, ge: int | float, le: int | float, group: str, soft: bool = False,
+         alias: str = "") -> Any:
+    """A numeric knob field: its default, its bounds (inclusive) and how out-of-range values are treated."""
+    return dataclasses.field(default=default, metadata={"knob": KnobRule(group, ge, le, soft, alias)})
+
+
+def switch(default: bool, *, group: str) -> Any:
+    """A 0/1 knob, typed `bool` here and `int 0..1` in the bash registry."""
+    return knob(default, ge=0, le=1, group=group)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NumericKnobs:
+    """The numeric settings, each typed as the code uses it."""
+
+    # ---- hotfix
+    dspark_max_inflight_prefills: int = knob(1, ge=1, le=3, group="hotfix", soft=True,
+                                             alias="DSPARKMAXINFLIGHTPREFILLS")
+    """Requests allowed mid-prefill (partial prefill) at once; the scheduler hotfix caps it at 3"""
+    dspark_prefill_gate_mode: int = knob(3, ge=0, le=3, group="hotfix")
+    """Scheduler hotfix gate: 0 counts in-flight prefills only; 1 also bounds a step's prefill tokens at
+    (cap + 1/2) x threshold; 2 judges prompts after their prefix-cache hit and gives uncached prompts that finish
+    in the step a quarter threshold of extra room; 3 (default) gives the step's bounded prefill room, running
+    prompts included, to the least uncached work left first"""
+    dspark_prefill_aging: float = knob(2.0, ge=0.0, le=64.0, group="hotfix")
+    """Gate mode 3: a prompt that has waited more than this many times its own solo prefill steps goes first
+    (aging: nothing starves; 0 = oldest first)"""
+    dspark_issue43_sched_diag: bool = switch(False, group="hotfix")
+    """1 logs one scheduler diagnostics line per step (prefill/decode tokens, in-flight prefills)"""
+
+    # ---- serving
+    max_num_seqs: int = knob(6, ge=1, le=1024, group="serving")
+    """vllm --max-num-seqs: requests running at once"""
+    max_num_batched_tokens: int = knob(8192, ge=16, le=1048576, group="serving")
+    """vllm --max-num-batched-tokens: token budget of one scheduler step"""
+    long_prefill_token_threshold: int = knob(1024, ge=0, le=1048576, group="serving")
+    """vllm --long-prefill-token-threshold: most prompt tokens one request gets per step (0 = no limit)"""
+    max_model_len: int = knob(1048576, ge=16, le=4194304, group="serving")
+    """vllm --max-model-len: longest context in tokens"""
+    gpu_memory_utilization: float = knob(0.835, ge=0.05, le=0.95, group="serving")
+    """vllm --gpu-memory-utilization: share of (unified) memory vLLM may take"""
+    enable_prefix_caching: bool = switch(True, group="serving")
+    """1 passes --enable-prefix-caching to vllm serve"""
+    hf_hub_offline: bool = switch(False, group="serving")
+    """1 forbids Hugging Face hub downloads (model must be in the local cache or a path)"""
+    vllm_port: int = knob(8888, ge=1, le=65535, group="serving")
+    """TCP port of the OpenAI-compatible API"""
+    start_timeout_s: int = knob(1800, ge=10, le=86400, group="serving")
+    """seconds to wait for vllm serve to answer after launch"""
+    health_timeout_s: int = knob(5, ge=1, le=600, group="serving")
+    """seconds one health or status probe may take"""
+    dspark_drain_timeout_s: int = knob(60, ge=0, le=3600, group="serving")
+    """seconds dspark stop and restart let vllm serve finish in-flight requests (vllm --shutdown-timeout);
+    0 aborts them at once"""
+
+    # ---- cluster
+    ray_port: int = knob(6379, ge=1, le=65535, group="cluster")
+    """TCP port of the Ray head (GCS) on the fabric IP"""
+    ray_object_store_mb: int = knob(2048, ge=80, le=1048576, group="cluster")
+    """Ray object store per node, MiB (else Ray claims 30% of RAM)"""
+    gpus_per_node: int = knob(1, ge=1, le=8, group="cluster")
+    """GPUs each node must advertise to Ray (1 on a GB10)"""
+    ssh_port: int = knob(22, ge=1, le=65535, group="cluster")
+    """SSH port of the worker nodes"""
+    ssh_connect_timeout_s: int = knob(10, ge=1, le=300, group="cluster")
+    """seconds before an SSH connection attempt fails"""
+    cluster_join_timeout_s: int = knob(120, ge=5, le=3600, group="cluster")
+    """seconds to wait for every node to join Ray"""
+    dspark_allow_tcp_fabric: bool = switch(False, group="cluster")
+    """1 lets start go on (with a warning) when a node has no usable RoCE port behind its fabric interface:
+    NCCL then runs over TCP sockets, about 12 against 30+ tok/s"""
+
+    # ---- security
+    dspark_trusted_network: bool = switch(False, group="security")
+    """1 allows a VLLM_HOST other than loopback without an API key (a network you trust)"""
+    dspark_hub_token_to_endpoint: bool = switch(False, group="security")
+    """1 sends the hub token to an HF_ENDPOINT other than https://huggingface.co (https only)"""
+    dspark_hub_proxy: bool = switch(False, group="security")
+    """1 lets the model pull use the environment's proxy variables (they see the token); 0 connects directly"""
+
+
+def _canonical(kind: str, value: int | float | bool) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    text = numbers.canonical(kind, repr(value))
+    if text is None:
+        raise ValueError(f"{value!r} is not a {kind}")
+    return text
+
+
+def declared_knobs() -> tuple[Knob, ...]:
+    """The knobs as the registry holds them (canonical strings), in declaration order."""
+    docs = field_docs(NumericKnobs)
+    knobs = []
+    for field in dataclasses.fields(NumericKnobs):
+        rule: KnobRule = field.metadata["knob"]
+        kind = "float" if field.type == "float" else "int"
+        if field.name not in docs:
+            raise ValueError(f"NumericKnobs.{field.name} has no docstring")
+        knobs.append(Knob(field.name.upper(), kind, _canonical(kind, field.default), _canonical(kind, rule.minimum),
+                          _canonical(kind, rule.maximum), "soft" if rule.soft else "hard", docs[field.name],
+                          rule.group, 0))
+    return tuple(knobs)
+
+
+def declared_aliases() -> dict[str, str]:
+    """alias -> knob name."""
+    return {field.metadata["knob"].alias: field.name.upper() for field in dataclasses.fields(NumericKnobs)
+            if field.metadata["knob"].alias}

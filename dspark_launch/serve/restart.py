@@ -1,0 +1,61 @@
+"""`dspark restart`, serve-only: `vllm serve` replaced while Ray (and the containers) stay up."""
+
+from __future__ import annotations
+
+from dspark_launch.cluster import lifecycle
+from dspark_launch.cluster import ray_cluster as rc
+from dspark_launch.cluster.client import ClusterFailure, Reporter
+from dspark_launch.cluster.parallel import Background
+from dspark_launch.cluster.spec import ClusterSpec
+from dspark_launch.cluster.state import Deployment, save_state
+from dspark_launch.config.settings import Settings
+from dspark_launch.errors import DsparkError
+from dspark_launch.serve.restart_kind import RestartKind
+from dspark_launch.serve.start import StartResult, checked_plan, check_arguments, launch, preflight_memory
+from dspark_launch.serve.stop import abort_server, drain_server
+
+
+def restart_kind_of(settings: Settings, spec: ClusterSpec, state: Deployment | None) -> RestartKind:
+    """Serve-only when the recorded server's settings differ from `settings` only in serve-level ones,
+    this launcher version made the record, and every node's Ray is alive; else full (with why)."""
+    from dspark_launch import __version__
+    from dspark_launch.serve.restart_kind import restart_kind
+
+    if state is not None and state.launcher_version != __version__:
+        return RestartKind(False, f"the record is of dspark-launch {state.launcher_version}, this is {__version__}")
+    running = state.server.settings if state and state.server else None
+    return restart_kind(running, settings.public_values(), running is not None and _ray_up(spec, state))
+
+
+def _ray_up(spec: ClusterSpec, state: Deployment | None) -> bool:
+    """Every node's recorded Ray daemons alive, and Ray itself (the GCS) lists every node alive: after a
+    cut link the daemons can live on while Ray has declared the node dead."""
+    ray_view = Background(lambda: rc.ray_view(spec, lifecycle.RAY_VIEW_TIMEOUT_S))  # asked while the nodes are
+    healthy = all(h == "alive" for h in lifecycle.node_health(spec, state).values())
+    try:
+        seen = {node.ip for node in ray_view.result() if node.alive}
+    except ClusterFailure:
+        return False
+    return healthy and all(node.ip in seen for node in spec.nodes)
+
+
+def restart_serve(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool = False,
+                  verify: bool = False, now: bool = False, marker: str = "") -> StartResult:
+    """Only `vllm serve` restarted, Ray (and the containers) kept, after `restart_kind_of` found it enough
+    for the server with `marker`: the new plan is resolved and its arguments checked while the old server
+    still serves, then the old one drains (unless `now`) and the new one starts. A failure leaves Ray up
+    and no server (`dspark start` serves again)."""
+    with lifecycle.locked_deployment(spec.state_dir) as state:
+        if state is None or state.server is None or state.server.marker != marker:
+            raise DsparkError("the deployment changed meanwhile (another dspark command); run `dspark restart` again")
+        spec, plan, weights, memory = checked_plan(settings, spec, reporter, verify)
+        preflight_memory(spec, plan, weights, memory, reporter, force)
+        check_arguments(settings, spec, plan, reporter)
+        answer = abort_server(spec, state.server) if now else drain_server(spec, state.server, reporter)
+        reporter.phase(f"vllm serve: stopped {len(answer.stopped)} process(es); Ray kept up on every node")
+        state.server = None
+        state.config_digest = spec.config_digest  # the settings this deployment now runs with
+        save_state(spec.state_dir, state)
+        server, answer = launch(spec, plan, state, reporter)
+        return StartResult(plan, server, False, state.hotfix, answer)
+

@@ -1,0 +1,64 @@
+"""The running `vllm serve` as every verb sees it: alive, healthy, its log tails for a failure report."""
+
+from __future__ import annotations
+
+from dspark_launch.cluster import ray_cluster as rc
+from dspark_launch.cluster.client import ClusterFailure
+from dspark_launch.cluster.spec import ClusterSpec
+from dspark_launch.cluster.state import Deployment, ServerRecord, load_state
+from dspark_launch.errors import DsparkError
+from dspark_launch.serve import http
+
+SERVER_LOG = "vllm-serve.log"
+
+
+class ServeFailure(DsparkError):
+    """vllm serve did not come up; `extra` holds the log tails to print."""
+
+    def __init__(self, message: str, extra: list[str] | None = None):
+        super().__init__(message)
+        self.extra = extra or []
+
+
+
+def server_alive(spec: ClusterSpec, server: ServerRecord) -> bool:
+    process = server.process
+    return process is not None and all(spec.head.agent().alive((process,), "server status"))
+
+
+def server_healthy(url: str, key: str, served_name: str, timeout: float) -> bool:
+    return (http.request(f"{url}/health", key, timeout=timeout).status == 200
+            and served_name in http.served_models(url, key, timeout))
+
+
+
+def alive_or_container_gone(spec: ClusterSpec, server: ServerRecord) -> bool:
+    try:
+        return server_alive(spec, server)
+    except ClusterFailure:
+        if not spec.containers:
+            raise
+        return False  # the head's container is gone, and the server with it
+
+
+def serving(spec: ClusterSpec, server: ServerRecord, client_key: str, timeout: float) -> bool:
+    return alive_or_container_gone(spec, server) and server_healthy(server.url, client_key, server.served_name, timeout)
+
+
+
+def tails(spec: ClusterSpec, server: ServerRecord | None, state: Deployment | None, lines: int = 30) -> list[str]:
+    """The end of the server log and of each node's Ray logs, for a failure report."""
+    out: list[str] = []
+    if server:
+        out += spec.head.agent().tail([server.log], lines)
+    state = state or load_state(spec.state_dir)
+    for node in spec.nodes:
+        record = state.node(node.name) if state else None
+        if record is None:
+            continue
+        try:
+            out += node.agent().tail(rc.ray_log_paths(node, record), 10)
+        except ClusterFailure as exc:
+            out.append(f"({exc})")
+    return out
+

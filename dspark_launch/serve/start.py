@@ -1,0 +1,311 @@
+"""`dspark start`: the weights checked, Ray up on every node, `vllm serve` launched on the head, health.
+
+One sequence for both runtimes (a venv on each host, or one container per node):
+`start_locked` takes the runtime's own steps from a `HostRuntime` or `ContainerRuntime`.
+The deployment record is loaded once under the state lock, held for the whole start (a
+second launcher fails at once naming the holder); the plan is built once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from dspark_launch.cluster import lifecycle
+from dspark_launch.cluster import ray_cluster as rc
+from dspark_launch.cluster.client import NodeAgent, Reporter
+from dspark_launch.cluster.parallel import Background, on_each, settle
+from dspark_launch.cluster.protocol import HotfixReport, MemoryAnswer, Spawn
+from dspark_launch.cluster.spec import ClusterSpec
+from dspark_launch.cluster.state import Deployment, ServerRecord, load_state, save_state
+from dspark_launch.config.settings import Settings
+from dspark_launch.model.onnodes import ModelWeights, ServingModel
+from dspark_launch.serve import http, logscan, readiness
+from dspark_launch.serve.argcheck import check_serve_args
+from dspark_launch.serve.logfollow import LogReader
+from dspark_launch.serve.plan import ServePlan, api_key, serve_plan
+from dspark_launch.serve.server import SERVER_LOG, ServeFailure, server_alive, server_healthy, serving, tails
+from dspark_launch.serve.stop import stop_server
+
+
+@dataclass
+class StartResult:
+    plan: ServePlan
+    server: ServerRecord
+    cluster_started: bool
+    hotfix: dict[str, HotfixReport] = field(default_factory=dict)
+    first_answer: readiness.FirstAnswer | None = None  # readiness's one-token request that answered
+
+
+
+def resolved_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray_env: dict[str, str],
+                  model: ServingModel) -> ServePlan:
+    """The profile resolved against the head's installed vLLM (through its agent), the head's own fabric
+    environment beside it; the serve plan built once from both, on the verified copy of the weights (`model`:
+    its commit as --revision, the hub offline). ConfigError (exit 2) for a flag it lacks."""
+    from dspark_launch.cluster.node_checks import node_gpus
+    from dspark_launch.profiles.resolve import resolve_selected
+
+    reporter.phase(f"resolving profile {settings.dspark_profile} against the vLLM on {spec.head.label} "
+                   f"and every node's GPU")
+    head_fabric = Background(lambda: rc.node_fabric(spec, spec.head))
+    gpus = Background(lambda: node_gpus(spec, reporter))
+    resolved = resolve_selected(spec.head.agent(reporter).describe_vllm(), settings, gpus.result(),
+                                revision=model.revision)
+    plan = serve_plan(settings, spec, ray_env, resolved, head_fabric.result(), model.env)
+    reporter.phase(f"profile {plan.profile} on vLLM {resolved.vllm_version}: {len(plan.decisions)} decision(s)")
+    for decision in plan.decisions:
+        reporter.phase(f"  {decision.line}")
+    return plan
+
+
+
+def node_memory(spec: ClusterSpec) -> dict[str, MemoryAnswer]:
+    """Every node's memory (MemTotal, MemAvailable, GPU or not) by its label, asked at once (read-only)."""
+    return {spec.node(name).label: answer
+            for name, answer in on_each(spec.nodes, lambda n: n.agent().meminfo()).items()}
+
+
+
+def preflight_memory(spec: ClusterSpec, plan: ServePlan, weights: ModelWeights, memory: dict[str, MemoryAnswer],
+                     reporter: Reporter, force: bool) -> None:
+    """Weights ÷ TP + overhead + KV at MAX_MODEL_LEN against every node's `memory` (node_memory), and each node's
+    free memory against vLLM's start-up gate, before anything starts: unified memory that runs out freezes the
+    host, and a node below the gate fails vLLM's start. Refused unless `force`. `weights`: what the weights
+    pre-flight just verified on every node."""
+    from dspark_launch.serve.memory import estimate, kv_size_fixed
+
+    found = estimate(plan.profile, weights, plan.kv_cache_dtype, plan.max_model_len,
+                     plan.tensor_parallel_size, plan.gpu_memory_utilization, memory,
+                     kv_size_fixed(plan.serve_args, plan.full_env()))
+    for finding in found.findings:
+        reporter.phase(f"memory pre-flight: {finding.line}")
+        if finding.free_line:
+            reporter.phase(f"memory pre-flight: {finding.free_line}")
+    bad = [f for f in found.findings if not f.fits]
+    if bad and not force:
+        raise ServeFailure(f"memory pre-flight: {bad[0].problem}; unified memory that runs out freezes the "
+                           f"host: {bad[0].fix}, or pass --force",
+                           [f"memory pre-flight: {f.problem}; {f.fix}" for f in bad[1:]]
+                           + [f"memory pre-flight: {note}" for note in found.notes])
+    for finding in bad:
+        reporter.warn(f"memory pre-flight: {finding.problem} (--force: starting anyway)")
+
+
+
+def check_arguments(settings: Settings, spec: ClusterSpec, plan: ServePlan, reporter: Reporter) -> None:
+    """vLLM's own parser on the head (about 10 s: it runs while Ray starts); once it accepted them,
+    vLLM's list of per-node variables in the server's config folder (vLLM reads it at import)."""
+    reporter.phase("checking the vllm serve arguments with the installed vLLM")
+    head = spec.head.agent(reporter)
+    check_serve_args(head, plan.serve_args, settings.entries["VLLM_EXTRA_ARGS"].source)
+    reporter.phase("vllm serve arguments accepted by the installed vLLM")
+    head.non_carry_over(plan.config_root)
+
+
+
+def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool = False,
+          verify: bool = False) -> StartResult:
+    """Ray on every node and the serve-argument check at once, then `vllm serve` on the head; one record saved."""
+    with lifecycle.locked_deployment(spec.state_dir) as state:
+        if state and state.server and serving(spec, state.server, api_key(settings), settings.health_timeout_s):
+            raise lifecycle.AlreadyRunning(f"already running and healthy at {state.server.url}; "
+                                           "`dspark status` shows it")
+        runtime = ContainerRuntime() if spec.containers else HostRuntime()
+        return start_locked(settings, spec, reporter, force, verify, state, runtime)
+
+
+def start_locked(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool, verify: bool,
+                 previous: Deployment | None, runtime: HostRuntime | ContainerRuntime) -> StartResult:
+    """The start sequence, for a caller that holds the lock; `runtime` adds its own steps. A failure undoes
+    what `runtime` says this run brought up."""
+    runtime.prepare(settings, spec, reporter, previous)
+    try:
+        spec, plan, weights, memory = checked_plan(settings, spec, reporter, verify)
+        runtime.clear_server(spec, previous)
+        preflight_memory(spec, plan, weights, memory, reporter, force)
+        checked = Background(lambda: check_arguments(settings, spec, plan, reporter))
+        state = runtime.cluster_up(spec, reporter, previous)
+        save_state(spec.state_dir, state)
+        checked.result()
+        server, answer = launch(spec, plan, state, reporter)
+    except BaseException:
+        runtime.roll_back(spec, reporter)
+        raise
+    return StartResult(plan, server, runtime.cluster_started, state.hotfix, answer)
+
+
+class HostRuntime:
+    """Ray and `vllm serve` in each host's Python: a Ray cluster already up is reused (and left up when the
+    start fails); a recorded server that is not healthy is stopped first."""
+
+    def __init__(self) -> None:
+        self.cluster_started = False
+
+    def prepare(self, settings: Settings, spec: ClusterSpec, reporter: Reporter, previous: Deployment | None) -> None:
+        pass
+
+    def clear_server(self, spec: ClusterSpec, previous: Deployment | None) -> None:
+        if previous and previous.server:
+            stop_server(spec, previous.server)
+            previous.server = None
+            save_state(spec.state_dir, previous)
+
+    def cluster_up(self, spec: ClusterSpec, reporter: Reporter, previous: Deployment | None) -> Deployment:
+        try:
+            state = lifecycle.cluster_up_locked(spec, reporter, previous).state
+        except lifecycle.AlreadyRunning:
+            reporter.phase("the Ray cluster is already up; reusing it")
+            return previous  # type: ignore[return-value]  # AlreadyRunning: a record with every node up
+        self.cluster_started = True
+        return state
+
+    def roll_back(self, spec: ClusterSpec, reporter: Reporter) -> None:
+        if self.cluster_started:
+            lifecycle.cluster_down_locked(spec, reporter, load_state(spec.state_dir))
+
+
+class ContainerRuntime:
+    """Every node's container made ready first (the agent runs in it: reused when unchanged), Ray started in
+    them; a failure removes them."""
+
+    cluster_started = True
+
+    def __init__(self) -> None:
+        self.image_id = ""
+
+    def prepare(self, settings: Settings, spec: ClusterSpec, reporter: Reporter, previous: Deployment | None) -> None:
+        from dspark_launch.model.onnodes import require_mounted
+
+        require_mounted(settings, spec)
+        self.image_id = lifecycle.prepare_containers(spec, reporter, previous)
+
+    def clear_server(self, spec: ClusterSpec, previous: Deployment | None) -> None:
+        pass  # prepare_containers recreated any container a recorded run was left in
+
+    def cluster_up(self, spec: ClusterSpec, reporter: Reporter, previous: Deployment | None) -> Deployment:
+        return lifecycle.cluster_up_locked(spec, reporter, None, self.image_id).state
+
+    def roll_back(self, spec: ClusterSpec, reporter: Reporter) -> None:
+        lifecycle.cluster_down_locked(spec, reporter, None, remove=True)
+
+
+def checked_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter,
+                  verify: bool) -> tuple[ClusterSpec, ServePlan, ModelWeights, dict[str, MemoryAnswer]]:
+    """The weights checked on every node, then the plan resolved against the head's vLLM (under the lock:
+    a first start writes the Ray token); the verified weights and every node's memory (asked meanwhile)
+    for the memory pre-flight."""
+    memory = Background(lambda: node_memory(spec))
+    try:
+        spec, serving = model_preflight(settings, spec, reporter, verify)
+        plan = resolved_plan(settings, spec, reporter, rc.auth_env(spec, create=True), serving)
+    except BaseException as exc:
+        settle(memory, exc)
+        raise
+    return spec, plan, serving.weights, memory.result()
+
+
+
+def model_preflight(settings: Settings, spec: ClusterSpec, reporter: Reporter,
+                    full: bool) -> tuple[ClusterSpec, ServingModel]:
+    """The weights on every node (fast check, or sha256 with `full`) before anything starts; the
+    spec whose node environment keeps the hub offline for every Ray worker."""
+    from dspark_launch.model.onnodes import ready_to_serve, wanted_model
+
+    reporter.phase("checking the model weights on every node" + (" (full sha256)" if full else ""))
+    serving = ready_to_serve(wanted_model(settings), spec, full, reporter)
+    reporter.phase(f"model weights ready on {len(serving.reports)} node(s) "
+                   f"({serving.manifest.total_size / (1 << 30):.2f} GiB, checked in {serving.seconds:.2f} s)")
+    node_env = tuple((k, v) for k, v in spec.node_env if k not in dict(serving.env)) + serving.env
+    return dataclasses.replace(spec, node_env=node_env), serving
+
+
+def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment,
+           reporter: Reporter) -> tuple[ServerRecord, readiness.FirstAnswer]:
+    """`vllm serve` on the head (through its agent), recorded at once, then waited for."""
+    log = str(spec.state_dir / "logs" / SERVER_LOG)
+    head = spec.head.agent(reporter)
+    marker = f"dspark-{secrets.token_hex(4)}-server"
+    reporter.phase(f"launching vllm serve on {spec.head.label}: {plan.model} as {plan.served_name}")
+    server = ServerRecord(marker=marker, log=log, url=plan.base_url, served_name=plan.served_name, model=plan.model,
+                          started_at=time.time(), settings=dict(plan.settings), digest=plan.settings_digest,
+                          cap=plan.cap, profile=plan.profile, decisions=[d.line for d in plan.decisions],
+                          chat=plan.chat, drain_s=plan.drain_timeout_s)
+    try:
+        # Inside the try: an interrupt while the agent spawns still stops the server (found by its marker).
+        answer = head.spawn(Spawn(tuple(plan.argv), plan.full_env(), marker, log, rotate_log=True), "vllm serve")
+        server.pid, server.start_time, server.boot_id = answer.process.pid, answer.process.start_time, answer.process.boot_id
+        server.sessions = [answer.session]
+        state.server = server
+        save_state(spec.state_dir, state)
+        ready = wait_until_serving(spec, plan, server, head, reporter)
+    except BaseException:
+        stop_server(spec, server)
+        state.server = None
+        save_state(spec.state_dir, state)
+        raise
+    server.kv_cache_tokens = logscan.kv_cache_tokens(ready.log)
+    server.scheduler_cap = logscan.hotfix_cap(ready.log)
+    save_state(spec.state_dir, state)
+    return server, ready.first_answer
+
+
+@dataclass(frozen=True)
+class Ready:
+    log: str  # the server log when it was found ready
+    first_answer: readiness.FirstAnswer
+
+
+def wait_until_serving(spec: ClusterSpec, plan: ServePlan, server: ServerRecord, head: NodeAgent,
+                       reporter: Reporter, backoff: readiness.Backoff | None = None) -> Ready:
+    """/health, then /v1/models listing the served name, then a one-token (chat) completion, retried while it
+    gets no answer; all within START_TIMEOUT_S of launch, a server that exits meanwhile a failure at once."""
+    log = LogReader(head, server.log)
+    start = time.monotonic()
+
+    def exited() -> ServeFailure:
+        final = log.refresh()  # read again: the last lines were written as it died
+        return ServeFailure(f"vllm serve exited during start (phase: {logscan.phase(final)}): "
+                            f"{logscan.failure(final)}; log {server.log}", tails(spec, server, state=None))
+
+    while True:
+        elapsed = time.monotonic() - start
+        text = log.refresh()
+        if not server_alive(spec, server):
+            raise exited()
+        if server_healthy(plan.base_url, plan.client_key, plan.served_name, plan.health_timeout_s):
+            break
+        if elapsed > plan.start_timeout_s:
+            raise ServeFailure(f"vllm serve not ready after {plan.start_timeout_s} s (phase: {logscan.phase(text)}); "
+                               f"log {server.log}", tails(spec, server, state=None))
+        reporter.waiting(f"vllm serve: {logscan.phase(text)}", elapsed, plan.start_timeout_s)
+        time.sleep(0.5)
+    kind = "chat completion" if plan.chat else "completion"
+    reporter.phase(f"sending a one-token {kind}")
+    ask = http.chat if plan.chat else http.complete
+    answer = readiness.first_answer(
+        lambda timeout: ask(plan.base_url, plan.client_key, plan.served_name, "Hello", 1, timeout),
+        lambda: server_alive(spec, server), f"the one-token {kind}", start, plan.start_timeout_s, reporter,
+        backoff or readiness.Backoff(first_timeout_s=max(30, plan.health_timeout_s)))
+    if answer.outcome == readiness.DIED:
+        raise exited()
+    if answer.outcome == readiness.REFUSED:
+        raise ServeFailure(f"the one-token {kind} failed: HTTP {answer.reply.status} {answer.reply.body[:200]}",
+                           tails(spec, server, state=None))
+    if answer.outcome == readiness.NO_ANSWER:
+        last = f"HTTP {answer.reply.status}" if answer.reply.status else "no answer"
+        raise ServeFailure(f"vllm serve not ready after {plan.start_timeout_s} s: the API is up but the one-token "
+                           f"{kind} got no answer in {answer.attempts} attempt(s) (the last: {last} after "
+                           f"{answer.latency_s:.0f} s); log {server.log}", tails(spec, server, state=None))
+    reporter.phase(f"the one-token {kind} answered in {answer.latency_s:.1f} s (attempt {answer.attempts})")
+    text = log.refresh()
+    cap = logscan.hotfix_cap(text)
+    if cap != plan.cap:
+        raise ServeFailure(f"the EngineCore's scheduler reported cap {cap}, expected {plan.cap}: "
+                           "the hotfix is not active in the served vLLM; refusing to serve",
+                           tails(spec, server, state=None))
+    return Ready(text, answer)
+
+

@@ -1,0 +1,119 @@
+"""`dspark status`: the cluster view, the server's health and metrics, drift from the env file."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from dspark_launch.cluster import lifecycle
+from dspark_launch.cluster.client import ClusterFailure
+from dspark_launch.cluster.parallel import Background
+from dspark_launch.cluster.spec import ClusterSpec
+from dspark_launch.cluster.state import ServerRecord, load_state
+from dspark_launch.config.settings import Settings
+from dspark_launch.serve import http, logscan
+from dspark_launch.serve.logfollow import LogReader
+from dspark_launch.serve.plan import api_key
+from dspark_launch.serve.server import alive_or_container_gone, server_healthy
+
+
+@dataclass(frozen=True)
+class Drift:
+    name: str
+    running: str | None
+    configured: str
+
+
+@dataclass(frozen=True)
+class ServerView:
+    state: str  # down | up | unhealthy | dead
+    pid: int | None = None
+    url: str | None = None
+    model: str | None = None
+    served_name: str | None = None
+    uptime_s: int | None = None
+    healthy: bool = False
+    cap: int | None = None  # the cap the EngineCore's scheduler reported
+    kv_cache_tokens: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    drift: tuple[Drift, ...] = ()
+    profile: str = ""
+    decisions: tuple[str, ...] = ()  # the profile's decision lines at start
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """`dspark status`: the cluster view plus the server (JSON shape in docs/cluster.md)."""
+    state: str
+    ray_address: str
+    config_digest: str | None
+    started_at: float | None
+    checked_at: float
+    problems: tuple[str, ...]
+    nodes: tuple[lifecycle.NodeView, ...]
+    server: ServerView
+    fabric_warnings: tuple[str, ...] = ()  # per node at start, e.g. NCCL falls back to TCP
+    warnings: tuple[str, ...] = ()  # about the settings now, e.g. an image named by a tag
+
+
+def drift(started_with: dict[str, str], now: dict[str, str]) -> tuple[Drift, ...]:
+    """Settings that differ between the running server and the env file now."""
+    return tuple(Drift(name, started_with.get(name), value) for name, value in now.items()
+                 if started_with.get(name) != value)
+
+
+def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | None) -> ServerView:
+
+    if server is None:
+        return ServerView("down")
+    probe = settings.health_timeout_s
+    alive = alive_or_container_gone(spec, server)
+    healthy = alive and server_healthy(server.url, api_key(settings), server.served_name, probe)
+    return ServerView(
+        state="up" if healthy else ("unhealthy" if alive else "dead"), pid=server.pid, url=server.url,
+        model=server.model, served_name=server.served_name,
+        uptime_s=round(time.time() - server.started_at) if alive else None, healthy=healthy,
+        cap=server.scheduler_cap if server.scheduler_cap is not None else server.cap,
+        kv_cache_tokens=server.kv_cache_tokens, metrics=http.metrics(server.url, probe) if healthy else {},
+        drift=drift(server.settings, settings.public_values()), profile=server.profile,
+        decisions=tuple(server.decisions))
+
+
+def _server_log(spec: ClusterSpec, server: ServerRecord) -> str:
+    try:
+        return LogReader(spec.head.agent(), server.log).refresh()
+    except ClusterFailure:
+        if not spec.containers:
+            raise
+        return ""  # the head's container is gone: its problem line says so
+
+
+def status(settings: Settings, spec: ClusterSpec) -> ServiceStatus:
+    """The record is read once, without the lock; the cluster and the server are asked at once."""
+    state = load_state(spec.state_dir)
+    server = state.server if state else None
+    cluster = Background(lambda: lifecycle.cluster_status(spec, state))
+    view = _server_view(settings, spec, server)
+    data = cluster.result()
+    problems = list(data.problems)
+    if server and view.state == "dead":
+        text = _server_log(spec, server)
+        problems.append(f"vllm serve (pid {server.pid}) is not running: {logscan.failure(text)}; "
+                        f"log {server.log}; `dspark restart` starts it again")
+    elif server and view.state == "unhealthy":
+        problems.append(f"vllm serve (pid {server.pid}) runs but {server.url}/health does not answer "
+                        f"within {settings.health_timeout_s} s; log {server.log}")
+    overall = "degraded" if server and data.state == "up" and view.state != "up" else data.state
+    return ServiceStatus(overall, data.ray_address, data.config_digest, data.started_at, data.checked_at,
+                         tuple(problems), data.nodes, view,
+                         tuple(w for record in (state.nodes if state else ()) for w in record.fabric_warnings),
+                         image_warnings(settings))
+
+
+def image_warnings(settings: Settings) -> tuple[str, ...]:
+    """`plan` and `status`: the container image should be pinned by digest."""
+    from dspark_launch.config.container_args import unpinned_image_warning
+
+    entry = settings.entries["DSPARK_IMAGE"]
+    line = unpinned_image_warning(settings.dspark_runtime, entry.value, entry.source)
+    return (line,) if line else ()
