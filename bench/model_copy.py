@@ -28,9 +28,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dspark_launch.model.copy import SSHTarget, effective_streams, rsync_to  # noqa: E402
-from dspark_launch.model.manifest import Manifest, ManifestFile, write_manifest  # noqa: E402
+from dspark_launch.agent.manifest import Manifest, ManifestFile, write_manifest  # noqa: E402
 from dspark_launch.model.local_model import local_manifest  # noqa: E402
-from dspark_launch.model.node_check import fast_check, hash_files, sha256_file, verify_model  # noqa: E402
+from dspark_launch.agent.model_files import fast_check, hash_files, sha256_file, verify_model  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "model_copy.json"
 
@@ -119,7 +119,7 @@ conn.sendall(b"ok")
 def pull_and_repull(request: dict, target: SSHTarget) -> dict:
     """`dspark model pull` of the payload as a local folder model (hash on the head, copy with the default
     streams, verify on the worker), then again with nothing changed."""
-    from dspark_launch.model.manifest import MANIFEST_NAME
+    from dspark_launch.agent.manifest import MANIFEST_NAME
     from dspark_launch.model.workflow import Worker, place_local
     from tests.support.model_nodes import head_ops, worker_ops
 

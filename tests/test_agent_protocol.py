@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from dspark_launch import __version__
-from dspark_launch.cluster import procfs
-from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.client import ClusterFailure, NodeAgent, VersionMismatch
-from dspark_launch.cluster.codec import DecodeError, from_data, to_data
+from dspark_launch.agent import procfs
+from dspark_launch.agent import protocol as p
+from dspark_launch.agent.client import ClusterFailure, NodeAgent, VersionMismatch
+from dspark_launch.agent.codec import DecodeError, from_data, to_data
 from dspark_launch.cluster.state import Deployment, NodeRecord, StateUnreadable, load_state, save_state
-from dspark_launch.cluster.transport import LOGIN_ENV, LocalTransport
+from dspark_launch.agent.transport import LOGIN_ENV, LocalTransport
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ class Recorder:
 
 
 def test_every_operation_has_a_handler_and_frozen_types():
-    from dspark_launch.cluster.agent import HANDLERS, LAZY_HANDLERS
+    from dspark_launch.agent.server import HANDLERS, LAZY_HANDLERS
 
     assert set(HANDLERS) | set(LAZY_HANDLERS) == set(p.OPERATIONS)
     for request, answer in p.OPERATIONS.values():
@@ -197,7 +197,7 @@ def test_the_version_row_comes_from_the_node_agent_without_importing_vllm():
     assert row.python == platform.python_version() and row.vllm == "0.32.0" and row.ray and row.torch
     assert row.scheduler_sha256 == (hotfix.status(target).original_sha256
                                     or hashlib.sha256(target.read_bytes()).hexdigest())
-    probe = ("import sys, dspark_launch.cluster.node_tasks as t; t.version_row(); "
+    probe = ("import sys, dspark_launch.agent.handlers.hotfix as t; t.version_row(); "
              "assert 'vllm' not in sys.modules and 'torch' not in sys.modules, 'imported'")
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
 
@@ -205,14 +205,14 @@ def test_the_version_row_comes_from_the_node_agent_without_importing_vllm():
 def test_the_cuda_row_is_read_without_importing_torch():
     import torch
 
-    from dspark_launch.cluster.node_tasks import torch_cuda_version
+    from dspark_launch.agent.handlers.hotfix import torch_cuda_version
 
     assert torch_cuda_version() == torch.version.cuda
 
 
 def test_the_argument_checker_ends_with_the_agent_that_asked():
     """An interrupted start kills the head's agent in flight; vLLM's parser check (a child of ~10 s) ends with it."""
-    from dspark_launch.cluster.transport import kill_in_flight
+    from dspark_launch.agent.transport import kill_in_flight
 
     agent = NodeAgent("here", LocalTransport(sys.executable))
     asking = threading.Thread(target=lambda: pytest.raises(Exception, agent.check_serve_args, ("x",)), daemon=True)
@@ -234,7 +234,7 @@ def test_the_argument_checker_ends_with_the_agent_that_asked():
 
 
 def test_the_version_row_names_the_nccl_vllm_will_load(tmp_path, monkeypatch):
-    from dspark_launch.cluster import node_tasks
+    from dspark_launch.agent.handlers import hotfix as node_tasks
 
     library = tmp_path / "libnccl.so.2.27.7"
     library.write_bytes(b"")
@@ -247,6 +247,6 @@ def test_the_version_row_names_the_nccl_vllm_will_load(tmp_path, monkeypatch):
     monkeypatch.setattr(node_tasks, "installed_version",
                         lambda *dists: "2.28.3" if dists[0] == "nvidia-nccl-cu13" else None)
     assert node_tasks.nccl_version() == "2.28.3"
-    from dspark_launch.cluster.versions import COMPARED_ROWS
+    from dspark_launch.agent.versions import COMPARED_ROWS
 
     assert "nccl" in COMPARED_ROWS  # compared across nodes like every row

@@ -13,8 +13,8 @@ import pytest
 from dspark_launch.model.errors import ModelAccessError
 from dspark_launch.model.hub import list_model, pull, resolve_token
 from dspark_launch.model.local_model import prepare_local
-from dspark_launch.model.manifest import MANIFEST_NAME, read_manifest
-from dspark_launch.model.node_check import CORRUPT, MISSING, OVERSIZED, PARTIAL, STALE, fast_check, verify_model
+from dspark_launch.agent.manifest import MANIFEST_NAME, read_manifest
+from dspark_launch.agent.model_files import CORRUPT, MISSING, OVERSIZED, PARTIAL, STALE, fast_check, verify_model
 from tests.support.hub_server import (TINY_REPO_ID, HubRepo, HubServer, online_hub, tiny_hub, tiny_hub_source,
                                       write_tiny_model)
 
@@ -199,7 +199,7 @@ def test_source_from_settings_uses_the_configured_cache_endpoint_and_token(tmp_p
 
 
 def test_the_copy_uses_the_launchers_ssh_settings_and_balances_streams(tmp_path):
-    from dspark_launch.cluster.transport import SSHTransport
+    from dspark_launch.agent.transport import SSHTransport
     from dspark_launch.model.copy import SSHTarget, _shares, rsync_argv
 
     transport = SSHTransport(host="10.213.0.2", python="/usr/bin/python3", port=2222, user="root", key="/k",

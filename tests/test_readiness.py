@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.cluster.protocol import Spawn
+from dspark_launch.agent.protocol import Spawn
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import ServerRecord
-from dspark_launch.cluster.transport import LocalTransport
+from dspark_launch.agent.transport import LocalTransport
 from dspark_launch.serve import readiness, service
 from dspark_launch.serve.plan import ServePlan
 from tests.support.paths import REPO

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.cluster import procfs, ray_dirs
-from dspark_launch.cluster import protocol as p
+from dspark_launch.agent import procfs, ray_dirs
+from dspark_launch.agent import protocol as p
 from dspark_launch.cluster.state import (Deployment, NodeRecord, ServerRecord, StateUnreadable, ensure_state_dir,
                                          load_state, ray_token, save_state)
 from dspark_launch.errors import ConfigError

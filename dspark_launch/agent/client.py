@@ -13,15 +13,15 @@ import json
 from typing import Any, Protocol, TypeVar
 
 from dspark_launch import __version__
-from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.codec import DecodeError, from_data, to_data
-from dspark_launch.cluster.container_transport import ContainerTransport
-from dspark_launch.cluster.fabric import FabricEnv, FabricRequest
-from dspark_launch.cluster.transport import NodeUnreachable, Transport
+from dspark_launch.agent import protocol as p
+from dspark_launch.agent.codec import DecodeError, from_data, to_data
+from dspark_launch.agent.container_transport import ContainerTransport
+from dspark_launch.agent.fabric import FabricEnv, FabricRequest
+from dspark_launch.agent.transport import NodeUnreachable, Transport
 from dspark_launch.errors import ConfigError, DsparkError
-from dspark_launch.model.manifest import Manifest
-from dspark_launch.model.node_check import DiskSpace, VerifyReport
-from dspark_launch.profiles.offer import VllmOffer
+from dspark_launch.agent.manifest import Manifest
+from dspark_launch.agent.model_files import DiskSpace, VerifyReport
+from dspark_launch.agent.vllm_offer import VllmOffer
 
 A = TypeVar("A")
 AGENT_TIMEOUT_S = 60

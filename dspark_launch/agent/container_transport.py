@@ -6,7 +6,7 @@ machine (`LocalHost`) or a worker reached with the same SSH settings as its agen
 runtime module uses it to create, inspect and remove containers.
 
 `ContainerTransport` is a `Transport`: the agent runs inside the node's container
-(`docker|podman exec -i NAME PYTHON -m dspark_launch.cluster.agent`), the request on
+(`docker|podman exec -i NAME PYTHON -m dspark_launch.agent.server`), the request on
 stdin as always. The agent package is mounted read-only into the container from the
 host's install (see runtime.AGENT_MOUNT), so the image needs nothing of ours.
 """
@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from dspark_launch.cluster.transport import AGENT_MODULE, NodeUnreachable, SSHTransport, _stream
+from dspark_launch.agent.transport import AGENT_MODULE, NodeUnreachable, SSHTransport, _stream
 
 # Where the launcher's package is mounted inside every node container (on PYTHONPATH there).
 AGENT_MOUNT = "/opt/dspark-launch"

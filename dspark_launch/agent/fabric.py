@@ -18,13 +18,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from typing import TYPE_CHECKING
-
-from dspark_launch.cluster.nccl_hca import parse_hca_list
+from dspark_launch.agent.nccl_hca import parse_hca_list
 from dspark_launch.errors import ConfigError, DsparkError
-
-if TYPE_CHECKING:  # the node side imports nothing from config
-    from dspark_launch.config.settings import Settings
 
 SYSFS_ROOT_VAR = "DSPARK_TEST_SYSFS_ROOT"  # tests only: a fake sysfs tree per node
 # What DSPARK_NODE_FABRIC may set for one node (config/text_settings.py checks the same names).
@@ -78,21 +73,6 @@ class FabricEnv:
     notes: tuple[str, ...]
     warnings: tuple[str, ...]
     missing: str = ""  # when not `roce`: what is missing, one line naming the interface (start refuses on it)
-
-
-def fabric_request(settings: Settings, node: str, fabric_ip: str) -> FabricRequest:
-    """Launcher side: the request for one node, its DSPARK_NODE_FABRIC entries over the cluster-wide settings."""
-    values = {name: settings[name] for name in NODE_FABRIC_NAMES}
-    for entry in settings["DSPARK_NODE_FABRIC"].split():
-        target, _, assignment = entry.partition(":")
-        name, _, value = assignment.partition("=")
-        if target == node:
-            values[name] = value
-    return FabricRequest(
-        node=node, ifname=values["DSPARK_FABRIC_IFNAME"], fabric_ip=fabric_ip,
-        hca_list=values["NCCL_IB_HCA"], gid_index=values["NCCL_IB_GID_INDEX"],
-        socket_ifnames=tuple((n, values[n]) for n in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
-                             if values[n]))
 
 
 def sysfs_root() -> Path:

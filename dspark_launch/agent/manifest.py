@@ -12,9 +12,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_launch.cluster.safe_path import write_private
+from dspark_launch.agent.safe_path import write_private
 
-from .paths import require_relative
+from .model_paths import require_relative
 
 MANIFEST_NAME = ".dspark-manifest.json"
 FORMAT = 1

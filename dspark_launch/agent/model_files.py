@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .manifest import MANIFEST_NAME, Manifest, ManifestFile, read_manifest
-from .paths import check_all_inside, open_regular
+from .model_paths import check_all_inside, open_regular
 
 MISSING, PARTIAL, OVERSIZED, CORRUPT, STALE = "missing", "partial", "oversized", "corrupt", "stale"
 SPECIAL = "special"  # not a regular file (a FIFO, a device): never read

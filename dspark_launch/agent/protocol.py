@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from dspark_launch.model.manifest import Manifest  # stdlib only, as the node checks
-from dspark_launch.model.node_check import DiskSpace, VerifyReport
-from dspark_launch.cluster.fabric import FabricEnv, FabricRequest  # stdlib-only values
-from dspark_launch.profiles.offer import VllmOffer  # stdlib-only values
+from dspark_launch.agent.manifest import Manifest  # stdlib only, as the node checks
+from dspark_launch.agent.model_files import DiskSpace, VerifyReport
+from dspark_launch.agent.fabric import FabricEnv, FabricRequest  # stdlib-only values
+from dspark_launch.agent.vllm_offer import VllmOffer  # stdlib-only values
 
 PROTOCOL_VERSION = 5  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
 # 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
@@ -353,7 +353,7 @@ class ServeArgsAnswer:
     refused: str | None  # vLLM's reason, or None when accepted
 
 
-# --- model weights (issue 12): node_check run on the node ----------------------------------------
+# --- model weights (issue 12): agent.model_files run on the node ----------------------------------------
 
 @dataclass(frozen=True)
 class ModelVerify:
@@ -362,12 +362,12 @@ class ModelVerify:
     manifest: Manifest
     full: bool
     only: tuple[str, ...] | None = None
-    caches: tuple[str, ...] = ()  # cache folders checked like the model folder (model.folder_check)
+    caches: tuple[str, ...] = ()  # cache folders checked like the model folder (agent.model_folder)
 
 
 @dataclass(frozen=True)
 class ModelFastCheck:
-    """The start pre-flight: the folder and caches safe (model.folder_check), this node's manifest has
+    """The start pre-flight: the folder and caches safe (agent.model_folder), this node's manifest has
     `stamp`, every file its size, every file but the tensor shards its sha256."""
     folder: str
     stamp: str

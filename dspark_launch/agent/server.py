@@ -1,4 +1,4 @@
-"""The node end of the agent protocol: `python -m dspark_launch.cluster.agent`, one request per process.
+"""The node end of the agent protocol: `python -m dspark_launch.agent.server`, one request per process.
 
 It is the only command the launcher runs on a node (over SSH for workers, as a local
 child for the head); the request, secrets included, travels on stdin, never on argv.
@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Callable
 
 from dspark_launch import __version__
-from dspark_launch.cluster import procfs
-from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.codec import DecodeError, from_data, to_data
-from dspark_launch.cluster.versions import installed_version
-from dspark_launch.model.agent_ops import MODEL_HANDLERS
+from dspark_launch.agent import procfs
+from dspark_launch.agent import protocol as p
+from dspark_launch.agent.codec import DecodeError, from_data, to_data
+from dspark_launch.agent.versions import installed_version
+from dspark_launch.agent.handlers.model import MODEL_HANDLERS
 
 OWNER_VAR = "DSPARK_OWNER"
 # API keys never reach Ray: Ray passes its daemons' environment to every worker it starts.
@@ -117,7 +117,7 @@ def probe(req: p.Probe, report: Report) -> p.ProbeAnswer:
 def _writable_dir(path: str) -> str | None:
     """None when `path` is (or can be made) a private log folder this user writes to; else why not,
     naming the path."""
-    from dspark_launch.cluster.safe_path import UnsafePath, make_log_dir
+    from dspark_launch.agent.safe_path import UnsafePath, make_log_dir
 
     try:
         make_log_dir(Path(path))
@@ -174,7 +174,7 @@ def child_env(declared: dict[str, str], marker: str) -> dict[str, str]:
 
 def _open_log(path: str, rotate: bool = False):
     """The log a started process writes to (safe_path.open_log); a refusal is one typed line naming it."""
-    from dspark_launch.cluster.safe_path import UnsafePath, open_log
+    from dspark_launch.agent.safe_path import UnsafePath, open_log
 
     try:
         return open_log(Path(path), rotate)
@@ -286,8 +286,8 @@ STOPPED_KEEP_S = 86400
 
 
 def _stopped_mark(marker: str) -> Path | None:
-    from dspark_launch.cluster.ray_dirs import make_private_root
-    from dspark_launch.cluster.safe_path import UnsafePath
+    from dspark_launch.agent.ray_dirs import make_private_root
+    from dspark_launch.agent.safe_path import UnsafePath
 
     if not _MARKER.fullmatch(marker):
         return None
@@ -393,14 +393,14 @@ HANDLERS: dict[str, Callable] = {
 }
 # Operations whose module imports Ray or vLLM: "module:function", imported only when called.
 LAZY_HANDLERS: dict[str, str] = {
-    "ray_nodes": "dspark_launch.cluster.head_ops:ray_nodes",
-    "ray_checks": "dspark_launch.cluster.head_ops:ray_checks",
-    "check_serve_args": "dspark_launch.serve.argcheck:check_serve_args_op",
-    "ray_temp_dir": "dspark_launch.cluster.ray_dirs:ray_temp_dir",  # stdlib, kept in its feature's module
+    "ray_nodes": "dspark_launch.agent.handlers.ray:ray_nodes",
+    "ray_checks": "dspark_launch.agent.handlers.ray:ray_checks",
+    "check_serve_args": "dspark_launch.agent.handlers.vllm:check_serve_args_op",
+    "ray_temp_dir": "dspark_launch.agent.ray_dirs:ray_temp_dir",  # stdlib, kept in its feature's module
     # model profile and fabric (issue 11)
-    **{op: f"dspark_launch.cluster.profile_ops:{op}" for op in ("describe_vllm", "fabric_env", "non_carry_over")},
+    **{op: f"dspark_launch.agent.handlers.vllm:{op}" for op in ("describe_vllm", "fabric_env", "non_carry_over")},
     # each node's version row and hotfix, on its own agent (launch time)
-    **{op: f"dspark_launch.cluster.node_tasks:{op}" for op in ("node_versions", "apply_hotfix")},
+    **{op: f"dspark_launch.agent.handlers.hotfix:{op}" for op in ("node_versions", "apply_hotfix")},
 }
 HANDLERS.update(MODEL_HANDLERS)  # model weights (issue 12)
 

@@ -4,7 +4,7 @@ and which KV cache dtypes its DeepSeek-V4 attention takes on each GPU generation
 `describe_installed_vllm()` runs on a node (the head, through its agent): it imports
 vLLM lazily and reads its own serve parser, so the answer is what that build accepts,
 not what a release note says. The result is a frozen, JSON-able `VllmOffer`;
-`python -m dspark_launch.profiles.offer` prints it, for an agent that keeps vLLM out
+`python -m dspark_launch.agent.vllm_offer` prints it, for an agent that keeps vLLM out
 of its own process.
 
 The KV judgement needs no GPU: for each compute capability in `JUDGED_CAPABILITIES` it

@@ -199,7 +199,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema in docs/operations.md).")] = False,
 ) -> None:
     """Nodes, Ray, versions, hotfix, the server, its metrics, and drift from the env file."""
-    from dspark_launch.cluster.codec import to_data
+    from dspark_launch.agent.codec import to_data
     from dspark_launch.serve import service
 
     settings, spec = settings_and_spec(env_file)

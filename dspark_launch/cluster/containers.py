@@ -15,11 +15,11 @@ from pathlib import Path
 
 import dspark_launch
 from dspark_launch.cluster import runtime
-from dspark_launch.cluster.container_transport import HostShell
+from dspark_launch.agent.container_transport import HostShell
 from dspark_launch.cluster.parallel import on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node, NodeContainers
-from dspark_launch.cluster.client import Reporter
-from dspark_launch.cluster.transport import LocalTransport, Transport
+from dspark_launch.agent.client import Reporter
+from dspark_launch.agent.transport import LocalTransport, Transport
 from dspark_launch.errors import DsparkError
 
 PACKAGE_DIR = str(Path(dspark_launch.__file__).resolve().parent)

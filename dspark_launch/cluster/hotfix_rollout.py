@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dspark_launch.cluster.client import ClusterFailure, Reporter
+from dspark_launch.agent.client import ClusterFailure, Reporter
 from dspark_launch.cluster.parallel import on_each
-from dspark_launch.cluster.protocol import HotfixReport, VersionRow
+from dspark_launch.agent.protocol import HotfixReport, VersionRow
 from dspark_launch.cluster.spec import ClusterSpec
-from dspark_launch.cluster.versions import differing_rows, matrix_lines
+from dspark_launch.agent.versions import differing_rows, matrix_lines
 from dspark_launch.profiles.gpu import GpuTarget, gpu_target
 
 

@@ -3,8 +3,8 @@
 Every process started carries the node's DSPARK_OWNER marker, so stopping touches only
 what this launcher started, never a machine-wide `ray stop`. The head is a node like
 the others: its agent starts its Ray and reads Ray's node table for the join wait and the
-IP and GPU checks (`head_ops`); every node's agent reports its version row and applies the
-hotfix while Ray starts (`node_checks`).
+IP and GPU checks (`agent/handlers/ray.py`); every node's agent reports its version row and applies the
+hotfix while Ray starts (`hotfix_rollout`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 import hashlib
 import secrets
 
-from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.client import ClusterFailure, Reporter
-from dspark_launch.cluster.fabric import SYSFS_ROOT_VAR, FabricEnv
+from dspark_launch.agent import protocol as p
+from dspark_launch.agent.client import ClusterFailure, Reporter
+from dspark_launch.agent.fabric import SYSFS_ROOT_VAR, FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import NodeRecord, ray_token

@@ -9,10 +9,10 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from dspark_launch.cluster.client import NodeAgent, Reporter
-from dspark_launch.cluster.container_transport import ContainerTransport, LocalHost, SSHHost
-from dspark_launch.cluster.fabric import FabricRequest, fabric_request
-from dspark_launch.cluster.transport import LocalTransport, SSHTransport, Transport
+from dspark_launch.agent.client import NodeAgent, Reporter
+from dspark_launch.agent.container_transport import ContainerTransport, LocalHost, SSHHost
+from dspark_launch.agent.fabric import NODE_FABRIC_NAMES, FabricRequest
+from dspark_launch.agent.transport import LocalTransport, SSHTransport, Transport
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError
 
@@ -88,6 +88,21 @@ class ClusterSpec:
                 return node
         raise ConfigError(f"--node {name}: no such node; allowed: {', '.join(n.name for n in self.nodes)}")
 
+
+
+def fabric_request(settings: Settings, node: str, fabric_ip: str) -> FabricRequest:
+    """Launcher side: the request for one node, its DSPARK_NODE_FABRIC entries over the cluster-wide settings."""
+    values = {name: settings[name] for name in NODE_FABRIC_NAMES}
+    for entry in settings["DSPARK_NODE_FABRIC"].split():
+        target, _, assignment = entry.partition(":")
+        name, _, value = assignment.partition("=")
+        if target == node:
+            values[name] = value
+    return FabricRequest(
+        node=node, ifname=values["DSPARK_FABRIC_IFNAME"], fabric_ip=fabric_ip,
+        hca_list=values["NCCL_IB_HCA"], gid_index=values["NCCL_IB_GID_INDEX"],
+        socket_ifnames=tuple((n, values[n]) for n in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+                             if values[n]))
 
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")

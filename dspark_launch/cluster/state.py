@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from dspark_launch.cluster.codec import from_data, to_data
-from dspark_launch.cluster.protocol import HotfixReport, Process, Session, VersionRow
-from dspark_launch.cluster.safe_path import (UnsafePath, check_ancestors, check_dir, make_dir, make_log_dir,
+from dspark_launch.agent.codec import from_data, to_data
+from dspark_launch.agent.protocol import HotfixReport, Process, Session, VersionRow
+from dspark_launch.agent.safe_path import (UnsafePath, check_ancestors, check_dir, make_dir, make_log_dir,
                                              read_private, write_private, write_temp)
 from dspark_launch.errors import ConfigError, DsparkError
 

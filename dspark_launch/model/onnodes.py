@@ -16,8 +16,8 @@ from .distribute import require_ready
 from .errors import ModelIncomplete
 from .hub import HubSource, hub_source, is_local_folder
 from .location import ModelLocation, local_location
-from .manifest import Manifest, read_manifest
-from .node_check import DiskSpace, VerifyReport
+from dspark_launch.agent.manifest import Manifest, read_manifest
+from dspark_launch.agent.model_files import DiskSpace, VerifyReport
 from .workflow import Placement, Worker, check_everywhere, place_local, pull_everywhere, pulled_model
 
 PULL_FIX = "dspark model pull"
@@ -25,7 +25,7 @@ PULL_FIX = "dspark model pull"
 
 @dataclass(frozen=True)
 class AgentModelOps:
-    """`distribute.NodeModelOps` over one node's agent (node_check runs on that node)."""
+    """`distribute.NodeModelOps` over one node's agent (agent.model_files runs on that node)."""
 
     name: str
     agent: object  # cluster.client.NodeAgent
@@ -107,7 +107,7 @@ def require_mounted(settings, spec) -> None:
     into every container (DSPARK_CONTAINER_MODEL_CACHE): ConfigError (exit 2) naming both settings."""
     if not spec.containers:
         return
-    from dspark_launch.cluster.safe_path import within
+    from dspark_launch.agent.safe_path import within
     from dspark_launch.errors import ConfigError
 
     wanted = wanted_model(settings)
@@ -127,7 +127,7 @@ def node_ops(spec, reporter=None) -> list[AgentModelOps]:
 
 
 def model_caches(spec) -> tuple[str, ...]:
-    """The container model cache, checked on every node with the model folder (folder_check)."""
+    """The container model cache, checked on every node with the model folder (agent.model_folder)."""
     return (spec.containers.model_cache,) if spec.containers and spec.containers.model_cache else ()
 
 
@@ -137,7 +137,7 @@ def where_weights_live(spec, reporter=None) -> list[AgentModelOps]:
     launcher's Python and each worker's in a `--rm` container from the checked image."""
     if not spec.containers:
         return node_ops(spec, reporter)
-    from dspark_launch.cluster.client import NodeAgent
+    from dspark_launch.agent.client import NodeAgent
     from dspark_launch.cluster.containers import model_transports
 
     transports = model_transports(spec)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.client import NodeAgent
+from dspark_launch.agent import protocol as p
+from dspark_launch.agent.client import NodeAgent
 
 END = 1 << 62  # an offset past any end: "from now on"
 

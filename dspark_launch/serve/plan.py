@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dspark_launch.cluster.fabric import FabricEnv
+from dspark_launch.agent.fabric import FabricEnv
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.config.settings import Settings
 from dspark_launch.hotfix.contract import ENV_CAP, ENV_DIAG, ENV_GATE_MODE

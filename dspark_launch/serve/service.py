@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.cluster.parallel import Background, on_each, settle
-from dspark_launch.cluster.client import ClusterFailure, NodeAgent, Reporter
-from dspark_launch.cluster.protocol import HotfixReport, MemoryAnswer, Spawn, Stop, StopAnswer
+from dspark_launch.agent.client import ClusterFailure, NodeAgent, Reporter
+from dspark_launch.agent.protocol import HotfixReport, MemoryAnswer, Spawn, Stop, StopAnswer
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import Deployment, ServerRecord, load_state, save_state
 from dspark_launch.config.settings import Settings
@@ -51,7 +51,7 @@ class StartResult:
 def resolved_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray_env: dict[str, str]) -> ServePlan:
     """The profile resolved against the head's installed vLLM (through its agent), the head's own fabric
     environment beside it; the serve plan built once from both. ConfigError (exit 2) for a flag it lacks."""
-    from dspark_launch.cluster.node_checks import node_gpus
+    from dspark_launch.cluster.hotfix_rollout import node_gpus
     from dspark_launch.profiles.resolve import resolve_selected
 
     reporter.phase(f"resolving profile {settings['DSPARK_PROFILE']} against the vLLM on {spec.head.label} "

@@ -2,7 +2,7 @@
 
 `ray_checks` reads the GCS's node table (no driver, no Ray worker): it waits for every
 node to join and checks each node's registered IP and GPUs. Each node's version row and
-hotfix are its own agent's (`node_tasks`), asked while Ray starts. Failures come back
+hotfix are its own agent's (`handlers/hotfix.py`), asked while Ray starts. Failures come back
 typed, naming the node.
 """
 
@@ -12,8 +12,8 @@ import os
 import time
 from typing import Callable
 
-from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.protocol import OperationFailed, Report
+from dspark_launch.agent import protocol as p
+from dspark_launch.agent.protocol import OperationFailed, Report
 
 
 def _label(node: p.ExpectedNode) -> str:
