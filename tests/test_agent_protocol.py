@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -41,11 +42,24 @@ class Recorder:
 
 
 def test_every_operation_has_a_handler_and_frozen_types():
-    from dspark_launch.agent.server import HANDLERS, LAZY_HANDLERS
+    """One registry: each operation named after its request, its handler found in handlers/, its types frozen."""
+    from dspark_launch.agent.server import handler
 
-    assert set(HANDLERS) | set(LAZY_HANDLERS) == set(p.OPERATIONS)
-    for request, answer in p.OPERATIONS.values():
-        assert request.__dataclass_params__.frozen and answer.__dataclass_params__.frozen
+    assert len(p.OPERATIONS) == len(p.OPERATION_OF_REQUEST) == len(p._OPERATIONS)
+    for name, operation in p.OPERATIONS.items():
+        assert name == re.sub(r"(?<!^)(?=[A-Z])", "_", operation.request.__name__).lower()
+        assert callable(handler(name)), name
+        assert operation.request.__dataclass_params__.frozen and operation.answer.__dataclass_params__.frozen
+    assert p.OPERATIONS["read_log"].request is p.ReadLog and p.OPERATIONS["memory_query"].request is p.MemoryQuery
+
+
+def test_probe_is_read_only_and_the_log_folder_is_its_own_operation(tmp_path):
+    agent = NodeAgent("here", LocalTransport(sys.executable))
+    agent.call(p.Probe(dashboard=True))
+    logs = tmp_path / "logs"
+    assert not logs.exists()
+    assert agent.call(p.PrepareLogDir(str(logs))).error is None
+    assert logs.is_dir() and logs.stat().st_mode & 0o077 == 0 and not list(logs.iterdir())
 
 
 def test_decoding_ignores_unknown_fields_and_rebuilds_nested_types():
@@ -62,12 +76,12 @@ def test_decoding_ignores_unknown_fields_and_rebuilds_nested_types():
 
 def test_agent_answers_typed_over_a_real_process():
     agent = NodeAgent("here", LocalTransport(sys.executable))
-    hello = agent.hello()
+    hello = agent.call(p.Hello())
     assert hello.protocol == p.PROTOCOL_VERSION and hello.launcher == __version__
-    probe = agent.probe()
+    probe = agent.call(p.Probe())
     assert probe.modules["dspark_launch"].found and probe.python_version.count(".") == 2
-    assert agent.alive((p.Process(os.getpid(), procfs.start_time(os.getpid()), boot_id=procfs.boot_id()),)) == (True,)
-    assert agent.alive((p.Process(os.getpid(), 1),)) == (False,)  # same pid, other start time: not ours
+    assert agent.call(p.AliveQuery((p.Process(os.getpid(), procfs.start_time(os.getpid()), boot_id=procfs.boot_id()),))).alive == (True,)
+    assert agent.call(p.AliveQuery((p.Process(os.getpid(), 1),))).alive == (False,)  # same pid, other start time: not ours
 
 
 # What an operator's shell may hold that no node process (the head's Ray and vllm serve included) may see.
@@ -85,7 +99,7 @@ def test_run_and_stop_use_only_the_declared_environment(tmp_path, monkeypatch):
     log = tmp_path / "env.log"
     marker = f"dspark-{secrets.token_hex(4)}-here"  # a stopped marker is never started again (see below)
     code = "import os,json,time; print(json.dumps(dict(os.environ)), flush=True); time.sleep(60)"
-    answer = agent.spawn(p.Spawn((sys.executable, "-c", code), {"DECLARED": "1"}, marker, str(log)), "spawn")
+    answer = agent.call(p.Spawn((sys.executable, "-c", code), {"DECLARED": "1"}, marker, str(log)), "spawn")
     try:
         deadline = time.monotonic() + 20
         while not log.read_text().strip() and time.monotonic() < deadline:
@@ -96,7 +110,7 @@ def test_run_and_stop_use_only_the_declared_environment(tmp_path, monkeypatch):
         # Exactly a login-like environment (transport.LOGIN_ENV) plus what the request declared.
         assert set(env) <= {*LOGIN_ENV, "DECLARED", "DSPARK_OWNER"}, sorted(set(env) - set(LOGIN_ENV))
     finally:
-        stopped = agent.stop(p.Stop(marker, (answer.process,), (answer.session,), grace_s=2))
+        stopped = agent.call(p.Stop(marker, (answer.process,), (answer.session,), grace_s=2))
     assert answer.process.pid in stopped.stopped and stopped.left == ()
     assert procfs.start_time(answer.process.pid) is None
 
@@ -106,12 +120,12 @@ def test_a_start_that_arrives_after_its_runs_stop_starts_nothing(tmp_path):
     node: the stop leaves a mark, and the late start is refused with nothing started."""
     agent = NodeAgent("here", LocalTransport(sys.executable))
     marker = f"dspark-{secrets.token_hex(4)}-here"
-    agent.stop(p.Stop(marker))
+    agent.call(p.Stop(marker))
     witness = tmp_path / "started"
     with pytest.raises(ClusterFailure, match="was stopped on this node; nothing started"):
-        agent.run(p.Run((sys.executable, "-c", f"open({str(witness)!r}, 'w')"), {}, marker, "", 30), "ray start", 60)
+        agent.call(p.Run((sys.executable, "-c", f"open({str(witness)!r}, 'w')"), {}, marker, "", 30), "ray start", 60)
     with pytest.raises(ClusterFailure, match="was stopped on this node; nothing started"):
-        agent.spawn(p.Spawn((sys.executable, "-c", f"open({str(witness)!r}, 'w')"), {}, marker,
+        agent.call(p.Spawn((sys.executable, "-c", f"open({str(witness)!r}, 'w')"), {}, marker,
                             str(tmp_path / "log")), "spawn")
     time.sleep(0.5)
     assert not witness.exists()
@@ -121,7 +135,7 @@ def test_progress_lines_reach_the_reporter_and_failures_are_typed(tmp_path):
     recorder = Recorder()
     agent = NodeAgent("here", LocalTransport(sys.executable), recorder)
     with pytest.raises(ClusterFailure) as failure:
-        agent.stop(p.Stop("not-ours"))
+        agent.call(p.Stop("not-ours"))
     assert failure.value.node == "here" and "refusing to match processes" in failure.value.detail
 
 
@@ -141,7 +155,7 @@ def _other_version_python(tmp_path: Path) -> str:
 def test_a_node_with_another_launcher_version_is_refused_at_first_contact(tmp_path):
     agent = NodeAgent("worker1 (10.0.0.2)", LocalTransport(_other_version_python(tmp_path)))
     with pytest.raises(VersionMismatch) as mismatch:
-        agent.probe()
+        agent.call(p.Probe())
     line = str(mismatch.value)
     assert "worker1 (10.0.0.2): version:" in line and "0.0.0-other" in line and __version__ in line
 
@@ -192,7 +206,7 @@ def test_the_version_row_comes_from_the_node_agent_without_importing_vllm():
 
     from dspark_launch import hotfix
 
-    row = NodeAgent("here", LocalTransport(sys.executable)).node_versions()
+    row = NodeAgent("here", LocalTransport(sys.executable)).call(p.VersionQuery())
     target = hotfix.find_target()
     assert row.python == platform.python_version() and row.vllm == "0.32.0" and row.ray and row.torch
     assert row.scheduler_sha256 == (hotfix.status(target).original_sha256
@@ -215,7 +229,7 @@ def test_the_argument_checker_ends_with_the_agent_that_asked():
     from dspark_launch.agent.transport import kill_in_flight
 
     agent = NodeAgent("here", LocalTransport(sys.executable))
-    asking = threading.Thread(target=lambda: pytest.raises(Exception, agent.check_serve_args, ("x",)), daemon=True)
+    asking = threading.Thread(target=lambda: pytest.raises(Exception, agent.call, p.ServeArgsCheck(("x",))), daemon=True)
     asking.start()
     deadline = time.monotonic() + 30
     checker = []

@@ -60,7 +60,7 @@ class Served:
         self.log = state_dir / "logs" / "fake-api.log"
         self.head = self.spec.head.agent()
         marker = f"dspark-readiness-{secrets.token_hex(4)}-server"
-        answer = self.head.spawn(Spawn((sys.executable, str(FAKE_API), SERVED, "1", script), {}, marker,
+        answer = self.head.call(Spawn((sys.executable, str(FAKE_API), SERVED, "1", script), {}, marker,
                                        str(self.log)), "fake api")
         self.server = ServerRecord(marker=marker, log=str(self.log), url="", served_name=SERVED, model=SERVED,
                                    started_at=time.time(), settings={}, digest="test", cap=1,

@@ -1,7 +1,8 @@
-"""The launcher end of the agent protocol: one `NodeAgent` per node, one method per operation.
+"""The launcher end of the agent protocol: one `NodeAgent` per node; `call(request)` for every operation.
 
-Each method sends a typed request over the node's transport and returns the typed
-answer; progress lines the agent writes on the way go to the reporter. A failure on
+`call` sends a typed request over the node's transport and returns the typed answer its
+operation declares (protocol.OPERATIONS, which also names the step and the timeout);
+progress lines the agent writes on the way go to the reporter. A failure on
 the node (or a node that cannot be reached) raises ClusterFailure naming the node and
 the step; a node whose launcher version differs raises VersionMismatch before anything
 was started there (the first contact of every command is a read-only operation).
@@ -16,17 +17,11 @@ from dspark_launch import __version__
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.codec import DecodeError, from_data, to_data
 from dspark_launch.agent.container_transport import ContainerTransport
-from dspark_launch.agent.fabric import FabricEnv, FabricRequest
 from dspark_launch.agent.transport import NodeUnreachable, Transport
 from dspark_launch.errors import ConfigError, DsparkError
-from dspark_launch.agent.manifest import Manifest
-from dspark_launch.agent.model_files import DiskSpace, VerifyReport
 from dspark_launch.agent.vllm_offer import VllmOffer
 
 A = TypeVar("A")
-AGENT_TIMEOUT_S = 60
-HOTFIX_TIMEOUT_S = 120
-MODEL_VERIFY_TIMEOUT_S = 3 * 3600  # a full sha256 of 160 GB reads every byte (minutes at disk speed)
 
 
 class Reporter(Protocol):
@@ -78,11 +73,13 @@ class NodeAgent:
         self.transport = transport
         self.reporter = reporter or SilentReporter()
 
-    def call(self, request: Any, step: str = "", timeout: float = AGENT_TIMEOUT_S) -> Any:
-        """Send `request` (a protocol dataclass); returns the answer type its operation declares."""
-        op = p.OP_OF_REQUEST[type(request)]
-        _, answer_type = p.OPERATIONS[op]
-        step = step or op
+    def call(self, request: Any, step: str = "", timeout: float | None = None) -> Any:
+        """Send `request` (a protocol dataclass); returns the answer type its operation declares. `step`
+        and `timeout` default to the operation's (protocol.OPERATIONS)."""
+        operation = p.OPERATION_OF_REQUEST[type(request)]
+        op, answer_type = operation.name, operation.answer
+        step = step or operation.step
+        timeout = operation.timeout_for(request) if timeout is None else timeout
         line = json.dumps({"protocol": p.PROTOCOL_VERSION, "launcher": __version__, "op": op,
                            "request": to_data(request)})
         final: list[dict] = []
@@ -125,85 +122,8 @@ class NodeAgent:
         raise ClusterFailure(failure.node or self.label, failure.step if failure.node else step, failure.detail,
                              failure.extra)
 
-    # One method per operation ------------------------------------------------------------------
-
-    def hello(self) -> p.HelloAnswer:
-        return self.call(p.Hello(), "agent", 30)
-
-    def probe(self, log_dir: str = "", dashboard: bool = False, timeout: float = AGENT_TIMEOUT_S) -> p.ProbeAnswer:
-        return self.call(p.Probe(log_dir, dashboard), "agent", timeout)
-
-    def interface(self, ifname: str, ip: str) -> p.InterfaceAnswer:
-        return self.call(p.InterfaceQuery(ifname, ip), "fabric interface")
-
-    def port_free(self, ip: str, port: int) -> p.PortAnswer:
-        return self.call(p.PortQuery(ip, port), "ray port")
-
-    def meminfo(self) -> p.MemoryAnswer:
-        return self.call(p.MemoryQuery(), "memory")
-
-    def run(self, request: p.Run, step: str, timeout: float) -> p.RunAnswer:
-        return self.call(request, step, timeout)
-
-    def spawn(self, request: p.Spawn, step: str) -> p.SpawnAnswer:
-        return self.call(request, step)
-
-    def alive(self, processes: tuple[p.Process, ...], step: str = "status", timeout: float = 30) -> tuple[bool, ...]:
-        return self.call(p.AliveQuery(tuple(processes)), step, timeout).alive
-
-    def stop(self, request: p.Stop, step: str = "stop") -> p.StopAnswer:
-        return self.call(request, step, 90 + request.drain_s)
-
-    def tail(self, paths: list[str] | tuple[str, ...], lines: int = 40) -> tuple[str, ...]:
-        return self.call(p.Tail(tuple(paths), lines), "logs").lines
-
-    def read(self, path: str, offset: int) -> p.ReadAnswer:
-        return self.call(p.ReadLog(path, offset), "logs")
-
-    def glob(self, root: str, pattern: str) -> tuple[str, ...]:
-        return self.call(p.Glob(root, pattern), "logs").paths
-
-    def ray_nodes(self, address: str, env: dict[str, str], timeout: float = 20) -> tuple[p.RayNode, ...]:
-        return self.call(p.RayNodesQuery(address, env), "ray nodes", timeout).nodes
-
-    def ray_checks(self, request: p.RayChecks, timeout: float) -> p.RayChecksAnswer:
-        return self.call(request, "ray checks", timeout)
-
-    def check_serve_args(self, serve_args: tuple[str, ...]) -> str | None:
-        return self.call(p.ServeArgsCheck(tuple(serve_args)), "serve arguments", 300).refused
-
-    # model weights (issue 12) -------------------------------------------------------------------
-
-    def model_verify(self, folder: str, manifest: Manifest, full: bool,
-                     only: tuple[str, ...] | None = None, caches: tuple[str, ...] = ()) -> VerifyReport:
-        return self.call(p.ModelVerify(folder, manifest, full, only, caches), "model verify",
-                         MODEL_VERIFY_TIMEOUT_S if full else 120)
-
-    def model_fast_check(self, folder: str, stamp: str, caches: tuple[str, ...] = ()) -> VerifyReport:
-        return self.call(p.ModelFastCheck(folder, stamp, caches), "model check", 120)
-
-    def model_free_space(self, path: str) -> DiskSpace:
-        return self.call(p.ModelDiskQuery(path), "model disk")
-
-    # --- Ray's private temp folders (security review, issue 14)
-    def ray_temp_dir(self, name: str) -> str:
-        return self.call(p.RayTempDir(name), "ray temp folder").path
-    # model profile and fabric (issue 11)
-
     def describe_vllm(self) -> VllmOffer:
+        """The installed vLLM's serve flags; kept on the node between calls unless it runs in a container (recreated
+        on every start: nothing kept there would be read again)."""
         in_container = isinstance(self.transport, ContainerTransport)
-        return self.call(p.DescribeVllm(keep=not in_container), "installed vLLM", 300).offer
-
-    def fabric_env(self, request: FabricRequest, sysfs_root: str = "") -> FabricEnv:
-        return self.call(p.FabricQuery(request, sysfs_root), "fabric").fabric
-
-    def non_carry_over(self, config_root: str) -> str:
-        return self.call(p.NonCarryOver(config_root), "vLLM config folder").path
-
-    # each node's version row and hotfix, on its own agent (launch time) --------------------------
-
-    def node_versions(self) -> p.VersionRow:
-        return self.call(p.VersionQuery(), "versions")
-
-    def apply_hotfix(self) -> p.HotfixReport:
-        return self.call(p.HotfixApply(), "hotfix", HOTFIX_TIMEOUT_S)
+        return self.call(p.DescribeVllm(keep=not in_container)).offer

@@ -10,26 +10,30 @@ different launcher releases never start anything. Decoding ignores fields a type
 declare, so a field added to an answer is read by older launchers as if absent; a new
 field in a request needs a default. Bump PROTOCOL_VERSION when a meaning changes.
 
-Adding an operation: a request and an answer dataclass here, one line in OPERATIONS, a
-handler in `agent.HANDLERS` (stdlib) or `agent.LAZY_HANDLERS` (heavy imports), and a method
-on `client.NodeAgent`.
+Adding an operation touches two places: here, a request and an answer dataclass and one
+`Operation` line in OPERATIONS (the operation's name is the request's class name in snake case);
+and the handler `def name(req, report) -> Answer` in the `handlers/` module of its subject.
+Callers send it with `NodeAgent.call(Request(...))`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+import re
+from typing import Any, Callable
 
 from dspark_launch.agent.manifest import Manifest  # stdlib only, as the node checks
 from dspark_launch.agent.model_files import DiskSpace, VerifyReport
 from dspark_launch.agent.fabric import FabricEnv, FabricRequest  # stdlib-only values
 from dspark_launch.agent.vllm_offer import VllmOffer  # stdlib-only values
 
-PROTOCOL_VERSION = 5  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
+PROTOCOL_VERSION = 6  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
 # 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
 # 3: FabricRequest.hca_list carries NCCL_IB_HCA as written (NCCL's ^ / = / dev:port forms), not split names
 # 4: model_verify hashes `only` the files a copy sent, with progress lines
 # 5: Stop.drain_s > 0 sends one SIGTERM and waits up to drain_s for the server to drain and end by itself
+# 6: every operation named after its request (read -> read_log, meminfo -> memory_query, ...); probe is read-only,
+#    prepare_log_dir makes the log folder
 # The longest line either side reads (the launcher refuses a longer agent reply line: one clear error, the
 # agent killed); a log is read in chunks whose JSON (at most 6 bytes a character, `\u001b`) stays below it.
 MAX_LINE = 1 << 20
@@ -106,7 +110,7 @@ class HelloAnswer:
 
 @dataclass(frozen=True)
 class Probe:
-    log_dir: str = ""
+    """Read-only: interpreter, installed modules, and (with `dashboard`) what Ray's dashboard lacks."""
     dashboard: bool = False
 
 
@@ -123,7 +127,17 @@ class ProbeAnswer:
     python_version: str
     modules: dict[str, ModuleInfo]
     dashboard_missing: tuple[str, ...] = ()
-    log_dir_error: str | None = None
+
+
+@dataclass(frozen=True)
+class PrepareLogDir:
+    """Make (or find) the private log folder `path` and write to it once."""
+    path: str
+
+
+@dataclass(frozen=True)
+class PrepareLogDirAnswer:
+    error: str | None  # why it is not a private folder this user writes to, naming it; None when it is
 
 
 @dataclass(frozen=True)
@@ -442,35 +456,69 @@ class HotfixApply:
     """Apply the scheduler hotfix to the vLLM this node's interpreter (Ray's) imports, then verify it."""
 
 
-OPERATIONS: dict[str, tuple[type, type]] = {
-    "hello": (Hello, HelloAnswer),
-    "probe": (Probe, ProbeAnswer),
-    "interface": (InterfaceQuery, InterfaceAnswer),
-    "port_free": (PortQuery, PortAnswer),
-    "meminfo": (MemoryQuery, MemoryAnswer),
-    "run": (Run, RunAnswer),
-    "spawn": (Spawn, SpawnAnswer),
-    "alive": (AliveQuery, AliveAnswer),
-    "stop": (Stop, StopAnswer),
-    "tail": (Tail, TailAnswer),
-    "read": (ReadLog, ReadAnswer),
-    "glob": (Glob, GlobAnswer),
-    "ray_nodes": (RayNodesQuery, RayNodesAnswer),
-    "ray_checks": (RayChecks, RayChecksAnswer),
-    "check_serve_args": (ServeArgsCheck, ServeArgsAnswer),
-    # model weights (issue 12)
-    "model_verify": (ModelVerify, VerifyReport),
-    "model_fast_check": (ModelFastCheck, VerifyReport),
-    "model_free_space": (ModelDiskQuery, DiskSpace),
-    # --- Ray's private temp folders (security review, issue 14)
-    "ray_temp_dir": (RayTempDir, RayTempDirAnswer),
-    # model profile and fabric (issue 11)
-    "describe_vllm": (DescribeVllm, DescribeVllmAnswer),
-    "fabric_env": (FabricQuery, FabricAnswer),
-    "non_carry_over": (NonCarryOver, NonCarryOverAnswer),
-    # each node's version row and hotfix, on its own agent (launch time)
-    "node_versions": (VersionQuery, VersionRow),
-    "apply_hotfix": (HotfixApply, HotfixReport),
-}
+# --- the one registry ------------------------------------------------------------------------------
 
-OP_OF_REQUEST: dict[type, str] = {request: name for name, (request, _) in OPERATIONS.items()}
+AGENT_TIMEOUT_S = 60
+HOTFIX_TIMEOUT_S = 120
+MODEL_VERIFY_TIMEOUT_S = 3 * 3600  # a full sha256 of 160 GB reads every byte (minutes at disk speed)
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One agent operation: its request and answer types, its handler and how the launcher waits for it."""
+    request: type
+    answer: type
+    handler: str  # "module:function" in dspark_launch.agent.handlers, imported by the agent only when called
+    step: str  # names the step in the launcher's error line
+    timeout: float | Callable[[Any], float] = AGENT_TIMEOUT_S  # seconds, or a function of the request
+
+    @property
+    def name(self) -> str:
+        return op_name(self.request)
+
+    def timeout_for(self, request: Any) -> float:
+        return self.timeout(request) if callable(self.timeout) else self.timeout
+
+
+def op_name(request_type: type) -> str:
+    """The operation's name on the wire: its request's class name in snake case (ReadLog -> read_log)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", request_type.__name__).lower()
+
+
+_OPERATIONS = (
+    # processes and the node itself (handlers/processes.py)
+    Operation(Hello, HelloAnswer, "processes:hello", "agent", 30),
+    Operation(Probe, ProbeAnswer, "processes:probe", "agent"),
+    Operation(MemoryQuery, MemoryAnswer, "processes:meminfo", "memory"),
+    Operation(Run, RunAnswer, "processes:run", "run"),
+    Operation(Spawn, SpawnAnswer, "processes:spawn", "spawn"),
+    Operation(AliveQuery, AliveAnswer, "processes:alive", "status", 30),
+    Operation(Stop, StopAnswer, "processes:stop", "stop", lambda req: 90 + req.drain_s),
+    # files and logs (handlers/files.py)
+    Operation(PrepareLogDir, PrepareLogDirAnswer, "files:prepare_log_dir", "log folder"),
+    Operation(Tail, TailAnswer, "files:tail", "logs"),
+    Operation(ReadLog, ReadAnswer, "files:read", "logs"),
+    Operation(Glob, GlobAnswer, "files:glob", "logs"),
+    # Ray (handlers/ray.py; the head's node table imports Ray when called)
+    Operation(PortQuery, PortAnswer, "ray:port_free", "ray port"),
+    Operation(RayTempDir, RayTempDirAnswer, "ray:ray_temp_dir", "ray temp folder"),
+    Operation(RayNodesQuery, RayNodesAnswer, "ray:ray_nodes", "ray nodes", 20),
+    Operation(RayChecks, RayChecksAnswer, "ray:ray_checks", "ray checks"),
+    # vLLM (handlers/vllm.py; imports vLLM, or runs it in a child, when called)
+    Operation(DescribeVllm, DescribeVllmAnswer, "vllm:describe_vllm", "installed vLLM", 300),
+    Operation(ServeArgsCheck, ServeArgsAnswer, "vllm:check_serve_args", "serve arguments", 300),
+    # fabric (handlers/fabric.py)
+    Operation(InterfaceQuery, InterfaceAnswer, "fabric:interface", "fabric interface"),
+    Operation(FabricQuery, FabricAnswer, "fabric:fabric_env", "fabric"),
+    Operation(NonCarryOver, NonCarryOverAnswer, "fabric:non_carry_over", "vLLM config folder"),
+    # model weights (handlers/model.py)
+    Operation(ModelVerify, VerifyReport, "model:model_verify", "model verify",
+              lambda req: MODEL_VERIFY_TIMEOUT_S if req.full else 120),
+    Operation(ModelFastCheck, VerifyReport, "model:model_fast_check", "model check", 120),
+    Operation(ModelDiskQuery, DiskSpace, "model:model_free_space", "model disk"),
+    # version row and scheduler hotfix (handlers/hotfix.py)
+    Operation(VersionQuery, VersionRow, "hotfix:node_versions", "versions"),
+    Operation(HotfixApply, HotfixReport, "hotfix:apply_hotfix", "hotfix", HOTFIX_TIMEOUT_S),
+)
+OPERATIONS: dict[str, Operation] = {operation.name: operation for operation in _OPERATIONS}
+OPERATION_OF_REQUEST: dict[type, Operation] = {operation.request: operation for operation in _OPERATIONS}

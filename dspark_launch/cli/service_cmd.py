@@ -243,6 +243,7 @@ def logs(
     tail: Annotated[int, typer.Option("--tail", "-n", help="Lines to show first.")] = 40,
 ) -> None:
     """The server log (default) or one node's Ray logs."""
+    from dspark_launch.agent.protocol import Tail
     from dspark_launch.cluster import ray_cluster as rc
     from dspark_launch.cluster.state import load_state
     from dspark_launch.serve.logfollow import follow as follow_logs
@@ -260,7 +261,7 @@ def logs(
         if not paths:
             raise DsparkError(f"no logs for {target.label}: nothing started there from this state folder")
         agent = target.agent()
-        for line in agent.tail(paths, tail):
+        for line in agent.call(Tail(tuple(paths), tail)).lines:
             say(line)
         if follow:
             for text in follow_logs(agent, paths, time.sleep):

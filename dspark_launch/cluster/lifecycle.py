@@ -17,7 +17,7 @@ from dspark_launch.cluster import containers
 from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.agent.client import ClusterFailure, Reporter
 from dspark_launch.cluster.hotfix_rollout import NodeChecks, versions_and_hotfix
-from dspark_launch.agent.protocol import VersionRow
+from dspark_launch.agent.protocol import Hello, VersionRow
 from dspark_launch.cluster.parallel import Background, on_each, settle
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import (Deployment, clear_state, ensure_state_dir, load_state, lock_holder,
@@ -47,7 +47,7 @@ def locked_deployment(state_dir: Path) -> Iterator[Deployment | None]:
 
 def _reachable(node: Node) -> bool:
     try:
-        node.agent().hello()
+        node.agent().call(Hello())
         return True
     except ClusterFailure:
         return False

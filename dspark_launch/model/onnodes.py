@@ -18,6 +18,8 @@ from .hub import HubSource, hub_source, is_local_folder
 from .location import ModelLocation, local_location
 from dspark_launch.agent.manifest import Manifest, read_manifest
 from dspark_launch.agent.model_files import DiskSpace, VerifyReport
+from dspark_launch.agent.client import NodeAgent
+from dspark_launch.agent.protocol import ModelDiskQuery, ModelFastCheck, ModelVerify
 from .workflow import Placement, Worker, check_everywhere, place_local, pull_everywhere, pulled_model
 
 PULL_FIX = "dspark model pull"
@@ -28,17 +30,17 @@ class AgentModelOps:
     """`distribute.NodeModelOps` over one node's agent (agent.model_files runs on that node)."""
 
     name: str
-    agent: object  # cluster.client.NodeAgent
+    agent: NodeAgent
     caches: tuple[str, ...] = ()  # checked there with the model folder (DSPARK_CONTAINER_MODEL_CACHE)
 
     def free_space(self, path: str) -> DiskSpace:
-        return self.agent.model_free_space(path)
+        return self.agent.call(ModelDiskQuery(path))
 
     def verify(self, folder: str, manifest: Manifest, full: bool, only: tuple[str, ...] | None = None) -> VerifyReport:
-        return self.agent.model_verify(folder, manifest, full, only, self.caches)
+        return self.agent.call(ModelVerify(folder, manifest, full, only, self.caches))
 
     def fast_check(self, folder: str, stamp: str) -> VerifyReport:
-        return self.agent.model_fast_check(folder, stamp, self.caches)
+        return self.agent.call(ModelFastCheck(folder, stamp, self.caches))
 
 
 @dataclass(frozen=True)

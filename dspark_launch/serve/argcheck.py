@@ -7,12 +7,13 @@ the launcher's process has no vLLM); a flag the installed version does not know
 
 from __future__ import annotations
 
+from dspark_launch.agent.protocol import ServeArgsCheck
 from dspark_launch.errors import ConfigError
 
 
 def check_serve_args(head, serve_args: tuple[str, ...], extra_args_source: str) -> None:
     """Through the head's agent (a NodeAgent): ConfigError naming the refused argument."""
-    reason = head.check_serve_args(serve_args)
+    reason = head.call(ServeArgsCheck(tuple(serve_args))).refused
     if reason is not None:
         raise ConfigError(f"vllm serve arguments refused by the installed vLLM: {reason} "
                           f"(VLLM_EXTRA_ARGS from {extra_args_source}, or a knob); allowed: flags this vLLM knows")

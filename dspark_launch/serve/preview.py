@@ -16,7 +16,7 @@ from dspark_launch.agent.ray_dirs import shown_private_root
 from dspark_launch.agent.client import Reporter
 from dspark_launch.agent.fabric import FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
-from dspark_launch.agent.protocol import MemoryAnswer
+from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, VersionQuery
 from dspark_launch.cluster.spec import ClusterSpec, Node, cluster_spec, placeholder
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError, DsparkError
@@ -34,7 +34,7 @@ GENERATED = "generated at start"
 def _probe(spec: ClusterSpec, node: Node) -> tuple[FabricEnv, MemoryAnswer, str | None] | str:
     """The node's fabric environment, memory and GPU compute capability, or why it was not probed."""
     try:
-        return rc.node_fabric(spec, node), node.agent().meminfo(), node.agent().node_versions().compute_capability
+        return rc.node_fabric(spec, node), node.agent().call(MemoryQuery()), node.agent().call(VersionQuery()).compute_capability
     except ConfigError:
         raise
     except DsparkError as exc:

@@ -16,7 +16,8 @@ from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.cluster.parallel import Background, on_each, settle
 from dspark_launch.agent.client import ClusterFailure, NodeAgent, Reporter
-from dspark_launch.agent.protocol import HotfixReport, MemoryAnswer, Spawn, Stop, StopAnswer
+from dspark_launch.agent.protocol import (AliveQuery, HotfixReport, MemoryAnswer, MemoryQuery, NonCarryOver, ReadLog, Spawn,
+                                           Stop, StopAnswer, Tail)
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import Deployment, ServerRecord, load_state, save_state
 from dspark_launch.config.settings import Settings
@@ -69,7 +70,7 @@ def resolved_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray
 def node_memory(spec: ClusterSpec) -> dict[str, MemoryAnswer]:
     """Every node's memory (MemTotal, MemAvailable, GPU or not) by its label, asked at once (read-only)."""
     return {spec.node(name).label: answer
-            for name, answer in on_each(spec.nodes, lambda n: n.agent().meminfo()).items()}
+            for name, answer in on_each(spec.nodes, lambda n: n.agent().call(MemoryQuery())).items()}
 
 
 def preflight_memory(spec: ClusterSpec, plan: ServePlan, weights: ModelWeights, memory: dict[str, MemoryAnswer],
@@ -104,12 +105,12 @@ def check_arguments(settings: Settings, spec: ClusterSpec, plan: ServePlan, repo
     head = spec.head.agent(reporter)
     check_serve_args(head, plan.serve_args, settings.entries["VLLM_EXTRA_ARGS"].source)
     reporter.phase("vllm serve arguments accepted by the installed vLLM")
-    head.non_carry_over(plan.config_root)
+    head.call(NonCarryOver(plan.config_root))
 
 
 def server_alive(spec: ClusterSpec, server: ServerRecord) -> bool:
     process = server.process
-    return process is not None and all(spec.head.agent().alive((process,), "server status"))
+    return process is not None and all(spec.head.agent().call(AliveQuery((process,)), "server status").alive)
 
 
 def _server_healthy(url: str, key: str, served_name: str, timeout: float) -> bool:
@@ -288,7 +289,7 @@ def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment,
                           chat=plan.chat, drain_s=plan.drain_timeout_s)
     try:
         # Inside the try: an interrupt while the agent spawns still stops the server (found by its marker).
-        answer = head.spawn(Spawn(tuple(plan.argv), plan.full_env(), marker, log, rotate_log=True), "vllm serve")
+        answer = head.call(Spawn(tuple(plan.argv), plan.full_env(), marker, log, rotate_log=True), "vllm serve")
         server.pid, server.start_time, server.boot_id = answer.process.pid, answer.process.start_time, answer.process.boot_id
         server.sessions = [answer.session]
         state.server = server
@@ -366,14 +367,14 @@ def tails(spec: ClusterSpec, server: ServerRecord | None, state: Deployment | No
     """The end of the server log and of each node's Ray logs, for a failure report."""
     out: list[str] = []
     if server:
-        out += spec.head.agent().tail([server.log], lines)
+        out += spec.head.agent().call(Tail((server.log,), lines)).lines
     state = state or load_state(spec.state_dir)
     for node in spec.nodes:
         record = state.node(node.name) if state else None
         if record is None:
             continue
         try:
-            out += node.agent().tail(rc.ray_log_paths(node, record), 10)
+            out += node.agent().call(Tail(tuple(rc.ray_log_paths(node, record)), 10)).lines
         except ClusterFailure as exc:
             out.append(f"({exc})")
     return out
@@ -381,7 +382,7 @@ def tails(spec: ClusterSpec, server: ServerRecord | None, state: Deployment | No
 
 def stop_server(spec: ClusterSpec, server: ServerRecord, grace_s: float = 15.0, drain_s: float = 0.0) -> StopAnswer:
     process = server.process
-    return spec.head.agent().stop(Stop(server.marker, (process,) if process else (), tuple(server.sessions), grace_s,
+    return spec.head.agent().call(Stop(server.marker, (process,) if process else (), tuple(server.sessions), grace_s,
                                        drain_s), "stop server")
 
 
@@ -401,7 +402,7 @@ def drain_server(spec: ClusterSpec, server: ServerRecord, reporter: Reporter) ->
     reporter.phase(f"vllm serve: draining in-flight requests (up to {server.drain_s} s; new ones are refused; "
                    "`dspark stop --now` aborts them)")
     log = LogReader(spec.head.agent(), server.log)
-    log.offset = spec.head.agent().read(server.log, END).offset
+    log.offset = spec.head.agent().call(ReadLog(server.log, END)).offset
     answer, report = drained_stop(lambda: stop_server(spec, server, drain_s=server.drain_s + DRAIN_TEARDOWN_S),
                                   server.url, server.drain_s, DRAIN_PROBE_S, log.new_text)
     reporter.phase(report.line)

@@ -332,7 +332,7 @@ def _agent_call(transport, request: dict) -> dict:
     from dspark_launch.agent.codec import from_data, to_data
 
     fields = {k: v for k, v in request.items() if k != "op"}
-    typed = from_data(p.OPERATIONS[request["op"]][0], fields)
+    typed = from_data(p.OPERATIONS[request["op"]].request, fields)
     return to_data(NodeAgent(transport.description, transport).call(typed, timeout=60))
 
 

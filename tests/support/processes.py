@@ -19,7 +19,7 @@ from typing import Iterable
 
 from dspark_launch.agent import procfs
 from dspark_launch.agent import protocol as p
-from dspark_launch.agent.server import terminate
+from dspark_launch.agent.handlers.processes import terminate
 
 proc_cmdline = procfs.cmdline
 

@@ -1,10 +1,6 @@
-"""The model operations of the node agent (stdlib only): agent.model_files behind the typed protocol.
-
-Registered in `cluster.agent.HANDLERS` with one line (MODEL_HANDLERS)."""
+"""The model operations of the node agent (stdlib only): agent.model_files behind the typed protocol."""
 
 from __future__ import annotations
-
-from typing import Callable
 
 from dspark_launch.agent.model_folder import check_model_folder
 from dspark_launch.agent.model_files import DiskSpace, HashProgress, VerifyReport, fast_check, free_space, verify_model
@@ -42,8 +38,3 @@ def model_fast_check(req, report) -> VerifyReport:
 
 def model_free_space(req, report) -> DiskSpace:
     return free_space(req.path)
-
-
-MODEL_HANDLERS: dict[str, Callable] = {
-    "model_verify": model_verify, "model_fast_check": model_fast_check, "model_free_space": model_free_space,
-}

@@ -1,10 +1,9 @@
-"""The agent operations of the model profile and the fabric (issue 11), node side.
+"""The agent's vLLM operations (head): the installed vLLM's serve flags, and its check of the serve arguments.
 
-`describe_vllm` (head) imports vLLM in the agent's process: one request per agent
+`describe_vllm` imports vLLM in the agent's process: one request per agent
 process, and the head's interpreter is the one that will serve; a repeat for the same
-install is answered from what the node kept (offer_cache) without importing vLLM. `fabric_env` (every
-node) reads the node's own sysfs; `non_carry_over` (head) writes the file vLLM reads
-to keep each node's fabric values its own.
+install is answered from what the node kept (offer_cache) without importing vLLM.
+`check_serve_args` runs vLLM's own parser in a child interpreter (seconds).
 """
 
 from __future__ import annotations
@@ -13,12 +12,8 @@ import json
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 from dspark_launch.agent import protocol as p
-from dspark_launch.agent.fabric import fabric_env as node_fabric_env
-from dspark_launch.agent.fabric import sysfs_root, write_non_carry_over
-from dspark_launch.errors import ConfigError, DsparkError
 
 
 def describe_vllm(req: p.DescribeVllm, report: p.Report) -> p.DescribeVllmAnswer:
@@ -35,20 +30,6 @@ def describe_vllm(req: p.DescribeVllm, report: p.Report) -> p.DescribeVllmAnswer
     if identity and identity == install_identity():  # kept only when the install did not change meanwhile
         remember(identity, offer)
     return p.DescribeVllmAnswer(offer)
-
-
-def fabric_env(req: p.FabricQuery, report: p.Report) -> p.FabricAnswer:
-    root = Path(req.sysfs_root) if req.sysfs_root else sysfs_root()
-    try:
-        return p.FabricAnswer(node_fabric_env(req.request, root))
-    except ConfigError as exc:
-        raise p.OperationFailed(p.Failure("fabric", str(exc), config_error=True)) from None
-    except DsparkError as exc:
-        raise p.OperationFailed(p.Failure("fabric", str(exc))) from None
-
-
-def non_carry_over(req: p.NonCarryOver, report: p.Report) -> p.NonCarryOverAnswer:
-    return p.NonCarryOverAnswer(str(write_non_carry_over(Path(req.config_root))))
 
 
 # The installed vLLM's own serve-argument check (moved from serve/argcheck.py, which keeps the launcher side).
@@ -101,6 +82,6 @@ def refusal(serve_args: list[str] | tuple[str, ...], python: str = sys.executabl
     raise RuntimeError(f"cannot check vllm serve arguments: {detail}; allowed: an importable vLLM")
 
 
-def check_serve_args_op(req, report):
+def check_serve_args(req: p.ServeArgsCheck, report: p.Report) -> p.ServeArgsAnswer:
     """The head agent's `check_serve_args` operation (runs under the head's interpreter)."""
     return p.ServeArgsAnswer(refusal(req.serve_args))
