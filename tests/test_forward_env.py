@@ -17,7 +17,7 @@ from dspark_launch.config.forward_env import refusal
 from dspark_launch.config.settings import resolve
 from dspark_launch.profiles.catalog import PROFILES
 from dspark_launch.agent.vllm_offer import VllmOffer
-from dspark_launch.profiles.resolve import resolve as resolve_profile
+from dspark_launch.config.profile_resolve import resolve as resolve_profile
 from dspark_launch.serve.plan import serve_plan
 from tests.support.paths import DATA
 

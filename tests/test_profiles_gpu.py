@@ -16,7 +16,7 @@ from dspark_launch.errors import EXIT_BAD_CONFIG, ConfigError
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, TINY_TEST
 from dspark_launch.profiles.gpu import Capability, gpu_target, parse_capability
 from dspark_launch.agent.vllm_offer import KvVerdict, VllmOffer, probe_installed_vllm
-from dspark_launch.profiles.resolve import resolve
+from dspark_launch.config.profile_resolve import resolve
 from dspark_launch.agent.handlers.vllm import refusal
 from tests.support.paths import DATA, REPO
 

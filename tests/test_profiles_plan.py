@@ -9,9 +9,9 @@ from dspark_launch.config.settings import resolve as load_settings
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
 from dspark_launch.profiles.memory import GIB, NodeMemory, memory_preflight
 from dspark_launch.agent.vllm_offer import VllmOffer
-from dspark_launch.profiles.plan import NOT_PROBED_EXAMPLE, PLAN_SCHEMA, NodePlan, Plan, env_entries, not_probed, \
+from dspark_launch.serve.plan_report import NOT_PROBED_EXAMPLE, PLAN_SCHEMA, NodePlan, Plan, env_entries, not_probed, \
     profile_decisions
-from dspark_launch.profiles.resolve import resolve
+from dspark_launch.config.profile_resolve import resolve
 from tests.support.paths import DATA, REPO
 from tests.support.sysfs import add_port, ipv4_gid
 

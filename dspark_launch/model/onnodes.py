@@ -89,7 +89,7 @@ class ServingModel:
 
 def wanted_model(settings, environ: Mapping[str, str] | None = None) -> WantedModel:
     """From the resolved settings: DSPARK_MODEL and the revision by the profile's rule, the cache, the token."""
-    from dspark_launch.profiles.resolve import served_model
+    from dspark_launch.config.profile_resolve import served_model
 
     environ = dict(os.environ if environ is None else environ)
     if settings["HF_TOKEN"]:

@@ -22,8 +22,8 @@ from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.model.onnodes import placed_weights, wanted_model
 from dspark_launch.profiles.gpu import gpu_target
-from dspark_launch.profiles.plan import NOT_PROBED_EXAMPLE, NodePlan, Plan, env_entries, not_probed, profile_decisions
-from dspark_launch.profiles.resolve import resolve_selected
+from dspark_launch.serve.plan_report import NOT_PROBED_EXAMPLE, NodePlan, Plan, env_entries, not_probed, profile_decisions
+from dspark_launch.config.profile_resolve import resolve_selected
 from dspark_launch.serve.memory import estimate, kv_size_fixed
 from dspark_launch.serve.plan import ServePlan, serve_plan
 from dspark_launch.serve.service import image_warnings

@@ -53,7 +53,7 @@ def resolved_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray
     """The profile resolved against the head's installed vLLM (through its agent), the head's own fabric
     environment beside it; the serve plan built once from both. ConfigError (exit 2) for a flag it lacks."""
     from dspark_launch.cluster.hotfix_rollout import node_gpus
-    from dspark_launch.profiles.resolve import resolve_selected
+    from dspark_launch.config.profile_resolve import resolve_selected
 
     reporter.phase(f"resolving profile {settings['DSPARK_PROFILE']} against the vLLM on {spec.head.label} "
                    f"and every node's GPU")
