@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.agent.container_transport import LocalHost
+from dspark_launch.agent.host_shell import LocalHost
 from dspark_launch.cluster.runtime import ContainerError, ship_package
 from tests.support.paths import REPO
 

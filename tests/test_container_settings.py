@@ -189,7 +189,7 @@ def test_the_one_shot_model_container_gets_read_only_folders_and_nothing_else_of
 
 def test_the_jit_cache_folder_must_be_ours_and_closed_to_other_writers(tmp_path):
     """What is loaded from the JIT cache is compiled code: created 0700, refused when group/other-writable."""
-    from dspark_launch.agent.container_transport import LocalHost
+    from dspark_launch.agent.host_shell import LocalHost
     from dspark_launch.cluster.runtime import ContainerError, check_private_folder
 
     folder = tmp_path / "jit-cache"

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from dspark_launch.agent.client import NodeAgent
-from dspark_launch.agent.container_transport import ContainerTransport, LocalHost
+from dspark_launch.agent.container_transport import ContainerTransport
+from dspark_launch.agent.host_shell import LocalHost
 from dspark_launch.agent.codec import decode
 from dspark_launch.agent.offer_cache import KeptOffer, install_identity, kept_file, recall, remember
 from dspark_launch.agent.transport import LocalTransport

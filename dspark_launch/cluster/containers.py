@@ -15,7 +15,7 @@ from pathlib import Path
 
 import dspark_launch
 from dspark_launch.cluster import runtime
-from dspark_launch.agent.container_transport import HostShell
+from dspark_launch.agent.host_shell import HostShell
 from dspark_launch.cluster.parallel import on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node, NodeContainers
 from dspark_launch.agent.client import Reporter

@@ -27,8 +27,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from dspark_launch.agent.container_transport import (AGENT_MOUNT, ContainerTransport, HostShell,
-                                                       OneShotContainerTransport)
+from dspark_launch.agent.container_transport import AGENT_MOUNT, ContainerTransport, OneShotContainerTransport
+from dspark_launch.agent.host_shell import HostShell
 from dspark_launch.agent.safe_path import CONTAINER_STATE_VAR, within
 from dspark_launch.config.container_args import refused_flag
 from dspark_launch.errors import ConfigError, DsparkError

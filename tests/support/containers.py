@@ -1,7 +1,7 @@
 """Podman on the namespace testbed: install, per-node configuration, a registry-free test image.
 
 Test support only (imported by tests/test_container*.py); the product's container code
-lives in dspark_launch/cluster/runtime.py and container_transport.py.
+lives in dspark_launch/cluster/runtime.py, agent/container_transport.py and agent/host_shell.py.
 
 - `ensure_podman()`: Debian's podman (as root, like openssh-server for the testbed).
 - `build_test_image()`: once per content key, `podman import` of a root file system made
@@ -280,7 +280,7 @@ def remove_all_containers(tb, node) -> None:
 # through LocalHost and a worker's through SSHHost (real ssh to the worker's sshd).
 
 def _host(desc: dict):
-    from dspark_launch.agent.container_transport import LocalHost, SSHHost
+    from dspark_launch.agent.host_shell import LocalHost, SSHHost
     from dspark_launch.agent.transport import SSHTransport
 
     if desc["kind"] == "local":
