@@ -21,7 +21,8 @@ from dspark_launch.agent import procfs
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.client import ClusterFailure, NodeAgent, VersionMismatch
 from dspark_launch.agent.codec import DecodeError, from_data, to_data
-from dspark_launch.cluster.state import Deployment, NodeRecord, StateUnreadable, load_state, save_state
+from dspark_launch.cluster.state import (Deployment, NodeRecord, ProcessRecord, StateUnreadable, load_state,
+                                         save_state)
 from dspark_launch.agent.transport import LOGIN_ENV, LocalTransport
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,10 +161,29 @@ def test_a_node_with_another_launcher_version_is_refused_at_first_contact(tmp_pa
     assert "worker1 (10.0.0.2): version:" in line and "0.0.0-other" in line and __version__ in line
 
 
+def test_the_deployment_record_holds_its_own_types_not_wire_types():
+    """state.json's format changes only with cluster/state.py: no field of the record is an agent protocol type."""
+    import dataclasses
+    import typing
+
+    seen, todo, wire = set(), [Deployment], []
+    while todo:
+        kind = todo.pop()
+        if kind in seen:
+            continue
+        seen.add(kind)
+        if getattr(kind, "__module__", "") == p.__name__:
+            wire.append(kind.__name__)
+        if dataclasses.is_dataclass(kind):
+            todo += list(typing.get_type_hints(kind).values())
+        todo += [arg for arg in typing.get_args(kind) if arg is not type(None)]
+    assert not wire and len(seen) > 10, wire
+
+
 def test_state_from_another_launcher_version_loads_and_corrupt_state_is_named(tmp_path):
     record = Deployment("10.0.0.1:6379", "d", 1.0, __version__,
                         [NodeRecord("head", "10.0.0.1", None, "dspark-x-head",
-                                    processes=[p.Process(1, 2, 1, "b", "raylet")])])
+                                    processes=[ProcessRecord(1, 2, 1, "b", "raylet")])])
     save_state(tmp_path, record)
     data = json.loads((tmp_path / "state.json").read_text())
     data["field_from_the_future"] = [1]
@@ -171,7 +191,7 @@ def test_state_from_another_launcher_version_loads_and_corrupt_state_is_named(tm
     data["server"] = {}
     (tmp_path / "state.json").write_text(json.dumps(data))
     loaded = load_state(tmp_path)
-    assert loaded.nodes[0].processes == [p.Process(1, 2, 1, "b", "raylet")] and loaded.server is None
+    assert loaded.nodes[0].processes == [ProcessRecord(1, 2, 1, "b", "raylet")] and loaded.server is None
     (tmp_path / "state.json").write_text("{not json")
     with pytest.raises(StateUnreadable) as error:
         load_state(tmp_path)

@@ -18,7 +18,7 @@ import pytest
 
 from dspark_launch.agent.protocol import Spawn
 from dspark_launch.cluster.spec import ClusterSpec, Node
-from dspark_launch.cluster.state import ServerRecord
+from dspark_launch.cluster.state import ServerRecord, SessionRecord, recorded
 from dspark_launch.agent.transport import LocalTransport
 from dspark_launch.serve import readiness, service
 from dspark_launch.serve.plan import ServePlan
@@ -65,7 +65,7 @@ class Served:
         self.server = ServerRecord(marker=marker, log=str(self.log), url="", served_name=SERVED, model=SERVED,
                                    started_at=time.time(), settings={}, digest="test", cap=1,
                                    pid=answer.process.pid, start_time=answer.process.start_time,
-                                   boot_id=answer.process.boot_id, sessions=[answer.session], chat=True)
+                                   boot_id=answer.process.boot_id, sessions=[recorded(SessionRecord, answer.session)], chat=True)
         self.port = 0
 
     def listening(self) -> Served:

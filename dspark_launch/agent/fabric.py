@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_launch.agent.nccl_hca import parse_hca_list
+from dspark_launch.agent.protocol import FabricEnv, FabricRequest
 from dspark_launch.errors import ConfigError, DsparkError
 
 SYSFS_ROOT_VAR = "DSPARK_TEST_SYSFS_ROOT"  # tests only: a fake sysfs tree per node
@@ -47,32 +48,6 @@ NON_CARRY_OVER_FILE = "ray_non_carry_over_env_vars.json"  # vllm/ray/ray_env.py 
 
 class FabricError(DsparkError):
     """The fabric is not as NCCL needs it (exit 1): nothing is started."""
-
-
-@dataclass(frozen=True)
-class FabricRequest:
-    """What one node needs to work out its fabric environment (built by the launcher, sent to the node's agent)."""
-
-    node: str  # "head", "worker1": for messages
-    ifname: str  # the fabric interface on this node
-    fabric_ip: str  # the node's fabric IP (Ray's --node-ip-address)
-    hca_list: str = ""  # NCCL_IB_HCA as the operator gave it (for this node), NCCL's form; "" = found in sysfs
-    gid_index: str = ""  # NCCL_IB_GID_INDEX given by the operator (for this node); "" = found in sysfs
-    socket_ifnames: tuple[tuple[str, str], ...] = ()  # NCCL_/GLOO_/TP_SOCKET_IFNAME the operator set
-
-
-@dataclass(frozen=True)
-class FabricEnv:
-    """One node's fabric environment, and how each value was found."""
-
-    node: str
-    env: tuple[tuple[str, str], ...]
-    hcas: tuple[str, ...]
-    gid_index: str
-    roce: bool  # False: NCCL falls back to TCP sockets
-    notes: tuple[str, ...]
-    warnings: tuple[str, ...]
-    missing: str = ""  # when not `roce`: what is missing, one line naming the interface (start refuses on it)
 
 
 def sysfs_root() -> Path:

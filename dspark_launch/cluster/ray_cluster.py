@@ -17,7 +17,8 @@ from dspark_launch.agent.client import ClusterFailure, Reporter
 from dspark_launch.agent.fabric import SYSFS_ROOT_VAR, FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node
-from dspark_launch.cluster.state import NodeRecord, ray_token
+from dspark_launch.cluster.state import (NodeRecord, ProcessRecord, SessionRecord, ray_token, recorded, wire_processes,
+                                         wire_sessions)
 from dspark_launch.errors import ConfigError
 
 RAY_START_TIMEOUT_S = 180
@@ -211,10 +212,10 @@ class Bringup:
         record.ray_temp_dir = self.temp_dirs[node.name]
         argv = ray_start_argv(self.spec, node, record.ray_temp_dir)
         answer = agent.call(p.Run(tuple(argv), node_env(self.spec, node, self.token_env, self.fabric.get(node.name)),
-                                 record.marker, record.ray_log, RAY_START_TIMEOUT_S, tuple(record.sessions)),
+                                 record.marker, record.ray_log, RAY_START_TIMEOUT_S, wire_sessions(record.sessions)),
                            "ray start", RAY_START_TIMEOUT_S + 30)
-        record.sessions.append(answer.session)
-        record.processes = list(answer.processes)
+        record.sessions.append(recorded(SessionRecord, answer.session))
+        record.processes = [recorded(ProcessRecord, proc) for proc in answer.processes]
         if answer.returncode != 0:
             tail = list(agent.call(p.Tail((record.ray_log,), 15)).lines)
             raise ClusterFailure(node.label, "ray start", f"exit {answer.returncode}; log {record.ray_log}", tail)
@@ -249,10 +250,11 @@ def ray_view(spec: ClusterSpec, timeout: float = 20) -> tuple[p.RayNode, ...]:
 
 
 def stop_node(node: Node, record: NodeRecord, grace_s: float = RAY_STOP_GRACE_S) -> p.StopAnswer:
-    return node.agent().call(p.Stop(record.marker, tuple(record.processes), tuple(record.sessions), grace_s))
+    return node.agent().call(p.Stop(record.marker, wire_processes(record.processes), wire_sessions(record.sessions),
+                                    grace_s))
 
 
-def core_processes(record: NodeRecord) -> list[p.Process]:
+def core_processes(record: NodeRecord) -> list[ProcessRecord]:
     """The Ray daemons a node cannot lose (idle Ray workers come and go by design)."""
     return [proc for proc in record.processes if any(name in proc.cmd.split(" ")[0] for name in CORE_PROCESSES)]
 
@@ -260,7 +262,7 @@ def core_processes(record: NodeRecord) -> list[p.Process]:
 def node_alive(node: Node, record: NodeRecord) -> bool:
     """Whether the node's Ray daemons recorded at start are still the same processes."""
     core = core_processes(record)
-    return bool(core) and all(node.agent().call(p.AliveQuery(tuple(core))).alive)
+    return bool(core) and all(node.agent().call(p.AliveQuery(wire_processes(core))).alive)
 
 
 def ray_log_paths(node: Node, record: NodeRecord) -> list[str]:

@@ -16,10 +16,11 @@ from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.cluster.parallel import Background, on_each, settle
 from dspark_launch.agent.client import ClusterFailure, NodeAgent, Reporter
-from dspark_launch.agent.protocol import (AliveQuery, HotfixReport, MemoryAnswer, MemoryQuery, NonCarryOver, ReadLog, Spawn,
+from dspark_launch.agent.protocol import (AliveQuery, MemoryAnswer, MemoryQuery, NonCarryOver, ReadLog, Spawn,
                                            Stop, StopAnswer, Tail)
 from dspark_launch.cluster.spec import ClusterSpec
-from dspark_launch.cluster.state import Deployment, ServerRecord, load_state, save_state
+from dspark_launch.cluster.state import (Deployment, HotfixRecord, ServerRecord, SessionRecord, load_state, recorded,
+                                         save_state, wire_sessions)
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import DsparkError
 from dspark_launch.model.onnodes import ModelWeights, ServingModel
@@ -45,7 +46,7 @@ class StartResult:
     plan: ServePlan
     server: ServerRecord
     cluster_started: bool
-    hotfix: dict[str, HotfixReport] = field(default_factory=dict)
+    hotfix: dict[str, HotfixRecord] = field(default_factory=dict)
     first_answer: readiness.FirstAnswer | None = None  # readiness's one-token request that answered
 
 
@@ -291,7 +292,7 @@ def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment,
         # Inside the try: an interrupt while the agent spawns still stops the server (found by its marker).
         answer = head.call(Spawn(tuple(plan.argv), plan.full_env(), marker, log, rotate_log=True), "vllm serve")
         server.pid, server.start_time, server.boot_id = answer.process.pid, answer.process.start_time, answer.process.boot_id
-        server.sessions = [answer.session]
+        server.sessions = [recorded(SessionRecord, answer.session)]
         state.server = server
         save_state(spec.state_dir, state)
         ready = wait_until_serving(spec, plan, server, head, reporter)
@@ -382,7 +383,7 @@ def tails(spec: ClusterSpec, server: ServerRecord | None, state: Deployment | No
 
 def stop_server(spec: ClusterSpec, server: ServerRecord, grace_s: float = 15.0, drain_s: float = 0.0) -> StopAnswer:
     process = server.process
-    return spec.head.agent().call(Stop(server.marker, (process,) if process else (), tuple(server.sessions), grace_s,
+    return spec.head.agent().call(Stop(server.marker, (process,) if process else (), wire_sessions(server.sessions), grace_s,
                                        drain_s), "stop server")
 
 
