@@ -54,6 +54,15 @@ def test_every_operation_has_a_handler_and_frozen_types():
     assert p.OPERATIONS["read_log"].request is p.ReadLog and p.OPERATIONS["memory_query"].request is p.MemoryQuery
 
 
+def test_the_launcher_imports_no_handler():
+    """Handlers are the agent's, imported by its server one at a time: none in the launcher's process."""
+    code = ("import sys, dspark_launch.cli.main, dspark_launch.serve.service, dspark_launch.model.workflow; "
+            "loaded = [m for m in sys.modules if m.startswith('dspark_launch.agent.handlers.')]; "
+            "assert not loaded, loaded")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_probe_is_read_only_and_the_log_folder_is_its_own_operation(tmp_path):
     agent = NodeAgent("here", LocalTransport(sys.executable))
     agent.call(p.Probe(dashboard=True))

@@ -1,4 +1,6 @@
-"""The node agent's protocol: one typed request and one typed answer per operation (stdlib only).
+"""The node agent's protocol: every value either end sends, frozen and typed, and the one registry of operations.
+
+Stdlib only (and `model_paths`, which checks a manifest's file names as they are decoded).
 
 Wire (one agent process per call, JSON lines):
   launcher -> agent, one line:  {"protocol": N, "launcher": "x.y.z", "op": NAME, "request": {...}}
@@ -11,7 +13,7 @@ declare, so a field added to an answer is read by older launchers as if absent; 
 field in a request needs a default. Bump PROTOCOL_VERSION when a meaning changes.
 
 Adding an operation touches two places: here, a request and an answer dataclass and one
-`Operation` line in OPERATIONS (the operation's name is the request's class name in snake case);
+`Operation` line in `_OPERATIONS` (the operation's name is the request's class name in snake case);
 and the handler `def name(req, report) -> Answer` in the `handlers/` module of its subject.
 Callers send it with `NodeAgent.call(Request(...))`.
 """
