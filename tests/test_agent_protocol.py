@@ -54,6 +54,20 @@ def test_every_operation_has_a_handler_and_frozen_types():
     assert p.OPERATIONS["read_log"].request is p.ReadLog and p.OPERATIONS["memory_query"].request is p.MemoryQuery
 
 
+def test_a_node_with_a_launcher_from_before_the_agent_package_is_a_version_mismatch(tmp_path):
+    """A node whose dspark-launch has no dspark_launch.agent (before protocol 6): one version line, not a traceback."""
+    old = tmp_path / "old" / "dspark_launch"
+    old.mkdir(parents=True)
+    (old / "__init__.py").write_text("")
+    python = tmp_path / "python"
+    # -S: no site-packages, so the interpreter finds only that old package (as on a node that has only it)
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'old'} exec {sys.executable} -S \"$@\"\n")
+    python.chmod(0o755)
+    with pytest.raises(VersionMismatch) as caught:
+        NodeAgent("worker1", LocalTransport(str(python))).call(p.Hello())
+    assert "older than" in str(caught.value) and str(python) in str(caught.value)
+
+
 def test_the_launcher_imports_no_handler():
     """Handlers are the agent's, imported by its server one at a time: none in the launcher's process."""
     code = ("import sys, dspark_launch.cli.main, dspark_launch.serve.service, dspark_launch.model.workflow; "

@@ -22,6 +22,8 @@ from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.agent.vllm_offer import VllmOffer
 
 A = TypeVar("A")
+# What the interpreter says when the node's dspark-launch predates dspark_launch.agent (protocol 6).
+OLDER_AGENT = "No module named 'dspark_launch.agent'"
 
 
 class Reporter(Protocol):
@@ -102,6 +104,10 @@ class NodeAgent:
         try:
             self.transport.exchange(line, timeout, on_line)
         except NodeUnreachable as exc:
+            if OLDER_AGENT in str(exc):  # a dspark-launch from before protocol 6 has no agent package
+                raise VersionMismatch(self.label, "version", f"{exc}: its dspark-launch is older than {__version__} "
+                                      f"(protocol {p.PROTOCOL_VERSION}); install the same dspark-launch on every "
+                                      f"node ({self.transport.python})") from None
             raise ClusterFailure(self.label, step, str(exc)) from None
         if not final:
             raise ClusterFailure(self.label, step, f"{self.transport.description}: the agent gave no answer")
