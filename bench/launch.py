@@ -171,7 +171,7 @@ def dspark(tb: Testbed, env_file: Path, scratch: Path, *args: str) -> tuple[floa
 
 def forget_kept_offer() -> None:
     """The head's agent runs this interpreter: forget the serve flags it kept, so the first start is cold."""
-    from dspark_launch.cluster.offer_cache import install_identity, kept_file
+    from dspark_launch.agent.offer_cache import install_identity, kept_file
 
     identity = install_identity()
     path = kept_file(identity) if identity else None

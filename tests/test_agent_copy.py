@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.cluster.container_transport import LocalHost
+from dspark_launch.agent.host_shell import LocalHost
 from dspark_launch.cluster.runtime import ContainerError, ship_package
 from tests.support.paths import REPO
 
@@ -39,13 +39,13 @@ def test_a_planted_copy_with_a_modified_file_is_never_used(tmp_path, package):
     assert shipped.parent.parent == state and shipped.parent.name.startswith("agent-")
     assert stat.S_IMODE(state.stat().st_mode) == 0o700 and _same_tree(shipped, package)
     assert Path(ship_package(LocalHost(), str(package), str(state))) == shipped  # reused: same content
-    agent = shipped / "cluster" / "agent.py"
+    agent = shipped / "agent" / "server.py"
     agent.write_text(agent.read_text() + "\nimport os; os.system('touch /tmp/pwned')\n")  # planted code
     assert Path(ship_package(LocalHost(), str(package), str(state))) == shipped
     assert _same_tree(shipped, package)  # shipped again: the planted line is gone
-    (shipped / "cluster" / "extra.py").write_text("print('planted')\n")
+    (shipped / "agent" / "extra.py").write_text("print('planted')\n")
     ship_package(LocalHost(), str(package), str(state))
-    assert not (shipped / "cluster" / "extra.py").exists() and _same_tree(shipped, package)
+    assert not (shipped / "agent" / "extra.py").exists() and _same_tree(shipped, package)
     agent.unlink()
     agent.symlink_to(tmp_path / "elsewhere.py")
     ship_package(LocalHost(), str(package), str(state))
@@ -63,9 +63,9 @@ def test_the_checkout_package_ships_with_its_link_stored_as_a_file(tmp_path):
 def test_a_copy_is_named_by_its_content(tmp_path, package):
     state = tmp_path / "state"
     first = ship_package(LocalHost(), str(package), str(state))
-    (package / "cluster" / "agent.py").write_text("# another version\n")
+    (package / "agent" / "server.py").write_text("# another version\n")
     second = ship_package(LocalHost(), str(package), str(state))
-    assert first != second and (Path(second) / "cluster" / "agent.py").read_text() == "# another version\n"
+    assert first != second and (Path(second) / "agent" / "server.py").read_text() == "# another version\n"
 
 
 @needs_root

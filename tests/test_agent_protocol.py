@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -16,12 +17,13 @@ from pathlib import Path
 import pytest
 
 from dspark_launch import __version__
-from dspark_launch.cluster import procfs
-from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.client import ClusterFailure, NodeAgent, VersionMismatch
-from dspark_launch.cluster.codec import DecodeError, from_data, to_data
-from dspark_launch.cluster.state import Deployment, NodeRecord, StateUnreadable, load_state, save_state
-from dspark_launch.cluster.transport import LOGIN_ENV, LocalTransport
+from dspark_launch.agent import procfs
+from dspark_launch.agent import protocol as p
+from dspark_launch.agent.client import ClusterFailure, NodeAgent, VersionMismatch
+from dspark_launch.agent.codec import DecodeError, from_data, to_data
+from dspark_launch.cluster.state import (Deployment, NodeRecord, ProcessRecord, StateUnreadable, load_state,
+                                         save_state)
+from dspark_launch.agent.transport import LOGIN_ENV, LocalTransport
 from tests.support.processes import never_started
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,11 +44,47 @@ class Recorder:
 
 
 def test_every_operation_has_a_handler_and_frozen_types():
-    from dspark_launch.cluster.agent import HANDLERS, LAZY_HANDLERS
+    """One registry: each operation named after its request, its handler found in handlers/, its types frozen."""
+    from dspark_launch.agent.server import handler
 
-    assert set(HANDLERS) | set(LAZY_HANDLERS) == set(p.OPERATIONS)
-    for request, answer in p.OPERATIONS.values():
-        assert request.__dataclass_params__.frozen and answer.__dataclass_params__.frozen
+    assert len(p.OPERATIONS) == len(p.OPERATION_OF_REQUEST) == len(p._OPERATIONS)
+    for name, operation in p.OPERATIONS.items():
+        assert name == re.sub(r"(?<!^)(?=[A-Z])", "_", operation.request.__name__).lower()
+        assert callable(handler(name)), name
+        assert operation.request.__dataclass_params__.frozen and operation.answer.__dataclass_params__.frozen
+    assert p.OPERATIONS["read_log"].request is p.ReadLog and p.OPERATIONS["memory_query"].request is p.MemoryQuery
+
+
+def test_a_node_with_a_launcher_from_before_the_agent_package_is_a_version_mismatch(tmp_path):
+    """A node whose dspark-launch has no dspark_launch.agent (before protocol 6): one version line, not a traceback."""
+    old = tmp_path / "old" / "dspark_launch"
+    old.mkdir(parents=True)
+    (old / "__init__.py").write_text("")
+    python = tmp_path / "python"
+    # -S: no site-packages, so the interpreter finds only that old package (as on a node that has only it)
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'old'} exec {sys.executable} -S \"$@\"\n")
+    python.chmod(0o755)
+    with pytest.raises(VersionMismatch) as caught:
+        NodeAgent("worker1", LocalTransport(str(python))).call(p.Hello())
+    assert "older than" in str(caught.value) and str(python) in str(caught.value)
+
+
+def test_the_launcher_imports_no_handler():
+    """Handlers are the agent's, imported by its server one at a time: none in the launcher's process."""
+    code = ("import sys, dspark_launch.cli.main, dspark_launch.serve.service, dspark_launch.model.workflow; "
+            "loaded = [m for m in sys.modules if m.startswith('dspark_launch.agent.handlers.')]; "
+            "assert not loaded, loaded")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_probe_is_read_only_and_the_log_folder_is_its_own_operation(tmp_path):
+    agent = NodeAgent("here", LocalTransport(sys.executable))
+    agent.call(p.Probe(dashboard=True))
+    logs = tmp_path / "logs"
+    assert not logs.exists()
+    assert agent.call(p.PrepareLogDir(str(logs))).error is None
+    assert logs.is_dir() and logs.stat().st_mode & 0o077 == 0 and not list(logs.iterdir())
 
 
 def test_decoding_ignores_unknown_fields_and_rebuilds_nested_types():
@@ -63,12 +101,12 @@ def test_decoding_ignores_unknown_fields_and_rebuilds_nested_types():
 
 def test_agent_answers_typed_over_a_real_process():
     agent = NodeAgent("here", LocalTransport(sys.executable))
-    hello = agent.hello()
+    hello = agent.call(p.Hello())
     assert hello.protocol == p.PROTOCOL_VERSION and hello.launcher == __version__
-    probe = agent.probe()
+    probe = agent.call(p.Probe())
     assert probe.modules["dspark_launch"].found and probe.python_version.count(".") == 2
-    assert agent.alive((p.Process(os.getpid(), procfs.start_time(os.getpid()), boot_id=procfs.boot_id()),)) == (True,)
-    assert agent.alive((p.Process(os.getpid(), 1),)) == (False,)  # same pid, other start time: not ours
+    assert agent.call(p.AliveQuery((p.Process(os.getpid(), procfs.start_time(os.getpid()), boot_id=procfs.boot_id()),))).alive == (True,)
+    assert agent.call(p.AliveQuery((p.Process(os.getpid(), 1),))).alive == (False,)  # same pid, other start time: not ours
 
 
 # What an operator's shell may hold that no node process (the head's Ray and vllm serve included) may see.
@@ -86,7 +124,7 @@ def test_run_and_stop_use_only_the_declared_environment(tmp_path, monkeypatch):
     log = tmp_path / "env.log"
     marker = f"dspark-{secrets.token_hex(4)}-here"  # a stopped marker is never started again (see below)
     code = "import os,json,time; print(json.dumps(dict(os.environ)), flush=True); time.sleep(60)"
-    answer = agent.spawn(p.Spawn((sys.executable, "-c", code), {"DECLARED": "1"}, marker, str(log)), "spawn")
+    answer = agent.call(p.Spawn((sys.executable, "-c", code), {"DECLARED": "1"}, marker, str(log)), "spawn")
     try:
         deadline = time.monotonic() + 20
         while not log.read_text().strip() and time.monotonic() < deadline:
@@ -97,7 +135,7 @@ def test_run_and_stop_use_only_the_declared_environment(tmp_path, monkeypatch):
         # Exactly a login-like environment (transport.LOGIN_ENV) plus what the request declared.
         assert set(env) <= {*LOGIN_ENV, "DECLARED", "DSPARK_OWNER"}, sorted(set(env) - set(LOGIN_ENV))
     finally:
-        stopped = agent.stop(p.Stop(marker, (answer.process,), (answer.session,), grace_s=2))
+        stopped = agent.call(p.Stop(marker, (answer.process,), (answer.session,), grace_s=2))
     assert answer.process.pid in stopped.stopped and stopped.left == ()
     assert procfs.start_time(answer.process.pid) is None
 
@@ -107,12 +145,12 @@ def test_a_start_that_arrives_after_its_runs_stop_starts_nothing(tmp_path):
     node: the stop leaves a mark, and the late start is refused with nothing started."""
     agent = NodeAgent("here", LocalTransport(sys.executable))
     marker = f"dspark-{secrets.token_hex(4)}-here"
-    agent.stop(p.Stop(marker))
+    agent.call(p.Stop(marker))
     witness = tmp_path / "started"
     with pytest.raises(ClusterFailure, match="was stopped on this node; nothing started"):
-        agent.run(p.Run((sys.executable, "-c", f"open({str(witness)!r}, 'w')"), {}, marker, "", 30), "ray start", 60)
+        agent.call(p.Run((sys.executable, "-c", f"open({str(witness)!r}, 'w')"), {}, marker, "", 30), "ray start", 60)
     with pytest.raises(ClusterFailure, match="was stopped on this node; nothing started"):
-        agent.spawn(p.Spawn((sys.executable, "-c", f"open({str(witness)!r}, 'w')"), {}, marker,
+        agent.call(p.Spawn((sys.executable, "-c", f"open({str(witness)!r}, 'w')"), {}, marker,
                             str(tmp_path / "log")), "spawn")
     assert never_started(marker, witness)
 
@@ -121,7 +159,7 @@ def test_progress_lines_reach_the_reporter_and_failures_are_typed(tmp_path):
     recorder = Recorder()
     agent = NodeAgent("here", LocalTransport(sys.executable), recorder)
     with pytest.raises(ClusterFailure) as failure:
-        agent.stop(p.Stop("not-ours"))
+        agent.call(p.Stop("not-ours"))
     assert failure.value.node == "here" and "refusing to match processes" in failure.value.detail
 
 
@@ -141,15 +179,34 @@ def _other_version_python(tmp_path: Path) -> str:
 def test_a_node_with_another_launcher_version_is_refused_at_first_contact(tmp_path):
     agent = NodeAgent("worker1 (10.0.0.2)", LocalTransport(_other_version_python(tmp_path)))
     with pytest.raises(VersionMismatch) as mismatch:
-        agent.probe()
+        agent.call(p.Probe())
     line = str(mismatch.value)
     assert "worker1 (10.0.0.2): version:" in line and "0.0.0-other" in line and __version__ in line
+
+
+def test_the_deployment_record_holds_its_own_types_not_wire_types():
+    """state.json's format changes only with cluster/state.py: no field of the record is an agent protocol type."""
+    import dataclasses
+    import typing
+
+    seen, todo, wire = set(), [Deployment], []
+    while todo:
+        kind = todo.pop()
+        if kind in seen:
+            continue
+        seen.add(kind)
+        if getattr(kind, "__module__", "") == p.__name__:
+            wire.append(kind.__name__)
+        if dataclasses.is_dataclass(kind):
+            todo += list(typing.get_type_hints(kind).values())
+        todo += [arg for arg in typing.get_args(kind) if arg is not type(None)]
+    assert not wire and len(seen) > 10, wire
 
 
 def test_state_from_another_launcher_version_loads_and_corrupt_state_is_named(tmp_path):
     record = Deployment("10.0.0.1:6379", "d", 1.0, __version__,
                         [NodeRecord("head", "10.0.0.1", None, "dspark-x-head",
-                                    processes=[p.Process(1, 2, 1, "b", "raylet")])])
+                                    processes=[ProcessRecord(1, 2, 1, "b", "raylet")])])
     save_state(tmp_path, record)
     data = json.loads((tmp_path / "state.json").read_text())
     data["field_from_the_future"] = [1]
@@ -157,7 +214,7 @@ def test_state_from_another_launcher_version_loads_and_corrupt_state_is_named(tm
     data["server"] = {}
     (tmp_path / "state.json").write_text(json.dumps(data))
     loaded = load_state(tmp_path)
-    assert loaded.nodes[0].processes == [p.Process(1, 2, 1, "b", "raylet")] and loaded.server is None
+    assert loaded.nodes[0].processes == [ProcessRecord(1, 2, 1, "b", "raylet")] and loaded.server is None
     (tmp_path / "state.json").write_text("{not json")
     with pytest.raises(StateUnreadable) as error:
         load_state(tmp_path)
@@ -192,12 +249,12 @@ def test_the_version_row_comes_from_the_node_agent_without_importing_vllm():
 
     from dspark_launch import hotfix
 
-    row = NodeAgent("here", LocalTransport(sys.executable)).node_versions()
+    row = NodeAgent("here", LocalTransport(sys.executable)).call(p.VersionQuery())
     target = hotfix.find_target()
     assert row.python == platform.python_version() and row.vllm == "0.32.0" and row.ray and row.torch
     assert row.scheduler_sha256 == (hotfix.status(target).original_sha256
                                     or hashlib.sha256(target.read_bytes()).hexdigest())
-    probe = ("import sys, dspark_launch.cluster.node_tasks as t; t.version_row(); "
+    probe = ("import sys, dspark_launch.agent.handlers.hotfix as t; t.version_row(); "
              "assert 'vllm' not in sys.modules and 'torch' not in sys.modules, 'imported'")
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
 
@@ -205,23 +262,25 @@ def test_the_version_row_comes_from_the_node_agent_without_importing_vllm():
 def test_the_cuda_row_is_read_without_importing_torch():
     import torch
 
-    from dspark_launch.cluster.node_tasks import torch_cuda_version
+    from dspark_launch.agent.handlers.hotfix import torch_cuda_version
 
     assert torch_cuda_version() == torch.version.cuda
 
 
 def test_the_argument_checker_ends_with_the_agent_that_asked():
     """An interrupted start kills the head's agent in flight; vLLM's parser check (a child of ~10 s) ends with it."""
-    from dspark_launch.cluster.transport import kill_in_flight
+    from dspark_launch.agent.transport import kill_in_flight
 
     agent = NodeAgent("here", LocalTransport(sys.executable))
-    asking = threading.Thread(target=lambda: pytest.raises(Exception, agent.check_serve_args, ("x",)), daemon=True)
+    asking = threading.Thread(target=lambda: pytest.raises(Exception, agent.call, p.ServeArgsCheck(("x",))), daemon=True)
     asking.start()
     deadline = time.monotonic() + 30
     checker = []
     while not checker and time.monotonic() < deadline:
+        # Ours only (the agent's child, the agent ours): other launchers on this machine may be checking too.
         checker = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-                   if "DSPARK-ARGCHECK" in " ".join(procfs.cmdline(pid))]
+                   if "DSPARK-ARGCHECK" in " ".join(procfs.cmdline(pid))
+                   and procfs.parent(procfs.parent(pid) or 0) == os.getpid()]
         time.sleep(0.05)
     assert checker, "the checker never started"
     kill_in_flight()
@@ -234,7 +293,7 @@ def test_the_argument_checker_ends_with_the_agent_that_asked():
 
 
 def test_the_version_row_names_the_nccl_vllm_will_load(tmp_path, monkeypatch):
-    from dspark_launch.cluster import node_tasks
+    from dspark_launch.agent.handlers import hotfix as node_tasks
 
     library = tmp_path / "libnccl.so.2.27.7"
     library.write_bytes(b"")
@@ -247,6 +306,6 @@ def test_the_version_row_names_the_nccl_vllm_will_load(tmp_path, monkeypatch):
     monkeypatch.setattr(node_tasks, "installed_version",
                         lambda *dists: "2.28.3" if dists[0] == "nvidia-nccl-cu13" else None)
     assert node_tasks.nccl_version() == "2.28.3"
-    from dspark_launch.cluster.versions import COMPARED_ROWS
+    from dspark_launch.agent.versions import COMPARED_ROWS
 
     assert "nccl" in COMPARED_ROWS  # compared across nodes like every row

@@ -54,7 +54,7 @@ def test_node_container_runs_the_agent_on_the_nodes_network(ctb, name):
         ship = {"op": "ship", "package": str(REPO / "dspark_launch"), "dest_root": spec["state_dir"]}
         shipped = ctb.drive(node, ship)["path"]
         assert shipped.startswith(spec["state_dir"] + "/agent-") and ctb.drive(node, ship)["path"] == shipped
-        assert Path(shipped, "cluster", "agent.py").read_bytes() == (REPO / "dspark_launch/cluster/agent.py").read_bytes()
+        assert Path(shipped, "agent", "server.py").read_bytes() == (REPO / "dspark_launch/agent/server.py").read_bytes()
         spec["agent_package"] = shipped
     try:
         up = ctb.drive(node, {"op": "up", "spec": spec})
@@ -80,13 +80,13 @@ def test_node_container_runs_the_agent_on_the_nodes_network(ctb, name):
         assert "/proc/1" in pids and len(pids) <= 4, pids
         # Host network: the node's own fabric address is visible inside the container.
         fabric = ctb.drive(node, {"op": "agent", "spec": spec,
-                                  "request": {"op": "interface", "ifname": "fab0", "ip": node.ip}})["answer"]
+                                  "request": {"op": "interface_query", "ifname": "fab0", "ip": node.ip}})["answer"]
         assert fabric["has_ip"], fabric
 
         # The agent inside sees the state folder at its host path (same file both sides).
-        probe_dir = ctb.drive(node, {"op": "agent", "spec": spec,
-                                     "request": {"op": "probe", "log_dir": spec["state_dir"] + "/logs"}})["answer"]
-        assert probe_dir["log_dir_error"] is None
+        log_dir = ctb.drive(node, {"op": "agent", "spec": spec,
+                                   "request": {"op": "prepare_log_dir", "path": spec["state_dir"] + "/logs"}})["answer"]
+        assert log_dir["error"] is None
         assert Path(spec["state_dir"], "logs").is_dir()
 
         # Logs are written and read inside (the agent's run/tail), and are the host's files too.

@@ -155,7 +155,7 @@ def test_the_test_hook_is_refused_outside_the_test_platform(monkeypatch):
 
 
 def test_plan_and_status_warn_when_the_image_is_a_tag(clean_environ):
-    from dspark_launch.cluster.codec import to_data
+    from dspark_launch.agent.codec import to_data
     from dspark_launch.config.settings import resolve
     from dspark_launch.serve.status import ServerView, ServiceStatus, image_warnings
 
@@ -176,7 +176,7 @@ def test_the_one_shot_model_container_gets_read_only_folders_and_nothing_else_of
     sees the package, the state folder (whose owner the folder check trusts, as in the node container)
     and the model cache, all read-only, with no network, GPU or operator arguments (docs/security.md)."""
     from dspark_launch.cluster.runtime import oneshot_run_args
-    from dspark_launch.cluster.safe_path import CONTAINER_STATE_VAR
+    from dspark_launch.agent.safe_path import CONTAINER_STATE_VAR
 
     args = list(oneshot_run_args(_spec(extra_args=("--privileged",), jit_cache="/var/lib/dspark/jit-cache")))
     volumes = [args[i + 1] for i, word in enumerate(args) if word == "--volume"]
@@ -189,7 +189,7 @@ def test_the_one_shot_model_container_gets_read_only_folders_and_nothing_else_of
 
 def test_the_jit_cache_folder_must_be_ours_and_closed_to_other_writers(tmp_path):
     """What is loaded from the JIT cache is compiled code: created 0700, refused when group/other-writable."""
-    from dspark_launch.cluster.container_transport import LocalHost
+    from dspark_launch.agent.host_shell import LocalHost
     from dspark_launch.cluster.runtime import ContainerError, check_private_folder
 
     folder = tmp_path / "jit-cache"

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.client import ClusterFailure, NodeAgent
-from dspark_launch.cluster.safe_path import CONTAINER_STATE_VAR
+from dspark_launch.agent import protocol as p
+from dspark_launch.agent.client import ClusterFailure, NodeAgent
+from dspark_launch.agent.safe_path import CONTAINER_STATE_VAR
 from dspark_launch.cluster.state import ensure_state_dir
-from dspark_launch.cluster.transport import LocalTransport
+from dspark_launch.agent.transport import LocalTransport
 from dspark_launch.errors import ConfigError
 from tests.support.processes import never_started
 
@@ -51,7 +51,7 @@ def test_ray_start_log_that_is_a_link_is_refused_and_nothing_starts(agent, tmp_p
     (logs / "ray-start-here.log").symlink_to(victim)
     owner = marker()
     with pytest.raises(ClusterFailure) as refused:
-        agent.run(p.Run(writes(witness), {}, owner, str(logs / "ray-start-here.log"), 30), "ray start", 60)
+        agent.call(p.Run(writes(witness), {}, owner, str(logs / "ray-start-here.log"), 30), "ray start", 60)
     assert str(refused.value).startswith(f"here: ray start: log {logs / 'ray-start-here.log'} is a symbolic link "
                                          "(never followed); refusing to write a log there, nothing started")
     assert "\n" not in str(refused.value)
@@ -65,7 +65,7 @@ def test_server_log_link_is_refused_before_rotation(agent, tmp_path):
     log.symlink_to(victim)
     owner = marker()
     with pytest.raises(ClusterFailure, match="is a symbolic link"):
-        agent.spawn(p.Spawn(writes(witness), {}, owner, str(log), rotate_log=True), "vllm serve")
+        agent.call(p.Spawn(writes(witness), {}, owner, str(log), rotate_log=True), "vllm serve")
     assert log.is_symlink() and not (logs / "vllm-serve.log.1").exists()  # not rotated away either
     assert never_started(owner, witness) and victim.read_text() == "precious\n"
 
@@ -75,11 +75,11 @@ def test_a_log_folder_of_another_user_is_refused_and_not_written(agent, tmp_path
     logs.mkdir(mode=0o700)
     os.chown(logs, NOBODY, NOBODY)
     with pytest.raises(ClusterFailure) as refused:
-        agent.run(p.Run(writes(witness), {}, marker(), str(logs / "ray-start-here.log"), 30), "ray start", 60)
+        agent.call(p.Run(writes(witness), {}, marker(), str(logs / "ray-start-here.log"), 30), "ray start", 60)
     assert f"{logs} is owned by uid {NOBODY}, not by this user (uid 0)" in refused.value.detail
     assert list(logs.iterdir()) == [] and not witness.exists()
-    # The node pre-flight's probe says the same, naming the folder, before anything starts.
-    assert agent.probe(str(logs)).log_dir_error == f"{logs} is owned by uid {NOBODY}, not by this user (uid 0)"
+    # The node pre-flight's log folder step (prepare_log_dir) says the same, naming the folder, before anything starts.
+    assert agent.call(p.PrepareLogDir(str(logs))).error == f"{logs} is owned by uid {NOBODY}, not by this user (uid 0)"
 
 
 def test_a_log_of_another_user_or_not_a_file_is_refused(agent, tmp_path):
@@ -88,26 +88,26 @@ def test_a_log_of_another_user_or_not_a_file_is_refused(agent, tmp_path):
     (logs / "theirs.log").write_text("")
     os.chown(logs / "theirs.log", NOBODY, NOBODY)
     with pytest.raises(ClusterFailure, match=f"log {logs / 'theirs.log'} is owned by uid {NOBODY}"):
-        agent.spawn(p.Spawn(writes(tmp_path / "w"), {}, marker(), str(logs / "theirs.log")), "spawn")
+        agent.call(p.Spawn(writes(tmp_path / "w"), {}, marker(), str(logs / "theirs.log")), "spawn")
     os.mkfifo(logs / "fifo.log")  # would block an open for writing with nobody reading
     with pytest.raises(ClusterFailure, match=f"log {logs / 'fifo.log'} is not a plain file"):
-        agent.spawn(p.Spawn(writes(tmp_path / "w"), {}, marker(), str(logs / "fifo.log")), "spawn")
+        agent.call(p.Spawn(writes(tmp_path / "w"), {}, marker(), str(logs / "fifo.log")), "spawn")
 
 
 def test_a_log_folder_others_can_enter_is_refused_never_chmodded(agent, tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
     logs.chmod(0o755)
-    assert agent.probe(str(logs)).log_dir_error == f"{logs} has mode 0755: group or others have access"
+    assert agent.call(p.PrepareLogDir(str(logs))).error == f"{logs} has mode 0755: group or others have access"
     assert stat.S_IMODE(logs.stat().st_mode) == 0o755
 
 
 def test_a_missing_log_folder_is_made_private_and_the_log_0600(agent, tmp_path):
     log = tmp_path / "state" / "logs" / "ray-start-here.log"
-    answer = agent.run(p.Run((sys.executable, "-c", "print('hello')"), {}, marker(), str(log), 30), "ray start", 60)
+    answer = agent.call(p.Run((sys.executable, "-c", "print('hello')"), {}, marker(), str(log), 30), "ray start", 60)
     assert answer.returncode == 0 and log.read_text() == "hello\n"
     assert stat.S_IMODE(log.parent.stat().st_mode) == 0o700 and stat.S_IMODE(log.stat().st_mode) == 0o600
-    agent.run(p.Run((sys.executable, "-c", "print('again')"), {}, marker(), str(log), 30), "ray start", 60)
+    agent.call(p.Run((sys.executable, "-c", "print('again')"), {}, marker(), str(log), 30), "ray start", 60)
     assert log.read_text() == "hello\nagain\n"  # appended
 
 
@@ -173,25 +173,25 @@ def test_a_root_agent_in_a_launcher_container_keeps_the_operators_logs(agent, tm
     state = operators_state(tmp_path)
     log = state / "logs" / "ray-start-here.log"
     inside = container_agent(tmp_path, state)
-    assert inside.probe(str(log.parent)).log_dir_error is None
-    answer = inside.run(p.Run((sys.executable, "-c", "print('hello')"), {}, marker(), str(log), 30), "ray start", 60)
+    assert inside.call(p.PrepareLogDir(str(log.parent))).error is None
+    answer = inside.call(p.Run((sys.executable, "-c", "print('hello')"), {}, marker(), str(log), 30), "ray start", 60)
     assert answer.returncode == 0 and log.read_text() == "hello\n"
     assert (log.stat().st_uid, log.stat().st_gid, stat.S_IMODE(log.stat().st_mode)) == (NOBODY, NOBODY, 0o600)
     server_log = state / "logs" / "vllm-serve.log"
     for _ in range(2):  # the second start rotates the operator's log and makes a new one for them
-        inside.spawn(p.Spawn((sys.executable, "-c", "print('served')"), {}, marker(), str(server_log),
+        inside.call(p.Spawn((sys.executable, "-c", "print('served')"), {}, marker(), str(server_log),
                              rotate_log=True), "vllm serve")
     assert server_log.stat().st_uid == NOBODY and Path(f"{server_log}.1").stat().st_uid == NOBODY
     # The same folder to an agent outside a launcher container: another user's, refused as before.
     with pytest.raises(ClusterFailure, match=f"is owned by uid {NOBODY}"):
-        agent.run(p.Run((sys.executable, "-c", "print('x')"), {}, marker(), str(log), 30), "ray start", 60)
+        agent.call(p.Run((sys.executable, "-c", "print('x')"), {}, marker(), str(log), 30), "ray start", 60)
     assert log.read_text() == "hello\n"
 
 
 def test_a_log_folder_the_container_agent_makes_is_the_operators(tmp_path):
     state = operators_state(tmp_path, with_logs=False)
     log = state / "logs" / "ray-start-here.log"
-    container_agent(tmp_path, state).run(p.Run((sys.executable, "-c", "print('hi')"), {}, marker(), str(log), 30),
+    container_agent(tmp_path, state).call(p.Run((sys.executable, "-c", "print('hi')"), {}, marker(), str(log), 30),
                                          "ray start", 60)
     folder = log.parent.stat()
     assert (folder.st_uid, stat.S_IMODE(folder.st_mode)) == (NOBODY, 0o700) and log.stat().st_uid == NOBODY
@@ -203,13 +203,13 @@ def test_the_container_rule_covers_only_a_private_state_folder(tmp_path):
     elsewhere = tmp_path / "elsewhere"  # a folder of the operator outside the state folder: not theirs to share
     elsewhere.mkdir(mode=0o700)
     os.chown(elsewhere, NOBODY, NOBODY)
-    assert inside.probe(str(elsewhere)).log_dir_error == f"{elsewhere} is owned by uid {NOBODY}, not by this user (uid 0)"
+    assert inside.call(p.PrepareLogDir(str(elsewhere))).error == f"{elsewhere} is owned by uid {NOBODY}, not by this user (uid 0)"
     state.chmod(0o770)
-    assert inside.probe(str(state / "logs")).log_dir_error == (
+    assert inside.call(p.PrepareLogDir(str(state / "logs"))).error == (
         f"the state folder {state} has mode 0770: group or others can write it")
     state.rename(tmp_path / "real-state")
     state.symlink_to(tmp_path / "real-state")
-    assert "is a symbolic link" in inside.probe(str(state / "logs")).log_dir_error
+    assert "is a symbolic link" in inside.call(p.PrepareLogDir(str(state / "logs"))).error
 
 
 @pytest.mark.parametrize("in_container", [False, True], ids=["host", "container"])
@@ -222,10 +222,10 @@ def test_a_log_that_is_a_hard_link_is_refused(agent, tmp_path, in_container):
     node = container_agent(tmp_path, state) if in_container else agent
     owner = marker()
     with pytest.raises(ClusterFailure) as refused:
-        node.run(p.Run(writes(witness), {}, owner, str(log), 30), "ray start", 60)
+        node.call(p.Run(writes(witness), {}, owner, str(log), 30), "ray start", 60)
     assert f"log {log} has 2 names (a hard link: never appended to)" in refused.value.detail
     with pytest.raises(ClusterFailure, match="a hard link"):
-        node.spawn(p.Spawn(writes(witness), {}, owner, str(log), rotate_log=True), "vllm serve")
+        node.call(p.Spawn(writes(witness), {}, owner, str(log), rotate_log=True), "vllm serve")
     assert never_started(owner, witness)
     assert victim.read_text() == "precious\n" and victim.stat().st_uid == 0
     assert not Path(f"{log}.1").exists()

@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 
 from dspark_launch import __version__
-from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.codec import to_data
+from dspark_launch.agent import protocol as p
+from dspark_launch.agent.codec import to_data
 from dspark_launch.errors import ConfigError
 from dspark_launch.model.errors import ModelAccessError, ModelError
 from dspark_launch.model.hub import HubSource, hub_source, list_model, pull
 from dspark_launch.model.local_model import prepare_local
-from dspark_launch.model.manifest import MANIFEST_NAME, Manifest, ManifestFile, read_manifest, write_manifest
-from dspark_launch.model.node_check import SPECIAL, verify_model
-from dspark_launch.model.paths import UnsafeModelPath
+from dspark_launch.agent.manifest import MANIFEST_NAME, Manifest, ManifestFile, read_manifest, write_manifest
+from dspark_launch.agent.model_files import SPECIAL, verify_model
+from dspark_launch.agent.model_paths import UnsafeModelPath
 from tests.support.hub_server import (TINY_REPO_ID, HubRepo, HubServer, online_hub, tiny_hub, tiny_hub_source,
                                       write_tiny_model)
 
@@ -97,8 +97,8 @@ def test_a_listed_fifo_is_never_read(tmp_path):
     os.mkfifo(folder / "pipe.json")
     manifest = Manifest("local", "local", (ManifestFile("pipe.json", 0, "e3b0c44298fc1c149afbf4c8996fb924"
                                                                           "27ae41e4649b934ca495991b7852b855"),))
-    script = ("import json, sys; from dspark_launch.model.manifest import Manifest;"
-              "from dspark_launch.model.node_check import verify_model;"
+    script = ("import json, sys; from dspark_launch.agent.manifest import Manifest;"
+              "from dspark_launch.agent.model_files import verify_model;"
               "r = verify_model(sys.argv[1], Manifest.from_json(sys.argv[2]), True);"
               "print(json.dumps([[q.path, q.kind] for q in r.problems]))")
     proc = subprocess.run([sys.executable, "-c", script, str(folder), manifest.to_json()], cwd=REPO_ROOT,
@@ -108,7 +108,7 @@ def test_a_listed_fifo_is_never_read(tmp_path):
 
 
 def test_hashing_reads_no_further_than_the_listed_size(tmp_path):
-    from dspark_launch.model.node_check import sha256_file
+    from dspark_launch.agent.model_files import sha256_file
 
     (tmp_path / "f").write_bytes(b"a" * 100)
     assert sha256_file(tmp_path / "f", 50) == ""  # longer than listed: no digest
@@ -138,7 +138,7 @@ def test_a_verify_request_naming_a_path_outside_is_refused_by_the_agent(tmp_path
     request["manifest"]["files"][0]["path"] = "../../etc/shadow"
     line = json.dumps({"protocol": p.PROTOCOL_VERSION, "launcher": __version__, "op": "model_verify",
                        "request": request})
-    proc = subprocess.run([sys.executable, "-m", "dspark_launch.cluster.agent"], input=line + "\n", cwd=REPO_ROOT,
+    proc = subprocess.run([sys.executable, "-m", "dspark_launch.agent.server"], input=line + "\n", cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=60)
     answers = [json.loads(x) for x in proc.stdout.splitlines() if x.strip()]
     assert len(answers) == 1 and "failure" in answers[0], proc.stdout
@@ -283,7 +283,7 @@ NOBODY = 65534
 
 
 def _fast_check(folder: Path, stamp: str, caches: tuple[str, ...] = ()):
-    from dspark_launch.model.agent_ops import model_fast_check
+    from dspark_launch.agent.handlers.model import model_fast_check
 
     return model_fast_check(p.ModelFastCheck(str(folder), stamp, caches), lambda progress: None)
 
@@ -354,7 +354,7 @@ def test_the_container_model_cache_is_checked_too(placed, tmp_path):
 @needs_root
 def test_in_a_launcher_container_the_state_folders_owner_may_own_the_model(placed, tmp_path, monkeypatch):
     """A root agent in a rootful container: the operator's folders are theirs on the host (safe_path.log_owner)."""
-    from dspark_launch.cluster.safe_path import CONTAINER_STATE_VAR
+    from dspark_launch.agent.safe_path import CONTAINER_STATE_VAR
 
     folder, manifest = placed
     for path in [folder, *folder.rglob("*")]:
@@ -370,7 +370,7 @@ def test_in_a_launcher_container_the_state_folders_owner_may_own_the_model(place
 def test_the_start_check_hashes_code_config_and_tokenizer(placed):
     """Same size, other bytes (a Python module or config swapped in): found at every start, while a
     shard's bytes are only sized there (`dspark model verify` hashes them)."""
-    from dspark_launch.model.node_check import CORRUPT
+    from dspark_launch.agent.model_files import CORRUPT
 
     folder, manifest = placed
     config = folder / "config.json"
@@ -426,9 +426,9 @@ def test_the_model_commands_without_node_containers_check_the_folders_too(placed
     (head: the launcher's Python; workers: a `--rm` container): the same folder checks run there, the
     container model cache included, before a size or hash (here every node's agent is a local process)."""
     from dspark_launch.cluster import containers
-    from dspark_launch.cluster.client import ClusterFailure
+    from dspark_launch.agent.client import ClusterFailure
     from dspark_launch.cluster.spec import cluster_spec
-    from dspark_launch.cluster.transport import LocalTransport
+    from dspark_launch.agent.transport import LocalTransport
     from dspark_launch.config.settings import resolve
     from dspark_launch.model.onnodes import where_weights_live
 

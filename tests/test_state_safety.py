@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.cluster import procfs, ray_dirs
-from dspark_launch.cluster import protocol as p
+from dspark_launch.agent import procfs, ray_dirs
+from dspark_launch.agent.handlers import ray as ray_handlers
+from dspark_launch.agent import protocol as p
 from dspark_launch.cluster.state import (Deployment, NodeRecord, ServerRecord, StateUnreadable, ensure_state_dir,
                                          load_state, ray_token, save_state)
 from dspark_launch.errors import ConfigError
@@ -257,7 +258,7 @@ def tmp_parent(monkeypatch) -> Path:
 
 
 def prepare(name: str = "abcd1234-head") -> str:
-    return ray_dirs.ray_temp_dir(p.RayTempDir(name), lambda progress: None).path
+    return ray_handlers.ray_temp_dir(p.RayTempDir(name), lambda progress: None).path
 
 
 def refusal(name: str = "abcd1234-head") -> str:

@@ -11,9 +11,9 @@ import pytest
 
 from dspark_launch.cli.output import fail, printable, say, warn
 from dspark_launch.cli.reporter import ConsoleReporter
-from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.client import ClusterFailure, NodeAgent
-from dspark_launch.cluster.transport import LocalTransport
+from dspark_launch.agent import protocol as p
+from dspark_launch.agent.client import ClusterFailure, NodeAgent
+from dspark_launch.agent.transport import LocalTransport
 from dspark_launch.errors import DsparkError
 from dspark_launch.serve.logfollow import LogReader
 from tests.support.launcher_env import run_dspark

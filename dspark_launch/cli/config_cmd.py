@@ -33,7 +33,7 @@ def show(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Every setting with its effective value, where it came from, and notes."""
-    from dspark_launch.profiles.resolve import profile_values
+    from dspark_launch.config.profile_resolve import profile_values
 
     settings = load_settings(env_file)
     replaced = {v.setting: v for v in profile_values(settings)}
@@ -89,7 +89,7 @@ def get(
     settings = load_settings(env_file)
     if canonical not in settings.entries:
         raise fail(ConfigError(f"{name}: no such setting; allowed: a name from `dspark config show`"))
-    from dspark_launch.profiles.resolve import profile_values
+    from dspark_launch.config.profile_resolve import profile_values
 
     replaced = {v.setting: v.value for v in profile_values(settings)}
     say(replaced.get(canonical, settings.entries[canonical].shown))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from dspark_launch.profiles.plan import Plan
+from dspark_launch.serve.plan_report import Plan
 
 GIB = 1 << 30
 

@@ -199,7 +199,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema in docs/operations.md).")] = False,
 ) -> None:
     """Nodes, Ray, versions, hotfix, the server, its metrics, and drift from the env file."""
-    from dspark_launch.cluster.codec import to_data
+    from dspark_launch.agent.codec import to_data
     from dspark_launch.serve.status import status as service_status
 
     settings, spec = settings_and_spec(env_file)
@@ -243,13 +243,14 @@ def logs(
     tail: Annotated[int, typer.Option("--tail", "-n", help="Lines to show first.")] = 40,
 ) -> None:
     """The server log (default) or one node's Ray logs."""
+    from dspark_launch.agent.protocol import Tail
     from dspark_launch.serve.logfollow import follow as follow_logs
     from dspark_launch.serve.logs import log_files
 
     _, spec = settings_and_spec(env_file)
     try:
         files = log_files(spec, node)
-        for line in files.agent.tail(list(files.paths), tail):
+        for line in files.agent.call(Tail(files.paths, tail)).lines:
             say(line)
         if follow:
             for text in follow_logs(files.agent, list(files.paths), time.sleep):

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import dspark_launch
 from dspark_launch.cluster import runtime
-from dspark_launch.cluster.container_transport import HostShell
+from dspark_launch.agent.host_shell import HostShell
 from dspark_launch.cluster.parallel import on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node, NodeContainers
-from dspark_launch.cluster.client import Reporter
-from dspark_launch.cluster.transport import LocalTransport, Transport
+from dspark_launch.agent.client import Reporter
+from dspark_launch.agent.protocol import Glob
+from dspark_launch.agent.transport import LocalTransport, Transport
 from dspark_launch.errors import DsparkError
 
 PACKAGE_DIR = str(Path(dspark_launch.__file__).resolve().parent)
@@ -78,7 +79,7 @@ IDLE_PIDS = 4  # an idle container: its init, `sleep infinity`, the agent asking
 def idle(node: Node) -> bool:
     """Nothing of a run inside the node's container (a launcher that died left no record of its Ray)."""
     try:
-        return len(node.agent().glob("/proc", "[0-9]*")) <= IDLE_PIDS
+        return len(node.agent().call(Glob("/proc", "[0-9]*")).paths) <= IDLE_PIDS
     except DsparkError:
         return False
 

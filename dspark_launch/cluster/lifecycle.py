@@ -15,14 +15,14 @@ from typing import Iterator
 from dspark_launch import __version__
 from dspark_launch.cluster import containers
 from dspark_launch.cluster import ray_cluster as rc
-from dspark_launch.cluster.client import ClusterFailure, Reporter
-from dspark_launch.cluster.node_checks import NodeChecks, versions_and_hotfix
-from dspark_launch.cluster.protocol import VersionRow
+from dspark_launch.agent.client import ClusterFailure, Reporter
+from dspark_launch.cluster.hotfix_rollout import NodeChecks, versions_and_hotfix
+from dspark_launch.agent.protocol import Hello, VersionRow
 from dspark_launch.cluster.parallel import Background, on_each, settle
 from dspark_launch.cluster.spec import ClusterSpec, Node
-from dspark_launch.cluster.state import (Deployment, clear_state, ensure_state_dir, load_state, lock_holder,
-                                         save_state, state_lock)
-from dspark_launch.cluster.versions import matrix_lines
+from dspark_launch.cluster.state import (Deployment, HotfixRecord, VersionsRecord, clear_state, ensure_state_dir,
+                                         load_state, lock_holder, on_wire, recorded, save_state, state_lock)
+from dspark_launch.agent.versions import matrix_lines
 from dspark_launch.errors import EXIT_ALREADY_RUNNING, DsparkError
 
 
@@ -47,7 +47,7 @@ def locked_deployment(state_dir: Path) -> Iterator[Deployment | None]:
 
 def _reachable(node: Node) -> bool:
     try:
-        node.agent().hello()
+        node.agent().call(Hello())
         return True
     except ClusterFailure:
         return False
@@ -165,7 +165,7 @@ def _up_in_containers(spec: ClusterSpec, reporter: Reporter, existing: Deploymen
         record.container_name, record.container_runtime, record.container_image_id = (
             spec.containers.name(record.name), spec.containers.runtime, image_id)
     result.state.versions = {name: replace(row, image=image_id) for name, row in result.state.versions.items()}
-    result.matrix = matrix_lines({n.name: result.state.versions[n.name] for n in spec.nodes})
+    result.matrix = matrix_lines({n.name: on_wire(VersionRow, result.state.versions[n.name]) for n in spec.nodes})
     return result
 
 
@@ -223,7 +223,8 @@ def _bring_up(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None
     else:
         state = existing
         state.nodes = [bringup.records.get(n.name) or existing.node(n.name) for n in spec.nodes]
-    state.versions, state.hotfix = dict(checks.versions), dict(checks.hotfix)
+    state.versions = {name: recorded(VersionsRecord, row) for name, row in checks.versions.items()}
+    state.hotfix = {name: recorded(HotfixRecord, report) for name, report in checks.hotfix.items()}
     return UpResult(state, repair, matrix_lines({n.name: checks.versions[n.name] for n in spec.nodes}))
 
 
@@ -306,7 +307,7 @@ class NodeView:
     registered_ip: str | None  # from Ray's node table; None when Ray does not list it
     gpus: float | None
     pids: tuple[int, ...]  # the node's Ray daemons (raylet, gcs_server)
-    versions: VersionRow | None
+    versions: VersionsRecord | None
     hotfix: str | None  # the hotfix state at start: applied, not-applied, ...
     container: str | None = None  # DSPARK_RUNTIME=docker|podman: the node's container,
     container_status: str | None = None  # its state (running, exited, absent, ...)

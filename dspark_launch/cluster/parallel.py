@@ -6,7 +6,7 @@ import concurrent.futures
 import threading
 from typing import Callable, Generic, Iterable, TypeVar
 
-from dspark_launch.cluster.transport import kill_in_flight
+from dspark_launch.agent.transport import kill_in_flight
 from dspark_launch.errors import Terminated
 
 T = TypeVar("T")

@@ -3,8 +3,8 @@
 Every process started carries the node's DSPARK_OWNER marker, so stopping touches only
 what this launcher started, never a machine-wide `ray stop`. The head is a node like
 the others: its agent starts its Ray and reads Ray's node table for the join wait and the
-IP and GPU checks (`head_ops`); every node's agent reports its version row and applies the
-hotfix while Ray starts (`node_checks`).
+IP and GPU checks (`agent/handlers/ray.py`); every node's agent reports its version row and applies the
+hotfix while Ray starts (`hotfix_rollout`).
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from __future__ import annotations
 import hashlib
 import secrets
 
-from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.client import ClusterFailure, Reporter
-from dspark_launch.cluster.fabric import SYSFS_ROOT_VAR, FabricEnv
+from dspark_launch.agent import protocol as p
+from dspark_launch.agent.client import ClusterFailure, Reporter
+from dspark_launch.agent.fabric import SYSFS_ROOT_VAR, FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node
-from dspark_launch.cluster.state import NodeRecord, ray_token
+from dspark_launch.cluster.state import (NodeRecord, ProcessRecord, SessionRecord, ray_token, recorded, wire_processes,
+                                         wire_sessions)
 from dspark_launch.errors import ConfigError
 
 RAY_START_TIMEOUT_S = 180
@@ -104,7 +105,7 @@ def dashboard_hint(spec: ClusterSpec) -> str | None:
 def node_fabric(spec: ClusterSpec, node: Node, reporter: Reporter | None = None) -> FabricEnv:
     """The node's own fabric environment, worked out by its agent from its sysfs."""
     assert node.fabric is not None  # cluster_spec gives every node its request
-    return node.agent(reporter).fabric_env(node.fabric, dict(spec.forwarded).get(SYSFS_ROOT_VAR, ""))
+    return node.agent(reporter).call(p.FabricQuery(node.fabric, dict(spec.forwarded).get(SYSFS_ROOT_VAR, ""))).fabric
 
 
 def image_without_ray(image: str) -> str:
@@ -126,12 +127,15 @@ def preflight_node(spec: ClusterSpec, node: Node, reporter: Reporter) -> FabricE
     agent = node.agent(reporter)
     # Read-only questions, asked at once and all answered before any is judged, in this order: the
     # first problem reported is the one a question at a time would have found, and none is left running.
-    asked_probe = Background(lambda: agent.probe(str(spec.state_dir / "logs"),
-                                                 node.is_head and spec.dashboard == "local", spec.ssh_timeout_s + 30))
-    asked_iface = Background(lambda: agent.interface(spec.fabric_ifname, node.ip))
-    asked_port = Background(lambda: agent.port_free(node.ip, spec.ray_port)) if node.is_head else None
+    # (The log folder is the one thing made here: its own operation, so `probe` stays read-only.)
+    asked_probe = Background(lambda: agent.call(p.Probe(node.is_head and spec.dashboard == "local"),
+                                                timeout=spec.ssh_timeout_s + 30))
+    asked_logs = Background(lambda: agent.call(p.PrepareLogDir(str(spec.state_dir / "logs")),
+                                               timeout=spec.ssh_timeout_s + 30))
+    asked_iface = Background(lambda: agent.call(p.InterfaceQuery(spec.fabric_ifname, node.ip)))
+    asked_port = Background(lambda: agent.call(p.PortQuery(node.ip, spec.ray_port))) if node.is_head else None
     asked_fabric = Background(lambda: node_fabric(spec, node, reporter))
-    for asked in (asked_probe, asked_iface, asked_port, asked_fabric):
+    for asked in (asked_probe, asked_logs, asked_iface, asked_port, asked_fabric):
         if asked is not None:
             asked.join()
     probe = asked_probe.result()
@@ -140,8 +144,9 @@ def preflight_node(spec: ClusterSpec, node: Node, reporter: Reporter) -> FabricE
         raise ClusterFailure(node.label, "image", image_without_ray(spec.containers.image))
     if missing:
         raise ClusterFailure(node.label, "python", f"{probe.python} cannot import {', '.join(missing)}")
-    if probe.log_dir_error:
-        raise ClusterFailure(node.label, "log folder", f"{probe.log_dir_error}; nothing was started")
+    log_dir_error = asked_logs.result().error
+    if log_dir_error:
+        raise ClusterFailure(node.label, "log folder", f"{log_dir_error}; nothing was started")
     if probe.dashboard_missing:
         raise ClusterFailure(node.label, "dashboard",
                              f"DSPARK_RAY_DASHBOARD=local needs Ray's dashboard packages, missing "
@@ -198,7 +203,7 @@ class Bringup:
 
     def prepare(self, node: Node) -> None:
         """The node's Ray temp folder (every node's at once, before the head's Ray starts)."""
-        self.temp_dirs[node.name] = node.agent(self.reporter).ray_temp_dir(ray_temp_dir_name(self.spec, node))
+        self.temp_dirs[node.name] = node.agent(self.reporter).call(p.RayTempDir(ray_temp_dir_name(self.spec, node))).path
 
     def start_ray(self, node: Node) -> None:
         record = self.record(node)
@@ -206,13 +211,13 @@ class Bringup:
         self.reporter.phase(f"starting Ray on {node.label}")
         record.ray_temp_dir = self.temp_dirs[node.name]
         argv = ray_start_argv(self.spec, node, record.ray_temp_dir)
-        answer = agent.run(p.Run(tuple(argv), node_env(self.spec, node, self.token_env, self.fabric.get(node.name)),
-                                 record.marker, record.ray_log, RAY_START_TIMEOUT_S, tuple(record.sessions)),
+        answer = agent.call(p.Run(tuple(argv), node_env(self.spec, node, self.token_env, self.fabric.get(node.name)),
+                                 record.marker, record.ray_log, RAY_START_TIMEOUT_S, wire_sessions(record.sessions)),
                            "ray start", RAY_START_TIMEOUT_S + 30)
-        record.sessions.append(answer.session)
-        record.processes = list(answer.processes)
+        record.sessions.append(recorded(SessionRecord, answer.session))
+        record.processes = [recorded(ProcessRecord, proc) for proc in answer.processes]
         if answer.returncode != 0:
-            tail = list(agent.tail([record.ray_log], 15))
+            tail = list(agent.call(p.Tail((record.ray_log,), 15)).lines)
             raise ClusterFailure(node.label, "ray start", f"exit {answer.returncode}; log {record.ray_log}", tail)
 
     def checks(self, ignore_node_ids: tuple[str, ...] = ()) -> p.RayChecksAnswer:
@@ -221,7 +226,7 @@ class Bringup:
         request = p.RayChecks(self.spec.ray_address, self.token_env,
                               tuple(p.ExpectedNode(n.name, n.ip) for n in self.spec.nodes),
                               self.spec.gpus_per_node, self.spec.join_timeout_s, ignore_node_ids)
-        answer = self.spec.head.agent(self.reporter).ray_checks(request, self.spec.join_timeout_s + CHECKS_TIMEOUT_S)
+        answer = self.spec.head.agent(self.reporter).call(request, timeout=self.spec.join_timeout_s + CHECKS_TIMEOUT_S)
         self.reporter.phase(f"Ray checks passed: {len(answer.nodes)} node(s) joined, each at its IP with "
                             f"{self.spec.gpus_per_node} GPU(s)")
         return answer
@@ -241,14 +246,15 @@ class Bringup:
 
 def ray_view(spec: ClusterSpec, timeout: float = 20) -> tuple[p.RayNode, ...]:
     """Ray's own list of nodes, asked of the head's agent."""
-    return spec.head.agent().ray_nodes(spec.ray_address, auth_env(spec), timeout)
+    return spec.head.agent().call(p.RayNodesQuery(spec.ray_address, auth_env(spec)), timeout=timeout).nodes
 
 
 def stop_node(node: Node, record: NodeRecord, grace_s: float = RAY_STOP_GRACE_S) -> p.StopAnswer:
-    return node.agent().stop(p.Stop(record.marker, tuple(record.processes), tuple(record.sessions), grace_s))
+    return node.agent().call(p.Stop(record.marker, wire_processes(record.processes), wire_sessions(record.sessions),
+                                    grace_s))
 
 
-def core_processes(record: NodeRecord) -> list[p.Process]:
+def core_processes(record: NodeRecord) -> list[ProcessRecord]:
     """The Ray daemons a node cannot lose (idle Ray workers come and go by design)."""
     return [proc for proc in record.processes if any(name in proc.cmd.split(" ")[0] for name in CORE_PROCESSES)]
 
@@ -256,8 +262,8 @@ def core_processes(record: NodeRecord) -> list[p.Process]:
 def node_alive(node: Node, record: NodeRecord) -> bool:
     """Whether the node's Ray daemons recorded at start are still the same processes."""
     core = core_processes(record)
-    return bool(core) and all(node.agent().alive(tuple(core)))
+    return bool(core) and all(node.agent().call(p.AliveQuery(wire_processes(core))).alive)
 
 
 def ray_log_paths(node: Node, record: NodeRecord) -> list[str]:
-    return [record.ray_log, *node.agent().glob(record.ray_temp_dir, "session_latest/logs/raylet.out")]
+    return [record.ray_log, *node.agent().call(p.Glob(record.ray_temp_dir, "session_latest/logs/raylet.out")).paths]

@@ -27,9 +27,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from dspark_launch.cluster.container_transport import (AGENT_MOUNT, ContainerTransport, HostShell,
-                                                       OneShotContainerTransport)
-from dspark_launch.cluster.safe_path import CONTAINER_STATE_VAR, within
+from dspark_launch.agent.container_transport import AGENT_MOUNT, ContainerTransport, OneShotContainerTransport
+from dspark_launch.agent.host_shell import HostShell
+from dspark_launch.agent.safe_path import CONTAINER_STATE_VAR, within
 from dspark_launch.config.container_args import refused_flag
 from dspark_launch.errors import ConfigError, DsparkError
 
@@ -213,7 +213,7 @@ def oneshot_run_args(spec: ContainerSpec) -> tuple[str, ...]:
     """`run --rm` arguments of a short-lived container for the model checks: the launcher's package, the
     state folder and the model cache (read-only, at the host path), no network, our label; nothing else
     of the node's. The state folder's owner is whom the model folder check trusts besides root, as in
-    the node container (model.folder_check.trusted_owner)."""
+    the node container (agent.model_folder.trusted_owner)."""
     args = ["--pull", "never", "--network", "none", "--label", f"{OWNER_LABEL}={spec.marker}-model",
             "--volume", f"{spec.agent_package}:{AGENT_MOUNT}/dspark_launch:ro",
             "--volume", f"{spec.state_dir}:{spec.state_dir}:ro",
@@ -350,7 +350,8 @@ def package_archive(package_dir: str) -> tuple[bytes, dict[str, str]]:
 
 def _ship_program() -> str:
     """safe_path's source (host mode's folder rules), then agent_copy_host's: run by the host's python3."""
-    from dspark_launch.cluster import agent_copy_host, safe_path
+    from dspark_launch.cluster import agent_copy_host
+    from dspark_launch.agent import safe_path
 
     return "\n".join(Path(module.__file__).read_text(encoding="utf-8") for module in (safe_path, agent_copy_host))
 

@@ -17,11 +17,11 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, TypeVar
 
-from dspark_launch.cluster.codec import from_data, to_data
-from dspark_launch.cluster.protocol import HotfixReport, Process, Session, VersionRow
-from dspark_launch.cluster.safe_path import (UnsafePath, check_ancestors, check_dir, make_dir, make_log_dir,
+from dspark_launch.agent.codec import from_data, to_data
+from dspark_launch.agent.protocol import Process, Session
+from dspark_launch.agent.safe_path import (UnsafePath, check_ancestors, check_dir, make_dir, make_log_dir,
                                              read_private, write_private, write_temp)
 from dspark_launch.errors import ConfigError, DsparkError
 
@@ -36,14 +36,88 @@ class LockHeld(DsparkError):
     """Another launcher holds the state folder's lock."""
 
 
+# The record's own types: state.json changes only when these do, never with the agent's wire types (which
+# carry the same fields today; `recorded` and `on_wire` convert field by field, at the seam).
+R = TypeVar("R")
+
+
+def recorded(kind: type[R], value: Any) -> R:
+    """A value the agent answered (a wire type) as the record's `kind`, or a record back as a wire type."""
+    return from_data(kind, to_data(value))
+
+
+on_wire = recorded
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """A process group we started (its leader's pid = sid), in the boot it was started in."""
+    sid: int
+    start_time: int
+    boot_id: str = ""
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """A process by identity: pid plus start time (and boot), so a reused pid never matches."""
+    pid: int
+    start_time: int
+    sid: int | None = None
+    boot_id: str = ""
+    cmd: str = ""
+
+
+@dataclass(frozen=True)
+class VersionsRecord:
+    """One node's row of the version matrix at start (agent.protocol.VersionRow)."""
+    python: str | None = None
+    vllm: str | None = None
+    ray: str | None = None
+    torch: str | None = None
+    cuda: str | None = None
+    driver: str | None = None
+    compute_capability: str | None = None
+    nccl: str | None = None
+    dspark_launch: str | None = None
+    scheduler_sha256: str | None = None
+    hostname: str | None = None
+    image: str | None = None
+
+
+@dataclass(frozen=True)
+class HotfixResultRecord:
+    action: str
+    code: int
+    state: str
+    message: str
+    vllm_version: str = ""
+    patch_version: int | None = None
+
+
+@dataclass(frozen=True)
+class HotfixRecord:
+    """The hotfix applied and verified on one node at start (agent.protocol.HotfixReport)."""
+    hostname: str
+    apply: HotfixResultRecord
+    status: HotfixResultRecord
+
+
+def wire_sessions(sessions: list[SessionRecord]) -> tuple[Session, ...]:
+    return tuple(on_wire(Session, session) for session in sessions)
+
+
+def wire_processes(processes: list[ProcessRecord]) -> tuple[Process, ...]:
+    return tuple(on_wire(Process, process) for process in processes)
+
+
 @dataclass
 class NodeRecord:
     name: str
     ip: str
     ssh_host: str | None
     marker: str  # DSPARK_OWNER value of every process we started on this node
-    processes: list[Process] = field(default_factory=list)  # Ray's daemons as found after `ray start`
-    sessions: list[Session] = field(default_factory=list)  # each process group we started
+    processes: list[ProcessRecord] = field(default_factory=list)  # Ray's daemons as found after `ray start`
+    sessions: list[SessionRecord] = field(default_factory=list)  # each process group we started
     ray_temp_dir: str = ""
     ray_log: str = ""
     fabric_warnings: list[str] = field(default_factory=list)  # e.g. NCCL falls back to TCP (shown by status)
@@ -68,7 +142,7 @@ class ServerRecord:
     pid: int | None = None
     start_time: int | None = None
     boot_id: str = ""
-    sessions: list[Session] = field(default_factory=list)
+    sessions: list[SessionRecord] = field(default_factory=list)
     kv_cache_tokens: int | None = None
     scheduler_cap: int | None = None  # what the EngineCore's scheduler reported
     profile: str = ""  # DSPARK_PROFILE it was started with
@@ -91,8 +165,8 @@ class Deployment:
     started_at: float
     launcher_version: str
     nodes: list[NodeRecord]
-    hotfix: dict[str, HotfixReport] = field(default_factory=dict)  # node name -> report
-    versions: dict[str, VersionRow] = field(default_factory=dict)  # node name -> version matrix row
+    hotfix: dict[str, HotfixRecord] = field(default_factory=dict)  # node name -> report
+    versions: dict[str, VersionsRecord] = field(default_factory=dict)  # node name -> version matrix row
     server: ServerRecord | None = None
 
     def node(self, name: str) -> NodeRecord | None:

@@ -20,7 +20,7 @@ from dspark_launch.config.forward_env import check_forward_names
 from dspark_launch.config.serve_flags import check_extra_args
 from dspark_launch.config.ssh_options import check_ssh_options
 from dspark_launch.profiles.catalog import DEFAULT_PROFILE, PROFILE_NAMES
-from dspark_launch.cluster.nccl_hca import parse_hca_list  # stdlib only: the node side reads the same grammar
+from dspark_launch.agent.nccl_hca import parse_hca_list  # stdlib only: the node side reads the same grammar
 from dspark_launch.config.container_args import check_container_args, check_image
 from dspark_launch.config.field_docs import field_docs
 

@@ -1,5 +1,6 @@
-"""Model weights on every node: manifest, pull from the hub, copy over the fabric, verify.
+"""Model weights on every node: pull from the hub, copy over the fabric, verify through each node's agent.
 
-Node-side (stdlib only, run by the agent on each node): `manifest`, `node_check`.
-Launcher-side: `hub` (huggingface_hub), `location`, `copy` (rsync over SSH), `distribute`.
+Launcher-side: `hub` (huggingface_hub), `location`, `copy` (rsync over SSH), `distribute`, `onnodes`.
+The node side (manifest, file checks, folder checks) is the agent's: `agent/manifest.py`,
+`agent/model_files.py`, `agent/model_folder.py`.
 """

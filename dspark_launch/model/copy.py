@@ -34,14 +34,14 @@ class SSHTarget:
 
     @classmethod
     def from_transport(cls, transport) -> "SSHTarget":
-        """The same settings the launcher's SSHTransport (dspark_launch.cluster.transport) uses."""
+        """The same settings the launcher's SSHTransport (dspark_launch.agent.transport) uses."""
         return cls(transport.host, transport.port, transport.user, transport.key, transport.host_key_check,
                    transport.connect_timeout, tuple(transport.extra_options))
 
     def ssh_argv(self) -> list[str]:
         """ssh and its options, without the host (rsync adds it): exactly what the launcher's agent
         calls use, taken from SSHTransport so the two never drift apart, then the copy's bulk options."""
-        from dspark_launch.cluster.transport import SSHTransport
+        from dspark_launch.agent.transport import SSHTransport
 
         argv = SSHTransport(self.host, "", self.port, self.user, self.key, self.host_key_check,
                             self.connect_timeout, self.extra_options).argv()

@@ -1,6 +1,6 @@
 """Free-space pre-flight on every node, and placing a verified copy on a worker (launcher side).
 
-Node operations go through `NodeModelOps` (the agent runs node_check's functions on
+Node operations go through `NodeModelOps` (the agent runs agent.model_files' functions on
 that node); the copy itself is rsync from the head over SSH.
 """
 
@@ -13,12 +13,12 @@ from typing import Protocol
 from .copy import CopyProgress, CopyResult, SSHTarget, effective_streams, rsync_to
 from .errors import InsufficientDisk, ModelIncomplete
 from .location import ModelLocation
-from .manifest import Manifest
-from .node_check import STALE, DiskSpace, NodePlacement, VerifyReport
+from dspark_launch.agent.manifest import Manifest
+from dspark_launch.agent.model_files import STALE, DiskSpace, NodePlacement, VerifyReport
 
 
 class NodeModelOps(Protocol):
-    """The node-side operations, on one node (dspark_launch.model.node_check run there)."""
+    """The node-side operations, on one node (dspark_launch.agent.model_files run there)."""
 
     name: str
 

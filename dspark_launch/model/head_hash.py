@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ModelError
-from .manifest import Manifest, ManifestFile
-from .node_check import HashProgress, hash_files
-from .paths import resolve_inside
+from dspark_launch.agent.manifest import Manifest, ManifestFile
+from dspark_launch.agent.model_files import HashProgress, hash_files
+from dspark_launch.agent.model_paths import resolve_inside
 
 
 @dataclass(frozen=True)

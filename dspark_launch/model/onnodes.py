@@ -16,8 +16,10 @@ from .distribute import require_ready
 from .errors import ModelIncomplete
 from .hub import HubSource, hub_source, is_local_folder
 from .location import ModelLocation, local_location
-from .manifest import Manifest, read_manifest
-from .node_check import NodePlacement, VerifyReport
+from dspark_launch.agent.manifest import Manifest, read_manifest
+from dspark_launch.agent.model_files import NodePlacement, VerifyReport
+from dspark_launch.agent.client import NodeAgent
+from dspark_launch.agent.protocol import ModelFastCheck, ModelPlacementQuery, ModelVerify
 from .workflow import Placement, Worker, check_everywhere, place_local, pull_everywhere, pulled_model
 
 PULL_FIX = "dspark model pull"
@@ -25,20 +27,20 @@ PULL_FIX = "dspark model pull"
 
 @dataclass(frozen=True)
 class AgentModelOps:
-    """`distribute.NodeModelOps` over one node's agent (node_check runs on that node)."""
+    """`distribute.NodeModelOps` over one node's agent (agent.model_files runs on that node)."""
 
     name: str
-    agent: object  # cluster.client.NodeAgent
+    agent: NodeAgent
     caches: tuple[str, ...] = ()  # checked there with the model folder (DSPARK_CONTAINER_MODEL_CACHE)
 
     def placement(self, folder: str, root: str, manifest: Manifest) -> NodePlacement:
-        return self.agent.model_placement(folder, root, manifest, self.caches)
+        return self.agent.call(ModelPlacementQuery(folder, root, manifest, self.caches))
 
     def verify(self, folder: str, manifest: Manifest, full: bool, only: tuple[str, ...] | None = None) -> VerifyReport:
-        return self.agent.model_verify(folder, manifest, full, only, self.caches)
+        return self.agent.call(ModelVerify(folder, manifest, full, only, self.caches))
 
     def fast_check(self, folder: str, stamp: str) -> VerifyReport:
-        return self.agent.model_fast_check(folder, stamp, self.caches)
+        return self.agent.call(ModelFastCheck(folder, stamp, self.caches))
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class ServingModel:
 
 def wanted_model(settings, environ: Mapping[str, str] | None = None) -> WantedModel:
     """From the resolved settings: DSPARK_MODEL and the revision by the profile's rule, the cache, the token."""
-    from dspark_launch.profiles.resolve import served_model
+    from dspark_launch.config.profile_resolve import served_model
 
     environ = dict(os.environ if environ is None else environ)
     if settings.hf_token:
@@ -107,7 +109,7 @@ def require_mounted(settings, spec) -> None:
     into every container (DSPARK_CONTAINER_MODEL_CACHE): ConfigError (exit 2) naming both settings."""
     if not spec.containers:
         return
-    from dspark_launch.cluster.safe_path import within
+    from dspark_launch.agent.safe_path import within
     from dspark_launch.errors import ConfigError
 
     wanted = wanted_model(settings)
@@ -127,7 +129,7 @@ def node_ops(spec, reporter=None) -> list[AgentModelOps]:
 
 
 def model_caches(spec) -> tuple[str, ...]:
-    """The container model cache, checked on every node with the model folder (folder_check)."""
+    """The container model cache, checked on every node with the model folder (agent.model_folder)."""
     return (spec.containers.model_cache,) if spec.containers and spec.containers.model_cache else ()
 
 
@@ -137,7 +139,7 @@ def where_weights_live(spec, reporter=None) -> list[AgentModelOps]:
     launcher's Python and each worker's in a `--rm` container from the checked image."""
     if not spec.containers:
         return node_ops(spec, reporter)
-    from dspark_launch.cluster.client import NodeAgent
+    from dspark_launch.agent.client import NodeAgent
     from dspark_launch.cluster.containers import model_transports
 
     transports = model_transports(spec)

@@ -13,9 +13,9 @@ from .distribute import DiskCheck, DiskMargin, NodeModelOps, WorkerSync, check_d
 from .hub import HubSource, list_model, pull
 from .local_model import prepare_local_counted
 from .location import ModelLocation, hub_cache_location
-from .manifest import Manifest, read_manifest
-from .node_check import VerifyReport
-from .paths import path_problem
+from dspark_launch.agent.manifest import Manifest, read_manifest
+from dspark_launch.agent.model_files import VerifyReport
+from dspark_launch.agent.model_paths import path_problem
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,6 @@ def pulled_model(source: HubSource) -> tuple[ModelLocation, Manifest] | None:
 def check_everywhere(location: ModelLocation, manifest: Manifest, nodes: Sequence[NodeModelOps],
                      full: bool) -> list[tuple[str, VerifyReport]]:
     """`dspark model verify` (full) or the per-node part of `status` (sizes); pair with
-    distribute.require_ready for the start pre-flight, or node_check.fast_check through the agent."""
+    distribute.require_ready for the start pre-flight, or agent.model_files.fast_check through the agent."""
     with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
         return list(zip((n.name for n in nodes), pool.map(lambda n: n.verify(location.folder, manifest, full), nodes)))

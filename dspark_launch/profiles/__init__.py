@@ -1,4 +1,5 @@
-"""Model profiles: what `vllm serve` needs for one model, resolved against the installed vLLM.
+"""Model profiles as data: what `vllm serve` needs for one model (`catalog`, `model`), GPU targets, the memory model.
 
-Kept import-free: config imports the profile names from `profiles.catalog`.
+Import-free (below config, which checks DSPARK_PROFILE against `catalog`); a profile is resolved against the
+settings and the installed vLLM's offer in `config/profile_resolve.py`.
 """

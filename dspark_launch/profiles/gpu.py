@@ -1,7 +1,7 @@
 """The GPU a profile's flags are judged for: the compute capability every node reported.
 
 Each node's agent reports its GPU's compute capability in its version row
-(`nvidia-smi --query-gpu=compute_cap`, cluster/node_tasks.py); CPU-only nodes (the
+(`nvidia-smi --query-gpu=compute_cap`, agent/handlers/hotfix.py); CPU-only nodes (the
 testbed) report none. Resolution judges the KV cache dtype and the GPU-specific
 settings for that capability, and says so in each decision line. Pure: the rows'
 values come in as text.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.client import NodeAgent
+from dspark_launch.agent import protocol as p
+from dspark_launch.agent.client import NodeAgent
 
 END = 1 << 62  # an offset past any end: "from now on"
 
@@ -22,7 +22,7 @@ class LogReader:
         """What was written since the last call (everything, at first)."""
         added = []
         while True:
-            answer = self.agent.read(self.path, self.offset)
+            answer = self.agent.call(p.ReadLog(self.path, self.offset))
             if answer.offset < self.offset:  # rotated or truncated: start over
                 self.text, self.offset = "", 0
                 continue
@@ -42,7 +42,7 @@ def follow(agent: NodeAgent, paths: list[str], sleep: Callable[[float], None], i
     """New text of each log from now on, forever (`logs --follow`); the caller stops iterating."""
     readers = [LogReader(agent, path) for path in paths]
     for reader in readers:
-        reader.offset = agent.read(reader.path, END).offset
+        reader.offset = agent.call(p.ReadLog(reader.path, END)).offset
     while True:
         for reader in readers:
             text = reader.new_text()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dspark_launch.cluster.protocol import MemoryAnswer
+from dspark_launch.agent.protocol import MemoryAnswer
 from dspark_launch.model.onnodes import ModelWeights
 from dspark_launch.profiles.catalog import profile_named
 from dspark_launch.profiles.memory import MemoryEstimate, NodeMemory, memory_preflight, read_model_shape

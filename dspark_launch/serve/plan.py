@@ -6,11 +6,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dspark_launch.cluster.fabric import FabricEnv
+from dspark_launch.agent.fabric import FabricEnv
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.config.settings import Settings
 from dspark_launch.hotfix.contract import ENV_AGING, ENV_CAP, ENV_DIAG, ENV_GATE_MODE
-from dspark_launch.profiles.resolve import Decision, KvCacheChoice, ResolvedProfile
+from dspark_launch.config.profile_resolve import Decision, KvCacheChoice, ResolvedProfile
 
 ENTRY_MODULE = "dspark_launch.serve.entry"
 VLLM_CONFIG_DIR = "vllm-config"  # in the state folder: VLLM_CONFIG_ROOT of vllm serve (its non-carry-over list)

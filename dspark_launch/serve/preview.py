@@ -12,18 +12,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dspark_launch.cluster import ray_cluster as rc
-from dspark_launch.cluster.ray_dirs import shown_private_root
-from dspark_launch.cluster.client import Reporter
-from dspark_launch.cluster.fabric import FabricEnv
+from dspark_launch.agent.ray_dirs import shown_private_root
+from dspark_launch.agent.client import Reporter
+from dspark_launch.agent.fabric import FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
-from dspark_launch.cluster.protocol import MemoryAnswer
+from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, VersionQuery
 from dspark_launch.cluster.spec import ClusterSpec, Node, cluster_spec, placeholder
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.model.onnodes import placed_weights, wanted_model
 from dspark_launch.profiles.gpu import gpu_target
-from dspark_launch.profiles.plan import NOT_PROBED_EXAMPLE, NodePlan, Plan, env_entries, not_probed, profile_decisions
-from dspark_launch.profiles.resolve import resolve_selected
+from dspark_launch.serve.plan_report import NOT_PROBED_EXAMPLE, NodePlan, Plan, env_entries, not_probed, profile_decisions
+from dspark_launch.config.profile_resolve import resolve_selected
 from dspark_launch.serve.memory import estimate, kv_size_fixed
 from dspark_launch.serve.plan import ServePlan, serve_plan
 from dspark_launch.serve.status import image_warnings
@@ -34,7 +34,7 @@ GENERATED = "generated at start"
 def _probe(spec: ClusterSpec, node: Node) -> tuple[FabricEnv, MemoryAnswer, str | None] | str:
     """The node's fabric environment, memory and GPU compute capability, or why it was not probed."""
     try:
-        return rc.node_fabric(spec, node), node.agent().meminfo(), node.agent().node_versions().compute_capability
+        return rc.node_fabric(spec, node), node.agent().call(MemoryQuery()), node.agent().call(VersionQuery()).compute_capability
     except ConfigError:
         raise
     except DsparkError as exc:

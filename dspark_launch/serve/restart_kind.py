@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dspark_launch.profiles.resolve import SETTING_FLAGS
+from dspark_launch.config.profile_resolve import SETTING_FLAGS
 
 SERVE_LEVEL: frozenset[str] = frozenset({
     *(name for name, _ in SETTING_FLAGS),  # --max-num-seqs, --max-model-len, ...

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dspark_launch.cluster import ray_cluster as rc
-from dspark_launch.cluster.client import ClusterFailure
+from dspark_launch.agent.client import ClusterFailure
+from dspark_launch.agent.protocol import AliveQuery, Tail
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import Deployment, ServerRecord, load_state
 from dspark_launch.errors import DsparkError
@@ -23,7 +24,7 @@ class ServeFailure(DsparkError):
 
 def server_alive(spec: ClusterSpec, server: ServerRecord) -> bool:
     process = server.process
-    return process is not None and all(spec.head.agent().alive((process,), "server status"))
+    return process is not None and all(spec.head.agent().call(AliveQuery((process,)), "server status").alive)
 
 
 def server_healthy(url: str, key: str, served_name: str, timeout: float) -> bool:
@@ -50,14 +51,14 @@ def tails(spec: ClusterSpec, server: ServerRecord | None, state: Deployment | No
     """The end of the server log and of each node's Ray logs, for a failure report."""
     out: list[str] = []
     if server:
-        out += spec.head.agent().tail([server.log], lines)
+        out += spec.head.agent().call(Tail((server.log,), lines)).lines
     state = state or load_state(spec.state_dir)
     for node in spec.nodes:
         record = state.node(node.name) if state else None
         if record is None:
             continue
         try:
-            out += node.agent().tail(rc.ray_log_paths(node, record), 10)
+            out += node.agent().call(Tail(tuple(rc.ray_log_paths(node, record)), 10)).lines
         except ClusterFailure as exc:
             out.append(f"({exc})")
     return out

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 
 from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster import ray_cluster as rc
-from dspark_launch.cluster.client import NodeAgent, Reporter
+from dspark_launch.agent.client import NodeAgent, Reporter
 from dspark_launch.cluster.parallel import Background, on_each, settle
-from dspark_launch.cluster.protocol import HotfixReport, MemoryAnswer, Spawn
+from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, NonCarryOver, Spawn
 from dspark_launch.cluster.spec import ClusterSpec
-from dspark_launch.cluster.state import Deployment, ServerRecord, load_state, save_state
+from dspark_launch.cluster.state import (Deployment, HotfixRecord, ServerRecord, SessionRecord, load_state, recorded,
+                                         save_state)
 from dspark_launch.config.settings import Settings
 from dspark_launch.model.onnodes import ModelWeights, ServingModel
 from dspark_launch.serve import http, logscan, readiness
@@ -35,7 +36,7 @@ class StartResult:
     plan: ServePlan
     server: ServerRecord
     cluster_started: bool
-    hotfix: dict[str, HotfixReport] = field(default_factory=dict)
+    hotfix: dict[str, HotfixRecord] = field(default_factory=dict)
     first_answer: readiness.FirstAnswer | None = None  # readiness's one-token request that answered
 
 
@@ -45,8 +46,8 @@ def resolved_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray
     """The profile resolved against the head's installed vLLM (through its agent), the head's own fabric
     environment beside it; the serve plan built once from both, on the verified copy of the weights (`model`:
     its commit as --revision, the hub offline). ConfigError (exit 2) for a flag it lacks."""
-    from dspark_launch.cluster.node_checks import node_gpus
-    from dspark_launch.profiles.resolve import resolve_selected
+    from dspark_launch.cluster.hotfix_rollout import node_gpus
+    from dspark_launch.config.profile_resolve import resolve_selected
 
     reporter.phase(f"resolving profile {settings.dspark_profile} against the vLLM on {spec.head.label} "
                    f"and every node's GPU")
@@ -65,7 +66,7 @@ def resolved_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray
 def node_memory(spec: ClusterSpec) -> dict[str, MemoryAnswer]:
     """Every node's memory (MemTotal, MemAvailable, GPU or not) by its label, asked at once (read-only)."""
     return {spec.node(name).label: answer
-            for name, answer in on_each(spec.nodes, lambda n: n.agent().meminfo()).items()}
+            for name, answer in on_each(spec.nodes, lambda n: n.agent().call(MemoryQuery())).items()}
 
 
 
@@ -102,7 +103,7 @@ def check_arguments(settings: Settings, spec: ClusterSpec, plan: ServePlan, repo
     head = spec.head.agent(reporter)
     check_serve_args(head, plan.serve_args, settings.entries["VLLM_EXTRA_ARGS"].source)
     reporter.phase("vllm serve arguments accepted by the installed vLLM")
-    head.non_carry_over(plan.config_root)
+    head.call(NonCarryOver(plan.config_root))
 
 
 
@@ -235,9 +236,9 @@ def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment,
                           chat=plan.chat, drain_s=plan.drain_timeout_s)
     try:
         # Inside the try: an interrupt while the agent spawns still stops the server (found by its marker).
-        answer = head.spawn(Spawn(tuple(plan.argv), plan.full_env(), marker, log, rotate_log=True), "vllm serve")
+        answer = head.call(Spawn(tuple(plan.argv), plan.full_env(), marker, log, rotate_log=True), "vllm serve")
         server.pid, server.start_time, server.boot_id = answer.process.pid, answer.process.start_time, answer.process.boot_id
-        server.sessions = [answer.session]
+        server.sessions = [recorded(SessionRecord, answer.session)]
         state.server = server
         save_state(spec.state_dir, state)
         ready = wait_until_serving(spec, plan, server, head, reporter)

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from dspark_launch.cluster import lifecycle
-from dspark_launch.cluster.client import ClusterFailure
+from dspark_launch.agent.client import ClusterFailure
 from dspark_launch.cluster.parallel import Background
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import ServerRecord, load_state

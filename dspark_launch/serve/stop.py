@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from dspark_launch.cluster import lifecycle
-from dspark_launch.cluster.client import ClusterFailure, Reporter
-from dspark_launch.cluster.protocol import Stop, StopAnswer
+from dspark_launch.agent.client import ClusterFailure, Reporter
+from dspark_launch.agent.protocol import ReadLog, Stop, StopAnswer
 from dspark_launch.cluster.spec import ClusterSpec
-from dspark_launch.cluster.state import Deployment, ServerRecord, save_state
+from dspark_launch.cluster.state import Deployment, ServerRecord, save_state, wire_sessions
 from dspark_launch.serve.logfollow import LogReader
 
 
 def stop_server(spec: ClusterSpec, server: ServerRecord, grace_s: float = 15.0, drain_s: float = 0.0) -> StopAnswer:
     process = server.process
-    return spec.head.agent().stop(Stop(server.marker, (process,) if process else (), tuple(server.sessions), grace_s,
+    return spec.head.agent().call(Stop(server.marker, (process,) if process else (), wire_sessions(server.sessions), grace_s,
                                        drain_s), "stop server")
 
 
@@ -32,7 +32,7 @@ def drain_server(spec: ClusterSpec, server: ServerRecord, reporter: Reporter) ->
     reporter.phase(f"vllm serve: draining in-flight requests (up to {server.drain_s} s; new ones are refused; "
                    "`dspark stop --now` aborts them)")
     log = LogReader(spec.head.agent(), server.log)
-    log.offset = spec.head.agent().read(server.log, END).offset
+    log.offset = spec.head.agent().call(ReadLog(server.log, END)).offset
     answer, report = drained_stop(lambda: stop_server(spec, server, drain_s=server.drain_s + DRAIN_TEARDOWN_S),
                                   server.url, server.drain_s, DRAIN_PROBE_S, log.new_text)
     reporter.phase(report.line)

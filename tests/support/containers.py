@@ -1,7 +1,7 @@
 """Podman on the namespace testbed: install, per-node configuration, a registry-free test image.
 
 Test support only (imported by tests/test_container*.py); the product's container code
-lives in dspark_launch/cluster/runtime.py and container_transport.py.
+lives in dspark_launch/cluster/runtime.py, agent/container_transport.py and agent/host_shell.py.
 
 - `ensure_podman()`: Debian's podman (as root, like openssh-server for the testbed).
 - `build_test_image()`: once per content key, `podman import` of a root file system made
@@ -280,8 +280,8 @@ def remove_all_containers(tb, node) -> None:
 # through LocalHost and a worker's through SSHHost (real ssh to the worker's sshd).
 
 def _host(desc: dict):
-    from dspark_launch.cluster.container_transport import LocalHost, SSHHost
-    from dspark_launch.cluster.transport import SSHTransport
+    from dspark_launch.agent.host_shell import LocalHost, SSHHost
+    from dspark_launch.agent.transport import SSHTransport
 
     if desc["kind"] == "local":
         return LocalHost()
@@ -327,12 +327,12 @@ def drive(request: dict) -> dict:
 
 def _agent_call(transport, request: dict) -> dict:
     """One typed agent operation through the node's NodeAgent: {"op": name, **its request's fields}."""
-    from dspark_launch.cluster import protocol as p
-    from dspark_launch.cluster.client import NodeAgent
-    from dspark_launch.cluster.codec import from_data, to_data
+    from dspark_launch.agent import protocol as p
+    from dspark_launch.agent.client import NodeAgent
+    from dspark_launch.agent.codec import from_data, to_data
 
     fields = {k: v for k, v in request.items() if k != "op"}
-    typed = from_data(p.OPERATIONS[request["op"]][0], fields)
+    typed = from_data(p.OPERATIONS[request["op"]].request, fields)
     return to_data(NodeAgent(transport.description, transport).call(typed, timeout=60))
 
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from dspark_launch.cluster import procfs
-from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.agent import terminate
+from dspark_launch.agent import procfs
+from dspark_launch.agent import protocol as p
+from dspark_launch.agent.handlers.processes import terminate
 
 proc_cmdline = procfs.cmdline
 

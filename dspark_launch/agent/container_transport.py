@@ -1,78 +1,21 @@
-"""Commands on a node's host (local or over SSH), and the agent inside the node's container.
-
-`HostShell` runs an argv on the machine that holds a node's container runtime: this
-machine (`LocalHost`) or a worker reached with the same SSH settings as its agent
-(`SSHHost`, the argv quoted with shlex into the one string ssh sends). The container
-runtime module uses it to create, inspect and remove containers.
+"""The agent inside a node's container, reached through the node's host (`host_shell`).
 
 `ContainerTransport` is a `Transport`: the agent runs inside the node's container
-(`docker|podman exec -i NAME PYTHON -m dspark_launch.cluster.agent`), the request on
+(`docker|podman exec -i NAME PYTHON -m dspark_launch.agent.server`), the request on
 stdin as always. The agent package is mounted read-only into the container from the
 host's install (see runtime.AGENT_MOUNT), so the image needs nothing of ours.
 """
 
 from __future__ import annotations
 
-import shlex
-import subprocess
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable
 
-from dspark_launch.cluster.transport import AGENT_MODULE, NodeUnreachable, SSHTransport, _stream
+from dspark_launch.agent.host_shell import HostShell, SSHHost
+from dspark_launch.agent.transport import AGENT_MODULE, NodeUnreachable, _stream
 
 # Where the launcher's package is mounted inside every node container (on PYTHONPATH there).
 AGENT_MOUNT = "/opt/dspark-launch"
-
-
-class HostShell(Protocol):
-    description: str
-
-    def run(self, argv: Sequence[str], *, timeout: float, input: str | None = None) -> subprocess.CompletedProcess:
-        """Run argv to completion on the node's host, text output captured; NodeUnreachable when it cannot."""
-
-    def command(self, argv: Sequence[str]) -> list[str]:
-        """The local command line that runs argv on the node's host."""
-
-
-@dataclass(frozen=True)
-class LocalHost:
-    description: str = "local"
-
-    def command(self, argv: Sequence[str]) -> list[str]:
-        return list(argv)
-
-    def run(self, argv: Sequence[str], *, timeout: float, input: str | None = None) -> subprocess.CompletedProcess:
-        try:
-            return subprocess.run(list(argv), input=input, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise NodeUnreachable(f"{self.description}: {argv[0]} did not finish within {timeout:.0f} s") from None
-        except OSError as exc:
-            raise NodeUnreachable(f"{self.description}: cannot run {argv[0]}: {exc.strerror}") from None
-
-
-@dataclass(frozen=True)
-class SSHHost:
-    ssh: SSHTransport  # the node's agent transport: same host, user, key, options
-
-    @property
-    def description(self) -> str:
-        return self.ssh.description
-
-    def command(self, argv: Sequence[str]) -> list[str]:
-        # ssh.argv() ends with the agent's command line: swap it for ours, quoted the same way.
-        return self.ssh.argv()[:-1] + [shlex.join(argv)]
-
-    def run(self, argv: Sequence[str], *, timeout: float, input: str | None = None) -> subprocess.CompletedProcess:
-        command = self.command(argv)
-        limit = timeout + self.ssh.connect_timeout
-        try:
-            proc = subprocess.run(command, input=input, capture_output=True, text=True, timeout=limit)
-        except subprocess.TimeoutExpired:
-            raise NodeUnreachable(f"{self.description}: {argv[0]} did not finish within {limit:.0f} s") from None
-        if proc.returncode == 255:
-            detail = (proc.stderr.strip().splitlines() or ["connection failed"])[-1]
-            raise NodeUnreachable(f"{self.description}: SSH failed: {detail}")
-        return proc
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from typing import TYPE_CHECKING
-
-from dspark_launch.cluster.nccl_hca import parse_hca_list
+from dspark_launch.agent.nccl_hca import parse_hca_list
+from dspark_launch.agent.protocol import FabricEnv, FabricRequest
 from dspark_launch.errors import ConfigError, DsparkError
-
-if TYPE_CHECKING:  # the node side imports nothing from config
-    from dspark_launch.config.settings import Settings
 
 SYSFS_ROOT_VAR = "DSPARK_TEST_SYSFS_ROOT"  # tests only: a fake sysfs tree per node
 
@@ -49,50 +45,6 @@ NON_CARRY_OVER_FILE = "ray_non_carry_over_env_vars.json"  # vllm/ray/ray_env.py 
 
 class FabricError(DsparkError):
     """The fabric is not as NCCL needs it (exit 1): nothing is started."""
-
-
-@dataclass(frozen=True)
-class FabricRequest:
-    """What one node needs to work out its fabric environment (built by the launcher, sent to the node's agent)."""
-
-    node: str  # "head", "worker1": for messages
-    ifname: str  # the fabric interface on this node
-    fabric_ip: str  # the node's fabric IP (Ray's --node-ip-address)
-    hca_list: str = ""  # NCCL_IB_HCA as the operator gave it (for this node), NCCL's form; "" = found in sysfs
-    gid_index: str = ""  # NCCL_IB_GID_INDEX given by the operator (for this node); "" = found in sysfs
-    socket_ifnames: tuple[tuple[str, str], ...] = ()  # NCCL_/GLOO_/TP_SOCKET_IFNAME the operator set
-
-
-@dataclass(frozen=True)
-class FabricEnv:
-    """One node's fabric environment, and how each value was found."""
-
-    node: str
-    env: tuple[tuple[str, str], ...]
-    hcas: tuple[str, ...]
-    gid_index: str
-    roce: bool  # False: NCCL falls back to TCP sockets
-    notes: tuple[str, ...]
-    warnings: tuple[str, ...]
-    missing: str = ""  # when not `roce`: what is missing, one line naming the interface (start refuses on it)
-
-
-def fabric_request(settings: Settings, node: str, fabric_ip: str) -> FabricRequest:
-    """Launcher side: the request for one node, its DSPARK_NODE_FABRIC entries over the cluster-wide settings."""
-    # what DSPARK_NODE_FABRIC may set for one node (config/text_settings.py checks the same names)
-    values = {"DSPARK_FABRIC_IFNAME": settings.dspark_fabric_ifname, "NCCL_IB_HCA": settings.nccl_ib_hca,
-              "NCCL_IB_GID_INDEX": settings.nccl_ib_gid_index, "NCCL_SOCKET_IFNAME": settings.nccl_socket_ifname,
-              "GLOO_SOCKET_IFNAME": settings.gloo_socket_ifname, "TP_SOCKET_IFNAME": settings.tp_socket_ifname}
-    for entry in settings.dspark_node_fabric.split():
-        target, _, assignment = entry.partition(":")
-        name, _, value = assignment.partition("=")
-        if target == node:
-            values[name] = value
-    return FabricRequest(
-        node=node, ifname=values["DSPARK_FABRIC_IFNAME"], fabric_ip=fabric_ip,
-        hca_list=values["NCCL_IB_HCA"], gid_index=values["NCCL_IB_GID_INDEX"],
-        socket_ifnames=tuple((n, values[n]) for n in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
-                             if values[n]))
 
 
 def sysfs_root() -> Path:

@@ -1,19 +1,24 @@
-"""The head agent's Ray operations: the launcher's process never imports Ray.
+"""The agent's Ray operations: the Ray port free, Ray's private temp folder, and (head) Ray's node table;
+the launcher's process never imports Ray.
 
 `ray_checks` reads the GCS's node table (no driver, no Ray worker): it waits for every
 node to join and checks each node's registered IP and GPUs. Each node's version row and
-hotfix are its own agent's (`node_tasks`), asked while Ray starts. Failures come back
+hotfix are its own agent's (`handlers/hotfix.py`), asked while Ray starts. Failures come back
 typed, naming the node.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 import time
 from typing import Callable
 
-from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.protocol import OperationFailed, Report
+from dspark_launch.agent import protocol as p
+from dspark_launch.agent.protocol import OperationFailed, Report
+from dspark_launch.agent.ray_dirs import NAME, SOCKET_PATH_MAX, SOCKET_TAIL, make_private_root
+from dspark_launch.agent.safe_path import UnsafePath, make_dir
 
 
 def _label(node: p.ExpectedNode) -> str:
@@ -77,3 +82,36 @@ def ray_checks(req: p.RayChecks, report: Report) -> p.RayChecksAnswer:
         if gpus != req.gpus_per_node:
             raise _fail(_label(node), "GPUs", f"Ray sees {gpus:g} GPU(s), expected {req.gpus_per_node}")
     return p.RayChecksAnswer(tuple(alive[node.ip] for node in req.nodes))
+
+
+def port_free(req: p.PortQuery, report: Report) -> p.PortAnswer:
+    family = socket.AF_INET6 if ":" in req.ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # As servers do: a port with only TIME_WAIT leftovers of a stopped Ray is free to listen on.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((req.ip, req.port))
+        except OSError as exc:
+            return p.PortAnswer(False, os.strerror(exc.errno or errno.EADDRINUSE))
+    return p.PortAnswer(True)
+
+
+def ray_temp_dir(req: p.RayTempDir, report: p.Report) -> p.RayTempDirAnswer:
+    if not NAME.fullmatch(req.name):
+        raise p.OperationFailed(p.Failure("ray temp folder", f"refusing folder name {req.name!r}"))
+    try:
+        folder = make_private_root() / req.name
+        if len(str(folder)) + SOCKET_TAIL > SOCKET_PATH_MAX:
+            raise p.OperationFailed(p.Failure("ray temp folder", f"{folder} is too long for Ray's socket paths"))
+        make_dir(folder, forbidden=0)  # inside a private folder: only this user can have set its mode
+    except UnsafePath as exc:
+        raise p.OperationFailed(p.Failure("ray temp folder", f"{exc}; refusing to start Ray there "
+                                          "(remove it if nobody should have put it there)")) from None
+    except OSError as exc:
+        where = exc.filename or req.name
+        raise p.OperationFailed(p.Failure("ray temp folder", f"{where}: cannot create it ({exc.strerror})")) from None
+    try:  # `ray start --head` refuses to start when a stale record there names its address
+        (folder / "ray_current_cluster").unlink()
+    except FileNotFoundError:
+        pass
+    return p.RayTempDirAnswer(str(folder))

@@ -1,19 +1,15 @@
-"""The model operations of the node agent (stdlib only): node_check behind the typed protocol.
-
-Registered in `cluster.agent.HANDLERS` with one line (MODEL_HANDLERS)."""
+"""The model operations of the node agent (stdlib only): agent.model_files behind the typed protocol."""
 
 from __future__ import annotations
 
-from typing import Callable
-
-from .folder_check import check_model_folder
-from .node_check import HashProgress, NodePlacement, VerifyReport, fast_check, placement, verify_model
+from dspark_launch.agent.model_folder import check_model_folder
+from dspark_launch.agent.model_files import HashProgress, NodePlacement, VerifyReport, fast_check, placement, verify_model
 
 
 def _trusted_folder(folder: str, caches: tuple[str, ...]) -> None:
-    """The model folder and caches as safe as the state folder (folder_check), else one failure line."""
-    from dspark_launch.cluster.protocol import Failure, OperationFailed
-    from dspark_launch.cluster.safe_path import UnsafePath
+    """The model folder and caches as safe as the state folder (agent.model_folder), else one failure line."""
+    from dspark_launch.agent.protocol import Failure, OperationFailed
+    from dspark_launch.agent.safe_path import UnsafePath
 
     try:
         check_model_folder(folder, caches)
@@ -26,7 +22,7 @@ def model_verify(req, report) -> VerifyReport:
     _trusted_folder(req.folder, req.caches)
     if not req.full:
         return verify_model(req.folder, req.manifest, False)
-    from dspark_launch.cluster.protocol import Progress
+    from dspark_launch.agent.protocol import Progress
 
     files = [f for f in req.manifest.files if req.only is None or f.path in set(req.only)]
     total = sum(f.size for f in files)
@@ -43,8 +39,3 @@ def model_fast_check(req, report) -> VerifyReport:
 def model_placement(req, report) -> NodePlacement:
     _trusted_folder(req.folder, req.caches)
     return placement(req.folder, req.root, req.manifest)
-
-
-MODEL_HANDLERS: dict[str, Callable] = {
-    "model_verify": model_verify, "model_fast_check": model_fast_check, "model_placement": model_placement,
-}

@@ -1,6 +1,6 @@
 """How the launcher reaches a node's agent: a local child (the head) or SSH (workers).
 
-The command line is fixed (`PYTHON -m dspark_launch.cluster.agent`, quoted with shlex
+The command line is fixed (`PYTHON -m dspark_launch.agent.server`, quoted with shlex
 for SSH); the request, secrets included, goes over stdin as one JSON line and the
 agent's lines come back on stdout as they are written (progress, then the answer).
 The head's agent starts with the same small login-like environment sshd gives a
@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from dspark_launch.cluster.protocol import MAX_LINE
+from dspark_launch.agent.protocol import MAX_LINE
 from dspark_launch.errors import DsparkError
 
-AGENT_MODULE = "dspark_launch.cluster.agent"
+AGENT_MODULE = "dspark_launch.agent.server"
 # What a login session carries; the head's agent gets these and nothing else from the launcher's shell.
 LOGIN_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 

@@ -4,7 +4,7 @@ and which KV cache dtypes its DeepSeek-V4 attention takes on each GPU generation
 `describe_installed_vllm()` runs on a node (the head, through its agent): it imports
 vLLM lazily and reads its own serve parser, so the answer is what that build accepts,
 not what a release note says. The result is a frozen, JSON-able `VllmOffer`;
-`python -m dspark_launch.profiles.offer` prints it, for an agent that keeps vLLM out
+`python -m dspark_launch.agent.vllm_offer` prints it, for an agent that keeps vLLM out
 of its own process.
 
 The KV judgement needs no GPU: for each compute capability in `JUDGED_CAPABILITIES` it
@@ -18,40 +18,10 @@ of that verdict (`modules` says it).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import typing
-from dataclasses import asdict, dataclass
-
-
-@dataclass(frozen=True)
-class OfferedFlag:
-    option_strings: tuple[str, ...]  # every spelling: "--tensor-parallel-size", "-tp"
-    dest: str  # argparse destination, one per flag: "tensor_parallel_size"
-    takes_value: bool  # False for switches ("--async-scheduling" / "--no-async-scheduling")
-    choices: tuple[str, ...] = ()  # the values this build accepts; () when any value goes
-
-
-@dataclass(frozen=True)
-class KvVerdict:
-    """How one `--kv-cache-dtype` value fares on one GPU generation."""
-
-    dtype: str
-    layout: str  # what the attention stores it as ("fp8" -> "fp8_ds_mla"); "" when refused
-    refusal: str = ""  # vLLM's own words when refused; "" when accepted
-
-
-@dataclass(frozen=True)
-class KvJudgement:
-    """The installed vLLM's DeepSeek-V4 attention on one compute capability, every dtype judged."""
-
-    capability: str  # "12.1"
-    attention: str  # the layer class vLLM selects there and its backend
-    verdicts: tuple[KvVerdict, ...]
-
-    def verdict(self, dtype: str) -> KvVerdict | None:
-        return next((v for v in self.verdicts if v.dtype == dtype), None)
+from dspark_launch.agent.protocol import KvJudgement, KvVerdict, OfferedFlag, VllmOffer  # noqa: F401 (the values' home)
 
 
 # GPU generations the KV judgement is run for (Hopper, Blackwell B200/B300, Thor, RTX Pro / GB10).
@@ -59,48 +29,6 @@ JUDGED_CAPABILITIES = ("9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
 # Optional libraries some flags need (found without importing them): b12x kernels (vllm/utils/b12x.py),
 # FlashInfer, the InstantTensor and fastsafetensors loaders, NVIDIA's CuTe DSL (`cutlass`), DeepGEMM.
 OPTIONAL_MODULES = ("b12x", "flashinfer", "instanttensor", "fastsafetensors", "cutlass", "deep_gemm")
-
-
-@dataclass(frozen=True)
-class VllmOffer:
-    version: str
-    flags: tuple[OfferedFlag, ...]
-    speculative_methods: tuple[str, ...]  # values of "method" in --speculative-config
-    source: str = "the installed vLLM's serve parser"
-    kv_judgements: tuple[KvJudgement, ...] = ()  # per JUDGED_CAPABILITIES; () when not judged
-    kv_judged_by: str = ""  # what judged them, or why they are not ("" in a recorded description)
-    env_names: tuple[str, ...] | None = None  # the variables vllm.envs reads; None: not known
-    modules: tuple[str, ...] | None = None  # which OPTIONAL_MODULES are installed; None: not known
-    draft_sample_methods: tuple[str, ...] = ()  # values of "draft_sample_method" in --speculative-config
-    speculative_fields: tuple[str, ...] = ()  # the keys --speculative-config takes; () not known
-
-    def judgement(self, capability: str) -> KvJudgement | None:
-        return next((j for j in self.kv_judgements if j.capability == capability), None)
-
-    def flag(self, option: str) -> OfferedFlag | None:
-        """The flag `option` names ("--kv-cache-dtype", "--no-async-scheduling", "-tp"), if offered."""
-        for flag in self.flags:
-            if option in flag.option_strings:
-                return flag
-        return None
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> VllmOffer:
-        data = json.loads(text)
-        flags = tuple(OfferedFlag(tuple(f["option_strings"]), f["dest"], bool(f["takes_value"]), tuple(f["choices"]))
-                      for f in data["flags"])
-        judgements = tuple(KvJudgement(j["capability"], j["attention"],
-                                       tuple(KvVerdict(v["dtype"], v["layout"], v.get("refusal", ""))
-                                             for v in j["verdicts"]))
-                           for j in data.get("kv_judgements", ()))
-        optional = {name: (None if data.get(name) is None else tuple(data[name])) for name in ("env_names", "modules")}
-        return cls(str(data["version"]), flags, tuple(data["speculative_methods"]),
-                   data.get("source", "a recorded description"), judgements, data.get("kv_judged_by", ""),
-                   optional["env_names"], optional["modules"], tuple(data.get("draft_sample_methods", ())),
-                   tuple(data.get("speculative_fields", ())))
 
 
 def _literal_values(annotation: object) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Iterable
 
 from dspark_launch.config.settings import is_secret
 from dspark_launch.profiles.memory import MemoryEstimate, MemoryFinding
-from dspark_launch.profiles.resolve import Decision, ResolvedProfile
+from dspark_launch.config.profile_resolve import Decision, ResolvedProfile
 
 PLAN_SCHEMA = "dspark-plan/1"
 NOT_PROBED_EXAMPLE = "not probed: its address is a placeholder from the example file"

@@ -14,56 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .manifest import MANIFEST_NAME, Manifest, ManifestFile, read_manifest
-from .paths import check_all_inside, open_regular
+from .protocol import (CORRUPT, MISSING, OVERSIZED, PARTIAL, SPECIAL, STALE, DiskSpace, NodePlacement,  # noqa: F401 (the values' home)
+                       FileProblem, VerifyReport)
+from .model_paths import check_all_inside, open_regular
 
-MISSING, PARTIAL, OVERSIZED, CORRUPT, STALE = "missing", "partial", "oversized", "corrupt", "stale"
-SPECIAL = "special"  # not a regular file (a FIFO, a device): never read
 _CHUNK = 8 << 20
 # Pure tensor files (no code, no pickle): sized at every start, hashed by `dspark model verify`.
 TENSOR_ONLY = (".safetensors", ".gguf")
-
-
-@dataclass(frozen=True)
-class FileProblem:
-    path: str
-    kind: str  # missing | partial (too short) | oversized | corrupt (sha256 differs) | stale (manifest) | special
-    expected_size: int
-    actual_size: int  # -1 when missing
-
-    def describe(self) -> str:
-        if self.kind == MISSING:
-            return f"{self.path}: missing"
-        if self.kind in (PARTIAL, OVERSIZED):
-            return f"{self.path}: {self.kind} ({self.actual_size} of {self.expected_size} bytes)"
-        if self.kind == SPECIAL:
-            return f"{self.path}: not a regular file (never read)"
-        if self.kind == STALE:
-            return f"{self.path}: no manifest of this model (never verified here, or another revision)"
-        return f"{self.path}: corrupt (sha256 differs)"
-
-
-@dataclass(frozen=True)
-class VerifyReport:
-    folder: str
-    full: bool  # True: sizes and sha256; False: sizes only (plus the stamp for a fast check)
-    files_checked: int
-    bytes_checked: int  # bytes hashed (0 for size-only checks)
-    problems: tuple[FileProblem, ...]
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    @property
-    def bad_paths(self) -> tuple[str, ...]:
-        return tuple(p.path for p in self.problems if p.kind != STALE)
-
-
-@dataclass(frozen=True)
-class DiskSpace:
-    path: str  # the path asked about
-    checked: str  # the nearest existing folder, whose filesystem was measured
-    free_bytes: int
 
 
 def sha256_file(path: Path, limit: int | None = None, on_bytes: Callable[[int], None] | None = None) -> str:
@@ -182,16 +139,6 @@ def fast_check(folder: str, expected_stamp: str) -> VerifyReport:
     small = [f for f in local.files if f.sha256 and not f.path.endswith(TENSOR_ONLY)]
     problems = tuple(p for p in (_hash_problem(Path(folder), f) for f in small) if p)
     return VerifyReport(str(folder), False, len(local.files), sum(f.size for f in small), problems)
-
-
-@dataclass(frozen=True)
-class NodePlacement:
-    """What a copy needs to know of one node, from one agent call: the sizes of the model's files there,
-    the free space where they go, and the stamp of the manifest this node last verified."""
-
-    sizes: VerifyReport  # size-only check of every file of the manifest asked about
-    space: DiskSpace
-    verified_stamp: str  # the stamp of the node's own manifest; "" when it has none (never verified here)
 
 
 def placement(folder: str, root: str, manifest: Manifest) -> NodePlacement:

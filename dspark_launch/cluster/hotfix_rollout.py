@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dspark_launch.cluster.client import ClusterFailure, Reporter
+from dspark_launch.agent.client import ClusterFailure, Reporter
 from dspark_launch.cluster.parallel import on_each
-from dspark_launch.cluster.protocol import HotfixReport, VersionRow
+from dspark_launch.agent.protocol import HotfixApply, HotfixReport, VersionQuery, VersionRow
 from dspark_launch.cluster.spec import ClusterSpec
-from dspark_launch.cluster.versions import differing_rows, matrix_lines
+from dspark_launch.agent.versions import differing_rows, matrix_lines
 from dspark_launch.profiles.gpu import GpuTarget, gpu_target
 
 
@@ -28,13 +28,13 @@ def versions_and_hotfix(spec: ClusterSpec, reporter: Reporter) -> NodeChecks:
     """Every node's version row (equal on all, or ClusterFailure with the matrix), then the hotfix on each."""
     labels = ", ".join(node.label for node in spec.nodes)
     reporter.phase(f"asking every node for its version row: {labels}")
-    versions = on_each(spec.nodes, lambda node: node.agent(reporter).node_versions())
+    versions = on_each(spec.nodes, lambda node: node.agent(reporter).call(VersionQuery()))
     differing = differing_rows(versions)
     if differing:
         raise ClusterFailure(", ".join(versions), "version matrix", f"nodes differ in {', '.join(differing)}",
                              matrix_lines(versions))
     reporter.phase(f"applying the scheduler hotfix on {labels}")
-    reports = on_each(spec.nodes, lambda node: node.agent(reporter).apply_hotfix())
+    reports = on_each(spec.nodes, lambda node: node.agent(reporter).call(HotfixApply()))
     failures = [(node, reports[node.name].failed.message) for node in spec.nodes if reports[node.name].failed]
     if failures:
         node, message = failures[0]
@@ -46,5 +46,5 @@ def versions_and_hotfix(spec: ClusterSpec, reporter: Reporter) -> NodeChecks:
 def node_gpus(spec: ClusterSpec, reporter: Reporter) -> GpuTarget:
     """The compute capability every node's version row reports (read-only: nvidia-smi and metadata), for
     resolution to judge the profile's GPU-specific flags; asked before anything starts."""
-    rows = on_each(spec.nodes, lambda node: node.agent(reporter).node_versions())
+    rows = on_each(spec.nodes, lambda node: node.agent(reporter).call(VersionQuery()))
     return gpu_target({name: row.compute_capability for name, row in rows.items()})

@@ -1,10 +1,5 @@
-"""The node end of the agent protocol: `python -m dspark_launch.cluster.agent`, one request per process.
-
-It is the only command the launcher runs on a node (over SSH for workers, as a local
-child for the head); the request, secrets included, travels on stdin, never on argv.
-The answers and progress lines are described in `protocol`. Node operations are stdlib
-only, so they answer in well under a second; the head's Ray and vLLM operations import
-those lazily (LAZY_HANDLERS), so the launcher's own process never needs them.
+"""The agent's process operations: who this node is (hello, probe, memory), and the processes the launcher
+starts and stops on it (run, spawn, alive, stop).
 
 Processes the agent starts carry `DSPARK_OWNER=<marker>` in their environment and run
 in a session of their own. Ray passes the environment to most daemons and workers; the
@@ -17,10 +12,7 @@ recycled session id is never taken for ours.
 
 from __future__ import annotations
 
-import errno
-import importlib
 import importlib.util
-import json
 import os
 import re
 import signal
@@ -29,22 +21,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 from dspark_launch import __version__
-from dspark_launch.cluster import procfs
-from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.codec import DecodeError, from_data, to_data
-from dspark_launch.cluster.versions import installed_version
-from dspark_launch.model.agent_ops import MODEL_HANDLERS
+from dspark_launch.agent import procfs
+from dspark_launch.agent import protocol as p
+from dspark_launch.agent.protocol import Report
+from dspark_launch.agent.versions import installed_version
 
 OWNER_VAR = "DSPARK_OWNER"
 # API keys never reach Ray: Ray passes its daemons' environment to every worker it starts.
 NOT_FOR_RAY = ("VLLM_API_KEY", "DSPARK_API_KEYS")
-
-Report = p.Report
-OperationFailed = p.OperationFailed
-
 
 def _same_boot(recorded_boot: str) -> bool:
     return not recorded_boot or recorded_boot == procfs.boot_id()  # records without one predate the field
@@ -110,49 +96,7 @@ def probe(req: p.Probe, report: Report) -> p.ProbeAnswer:
     return p.ProbeAnswer(
         hostname=socket.gethostname(), python=sys.executable,
         python_version=".".join(map(str, sys.version_info[:3])), modules=modules,
-        dashboard_missing=tuple(m for m in DASHBOARD_MODULES if not _importable(m)) if req.dashboard else (),
-        log_dir_error=_writable_dir(req.log_dir) if req.log_dir else None)
-
-
-def _writable_dir(path: str) -> str | None:
-    """None when `path` is (or can be made) a private log folder this user writes to; else why not,
-    naming the path."""
-    from dspark_launch.cluster.safe_path import UnsafePath, make_log_dir
-
-    try:
-        make_log_dir(Path(path))
-        probe_file = Path(path, f".write-test-{os.getpid()}")
-        os.close(os.open(probe_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
-        probe_file.unlink()
-    except UnsafePath as exc:
-        return str(exc)
-    except OSError as exc:
-        return f"{path} is not writable there ({exc.strerror or exc})"
-    return None
-
-
-def interface(req: p.InterfaceQuery, report: Report) -> p.InterfaceAnswer:
-    """Whether interface `ifname` exists here and carries address `ip`."""
-    exists = os.path.exists(f"/sys/class/net/{req.ifname}")
-    addresses: list[str] = []
-    if exists:
-        out = subprocess.run(["ip", "-j", "addr", "show", "dev", req.ifname], capture_output=True, text=True)
-        if out.returncode == 0 and out.stdout.strip():
-            for link in json.loads(out.stdout):
-                addresses += [a["local"] for a in link.get("addr_info", [])]
-    return p.InterfaceAnswer(exists, tuple(addresses), req.ip in addresses)
-
-
-def port_free(req: p.PortQuery, report: Report) -> p.PortAnswer:
-    family = socket.AF_INET6 if ":" in req.ip else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        # As servers do: a port with only TIME_WAIT leftovers of a stopped Ray is free to listen on.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((req.ip, req.port))
-        except OSError as exc:
-            return p.PortAnswer(False, os.strerror(exc.errno or errno.EADDRINUSE))
-    return p.PortAnswer(True)
+        dashboard_missing=tuple(m for m in DASHBOARD_MODULES if not _importable(m)) if req.dashboard else ())
 
 
 def meminfo(req: p.MemoryQuery, report: Report) -> p.MemoryAnswer:
@@ -174,7 +118,7 @@ def child_env(declared: dict[str, str], marker: str) -> dict[str, str]:
 
 def _open_log(path: str, rotate: bool = False):
     """The log a started process writes to (safe_path.open_log); a refusal is one typed line naming it."""
-    from dspark_launch.cluster.safe_path import UnsafePath, open_log
+    from dspark_launch.agent.safe_path import UnsafePath, open_log
 
     try:
         return open_log(Path(path), rotate)
@@ -286,8 +230,8 @@ STOPPED_KEEP_S = 86400
 
 
 def _stopped_mark(marker: str) -> Path | None:
-    from dspark_launch.cluster.ray_dirs import make_private_root
-    from dspark_launch.cluster.safe_path import UnsafePath
+    from dspark_launch.agent.ray_dirs import make_private_root
+    from dspark_launch.agent.safe_path import UnsafePath
 
     if not _MARKER.fullmatch(marker):
         return None
@@ -353,107 +297,3 @@ def terminate(targets: dict[int, p.Process], grace_s: float, kill_grace_s: float
             sig, deadline = signal.SIGKILL, time.monotonic() + kill_grace_s
         time.sleep(0.1)
     return sorted(targets)
-
-
-def tail(req: p.Tail, report: Report) -> p.TailAnswer:
-    lines: list[str] = []
-    for path in req.paths:
-        try:
-            with open(path, "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                handle.seek(max(0, handle.tell() - p.READ_CHUNK // max(1, len(req.paths))))
-                text = handle.read().decode(errors="replace").splitlines()[-req.lines:]
-        except OSError:
-            continue
-        lines += [f"==> {path} <=="] + text
-    return p.TailAnswer(tuple(lines))
-
-
-def read(req: p.ReadLog, report: Report) -> p.ReadAnswer:
-    """Bytes of a log from `offset` on (at most READ_CHUNK: the answer's line stays under MAX_LINE)."""
-    try:
-        with open(req.path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            offset = min(req.offset, handle.tell())
-            handle.seek(offset)
-            data = handle.read(p.READ_CHUNK)
-    except OSError as exc:
-        return p.ReadAnswer("", 0, exc.strerror or str(exc))
-    return p.ReadAnswer(data.decode(errors="replace"), offset + len(data))
-
-
-def glob(req: p.Glob, report: Report) -> p.GlobAnswer:
-    return p.GlobAnswer(tuple(sorted(str(path) for path in Path(req.root).glob(req.pattern))))
-
-
-HANDLERS: dict[str, Callable] = {
-    "hello": hello, "probe": probe, "interface": interface, "port_free": port_free, "meminfo": meminfo,
-    "run": run, "spawn": spawn, "alive": alive, "stop": stop, "tail": tail, "read": read,
-    "glob": glob,
-}
-# Operations whose module imports Ray or vLLM: "module:function", imported only when called.
-LAZY_HANDLERS: dict[str, str] = {
-    "ray_nodes": "dspark_launch.cluster.head_ops:ray_nodes",
-    "ray_checks": "dspark_launch.cluster.head_ops:ray_checks",
-    "check_serve_args": "dspark_launch.serve.argcheck:check_serve_args_op",
-    "ray_temp_dir": "dspark_launch.cluster.ray_dirs:ray_temp_dir",  # stdlib, kept in its feature's module
-    # model profile and fabric (issue 11)
-    **{op: f"dspark_launch.cluster.profile_ops:{op}" for op in ("describe_vllm", "fabric_env", "non_carry_over")},
-    # each node's version row and hotfix, on its own agent (launch time)
-    **{op: f"dspark_launch.cluster.node_tasks:{op}" for op in ("node_versions", "apply_hotfix")},
-}
-HANDLERS.update(MODEL_HANDLERS)  # model weights (issue 12)
-
-
-def _handler(op: str) -> Callable:
-    if op in HANDLERS:
-        return HANDLERS[op]
-    module, function = LAZY_HANDLERS[op].split(":")
-    return getattr(importlib.import_module(module), function)
-
-
-_wire = sys.stdout  # main() points this at the real stdout and everything else at stderr
-
-
-def _emit(kind: str, payload) -> None:
-    _wire.write(json.dumps({kind: to_data(payload)}) + "\n")
-    _wire.flush()
-
-
-def serve_one(line: str) -> None:
-    """Decode one request line, run its handler, write progress lines and one final line."""
-    try:
-        envelope = json.loads(line)
-        theirs = (envelope.get("protocol"), envelope.get("launcher"))
-        if theirs != (p.PROTOCOL_VERSION, __version__):
-            _emit("failure", p.Failure("version", f"dspark-launch {__version__} (protocol {p.PROTOCOL_VERSION}) "
-                                                  f"here, {theirs[1]} (protocol {theirs[0]}) on the launcher"))
-            return
-        request_type, _ = p.OPERATIONS[envelope["op"]]
-        request = from_data(request_type, envelope["request"])
-    except (ValueError, KeyError, TypeError, DecodeError) as exc:
-        _emit("failure", p.Failure("protocol", f"unreadable request: {type(exc).__name__}: {exc}"))
-        return
-    try:
-        answer = _handler(envelope["op"])(request, lambda progress: _emit("progress", progress))
-    except OperationFailed as exc:
-        _emit("failure", exc.failure)
-        return
-    except Exception as exc:  # the answer must always be a line the launcher can read
-        _emit("failure", p.Failure(envelope["op"], f"{type(exc).__name__}: {exc}"))
-        return
-    _emit("answer", answer)
-
-
-def main() -> int:
-    global _wire
-    # Only protocol lines on stdout: whatever a handler's libraries (or their children) print goes to stderr.
-    _wire = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    serve_one(sys.stdin.readline())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

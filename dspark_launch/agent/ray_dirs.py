@@ -1,4 +1,4 @@
-"""Ray's temp folders on a node, where only this user can write (agent operation, stdlib only).
+"""Ray's temp folders on a node, where only this user can write (stdlib only; the agent's `ray_temp_dir` makes them).
 
 Ray creates its folders with `os.makedirs` and chmods each to 0777, following links, and
 does so again whenever one of its processes (a driver, a worker) starts. So every Ray temp
@@ -24,8 +24,7 @@ import re
 import secrets
 from pathlib import Path
 
-from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.safe_path import PRIVATE, UnsafePath, make_dir, read_private, write_private, write_temp
+from dspark_launch.agent.safe_path import PRIVATE, UnsafePath, make_dir, read_private, write_private, write_temp
 
 ROOT_PARENT = "/tmp"  # a non-root user's private folder, under a name nobody else can know
 RUN_PARENT = "/run"  # root's: nobody else can create anything there
@@ -105,24 +104,3 @@ def _kept_suffix(renew: bool = False) -> str:
         finally:
             os.unlink(tmp)
     return read_private(path, PRIVATE, 64).decode("ascii", "replace").strip()
-
-
-def ray_temp_dir(req: p.RayTempDir, report: p.Report) -> p.RayTempDirAnswer:
-    if not NAME.fullmatch(req.name):
-        raise p.OperationFailed(p.Failure("ray temp folder", f"refusing folder name {req.name!r}"))
-    try:
-        folder = make_private_root() / req.name
-        if len(str(folder)) + SOCKET_TAIL > SOCKET_PATH_MAX:
-            raise p.OperationFailed(p.Failure("ray temp folder", f"{folder} is too long for Ray's socket paths"))
-        make_dir(folder, forbidden=0)  # inside a private folder: only this user can have set its mode
-    except UnsafePath as exc:
-        raise p.OperationFailed(p.Failure("ray temp folder", f"{exc}; refusing to start Ray there "
-                                          "(remove it if nobody should have put it there)")) from None
-    except OSError as exc:
-        where = exc.filename or req.name
-        raise p.OperationFailed(p.Failure("ray temp folder", f"{where}: cannot create it ({exc.strerror})")) from None
-    try:  # `ray start --head` refuses to start when a stale record there names its address
-        (folder / "ray_current_cluster").unlink()
-    except FileNotFoundError:
-        pass
-    return p.RayTempDirAnswer(str(folder))

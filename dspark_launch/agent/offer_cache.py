@@ -9,7 +9,7 @@ The identity is found without importing vLLM: the folder the import system would
 `vllm` from, its dist-info RECORD (every install writes a new one: its size, mtime_ns and
 sha256, which lists every installed file's hash), the vLLM plugins registered on the
 interpreter, the interpreter, and the describer (launcher and protocol versions, the sha256
-of profiles/offer.py). A vLLM without a dist-info beside it (a source checkout) is never
+of agent/vllm_offer.py). A vLLM without a dist-info beside it (a source checkout) is never
 kept. A kept file that is absent, unreadable, garbled, of another identity, a link, not
 this user's or open to others is ignored and rewritten.
 """
@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_launch import __version__
-from dspark_launch.cluster import codec
-from dspark_launch.cluster.protocol import PROTOCOL_VERSION
-from dspark_launch.cluster.ray_dirs import make_private_root
-from dspark_launch.cluster.safe_path import PRIVATE, UnsafePath, read_private, write_private
-from dspark_launch.profiles import offer as offer_module
-from dspark_launch.profiles.offer import VllmOffer
+from dspark_launch.agent import codec
+from dspark_launch.agent.protocol import PROTOCOL_VERSION
+from dspark_launch.agent.ray_dirs import make_private_root
+from dspark_launch.agent.safe_path import PRIVATE, UnsafePath, read_private, write_private
+from dspark_launch.agent import vllm_offer as offer_module
+from dspark_launch.agent.vllm_offer import VllmOffer
 
 PLUGIN_GROUPS = ("vllm.general_plugins", "vllm.platform_plugins")
 MAX_BYTES = 4 << 20  # a real offer is about 60 KiB

@@ -19,9 +19,9 @@ import socket
 import subprocess
 from pathlib import Path
 
-from dspark_launch.cluster import protocol as p
-from dspark_launch.cluster.codec import from_data
-from dspark_launch.cluster.versions import installed_version
+from dspark_launch.agent import protocol as p
+from dspark_launch.agent.codec import from_data
+from dspark_launch.agent.versions import installed_version
 
 
 def torch_cuda_version() -> str | None:

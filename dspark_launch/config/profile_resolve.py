@@ -26,7 +26,7 @@ from dspark_launch.errors import ConfigError
 from dspark_launch.profiles.catalog import profile_named
 from dspark_launch.profiles.gpu import UNKNOWN, GpuTarget
 from dspark_launch.profiles.model import EnvVar, Preference, Profile, Switch
-from dspark_launch.profiles.offer import OfferedFlag, VllmOffer
+from dspark_launch.agent.vllm_offer import OfferedFlag, VllmOffer
 
 # Settings that become `vllm serve` flags, whatever the profile: (setting, flag).
 SETTING_FLAGS: tuple[tuple[str, str], ...] = (

@@ -15,10 +15,10 @@ import os
 import stat
 from pathlib import Path
 
-from dspark_launch.cluster.safe_path import (CONTAINER_STATE_VAR, LogOwner, UnsafePath, check_ancestors, log_owner,
+from dspark_launch.agent.safe_path import (CONTAINER_STATE_VAR, LogOwner, UnsafePath, check_ancestors, log_owner,
                                              this_user, within)
 
-from .paths import model_root
+from .model_paths import model_root
 
 WRITABLE_BY_OTHERS = 0o022
 

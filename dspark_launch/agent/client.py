@@ -1,0 +1,135 @@
+"""The launcher end of the agent protocol: one `NodeAgent` per node; `call(request)` for every operation.
+
+`call` sends a typed request over the node's transport and returns the typed answer its
+operation declares (protocol.OPERATIONS, which also names the step and the timeout);
+progress lines the agent writes on the way go to the reporter. A failure on
+the node (or a node that cannot be reached) raises ClusterFailure naming the node and
+the step; a node whose launcher version differs raises VersionMismatch before anything
+was started there (the first contact of every command is a read-only operation).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol, TypeVar
+
+from dspark_launch import __version__
+from dspark_launch.agent import protocol as p
+from dspark_launch.agent.codec import DecodeError, from_data, to_data
+from dspark_launch.agent.container_transport import ContainerTransport
+from dspark_launch.agent.transport import NodeUnreachable, Transport
+from dspark_launch.errors import ConfigError, DsparkError
+from dspark_launch.agent.vllm_offer import VllmOffer
+
+A = TypeVar("A")
+# What the interpreter says when the node's dspark-launch predates dspark_launch.agent (protocol 6).
+OLDER_AGENT = "No module named 'dspark_launch.agent'"
+
+
+class Reporter(Protocol):
+    def phase(self, message: str) -> None: ...
+
+    def waiting(self, message: str, elapsed: float, timeout: float) -> None: ...
+
+    def warn(self, message: str) -> None: ...
+
+
+class SilentReporter:
+    def phase(self, message: str) -> None:
+        pass
+
+    def waiting(self, message: str, elapsed: float, timeout: float) -> None:
+        pass
+
+    def warn(self, message: str) -> None:
+        pass
+
+
+class ClusterFailure(DsparkError):
+    """A step failed on a node; `node` and `step` say where."""
+
+    def __init__(self, node: str, step: str, detail: str, extra: list[str] | tuple[str, ...] | None = None):
+        super().__init__(f"{node}: {step}: {detail}")
+        self.node, self.step, self.detail = node, step, detail
+        self.extra = list(extra or [])  # lines to show after the error (a version matrix, ...)
+
+
+class VersionMismatch(ClusterFailure):
+    """The node runs another launcher (or protocol) version: nothing is started anywhere."""
+
+
+def _show(reporter: Reporter, progress: p.Progress) -> None:
+    if progress.kind == "waiting":
+        reporter.waiting(progress.message, progress.elapsed, progress.timeout)
+    elif progress.kind == "warn":
+        reporter.warn(progress.message)
+    else:
+        reporter.phase(progress.message)
+
+
+class NodeAgent:
+    """Talks to one node's agent; `label` names the node in every error."""
+
+    def __init__(self, label: str, transport: Transport, reporter: Reporter | None = None):
+        self.label = label
+        self.transport = transport
+        self.reporter = reporter or SilentReporter()
+
+    def call(self, request: Any, step: str = "", timeout: float | None = None) -> Any:
+        """Send `request` (a protocol dataclass); returns the answer type its operation declares. `step`
+        and `timeout` default to the operation's (protocol.OPERATIONS)."""
+        operation = p.OPERATION_OF_REQUEST[type(request)]
+        op, answer_type = operation.name, operation.answer
+        step = step or operation.step
+        timeout = operation.timeout_for(request) if timeout is None else timeout
+        line = json.dumps({"protocol": p.PROTOCOL_VERSION, "launcher": __version__, "op": op,
+                           "request": to_data(request)})
+        final: list[dict] = []
+
+        def on_line(text: str) -> None:
+            try:
+                message = json.loads(text)
+            except json.JSONDecodeError:
+                return
+            if not isinstance(message, dict):
+                return
+            if "progress" in message:
+                try:
+                    _show(self.reporter, from_data(p.Progress, message["progress"]))
+                except DecodeError:
+                    pass
+            elif "answer" in message or "failure" in message:
+                final.append(message)
+
+        try:
+            self.transport.exchange(line, timeout, on_line)
+        except NodeUnreachable as exc:
+            if OLDER_AGENT in str(exc):  # a dspark-launch from before protocol 6 has no agent package
+                raise VersionMismatch(self.label, "version", f"{exc}: its dspark-launch is older than {__version__} "
+                                      f"(protocol {p.PROTOCOL_VERSION}); install the same dspark-launch on every "
+                                      f"node ({self.transport.python})") from None
+            raise ClusterFailure(self.label, step, str(exc)) from None
+        if not final:
+            raise ClusterFailure(self.label, step, f"{self.transport.description}: the agent gave no answer")
+        return self._result(final[-1], answer_type, step)
+
+    def _result(self, message: dict, answer_type: type, step: str) -> Any:
+        try:
+            if "answer" in message:
+                return from_data(answer_type, message["answer"])
+            failure = from_data(p.Failure, message["failure"])
+        except DecodeError as exc:
+            raise ClusterFailure(self.label, step, f"unreadable answer ({exc})") from None
+        if failure.step == "version":
+            raise VersionMismatch(self.label, "version", f"{failure.detail}; install the same dspark-launch "
+                                  f"on every node ({self.transport.python})")
+        if failure.config_error:
+            raise ConfigError(failure.detail)
+        raise ClusterFailure(failure.node or self.label, failure.step if failure.node else step, failure.detail,
+                             failure.extra)
+
+    def describe_vllm(self) -> VllmOffer:
+        """The installed vLLM's serve flags; kept on the node between calls unless it runs in a container (recreated
+        on every start: nothing kept there would be read again)."""
+        in_container = isinstance(self.transport, ContainerTransport)
+        return self.call(p.DescribeVllm(keep=not in_container)).offer

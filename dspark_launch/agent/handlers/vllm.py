@@ -1,0 +1,87 @@
+"""The agent's vLLM operations (head): the installed vLLM's serve flags, and its check of the serve arguments.
+
+`describe_vllm` imports vLLM in the agent's process: one request per agent
+process, and the head's interpreter is the one that will serve; a repeat for the same
+install is answered from what the node kept (offer_cache) without importing vLLM.
+`check_serve_args` runs vLLM's own parser in a child interpreter (seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+from dspark_launch.agent import protocol as p
+
+
+def describe_vllm(req: p.DescribeVllm, report: p.Report) -> p.DescribeVllmAnswer:
+    from dspark_launch.agent.offer_cache import install_identity, recall, remember
+    from dspark_launch.agent.vllm_offer import describe_installed_vllm
+
+    identity = install_identity() if req.keep else None
+    kept = recall(identity) if identity else None
+    if kept:
+        report(p.Progress("phase", f"the serve flags of {identity.distribution}, as read before from this install"))
+        return p.DescribeVllmAnswer(kept)
+    report(p.Progress("phase", "reading the installed vLLM's serve flags"))
+    offer = describe_installed_vllm()
+    if identity and identity == install_identity():  # kept only when the install did not change meanwhile
+        remember(identity, offer)
+    return p.DescribeVllmAnswer(offer)
+
+
+# The installed vLLM's own serve-argument check (moved from serve/argcheck.py, which keeps the launcher side).
+_CHECK = r"""
+import json, sys
+try:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+except ImportError:
+    from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:
+    from vllm.utils import FlexibleArgumentParser
+
+class Refused(Exception):
+    pass
+
+class Parser(FlexibleArgumentParser):
+    def error(self, message):
+        raise Refused(message)
+
+argv = json.loads(sys.stdin.read())
+try:
+    validate_parsed_serve_args(make_arg_parser(Parser(prog="vllm serve")).parse_args(argv))
+except (Refused, ValueError, TypeError) as exc:
+    print("DSPARK-ARGCHECK " + json.dumps(str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
+    sys.exit(2)
+print("DSPARK-ARGCHECK ok")
+"""
+
+
+def _die_with_parent() -> None:
+    """The checker ends with the agent that asked (an interrupted start kills the agent, never its ~10 s
+    child too): Linux's PR_SET_PDEATHSIG."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+def refusal(serve_args: list[str] | tuple[str, ...], python: str = sys.executable) -> str | None:
+    """vLLM's reason for refusing `serve_args` (model first, as after `vllm serve`), or None when accepted."""
+    proc = subprocess.run([python, "-c", _CHECK], input=json.dumps(["--model", *serve_args]), capture_output=True,
+                          text=True, timeout=300, preexec_fn=_die_with_parent)
+    verdicts = [line for line in proc.stdout.splitlines() if line.startswith("DSPARK-ARGCHECK ")]
+    if proc.returncode == 0 and verdicts == ["DSPARK-ARGCHECK ok"]:
+        return None
+    if verdicts and verdicts[-1] != "DSPARK-ARGCHECK ok":
+        return json.loads(verdicts[-1].split(" ", 1)[1])
+    detail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    raise RuntimeError(f"cannot check vllm serve arguments: {detail}; allowed: an importable vLLM")
+
+
+def check_serve_args(req: p.ServeArgsCheck, report: p.Report) -> p.ServeArgsAnswer:
+    """The head agent's `check_serve_args` operation (runs under the head's interpreter)."""
+    return p.ServeArgsAnswer(refusal(req.serve_args))

@@ -1,0 +1,744 @@
+"""The node agent's protocol: every value either end sends, frozen and typed, and the one registry of operations.
+
+Stdlib only (and `model_paths`, which checks a manifest's file names as they are decoded).
+
+Wire (one agent process per call, JSON lines):
+  launcher -> agent, one line:  {"protocol": N, "launcher": "x.y.z", "op": NAME, "request": {...}}
+  agent -> launcher, any number of progress lines {"progress": {...}}, then exactly one
+  {"answer": {...}} or {"failure": {...}}.
+The four envelope keys never change meaning. Every request carries both versions and the
+agent refuses a mismatch with a failure whose step is "version": a head and a worker from
+different launcher releases never start anything. Decoding ignores fields a type does not
+declare, so a field added to an answer is read by older launchers as if absent; a new
+field in a request needs a default. Bump PROTOCOL_VERSION when a meaning changes.
+
+Adding an operation touches two places: here, a request and an answer dataclass and one
+`Operation` line in `_OPERATIONS` (the operation's name is the request's class name in snake case);
+and the handler `def name(req, report) -> Answer` in the `handlers/` module of its subject.
+Callers send it with `NodeAgent.call(Request(...))`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from dspark_launch.agent.model_paths import require_relative  # stdlib only: checks a manifest's names
+
+PROTOCOL_VERSION = 7  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
+# 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
+# 3: FabricRequest.hca_list carries NCCL_IB_HCA as written (NCCL's ^ / = / dev:port forms), not split names
+# 4: model_verify hashes `only` the files a copy sent, with progress lines
+# 5: Stop.drain_s > 0 sends one SIGTERM and waits up to drain_s for the server to drain and end by itself
+# 6: every operation named after its request (read -> read_log, meminfo -> memory_query, ...); probe is read-only,
+#    prepare_log_dir makes the log folder
+# 7: model_placement_query (sizes, free space and the verified stamp in one call) replaces model_disk_query
+# The longest line either side reads (the launcher refuses a longer agent reply line: one clear error, the
+# agent killed); a log is read in chunks whose JSON (at most 6 bytes a character, `\u001b`) stays below it.
+MAX_LINE = 1 << 20
+READ_CHUNK = MAX_LINE // 8
+
+
+# --- model weights: the manifest (written beside the weights as .dspark-manifest.json) -----------------
+
+MANIFEST_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    path: str  # relative to the model folder, "/"-separated
+    size: int
+    sha256: str  # "" while unknown (a hub listing before the download): size-only checks
+    # The head's stat when it hashed the file (0: unknown): an unchanged file is not hashed again.
+    # Not part of the stamp (they differ between nodes).
+    mtime_ns: int = 0
+    inode: int = 0
+
+    def __post_init__(self) -> None:
+        require_relative(self.path, "manifest")  # whoever built it: a listing, a file, a verify request
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
+            raise ValueError(f"manifest: {self.path!r} has size {self.size!r}; allowed: a whole number >= 0")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    source: str  # hub repo id, or the local folder it was built from
+    revision: str  # hub commit, or "local"
+    files: tuple[ManifestFile, ...]
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def stamp(self) -> str:
+        """Identifies this exact content: equal stamps mean equal paths, sizes and hashes."""
+        canonical = json.dumps([self.source, self.revision, [[f.path, f.size, f.sha256] for f in self.files]],
+                               separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+    def to_json(self) -> str:
+        return json.dumps({"format": MANIFEST_FORMAT, "source": self.source, "revision": self.revision, "stamp": self.stamp,
+                           "files": [{"path": f.path, "size": f.size, "sha256": f.sha256, "mtime_ns": f.mtime_ns,
+                                      "inode": f.inode} for f in self.files]},
+                          indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Manifest":
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+            raise ValueError(f"not a manifest of format {MANIFEST_FORMAT}")
+        manifest = cls(str(data["source"]), str(data["revision"]),
+                       tuple(ManifestFile(str(f["path"]), int(f["size"]), str(f["sha256"]), int(f.get("mtime_ns", 0)),
+                                          int(f.get("inode", 0))) for f in data["files"]))
+        if data.get("stamp") != manifest.stamp:
+            raise ValueError("manifest stamp does not match its content")
+        return manifest
+
+
+MISSING, PARTIAL, OVERSIZED, CORRUPT, STALE = "missing", "partial", "oversized", "corrupt", "stale"
+SPECIAL = "special"  # not a regular file (a FIFO, a device): never read
+
+
+@dataclass(frozen=True)
+class FileProblem:
+    path: str
+    kind: str  # missing | partial (too short) | oversized | corrupt (sha256 differs) | stale (manifest) | special
+    expected_size: int
+    actual_size: int  # -1 when missing
+
+    def describe(self) -> str:
+        if self.kind == MISSING:
+            return f"{self.path}: missing"
+        if self.kind in (PARTIAL, OVERSIZED):
+            return f"{self.path}: {self.kind} ({self.actual_size} of {self.expected_size} bytes)"
+        if self.kind == SPECIAL:
+            return f"{self.path}: not a regular file (never read)"
+        if self.kind == STALE:
+            return f"{self.path}: no manifest of this model (never verified here, or another revision)"
+        return f"{self.path}: corrupt (sha256 differs)"
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    folder: str
+    full: bool  # True: sizes and sha256; False: sizes only (plus the stamp for a fast check)
+    files_checked: int
+    bytes_checked: int  # bytes hashed (0 for size-only checks)
+    problems: tuple[FileProblem, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def bad_paths(self) -> tuple[str, ...]:
+        return tuple(p.path for p in self.problems if p.kind != STALE)
+
+
+@dataclass(frozen=True)
+class DiskSpace:
+    path: str  # the path asked about
+    checked: str  # the nearest existing folder, whose filesystem was measured
+    free_bytes: int
+
+
+@dataclass(frozen=True)
+class NodePlacement:
+    """What a copy needs to know of one node, from one agent call: the sizes of the model's files there,
+    the free space where they go, and the stamp of the manifest this node last verified."""
+
+    sizes: VerifyReport  # size-only check of every file of the manifest asked about
+    space: DiskSpace
+    verified_stamp: str  # the stamp of the node's own manifest; "" when it has none (never verified here)
+
+
+# --- the fabric and the installed vLLM, as the nodes report them -------------------------------------
+
+@dataclass(frozen=True)
+class FabricRequest:
+    """What one node needs to work out its fabric environment (built by the launcher, sent to the node's agent)."""
+
+    node: str  # "head", "worker1": for messages
+    ifname: str  # the fabric interface on this node
+    fabric_ip: str  # the node's fabric IP (Ray's --node-ip-address)
+    hca_list: str = ""  # NCCL_IB_HCA as the operator gave it (for this node), NCCL's form; "" = found in sysfs
+    gid_index: str = ""  # NCCL_IB_GID_INDEX given by the operator (for this node); "" = found in sysfs
+    socket_ifnames: tuple[tuple[str, str], ...] = ()  # NCCL_/GLOO_/TP_SOCKET_IFNAME the operator set
+
+
+@dataclass(frozen=True)
+class FabricEnv:
+    """One node's fabric environment, and how each value was found."""
+
+    node: str
+    env: tuple[tuple[str, str], ...]
+    hcas: tuple[str, ...]
+    gid_index: str
+    roce: bool  # False: NCCL falls back to TCP sockets
+    notes: tuple[str, ...]
+    warnings: tuple[str, ...]
+    missing: str = ""  # when not `roce`: what is missing, one line naming the interface (start refuses on it)
+
+
+@dataclass(frozen=True)
+class OfferedFlag:
+    option_strings: tuple[str, ...]  # every spelling: "--tensor-parallel-size", "-tp"
+    dest: str  # argparse destination, one per flag: "tensor_parallel_size"
+    takes_value: bool  # False for switches ("--async-scheduling" / "--no-async-scheduling")
+    choices: tuple[str, ...] = ()  # the values this build accepts; () when any value goes
+
+
+@dataclass(frozen=True)
+class KvVerdict:
+    """How one `--kv-cache-dtype` value fares on one GPU generation."""
+
+    dtype: str
+    layout: str  # what the attention stores it as ("fp8" -> "fp8_ds_mla"); "" when refused
+    refusal: str = ""  # vLLM's own words when refused; "" when accepted
+
+
+@dataclass(frozen=True)
+class KvJudgement:
+    """The installed vLLM's DeepSeek-V4 attention on one compute capability, every dtype judged."""
+
+    capability: str  # "12.1"
+    attention: str  # the layer class vLLM selects there and its backend
+    verdicts: tuple[KvVerdict, ...]
+
+    def verdict(self, dtype: str) -> KvVerdict | None:
+        return next((v for v in self.verdicts if v.dtype == dtype), None)
+
+
+@dataclass(frozen=True)
+class VllmOffer:
+    version: str
+    flags: tuple[OfferedFlag, ...]
+    speculative_methods: tuple[str, ...]  # values of "method" in --speculative-config
+    source: str = "the installed vLLM's serve parser"
+    kv_judgements: tuple[KvJudgement, ...] = ()  # per JUDGED_CAPABILITIES; () when not judged
+    kv_judged_by: str = ""  # what judged them, or why they are not ("" in a recorded description)
+    env_names: tuple[str, ...] | None = None  # the variables vllm.envs reads; None: not known
+    modules: tuple[str, ...] | None = None  # which OPTIONAL_MODULES are installed; None: not known
+    draft_sample_methods: tuple[str, ...] = ()  # values of "draft_sample_method" in --speculative-config
+    speculative_fields: tuple[str, ...] = ()  # the keys --speculative-config takes; () not known
+
+    def judgement(self, capability: str) -> KvJudgement | None:
+        return next((j for j in self.kv_judgements if j.capability == capability), None)
+
+    def flag(self, option: str) -> OfferedFlag | None:
+        """The flag `option` names ("--kv-cache-dtype", "--no-async-scheduling", "-tp"), if offered."""
+        for flag in self.flags:
+            if option in flag.option_strings:
+                return flag
+        return None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> VllmOffer:
+        data = json.loads(text)
+        flags = tuple(OfferedFlag(tuple(f["option_strings"]), f["dest"], bool(f["takes_value"]), tuple(f["choices"]))
+                      for f in data["flags"])
+        judgements = tuple(KvJudgement(j["capability"], j["attention"],
+                                       tuple(KvVerdict(v["dtype"], v["layout"], v.get("refusal", ""))
+                                             for v in j["verdicts"]))
+                           for j in data.get("kv_judgements", ()))
+        optional = {name: (None if data.get(name) is None else tuple(data[name])) for name in ("env_names", "modules")}
+        return cls(str(data["version"]), flags, tuple(data["speculative_methods"]),
+                   data.get("source", "a recorded description"), judgements, data.get("kv_judged_by", ""),
+                   optional["env_names"], optional["modules"], tuple(data.get("draft_sample_methods", ())),
+                   tuple(data.get("speculative_fields", ())))
+
+
+# --- values shared by several operations ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Session:
+    """A process group we started (its leader's pid = sid), in the boot it was started in."""
+    sid: int
+    start_time: int
+    boot_id: str = ""
+
+
+@dataclass(frozen=True)
+class Process:
+    """A process by identity: pid plus start time (and boot), so a reused pid never matches."""
+    pid: int
+    start_time: int
+    sid: int | None = None
+    boot_id: str = ""
+    cmd: str = ""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A line the CLI's reporter shows while an operation runs on a node."""
+    kind: str  # phase | waiting | warn
+    message: str
+    elapsed: float = 0.0
+    timeout: float = 0.0
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why an operation failed; `node` names another node when the head reports on it."""
+    step: str
+    detail: str
+    node: str = ""
+    extra: tuple[str, ...] = ()
+    config_error: bool = False  # bad configuration (exit 2), e.g. a refused serve argument
+
+
+Report = Callable[[Progress], None]  # what a handler calls to send a progress line
+
+
+class OperationFailed(Exception):
+    """Raised by a handler for a failure the launcher shows as it is (typed, not a traceback).
+
+    Defined here, not in `agent`, which runs as `__main__`: a handler module importing the agent
+    would get a second copy of the class, and the agent would not recognise its raise."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(failure.detail)
+        self.failure = failure
+
+
+# --- node operations (stdlib only on the node) ---------------------------------------------------
+
+@dataclass(frozen=True)
+class Hello:
+    pass
+
+
+@dataclass(frozen=True)
+class HelloAnswer:
+    protocol: int
+    launcher: str
+    hostname: str
+    python: str
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Read-only: interpreter, installed modules, and (with `dashboard`) what Ray's dashboard lacks."""
+    dashboard: bool = False
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    found: bool
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    hostname: str
+    python: str
+    python_version: str
+    modules: dict[str, ModuleInfo]
+    dashboard_missing: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PrepareLogDir:
+    """Make (or find) the private log folder `path` and write to it once."""
+    path: str
+
+
+@dataclass(frozen=True)
+class PrepareLogDirAnswer:
+    error: str | None  # why it is not a private folder this user writes to, naming it; None when it is
+
+
+@dataclass(frozen=True)
+class InterfaceQuery:
+    ifname: str
+    ip: str
+
+
+@dataclass(frozen=True)
+class InterfaceAnswer:
+    exists: bool
+    addresses: tuple[str, ...]
+    has_ip: bool
+
+
+@dataclass(frozen=True)
+class PortQuery:
+    ip: str
+    port: int
+
+
+@dataclass(frozen=True)
+class PortAnswer:
+    free: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class MemoryQuery:
+    pass
+
+
+@dataclass(frozen=True)
+class MemoryAnswer:
+    total_bytes: int | None  # MemTotal
+    available_bytes: int | None = None  # MemAvailable: what vLLM's start-up gate reads on a GB10
+    nvidia_gpu: bool = False  # an NVIDIA GPU is visible (/dev/nvidia0 ...): vLLM runs its CUDA platform
+
+
+@dataclass(frozen=True)
+class Run:
+    """Run argv to completion (output to `log`) with exactly `env` plus the owner marker."""
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(repr=False)
+    marker: str
+    log: str = ""
+    timeout: float | None = None
+    sessions: tuple[Session, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunAnswer:
+    returncode: int | None  # None: still running at the timeout
+    session: Session
+    processes: tuple[Process, ...]
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """Start argv detached (own session, output to `log`) with exactly `env` plus the marker."""
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(repr=False)
+    marker: str
+    log: str
+    cwd: str = ""
+    rotate_log: bool = False  # keep the previous log as LOG.1
+
+
+@dataclass(frozen=True)
+class SpawnAnswer:
+    process: Process
+    session: Session
+
+
+@dataclass(frozen=True)
+class AliveQuery:
+    processes: tuple[Process, ...]
+
+
+@dataclass(frozen=True)
+class AliveAnswer:
+    alive: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class Stop:
+    marker: str
+    processes: tuple[Process, ...] = ()
+    sessions: tuple[Session, ...] = ()
+    grace_s: float = 5.0
+    drain_s: float = 0.0  # > 0: one SIGTERM, then up to drain_s for the processes to end by themselves
+
+
+@dataclass(frozen=True)
+class StopAnswer:
+    stopped: tuple[int, ...]
+    left: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Tail:
+    paths: tuple[str, ...]
+    lines: int = 40
+
+
+@dataclass(frozen=True)
+class TailAnswer:
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReadLog:
+    path: str
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class ReadAnswer:
+    text: str
+    offset: int
+    missing: str = ""
+
+
+@dataclass(frozen=True)
+class Glob:
+    root: str
+    pattern: str
+
+
+@dataclass(frozen=True)
+class GlobAnswer:
+    paths: tuple[str, ...]
+
+
+# --- head operations (the head's agent imports Ray or vLLM for these) -----------------------------
+
+@dataclass(frozen=True)
+class ExpectedNode:
+    name: str
+    ip: str
+
+
+@dataclass(frozen=True)
+class RayNode:
+    node_id: str
+    ip: str
+    alive: bool
+    gpus: float = 0.0
+
+
+@dataclass(frozen=True)
+class RayNodesQuery:
+    """Ray's own list of nodes (from the GCS; no driver is started)."""
+    address: str
+    env: dict[str, str] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class RayNodesAnswer:
+    nodes: tuple[RayNode, ...]
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    """One node's row of the version matrix; every field must be equal on all nodes."""
+    python: str | None = None
+    vllm: str | None = None
+    ray: str | None = None
+    torch: str | None = None
+    cuda: str | None = None
+    driver: str | None = None
+    compute_capability: str | None = None  # the GPU's, "12.1" on a GB10 (nvidia-smi); None without a GPU
+    nccl: str | None = None  # the NCCL vLLM loads there (VLLM_NCCL_SO_PATH, torch's nvidia-nccl wheel, the system's)
+    dspark_launch: str | None = None
+    scheduler_sha256: str | None = None
+    hostname: str | None = None  # shown, not compared
+    image: str | None = None  # the node container's image id (DSPARK_RUNTIME=docker|podman); None on a host
+
+
+@dataclass(frozen=True)
+class HotfixResult:
+    """The part of the hotfix tool's result the launcher reads (hotfix.Result has more)."""
+    action: str
+    code: int
+    state: str
+    message: str
+    vllm_version: str = ""
+    patch_version: int | None = None
+
+
+@dataclass(frozen=True)
+class HotfixReport:
+    hostname: str
+    apply: HotfixResult
+    status: HotfixResult
+
+    @property
+    def failed(self) -> HotfixResult | None:
+        return self.apply if self.apply.code != 0 else (self.status if self.status.code != 0 else None)
+
+
+@dataclass(frozen=True)
+class RayChecks:
+    """On the head, from the GCS's node table (no driver): wait until every node joined Ray once,
+    then check each one's registered IP and GPUs. Streams progress."""
+    address: str
+    env: dict[str, str] = field(repr=False)
+    nodes: tuple[ExpectedNode, ...]
+    gpus_per_node: int
+    join_timeout_s: float
+    ignore_node_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RayChecksAnswer:
+    nodes: tuple[RayNode, ...]  # as Ray registered them, in the order of the request's nodes
+
+
+@dataclass(frozen=True)
+class ServeArgsCheck:
+    """The `vllm serve` arguments (model first) through the installed vLLM's own parser."""
+    serve_args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ServeArgsAnswer:
+    refused: str | None  # vLLM's reason, or None when accepted
+
+
+# --- model weights (issue 12): agent.model_files run on the node ----------------------------------------
+
+@dataclass(frozen=True)
+class ModelVerify:
+    """Every file of `manifest` in `folder`: sizes, and with `full` each sha256 (`only`: of those files alone)."""
+    folder: str
+    manifest: Manifest
+    full: bool
+    only: tuple[str, ...] | None = None
+    caches: tuple[str, ...] = ()  # cache folders checked like the model folder (agent.model_folder)
+
+
+@dataclass(frozen=True)
+class ModelFastCheck:
+    """The start pre-flight: the folder and caches safe (agent.model_folder), this node's manifest has
+    `stamp`, every file its size, every file but the tensor shards its sha256."""
+    folder: str
+    stamp: str
+    caches: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModelPlacementQuery:
+    """Before a copy, in one round trip: the folder and caches safe (agent.model_folder), every file of
+    `manifest` in `folder` its size, the free space under `root`, the stamp this node last verified."""
+    folder: str
+    root: str
+    manifest: Manifest
+    caches: tuple[str, ...] = ()
+
+
+# --- Ray's private temp folders (security review, issue 14) --------------------------------------
+
+@dataclass(frozen=True)
+class RayTempDir:
+    """Prepare Ray's temp folder `name` in this user's private folder (and forget `ray start`'s last
+    address there)."""
+    name: str
+
+
+@dataclass(frozen=True)
+class RayTempDirAnswer:
+    path: str
+
+
+# --- model profile and fabric (issue 11) ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DescribeVllm:
+    """The installed vLLM's serve parser as data (head: imports vLLM, seconds; a repeat for the same
+    install is answered from the node's private folder, see offer_cache)."""
+    keep: bool = True  # False in a container: recreated on every start, nothing kept there would be read
+
+
+@dataclass(frozen=True)
+class DescribeVllmAnswer:
+    offer: VllmOffer
+
+
+@dataclass(frozen=True)
+class FabricQuery:
+    """One node's fabric environment from its sysfs."""
+    request: FabricRequest
+    sysfs_root: str = ""  # tests only (DSPARK_TEST_SYSFS_ROOT forwarded by the launcher): a fake sysfs tree
+
+
+@dataclass(frozen=True)
+class FabricAnswer:
+    fabric: FabricEnv
+
+
+@dataclass(frozen=True)
+class NonCarryOver:
+    """Head: write vLLM's list of variables it must not copy from the driver to its Ray workers."""
+    config_root: str
+
+
+@dataclass(frozen=True)
+class NonCarryOverAnswer:
+    path: str
+
+
+# --- each node's version row and hotfix, on its own agent (launch time) --------------------------
+
+@dataclass(frozen=True)
+class VersionQuery:
+    """This node's row of the version matrix (files and metadata only: nothing imported)."""
+
+
+@dataclass(frozen=True)
+class HotfixApply:
+    """Apply the scheduler hotfix to the vLLM this node's interpreter (Ray's) imports, then verify it."""
+
+
+# --- the one registry ------------------------------------------------------------------------------
+
+AGENT_TIMEOUT_S = 60
+HOTFIX_TIMEOUT_S = 120
+MODEL_VERIFY_TIMEOUT_S = 3 * 3600  # a full sha256 of 160 GB reads every byte (minutes at disk speed)
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One agent operation: its request and answer types, its handler and how the launcher waits for it."""
+    request: type
+    answer: type
+    handler: str  # "module:function" in dspark_launch.agent.handlers, imported by the agent only when called
+    step: str  # names the step in the launcher's error line
+    timeout: float | Callable[[Any], float] = AGENT_TIMEOUT_S  # seconds, or a function of the request
+
+    @property
+    def name(self) -> str:
+        return op_name(self.request)
+
+    def timeout_for(self, request: Any) -> float:
+        return self.timeout(request) if callable(self.timeout) else self.timeout
+
+
+def op_name(request_type: type) -> str:
+    """The operation's name on the wire: its request's class name in snake case (ReadLog -> read_log)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", request_type.__name__).lower()
+
+
+_OPERATIONS = (
+    # processes and the node itself (handlers/processes.py)
+    Operation(Hello, HelloAnswer, "processes:hello", "agent", 30),
+    Operation(Probe, ProbeAnswer, "processes:probe", "agent"),
+    Operation(MemoryQuery, MemoryAnswer, "processes:meminfo", "memory"),
+    Operation(Run, RunAnswer, "processes:run", "run"),
+    Operation(Spawn, SpawnAnswer, "processes:spawn", "spawn"),
+    Operation(AliveQuery, AliveAnswer, "processes:alive", "status", 30),
+    Operation(Stop, StopAnswer, "processes:stop", "stop", lambda req: 90 + req.drain_s),
+    # files and logs (handlers/files.py)
+    Operation(PrepareLogDir, PrepareLogDirAnswer, "files:prepare_log_dir", "log folder"),
+    Operation(Tail, TailAnswer, "files:tail", "logs"),
+    Operation(ReadLog, ReadAnswer, "files:read", "logs"),
+    Operation(Glob, GlobAnswer, "files:glob", "logs"),
+    # Ray (handlers/ray.py; the head's node table imports Ray when called)
+    Operation(PortQuery, PortAnswer, "ray:port_free", "ray port"),
+    Operation(RayTempDir, RayTempDirAnswer, "ray:ray_temp_dir", "ray temp folder"),
+    Operation(RayNodesQuery, RayNodesAnswer, "ray:ray_nodes", "ray nodes", 20),
+    Operation(RayChecks, RayChecksAnswer, "ray:ray_checks", "ray checks"),
+    # vLLM (handlers/vllm.py; imports vLLM, or runs it in a child, when called)
+    Operation(DescribeVllm, DescribeVllmAnswer, "vllm:describe_vllm", "installed vLLM", 300),
+    Operation(ServeArgsCheck, ServeArgsAnswer, "vllm:check_serve_args", "serve arguments", 300),
+    # fabric (handlers/fabric.py)
+    Operation(InterfaceQuery, InterfaceAnswer, "fabric:interface", "fabric interface"),
+    Operation(FabricQuery, FabricAnswer, "fabric:fabric_env", "fabric"),
+    Operation(NonCarryOver, NonCarryOverAnswer, "fabric:non_carry_over", "vLLM config folder"),
+    # model weights (handlers/model.py)
+    Operation(ModelVerify, VerifyReport, "model:model_verify", "model verify",
+              lambda req: MODEL_VERIFY_TIMEOUT_S if req.full else 120),
+    Operation(ModelFastCheck, VerifyReport, "model:model_fast_check", "model check", 120),
+    Operation(ModelPlacementQuery, NodePlacement, "model:model_placement", "model disk", 120),
+    # version row and scheduler hotfix (handlers/hotfix.py)
+    Operation(VersionQuery, VersionRow, "hotfix:node_versions", "versions"),
+    Operation(HotfixApply, HotfixReport, "hotfix:apply_hotfix", "hotfix", HOTFIX_TIMEOUT_S),
+)
+OPERATIONS: dict[str, Operation] = {operation.name: operation for operation in _OPERATIONS}
+OPERATION_OF_REQUEST: dict[type, Operation] = {operation.request: operation for operation in _OPERATIONS}
