@@ -12,7 +12,7 @@ from pathlib import Path
 from dspark_launch.agent.client import NodeAgent, Reporter
 from dspark_launch.agent.container_transport import ContainerTransport
 from dspark_launch.agent.host_shell import LocalHost, SSHHost
-from dspark_launch.agent.fabric import NODE_FABRIC_NAMES, FabricRequest
+from dspark_launch.agent.fabric import FabricRequest
 from dspark_launch.agent.transport import LocalTransport, SSHTransport, Transport
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError
