@@ -401,6 +401,7 @@ LAZY_HANDLERS: dict[str, str] = {
     **{op: f"dspark_launch.cluster.profile_ops:{op}" for op in ("describe_vllm", "fabric_env", "non_carry_over")},
     # each node's version row and hotfix, on its own agent (launch time)
     **{op: f"dspark_launch.cluster.node_tasks:{op}" for op in ("node_versions", "apply_hotfix")},
+    "scheduler_control": "dspark_launch.serve.control_op:scheduler_control",  # stdlib (issue 24)
 }
 HANDLERS.update(MODEL_HANDLERS)  # model weights (issue 12)
 

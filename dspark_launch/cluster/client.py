@@ -207,3 +207,6 @@ class NodeAgent:
 
     def apply_hotfix(self) -> p.HotfixReport:
         return self.call(p.HotfixApply(), "hotfix", HOTFIX_TIMEOUT_S)
+
+    def scheduler_control(self, path: str, text: str = "", remove: bool = False) -> p.SchedulerControlAnswer:
+        return self.call(p.SchedulerControl(path, text, remove), "scheduler control file")

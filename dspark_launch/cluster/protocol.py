@@ -25,11 +25,12 @@ from dspark_launch.model.node_check import DiskSpace, VerifyReport
 from dspark_launch.cluster.fabric import FabricEnv, FabricRequest  # stdlib-only values
 from dspark_launch.profiles.offer import VllmOffer  # stdlib-only values
 
-PROTOCOL_VERSION = 5  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
+PROTOCOL_VERSION = 6  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
 # 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
 # 3: FabricRequest.hca_list carries NCCL_IB_HCA as written (NCCL's ^ / = / dev:port forms), not split names
 # 4: model_verify hashes `only` the files a copy sent, with progress lines
 # 5: Stop.drain_s > 0 sends one SIGTERM and waits up to drain_s for the server to drain and end by itself
+# 6: scheduler_control writes (or removes) the patched scheduler's control file (issue 24, `dspark reload`)
 # The longest line either side reads (the launcher refuses a longer agent reply line: one clear error, the
 # agent killed); a log is read in chunks whose JSON (at most 6 bytes a character, `\u001b`) stays below it.
 MAX_LINE = 1 << 20
@@ -442,6 +443,23 @@ class HotfixApply:
     """Apply the scheduler hotfix to the vLLM this node's interpreter (Ray's) imports, then verify it."""
 
 
+# --- the scheduler's live values (issue 24, `dspark reload`) -------------------------------------
+
+@dataclass(frozen=True)
+class SchedulerControl:
+    """Replace the patched scheduler's control file at `path` by `text` (a new 0600 file of the serving
+    user renamed over it, in a folder only that user can write), or remove it (`remove`)."""
+    path: str
+    text: str = ""
+    remove: bool = False
+
+
+@dataclass(frozen=True)
+class SchedulerControlAnswer:
+    path: str
+    existed: bool  # a file was there before
+
+
 OPERATIONS: dict[str, tuple[type, type]] = {
     "hello": (Hello, HelloAnswer),
     "probe": (Probe, ProbeAnswer),
@@ -471,6 +489,8 @@ OPERATIONS: dict[str, tuple[type, type]] = {
     # each node's version row and hotfix, on its own agent (launch time)
     "node_versions": (VersionQuery, VersionRow),
     "apply_hotfix": (HotfixApply, HotfixReport),
+    # the scheduler's live values (issue 24)
+    "scheduler_control": (SchedulerControl, SchedulerControlAnswer),
 }
 
 OP_OF_REQUEST: dict[type, str] = {request: name for name, (request, _) in OPERATIONS.items()}

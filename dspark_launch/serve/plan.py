@@ -9,11 +9,12 @@ from pathlib import Path
 from dspark_launch.cluster.fabric import FabricEnv
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.config.settings import Settings
-from dspark_launch.hotfix.contract import ENV_CAP, ENV_DIAG, ENV_GATE_MODE
+from dspark_launch.hotfix.contract import ENV_CAP, ENV_CONTROL, ENV_DIAG, ENV_GATE_MODE
 from dspark_launch.profiles.resolve import Decision, KvCacheChoice, ResolvedProfile
 
 ENTRY_MODULE = "dspark_launch.serve.entry"
 VLLM_CONFIG_DIR = "vllm-config"  # in the state folder: VLLM_CONFIG_ROOT of vllm serve (its non-carry-over list)
+CONTROL_FILE = "scheduler-control"  # in the state folder: the scheduler's live values (`dspark reload`)
 SECRET_ENV = ("VLLM_API_KEY", "DSPARK_API_KEYS", "RAY_AUTH_TOKEN")
 
 
@@ -44,6 +45,7 @@ class ServePlan:
     revision: str = ""
     config_root: str = ""  # VLLM_CONFIG_ROOT: the head writes the non-carry-over list there
     drain_timeout_s: int = 0  # the --shutdown-timeout passed (0: none, stop aborts in-flight requests)
+    control_file: str = ""  # the scheduler's control file (ENV_CONTROL), written by `dspark reload`
 
     @property
     def argv(self) -> list[str]:
@@ -77,6 +79,7 @@ def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], r
         ENV_CAP: settings[ENV_CAP],
         ENV_GATE_MODE: settings[ENV_GATE_MODE],
         ENV_DIAG: settings[ENV_DIAG],
+        ENV_CONTROL: str(spec.state_dir / CONTROL_FILE),
         "RAY_ADDRESS": spec.ray_address,
         "VLLM_HOST_IP": spec.head.ip,
         "HF_HUB_OFFLINE": settings["HF_HUB_OFFLINE"],
@@ -96,7 +99,7 @@ def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], r
                      tuple(settings.public_values().items()), settings.digest(), resolved.profile,
                      resolved.decisions, resolved.chat, resolved.kv_cache.layout, resolved.kv_cache,
                      resolved.max_model_len, resolved.gpu_memory_utilization, resolved.revision, str(config_root),
-                     resolved.drain_timeout_s)
+                     resolved.drain_timeout_s, str(spec.state_dir / CONTROL_FILE))
 
 
 def api_key(settings: Settings) -> str:

@@ -210,7 +210,7 @@ def restart_kind_of(settings: Settings, spec: ClusterSpec, state: Deployment | N
 
     if state is not None and state.launcher_version != __version__:
         return RestartKind(False, f"the record is of dspark-launch {state.launcher_version}, this is {__version__}")
-    running = state.server.settings if state and state.server else None
+    running = state.server.running_settings if state and state.server else None
     return restart_kind(running, settings.public_values(), running is not None and _ray_up(spec, state))
 
 
@@ -285,7 +285,9 @@ def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment,
     server = ServerRecord(marker=marker, log=log, url=plan.base_url, served_name=plan.served_name, model=plan.model,
                           started_at=time.time(), settings=dict(plan.settings), digest=plan.settings_digest,
                           cap=plan.cap, profile=plan.profile, decisions=[d.line for d in plan.decisions],
-                          chat=plan.chat, drain_s=plan.drain_timeout_s)
+                          chat=plan.chat, drain_s=plan.drain_timeout_s, control_file=plan.control_file)
+    if plan.control_file:  # a new scheduler starts from the plan's values, never a past reload's
+        head.scheduler_control(plan.control_file, remove=True)
     try:
         # Inside the try: an interrupt while the agent spawns still stops the server (found by its marker).
         answer = head.spawn(Spawn(tuple(plan.argv), plan.full_env(), marker, log, rotate_log=True), "vllm serve")
@@ -469,6 +471,8 @@ class ServerView:
     drift: tuple[Drift, ...] = ()
     profile: str = ""
     decisions: tuple[str, ...] = ()  # the profile's decision lines at start
+    live: dict[str, str] = field(default_factory=dict)  # live settings `dspark reload` changed since the start
+    live_since: float | None = None  # when they were in force
 
 
 @dataclass(frozen=True)
@@ -505,8 +509,8 @@ def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | N
         uptime_s=round(time.time() - server.started_at) if alive else None, healthy=healthy,
         cap=server.scheduler_cap if server.scheduler_cap is not None else server.cap,
         kv_cache_tokens=server.kv_cache_tokens, metrics=http.metrics(server.url, probe) if healthy else {},
-        drift=drift(server.settings, settings.public_values()), profile=server.profile,
-        decisions=tuple(server.decisions))
+        drift=drift(server.running_settings, settings.public_values()), profile=server.profile,
+        decisions=tuple(server.decisions), live=dict(server.live), live_since=server.live_since)
 
 
 def _server_log(spec: ClusterSpec, server: ServerRecord) -> str:
