@@ -105,3 +105,15 @@ def test_the_values_waited_for_are_the_schedulers_parse_of_the_settings():
         "prefill tokens, diagnostics on\n")[0]
     assert line.changes == "cap 1 -> 2" and InForce(2, 1, True).shown_by(line)
     assert not InForce(2, 2, True).shown_by(line)
+
+
+def test_a_reloaded_value_is_not_drift_and_restart_sees_it_as_running(tmp_path):
+    from dspark_launch.serve.restart_kind import restart_kind
+    from dspark_launch.serve.service import drift
+
+    _, server = recorded_server(tmp_path)
+    now = settings_in(tmp_path, DSPARK_MAX_INFLIGHT_PREFILLS="2").public_values()
+    assert [d.name for d in drift(server.running_settings, now)] == ["DSPARK_MAX_INFLIGHT_PREFILLS"]
+    server.live = {"DSPARK_MAX_INFLIGHT_PREFILLS": "2"}
+    assert drift(server.running_settings, now) == ()
+    assert restart_kind(server.running_settings, now, True).why == "no setting changed"
