@@ -4,7 +4,7 @@ cluster-level setting changed (RAY_OBJECT_STORE_MB: full, Ray down and up on bot
 `--rounds` times, alternating values; whether the Ray pids stayed is recorded per restart.
 
 Under streaming load (issue 24 point 1): STREAMS streaming chats in flight from inside the head node,
-then the cap changed 1 <-> 2 with `dspark reload` (the time the launcher measured from writing the
+then the cap changed 1 -> 2 with `dspark reload` (the time the launcher measured from writing the
 control file to the engine's `(live)` line, the command's wall time, streams cut), against the same
 change made with `dspark restart` (serve-only, drained) and a full restart (cluster-level change).
 
@@ -107,10 +107,12 @@ def main(argv: list[str]) -> int:
     loaded: dict[str, list[dict]] = {"reload": [], "restart": [], "full": []}
     try:
         env = write_env_file(WORK / "dspark.env", {**cluster_values(tb, WORK / "state"), **serving_values(model),
-                                                   "VLLM_API_KEY": "sk-dspark-bench-restarts"})
+                                                   "VLLM_API_KEY": "sk-dspark-bench-restarts",
+                                                   "MAX_MODEL_LEN": "1024", "MAX_NUM_BATCHED_TOKENS": "1024"})
         dspark(tb, env, "start")
         for index in range(rounds):
-            for kind, values in (("reload", ("2", "1")), ("restart", ("2", "1")), ("full", ("160", "128"))):
+            # The cap is 1 before each round: reload takes it to 2, restart back to 1.
+            for kind, values in (("reload", ("2", "2")), ("restart", ("1", "1")), ("full", ("160", "128"))):
                 loaded[kind].append(under_load(tb, env, kind, values[index % 2]))
                 print(f"under load, {kind}: {loaded[kind][-1]}", flush=True)
         for index in range(0 if "--under-load-only" in argv else rounds):
@@ -134,7 +136,7 @@ def main(argv: list[str]) -> int:
     result.update({"host": platform.node(), "cpus": __import__("os").cpu_count()})
     result["cap_change_under_load"] = {
         "method": f"{STREAMS} streaming chats of {STREAM_TOKENS} tokens in flight (inside the head node), then "
-                  "DSPARK_MAX_INFLIGHT_PREFILLS 1 <-> 2 applied by `dspark reload` or `dspark restart` "
+                  "DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2 applied by `dspark reload`, 2 -> 1 by `dspark restart` "
                   "(serve-only, drained), or RAY_OBJECT_STORE_MB changed and `dspark restart` (full); "
                   "write_to_in_force_s: the launcher's time from writing the control file to the engine's "
                   "(live) line; command_s: the command's wall time",

@@ -127,7 +127,7 @@ def test_reload_changes_the_cap_under_load_and_refuses_a_restart_setting(testbed
     """One server: `reload` takes the cap 1 -> 2 while 4 streams run (none cut, the server kept), then a
     change that needs a restart is refused (exit 2) naming the setting, with nothing changed."""
     tb = testbed_clean
-    env = serving_env(tb, tmp_path, tiny_model)
+    env = serving_env(tb, tmp_path, tiny_model, MAX_MODEL_LEN="1024", MAX_NUM_BATCHED_TOKENS="1024")
     started = run(tb, tmp_path, env, "start")
     assert started.returncode == 0, started.stderr[-4000:]
     server = state(tmp_path)["server"]
