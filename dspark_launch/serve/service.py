@@ -243,8 +243,8 @@ def restart_serve(settings: Settings, spec: ClusterSpec, reporter: Reporter, for
         state.server = None
         state.config_digest = spec.config_digest  # the settings this deployment now runs with
         save_state(spec.state_dir, state)
-        server = launch(spec, plan, state, reporter)
-        return StartResult(plan, server, False, state.hotfix)
+        server, answer = launch(spec, plan, state, reporter)
+        return StartResult(plan, server, False, state.hotfix, answer)
 
 
 # --- model weights (issue 12) ---------------------------------------------------------------------
