@@ -71,7 +71,8 @@ def test_a_node_with_a_launcher_from_before_the_agent_package_is_a_version_misma
 
 def test_the_launcher_imports_no_handler():
     """Handlers are the agent's, imported by its server one at a time: none in the launcher's process."""
-    code = ("import sys, dspark_launch.cli.main, dspark_launch.serve.service, dspark_launch.model.workflow; "
+    code = ("import sys, dspark_launch.cli.main, dspark_launch.serve.start, dspark_launch.serve.stop, dspark_launch.serve.restart, "
+            "dspark_launch.serve.status, dspark_launch.serve.reload, dspark_launch.model.workflow; "
             "loaded = [m for m in sys.modules if m.startswith('dspark_launch.agent.handlers.')]; "
             "assert not loaded, loaded")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)

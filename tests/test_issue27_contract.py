@@ -69,6 +69,7 @@ def test_injected_body_names_are_all_defined_in_the_patched_module():
     for func in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
         local = {a.arg for a in ast.walk(func.args) if isinstance(a, ast.arg)}
         local |= {n.id for n in ast.walk(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        local |= {n.name for n in ast.walk(func) if isinstance(n, ast.ExceptHandler) and n.name}
         loaded |= {n.id for n in ast.walk(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - local
     assert loaded <= defined, sorted(loaded - defined)
 

@@ -42,3 +42,17 @@ def test_every_serve_level_name_is_a_setting_and_the_fabric_is_not_serve_level()
     for cluster_level in ("RAY_PORT", "DSPARK_WORKER_IPS", "DSPARK_IMAGE", "DSPARK_FABRIC_IFNAME", "GPUS_PER_NODE",
                           "RAY_AUTH_MODE", "DSPARK_MODEL_CACHE", "HF_HUB_OFFLINE", "DSPARK_FORWARD_ENV"):
         assert cluster_level not in SERVE_LEVEL
+
+
+def test_reload_takes_only_live_settings_and_names_every_other_change():
+    from dspark_launch.serve.restart_kind import LIVE_LEVEL, reload_changes
+
+    assert LIVE_LEVEL == {"DSPARK_MAX_INFLIGHT_PREFILLS", "DSPARK_PREFILL_GATE_MODE", "DSPARK_ISSUE43_SCHED_DIAG"}
+    live = reload_changes(values(), values(DSPARK_MAX_INFLIGHT_PREFILLS="2", DSPARK_PREFILL_GATE_MODE="1"))
+    assert [c.line for c in live.live] == ["DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2", "DSPARK_PREFILL_GATE_MODE 2 -> 1"]
+    assert live.restart == ()
+    mixed = reload_changes(values(), values(DSPARK_MAX_INFLIGHT_PREFILLS="2", MAX_NUM_SEQS="8"))
+    assert [c.line for c in mixed.restart] == ["MAX_NUM_SEQS 6 -> 8"] and len(mixed.live) == 1
+    # A value reload put in force is the running one: the same file again changes nothing.
+    reloaded = {**values(), "DSPARK_MAX_INFLIGHT_PREFILLS": "2"}
+    assert reload_changes(reloaded, values(DSPARK_MAX_INFLIGHT_PREFILLS="2")) == reload_changes(values(), values())

@@ -7,6 +7,8 @@ them; a serve-only `restart` keeps the Ray processes, a cluster-level change res
 from __future__ import annotations
 
 import json
+import re
+import stat
 import subprocess
 import sys
 import time
@@ -111,5 +113,54 @@ def test_restarts_keep_ray_when_they_can_and_stops_drain_unless_now(testbed_clea
     assert f"{STREAMS} request(s) finished, 0 cut" in stopped.stderr, stopped.stderr[-3000:]
     log = (tmp_path / "state" / "logs" / "vllm-serve.log").read_text(errors="replace")
     assert f"draining in-flight requests count={STREAMS}" in log
+    left = our_pids(tb, "head") | our_pids(tb, "worker1")
+    assert left == set(), describe(left)
+
+
+def test_reload_changes_the_cap_under_load_and_refuses_a_restart_setting(testbed_clean, tmp_path, tiny_model):
+    """One server: `reload` takes the cap 1 -> 2 while 4 streams run (none cut, the server kept), then a
+    change that needs a restart is refused (exit 2) naming the setting, with nothing changed."""
+    tb = testbed_clean
+    env = serving_env(tb, tmp_path, tiny_model, MAX_MODEL_LEN="1024", MAX_NUM_BATCHED_TOKENS="1024")
+    started = run(tb, tmp_path, env, "start")
+    assert started.returncode == 0, started.stderr[-4000:]
+    server = state(tmp_path)["server"]
+    log_path = tmp_path / "state" / "logs" / "vllm-serve.log"
+    control = tmp_path / "state" / "scheduler-control"
+
+    client = streams_in_flight(tb)
+    set_knob(env, "DSPARK_MAX_INFLIGHT_PREFILLS", "2")
+    reloaded = run(tb, tmp_path, env, "reload")
+    assert reloaded.returncode == 0, reloaded.stderr[-4000:]
+    assert "reload: DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2: in force on the running scheduler" in reloaded.stdout
+    print(reloaded.stdout)  # the time to the cap in force: reported, never asserted
+    results = outcomes(client)
+    assert all(r["finish_reason"] == "length" and r["error"] is None for r in results), results
+
+    log = log_path.read_text(errors="replace")
+    live = log.index("dspark-issue27 hotfix v5: cap 1 -> 2 (live); in force: cap=2")
+    after = re.search(r"dspark-issue27 step=\d+ cap=(\d+) inflight=\d+ prefill_tokens=\d+ decode_tokens=\d+ "
+                      r"decode_reqs=(\d+)", log[live:])
+    assert after and after.group(1) == "2" and int(after.group(2)) > 0, "the change landed while streams decoded"
+    assert stat.S_IMODE(control.stat().st_mode) == 0o600
+    record = state(tmp_path)["server"]
+    assert record["pid"] == server["pid"] and record["scheduler_cap"] == 2
+    assert record["live"] == {"DSPARK_MAX_INFLIGHT_PREFILLS": "2"} and record["live_since"]
+    code, data = status(tb, tmp_path, env)
+    assert code == 0 and data["server"]["cap"] == 2 and data["server"]["drift"] == [], data
+    assert data["server"]["live"] == {"DSPARK_MAX_INFLIGHT_PREFILLS": "2"}
+
+    before = (control.read_bytes(), control.stat().st_mtime_ns, state(tmp_path))
+    set_knob(env, "DSPARK_MAX_INFLIGHT_PREFILLS", "3")
+    set_knob(env, "MAX_NUM_SEQS", "4")
+    refused = run(tb, tmp_path, env, "reload")
+    assert refused.returncode == 2, refused.stderr[-4000:]
+    assert "these settings need `dspark restart`: MAX_NUM_SEQS 6 -> 4" in refused.stderr
+    assert "nothing was changed" in refused.stderr
+    assert (control.read_bytes(), control.stat().st_mtime_ns, state(tmp_path)) == before
+    assert "cap 2 -> 3" not in log_path.read_text(errors="replace")
+
+    stopped = run(tb, tmp_path, env, "stop")
+    assert stopped.returncode == 0, stopped.stderr
     left = our_pids(tb, "head") | our_pids(tb, "worker1")
     assert left == set(), describe(left)

@@ -385,6 +385,7 @@ def test_systemd_unit_with_spaces_verifies(tmp_path):
     assert lines["User"] == "root" and lines["SuccessExitStatus"] == "3 143" and lines["Restart"] == "on-failure"
     assert systemd_words(lines["ExecStart"]) == [str(launcher), "start", "--foreground", "--env-file", str(env)]
     assert systemd_words(lines["ExecStop"]) == [str(launcher), "stop", "--env-file", str(env)]
+    assert systemd_words(lines["ExecReload"]) == [str(launcher), "reload", "--env-file", str(env)]
     assert lines["WorkingDirectory"].replace("%%", "%") == str(home)
     unit_file = tmp_path / "dspark.service"
     unit_file.write_text(unit + "\n")

@@ -35,7 +35,8 @@ PROTOCOL_VERSION = 7  # 2: ray_checks no longer runs the version rows and the ho
 # 5: Stop.drain_s > 0 sends one SIGTERM and waits up to drain_s for the server to drain and end by itself
 # 6: every operation named after its request (read -> read_log, meminfo -> memory_query, ...); probe is read-only,
 #    prepare_log_dir makes the log folder
-# 7: model_placement_query (sizes, free space and the verified stamp in one call) replaces model_disk_query
+# 7: model_placement_query (sizes, free space and the verified stamp in one call) replaces model_disk_query;
+#    scheduler_control writes (or removes) the patched scheduler's control file (`dspark reload`)
 # The longest line either side reads (the launcher refuses a longer agent reply line: one clear error, the
 # agent killed); a log is read in chunks whose JSON (at most 6 bytes a character, `\u001b`) stays below it.
 MAX_LINE = 1 << 20
@@ -705,6 +706,23 @@ def op_name(request_type: type) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", request_type.__name__).lower()
 
 
+
+# --- the scheduler's live values (`dspark reload`) ------------------------------------------------
+
+@dataclass(frozen=True)
+class SchedulerControl:
+    """Replace the patched scheduler's control file at `path` by `text` (a new 0600 file of the serving
+    user renamed over it, in a folder only that user can write), or remove it (`remove`)."""
+    path: str
+    text: str = ""
+    remove: bool = False
+
+
+@dataclass(frozen=True)
+class SchedulerControlAnswer:
+    path: str
+    existed: bool  # a file was there before
+
 _OPERATIONS = (
     # processes and the node itself (handlers/processes.py)
     Operation(Hello, HelloAnswer, "processes:hello", "agent", 30),
@@ -739,6 +757,8 @@ _OPERATIONS = (
     # version row and scheduler hotfix (handlers/hotfix.py)
     Operation(VersionQuery, VersionRow, "hotfix:node_versions", "versions"),
     Operation(HotfixApply, HotfixReport, "hotfix:apply_hotfix", "hotfix", HOTFIX_TIMEOUT_S),
+    # the scheduler's live values (handlers/control.py)
+    Operation(SchedulerControl, SchedulerControlAnswer, "control:scheduler_control", "scheduler control file"),
 )
 OPERATIONS: dict[str, Operation] = {operation.name: operation for operation in _OPERATIONS}
 OPERATION_OF_REQUEST: dict[type, Operation] = {operation.request: operation for operation in _OPERATIONS}

@@ -20,7 +20,7 @@ app.add_typer(cluster_cmd.app, name="cluster")
 app.add_typer(model_cmd.app, name="model")
 
 
-for command in (service_cmd.start, service_cmd.stop, service_cmd.restart, service_cmd.status, service_cmd.logs,
+for command in (service_cmd.start, service_cmd.stop, service_cmd.restart, service_cmd.reload, service_cmd.status, service_cmd.logs,
                 service_cmd.smoke, service_cmd.plan):
     app.command()(command)
 app.command("systemd-unit")(service_cmd.systemd_unit)

@@ -194,12 +194,31 @@ def restart(
     do_start(settings, spec, force, False)
 
 
+def reload(
+    env_file: EnvFileOption = None,
+    timeout: Annotated[float, typer.Option("--timeout", min=1.0, help="Seconds to wait for the scheduler to "
+                                           "show the new values in force.")] = 30.0,
+) -> None:
+    """Apply live settings (DSPARK_MAX_INFLIGHT_PREFILLS, DSPARK_PREFILL_GATE_MODE, DSPARK_ISSUE43_SCHED_DIAG) to
+    the running scheduler without a restart; any other change is refused (exit 2) and needs `restart`."""
+    from dspark_launch.serve.reload import reload as reload_live
+
+    settings, spec = settings_and_spec(env_file)
+    try:
+        result = reload_live(settings, spec, ConsoleReporter(), timeout)
+    except DsparkError as error:
+        raise fail(error) from None
+    for line in result.lines:
+        say(line)
+
+
 def status(
     env_file: EnvFileOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema in docs/operations.md).")] = False,
 ) -> None:
     """Nodes, Ray, versions, hotfix, the server, its metrics, and drift from the env file."""
     from dspark_launch.agent.codec import to_data
+    from dspark_launch.serve.restart_kind import LIVE_LEVEL
     from dspark_launch.serve.status import status as service_status
 
     settings, spec = settings_and_spec(env_file)
@@ -222,8 +241,13 @@ def status(
                 say(f"  running {m.get('vllm:num_requests_running', 0):g}  waiting "
                       f"{m.get('vllm:num_requests_waiting', 0):g}  KV cache used "
                       f"{100 * m.get('vllm:kv_cache_usage_perc', 0):.1f}%")
+            if s.live:
+                since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.live_since)) if s.live_since else "?"
+                say(f"  live (dspark reload, since {since}): "
+                    + ", ".join(f"{name}={value}" for name, value in sorted(s.live.items())))
             for d in s.drift:
-                say(f"  drift: {d.name} {d.running} -> {d.configured}: restart to apply")
+                say(f"  drift: {d.name} {d.running} -> {d.configured}: "
+                    + ("`dspark reload` applies it" if d.name in LIVE_LEVEL else "restart to apply"))
             if s.profile:
                 say(f"  profile {s.profile}:")
             for line in s.decisions:

@@ -149,6 +149,14 @@ class ServerRecord:
     decisions: list[str] = field(default_factory=list)  # the profile's decision lines (shown by status)
     chat: bool = False  # readiness and smoke use /v1/chat/completions
     drain_s: int = 0  # the --shutdown-timeout it was started with: `stop` lets it drain that long (0: aborts)
+    control_file: str = ""  # the scheduler's control file (`dspark reload`; "": started without one)
+    live: dict[str, str] = field(default_factory=dict)  # live settings `dspark reload` put in force, by name
+    live_since: float | None = None  # when the engine log showed them in force
+
+    @property
+    def running_settings(self) -> dict[str, str]:
+        """The public values in force: those it was started with, then what `dspark reload` changed."""
+        return {**self.settings, **self.live}
 
     @property
     def process(self) -> Process | None:

@@ -16,11 +16,24 @@ import re
 #: version reports `outdated` and `apply` re-patches it from its stored original.
 PATCH_VERSION = 5
 
-#: Environment variables the patched scheduler reads, once, in `__init__`.
+#: Environment variables the patched scheduler reads, once, in `__init__`
+#: (from patch v5 the control file, ENV_CONTROL, may change them while it runs).
 ENV_CAP = "DSPARK_MAX_INFLIGHT_PREFILLS"
 ENV_GATE_MODE = "DSPARK_PREFILL_GATE_MODE"
 ENV_DIAG = "DSPARK_ISSUE43_SCHED_DIAG"
 ENV_AGING = "DSPARK_PREFILL_AGING"
+
+#: Patch v5 (issue 24): the path of the control file a patched scheduler reads
+#: while it runs, given in the server's environment (unset: no live changes).
+#: Lines `NAME=VALUE` of LIVE_NAMES, parsed as the environment is at start; a
+#: name the file does not set keeps its start value, no file = start values.
+ENV_CONTROL = "DSPARK_SCHEDULER_CONTROL_FILE"
+LIVE_NAMES = (ENV_CAP, ENV_GATE_MODE, ENV_DIAG)
+#: At most one stat of the control file per this many seconds (monotonic clock,
+#: checked at the top of each `schedule()`).
+LIVE_CHECK_PERIOD_S = 1.0
+#: A larger control file is refused (the current values kept).
+CONTROL_MAX_BYTES = 4096
 
 #: Bounds of DSPARK_MAX_INFLIGHT_PREFILLS (values above CAP_MAX are clamped to it).
 CAP_MIN = 1
@@ -86,6 +99,55 @@ ACTIVE_LOG_RE = re.compile(
 )
 
 
+#: The INFO line a patched scheduler logs each time it read a changed control
+#: file with valid values: what changed (`cap 1 -> 2`, `gate mode 2 -> 1`,
+#: `diagnostics off -> on`, or `no change`), then every value now in force.
+LIVE_LOG_FORMAT = (
+    "dspark-issue27 hotfix v%d: %s (live); in force: cap=%d, gate mode %d, "
+    "step bound %s prefill tokens, diagnostics %s"
+)
+LIVE_LOG_RE = re.compile(
+    r"dspark-issue27 hotfix v(\d+): (.*?) \(live\); in force: cap=(\d+), gate mode (\d+), "
+    r"step bound (\d+|none) prefill tokens, diagnostics (on|off)"
+)
+#: The WARNING a patched scheduler logs, once per bad content, when it keeps its
+#: values because the control file is not one it accepts.
+LIVE_WARNING_FORMAT = (
+    "dspark-issue27 hotfix v%d: ignoring the control file %s: %s; keeping cap=%d, "
+    "gate mode %d, diagnostics %s"
+)
+#: group 1: the file and the problem ("PATH: why").
+LIVE_WARNING_RE = re.compile(r"dspark-issue27 hotfix v\d+: ignoring the control file (.*?); keeping cap=")
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveLine:
+    """What a patched scheduler said when it applied a control file."""
+
+    patch_version: int
+    changes: str  # "cap 1 -> 2, gate mode 2 -> 1" or "no change"
+    cap: int
+    gate_mode: int
+    step_bound: int | None
+    diagnostics: bool
+
+
+def parse_live_lines(text: str) -> list[LiveLine]:
+    """Every `(live)` line in a log, in order."""
+    return [
+        LiveLine(int(v), changes, int(c), int(m), None if b == "none" else int(b), d == "on")
+        for v, changes, c, m, b, d in LIVE_LOG_RE.findall(text)
+    ]
+
+
+def control_text(values: dict[str, str]) -> str:
+    """The control file for `values` (by name, LIVE_NAMES only), one `NAME=VALUE` a line."""
+    unknown = sorted(set(values) - set(LIVE_NAMES))
+    if unknown:
+        raise ValueError(f"not a live setting: {', '.join(unknown)}")
+    return "".join(f"{name}={values[name]}\n" for name in LIVE_NAMES if name in values)
+
+
 @dataclasses.dataclass(frozen=True)
 class ActiveLine:
     """What a patched scheduler said about itself when it started."""
@@ -128,4 +190,9 @@ def injected_constants(patch_version: int = PATCH_VERSION) -> dict[str, object]:
         "_DSPARK_I27_ACTIVE_LOG": ACTIVE_LOG_FORMAT,
         "_DSPARK_I27_AGING_ENV": ENV_AGING,
         "_DSPARK_I27_AGING": (AGING_MIN, DEFAULT_AGING, AGING_MAX),
+        "_DSPARK_I27_CONTROL_ENV": ENV_CONTROL,
+        "_DSPARK_I27_LIVE_PERIOD_S": LIVE_CHECK_PERIOD_S,
+        "_DSPARK_I27_CONTROL_MAX_BYTES": CONTROL_MAX_BYTES,
+        "_DSPARK_I27_LIVE_LOG": LIVE_LOG_FORMAT,
+        "_DSPARK_I27_LIVE_WARNING": LIVE_WARNING_FORMAT,
     }

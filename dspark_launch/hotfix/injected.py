@@ -27,10 +27,17 @@ _DSPARK_I27_SHORT_ROOM_SHARE = contract.SHORT_ROOM_SHARE
 _DSPARK_I27_ACTIVE_LOG = contract.ACTIVE_LOG_FORMAT
 _DSPARK_I27_AGING_ENV = contract.ENV_AGING
 _DSPARK_I27_AGING = (contract.AGING_MIN, contract.DEFAULT_AGING, contract.AGING_MAX)
+_DSPARK_I27_CONTROL_ENV = contract.ENV_CONTROL
+_DSPARK_I27_LIVE_PERIOD_S = contract.LIVE_CHECK_PERIOD_S
+_DSPARK_I27_CONTROL_MAX_BYTES = contract.CONTROL_MAX_BYTES
+_DSPARK_I27_LIVE_LOG = contract.LIVE_LOG_FORMAT
+_DSPARK_I27_LIVE_WARNING = contract.LIVE_WARNING_FORMAT
 
 # ---- INJECTED BODY (everything below goes into scheduler.py) ----
 
 import os as _dspark_i27_os  # noqa: E402
+import stat as _dspark_i27_stat  # noqa: E402
+import time as _dspark_i27_time  # noqa: E402
 
 
 def _dspark_i27_parse_cap(raw, fallback):
@@ -85,7 +92,6 @@ def _dspark_i27_init(sched):
             "integer); using %d in-flight partial prefills",
             _DSPARK_I27_ENV, raw, cap,
         )
-    sched._dspark_max_inflight_prefills = cap
     raw_mode = _dspark_i27_os.environ.get(_DSPARK_I27_MODE_ENV)
     mode, bad_mode = _dspark_i27_parse_mode(raw_mode)
     if bad_mode:
@@ -93,6 +99,19 @@ def _dspark_i27_init(sched):
             "dspark-issue27: ignoring %s=%r (expected one of %s); using gate mode %d",
             _DSPARK_I27_MODE_ENV, raw_mode, "/".join(map(str, _DSPARK_I27_MODES)), mode,
         )
+    _dspark_i27_limits(sched, cap, mode)
+    sched._dspark_diag = _dspark_i27_parse_diag(_dspark_i27_os.environ.get(_DSPARK_I27_DIAG_ENV))
+    sched._dspark_diag_step = 0
+    logger.info(
+        _DSPARK_I27_ACTIVE_LOG,
+        _DSPARK_I27_PATCH_VERSION, cap, mode, sched._dspark_step_bound or "none",
+    )
+    _dspark_i27_live_init(sched, fallback)
+
+
+def _dspark_i27_limits(sched, cap, mode):
+    """The cap, the gate mode and what follows from them: at start and at each live change."""
+    sched._dspark_max_inflight_prefills = cap
     sched._dspark_gate_mode = mode
     # Mode 1 bounds the prefill tokens of a step at (cap + 1/2) chunks. It
     # needs a chunk size (long_prefill_token_threshold > 0) and chunked
@@ -108,13 +127,11 @@ def _dspark_i27_init(sched):
     # Mode 2: room beyond the step bound for prompts with no prefix-cache hit
     # that finish in the step.
     sched._dspark_short_room = int(_DSPARK_I27_SHORT_ROOM_SHARE * sched._dspark_chunk)
-    diag = _dspark_i27_os.environ.get(_DSPARK_I27_DIAG_ENV, "")
-    sched._dspark_diag = diag.strip().lower() in ("1", "true", "yes", "on")
-    sched._dspark_diag_step = 0
-    logger.info(
-        _DSPARK_I27_ACTIVE_LOG,
-        _DSPARK_I27_PATCH_VERSION, cap, mode, sched._dspark_step_bound or "none",
-    )
+
+
+def _dspark_i27_parse_diag(raw):
+    """DSPARK_ISSUE43_SCHED_DIAG: on for 1/true/yes/on (any case), off for anything else."""
+    return (raw or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _dspark_i27_stays_partial(request, num_scheduled):
@@ -455,3 +472,125 @@ def _dspark_i27_admit_srpt(sched, request, computed, token_budget, partial, spen
     if partial >= sched._dspark_max_inflight_prefills or room <= 0:
         return -1
     return min(room, sched._dspark_chunk)
+# ---- live changes (patch v5, issue 24): the control file ----
+
+
+def _dspark_i27_live_init(sched, cap_fallback):
+    """Remember the start values; a control file already there is applied now."""
+    sched._dspark_live_path = _dspark_i27_os.environ.get(_DSPARK_I27_CONTROL_ENV, "").strip()
+    sched._dspark_live_start = (
+        sched._dspark_max_inflight_prefills, sched._dspark_gate_mode, sched._dspark_diag,
+    )
+    sched._dspark_live_fallback = cap_fallback
+    sched._dspark_live_seen = None  # (inode, size, mtime) of the file last read; None: no file
+    sched._dspark_live_bad = None  # the problem last warned about (one warning per bad content)
+    sched._dspark_live_next = 0.0
+    _dspark_i27_live_check(sched)
+
+
+def _dspark_i27_live_check(sched):
+    """At the top of every `schedule()`: a monotonic-clock test; at most once a
+    period one `stat` of the control file, read only when its inode, size or
+    mtime changed."""
+    path = sched._dspark_live_path
+    if not path:
+        return
+    now = _dspark_i27_time.monotonic()
+    if now < sched._dspark_live_next:
+        return
+    sched._dspark_live_next = now + _DSPARK_I27_LIVE_PERIOD_S
+    try:
+        st = _dspark_i27_os.stat(path, follow_symlinks=False)
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+    except FileNotFoundError:
+        seen = None
+    except OSError as exc:
+        seen = ("unreadable", str(exc))
+    if seen == sched._dspark_live_seen:
+        return
+    sched._dspark_live_seen = seen
+    _dspark_i27_live_apply(sched, path, seen is not None)
+
+
+def _dspark_i27_live_apply(sched, path, exists):
+    """The file's values through the start parsers, over the start values (no
+    file: the start values); any bad value keeps every current one."""
+    values, problem = _dspark_i27_live_read(path) if exists else ({}, None)
+    cap, mode, diag = sched._dspark_live_start
+    if problem is None and _DSPARK_I27_ENV in values:
+        raw = values[_DSPARK_I27_ENV]
+        cap, malformed = _dspark_i27_parse_cap(raw, sched._dspark_live_fallback)
+        if malformed:
+            problem = "%s=%r (expected a base-10 integer)" % (_DSPARK_I27_ENV, raw)
+    if problem is None and _DSPARK_I27_MODE_ENV in values:
+        raw = values[_DSPARK_I27_MODE_ENV]
+        mode, bad = _dspark_i27_parse_mode(raw)
+        if bad:
+            problem = "%s=%r (expected one of %s)" % (
+                _DSPARK_I27_MODE_ENV, raw, "/".join(map(str, _DSPARK_I27_MODES)))
+    if problem is None and _DSPARK_I27_DIAG_ENV in values:
+        diag = _dspark_i27_parse_diag(values[_DSPARK_I27_DIAG_ENV])
+    now_cap, now_mode, now_diag = (
+        sched._dspark_max_inflight_prefills, sched._dspark_gate_mode, sched._dspark_diag,
+    )
+    if problem is not None:
+        if problem != sched._dspark_live_bad:
+            sched._dspark_live_bad = problem
+            logger.warning(
+                _DSPARK_I27_LIVE_WARNING, _DSPARK_I27_PATCH_VERSION, path, problem,
+                now_cap, now_mode, "on" if now_diag else "off",
+            )
+        return
+    sched._dspark_live_bad = None
+    changes = []
+    if cap != now_cap:
+        changes.append("cap %d -> %d" % (now_cap, cap))
+    if mode != now_mode:
+        changes.append("gate mode %d -> %d" % (now_mode, mode))
+    if diag != now_diag:
+        changes.append("diagnostics %s -> %s" % ("on" if now_diag else "off", "on" if diag else "off"))
+    _dspark_i27_limits(sched, cap, mode)
+    sched._dspark_diag = diag
+    logger.info(
+        _DSPARK_I27_LIVE_LOG, _DSPARK_I27_PATCH_VERSION, ", ".join(changes) or "no change",
+        cap, mode, sched._dspark_step_bound or "none", "on" if diag else "off",
+    )
+
+
+def _dspark_i27_live_read(path):
+    """(values by name, problem): `NAME=VALUE` lines of the live names (blank
+    lines and `#` comments skipped) from a small plain file of this user that
+    only it can write, opened without following a link."""
+    os_ = _dspark_i27_os
+    try:
+        fd = os_.open(path, os_.O_RDONLY | os_.O_NOFOLLOW | os_.O_NONBLOCK | os_.O_CLOEXEC)
+    except OSError as exc:
+        return {}, "cannot open it (%s)" % (exc.strerror or exc)
+    try:
+        st = os_.fstat(fd)
+        if not _dspark_i27_stat.S_ISREG(st.st_mode) or st.st_uid != os_.geteuid() or st.st_mode & 0o022:
+            return {}, "not a plain file of this user that only it can write (uid %d, mode %04o)" % (
+                st.st_uid, _dspark_i27_stat.S_IMODE(st.st_mode))
+        data = os_.read(fd, _DSPARK_I27_CONTROL_MAX_BYTES + 1)
+    except OSError as exc:
+        return {}, "cannot read it (%s)" % (exc.strerror or exc)
+    finally:
+        os_.close(fd)
+    if len(data) > _DSPARK_I27_CONTROL_MAX_BYTES:
+        return {}, "larger than %d bytes" % _DSPARK_I27_CONTROL_MAX_BYTES
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {}, "not UTF-8 text"
+    names = (_DSPARK_I27_ENV, _DSPARK_I27_MODE_ENV, _DSPARK_I27_DIAG_ENV)
+    values = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        if not sep or name.strip() not in names:
+            return {}, "line %d %r is not NAME=VALUE with NAME one of %s" % (
+                number, line[:80], ", ".join(names))
+        values[name.strip()] = value
+    return values, None

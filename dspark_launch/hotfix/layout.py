@@ -155,6 +155,12 @@ _SITES: tuple[_Site, ...] = (
         "                    continue\n",
     ),
     _Site(
+        "live-control",  # patch v5: the control file, at the top of schedule()
+        ("        num_scheduled_tokens: dict[str, int] = {}\n",),
+        "        _dspark_i27_live_check(self)  " + _INJECT_TAG + "\n",
+        before=True,
+    ),
+    _Site(
         "waiting-section",
         ("        # Next, schedule the WAITING requests.\n",),
         "        _dspark_partial, _dspark_spent = _dspark_i27_running_partials(  " + _INJECT_TAG + "\n"

@@ -9,11 +9,12 @@ from pathlib import Path
 from dspark_launch.agent.fabric import FabricEnv
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.config.settings import Settings
-from dspark_launch.hotfix.contract import ENV_AGING, ENV_CAP, ENV_DIAG, ENV_GATE_MODE
+from dspark_launch.hotfix.contract import ENV_AGING, ENV_CAP, ENV_CONTROL, ENV_DIAG, ENV_GATE_MODE
 from dspark_launch.config.profile_resolve import Decision, KvCacheChoice, ResolvedProfile
 
 ENTRY_MODULE = "dspark_launch.serve.entry"
 VLLM_CONFIG_DIR = "vllm-config"  # in the state folder: VLLM_CONFIG_ROOT of vllm serve (its non-carry-over list)
+CONTROL_FILE = "scheduler-control"  # in the state folder: the scheduler's live values (`dspark reload`)
 SECRET_ENV = ("VLLM_API_KEY", "DSPARK_API_KEYS", "RAY_AUTH_TOKEN")
 
 
@@ -44,6 +45,7 @@ class ServePlan:
     revision: str = ""
     config_root: str = ""  # VLLM_CONFIG_ROOT: the head writes the non-carry-over list there
     drain_timeout_s: int = 0  # the --shutdown-timeout passed (0: none, stop aborts in-flight requests)
+    control_file: str = ""  # the scheduler's control file (ENV_CONTROL), written by `dspark reload`
 
     @property
     def argv(self) -> list[str]:
@@ -79,6 +81,7 @@ def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], r
         ENV_GATE_MODE: str(settings.dspark_prefill_gate_mode),
         ENV_AGING: str(settings.dspark_prefill_aging),
         ENV_DIAG: str(int(settings.dspark_issue43_sched_diag)),
+        ENV_CONTROL: str(spec.state_dir / CONTROL_FILE),
         "RAY_ADDRESS": spec.ray_address,
         "VLLM_HOST_IP": spec.head.ip,
         "HF_HUB_OFFLINE": str(int(settings.hf_hub_offline)),
@@ -99,7 +102,7 @@ def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], r
                      tuple(settings.public_values().items()), settings.digest(), resolved.profile,
                      resolved.decisions, resolved.chat, resolved.kv_cache.layout, resolved.kv_cache,
                      resolved.max_model_len, resolved.gpu_memory_utilization, resolved.revision, str(config_root),
-                     resolved.drain_timeout_s)
+                     resolved.drain_timeout_s, str(spec.state_dir / CONTROL_FILE))
 
 
 def api_key(settings: Settings) -> str:

@@ -23,7 +23,7 @@ def restart_kind_of(settings: Settings, spec: ClusterSpec, state: Deployment | N
 
     if state is not None and state.launcher_version != __version__:
         return RestartKind(False, f"the record is of dspark-launch {state.launcher_version}, this is {__version__}")
-    running = state.server.settings if state and state.server else None
+    running = state.server.running_settings if state and state.server else None
     return restart_kind(running, settings.public_values(), running is not None and _ray_up(spec, state))
 
 

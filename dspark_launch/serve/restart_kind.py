@@ -1,5 +1,6 @@
-"""Which restart a settings change needs: serve-only keeps Ray (and the node containers) up and
-restarts only `vllm serve`; full takes Ray down on every node too.
+"""Which restart a settings change needs: none for live settings (`dspark reload` hands them to the
+running scheduler), serve-only keeps Ray (and the node containers) up and restarts only `vllm serve`; full takes
+Ray down on every node too.
 
 A setting is serve-level when only `vllm serve` reads it (its flags, its environment, the launcher's
 own waits): the list below. Every other setting, and any setting this launcher does not know, is
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dspark_launch.hotfix.contract import LIVE_NAMES
 from dspark_launch.config.profile_resolve import SETTING_FLAGS
 
 SERVE_LEVEL: frozenset[str] = frozenset({
@@ -20,6 +22,38 @@ SERVE_LEVEL: frozenset[str] = frozenset({
     "DSPARK_MAX_INFLIGHT_PREFILLS", "DSPARK_PREFILL_GATE_MODE", "DSPARK_PREFILL_AGING", "DSPARK_ISSUE43_SCHED_DIAG",
     "START_TIMEOUT_S", "HEALTH_TIMEOUT_S", "DSPARK_DRAIN_TIMEOUT_S", "DSPARK_MODEL_COPY_STREAMS",
 })
+
+
+#: Live: the patched scheduler reads them again from its control file while it runs (`dspark reload`).
+LIVE_LEVEL: frozenset[str] = frozenset(LIVE_NAMES)
+assert LIVE_LEVEL <= SERVE_LEVEL  # a restart applies them too
+
+
+@dataclass(frozen=True)
+class SettingChange:
+    name: str
+    running: str | None
+    now: str | None
+
+    @property
+    def line(self) -> str:
+        return f"{self.name} {self.running} -> {self.now}"
+
+
+@dataclass(frozen=True)
+class ReloadChanges:
+    """`dspark reload`: what changed since the running server's values (its live ones included)."""
+    live: tuple[SettingChange, ...]  # the running scheduler takes them
+    restart: tuple[SettingChange, ...]  # any other: only `dspark restart` applies them
+
+
+def reload_changes(running: dict[str, str], now: dict[str, str]) -> ReloadChanges:
+    """`running`: the public settings the server runs with (its start values, then what reload changed);
+    `now`: the env file's public values."""
+    changed = [SettingChange(name, running.get(name), now.get(name))
+               for name in sorted(set(running) | set(now)) if running.get(name) != now.get(name)]
+    return ReloadChanges(tuple(c for c in changed if c.name in LIVE_LEVEL),
+                         tuple(c for c in changed if c.name not in LIVE_LEVEL))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.agent.client import NodeAgent, Reporter
 from dspark_launch.cluster.parallel import Background, on_each, settle
-from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, NonCarryOver, Spawn
+from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, NonCarryOver, SchedulerControl, Spawn
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import (Deployment, HotfixRecord, ServerRecord, SessionRecord, load_state, recorded,
                                          save_state)
@@ -233,7 +233,9 @@ def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment,
     server = ServerRecord(marker=marker, log=log, url=plan.base_url, served_name=plan.served_name, model=plan.model,
                           started_at=time.time(), settings=dict(plan.settings), digest=plan.settings_digest,
                           cap=plan.cap, profile=plan.profile, decisions=[d.line for d in plan.decisions],
-                          chat=plan.chat, drain_s=plan.drain_timeout_s)
+                          chat=plan.chat, drain_s=plan.drain_timeout_s, control_file=plan.control_file)
+    if plan.control_file:  # a new scheduler starts from the plan's values, never a past reload's
+        head.call(SchedulerControl(plan.control_file, remove=True))
     try:
         # Inside the try: an interrupt while the agent spawns still stops the server (found by its marker).
         answer = head.call(Spawn(tuple(plan.argv), plan.full_env(), marker, log, rotate_log=True), "vllm serve")

@@ -39,6 +39,8 @@ class ServerView:
     drift: tuple[Drift, ...] = ()
     profile: str = ""
     decisions: tuple[str, ...] = ()  # the profile's decision lines at start
+    live: dict[str, str] = field(default_factory=dict)  # live settings `dspark reload` changed since the start
+    live_since: float | None = None  # when they were in force
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,8 @@ def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | N
         uptime_s=round(time.time() - server.started_at) if alive else None, healthy=healthy,
         cap=server.scheduler_cap if server.scheduler_cap is not None else server.cap,
         kv_cache_tokens=server.kv_cache_tokens, metrics=http.metrics(server.url, probe) if healthy else {},
-        drift=drift(server.settings, settings.public_values()), profile=server.profile,
-        decisions=tuple(server.decisions))
+        drift=drift(server.running_settings, settings.public_values()), profile=server.profile,
+        decisions=tuple(server.decisions), live=dict(server.live), live_since=server.live_since)
 
 
 def _server_log(spec: ClusterSpec, server: ServerRecord) -> str:

@@ -1,4 +1,5 @@
-"""The systemd unit for the head node: `dspark start --foreground` supervised, `dspark stop` to stop.
+"""The systemd unit for the head node: `dspark start --foreground` supervised, `dspark stop` to stop,
+`dspark reload` for `systemctl reload` (live settings only).
 
 Every path is quoted for systemd (a folder with spaces, `%` or `$` stays one literal
 argument). Exit codes the unit relies on: 0 = the operator's own `stop`/`restart` took
@@ -54,6 +55,7 @@ def unit_text(launcher: list[str], env_file: Path, user: str, drain_s: int = 0) 
     _one_line("the unit's user", user)
     start = command_line([*launcher, "start", "--foreground", "--env-file", env])
     stop = command_line([*launcher, "stop", "--env-file", env])
+    reload = command_line([*launcher, "reload", "--env-file", env])
     return f"""[Unit]
 Description=DeepSeek-V4-Flash on DGX Spark (dspark-launch: Ray across the nodes + vLLM)
 Wants=network-online.target
@@ -65,6 +67,9 @@ User={user}
 WorkingDirectory={_specifiers(str(env_file.parent))}
 ExecStart={start}
 ExecStop={stop}
+# `systemctl reload`: live settings (the prefill cap, gate mode, diagnostics) to the running scheduler;
+# any other change fails it (exit 2, nothing changed) and needs `systemctl restart`.
+ExecReload={reload}
 # 3 = already running and healthy (e.g. started by hand before the unit); 143 = stopped by SIGTERM.
 # 0 = an operator's `dspark stop` or `dspark restart` took the run over: not restarted.
 SuccessExitStatus=3 143
