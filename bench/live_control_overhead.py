@@ -1,6 +1,6 @@
 """Per-step cost of the hotfix's control-file check (patch v5, issue 24) in the real vLLM `schedule()`.
 
-Reuses `dspark_launch.bench.overhead`: stock, the hotfix without a control file variable, and the hotfix
+Reuses `bench.scheduler.overhead`: stock, the hotfix without a control file variable, and the hotfix
 with one (an existing control file), stepped interleaved at 256 running / 1,024 waiting (and 6 / 16);
 then the check itself timed directly: the per-step path (the monotonic clock not yet due) and the
 once-a-second path (one `stat` of an unchanged file).
@@ -21,9 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dspark_launch.bench import harness as h  # noqa: E402
-from dspark_launch.bench import overhead  # noqa: E402
-from dspark_launch.bench.policies import Policy, hotfix  # noqa: E402
+from tests.support import scheduler_harness as h  # noqa: E402
+from bench.scheduler import overhead  # noqa: E402
+from bench.scheduler.policies import Policy, hotfix  # noqa: E402
 from dspark_launch.hotfix import contract  # noqa: E402
 
 

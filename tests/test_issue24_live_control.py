@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from dspark_launch.bench import harness as h
+from tests.support import scheduler_harness as h
 from dspark_launch.hotfix import contract
 
 THRESHOLD = 256
@@ -143,6 +143,7 @@ def test_a_malformed_value_is_ignored_with_one_warning(model_dir, clock, tmp_pat
     "DSPARK_MAX_INFLIGHT_PREFILLS=2\nVLLM_PORT=9000\n",  # not a live name
     "DSPARK_MAX_INFLIGHT_PREFILLS 2\n",  # not NAME=VALUE
     "DSPARK_PREFILL_GATE_MODE=7\n",  # not a mode
+    "DSPARK_PREFILL_AGING=-1\n",  # not an aging factor
     "x" * (contract.CONTROL_MAX_BYTES + 1),
 ])
 def test_a_file_it_does_not_accept_keeps_every_value(model_dir, clock, tmp_path, caplog, content):
@@ -193,8 +194,8 @@ def test_no_file_means_the_start_values(model_dir, clock, tmp_path, caplog):
     assert (sched._dspark_max_inflight_prefills, sched._dspark_gate_mode, sched._dspark_diag) == (
         2, contract.DEFAULT_GATE_MODE, False)
     assert [line.changes for line in live_lines(caplog)] == [
-        "cap 2 -> 1, gate mode 2 -> 1, diagnostics off -> on",
-        "cap 1 -> 2, gate mode 1 -> 2, diagnostics on -> off",
+        f"cap 2 -> 1, gate mode {contract.DEFAULT_GATE_MODE} -> 1, diagnostics off -> on",
+        f"cap 1 -> 2, gate mode 1 -> {contract.DEFAULT_GATE_MODE}, diagnostics on -> off",
     ]
     assert control_warnings(caplog) == []
 
@@ -204,6 +205,28 @@ def test_a_name_the_file_leaves_out_keeps_its_start_value(model_dir, clock, tmp_
     write(control, DSPARK_PREFILL_GATE_MODE="0")
     sched = h.build_scheduler(spec(control, cap=3), model_dir)  # a file already there applies at once
     assert (sched._dspark_max_inflight_prefills, sched._dspark_gate_mode, sched._dspark_step_bound) == (3, 0, 0)
+
+
+def test_mode_3s_aging_changes_live_and_goes_back_without_the_file(model_dir, clock, tmp_path, caplog):
+    """DSPARK_PREFILL_AGING is live too: parsed as at start, in the log line, the start value again when the
+    file goes."""
+    caplog.set_level(logging.INFO)
+    control = tmp_path / "control"
+    sched = h.build_scheduler(spec(control), model_dir)
+    assert sched._dspark_aging == contract.DEFAULT_AGING
+    write(control, DSPARK_PREFILL_AGING="4.5")
+    clock.now += contract.LIVE_CHECK_PERIOD_S
+    sched.schedule()
+    assert sched._dspark_aging == 4.5
+    control.unlink()
+    clock.now += contract.LIVE_CHECK_PERIOD_S
+    sched.schedule()
+    assert sched._dspark_aging == contract.DEFAULT_AGING
+    lines = live_lines(caplog)
+    assert [line.changes for line in lines] == [f"aging {contract.DEFAULT_AGING:g} -> 4.5",
+                                                f"aging 4.5 -> {contract.DEFAULT_AGING:g}"]
+    assert [line.aging for line in lines] == [4.5, contract.DEFAULT_AGING]
+    assert control_warnings(caplog) == []
 
 
 def test_at_most_one_stat_per_period(model_dir, clock, tmp_path, monkeypatch):

@@ -97,14 +97,17 @@ def test_the_control_file_is_never_written_where_others_could_set_it(tmp_path, c
 
 
 def test_the_values_waited_for_are_the_schedulers_parse_of_the_settings():
-    assert InForce.of({contract.ENV_CAP: "2", contract.ENV_GATE_MODE: "1", contract.ENV_DIAG: "1"}) == InForce(2, 1, True)
-    assert InForce.of({contract.ENV_CAP: "9", contract.ENV_GATE_MODE: "", contract.ENV_DIAG: "0"}) == InForce(
-        contract.CAP_MAX, contract.DEFAULT_GATE_MODE, False)
+    assert InForce.of({contract.ENV_CAP: "2", contract.ENV_GATE_MODE: "1", contract.ENV_AGING: "4",
+                       contract.ENV_DIAG: "1"}) == InForce(2, 1, 4.0, True)
+    assert InForce.of({contract.ENV_CAP: "9", contract.ENV_GATE_MODE: "", contract.ENV_AGING: "x",
+                       contract.ENV_DIAG: "0"}) == InForce(contract.CAP_MAX, contract.DEFAULT_GATE_MODE,
+                                                           contract.DEFAULT_AGING, False)
     line = contract.parse_live_lines(
         "INFO dspark-issue27 hotfix v5: cap 1 -> 2 (live); in force: cap=2, gate mode 1, step bound 640 "
-        "prefill tokens, diagnostics on\n")[0]
-    assert line.changes == "cap 1 -> 2" and InForce(2, 1, True).shown_by(line)
-    assert not InForce(2, 2, True).shown_by(line)
+        "prefill tokens, aging 0.333333, diagnostics on\n")[0]
+    assert line.changes == "cap 1 -> 2" and InForce(2, 1, 1 / 3, True).shown_by(line)
+    assert not InForce(2, 1, 0.5, True).shown_by(line)
+    assert not InForce(2, 2, 1 / 3, True).shown_by(line)
 
 
 def test_a_reloaded_value_is_not_drift_and_restart_sees_it_as_running(tmp_path):

@@ -47,9 +47,15 @@ def test_every_serve_level_name_is_a_setting_and_the_fabric_is_not_serve_level()
 def test_reload_takes_only_live_settings_and_names_every_other_change():
     from dspark_launch.serve.restart_kind import LIVE_LEVEL, reload_changes
 
-    assert LIVE_LEVEL == {"DSPARK_MAX_INFLIGHT_PREFILLS", "DSPARK_PREFILL_GATE_MODE", "DSPARK_ISSUE43_SCHED_DIAG"}
-    live = reload_changes(values(), values(DSPARK_MAX_INFLIGHT_PREFILLS="2", DSPARK_PREFILL_GATE_MODE="1"))
-    assert [c.line for c in live.live] == ["DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2", "DSPARK_PREFILL_GATE_MODE 2 -> 1"]
+    assert LIVE_LEVEL == {"DSPARK_MAX_INFLIGHT_PREFILLS", "DSPARK_PREFILL_GATE_MODE", "DSPARK_PREFILL_AGING",
+                          "DSPARK_ISSUE43_SCHED_DIAG"}
+    start, now = values(), values(DSPARK_MAX_INFLIGHT_PREFILLS="2", DSPARK_PREFILL_GATE_MODE="1",
+                                  DSPARK_PREFILL_AGING="4")
+    live = reload_changes(start, now)
+    assert [c.line for c in live.live] == [
+        "DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2",
+        f"DSPARK_PREFILL_AGING {start['DSPARK_PREFILL_AGING']} -> {now['DSPARK_PREFILL_AGING']}",
+        f"DSPARK_PREFILL_GATE_MODE {start['DSPARK_PREFILL_GATE_MODE']} -> 1"]
     assert live.restart == ()
     mixed = reload_changes(values(), values(DSPARK_MAX_INFLIGHT_PREFILLS="2", MAX_NUM_SEQS="8"))
     assert [c.line for c in mixed.restart] == ["MAX_NUM_SEQS 6 -> 8"] and len(mixed.live) == 1

@@ -199,7 +199,8 @@ def reload(
     timeout: Annotated[float, typer.Option("--timeout", min=1.0, help="Seconds to wait for the scheduler to "
                                            "show the new values in force.")] = 30.0,
 ) -> None:
-    """Apply live settings (DSPARK_MAX_INFLIGHT_PREFILLS, DSPARK_PREFILL_GATE_MODE, DSPARK_ISSUE43_SCHED_DIAG) to
+    """Apply live settings (DSPARK_MAX_INFLIGHT_PREFILLS, DSPARK_PREFILL_GATE_MODE, DSPARK_PREFILL_AGING,
+    DSPARK_ISSUE43_SCHED_DIAG) to
     the running scheduler without a restart; any other change is refused (exit 2) and needs `restart`."""
     from dspark_launch.serve.reload import reload as reload_live
 

@@ -28,7 +28,7 @@ ENV_AGING = "DSPARK_PREFILL_AGING"
 #: Lines `NAME=VALUE` of LIVE_NAMES, parsed as the environment is at start; a
 #: name the file does not set keeps its start value, no file = start values.
 ENV_CONTROL = "DSPARK_SCHEDULER_CONTROL_FILE"
-LIVE_NAMES = (ENV_CAP, ENV_GATE_MODE, ENV_DIAG)
+LIVE_NAMES = (ENV_CAP, ENV_GATE_MODE, ENV_AGING, ENV_DIAG)
 #: At most one stat of the control file per this many seconds (monotonic clock,
 #: checked at the top of each `schedule()`).
 LIVE_CHECK_PERIOD_S = 1.0
@@ -101,14 +101,14 @@ ACTIVE_LOG_RE = re.compile(
 
 #: The INFO line a patched scheduler logs each time it read a changed control
 #: file with valid values: what changed (`cap 1 -> 2`, `gate mode 2 -> 1`,
-#: `diagnostics off -> on`, or `no change`), then every value now in force.
+#: `aging 2 -> 4`, `diagnostics off -> on`, or `no change`), then every value now in force.
 LIVE_LOG_FORMAT = (
     "dspark-issue27 hotfix v%d: %s (live); in force: cap=%d, gate mode %d, "
-    "step bound %s prefill tokens, diagnostics %s"
+    "step bound %s prefill tokens, aging %g, diagnostics %s"
 )
 LIVE_LOG_RE = re.compile(
     r"dspark-issue27 hotfix v(\d+): (.*?) \(live\); in force: cap=(\d+), gate mode (\d+), "
-    r"step bound (\d+|none) prefill tokens, diagnostics (on|off)"
+    r"step bound (\d+|none) prefill tokens, aging ([0-9.e+-]+), diagnostics (on|off)"
 )
 #: The WARNING a patched scheduler logs, once per bad content, when it keeps its
 #: values because the control file is not one it accepts.
@@ -129,14 +129,15 @@ class LiveLine:
     cap: int
     gate_mode: int
     step_bound: int | None
+    aging: float
     diagnostics: bool
 
 
 def parse_live_lines(text: str) -> list[LiveLine]:
     """Every `(live)` line in a log, in order."""
     return [
-        LiveLine(int(v), changes, int(c), int(m), None if b == "none" else int(b), d == "on")
-        for v, changes, c, m, b, d in LIVE_LOG_RE.findall(text)
+        LiveLine(int(v), changes, int(c), int(m), None if b == "none" else int(b), float(k), d == "on")
+        for v, changes, c, m, b, k, d in LIVE_LOG_RE.findall(text)
     ]
 
 

@@ -106,6 +106,7 @@ def _dspark_i27_init(sched):
         _DSPARK_I27_ACTIVE_LOG,
         _DSPARK_I27_PATCH_VERSION, cap, mode, sched._dspark_step_bound or "none",
     )
+    _dspark_i27_init_srpt(sched)
     _dspark_i27_live_init(sched, fallback)
 
 
@@ -472,14 +473,16 @@ def _dspark_i27_admit_srpt(sched, request, computed, token_budget, partial, spen
     if partial >= sched._dspark_max_inflight_prefills or room <= 0:
         return -1
     return min(room, sched._dspark_chunk)
-# ---- live changes (patch v5, issue 24): the control file ----
+
+
+# ---- live changes (patch v5): the control file of `dspark reload` ----
 
 
 def _dspark_i27_live_init(sched, cap_fallback):
     """Remember the start values; a control file already there is applied now."""
     sched._dspark_live_path = _dspark_i27_os.environ.get(_DSPARK_I27_CONTROL_ENV, "").strip()
     sched._dspark_live_start = (
-        sched._dspark_max_inflight_prefills, sched._dspark_gate_mode, sched._dspark_diag,
+        sched._dspark_max_inflight_prefills, sched._dspark_gate_mode, sched._dspark_aging, sched._dspark_diag,
     )
     sched._dspark_live_fallback = cap_fallback
     sched._dspark_live_seen = None  # (inode, size, mtime) of the file last read; None: no file
@@ -516,7 +519,7 @@ def _dspark_i27_live_apply(sched, path, exists):
     """The file's values through the start parsers, over the start values (no
     file: the start values); any bad value keeps every current one."""
     values, problem = _dspark_i27_live_read(path) if exists else ({}, None)
-    cap, mode, diag = sched._dspark_live_start
+    cap, mode, aging, diag = sched._dspark_live_start
     if problem is None and _DSPARK_I27_ENV in values:
         raw = values[_DSPARK_I27_ENV]
         cap, malformed = _dspark_i27_parse_cap(raw, sched._dspark_live_fallback)
@@ -528,10 +531,16 @@ def _dspark_i27_live_apply(sched, path, exists):
         if bad:
             problem = "%s=%r (expected one of %s)" % (
                 _DSPARK_I27_MODE_ENV, raw, "/".join(map(str, _DSPARK_I27_MODES)))
+    if problem is None and _DSPARK_I27_AGING_ENV in values:
+        raw = values[_DSPARK_I27_AGING_ENV]
+        aging, bad = _dspark_i27_parse_aging(raw)
+        if bad:
+            problem = "%s=%r (expected a decimal in %g..%g)" % (
+                _DSPARK_I27_AGING_ENV, raw, _DSPARK_I27_AGING[0], _DSPARK_I27_AGING[2])
     if problem is None and _DSPARK_I27_DIAG_ENV in values:
         diag = _dspark_i27_parse_diag(values[_DSPARK_I27_DIAG_ENV])
-    now_cap, now_mode, now_diag = (
-        sched._dspark_max_inflight_prefills, sched._dspark_gate_mode, sched._dspark_diag,
+    now_cap, now_mode, now_aging, now_diag = (
+        sched._dspark_max_inflight_prefills, sched._dspark_gate_mode, sched._dspark_aging, sched._dspark_diag,
     )
     if problem is not None:
         if problem != sched._dspark_live_bad:
@@ -547,13 +556,16 @@ def _dspark_i27_live_apply(sched, path, exists):
         changes.append("cap %d -> %d" % (now_cap, cap))
     if mode != now_mode:
         changes.append("gate mode %d -> %d" % (now_mode, mode))
+    if aging != now_aging:
+        changes.append("aging %g -> %g" % (now_aging, aging))
     if diag != now_diag:
         changes.append("diagnostics %s -> %s" % ("on" if now_diag else "off", "on" if diag else "off"))
     _dspark_i27_limits(sched, cap, mode)
+    sched._dspark_aging = aging
     sched._dspark_diag = diag
     logger.info(
         _DSPARK_I27_LIVE_LOG, _DSPARK_I27_PATCH_VERSION, ", ".join(changes) or "no change",
-        cap, mode, sched._dspark_step_bound or "none", "on" if diag else "off",
+        cap, mode, sched._dspark_step_bound or "none", aging, "on" if diag else "off",
     )
 
 
@@ -582,7 +594,7 @@ def _dspark_i27_live_read(path):
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return {}, "not UTF-8 text"
-    names = (_DSPARK_I27_ENV, _DSPARK_I27_MODE_ENV, _DSPARK_I27_DIAG_ENV)
+    names = (_DSPARK_I27_ENV, _DSPARK_I27_MODE_ENV, _DSPARK_I27_AGING_ENV, _DSPARK_I27_DIAG_ENV)
     values = {}
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()

@@ -126,11 +126,6 @@ _SITES: tuple[_Site, ...] = (
         "        _dspark_i27_init(self)  " + _INJECT_TAG + "\n",
     ),
     _Site(
-        "init-srpt",
-        ("        _dspark_i27_init(self)  " + _INJECT_TAG + "\n",),
-        "        _dspark_i27_init_srpt(self)  " + _INJECT_TAG + "\n",
-    ),
-    _Site(
         "running-plan",
         ("        # First, schedule the RUNNING requests.\n",),
         "        _dspark_plan = _dspark_i27_plan(self)  " + _INJECT_TAG + "\n",

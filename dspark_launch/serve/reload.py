@@ -2,7 +2,7 @@
 
 The env file is read again (the same loader as `start`) and compared with the values the server runs
 with (`ServerRecord.running_settings`). When only live settings changed (`restart_kind.LIVE_LEVEL`: the
-in-flight prefill cap, the gate mode, the per-step diagnostics), the head's agent replaces the patched
+in-flight prefill cap, the gate mode, mode 3's aging, the per-step diagnostics), the head's agent replaces the patched
 scheduler's control file (the scheduler runs in the head's EngineCore) and the launcher reads the server
 log until the scheduler says the new values are in force; any other change is refused (exit 2), nothing
 written. An idle engine never calls `schedule()`, so a one-token request wakes it when the values are not
@@ -36,18 +36,23 @@ class InForce:
     """The scheduler's live values, as the patched scheduler parses them."""
     cap: int
     gate_mode: int
+    aging: float
     diagnostics: bool
 
     @classmethod
     def of(cls, values: dict[str, str]) -> "InForce":
-        from dspark_launch.hotfix.injected import _dspark_i27_parse_cap, _dspark_i27_parse_diag, _dspark_i27_parse_mode
+        from dspark_launch.hotfix.injected import (_dspark_i27_parse_aging, _dspark_i27_parse_cap,
+                                                   _dspark_i27_parse_diag, _dspark_i27_parse_mode)
 
         return cls(_dspark_i27_parse_cap(values.get(contract.ENV_CAP), 1)[0],
                    _dspark_i27_parse_mode(values.get(contract.ENV_GATE_MODE))[0],
+                   _dspark_i27_parse_aging(values.get(contract.ENV_AGING))[0],
                    _dspark_i27_parse_diag(values.get(contract.ENV_DIAG)))
 
     def shown_by(self, line: contract.LiveLine) -> bool:
-        return (line.cap, line.gate_mode, line.diagnostics) == (self.cap, self.gate_mode, self.diagnostics)
+        # the log shows aging with %g (6 significant digits): compared the same way
+        return ((line.cap, line.gate_mode, line.diagnostics) == (self.cap, self.gate_mode, self.diagnostics)
+                and float(f"{self.aging:g}") == line.aging)
 
 
 @dataclass(frozen=True)

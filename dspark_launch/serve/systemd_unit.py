@@ -67,7 +67,7 @@ User={user}
 WorkingDirectory={_specifiers(str(env_file.parent))}
 ExecStart={start}
 ExecStop={stop}
-# `systemctl reload`: live settings (the prefill cap, gate mode, diagnostics) to the running scheduler;
+# `systemctl reload`: live settings (the prefill cap, gate mode, aging, diagnostics) to the running scheduler;
 # any other change fails it (exit 2, nothing changed) and needs `systemctl restart`.
 ExecReload={reload}
 # 3 = already running and healthy (e.g. started by hand before the unit); 143 = stopped by SIGTERM.
