@@ -583,7 +583,7 @@ class ServeArgsAnswer:
     refused: str | None  # vLLM's reason, or None when accepted
 
 
-# --- model weights (issue 12): agent.model_files run on the node ----------------------------------------
+# --- model weights: agent.model_files run on the node ----------------------------------------
 
 @dataclass(frozen=True)
 class ModelVerify:
@@ -614,7 +614,7 @@ class ModelPlacementQuery:
     caches: tuple[str, ...] = ()
 
 
-# --- Ray's private temp folders (security review, issue 14) --------------------------------------
+# --- Ray's private temp folders (security review) --------------------------------------
 
 @dataclass(frozen=True)
 class RayTempDir:
@@ -628,7 +628,7 @@ class RayTempDirAnswer:
     path: str
 
 
-# --- model profile and fabric (issue 11) ------------------------------------------------------------
+# --- model profile and fabric ------------------------------------------------------------
 
 @dataclass(frozen=True)
 class DescribeVllm:

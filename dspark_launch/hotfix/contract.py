@@ -23,7 +23,7 @@ ENV_GATE_MODE = "DSPARK_PREFILL_GATE_MODE"
 ENV_DIAG = "DSPARK_ISSUE43_SCHED_DIAG"
 ENV_AGING = "DSPARK_PREFILL_AGING"
 
-#: Patch v5 (issue 24): the path of the control file a patched scheduler reads
+#: Patch v5 (`dspark reload`): the path of the control file a patched scheduler reads
 #: while it runs, given in the server's environment (unset: no live changes).
 #: Lines `NAME=VALUE` of LIVE_NAMES, parsed as the environment is at start; a
 #: name the file does not set keeps its start value, no file = start values.

@@ -116,7 +116,7 @@ DEEPSEEK_V4_FLASH = Profile(
                "torch's allocator grows segments: fewer fragmentation OOMs on unified memory's large KV allocations",
                source="MiaAI, vLLM recipe dgx_spark_gb10, hazyumps"),
         EnvVar("VLLM_USE_DEEP_GEMM", "0", "FP8 DeepGEMM JIT fails on GB10: FP8 GEMMs take vLLM's other kernels",
-               source="eugr's notes as issue 20 reads them (not in the recipe files)", gpus=("12",), read_by="vllm"),
+               source="eugr's notes (not in the recipe files)", gpus=("12",), read_by="vllm"),
     ),
     chat=True,
     kv_anchor=KvAnchor("fp8_ds_mla", 1048576, int(11.04 * GIB),
