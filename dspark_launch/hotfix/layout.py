@@ -48,14 +48,12 @@ def _gate_code(skip: str) -> str:
     )
 
 
-def _cached_gate_code(skip: str) -> str:
-    """The admission gate of mode 2, after admission's own prefix-cache lookup
-    (`num_computed_tokens` holds the hit): the request is judged by what it
-    still has to compute; `_dspark_limit` caps its first chunk (0: no cap)."""
+def _admission_gate(condition: str, admit: str, skip: str) -> str:
+    """An admission gate after admission's own prefix-cache lookup: under `condition`, `admit` decides;
+    below 0 the request is skipped (at most _DSPARK_I27_MAX_SKIPS a step), else `_dspark_limit` is kept."""
     return (
-        "                _dspark_limit = 0  " + _INJECT_TAG + "\n"
-        "                if self._dspark_gate_mode == 2 and not load_kv_async:\n"
-        "                    _dspark_limit = _dspark_i27_admit(\n"
+        condition
+        + "                    _dspark_limit = " + admit + "(\n"
         "                        self, request, num_computed_tokens, token_budget, _dspark_partial, _dspark_spent\n"
         "                    )\n"
         "                    if _dspark_limit < 0:\n"
@@ -65,6 +63,14 @@ def _cached_gate_code(skip: str) -> str:
         + skip.replace("                    ", "                        ", 1)
         + "                        continue\n"
     )
+
+
+def _cached_gate_code(skip: str) -> str:
+    """The admission gate of mode 2, after admission's own prefix-cache lookup
+    (`num_computed_tokens` holds the hit): the request is judged by what it
+    still has to compute; `_dspark_limit` caps its first chunk (0: no cap)."""
+    return "                _dspark_limit = 0  " + _INJECT_TAG + "\n" + _admission_gate(
+        "                if self._dspark_gate_mode == 2 and not load_kv_async:\n", "_dspark_i27_admit", skip)
 
 
 # vLLM 0.31 .. 0.33: the waiting loop's own `skip_request` helper.
@@ -95,18 +101,8 @@ class _Site:
 def _srpt_gate_code(skip: str) -> str:
     """Mode 3's admission gate, after admission's own prefix-cache lookup and
     mode 2's gate: `_dspark_limit` > 0 is the exact size of the first chunk."""
-    return (
-        "                if self._dspark_gate_mode == 3 and not load_kv_async:  " + _INJECT_TAG + "\n"
-        "                    _dspark_limit = _dspark_i27_admit_srpt(\n"
-        "                        self, request, num_computed_tokens, token_budget, _dspark_partial, _dspark_spent\n"
-        "                    )\n"
-        "                    if _dspark_limit < 0:\n"
-        "                        if _dspark_skips >= _DSPARK_I27_MAX_SKIPS:\n"
-        "                            break\n"
-        "                        _dspark_skips += 1\n"
-        + skip.replace("                    ", "                        ", 1)
-        + "                        continue\n"
-    )
+    return _admission_gate("                if self._dspark_gate_mode == 3 and not load_kv_async:  " + _INJECT_TAG + "\n",
+                           "_dspark_i27_admit_srpt", skip)
 
 
 #: vLLM's own threshold clamp of a waiting request's first chunk (0.31 ..
