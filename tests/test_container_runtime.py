@@ -317,7 +317,7 @@ def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_mode
         # A cap change: drift shown; `restart` is serve-only (issue 24): the containers and Ray stay, the
         # scheduler logs the new cap.
         set_knob(env, "DSPARK_MAX_INFLIGHT_PREFILLS", "2")
-        assert "drift: DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2: restart to apply" in _dspark(ctb, tmp_path, env,
+        assert "drift: DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2: `dspark reload` applies it" in _dspark(ctb, tmp_path, env,
                                                                                            "status").stdout
         ids = lambda: {n.name: ctb.podman(n, "inspect", "--format", "{{.Id}}", names[n.name]).stdout.strip()  # noqa: E731
                        for n in (tb.head, worker)}

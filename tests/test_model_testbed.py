@@ -109,7 +109,7 @@ def test_pull_copy_verify_then_repair_only_the_damaged_shards(testbed, scratch, 
     manifest_mtime = (worker_folder / ".dspark-manifest.json").stat().st_mtime_ns
     repeat = on_head(testbed, "sync", location, manifest)
     assert repeat["copy"]["files_sent"] == [] and repeat["report"]["bytes_checked"] == 0, repeat
-    assert repeat["calls"]["worker1"] == ["model_placement"] and len(repeat["rsync_runs"]) == 1, repeat  # counted
+    assert repeat["calls"]["worker1"] == ["model_placement_query"] and len(repeat["rsync_runs"]) == 1, repeat  # counted
     assert (worker_folder / ".dspark-manifest.json").stat().st_mtime_ns == manifest_mtime
     everything = on_head(testbed, "sync", location, manifest, full=True)  # --verify: every file hashed there
     assert everything["copy"]["files_sent"] == [] and everything["report"]["bytes_checked"] == manifest.total_size
@@ -183,7 +183,7 @@ def test_a_local_model_folder_is_copied_and_verified_the_same_way(testbed, scrat
     again = on_head(testbed, "place_local", None, None, folder=str(folder))
     assert again["hashed_bytes"] == 0 and again["workers"][0]["copy"]["files_sent"] == [], again
     assert again["workers"][0]["report"]["bytes_checked"] == 0 and again["workers"][0]["repair"] is None
-    assert again["calls"] == {"head": ["model_placement"], "worker1": ["model_placement"]}, again["calls"]
+    assert again["calls"] == {"head": ["model_placement_query"], "worker1": ["model_placement_query"]}, again["calls"]
     assert len(again["rsync_runs"]) == 1, again["rsync_runs"]
     assert (worker_disk / ".dspark-manifest.json").stat().st_mtime_ns == manifest_mtime
 
@@ -194,7 +194,7 @@ def test_a_local_model_folder_is_copied_and_verified_the_same_way(testbed, scrat
     mended = on_head(testbed, "place_local", None, None, folder=str(folder))
     assert mended["workers"][0]["copy"]["files_sent"] == [changed.path], mended
     assert mended["workers"][0]["report"]["bytes_checked"] == changed.size and mended["hashed_bytes"] == 0
-    assert mended["calls"]["worker1"] == ["model_placement", "model_verify"], mended["calls"]
+    assert mended["calls"]["worker1"] == ["model_placement_query", "model_verify"], mended["calls"]
     assert report_from(on_head(testbed, "verify", location, manifest)).ok
 
 

@@ -86,7 +86,7 @@ def test_start_serve_drift_restart_kill_stop(testbed_clean, tmp_path, tiny_model
     # Edit the cap: status shows the drift, restart applies it.
     set_knob(env, "DSPARK_MAX_INFLIGHT_PREFILLS", "2")
     text = run(tb, tmp_path, env, "status")
-    assert "drift: DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2: restart to apply" in text.stdout
+    assert "drift: DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2: `dspark reload` applies it" in text.stdout
     code, data = status(tb, tmp_path, env)
     assert {"name": "DSPARK_MAX_INFLIGHT_PREFILLS", "running": "1", "configured": "2"} in data["server"]["drift"]
     restarted = run(tb, tmp_path, env, "restart")
