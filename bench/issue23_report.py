@@ -6,7 +6,10 @@
 
 Writes issue23-targets.json, issue23-curve.json, issue23-curve.svg (drawn
 by hand: no plotting library needed) and issue23-tables.md (generated; the
-docs link it).
+docs link it). The two raw runs (about 5,000 lines each) are not kept in git:
+`python bench/issue23_srpt.py --fit mixed --out bench/results/issue23-srpt-mixed.json`
+(and `--fit solo ... issue23-srpt-solo.json`) make them again; the runs are
+deterministic, so the tables come out the same.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ scenario test (tests/support/steps.py)."""
 
 import pytest
 
-from tests.support.fixtures import (_remove_short_scratch, clean_environ, model_dir, step,  # noqa: F401
-                                    testbed, testbed_clean, tiny_model)
+from tests.support.fixtures import (_remove_short_scratch, clean_environ, hub, hub_online, model_dir,  # noqa: F401
+                                    step, testbed, testbed_clean, tiny_model)
 from tests.support.steps import name_the_step
 
 

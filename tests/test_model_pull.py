@@ -15,22 +15,14 @@ from dspark_launch.model.hub import list_model, pull, resolve_token
 from dspark_launch.model.local_model import prepare_local
 from dspark_launch.agent.manifest import MANIFEST_NAME, read_manifest
 from dspark_launch.agent.model_files import CORRUPT, MISSING, OVERSIZED, PARTIAL, STALE, fast_check, verify_model
-from tests.support.hub_server import (TINY_REPO_ID, HubRepo, HubServer, online_hub, tiny_hub, tiny_hub_source,
+from tests.support.hub_server import (TINY_REPO_ID, HubRepo, HubServer, tiny_hub_source,
                                       write_tiny_model)
 
 REPO_ID = TINY_REPO_ID
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True)
-def _hub_online(monkeypatch):
-    online_hub(monkeypatch)
-
-
-@pytest.fixture
-def hub(tmp_path):
-    with tiny_hub(tmp_path / "src") as server:
-        yield server
+pytestmark = pytest.mark.usefixtures("hub_online")  # the loopback hub; `hub` is a shared fixture
 
 
 source = tiny_hub_source

@@ -25,22 +25,14 @@ from dspark_launch.model.local_model import prepare_local
 from dspark_launch.agent.manifest import MANIFEST_NAME, Manifest, ManifestFile, read_manifest, write_manifest
 from dspark_launch.agent.model_files import SPECIAL, verify_model
 from dspark_launch.agent.model_paths import UnsafeModelPath
-from tests.support.hub_server import (TINY_REPO_ID, HubRepo, HubServer, online_hub, tiny_hub, tiny_hub_source,
+from tests.support.hub_server import (TINY_REPO_ID, HubRepo, HubServer, tiny_hub_source,
                                       write_tiny_model)
 
 REPO_ID = TINY_REPO_ID
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True)
-def _hub_online(monkeypatch):
-    online_hub(monkeypatch)
-
-
-@pytest.fixture
-def hub(tmp_path):
-    with tiny_hub(tmp_path / "src") as server:
-        yield server
+pytestmark = pytest.mark.usefixtures("hub_online")  # the loopback hub; `hub` is a shared fixture
 
 
 source = tiny_hub_source

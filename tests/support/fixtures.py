@@ -51,3 +51,20 @@ def model_dir(tmp_path_factory):
 def tiny_model(tmp_path_factory) -> Path:
     """The tiny random Llama (tests/support/tiny_model.py), built once per test module."""
     return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture
+def hub_online(monkeypatch):
+    """The hub client allowed online, for tests that talk to the loopback hub (tests/support/hub_server.py)."""
+    from tests.support.hub_server import online_hub
+
+    online_hub(monkeypatch)
+
+
+@pytest.fixture
+def hub(tmp_path):
+    """The tiny model served by a hub-compatible server on loopback."""
+    from tests.support.hub_server import tiny_hub
+
+    with tiny_hub(tmp_path / "src") as server:
+        yield server
