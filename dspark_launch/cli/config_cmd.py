@@ -73,7 +73,12 @@ def check(
     strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as errors.")] = False,
 ) -> None:
     """Exit 0 when the configuration is valid, 2 when it is not."""
+    from dspark_launch.config.placeholders import placeholder_error, placeholders
+
     settings = load_settings(env_file, strict=strict)
+    found = placeholders(settings)
+    if found:
+        raise fail(ConfigError(placeholder_error(found)))
     say(f"configuration OK: {len(settings.entries)} settings, env file {settings.env_file_shown}")
 
 

@@ -26,8 +26,11 @@ def _report_failure(error: DsparkError, spec) -> None:
     for line in getattr(error, "extra", []):
         say(line, file=sys.stderr)
     say(f"dspark: error: {error}", file=sys.stderr)
-    if error.exit_code == EXIT_FAILED:
-        say(f"dspark: everything this run started was stopped; logs in {spec.state_dir / 'logs'}", file=sys.stderr)
+    if error.stopped:
+        say(f"dspark: stopped what this run started ({', '.join(error.stopped)}); logs in {spec.state_dir / 'logs'}",
+            file=sys.stderr)
+    elif error.exit_code == EXIT_FAILED:
+        say("dspark: nothing had been started", file=sys.stderr)
 
 
 ForceOption = Annotated[bool, typer.Option(

@@ -22,6 +22,7 @@ from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import (Deployment, HotfixRecord, ServerRecord, SessionRecord, load_state, recorded,
                                          save_state)
 from dspark_launch.config.settings import Settings
+from dspark_launch.errors import DsparkError
 from dspark_launch.model.onnodes import ModelWeights, ServingModel
 from dspark_launch.serve import http, logscan, readiness
 from dspark_launch.serve.argcheck import check_serve_args
@@ -123,6 +124,7 @@ def start_locked(settings: Settings, spec: ClusterSpec, reporter: Reporter, forc
     """The start sequence, for a caller that holds the lock; `runtime` adds its own steps. A failure undoes
     what `runtime` says this run brought up."""
     runtime.prepare(settings, spec, reporter, previous)
+    launching = False
     try:
         spec, plan, weights, memory = checked_plan(settings, spec, reporter, verify)
         runtime.clear_server(spec, previous)
@@ -131,9 +133,12 @@ def start_locked(settings: Settings, spec: ClusterSpec, reporter: Reporter, forc
         state = runtime.cluster_up(spec, reporter, previous)
         save_state(spec.state_dir, state)
         checked.result()
+        launching = True
         server, answer = launch(spec, plan, state, reporter)
-    except BaseException:
-        runtime.roll_back(spec, reporter)
+    except BaseException as exc:
+        stopped = runtime.roll_back(spec, reporter)
+        if isinstance(exc, DsparkError):
+            exc.stopped = (*(("vllm serve",) if launching else ()), *stopped)
         raise
     return StartResult(plan, server, runtime.cluster_started, state.hotfix, answer)
 
@@ -163,9 +168,12 @@ class HostRuntime:
         self.cluster_started = True
         return state
 
-    def roll_back(self, spec: ClusterSpec, reporter: Reporter) -> None:
-        if self.cluster_started:
-            lifecycle.cluster_down_locked(spec, reporter, load_state(spec.state_dir))
+    def roll_back(self, spec: ClusterSpec, reporter: Reporter) -> tuple[str, ...]:
+        """What it stopped, for the failure's report."""
+        if not self.cluster_started:
+            return ()
+        lifecycle.cluster_down_locked(spec, reporter, load_state(spec.state_dir))
+        return ("Ray on every node",)
 
 
 class ContainerRuntime:
@@ -189,8 +197,9 @@ class ContainerRuntime:
     def cluster_up(self, spec: ClusterSpec, reporter: Reporter, previous: Deployment | None) -> Deployment:
         return lifecycle.cluster_up_locked(spec, reporter, None, self.image_id).state
 
-    def roll_back(self, spec: ClusterSpec, reporter: Reporter) -> None:
+    def roll_back(self, spec: ClusterSpec, reporter: Reporter) -> tuple[str, ...]:
         lifecycle.cluster_down_locked(spec, reporter, None, remove=True)
+        return ("the node containers",)
 
 
 def checked_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter,
