@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dspark_launch.cli.cluster_cmd import dashboard_hint, hotfix_line, render_status
+from dspark_launch.cli.cluster_cmd import dashboard_hint, hotfix_line
 from dspark_launch.cli.config_cmd import EnvFileOption
 from dspark_launch.cli.loading import settings_and_spec, settings_or_exit
 from dspark_launch.cli.output import emit_json, fail, say
@@ -222,7 +222,7 @@ def status(
 ) -> None:
     """Nodes, Ray, versions, hotfix, the server, its metrics, and drift from the env file."""
     from dspark_launch.agent.codec import to_data
-    from dspark_launch.serve.restart_kind import LIVE_LEVEL
+    from dspark_launch.cli.status_view import print_status
     from dspark_launch.serve.status import status as service_status
 
     settings, spec = settings_and_spec(env_file)
@@ -233,33 +233,7 @@ def status(
     if as_json:
         emit_json(to_data(view))
     else:
-        say(render_status(view))
-        s = view.server
-        if s.state == "down" and not s.pid:
-            say("server: not started")
-        else:
-            uptime = f", up {s.uptime_s} s" if s.uptime_s is not None else ""
-            say(f"server: {s.state} (pid {s.pid}{uptime}) {s.url}  cap {s.cap}  KV cache {s.kv_cache_tokens} tokens")
-            m = s.metrics
-            if m:
-                say(f"  running {m.get('vllm:num_requests_running', 0):g}  waiting "
-                      f"{m.get('vllm:num_requests_waiting', 0):g}  KV cache used "
-                      f"{100 * m.get('vllm:kv_cache_usage_perc', 0):.1f}%")
-            if s.live:
-                since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.live_since)) if s.live_since else "?"
-                say(f"  live (dspark reload, since {since}): "
-                    + ", ".join(f"{name}={value}" for name, value in sorted(s.live.items())))
-            for d in s.drift:
-                say(f"  drift: {d.name} {d.running} -> {d.configured}: "
-                    + ("`dspark reload` applies it" if d.name in LIVE_LEVEL else "restart to apply"))
-            if s.profile:
-                say(f"  profile {s.profile}:")
-            for line in s.decisions:
-                say(f"    {line}")
-        for warning in (*view.fabric_warnings, *view.warnings):
-            say(f"warning: {warning}")
-        for problem in view.problems:
-            say(f"problem: {problem}")
+        print_status(view, settings.env_file_shown)
     if view.state == "degraded":
         raise typer.Exit(EXIT_FAILED)
 

@@ -1,0 +1,89 @@
+"""What an operator reads (issue 33): status, plan and progress on an 80-column terminal (Rich's own recorder),
+placeholders refused with the lines to edit, help texts, and the README's layout table against the tree."""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from dspark_launch.cli.status_view import human_duration, print_status
+from dspark_launch.cluster.lifecycle import NodeView
+from dspark_launch.cluster.state import VersionsRecord
+from dspark_launch.serve.status import ServerView, ServiceStatus
+
+ROOT = Path(__file__).resolve().parent.parent
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def terminal(width: int = 80) -> Console:
+    return Console(record=True, width=width, force_terminal=True, color_system="standard", highlight=False,
+                   file=io.StringIO())
+
+
+def node(name: str, ip: str, reachable: bool = True, alive: bool = True, reason: str | None = None) -> NodeView:
+    return NodeView(name=name, ip=ip, ssh_host=None if name == "head" else ip, reachable=reachable, ray_alive=alive,
+                    registered_ip=ip if alive else None, gpus=1.0 if alive else None, pids=(),
+                    versions=VersionsRecord(vllm="0.32.0", ray="2.60.0"), hotfix="applied",
+                    unreachable_reason=reason)
+
+
+def service(state: str, nodes, server: ServerView, started_at: float | None, problems=()) -> ServiceStatus:
+    return ServiceStatus(state, "10.213.0.1:6379", "digest" if started_at else None, started_at, time.time(),
+                         tuple(problems), tuple(nodes), server)
+
+
+def test_human_durations_use_two_units_at_most():
+    assert [human_duration(s) for s in (0, 59.6, 61, 3600, 3 * 3600 + 12 * 60 + 5, 2 * 86400 + 3600 * 4)] == [
+        "0 s", "1 min", "1 min 1 s", "1 h", "3 h 12 min", "2 d 4 h"]
+
+
+def test_status_with_nothing_deployed_says_so_with_the_env_file_and_each_no_with_its_reason():
+    view = service("down", [node("head", "10.213.0.1", alive=False),
+                            node("worker1", "10.213.0.2", reachable=False, alive=False,
+                                 reason="ssh: connect to host 10.213.0.2 port 22: No route to host")],
+                   ServerView("down"), None)
+    assert not view.deployed
+    console = terminal()
+    print_status(view, "/etc/dspark/.env.dspark", console)
+    text = console.export_text(styles=False, clear=False)
+    assert text.splitlines()[0] == "nothing deployed (env file /etc/dspark/.env.dspark): `dspark start` brings it up"
+    assert "  head (10.213.0.1): reachable" in text
+    assert "worker1 (10.213.0.2): NO: ssh: connect to host 10.213.0.2 port 22: No route to host" in " ".join(text.split())
+    assert all(len(line) <= 80 for line in text.splitlines())  # wrapped to the terminal, not past it
+    assert "REACHABLE" not in text  # no node table for a deployment that does not exist
+    assert "\x1b[1;31mNO\x1b[0m" in console.export_text(styles=True)
+
+
+def test_status_on_80_columns_colours_the_state_words_and_fits():
+    started = time.time() - (3 * 3600 + 12 * 60)
+    server = ServerView("up", pid=4242, url="http://10.213.0.1:8000", uptime_s=3 * 3600 + 12 * 60 + 3,
+                        healthy=True, cap=1, kv_cache_tokens=262144)
+    view = service("degraded", [node("head", "10.213.0.1"),
+                                node("worker1", "10.213.0.2", reachable=False, alive=False, reason="timed out")],
+                   server, started)
+    console = terminal()
+    print_status(view, ".env.dspark", console)
+    styled = console.export_text(styles=True, clear=False)
+    plain = console.export_text(styles=False)
+    assert all(len(line) <= 80 for line in plain.splitlines()), plain
+    assert plain.startswith("cluster: degraded (Ray 10.213.0.1:6379, up 3 h 12 min)")
+    assert "server: up (pid 4242, up 3 h 12 min)" in plain and "up 11523 s" not in plain
+    assert "  worker1: unreachable: timed out" in plain
+    assert "\x1b[1;31mdegraded\x1b[0m" in styled and "\x1b[1;32mup\x1b[0m" in styled
+
+
+def test_status_without_a_terminal_is_plain_text_without_escapes():
+    view = service("up", [node("head", "10.213.0.1"), node("worker1", "10.213.0.2")],
+                   ServerView("up", pid=7, url="http://127.0.0.1:8000", uptime_s=65, cap=2), time.time() - 65)
+    printed: list[str] = []
+    print_status(view, ".env.dspark", Console(file=io.StringIO(), force_terminal=False), printed.append)
+    text = "\n".join(printed)
+    lines = text.splitlines()
+    assert not ANSI.search(text)
+    assert lines[0] == "cluster: up (Ray 10.213.0.1:6379, up 1 min 5 s)"
+    assert lines[1].split() == ["NODE", "IP", "REACHABLE", "RAY", "REGISTERED", "GPUS", "VLLM", "RAY", "VER", "HOTFIX"]
+    assert "server: up (pid 7, up 1 min 5 s) http://127.0.0.1:8000  cap 2" in text
