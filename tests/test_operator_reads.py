@@ -87,3 +87,83 @@ def test_status_without_a_terminal_is_plain_text_without_escapes():
     assert lines[0] == "cluster: up (Ray 10.213.0.1:6379, up 1 min 5 s)"
     assert lines[1].split() == ["NODE", "IP", "REACHABLE", "RAY", "REGISTERED", "GPUS", "VLLM", "RAY", "VER", "HOTFIX"]
     assert "server: up (pid 7, up 1 min 5 s) http://127.0.0.1:8000  cap 2" in text
+
+
+# ---- placeholders (point 3) ----
+
+from tests.support.launcher_env import run_dspark  # noqa: E402
+
+
+def test_config_check_after_init_names_every_placeholder_line_and_exits_2(tmp_path):
+    assert run_dspark(["config", "init"], cwd=tmp_path).returncode == 0
+    proc = run_dspark(["config", "check"], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    env = tmp_path / ".env.dspark"
+    lines = env.read_text().splitlines()
+    where = {name: f"{env}:{lines.index(next(l for l in lines if l.startswith(name + '='))) + 1}"
+             for name in ("DSPARK_HEAD_IP", "DSPARK_WORKER_HOSTS", "DSPARK_FABRIC_IFNAME")}
+    error = proc.stderr.strip()
+    assert len(error.splitlines()) == 1 and "configuration OK" not in proc.stdout
+    assert f"DSPARK_HEAD_IP=192.0.2.1 ({where['DSPARK_HEAD_IP']})" in error
+    assert f"DSPARK_WORKER_HOSTS=192.0.2.2 ({where['DSPARK_WORKER_HOSTS']})" in error
+    assert f"DSPARK_FABRIC_IFNAME=enp1s0f1np1 ({where['DSPARK_FABRIC_IFNAME']})" in error
+    # Any service command refuses the same way: nothing is dialled.
+    refused = run_dspark(["logs"], cwd=tmp_path)
+    assert refused.returncode == 2 and "placeholders from the example still set: DSPARK_HEAD_IP=192.0.2.1" in refused.stderr
+
+
+def _env(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "site.env"
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
+def test_every_documentation_range_is_a_placeholder_wherever_it_is_set(tmp_path):
+    env = _env(tmp_path, "DSPARK_HEAD_IP=10.1.0.1\nDSPARK_WORKER_HOSTS=admin@198.51.100.7\nDSPARK_FABRIC_IFNAME=fab0\n")
+    proc = run_dspark(["config", "check", "--env-file", str(env)])
+    assert proc.returncode == 2 and f"DSPARK_WORKER_HOSTS=admin@198.51.100.7 ({env}:2)" in proc.stderr, proc.stderr
+    real = _env(tmp_path, "DSPARK_HEAD_IP=10.1.0.1\nDSPARK_WORKER_HOSTS=10.1.0.2\nDSPARK_FABRIC_IFNAME=fab0\n")
+    proc = run_dspark(["config", "check", "--env-file", str(real)], env={"DSPARK_WORKER_IPS": "203.0.113.9"})
+    assert proc.returncode == 2 and "DSPARK_WORKER_IPS=203.0.113.9 (environment)" in proc.stderr, proc.stderr
+    assert run_dspark(["config", "check", "--env-file", str(real)]).returncode == 0
+    # The example's interface name alone may be this Spark's real one: not refused without a placeholder address.
+    spark = _env(tmp_path, "DSPARK_HEAD_IP=10.1.0.1\nDSPARK_WORKER_HOSTS=10.1.0.2\nDSPARK_FABRIC_IFNAME=enp1s0f1np1\n")
+    assert run_dspark(["config", "check", "--env-file", str(spark)]).returncode == 0
+
+
+def test_a_setting_not_set_names_dspark_config_init(tmp_path):
+    env = _env(tmp_path, "DSPARK_HEAD_IP=\nDSPARK_WORKER_HOSTS=10.1.0.2\nDSPARK_FABRIC_IFNAME=fab0\n")
+    proc = run_dspark(["logs", "--env-file", str(env)])
+    assert proc.returncode == 2 and "DSPARK_HEAD_IP is not set" in proc.stderr, proc.stderr
+    assert "`dspark config init`" in proc.stderr and ".env.dspark.example" not in proc.stderr
+
+
+def test_a_failed_start_says_what_it_stopped_only_when_it_started_something(monkeypatch, capsys, tmp_path):
+    from dspark_launch.cli.service_cmd import _report_failure
+    from dspark_launch.errors import DsparkError
+    from dspark_launch.serve import start as start_module
+
+    class Spec:
+        state_dir = tmp_path
+
+    class Runtime(start_module.HostRuntime):
+        def prepare(self, *args):
+            pass
+
+    def weights_missing(*args):
+        raise DsparkError("model weights not ready on worker1: run `dspark model pull`")
+
+    monkeypatch.setattr(start_module, "checked_plan", weights_missing)
+    try:
+        start_module.start_locked(None, Spec(), None, False, False, None, Runtime())
+    except DsparkError as error:
+        caught = error
+    assert caught.stopped == ()
+    _report_failure(caught, Spec())
+    err = capsys.readouterr().err
+    assert "nothing had been started" in err and "stopped" not in err.replace("nothing had been started", "")
+    caught.stopped = ("vllm serve", "Ray on every node")
+    _report_failure(caught, Spec())
+    assert f"stopped what this run started (vllm serve, Ray on every node); logs in {tmp_path / 'logs'}" in \
+        capsys.readouterr().err
