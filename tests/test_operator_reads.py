@@ -167,3 +167,85 @@ def test_a_failed_start_says_what_it_stopped_only_when_it_started_something(monk
     _report_failure(caught, Spec())
     assert f"stopped what this run started (vllm serve, Ray on every node); logs in {tmp_path / 'logs'}" in \
         capsys.readouterr().err
+
+
+# ---- plan (point 5) ----
+
+def _plan(tmp_path, refusals: tuple[str, ...] = ()):
+    from dspark_launch.agent.fabric import FabricRequest, fabric_env
+    from dspark_launch.agent.vllm_offer import VllmOffer
+    from dspark_launch.config.profile_resolve import resolve
+    from dspark_launch.config.settings import resolve as load_settings
+    from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
+    from dspark_launch.serve.plan_report import NodePlan, Plan, env_entries, not_probed, profile_decisions
+    from tests.support.paths import DATA
+    from tests.support.sysfs import add_port, ipv4_gid
+
+    settings = load_settings(env_file=str(ROOT / ".env.dspark.example"), environ={})
+    resolved = resolve(DEEPSEEK_V4_FLASH, VllmOffer.from_json((DATA / "vllm-0.25.0-offer.json").read_text()), settings)
+    add_port(tmp_path, "0000:01:00.1", "enp1s0f1np1", "rocep1s0f1", {3: (ipv4_gid("10.1.0.1"), "RoCE v2")})
+    fabric = fabric_env(FabricRequest("head", "enp1s0f1np1", "10.1.0.1"), tmp_path)
+    head = NodePlan("head", "10.1.0.1", True, "probed", (("ray", "start", "--head", "--port=6379"),
+                                                         ("vllm", "serve", *resolved.serve_args)),
+                    env_entries(resolved.env, "profile") + env_entries(fabric.env, "fabric (sysfs)"),
+                    fabric.notes, ("head: MTU 1500 on fabric member enp1s0f1np1, below 9000",), None, refusals)
+    return Plan(resolved.profile, resolved.vllm_version, ".env.dspark", False, profile_decisions(resolved),
+                (head, not_probed("worker1", "10.1.0.2", "not probed: worker1 (10.1.0.2): unreachable")), None,
+                head.warnings + refusals, refusals + ("worker1 (10.1.0.2): not probed: unreachable",))
+
+
+def test_plan_on_80_columns_starts_with_a_summary_and_wraps_every_line(tmp_path):
+    from dspark_launch.cli.plan_view import render_plan
+
+    plan = _plan(tmp_path, ("memory: head: needs 93 GiB of 64 GiB: start refuses this without --force",))
+    text = render_plan(plan, 80)
+    lines = text.splitlines()
+    summary = " ".join(text[:text.index("details:")].split())
+    assert summary.startswith("plan for .env.dspark: profile deepseek-v4-flash-0731, vLLM 0.25.0 on the head; "
+                              "nothing started head (10.1.0.1): ray start (4 args), vllm serve (")
+    assert "args); 1 refusal, 1 warning worker1" in summary
+    assert "  worker1 (10.1.0.2): not probed: worker1 (10.1.0.2): unreachable" in text
+    assert "start would refuse (2 reasons; `dspark plan` exits 1):" in text
+    assert text.index("start would refuse") < text.index("details:") < text.index("decisions:")
+    # Wrapped to the terminal: only a single word too long for any line (a JSON value) may pass 80 columns.
+    assert all(len(line) <= 80 or " " not in line.strip().rstrip(" \\") for line in lines), \
+        [line for line in lines if len(line) > 80]
+    serve = [line for line in lines if line.lstrip().startswith("run: vllm serve")][0]
+    first = lines.index(serve)
+    joined = " ".join(line.strip().rstrip("\\").strip() for line in lines[first:first + 40]
+                      if line.startswith("    ")).split(" run: ")[0]
+    assert "--kv-cache-dtype fp8" in joined  # a flag and its value stay together on one line
+    unwrapped = render_plan(plan, None)
+    assert any(len(line) > 80 for line in unwrapped.splitlines())  # piped: one line per fact, for grep
+
+
+def test_plan_exits_1_when_start_would_refuse_and_0_when_it_would_start(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from typer.testing import CliRunner
+
+    from dspark_launch.cli.main import app
+    from dspark_launch.cli.plan_view import render_plan
+    from dspark_launch.serve import preview
+
+    refused = _plan(tmp_path, ("fabric: head (10.1.0.1): no interface fab9 on this node: start refuses this",))
+    ready = replace(refused, refusals=(), warnings=(), nodes=(replace(refused.nodes[0], refusals=()),))
+    assert "start would go ahead (`dspark plan` exits 0)" in render_plan(ready, 80)
+    env = _env(tmp_path, "DSPARK_HEAD_IP=10.1.0.1\nDSPARK_WORKER_HOSTS=10.1.0.2\nDSPARK_FABRIC_IFNAME=fab9\n"
+                         f"DSPARK_STATE_DIR={tmp_path / 'state'}\n")
+    for plan, code in ((refused, 1), (ready, 0)):
+        monkeypatch.setattr(preview, "build_plan", lambda settings, reporter, plan=plan: plan)
+        result = CliRunner().invoke(app, ["plan", "--env-file", str(env)])
+        assert result.exit_code == code, result.output
+        as_json = CliRunner().invoke(app, ["plan", "--json", "--env-file", str(env)])
+        assert as_json.exit_code == code and '"refusals"' in as_json.output
+
+
+def test_plan_names_a_missing_fabric_interface_as_missing(tmp_path):
+    from dspark_launch.agent.fabric import FabricRequest, fabric_env
+    from tests.support.sysfs import add_port, ipv4_gid
+
+    add_port(tmp_path, "0000:01:00.1", "enp1s0f0np0", "rocep1s0f0", {3: (ipv4_gid("10.1.0.1"), "RoCE v2")})
+    found = fabric_env(FabricRequest("head", "enp1s0f1np1", "10.1.0.1"), tmp_path)
+    assert not found.roce
+    assert found.missing == "no interface enp1s0f1np1 on this node (DSPARK_FABRIC_IFNAME; its interfaces: enp1s0f0np0)"

@@ -295,9 +295,13 @@ def plan(
     env_file: EnvFileOption = None,
     host: HostOption = None,
     port: PortOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema dspark-plan/1).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema dspark-plan/1, "
+                                          "docs/operations.md).")] = False,
 ) -> None:
-    """What `start` would run on each node (argv, environment, profile decisions, memory); starts nothing."""
+    """What `start` would run on each node (argv, environment, profile decisions, memory); starts nothing.
+
+    A pre-flight for scripts: exit 0 when `start` would go ahead, 1 when it would refuse (each reason listed),
+    2 for a bad configuration."""
     from dspark_launch.cli.plan_view import render_plan
     from dspark_launch.config.load import serve_overrides
     from dspark_launch.serve.preview import build_plan
@@ -307,9 +311,12 @@ def plan(
         built = build_plan(settings, ConsoleReporter(quiet=as_json))
     except DsparkError as error:
         raise fail(error) from None
-    say(built.to_json() if as_json else render_plan(built))
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    say(built.to_json() if as_json else render_plan(built, width))
     if not as_json:
         _print_restart_kind(settings)
+    if built.start_would_refuse:
+        raise typer.Exit(EXIT_FAILED)
 
 
 def _print_restart_kind(settings) -> None:
