@@ -249,3 +249,39 @@ def test_plan_names_a_missing_fabric_interface_as_missing(tmp_path):
     found = fabric_env(FabricRequest("head", "enp1s0f1np1", "10.1.0.1"), tmp_path)
     assert not found.roce
     assert found.missing == "no interface enp1s0f1np1 on this node (DSPARK_FABRIC_IFNAME; its interfaces: enp1s0f0np0)"
+
+
+# ---- help (point 2) ----
+
+def _commands(group, path=()):
+    for name, command in sorted(group.commands.items()):
+        if command.hidden:
+            continue
+        yield (*path, name), command
+        if hasattr(command, "commands"):
+            yield from _commands(command, (*path, name))
+
+
+def test_every_help_text_is_unwrapped_every_option_has_help_and_metavars_read_well():
+    import inspect
+
+    import typer.main
+    from typer.testing import CliRunner
+
+    from dspark_launch.cli.main import app
+
+    root = typer.main.get_command(app)
+    seen = 0
+    for path, command in _commands(root):
+        paragraphs = inspect.cleandoc(command.help or "").split("\n\n")
+        assert command.help and all("\n" not in p for p in paragraphs), f"{path}: hard-wrapped help: {command.help!r}"
+        for param in command.params:
+            assert getattr(param, "help", None) or param.param_type_name == "argument", f"{path}: {param.name}"
+        shown = CliRunner().invoke(app, [*path, "--help"], terminal_width=80, env={"COLUMNS": "80"}).output
+        assert not re.search(r"<(bool|str|int|float|path)[^>]*>", shown), f"{path}:\n{shown}"
+        assert all(len(line) <= 80 for line in shown.splitlines()), f"{path}:\n{shown}"
+        seen += 1
+    assert seen >= 20
+    env_help = CliRunner().invoke(app, ["status", "--help"], terminal_width=200, env={"COLUMNS": "200"}).output
+    assert "else none: the built-in defaults and the environment; the example is read only when named" in env_help
+    assert "schema in docs/cluster.md" in env_help and "`status --json`" in (ROOT / "docs" / "cluster.md").read_text()

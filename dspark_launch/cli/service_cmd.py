@@ -18,8 +18,8 @@ from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.cli.signals import interruptible
 from dspark_launch.errors import EXIT_FAILED, ConfigError, DsparkError
 
-HostOption = Annotated[Optional[str], typer.Option("--host", help="API bind address (beats VLLM_HOST).")]
-PortOption = Annotated[Optional[str], typer.Option("--port", help="API port (beats VLLM_PORT).")]
+HostOption = Annotated[Optional[str], typer.Option("--host", metavar="ADDRESS", help="API bind address (beats VLLM_HOST).")]
+PortOption = Annotated[Optional[str], typer.Option("--port", metavar="PORT", help="API port (beats VLLM_PORT).")]
 
 
 def _report_failure(error: DsparkError, spec) -> None:
@@ -151,8 +151,7 @@ def stop(env_file: EnvFileOption = None, now: NowOption = False,
          remove: Annotated[bool, typer.Option("--remove", help="Also remove the node containers "
                                               "(DSPARK_RUNTIME=docker|podman; else they stay for the next start).")]
          = False) -> None:
-    """Stop the server (letting in-flight requests finish, up to DSPARK_DRAIN_TIMEOUT_S), then Ray on every
-    node; idempotent."""
+    """Stop the server (letting in-flight requests finish, up to DSPARK_DRAIN_TIMEOUT_S), then Ray on every node; idempotent."""
     from dspark_launch.serve.stop import stop as stop_everything
 
     _, spec = settings_and_spec(env_file)
@@ -172,8 +171,7 @@ def restart(
     strict: StrictOption = False,
     now: NowOption = False,
 ) -> None:
-    """Stop (drained unless --now), then start with the env file as it is now: only `vllm serve` when only
-    serve-level settings changed (Ray kept up), else everything."""
+    """Stop (drained unless --now), then start with the env file as it is now: only `vllm serve` when only serve-level settings changed (Ray kept up), else everything."""
     from dspark_launch.cluster.state import load_state
     from dspark_launch.serve.restart import restart_kind_of, restart_serve
     from dspark_launch.serve.stop import stop as stop_everything
@@ -199,12 +197,10 @@ def restart(
 
 def reload(
     env_file: EnvFileOption = None,
-    timeout: Annotated[float, typer.Option("--timeout", min=1.0, help="Seconds to wait for the scheduler to "
+    timeout: Annotated[float, typer.Option("--timeout", min=1.0, metavar="SECONDS", help="Seconds to wait for the scheduler to "
                                            "show the new values in force.")] = 30.0,
 ) -> None:
-    """Apply live settings (DSPARK_MAX_INFLIGHT_PREFILLS, DSPARK_PREFILL_GATE_MODE, DSPARK_PREFILL_AGING,
-    DSPARK_ISSUE43_SCHED_DIAG) to
-    the running scheduler without a restart; any other change is refused (exit 2) and needs `restart`."""
+    """Apply live settings (DSPARK_MAX_INFLIGHT_PREFILLS, DSPARK_PREFILL_GATE_MODE, DSPARK_PREFILL_AGING, DSPARK_ISSUE43_SCHED_DIAG) to the running scheduler without a restart; any other change is refused (exit 2) and needs `restart`."""
     from dspark_launch.serve.reload import reload as reload_live
 
     settings, spec = settings_and_spec(env_file)
@@ -218,7 +214,7 @@ def reload(
 
 def status(
     env_file: EnvFileOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema in docs/operations.md).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema in docs/cluster.md).")] = False,
 ) -> None:
     """Nodes, Ray, versions, hotfix, the server, its metrics, and drift from the env file."""
     from dspark_launch.agent.codec import to_data
@@ -240,9 +236,9 @@ def status(
 
 def logs(
     env_file: EnvFileOption = None,
-    node: Annotated[Optional[str], typer.Option("--node", help="A node's Ray logs (head, worker1, ...).")] = None,
+    node: Annotated[Optional[str], typer.Option("--node", metavar="NODE", help="A node's Ray logs (head, worker1, ...).")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines.")] = False,
-    tail: Annotated[int, typer.Option("--tail", "-n", help="Lines to show first.")] = 40,
+    tail: Annotated[int, typer.Option("--tail", "-n", metavar="N", help="Lines to show first.")] = 40,
 ) -> None:
     """The server log (default) or one node's Ray logs."""
     from dspark_launch.agent.protocol import Tail
@@ -266,11 +262,13 @@ def logs(
 
 def smoke(
     env_file: EnvFileOption = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, max=256)] = 4,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, max=4096)] = 16,
-    timeout: Annotated[float, typer.Option("--timeout")] = 120.0,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, max=256, metavar="N",
+                                             help="Requests sent at once.")] = 4,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, max=4096, metavar="N",
+                                            help="Tokens each request asks for.")] = 16,
+    timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", help="Per request.")] = 120.0,
 ) -> None:
-    """N parallel requests (chat when the profile serves a chat model); a line each; non-zero exit if any fails."""
+    """N requests at once to the running server: chat completions when the profile serves a chat model, else completions; a line each; exit 1 if any fails."""
     from dspark_launch.cluster.state import load_state
     from dspark_launch.serve.plan import api_key
     from dspark_launch.serve.smoke import smoke as send_requests
@@ -300,8 +298,7 @@ def plan(
 ) -> None:
     """What `start` would run on each node (argv, environment, profile decisions, memory); starts nothing.
 
-    A pre-flight for scripts: exit 0 when `start` would go ahead, 1 when it would refuse (each reason listed),
-    2 for a bad configuration."""
+    A pre-flight for scripts: exit 0 when `start` would go ahead, 1 when it would refuse (each reason listed), 2 for a bad configuration."""
     from dspark_launch.cli.plan_view import render_plan
     from dspark_launch.config.load import serve_overrides
     from dspark_launch.serve.preview import build_plan
@@ -336,7 +333,7 @@ def _print_restart_kind(settings) -> None:
 
 def systemd_unit(
     env_file: EnvFileOption = None,
-    user: Annotated[Optional[str], typer.Option("--user", help="User= of the unit (default: you).")] = None,
+    user: Annotated[Optional[str], typer.Option("--user", metavar="NAME", help="User= of the unit (default: you).")] = None,
 ) -> None:
     """Print a systemd unit for the head node (`dspark start --foreground`)."""
     import getpass
