@@ -285,3 +285,69 @@ def test_every_help_text_is_unwrapped_every_option_has_help_and_metavars_read_we
     env_help = CliRunner().invoke(app, ["status", "--help"], terminal_width=200, env={"COLUMNS": "200"}).output
     assert "else none: the built-in defaults and the environment; the example is read only when named" in env_help
     assert "schema in docs/cluster.md" in env_help and "`status --json`" in (ROOT / "docs" / "cluster.md").read_text()
+
+
+# ---- progress (point 6) ----
+
+VLLM_SHARDS = ("(EngineCore pid=4711) INFO 12-02 01:00:00 [default_loader.py:291] Starting to load model\n"
+               "(EngineCore pid=4711) Loading safetensors checkpoint shards:   0% Completed | 0/41 [00:00<?, ?it/s]\n"
+               "(EngineCore pid=4711) Loading safetensors checkpoint shards:  46% Completed | 19/41 "
+               "[00:31<00:38,  1.6it/s]\n")
+
+
+def test_the_weights_loading_phase_reads_vllms_own_shard_count():
+    from dspark_launch.serve import logscan
+
+    assert logscan.phase(VLLM_SHARDS) == "loading weights"
+    assert logscan.shards_loaded(VLLM_SHARDS) == (19, 41)
+    assert logscan.shards_loaded("Starting to load model\n") is None
+
+
+def test_progress_on_an_80_column_terminal_shows_shards_bytes_and_eta(monkeypatch):
+    from dspark_launch.cli import reporter as module
+
+    console = terminal()
+    reporter = module.ConsoleReporter(console=console)
+    try:
+        reporter.waiting("vllm serve: starting", 12, 1800)
+        reporter.measured("vllm serve: loading weights", 19, 41, "shards")
+        reporter.measured("worker1 (10.213.0.2): copying the weights", 1 << 30, 4 << 30, "bytes")
+        shown = Console(record=True, width=80, file=io.StringIO(), force_terminal=True)
+        shown.print(reporter._progress.get_renderable())
+        bars = shown.export_text()
+    finally:
+        reporter.close()
+    lines = bars.splitlines()
+    assert len(lines) == 2 and all(len(line) <= 80 for line in lines), bars
+    assert "vllm serve: loading weights" in lines[0] and "19/41 shards" in lines[0]  # replaced "starting"
+    assert "1.00/4.00 GiB" in lines[1] and "ETA" in lines[1], lines[1]
+    printed = console.export_text()
+    assert "vllm serve: starting (12/1800 s)" in printed and "vllm serve: loading weights (19/41 shards)" in printed
+    assert reporter._progress is None  # closed: nothing left drawing when the summary prints
+
+
+def test_without_a_terminal_a_30_minute_start_writes_a_line_per_phase_and_at_most_one_a_minute(monkeypatch, capsys):
+    from dspark_launch.cli import reporter as module
+
+    clock = [1000.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+    reporter = module.ConsoleReporter(console=Console(file=io.StringIO(), force_terminal=False))
+    phases = {0: "vllm serve: starting", 60: "vllm serve: loading weights", 1500: "vllm serve: compiling",
+              1700: "vllm serve: API starting"}
+    current = phases[0]
+    for t in range(0, 1800, 5):  # the start polls every 0.5 s; every 5 s is plenty to show the limit
+        clock[0] = 1000.0 + t
+        current = phases.get(t, current)
+        if current.endswith("loading weights"):
+            reporter.measured(current, min(41, t // 30), 41, "shards")
+        else:
+            reporter.waiting(current, t, 1800)
+    reporter.phase("sending a one-token chat completion")
+    lines = capsys.readouterr().err.splitlines()
+    for message in phases.values():
+        assert sum(message + " (" in line for line in lines) >= 1, message
+    # 30 minutes, 4 phases: at most a line a minute per phase, and one as each begins (was about 360).
+    assert 30 <= len(lines) <= 36, "\n".join(lines)
+    for message in phases.values():  # within one phase, a minute at least between two lines
+        times = [float(re.match(r"\[\s*([\d.]+)s\]", line).group(1)) for line in lines if message + " (" in line]
+        assert all(b - a >= 60 for a, b in zip(times, times[1:])), (message, times)

@@ -51,6 +51,7 @@ def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False
         """Before `start` returned, its own rollback stopped everything. After: a supervisor stops its own
         run (from the very first moment: a signal while it printed the start's report left the run up,
         unsupervised); a detached start leaves the run it completed, as recorded."""
+        reporter.close()
         if running and foreground and _stop_own_run(spec, running[0]):
             running.clear()
         if running:
@@ -64,9 +65,11 @@ def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False
         try:
             result = begin(settings, spec, reporter, force=force, verify=verify)
         except DsparkError as error:
+            reporter.close()
             _report_failure(error, spec)
             raise typer.Exit(error.exit_code) from None
         running.append(result.server)
+        reporter.close()
         _report_started(spec, result)
         if foreground:
             _stay_attached(spec, result.server)

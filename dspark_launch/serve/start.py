@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster import ray_cluster as rc
-from dspark_launch.agent.client import NodeAgent, Reporter
+from dspark_launch.agent.client import NodeAgent, Reporter, report_measured
 from dspark_launch.cluster.parallel import Background, on_each, settle
 from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, NonCarryOver, SchedulerControl, Spawn
 from dspark_launch.cluster.spec import ClusterSpec
@@ -292,7 +292,12 @@ def wait_until_serving(spec: ClusterSpec, plan: ServePlan, server: ServerRecord,
         if elapsed > plan.start_timeout_s:
             raise ServeFailure(f"vllm serve not ready after {plan.start_timeout_s} s (phase: {logscan.phase(text)}); "
                                f"log {server.log}", tails(spec, server, state=None))
-        reporter.waiting(f"vllm serve: {logscan.phase(text)}", elapsed, plan.start_timeout_s)
+        now_in = logscan.phase(text)
+        shards = logscan.shards_loaded(text) if now_in == "loading weights" else None
+        if shards:
+            report_measured(reporter, "vllm serve: loading weights", *shards, "shards", elapsed, plan.start_timeout_s)
+        else:
+            reporter.waiting(f"vllm serve: {now_in}", elapsed, plan.start_timeout_s)
         time.sleep(0.5)
     kind = "chat completion" if plan.chat else "completion"
     reporter.phase(f"sending a one-token {kind}")
@@ -311,7 +316,8 @@ def wait_until_serving(spec: ClusterSpec, plan: ServePlan, server: ServerRecord,
         raise ServeFailure(f"vllm serve not ready after {plan.start_timeout_s} s: the API is up but the one-token "
                            f"{kind} got no answer in {answer.attempts} attempt(s) (the last: {last} after "
                            f"{answer.latency_s:.0f} s); log {server.log}", tails(spec, server, state=None))
-    reporter.phase(f"the one-token {kind} answered in {answer.latency_s:.1f} s (attempt {answer.attempts})")
+    reporter.phase(f"the one-token {kind} answered (attempt {answer.attempts}); checking that the served scheduler "
+                   "runs the hotfix")
     text = log.refresh()
     cap = logscan.hotfix_cap(text)
     if cap != plan.cap:
