@@ -351,3 +351,52 @@ def test_without_a_terminal_a_30_minute_start_writes_a_line_per_phase_and_at_mos
     for message in phases.values():  # within one phase, a minute at least between two lines
         times = [float(re.match(r"\[\s*([\d.]+)s\]", line).group(1)) for line in lines if message + " (" in line]
         assert all(b - a >= 60 for a, b in zip(times, times[1:])), (message, times)
+
+
+# ---- README (point 1) ----
+
+def _readme_section(title: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def test_the_readme_layout_table_names_only_paths_that_exist_and_every_package():
+    rows = [line for line in _readme_section("Layout").splitlines() if line.startswith("| `")]
+    named = []
+    for row in rows:
+        path_cell, what = row.split(" | ", 1)
+        path = path_cell.strip("| `")
+        named.append(path.rstrip("/"))
+        folder = ROOT / path
+        assert folder.exists(), f"README Layout names {path}, which does not exist"
+        for name in re.findall(r"`([\w./-]+\.(?:py|sh))`", what):
+            # a file a row names lies in that row's folder (or is a path from the root)
+            found = (ROOT / name).exists() or (folder.is_dir() and any(folder.rglob(Path(name).name)))
+            assert found, f"README Layout: {path} names {name}, which does not exist there"
+        for name in re.findall(r"`([\w-]+/)`", what):
+            assert (folder / name).is_dir() or (ROOT / name).is_dir(), f"README Layout: {path} names {name}: no such folder"
+    packages = sorted(str(p.parent.relative_to(ROOT)) for p in (ROOT / "dspark_launch").glob("*/__init__.py"))
+    assert packages and [p for p in packages if p not in named] == [], "packages without a Layout row"
+    top = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")
+                 and p.name not in ("dspark_launch", "tests") and not p.name.endswith(".egg-info"))
+    assert [t for t in top if t not in named] == [], "top-level folders without a Layout row"
+
+
+def test_the_readme_says_what_the_code_does():
+    from dspark_launch.hotfix.contract import PATCH_VERSION
+    from dspark_launch.serve.restart_kind import LIVE_LEVEL
+
+    readme = (ROOT / "README.md").read_text()
+    sample = readme[readme.index("What a start prints"):readme.index("## Layout")]
+    patches = set(re.findall(r"hotfix \w+: applied \(patch (\d+), vLLM", sample))
+    assert patches == {str(PATCH_VERSION)}, f"the sample start output shows patch {patches}; the code: {PATCH_VERSION}"
+    assert len(re.findall(r"in [\d.]+ s \(attempt", sample)) == 1  # the first answer's latency said once
+    reload_row = next(line for line in _readme_section("Commands").splitlines() if line.startswith("| `dspark reload"))
+    assert all(name in reload_row for name in LIVE_LEVEL), reload_row
+    smoke_row = next(line for line in _readme_section("Commands").splitlines() if line.startswith("| `dspark smoke"))
+    assert "else completions" in smoke_row
+    # The prerequisites come before the two set-up commands they are needed for.
+    assert readme.index("PIP_EXTRA_INDEX_URL") < readme.index("make test   #") and readme.index("root") < \
+        readme.index("make test   #")
