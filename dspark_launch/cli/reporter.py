@@ -11,11 +11,6 @@ import sys
 import threading
 import time
 
-from rich.console import Console
-from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, Task, TextColumn
-from rich.table import Column
-from rich.text import Text
-
 from dspark_launch.cli.output import printable
 
 GIB = 1 << 30
@@ -40,11 +35,21 @@ def measure_text(unit: str, done: float, total: float, speed: float | None = Non
     return f"{done:g}/{total:g} {unit}".rstrip()
 
 
-class _Measure(ProgressColumn):
-    def render(self, task: Task) -> Text:
-        unit = task.fields.get("unit", "s")
-        return Text(measure_text(unit, task.completed, task.total or 0, task.speed, task.time_remaining),
-                    style="progress.download")
+def _progress(console):
+    """A Rich progress display sized to the terminal (imported here: `dspark config ...` never loads it)."""
+    from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn
+    from rich.table import Column
+    from rich.text import Text
+
+    class Measure(ProgressColumn):
+        def render(self, task):
+            unit = task.fields.get("unit", "s")
+            return Text(measure_text(unit, task.completed, task.total or 0, task.speed, task.time_remaining),
+                        style="progress.download")
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False,
+                                                table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
+                    BarColumn(bar_width=24), Measure(), console=console, transient=True, expand=True)
 
 
 def _family(message: str) -> str:
@@ -54,13 +59,15 @@ def _family(message: str) -> str:
 
 
 class ConsoleReporter:
-    def __init__(self, quiet: bool = False, console: Console | None = None):
+    def __init__(self, quiet: bool = False, console=None):
+        from rich.console import Console
+
         self.quiet = quiet
         self.console = console or Console(stderr=True, highlight=False)
         self.tty = self.console.is_terminal
         self._start = time.monotonic()
         self._lock = threading.RLock()
-        self._progress: Progress | None = None
+        self._progress = None  # a rich.progress.Progress while a wait is shown on a terminal
         self._tasks: dict[str, tuple[tuple[str, str], int]] = {}  # family -> ((message, unit), task id)
         self._said: dict[str, tuple[str, float]] = {}  # family -> (message, when its last line was printed)
 
@@ -69,6 +76,8 @@ class ConsoleReporter:
 
     def _line(self, text: str) -> None:
         if self.tty:
+            from rich.text import Text
+
             (self._progress.console if self._progress else self.console).print(Text(text), highlight=False)
         else:
             print(text, file=sys.stderr, flush=True)
@@ -101,10 +110,7 @@ class ConsoleReporter:
 
     def _show(self, family: str, message: str, done: float, total: float, unit: str) -> None:
         if self._progress is None:
-            self._progress = Progress(
-                SpinnerColumn(), TextColumn("{task.description}", markup=False,
-                                            table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
-                BarColumn(bar_width=24), _Measure(), console=self.console, transient=True, expand=True)
+            self._progress = _progress(self.console)
             self._progress.start()
         shown, task = self._tasks.get(family, (("", ""), None))
         if task is not None and shown != (message, unit):
