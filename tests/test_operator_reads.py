@@ -185,8 +185,9 @@ def _plan(tmp_path, refusals: tuple[str, ...] = ()):
     resolved = resolve(DEEPSEEK_V4_FLASH, VllmOffer.from_json((DATA / "vllm-0.25.0-offer.json").read_text()), settings)
     add_port(tmp_path, "0000:01:00.1", "enp1s0f1np1", "rocep1s0f1", {3: (ipv4_gid("10.1.0.1"), "RoCE v2")})
     fabric = fabric_env(FabricRequest("head", "enp1s0f1np1", "10.1.0.1"), tmp_path)
-    head = NodePlan("head", "10.1.0.1", True, "probed", (("ray", "start", "--head", "--port=6379"),
-                                                         ("vllm", "serve", *resolved.serve_args)),
+    head = NodePlan("head", "10.1.0.1", True, "probed", (("/venv/bin/python", "-m", "ray.scripts.scripts", "start",
+                                                          "--head"), ("/venv/bin/python", "-m",
+                                                                      "dspark_launch.serve.entry", *resolved.serve_args)),
                     env_entries(resolved.env, "profile") + env_entries(fabric.env, "fabric (sysfs)"),
                     fabric.notes, ("head: MTU 1500 on fabric member enp1s0f1np1, below 9000",), None, refusals)
     return Plan(resolved.profile, resolved.vllm_version, ".env.dspark", False, profile_decisions(resolved),
@@ -202,7 +203,7 @@ def test_plan_on_80_columns_starts_with_a_summary_and_wraps_every_line(tmp_path)
     lines = text.splitlines()
     summary = " ".join(text[:text.index("details:")].split())
     assert summary.startswith("plan for .env.dspark: profile deepseek-v4-flash-0731, vLLM 0.25.0 on the head; "
-                              "nothing started head (10.1.0.1): ray start (4 args), vllm serve (")
+                              "nothing started head (10.1.0.1): ray start (5 args), vllm serve (")
     assert "args); 1 refusal, 1 warning worker1" in summary
     assert "  worker1 (10.1.0.2): not probed: worker1 (10.1.0.2): unreachable" in text
     assert "start would refuse (2 reasons; `dspark plan` exits 1):" in text
@@ -210,7 +211,7 @@ def test_plan_on_80_columns_starts_with_a_summary_and_wraps_every_line(tmp_path)
     # Wrapped to the terminal: only a single word too long for any line (a JSON value) may pass 80 columns.
     assert all(len(line) <= 80 or " " not in line.strip().rstrip(" \\") for line in lines), \
         [line for line in lines if len(line) > 80]
-    serve = [line for line in lines if line.lstrip().startswith("run: vllm serve")][0]
+    serve = [line for line in lines if line.lstrip().startswith("run: /venv/bin/python -m dspark_launch.serve")][0]
     first = lines.index(serve)
     joined = " ".join(line.strip().rstrip("\\").strip() for line in lines[first:first + 40]
                       if line.startswith("    ")).split(" run: ")[0]

@@ -47,10 +47,17 @@ def _command(argv: tuple[str, ...], width: int | None, indent: str) -> list[str]
     return [*lines, current]
 
 
+# The modules `start` runs with the node's Python, by the name an operator knows them by.
+PROGRAMS = {"ray.scripts.scripts": "ray", "dspark_launch.serve.entry": "vllm serve"}
+
+
 def _program(argv: tuple[str, ...]) -> str:
-    """`ray start`, `vllm serve`: the program's name and its sub-command."""
-    name = argv[0].rsplit("/", 1)[-1] if argv else "?"
-    return f"{name} {argv[1]}" if len(argv) > 1 and not argv[1].startswith("-") else name
+    """`ray start`, `vllm serve`: the program an argv runs (`python -m MODULE` by the module) and its sub-command."""
+    words = list(argv)
+    if len(words) > 2 and words[1] == "-m":
+        words = [PROGRAMS.get(words[2], words[2]), *words[3:]]
+    name = words[0].rsplit("/", 1)[-1] if words else "?"
+    return f"{name} {words[1]}" if len(words) > 1 and not words[1].startswith("-") and " " not in name else name
 
 
 def _count(n: int, what: str) -> str:
