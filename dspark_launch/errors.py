@@ -14,6 +14,8 @@ class DsparkError(Exception):
     """An operator-facing failure: one line, and the exit code it maps to."""
 
     exit_code = EXIT_FAILED
+    # What the failed command's rollback stopped ("Ray on every node", ...); empty: it had started nothing.
+    stopped: tuple[str, ...] = ()
 
 
 class ConfigError(DsparkError):

@@ -38,7 +38,7 @@ def test_start_script_fails_in_bash_before_python(tmp_path):
 def test_start_script_execs_dspark_start(tmp_path):
     proc = _script({"DSPARK_MAX_INFLIGHT_PREFILLS": "2", "DSPARK_ENV_FILE": str(REPO / ".env.dspark.example")})
     assert proc.returncode == 2
-    assert "placeholder from the example file" in proc.stderr
+    assert "placeholders from the example still set: DSPARK_HEAD_IP=192.0.2.1" in proc.stderr
 
 
 def test_systemd_unit(tmp_path):

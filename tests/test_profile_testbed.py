@@ -32,14 +32,16 @@ def in_empty_netns(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root for unshare -n")
-def test_plan_on_the_example_file_contacts_nothing_and_exits_0():
+def test_plan_on_the_example_file_contacts_nothing_and_exits_1():
+    """Start would refuse the example's placeholders: plan, a pre-flight for scripts, exits 1 and says why."""
     text = in_empty_netns("plan", "--env-file", str(EXAMPLE))
-    assert text.returncode == 0, text.stderr[-3000:]
+    assert text.returncode == 1, text.stderr[-3000:]
+    assert "start would refuse (" in text.stdout and "placeholders from the example still set" in text.stdout
     assert "worker1 (192.0.2.2): not probed: its address is a placeholder from the example file" in text.stdout
     assert "kv-cache-dtype nvfp4_ds_mla: the profile's first choice" in text.stdout
     assert " --kv-cache-dtype nvfp4_ds_mla " in text.stdout and "RAY_AUTH_TOKEN=set  (secret)" in text.stdout
     shown = in_empty_netns("plan", "--json", "--env-file", str(EXAMPLE))
-    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert shown.returncode == 1, shown.stderr[-3000:]
     plan = json.loads(shown.stdout)
     assert plan["schema"] == "dspark-plan/1" and plan["from_example"] and plan["vllm_version"] == "0.32.0"
     assert [(n["node"], n["probed"]) for n in plan["nodes"]] == [("head", True), ("worker1", False)]
@@ -58,9 +60,13 @@ def test_plan_on_the_example_file_contacts_nothing_and_exits_0():
     assert head["memory"]["need_bytes"] == memory["weights_per_node"] + memory["non_kv_bytes"] + memory["kv_per_node"]
     refused = [w for w in plan["warnings"] if w.startswith("memory: head:")]
     assert head["memory"]["fits"] == (not refused) and all("start refuses this without --force" in w for w in refused)
-    # No RoCE in this namespace: the plan says start would refuse it (exit 2) and how to accept TCP.
-    assert "fabric: head (192.0.2.1): no RDMA device behind enp1s0f1np1: start refuses this (exit 2) unless " \
-           "DSPARK_ALLOW_TCP_FABRIC=1" in plan["warnings"]
+    # No such interface in this namespace: the plan names it missing and says start would refuse it (exit 2).
+    # (the interfaces listed are this host's: `unshare -n` keeps the host's /sys mounted)
+    refusal = next(r for r in head["refusals"] if r.startswith("fabric: "))
+    assert refusal.startswith("fabric: head (192.0.2.1): no interface enp1s0f1np1 on this node (DSPARK_FABRIC_IFNAME; "
+                              "its interfaces: ") and refusal.endswith("): start refuses this (exit 2) unless "
+                                                                        "DSPARK_ALLOW_TCP_FABRIC=1"), refusal
+    assert refusal in plan["warnings"] and refusal in plan["refusals"]
     # Every flag and variable of the profile with its reason; this CPU node reports no GPU, and the lines say so.
     reasons = {d["subject"]: d["reason"] for d in plan["decisions"]}
     for subject in ("kv-cache-dtype", "moe-backend", "load-format", "max-cudagraph-capture-size",

@@ -41,7 +41,7 @@ def test_plan_on_the_example_file_marks_workers_not_probed_and_hides_secrets(tmp
     assert env["RAY_AUTH_TOKEN"]["value"] == "unset" and env["NCCL_IB_GID_INDEX"]["value"] == "3"
     assert body["nodes"][1] == {"node": "worker1", "address": "192.0.2.2", "probed": False,
                                 "status": NOT_PROBED_EXAMPLE, "commands": [], "env": [], "fabric_notes": [],
-                                "warnings": [], "memory": None}
+                                "warnings": [], "memory": None, "refusals": []}
     lines = [d["line"] for d in body["decisions"]]
     assert lines[0] == "vllm 0.25.0: installed on the head; profile deepseek-v4-flash-0731"
     assert any(line.startswith("kv-cache-dtype fp8: nvfp4_ds_mla not offered") for line in lines)

@@ -193,6 +193,10 @@ def fabric_env(request: FabricRequest, root: Path | None = None) -> FabricEnv:
                   for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")]
     if request.hca_list:
         return _operator_fabric(root, request, known, socket_env)
+    if not (root / "class" / "net" / request.ifname).exists():
+        present = sorted(p.name for p in (root / "class" / "net").glob("*") if p.name != "lo")
+        return _tcp_only(request, socket_env, f"no interface {request.ifname} on this node (DSPARK_FABRIC_IFNAME; "
+                                              f"its interfaces: {', '.join(present) or 'only lo'})")
     behind = sorted(p.name for p in (root / "class" / "net" / request.ifname / "device" / "infiniband").glob("*"))
     if not behind:
         return _tcp_only(request, socket_env, f"no RDMA device behind {request.ifname}")

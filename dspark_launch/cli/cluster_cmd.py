@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import sys
-import time
 
 import typer
 
 from dspark_launch.cli.config_cmd import EnvFileOption
 from dspark_launch.cli.loading import settings_and_spec
-from dspark_launch.cli.output import fail, say, table
+from dspark_launch.cli.output import fail, say
 from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.cli.signals import interruptible
 from dspark_launch.errors import EXIT_FAILED, DsparkError
@@ -84,21 +83,3 @@ def dashboard_hint(spec) -> str | None:
 def hotfix_line(name: str, report) -> str:
     status = report.status
     return f"hotfix {name}: {status.state} (patch {status.patch_version}, vLLM {status.vllm_version})"
-
-
-def render_status(view) -> str:
-    """The cluster table of `status` (a ClusterView or ServiceStatus)."""
-    rows = []
-    for n in view.nodes:
-        versions = n.versions
-        rows.append((n.name, n.ip, "yes" if n.reachable else "NO", "alive" if n.ray_alive else "down",
-                     n.registered_ip or "-", "-" if n.gpus is None else f"{n.gpus:g}",
-                     (versions and versions.vllm) or "-", (versions and versions.ray) or "-", n.hotfix or "-"))
-    since = f", up {time.time() - view.started_at:.0f} s" if view.started_at and view.state != "down" else ""
-    head = f"cluster: {view.state} (Ray {view.ray_address}{since})"
-    text = head + "\n" + table(("NODE", "IP", "REACHABLE", "RAY", "REGISTERED", "GPUS", "VLLM", "RAY VER", "HOTFIX"),
-                               rows, indent="  ")
-    boxes = [(n.name, n.container, n.container_status, n.image_id or "-") for n in view.nodes if n.container]
-    if boxes:
-        text += "\n" + table(("NODE", "CONTAINER", "STATE", "IMAGE"), boxes, indent="  ")
-    return text

@@ -16,8 +16,9 @@ app = typer.Typer(help="Show, check and initialise the configuration.", no_args_
 
 EnvFileOption = Annotated[
     Optional[str],
-    typer.Option("--env-file", help="Env file to read (default: $DSPARK_ENV_FILE, ./.env.dspark, the example).",
-                 show_default=False),
+    typer.Option("--env-file", metavar="PATH", show_default=False,
+                 help="Env file to read (default: $DSPARK_ENV_FILE, else ./.env.dspark, else none: the built-in "
+                      "defaults and the environment; the example is read only when named)."),
 ]
 
 
@@ -72,14 +73,19 @@ def check(
     env_file: EnvFileOption = None,
     strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as errors.")] = False,
 ) -> None:
-    """Exit 0 when the configuration is valid, 2 when it is not."""
+    """Exit 0 when the configuration is valid, 2 when it is not (one line naming the setting, its value, file:line and what is allowed; the example's placeholder hosts and interface included)."""
+    from dspark_launch.config.placeholders import placeholder_error, placeholders
+
     settings = load_settings(env_file, strict=strict)
+    found = placeholders(settings)
+    if found:
+        raise fail(ConfigError(placeholder_error(found)))
     say(f"configuration OK: {len(settings.entries)} settings, env file {settings.env_file_shown}")
 
 
 @app.command()
 def get(
-    name: Annotated[str, typer.Argument(help="Setting name, e.g. DSPARK_MAX_INFLIGHT_PREFILLS.")],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Setting name, e.g. DSPARK_MAX_INFLIGHT_PREFILLS.")],
     env_file: EnvFileOption = None,
 ) -> None:
     """The effective value of one setting, alone (the profile's where it replaced the default; secrets as set/unset)."""
@@ -105,9 +111,9 @@ def docs() -> None:
 
 @app.command()
 def init(
-    path: Annotated[Path, typer.Option("--path", help="Where to write the env file.")] = Path(".env.dspark"),
+    path: Annotated[Path, typer.Option("--path", metavar="PATH", help="Where to write the env file.")] = Path(".env.dspark"),
 ) -> None:
-    """Copy the example to .env.dspark with mode 0600; never overwrites."""
+    """Copy the example to .env.dspark with mode 0600; never overwrites. Then edit the lines `dspark config check` names."""
     from dspark_launch.config.envfile import packaged_example
 
     try:

@@ -9,6 +9,26 @@ import typer
 from dspark_launch import __version__
 from dspark_launch.cli import cluster_cmd, config_cmd, model_cmd, service_cmd
 
+def _readable_metavars() -> None:
+    """Typer 0.29 shows a `<bool>` beside every flag and `<str>`/`<int>` beside every value: a flag takes no
+    value, so it shows none; a value without its own metavar shows its name (`--gpu` -> `GPU`); an argument shows
+    its name once."""
+    from typer.core import TyperArgument, TyperOption
+
+    def option_type(self, ctx):
+        if self.metavar is not None:
+            return self.metavar
+        return None if self.is_flag else (self.name or "value").upper()
+
+    def argument_type(self, ctx):
+        return None  # its name already stands in the first column
+
+    TyperOption.display_type_rich = option_type
+    TyperArgument.display_type_rich = argument_type
+
+
+_readable_metavars()
+
 app = typer.Typer(
     name="dspark",
     help="Serve DeepSeek-V4-Flash with vLLM over Ray across DGX Spark nodes.",

@@ -80,8 +80,8 @@ def pull(env_file: EnvFileOption = None, as_json: JsonOption = False,
          verify: Annotated[bool, typer.Option("--verify", help="Hash every file on every node, even those "
                                               "unchanged since the last pull.")] = False) -> None:
     """Pull the model once on the head (the profile's pinned revision), copy it to every worker, verify there.
-    Free disk is checked on every node before the first byte; a rerun fetches only what is missing or bad,
-    hashes only files changed since (size, mtime, inode) and verifies on a worker only what was sent."""
+
+    Free disk is checked on every node before the first byte; a rerun fetches only what is missing or bad, hashes only files changed since (size, mtime, inode) and verifies on a worker only what was sent."""
     from dspark_launch.model import onnodes
 
     wanted, spec = _wanted(env_file)
@@ -93,10 +93,12 @@ def pull(env_file: EnvFileOption = None, as_json: JsonOption = False,
     with interruptible(lambda code: say(f"dspark: interrupted (exit {code}); run `dspark model pull` again to "
                                           "resume: complete files are kept", file=sys.stderr)):
         try:
-            placement = onnodes.pull(wanted, spec, reporter, tqdm_class=_quiet_tqdm() if as_json else None,
-                                     verify=verify)
+            placement = onnodes.pull(wanted, spec, reporter, tqdm_class=_quiet_tqdm() if as_json else
+                                     reporter_tqdm(reporter), verify=verify)
         except DsparkError as error:
+            reporter.close()
             raise fail(error) from None
+    reporter.close()
     seconds = time.monotonic() - t0
     if as_json:
         emit_json({"model": wanted.name, "revision": placement.manifest.revision, "folder": placement.location.folder,
@@ -117,6 +119,27 @@ def pull(env_file: EnvFileOption = None, as_json: JsonOption = False,
             f"{sync.report.bytes_checked / GIB:.2f} GiB hashed there"
             + (f", {len(sync.repair.files_sent)} repaired" if sync.repair else ""))
     say(f"model ready on {1 + len(placement.workers)} node(s) in {seconds:.1f} s")
+
+
+def reporter_tqdm(reporter: ConsoleReporter):
+    """A tqdm class for huggingface_hub that draws nothing itself: the bytes written go to `reporter` (a Rich
+    progress bar with rate and ETA on a terminal, a line a minute without one)."""
+    import io
+
+    from tqdm.std import tqdm
+
+    class ToReporter(tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs.pop("name", None)
+            super().__init__(*args, **{**kwargs, "file": io.StringIO(), "disable": False})
+
+        def update(self, n=1):
+            shown = super().update(n)
+            if self.unit == "B" and self.total and not str(self.desc).startswith("Downloading bytes"):
+                reporter.measured("head: downloading the weights", self.n, self.total, "bytes")
+            return shown
+
+    return ToReporter
 
 
 def _quiet_tqdm():

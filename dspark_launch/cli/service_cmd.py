@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dspark_launch.cli.cluster_cmd import dashboard_hint, hotfix_line, render_status
+from dspark_launch.cli.cluster_cmd import dashboard_hint, hotfix_line
 from dspark_launch.cli.config_cmd import EnvFileOption
 from dspark_launch.cli.loading import settings_and_spec, settings_or_exit
 from dspark_launch.cli.output import emit_json, fail, say
@@ -18,16 +18,19 @@ from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.cli.signals import interruptible
 from dspark_launch.errors import EXIT_FAILED, ConfigError, DsparkError
 
-HostOption = Annotated[Optional[str], typer.Option("--host", help="API bind address (beats VLLM_HOST).")]
-PortOption = Annotated[Optional[str], typer.Option("--port", help="API port (beats VLLM_PORT).")]
+HostOption = Annotated[Optional[str], typer.Option("--host", metavar="ADDRESS", help="API bind address (beats VLLM_HOST).")]
+PortOption = Annotated[Optional[str], typer.Option("--port", metavar="PORT", help="API port (beats VLLM_PORT).")]
 
 
 def _report_failure(error: DsparkError, spec) -> None:
     for line in getattr(error, "extra", []):
         say(line, file=sys.stderr)
     say(f"dspark: error: {error}", file=sys.stderr)
-    if error.exit_code == EXIT_FAILED:
-        say(f"dspark: everything this run started was stopped; logs in {spec.state_dir / 'logs'}", file=sys.stderr)
+    if error.stopped:
+        say(f"dspark: stopped what this run started ({', '.join(error.stopped)}); logs in {spec.state_dir / 'logs'}",
+            file=sys.stderr)
+    elif error.exit_code == EXIT_FAILED:
+        say("dspark: nothing had been started", file=sys.stderr)
 
 
 ForceOption = Annotated[bool, typer.Option(
@@ -48,6 +51,7 @@ def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False
         """Before `start` returned, its own rollback stopped everything. After: a supervisor stops its own
         run (from the very first moment: a signal while it printed the start's report left the run up,
         unsupervised); a detached start leaves the run it completed, as recorded."""
+        reporter.close()
         if running and foreground and _stop_own_run(spec, running[0]):
             running.clear()
         if running:
@@ -61,9 +65,11 @@ def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False
         try:
             result = begin(settings, spec, reporter, force=force, verify=verify)
         except DsparkError as error:
+            reporter.close()
             _report_failure(error, spec)
             raise typer.Exit(error.exit_code) from None
         running.append(result.server)
+        reporter.close()
         _report_started(spec, result)
         if foreground:
             _stay_attached(spec, result.server)
@@ -148,8 +154,7 @@ def stop(env_file: EnvFileOption = None, now: NowOption = False,
          remove: Annotated[bool, typer.Option("--remove", help="Also remove the node containers "
                                               "(DSPARK_RUNTIME=docker|podman; else they stay for the next start).")]
          = False) -> None:
-    """Stop the server (letting in-flight requests finish, up to DSPARK_DRAIN_TIMEOUT_S), then Ray on every
-    node; idempotent."""
+    """Stop the server (letting in-flight requests finish, up to DSPARK_DRAIN_TIMEOUT_S), then Ray on every node; idempotent."""
     from dspark_launch.serve.stop import stop as stop_everything
 
     _, spec = settings_and_spec(env_file)
@@ -169,8 +174,7 @@ def restart(
     strict: StrictOption = False,
     now: NowOption = False,
 ) -> None:
-    """Stop (drained unless --now), then start with the env file as it is now: only `vllm serve` when only
-    serve-level settings changed (Ray kept up), else everything."""
+    """Stop (drained unless --now), then start with the env file as it is now: only `vllm serve` when only serve-level settings changed (Ray kept up), else everything."""
     from dspark_launch.cluster.state import load_state
     from dspark_launch.serve.restart import restart_kind_of, restart_serve
     from dspark_launch.serve.stop import stop as stop_everything
@@ -196,12 +200,10 @@ def restart(
 
 def reload(
     env_file: EnvFileOption = None,
-    timeout: Annotated[float, typer.Option("--timeout", min=1.0, help="Seconds to wait for the scheduler to "
+    timeout: Annotated[float, typer.Option("--timeout", min=1.0, metavar="SECONDS", help="Seconds to wait for the scheduler to "
                                            "show the new values in force.")] = 30.0,
 ) -> None:
-    """Apply live settings (DSPARK_MAX_INFLIGHT_PREFILLS, DSPARK_PREFILL_GATE_MODE, DSPARK_PREFILL_AGING,
-    DSPARK_ISSUE43_SCHED_DIAG) to
-    the running scheduler without a restart; any other change is refused (exit 2) and needs `restart`."""
+    """Apply live settings (DSPARK_MAX_INFLIGHT_PREFILLS, DSPARK_PREFILL_GATE_MODE, DSPARK_PREFILL_AGING, DSPARK_ISSUE43_SCHED_DIAG) to the running scheduler without a restart; any other change is refused (exit 2) and needs `restart`."""
     from dspark_launch.serve.reload import reload as reload_live
 
     settings, spec = settings_and_spec(env_file)
@@ -215,11 +217,11 @@ def reload(
 
 def status(
     env_file: EnvFileOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema in docs/operations.md).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema in docs/cluster.md).")] = False,
 ) -> None:
     """Nodes, Ray, versions, hotfix, the server, its metrics, and drift from the env file."""
     from dspark_launch.agent.codec import to_data
-    from dspark_launch.serve.restart_kind import LIVE_LEVEL
+    from dspark_launch.cli.status_view import print_status
     from dspark_launch.serve.status import status as service_status
 
     settings, spec = settings_and_spec(env_file)
@@ -230,42 +232,16 @@ def status(
     if as_json:
         emit_json(to_data(view))
     else:
-        say(render_status(view))
-        s = view.server
-        if s.state == "down" and not s.pid:
-            say("server: not started")
-        else:
-            uptime = f", up {s.uptime_s} s" if s.uptime_s is not None else ""
-            say(f"server: {s.state} (pid {s.pid}{uptime}) {s.url}  cap {s.cap}  KV cache {s.kv_cache_tokens} tokens")
-            m = s.metrics
-            if m:
-                say(f"  running {m.get('vllm:num_requests_running', 0):g}  waiting "
-                      f"{m.get('vllm:num_requests_waiting', 0):g}  KV cache used "
-                      f"{100 * m.get('vllm:kv_cache_usage_perc', 0):.1f}%")
-            if s.live:
-                since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.live_since)) if s.live_since else "?"
-                say(f"  live (dspark reload, since {since}): "
-                    + ", ".join(f"{name}={value}" for name, value in sorted(s.live.items())))
-            for d in s.drift:
-                say(f"  drift: {d.name} {d.running} -> {d.configured}: "
-                    + ("`dspark reload` applies it" if d.name in LIVE_LEVEL else "restart to apply"))
-            if s.profile:
-                say(f"  profile {s.profile}:")
-            for line in s.decisions:
-                say(f"    {line}")
-        for warning in (*view.fabric_warnings, *view.warnings):
-            say(f"warning: {warning}")
-        for problem in view.problems:
-            say(f"problem: {problem}")
+        print_status(view, settings.env_file_shown)
     if view.state == "degraded":
         raise typer.Exit(EXIT_FAILED)
 
 
 def logs(
     env_file: EnvFileOption = None,
-    node: Annotated[Optional[str], typer.Option("--node", help="A node's Ray logs (head, worker1, ...).")] = None,
+    node: Annotated[Optional[str], typer.Option("--node", metavar="NODE", help="A node's Ray logs (head, worker1, ...).")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines.")] = False,
-    tail: Annotated[int, typer.Option("--tail", "-n", help="Lines to show first.")] = 40,
+    tail: Annotated[int, typer.Option("--tail", "-n", metavar="N", help="Lines to show first.")] = 40,
 ) -> None:
     """The server log (default) or one node's Ray logs."""
     from dspark_launch.agent.protocol import Tail
@@ -289,11 +265,13 @@ def logs(
 
 def smoke(
     env_file: EnvFileOption = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, max=256)] = 4,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, max=4096)] = 16,
-    timeout: Annotated[float, typer.Option("--timeout")] = 120.0,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, max=256, metavar="N",
+                                             help="Requests sent at once.")] = 4,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, max=4096, metavar="N",
+                                            help="Tokens each request asks for.")] = 16,
+    timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", help="Per request.")] = 120.0,
 ) -> None:
-    """N parallel requests (chat when the profile serves a chat model); a line each; non-zero exit if any fails."""
+    """N requests at once to the running server: chat completions when the profile serves a chat model, else completions; a line each; exit 1 if any fails."""
     from dspark_launch.cluster.state import load_state
     from dspark_launch.serve.plan import api_key
     from dspark_launch.serve.smoke import smoke as send_requests
@@ -318,9 +296,12 @@ def plan(
     env_file: EnvFileOption = None,
     host: HostOption = None,
     port: PortOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema dspark-plan/1).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema dspark-plan/1, "
+                                          "docs/operations.md).")] = False,
 ) -> None:
-    """What `start` would run on each node (argv, environment, profile decisions, memory); starts nothing."""
+    """What `start` would run on each node (argv, environment, profile decisions, memory); starts nothing.
+
+    A pre-flight for scripts: exit 0 when `start` would go ahead, 1 when it would refuse (each reason listed), 2 for a bad configuration."""
     from dspark_launch.cli.plan_view import render_plan
     from dspark_launch.config.load import serve_overrides
     from dspark_launch.serve.preview import build_plan
@@ -330,9 +311,12 @@ def plan(
         built = build_plan(settings, ConsoleReporter(quiet=as_json))
     except DsparkError as error:
         raise fail(error) from None
-    say(built.to_json() if as_json else render_plan(built))
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    say(built.to_json() if as_json else render_plan(built, width))
     if not as_json:
         _print_restart_kind(settings)
+    if built.start_would_refuse:
+        raise typer.Exit(EXIT_FAILED)
 
 
 def _print_restart_kind(settings) -> None:
@@ -352,7 +336,7 @@ def _print_restart_kind(settings) -> None:
 
 def systemd_unit(
     env_file: EnvFileOption = None,
-    user: Annotated[Optional[str], typer.Option("--user", help="User= of the unit (default: you).")] = None,
+    user: Annotated[Optional[str], typer.Option("--user", metavar="NAME", help="User= of the unit (default: you).")] = None,
 ) -> None:
     """Print a systemd unit for the head node (`dspark start --foreground`)."""
     import getpass

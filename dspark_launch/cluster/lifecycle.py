@@ -45,12 +45,13 @@ def locked_deployment(state_dir: Path) -> Iterator[Deployment | None]:
         yield load_state(state_dir)
 
 
-def _reachable(node: Node) -> bool:
+def _unreachable_because(node: Node) -> str:
+    """Why the node's agent does not answer; empty when it does."""
     try:
         node.agent().call(Hello())
-        return True
-    except ClusterFailure:
-        return False
+        return ""
+    except ClusterFailure as exc:
+        return exc.detail or "no answer"
 
 
 def node_health(spec: ClusterSpec, state: Deployment | None,
@@ -62,7 +63,8 @@ def node_health(spec: ClusterSpec, state: Deployment | None,
     def health_of(node: Node) -> tuple[str, str]:
         record = state.node(node.name) if state else None
         if record is None:
-            return ("dead" if _reachable(node) else "unreachable"), ""
+            why = _unreachable_because(node)
+            return ("unreachable" if why else "dead"), why
         try:
             return ("alive" if rc.node_alive(node, record) else "dead"), ""
         except ClusterFailure as exc:
@@ -312,6 +314,7 @@ class NodeView:
     container: str | None = None  # DSPARK_RUNTIME=docker|podman: the node's container,
     container_status: str | None = None  # its state (running, exited, absent, ...)
     image_id: str | None = None  # and the image id it runs
+    unreachable_reason: str | None = None  # why its agent did not answer (reachable False)
 
     @property
     def label(self) -> str:
@@ -347,7 +350,8 @@ def cluster_status(spec: ClusterSpec, state: Deployment | None) -> ClusterView:
             ray_alive=health[node.name] == "alive", registered_ip=None, gpus=None,
             pids=tuple(proc.pid for proc in rc.core_processes(record)) if record else (),
             versions=state.versions.get(node.name) if state else None,
-            hotfix=hotfix.status.state if hotfix else None))
+            hotfix=hotfix.status.state if hotfix else None,
+            unreachable_reason=details.get(node.name) if health[node.name] == "unreachable" else None))
     if boxes is not None:
         nodes = _with_containers(boxes.result(), nodes)
     alive = [n for n in nodes if n.ray_alive]

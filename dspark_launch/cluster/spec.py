@@ -119,11 +119,20 @@ def state_dir_of(settings: Settings) -> Path:
 
 
 def placeholder(settings: Settings, name: str) -> bool:
-    """True when `name` still holds the example file's placeholder (such an address is never dialled)."""
-    return settings.from_example and settings.entries[name].source.startswith(str(settings.env_file))
+    """True when `name` still holds a placeholder: a documentation address, the example's interface beside one,
+    or any value read from the example file itself (such an address is never dialled)."""
+    from dspark_launch.config.placeholders import placeholders
+
+    from_example = settings.from_example and settings.entries[name].source.startswith(str(settings.env_file))
+    return from_example or any(p.name == name for p in placeholders(settings))
 
 
 def _require_real_hosts(settings: Settings, placeholders_ok: bool) -> None:
+    from dspark_launch.config.placeholders import placeholder_error, placeholders
+
+    found = placeholders(settings)
+    if found and not placeholders_ok:
+        raise ConfigError(placeholder_error(found))
     for name in ("DSPARK_HEAD_IP", "DSPARK_WORKER_HOSTS", "DSPARK_FABRIC_IFNAME"):
         entry = settings.entries[name]
         if placeholder(settings, name) and not placeholders_ok:
@@ -131,7 +140,12 @@ def _require_real_hosts(settings: Settings, placeholders_ok: bool) -> None:
                 f"{name}={entry.value} from {entry.source} is a placeholder from the example file; "
                 "allowed: your own hosts: run `dspark config init` and set them in .env.dspark")
         if not entry.value:
-            raise ConfigError(f"{name} is not set ({entry.source}); allowed: see .env.dspark.example")
+            raise ConfigError(f"{name} is not set ({entry.source}); allowed: {NOT_SET_HINT[name]}; "
+                              "`dspark config init` writes an env file with every setting to edit")
+
+
+NOT_SET_HINT = {"DSPARK_HEAD_IP": "the head's fabric IP", "DSPARK_WORKER_HOSTS": "each worker's SSH address ([user@]host)",
+                "DSPARK_FABRIC_IFNAME": "the fabric interface's name (`ip -br link`)"}
 
 
 def cluster_spec(settings: Settings, placeholders_ok: bool = False) -> ClusterSpec:

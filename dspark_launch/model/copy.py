@@ -88,7 +88,8 @@ _PROGRESS = re.compile(r"^\s*([\d,]+)\s+\d+%")  # rsync --info=progress2: bytes 
 @dataclass
 class CopyProgress:
     """Bytes sent to one worker over all its streams, reported as one line (bytes, rate, ETA) every
-    `every_s` seconds and at the end."""
+    `every_s` seconds and at the end; to a `report` with `measured` (the CLI's reporter) as each update, which
+    it shows as a progress bar on a terminal and rate-limits without one."""
 
     node: str
     total_bytes: int
@@ -102,6 +103,10 @@ class CopyProgress:
     def update(self, stream: int, sent: int) -> None:
         with self._lock:
             self._per_stream[stream] = sent
+            measured = getattr(self.report, "measured", None)  # a reporter that shows a progress bar
+            if measured is not None:
+                measured(f"{self.node}: copying the weights", sum(self._per_stream.values()), self.total_bytes, "bytes")
+                return
             now = time.monotonic()
             if now - self._last >= self.every_s:
                 self._last = now

@@ -163,7 +163,9 @@ def pull(wanted: WantedModel, spec, reporter=None, tqdm_class=None, verify: bool
     """`dspark model pull`: every node's disk checked first, the head's pull (or the local folder's
     manifest), the copy to every worker and its verify there."""
     ops = where_weights_live(spec, reporter)
-    progress = reporter.phase if reporter is not None else None
+    from dspark_launch.agent.client import PhaseLines
+
+    progress = PhaseLines(reporter) if reporter is not None else None
     if wanted.local:
         return place_local(str(Path(wanted.name).expanduser()), ops[0], _workers(spec, ops), wanted.streams,
                            rehash=verify, progress=progress)

@@ -18,6 +18,8 @@ PHASES = (
     ("Starting vLLM server on", "API starting"),
 )
 KV_CACHE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens")
+# vLLM's own bar (model_loader/weight_utils.py _BAR_FORMAT): "Loading safetensors checkpoint shards: 45% Completed | 19/41"
+SHARDS = re.compile(r"Loading safetensors checkpoint shards[^:\n]*:\s*\d+% Completed \| (\d+)/(\d+)")
 HOTFIX_ACTIVE = ACTIVE_LOG_RE  # groups: patch version, cap, gate mode, step bound
 
 
@@ -28,6 +30,12 @@ def phase(text: str) -> str:
         if position > where:
             best, where = name, position
     return best
+
+
+def shards_loaded(text: str) -> tuple[int, int] | None:
+    """(loaded, total) from vLLM's last "Loading safetensors checkpoint shards" line; None before it."""
+    found = SHARDS.findall(text)
+    return (int(found[-1][0]), int(found[-1][1])) if found else None
 
 
 def kv_cache_tokens(text: str) -> int | None:

@@ -39,6 +39,7 @@ class NodePlan:
     fabric_notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     memory: MemoryFinding | None = None
+    refusals: tuple[str, ...] = ()  # what `start` would refuse on this node (its fabric, its memory)
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,13 @@ class Plan:
     decisions: tuple[Decision, ...]
     nodes: tuple[NodePlan, ...]
     memory: MemoryEstimate | None
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # every line to read, the refusals among them
+    refusals: tuple[str, ...] = ()  # what `start` would refuse (placeholders, nodes not probed, each node's own)
+
+    @property
+    def start_would_refuse(self) -> bool:
+        """`dspark plan`'s exit code 1: `start` with these settings would refuse or fail before serving."""
+        return bool(self.refusals)
 
     def to_json(self) -> str:
         body = asdict(self)

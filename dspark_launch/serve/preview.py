@@ -80,16 +80,29 @@ def build_plan(settings: Settings, reporter: Reporter) -> Plan:
         nodes.append(_node_plan(spec, node, probe[0], ray_env, serve if node.is_head else None))
         memory[node.name] = probe[1]
         if not probe[0].roce and not spec.allow_tcp_fabric:
-            refusals.append(f"fabric: {node.label}: {probe[0].missing}: start refuses this (exit 2) unless "
-                            "DSPARK_ALLOW_TCP_FABRIC=1")
+            refusal = (f"fabric: {node.label}: {probe[0].missing}: start refuses this (exit 2) unless "
+                       "DSPARK_ALLOW_TCP_FABRIC=1")
+            refusals.append(refusal)
+            nodes[-1] = replace(nodes[-1], refusals=(refusal,))
     found_memory = estimate(serve.profile, placed_weights(wanted_model(settings)), serve.kv_cache_dtype,
                             serve.max_model_len, serve.tensor_parallel_size, serve.gpu_memory_utilization, memory,
                             kv_size_fixed(serve.serve_args, serve.full_env()))
     by_node = {f.node: f for f in found_memory.findings}
-    nodes = [replace(n, memory=by_node.get(n.node)) for n in nodes]
-    warnings = [w for n in nodes for w in n.warnings] + refusals
-    warnings += [f"memory: {f.problem}: start refuses this without --force; {f.fix}"
-                 for f in found_memory.findings if not f.fits]
+    too_big = {f.node: f"memory: {f.problem}: start refuses this without --force; {f.fix}"
+               for f in found_memory.findings if not f.fits}
+    nodes = [replace(n, memory=by_node.get(n.node), refusals=n.refusals + tuple(filter(None, [too_big.get(n.node)])))
+             for n in nodes]
+    warnings = [w for n in nodes for w in n.warnings] + refusals + list(too_big.values())
     warnings += image_warnings(settings)
     return Plan(resolved.profile, resolved.vllm_version, settings.env_file_shown, settings.from_example,
-                profile_decisions(resolved), tuple(nodes), found_memory, tuple(warnings))
+                profile_decisions(resolved), tuple(nodes), found_memory, tuple(warnings),
+                (*_start_refusals(settings, nodes), *refusals, *too_big.values()))
+
+
+def _start_refusals(settings: Settings, nodes: list[NodePlan]) -> list[str]:
+    """What `start` would refuse before asking any node: placeholders; and a node the plan could not ask."""
+    from dspark_launch.config.placeholders import placeholder_error, placeholders
+
+    found = placeholders(settings)
+    return ([placeholder_error(found)] if found else []) + [
+        f"{n.node} ({n.address}): {n.status}" for n in nodes if not n.probed and n.status != NOT_PROBED_EXAMPLE]

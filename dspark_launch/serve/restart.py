@@ -56,6 +56,10 @@ def restart_serve(settings: Settings, spec: ClusterSpec, reporter: Reporter, for
         state.server = None
         state.config_digest = spec.config_digest  # the settings this deployment now runs with
         save_state(spec.state_dir, state)
-        server, answer = launch(spec, plan, state, reporter)
+        try:
+            server, answer = launch(spec, plan, state, reporter)
+        except DsparkError as error:
+            error.stopped = ("the running vllm serve, then the new one; Ray kept up",)
+            raise
         return StartResult(plan, server, False, state.hotfix, answer)
 

@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 
 from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster import ray_cluster as rc
-from dspark_launch.agent.client import NodeAgent, Reporter
+from dspark_launch.agent.client import NodeAgent, Reporter, report_measured
 from dspark_launch.cluster.parallel import Background, on_each, settle
 from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, NonCarryOver, SchedulerControl, Spawn
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import (Deployment, HotfixRecord, ServerRecord, SessionRecord, load_state, recorded,
                                          save_state)
 from dspark_launch.config.settings import Settings
+from dspark_launch.errors import DsparkError
 from dspark_launch.model.onnodes import ModelWeights, ServingModel
 from dspark_launch.serve import http, logscan, readiness
 from dspark_launch.serve.argcheck import check_serve_args
@@ -123,6 +124,7 @@ def start_locked(settings: Settings, spec: ClusterSpec, reporter: Reporter, forc
     """The start sequence, for a caller that holds the lock; `runtime` adds its own steps. A failure undoes
     what `runtime` says this run brought up."""
     runtime.prepare(settings, spec, reporter, previous)
+    launching = False
     try:
         spec, plan, weights, memory = checked_plan(settings, spec, reporter, verify)
         runtime.clear_server(spec, previous)
@@ -131,9 +133,12 @@ def start_locked(settings: Settings, spec: ClusterSpec, reporter: Reporter, forc
         state = runtime.cluster_up(spec, reporter, previous)
         save_state(spec.state_dir, state)
         checked.result()
+        launching = True
         server, answer = launch(spec, plan, state, reporter)
-    except BaseException:
-        runtime.roll_back(spec, reporter)
+    except BaseException as exc:
+        stopped = runtime.roll_back(spec, reporter)
+        if isinstance(exc, DsparkError):
+            exc.stopped = (*(("vllm serve",) if launching else ()), *stopped)
         raise
     return StartResult(plan, server, runtime.cluster_started, state.hotfix, answer)
 
@@ -163,9 +168,12 @@ class HostRuntime:
         self.cluster_started = True
         return state
 
-    def roll_back(self, spec: ClusterSpec, reporter: Reporter) -> None:
-        if self.cluster_started:
-            lifecycle.cluster_down_locked(spec, reporter, load_state(spec.state_dir))
+    def roll_back(self, spec: ClusterSpec, reporter: Reporter) -> tuple[str, ...]:
+        """What it stopped, for the failure's report."""
+        if not self.cluster_started:
+            return ()
+        lifecycle.cluster_down_locked(spec, reporter, load_state(spec.state_dir))
+        return ("Ray on every node",)
 
 
 class ContainerRuntime:
@@ -189,8 +197,9 @@ class ContainerRuntime:
     def cluster_up(self, spec: ClusterSpec, reporter: Reporter, previous: Deployment | None) -> Deployment:
         return lifecycle.cluster_up_locked(spec, reporter, None, self.image_id).state
 
-    def roll_back(self, spec: ClusterSpec, reporter: Reporter) -> None:
+    def roll_back(self, spec: ClusterSpec, reporter: Reporter) -> tuple[str, ...]:
         lifecycle.cluster_down_locked(spec, reporter, None, remove=True)
+        return ("the node containers",)
 
 
 def checked_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter,
@@ -283,7 +292,12 @@ def wait_until_serving(spec: ClusterSpec, plan: ServePlan, server: ServerRecord,
         if elapsed > plan.start_timeout_s:
             raise ServeFailure(f"vllm serve not ready after {plan.start_timeout_s} s (phase: {logscan.phase(text)}); "
                                f"log {server.log}", tails(spec, server, state=None))
-        reporter.waiting(f"vllm serve: {logscan.phase(text)}", elapsed, plan.start_timeout_s)
+        now_in = logscan.phase(text)
+        shards = logscan.shards_loaded(text) if now_in == "loading weights" else None
+        if shards:
+            report_measured(reporter, "vllm serve: loading weights", *shards, "shards", elapsed, plan.start_timeout_s)
+        else:
+            reporter.waiting(f"vllm serve: {now_in}", elapsed, plan.start_timeout_s)
         time.sleep(0.5)
     kind = "chat completion" if plan.chat else "completion"
     reporter.phase(f"sending a one-token {kind}")
@@ -302,7 +316,8 @@ def wait_until_serving(spec: ClusterSpec, plan: ServePlan, server: ServerRecord,
         raise ServeFailure(f"vllm serve not ready after {plan.start_timeout_s} s: the API is up but the one-token "
                            f"{kind} got no answer in {answer.attempts} attempt(s) (the last: {last} after "
                            f"{answer.latency_s:.0f} s); log {server.log}", tails(spec, server, state=None))
-    reporter.phase(f"the one-token {kind} answered in {answer.latency_s:.1f} s (attempt {answer.attempts})")
+    reporter.phase(f"the one-token {kind} answered (attempt {answer.attempts}); checking that the served scheduler "
+                   "runs the hotfix")
     text = log.refresh()
     cap = logscan.hotfix_cap(text)
     if cap != plan.cap:

@@ -57,6 +57,11 @@ class ServiceStatus:
     fabric_warnings: tuple[str, ...] = ()  # per node at start, e.g. NCCL falls back to TCP
     warnings: tuple[str, ...] = ()  # about the settings now, e.g. an image named by a tag
 
+    @property
+    def deployed(self) -> bool:
+        """A deployment record exists (a cluster or a server was started from this state folder)."""
+        return self.config_digest is not None or self.started_at is not None or self.server.pid is not None
+
 
 def drift(started_with: dict[str, str], now: dict[str, str]) -> tuple[Drift, ...]:
     """Settings that differ between the running server and the env file now."""
