@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -38,7 +39,7 @@ def _render(headers: list[str], rows: list[list[str]], title: str) -> None:
         table.add_column(header, justify="left" if index == 0 else "right", no_wrap=index == 0)
     for row in rows:
         table.add_row(*[printable(cell) for cell in row])
-    Console(file=sys.stdout, width=max(100, Console().width)).print(table)
+    Console(file=sys.stdout, width=max(160, Console().width)).print(table)
 
 
 def _ms(value: float | None) -> str:
@@ -86,8 +87,10 @@ def bench(
                            f"{seconds:g} s, against {server.url}")
             ratio = calibrate(target)
 
+            began = time.monotonic()
+
             def progress(done: int, total: int) -> None:
-                reporter.waiting(f"bench: {done}/{total} requests", 0, seconds)
+                reporter.waiting(f"bench: {done}/{total} requests", time.monotonic() - began, seconds)
 
             stats = b.bench_once(target, workload, ratio, seconds, progress, runs.append)
         except DsparkError as error:
