@@ -237,3 +237,13 @@ def test_the_load_generator_streams_every_class_and_stays_in_its_bounds():
             slow.close()
     finally:
         fake.close()
+
+
+def test_bench_and_tune_import_neither_vllm_nor_ray_nor_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; import dspark_launch.tune.tune, dspark_launch.tune.bench, dspark_launch.cli.tune_cmd; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'vllm', 'ray', 'torch', 'transformers'}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
