@@ -27,7 +27,9 @@ class Metric:
     of: Callable[[RunStats], float | None]
 
     def shown(self, value: float) -> str:
-        return f"{value * 1000:.0f} ms" if self.unit == "s" else f"{value:.1f} {self.unit}"
+        if self.unit == "s":
+            return f"{value * 1000:.0f} ms"
+        return f"{value:.2f}x" if self.unit == "x" else f"{value:.1f} {self.unit}"
 
 
 def _chat_ttft(stats: RunStats) -> float | None:
