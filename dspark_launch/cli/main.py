@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from dspark_launch import __version__
-from dspark_launch.cli import cluster_cmd, config_cmd, model_cmd, service_cmd
+from dspark_launch.cli import cluster_cmd, config_cmd, model_cmd, service_cmd, tune_cmd
 
 def _readable_metavars() -> None:
     """Typer 0.29 shows a `<bool>` beside every flag and `<str>`/`<int>` beside every value: a flag takes no
@@ -44,6 +44,8 @@ for command in (service_cmd.start, service_cmd.stop, service_cmd.restart, servic
                 service_cmd.smoke, service_cmd.plan):
     app.command()(command)
 app.command("systemd-unit")(service_cmd.systemd_unit)
+app.command()(tune_cmd.bench)
+app.command()(tune_cmd.tune)
 
 
 def _version(value: bool) -> None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -32,12 +34,16 @@ class Reply:
         return json.loads(self.body)
 
 
-def request(url: str, key: str = "", payload: dict | None = None, timeout: float = 5.0) -> Reply:
+def _request(url: str, key: str, payload: dict | None) -> urllib.request.Request:
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
     data = json.dumps(payload).encode() if payload is not None else None
-    req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+    return urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+
+
+def request(url: str, key: str = "", payload: dict | None = None, timeout: float = 5.0) -> Reply:
+    req = _request(url, key, payload)
     try:
         with _DIRECT.open(req, timeout=timeout) as resp:
             return Reply(resp.status, resp.read().decode(errors="replace"))
@@ -66,6 +72,63 @@ def chat(base_url: str, key: str, model: str, text: str, max_tokens: int, timeou
     return request(f"{base_url}/v1/chat/completions", key,
                    {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
                     "temperature": 0}, timeout)
+
+
+@dataclass
+class Streamed:
+    """One streamed completion as the client saw it: when each chunk with text arrived (monotonic seconds)."""
+    status: int = 0  # HTTP status; 0: no answer
+    sent: float = 0.0
+    chunks: list[float] = field(default_factory=list)  # arrival of each chunk that carried text
+    prompt_tokens: int | None = None  # from the final usage chunk (stream_options.include_usage)
+    completion_tokens: int | None = None
+    text: str = ""  # the reply's text (agent turns resend it)
+    error: str = ""  # why the stream ended without a usage chunk or a [DONE], "" when it ended well
+
+
+def stream(url: str, key: str, payload: dict, timeout: float, stop: Callable[[], bool] = lambda: False) -> Streamed:
+    """A streamed (`"stream": true`) completion or chat completion, read as server-sent events through the
+    same direct opener as `request`; `stop()` ends the read early (checked at each event)."""
+    result = Streamed(sent=time.monotonic())
+    req = _request(url, key, {**payload, "stream": True, "stream_options": {"include_usage": True}})
+    parts: list[str] = []
+    try:
+        with _DIRECT.open(req, timeout=timeout) as resp:
+            result.status = resp.status
+            done = False
+            for raw in resp:
+                line = raw.decode(errors="replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:"):].strip()
+                if data == "[DONE]":
+                    done = True
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    result.error = str(chunk["error"].get("message", chunk["error"])
+                                       if isinstance(chunk["error"], dict) else chunk["error"])[:200]
+                for choice in chunk.get("choices") or []:
+                    piece = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                    if piece:
+                        result.chunks.append(time.monotonic())
+                        parts.append(piece)
+                usage = chunk.get("usage")
+                if usage:
+                    result.prompt_tokens = usage.get("prompt_tokens")
+                    result.completion_tokens = usage.get("completion_tokens")
+                if stop():
+                    result.error = result.error or "stopped"
+                    break
+            if not done and not result.error:
+                result.error = "the stream ended without [DONE]"
+    except urllib.error.HTTPError as exc:
+        result.status = exc.code
+        result.error = f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
+        result.error = f"{type(exc).__name__}"  # never the URL's query or headers
+    result.text = "".join(parts)
+    return result
 
 
 _METRIC = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})?\s+([0-9.eE+-]+|NaN)$")
