@@ -1,0 +1,71 @@
+"""Issue 29, patch v6 as a file: it steps aside where vLLM enforces a
+partial-prefill cap of its own, and it never touches a request vLLM padded
+for speculative decoding (the v5 crash), on the installed 0.32 text."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from dspark_launch.hotfix import bundle, layout
+from dspark_launch.hotfix import patch_tool as patch
+from dspark_launch.hotfix.contract import EXIT_UNSUPPORTED, PATCH_VERSION
+
+UPSTREAM_LINES = (
+    # vLLM PR #49075's shape: schedule() reads the configured partial-prefill cap.
+    "        self._max_partial = self.scheduler_config.max_num_partial_prefills\n",
+    # The option discussed in vLLM issue #57413.
+    "        self._max_partial = self.scheduler_config.max_concurrent_prefills\n",
+)
+
+
+@pytest.fixture
+def target(tmp_path):
+    installed = patch.find_target()
+    pkg = tmp_path / "site" / "vllm"
+    dest = pkg / "v1" / "core" / "sched" / "scheduler.py"
+    dest.parent.mkdir(parents=True)
+    shutil.copyfile(installed, dest)
+    shutil.copyfile(installed.parents[3] / "_version.py", pkg / "_version.py")
+    return dest
+
+
+def test_patch_version_six():
+    assert PATCH_VERSION == 6
+
+
+@pytest.mark.parametrize("line", UPSTREAM_LINES, ids=["max_num_partial_prefills", "max_concurrent_prefills"])
+def test_the_patch_steps_aside_where_vllm_caps_partial_prefills_itself(target, line):
+    anchor = "        self.scheduler_config = vllm_config.scheduler_config\n"
+    text = target.read_text()
+    target.write_text(text.replace(anchor, anchor + line, 1))
+    before = target.read_bytes()
+    for action in (patch.check, patch.apply):
+        result = action(target)
+        assert result.code == EXIT_UNSUPPORTED and "steps aside" in result.message, result
+        assert "\n" not in result.message
+        assert target.read_bytes() == before
+    proc = subprocess.run([sys.executable, "-I", "-S", str(bundle.SCRIPT), "apply", "--target", str(target)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == EXIT_UNSUPPORTED and "steps aside" in proc.stdout + proc.stderr
+    assert target.read_bytes() == before
+
+
+def test_the_installed_vllm_does_not_cap_partial_prefills_itself(target):
+    assert patch.apply(target).code == 0
+
+
+def test_no_chunk_override_reaches_a_padded_request():
+    """Every site that sets a waiting request's first chunk is guarded by
+    `not pad_spec_decode` on layouts that pad (0.31+)."""
+    text = patch.find_target().read_text()
+    assert layout._PADDED in text
+    patched = layout.render_patched(text.encode()).decode()
+    overrides = [line for line in patched.splitlines()
+                 if "_dspark_limit" in line and line.strip().startswith("if ") and "num_new_tokens" not in line
+                 and "< 0" not in line]
+    assert len(overrides) == 2 and all("not pad_spec_decode" in line for line in overrides), overrides
+    assert "min(token_budget, input_budget - draft_slots)" in patched
