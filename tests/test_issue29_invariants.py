@@ -14,15 +14,12 @@ script, tests/issue27_old_patches) stops the EngineCore on vLLM's
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import pathlib
 
 import pytest
 
 from tests.support import invariants
 from tests.support import scheduler_harness as h
 
-OLD_PATCHES = pathlib.Path(__file__).parent / "issue27_old_patches"
 SEEDS = (1, 2, 3)
 STEPS = 300  # of random events, then to completion: about a second a run on these CPUs
 CONFIGS = [pytest.param(scale, asy, id=f"{h.scale_label(scale)}-{'AsyncScheduler' if asy else 'Scheduler'}")
@@ -54,9 +51,7 @@ def test_stock_vllm_keeps_the_same_invariants(model_dir, tmp_path, scale, async_
 
 @pytest.fixture(scope="module")
 def patch_v5(tmp_path_factory) -> str:
-    script = tmp_path_factory.mktemp("v5") / "patch_v5.py"
-    script.write_bytes(gzip.decompress((OLD_PATCHES / "patch_v5.py.gz").read_bytes()))
-    return str(script)
+    return h.released_patch(5, tmp_path_factory.mktemp("v5"))
 
 
 @pytest.mark.parametrize(("scale", "async_scheduling"), CONFIGS)

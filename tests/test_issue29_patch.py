@@ -4,7 +4,6 @@ for speculative decoding (the v5 crash), on the installed 0.32 text."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
@@ -13,6 +12,7 @@ import pytest
 from dspark_launch.hotfix import bundle, layout
 from dspark_launch.hotfix import patch_tool as patch
 from dspark_launch.hotfix.contract import EXIT_UNSUPPORTED, PATCH_VERSION
+from tests.test_issue27_patch_file import installed, target  # noqa: F401 (fixtures)
 
 UPSTREAM_LINES = (
     # vLLM PR #49075's shape: schedule() reads the configured partial-prefill cap.
@@ -21,16 +21,6 @@ UPSTREAM_LINES = (
     "        self._max_partial = self.scheduler_config.max_concurrent_prefills\n",
 )
 
-
-@pytest.fixture
-def target(tmp_path):
-    installed = patch.find_target()
-    pkg = tmp_path / "site" / "vllm"
-    dest = pkg / "v1" / "core" / "sched" / "scheduler.py"
-    dest.parent.mkdir(parents=True)
-    shutil.copyfile(installed, dest)
-    shutil.copyfile(installed.parents[3] / "_version.py", pkg / "_version.py")
-    return dest
 
 
 def test_patch_version_six():

@@ -472,6 +472,19 @@ def patched_scheduler_classes(workdir: str | None = None, script: str | None = N
     return patched.Scheduler, patched_async.AsyncScheduler
 
 
+#: The released patch scripts, gzipped (v1 to v5).
+OLD_PATCHES = pathlib.Path(__file__).resolve().parents[1] / "issue27_old_patches"
+
+
+def released_patch(version: int, directory: pathlib.Path) -> str:
+    """The released v`version` patch script, unpacked into `directory` (its path)."""
+    import gzip
+
+    script = pathlib.Path(directory) / f"patch_v{version}.py"
+    script.write_bytes(gzip.decompress((OLD_PATCHES / f"patch_v{version}.py.gz").read_bytes()))
+    return str(script)
+
+
 #: Further scheduler policies by name: provider(spec) -> (Scheduler, AsyncScheduler)
 #: classes. The benchmark registers its comparison-only variants here.
 POLICY_PROVIDERS: dict[str, Callable[[SchedulerSpec], tuple[type, type]]] = {}
@@ -556,7 +569,11 @@ def build_scheduler(spec: SchedulerSpec, model_dir: str | os.PathLike, vllm_conf
     from vllm.v1.structured_output import StructuredOutputManager
 
     if spec.policy == "patched":
-        sync_cls, async_cls = patched_scheduler_classes(None, spec.patch_script)
+        # Called as every other caller calls it: one cached module per script.
+        if spec.patch_script is None:
+            sync_cls, async_cls = patched_scheduler_classes()
+        else:
+            sync_cls, async_cls = patched_scheduler_classes(script=spec.patch_script)
     elif spec.policy == "stock":
         sync_cls, async_cls = stock_scheduler_classes()
     elif spec.policy in POLICY_PROVIDERS:
