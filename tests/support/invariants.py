@@ -172,11 +172,7 @@ def run_random_load(spec: h.SchedulerSpec, model_dir, seed: int, steps: int, con
                 raise InvariantError(f"{where(step)}: decoding {rid} skipped with {budget - used} budget left")
         still_prefilling = {r.request_id for r in sched.running if r.is_prefill_chunk}
         in_flight.append((out, h.sampled_tokens(out, still_prefilling, step)))
-        if len(in_flight) >= depth or not scheduled:
-            while in_flight:
-                process_oldest()
-                if len(in_flight) < depth and scheduled:
-                    break
+        h.settle(in_flight, depth, bool(scheduled), process_oldest)
     while in_flight:
         process_oldest()
 

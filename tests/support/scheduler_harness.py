@@ -713,6 +713,17 @@ def _model_output(sched_output, sampled: dict[str, list[int]]):
     )
 
 
+def settle(in_flight: deque, depth: int, scheduled: bool, process_oldest: Callable[[], None]) -> None:
+    """Process step outputs as EngineCore does: once `depth` steps are in
+    flight (2 with async scheduling), or at once after a step that scheduled
+    nothing."""
+    if len(in_flight) >= depth or not scheduled:
+        while in_flight:
+            process_oldest()
+            if len(in_flight) < depth and scheduled:
+                break
+
+
 def run_workload(
     spec: SchedulerSpec,
     workload: Sequence[RequestSpec],
@@ -802,11 +813,7 @@ def run_workload(
         if step_time is not None:
             clock_ms += step_time(record)
         in_flight.append((sched_output, sampled, record))
-        if len(in_flight) >= depth or not scheduled:
-            while in_flight:
-                process_oldest()
-                if len(in_flight) < depth and scheduled:
-                    break
+        settle(in_flight, depth, bool(scheduled), process_oldest)
     while in_flight:
         process_oldest()
 
