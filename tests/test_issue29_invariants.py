@@ -44,9 +44,10 @@ def test_patch_v6_keeps_the_invariants_under_a_random_load(model_dir, tmp_path, 
 
 @pytest.mark.parametrize(("scale", "async_scheduling"), CONFIGS)
 def test_stock_vllm_keeps_the_same_invariants(model_dir, tmp_path, scale, async_scheduling):
-    report = invariants.run_random_load(pressured(scale, async_scheduling, policy="stock"), model_dir, SEEDS[0],
-                                        STEPS, tmp_path / "control")
-    assert report.padded and report.preemptions and report.finished > 100
+    reports = [invariants.run_random_load(pressured(scale, async_scheduling, policy="stock"), model_dir, seed,
+                                          STEPS, tmp_path / "control") for seed in SEEDS]
+    assert sum(r.padded for r in reports) and sum(r.preemptions for r in reports)
+    assert all(r.finished > 100 for r in reports)
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +65,12 @@ def test_the_check_finds_patch_v5s_crash(model_dir, tmp_path, patch_v5, scale, a
             invariants.run_random_load(spec, model_dir, seed, STEPS, tmp_path / "control")
     assert not isinstance(raised.value, invariants.InvariantError)
     assert "assert num_new_tokens == 1 + self.num_spec_tokens" in str(raised.traceback[-1].statement)
+
+
+@pytest.mark.parametrize(("scale", "async_scheduling"), CONFIGS[1:3])
+def test_patch_v6_keeps_the_invariants_under_the_priority_policy(model_dir, tmp_path, scale, async_scheduling):
+    """`--scheduling-policy priority`: the plan reads the waiting heap from its root (random priorities 0-3)."""
+    spec = pressured(scale, async_scheduling, scheduling_policy="priority")
+    for seed in SEEDS:
+        report = invariants.run_random_load(spec, model_dir, seed, STEPS, tmp_path / "control")
+        assert report.finished > 100 and report.live_changes

@@ -74,3 +74,20 @@ def test_under_kv_pressure_mode_three_is_never_slower_than_mode_two(model_dir, s
     assert sum(ttft[3][r] for r in shorts) < sum(ttft[2][r] for r in shorts)
     last = {m: max(runs[m].token_steps[r][0] for r in prompts) for m in runs}
     assert last[3] <= last[2] + 1
+
+
+@pytest.mark.parametrize(("scale", "async_scheduling"), CONFIGS)
+def test_the_plan_orders_within_the_priority_policy(model_dir, scale, async_scheduling):
+    """Under `--scheduling-policy priority` a long prompt of a higher priority
+    (lower value) is not passed by shorter prompts of a lower one: mode 3's
+    shortest-first orders within the policy's own order."""
+    base = h.recipe_spec(scale, async_scheduling=async_scheduling, scheduling_policy="priority")
+    t = base.long_prefill_token_threshold
+    load = [h.RequestSpec("stream-0", 0, t // 8, 60, priority=0), h.RequestSpec("urgent", 2, 4 * t, 4, priority=0)]
+    load += [h.RequestSpec(f"later-{i}", 3 + i, t, 4, priority=1) for i in range(4)]
+    run = h.run_workload(base, load, model_dir)
+    assert not run.unfinished
+    urgent_done = run.token_steps["urgent"][0]
+    assert all(run.token_steps[f"later-{i}"][0] > urgent_done for i in range(4))
+    fcfs = h.run_workload(dataclasses.replace(base, scheduling_policy="fcfs"), load, model_dir)
+    assert fcfs.token_steps["later-0"][0] < fcfs.token_steps["urgent"][0]  # FCFS shortest-first lets them pass

@@ -347,8 +347,6 @@ def _dspark_i27_init_srpt(sched):
     sched._dspark_cut = {}
     sched._dspark_room_now = 0
     sched._dspark_chunk_now = 0
-    policy = getattr(getattr(sched, "policy", None), "name", "")
-    sched._dspark_by_priority = policy == "PRIORITY"
 
 
 def _dspark_i27_srpt_ok(sched):
@@ -441,8 +439,9 @@ def _dspark_i27_admissible(sched, request):
 def _dspark_i27_plan(sched):
     """Mode 3: split this step's prefill room among running prompts
     mid-prefill and the first waiting requests, least uncached work left
-    first (within the priority policy's own order when it is on); requests
-    that waited past their aging bound go first, oldest first.
+    first; requests that waited past their aging bound go first, oldest
+    first. Under the priority policy all of this is within a priority level:
+    a lower value goes first, as the policy's own order has it.
 
     The room is the step bound while a decoding request is running; with none
     to protect it is the step's whole token budget and no chunk limit applies
@@ -473,7 +472,8 @@ def _dspark_i27_plan(sched):
         room = chunk = sched.max_num_scheduled_tokens
     sched._dspark_room_now = room
     sched._dspark_chunk_now = chunk
-    by_priority = sched._dspark_by_priority
+    # Read here: `__init__` sets the policy after the hotfix's init site.
+    by_priority = getattr(getattr(sched, "policy", None), "name", "") == "PRIORITY"
     candidates = []
     partials = 0
     for request in sched.running:
@@ -483,7 +483,7 @@ def _dspark_i27_plan(sched):
             left = request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
             aged = _dspark_i27_aged(sched, request, now)
             rank = request.priority if by_priority else 0
-            candidates.append((not aged, rank, request._dspark_seen if aged else left, request._dspark_seen,
+            candidates.append((rank, not aged, request._dspark_seen if aged else left, request._dspark_seen,
                                len(candidates), True, left, request))
     active = getattr(sched, "max_num_active_reqs", sched.max_num_running_reqs)
     seats = active - len(sched.running) - getattr(sched, "num_waiting_for_streaming_input", 0)
@@ -494,7 +494,7 @@ def _dspark_i27_plan(sched):
             need = _dspark_i27_first_sight(sched, request)
             aged = _dspark_i27_aged(sched, request, now)
             rank = request.priority if by_priority else 0
-            candidates.append((not aged, rank, request._dspark_seen if aged else need, request._dspark_seen,
+            candidates.append((rank, not aged, request._dspark_seen if aged else need, request._dspark_seen,
                                len(candidates), False, need, request))
     slots = sched._dspark_max_inflight_prefills - partials
     free = _dspark_i27_free_tokens(sched)

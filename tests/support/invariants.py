@@ -106,7 +106,8 @@ def run_random_load(spec: h.SchedulerSpec, model_dir, seed: int, steps: int, con
         length = min(length, spec.max_model_len - 64)
         groups.append((group, length))
         max_tokens[rid] = rng.choice((1, 2, 5, 16, 40))
-        req = h.RequestSpec(rid, step, length, max_tokens[rid], prefix_group=group, shared_prefix_len=length)
+        req = h.RequestSpec(rid, step, length, max_tokens[rid], prefix_group=group, shared_prefix_len=length,
+                            priority=rng.randint(0, 3))
         sched.add_request(h.make_request(req, hasher))
 
     def abort() -> None:

@@ -77,6 +77,7 @@ class RequestSpec:
     # Arrival in modelled milliseconds instead of `arrival_step` (run_workload
     # with a `step_time` model); the step it actually arrived at is recorded.
     arrival_ms: float | None = None
+    priority: int = 0  # under the priority policy: lower goes first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +105,7 @@ class SchedulerSpec:
     # own config code gives `speculative_method` (the profile's MTP method).
     num_speculative_tokens: int = 0
     speculative_method: str = "dspark"
+    scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy: fcfs | priority
     # A released patch script (path) to patch the copy with instead of the
     # current hotfix: the tests show what an older version does.
     patch_script: str | None = None
@@ -515,6 +517,7 @@ def build_vllm_config(spec: SchedulerSpec, model_dir: str | os.PathLike):
         enable_chunked_prefill=True,
         is_encoder_decoder=False,
         async_scheduling=spec.async_scheduling,
+        policy=spec.scheduling_policy,
     )
     cache_config = CacheConfig(
         block_size=spec.block_size,
@@ -650,6 +653,7 @@ def make_request(req: RequestSpec, block_hasher=None):
         pooling_params=None,
         block_hasher=block_hasher,
         resumable=req.resumable,
+        priority=req.priority,
     )
 
 
