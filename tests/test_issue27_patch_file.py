@@ -283,12 +283,12 @@ def test_gate_without_its_marker_block_is_damaged_for_every_action(target):
     assert cli("revert", "--target", str(target))[0] == EXIT_UNSUPPORTED
 
 
-OLD_PATCHES = REPO / "tests" / "issue27_old_patches"  # the released v1 to v4 scripts, gzipped
+OLD_PATCHES = REPO / "tests" / "issue27_old_patches"  # the released v1 to v5 scripts, gzipped
 
 
-@pytest.mark.parametrize("old_version", [1, 2, 3, 4])
+@pytest.mark.parametrize("old_version", [1, 2, 3, 4, 5])
 def test_upgrade_from_a_file_patched_by_an_older_release(target, tmp_path, old_version):
-    """A node patched by the released v1, v2, v3 or v4 script: status says outdated
+    """A node patched by the released v1 to v5 script: status says outdated
     (exit 3), apply re-patches from the stored original, revert restores it."""
     import gzip
 

@@ -14,7 +14,7 @@ import re
 
 #: Bumped whenever the injected text changes; a file patched by an older
 #: version reports `outdated` and `apply` re-patches it from its stored original.
-PATCH_VERSION = 5
+PATCH_VERSION = 6
 
 #: Environment variables the patched scheduler reads, once, in `__init__`
 #: (from patch v5 the control file, ENV_CONTROL, may change them while it runs).
@@ -66,6 +66,15 @@ MAX_SKIPS = 8
 AGING_MIN = 0.0
 AGING_MAX = 64.0
 DEFAULT_AGING = 2.0
+#: Patch v6: whatever k is, a request that has waited this many steps since
+#: its arrival is aged (goes first, oldest first): at k = 64 a 1M-token prompt
+#: (1,024 solo steps at threshold 1024) would otherwise wait 65,536 steps.
+AGING_MAX_WAIT_STEPS = 512
+#: Patch v6 steps aside (refuses to patch, exit 4) where the installed
+#: scheduler enforces a partial-prefill cap of its own (vLLM PR #49075 reads
+#: `max_num_partial_prefills` in the v1 scheduler; issue #57413 discusses a
+#: `--max-concurrent-prefills` option).
+UPSTREAM_CAP_RE = re.compile(r"scheduler_config\.max_num_partial_prefills|max_concurrent_prefills")
 
 #: vLLM (major, minor) range whose scheduler layout this patch knows.
 SUPPORTED_RANGE = ((0, 25), (0, 33))
@@ -191,6 +200,7 @@ def injected_constants(patch_version: int = PATCH_VERSION) -> dict[str, object]:
         "_DSPARK_I27_ACTIVE_LOG": ACTIVE_LOG_FORMAT,
         "_DSPARK_I27_AGING_ENV": ENV_AGING,
         "_DSPARK_I27_AGING": (AGING_MIN, DEFAULT_AGING, AGING_MAX),
+        "_DSPARK_I27_AGING_MAX_WAIT": AGING_MAX_WAIT_STEPS,
         "_DSPARK_I27_CONTROL_ENV": ENV_CONTROL,
         "_DSPARK_I27_LIVE_PERIOD_S": LIVE_CHECK_PERIOD_S,
         "_DSPARK_I27_CONTROL_MAX_BYTES": CONTROL_MAX_BYTES,

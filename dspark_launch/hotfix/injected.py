@@ -27,6 +27,7 @@ _DSPARK_I27_SHORT_ROOM_SHARE = contract.SHORT_ROOM_SHARE
 _DSPARK_I27_ACTIVE_LOG = contract.ACTIVE_LOG_FORMAT
 _DSPARK_I27_AGING_ENV = contract.ENV_AGING
 _DSPARK_I27_AGING = (contract.AGING_MIN, contract.DEFAULT_AGING, contract.AGING_MAX)
+_DSPARK_I27_AGING_MAX_WAIT = contract.AGING_MAX_WAIT_STEPS
 _DSPARK_I27_CONTROL_ENV = contract.ENV_CONTROL
 _DSPARK_I27_LIVE_PERIOD_S = contract.LIVE_CHECK_PERIOD_S
 _DSPARK_I27_CONTROL_MAX_BYTES = contract.CONTROL_MAX_BYTES
@@ -343,12 +344,21 @@ def _dspark_i27_init_srpt(sched):
     sched._dspark_srpt_step = 0
     sched._dspark_reserved = {}
     sched._dspark_reserved_total = 0
+    sched._dspark_cut = {}
+    sched._dspark_room_now = 0
+    sched._dspark_chunk_now = 0
 
 
 def _dspark_i27_srpt_ok(sched):
     # Mamba-aligned chunks cannot be cut to an arbitrary size: mode 3 then
     # leaves the running loop alone and gates like mode 2.
     return not getattr(sched, "need_mamba_block_aligned_split", False)
+
+
+def _dspark_i27_arrived(sched, request):
+    """At `add_request` (patch v6): aging counts from arrival, not from the
+    step mode 3 first looked at the request."""
+    request._dspark_seen = sched._dspark_srpt_step
 
 
 def _dspark_i27_first_sight(sched, request):
@@ -369,28 +379,101 @@ def _dspark_i27_first_sight(sched, request):
         )[1]
     need = max(1, request.num_tokens - hit)
     request._dspark_need = need
-    request._dspark_seen = sched._dspark_srpt_step
+    if getattr(request, "_dspark_seen", None) is None:
+        request._dspark_seen = sched._dspark_srpt_step
     request._dspark_solo = -(-need // sched._dspark_chunk)
     return need
 
 
+def _dspark_i27_aged(sched, request, now):
+    """Waited more than k times its solo prefill steps, or the step bound on
+    any wait (whatever k the control file set): it goes first, oldest first."""
+    waited = now - request._dspark_seen
+    return waited > min(sched._dspark_aging * request._dspark_solo, _DSPARK_I27_AGING_MAX_WAIT)
+
+
+def _dspark_i27_first_waiting(queue, count):
+    """The first `count` requests of a waiting queue in its own order. A
+    priority queue's heap is walked from its root (a frontier of at most
+    `count` nodes), never copied; a FIFO queue is iterated."""
+    heap = getattr(queue, "_heap", None)
+    if heap is None:
+        out = []
+        for request in queue:
+            if len(out) >= count:
+                break
+            out.append(request)
+        return out
+    import heapq as _heapq
+
+    out = []
+    frontier = [(heap[0], 0)] if heap else []
+    while frontier and len(out) < count:
+        request, index = _heapq.heappop(frontier)
+        out.append(request)
+        for child in (2 * index + 1, 2 * index + 2):
+            if child < len(heap):
+                _heapq.heappush(frontier, (heap[child], child))
+    return out
+
+
+def _dspark_i27_free_tokens(sched):
+    """Tokens the free KV blocks hold (None: not known on this layout)."""
+    pool = getattr(sched.kv_cache_manager, "block_pool", None)
+    if pool is None or not hasattr(pool, "get_num_free_blocks"):
+        return None
+    return pool.get_num_free_blocks() * sched.block_size
+
+
+def _dspark_i27_admissible(sched, request):
+    """Whether admission can take `request` this step as far as the plan can
+    tell (its status ready, no LoRA cap in play): only then is room reserved."""
+    status = getattr(request.status, "name", "")
+    if status not in ("WAITING", "PREEMPTED"):
+        return False
+    if getattr(sched, "lora_config", None) and getattr(request, "lora_request", None):
+        return False
+    return not getattr(request, "num_stale_output_tokens", 0)
+
+
 def _dspark_i27_plan(sched):
-    """Mode 3: split this step's prefill room (the step bound) among running
-    prompts mid-prefill and the first waiting requests, least uncached work
-    left first; requests that waited more than k times their solo prefill
-    steps go first, oldest first.
+    """Mode 3: split this step's prefill room among running prompts
+    mid-prefill and the first waiting requests, least uncached work left
+    first; requests that waited past their aging bound go first, oldest
+    first. Under the priority policy all of this is within a priority level:
+    a lower value goes first, as the policy's own order has it.
+
+    The room is the step bound while a decoding request is running; with none
+    to protect it is the step's whole token budget and no chunk limit applies
+    (a lone prompt or a batch without decoders runs at vLLM's own speed).
 
     Returns {request_id: tokens} for the running prompts mid-prefill (0:
     skipped this step; decoding requests are never in it), or None when mode
-    3 is off. Room promised to waiting requests is kept in
-    `sched._dspark_reserved` for the admission gate.
+    3 is off. Room is reserved (`sched._dspark_reserved`) only for waiting
+    requests admission can take: a free seat as admission counts seats, free
+    KV blocks for the reserved tokens, a ready status.
     """
+    sched._dspark_cut = {}
+    sched._dspark_reserved = {}
+    sched._dspark_reserved_total = 0
     if sched._dspark_gate_mode != 3 or not sched._dspark_step_bound or not _dspark_i27_srpt_ok(sched):
         return None
     sched._dspark_srpt_step += 1
     now = sched._dspark_srpt_step
-    aging = sched._dspark_aging
-    chunk = sched._dspark_chunk
+    protect = False
+    for request in sched.running:
+        if not request.is_prefill_chunk:
+            protect = True
+            break
+    if protect:
+        room = sched._dspark_step_bound
+        chunk = sched._dspark_chunk
+    else:
+        room = chunk = sched.max_num_scheduled_tokens
+    sched._dspark_room_now = room
+    sched._dspark_chunk_now = chunk
+    # Read here: `__init__` sets the policy after the hotfix's init site.
+    by_priority = getattr(getattr(sched, "policy", None), "name", "") == "PRIORITY"
     candidates = []
     partials = 0
     for request in sched.running:
@@ -398,27 +481,30 @@ def _dspark_i27_plan(sched):
             partials += 1
             _dspark_i27_first_sight(sched, request)
             left = request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
-            aged = now - request._dspark_seen > aging * request._dspark_solo
-            candidates.append((not aged, request._dspark_seen if aged else left, request._dspark_seen, len(candidates), True, left, request))
-    seats = len(sched.running) < sched.max_num_running_reqs
-    looked = 0
-    if seats:
-        for request in sched.waiting:
-            if looked >= _DSPARK_I27_MAX_SKIPS:
-                break
-            looked += 1
-            if _dspark_i27_holds_kv(request):
+            aged = _dspark_i27_aged(sched, request, now)
+            rank = request.priority if by_priority else 0
+            candidates.append((rank, not aged, request._dspark_seen if aged else left, request._dspark_seen,
+                               len(candidates), True, left, request))
+    active = getattr(sched, "max_num_active_reqs", sched.max_num_running_reqs)
+    seats = active - len(sched.running) - getattr(sched, "num_waiting_for_streaming_input", 0)
+    if seats > 0:
+        for request in _dspark_i27_first_waiting(sched.waiting, _DSPARK_I27_MAX_SKIPS):
+            if _dspark_i27_holds_kv(request) or not _dspark_i27_admissible(sched, request):
                 continue
             need = _dspark_i27_first_sight(sched, request)
-            aged = now - request._dspark_seen > aging * request._dspark_solo
-            candidates.append((not aged, request._dspark_seen if aged else need, request._dspark_seen, len(candidates), False, need, request))
-    room = sched._dspark_step_bound
+            aged = _dspark_i27_aged(sched, request, now)
+            rank = request.priority if by_priority else 0
+            candidates.append((rank, not aged, request._dspark_seen if aged else need, request._dspark_seen,
+                               len(candidates), False, need, request))
     slots = sched._dspark_max_inflight_prefills - partials
-    seats = sched.max_num_running_reqs - len(sched.running)
+    free = _dspark_i27_free_tokens(sched)
+    if free is not None:
+        free -= getattr(sched, "num_lookahead_tokens", 0) * seats
     plan = {}
     reserved = {}
-    candidates.sort()  # unique 4th field: requests are never compared
-    for _, _, _, _, running, need, request in candidates:
+    candidates.sort()  # unique 5th field: requests are never compared
+    for candidate in candidates:
+        running, need, request = candidate[5], candidate[6], candidate[7]
         if running:
             give = min(need, chunk, room)
             plan[request.request_id] = give
@@ -426,6 +512,10 @@ def _dspark_i27_plan(sched):
         elif seats > 0 and room > 0 and (need <= room or slots > 0):
             # Whole within the room, or a first chunk in a free slot.
             give = need if need <= room else min(chunk, room)
+            if free is not None:
+                if give > free:
+                    continue  # admission's KV allocation would refuse it: no room kept for it
+                free -= give
             if give < need:
                 slots -= 1
             seats -= 1
@@ -434,6 +524,23 @@ def _dspark_i27_plan(sched):
     sched._dspark_reserved = reserved
     sched._dspark_reserved_total = sum(reserved.values())
     return plan
+
+
+def _dspark_i27_planned_chunk(sched, request, num_new_tokens, plan):
+    """The running loop's chunk for a prompt mid-prefill under mode 3's plan:
+    never above vLLM's own chunk, except beyond its threshold when no decoding
+    request runs (the plan's chunk is then the step budget); what the plan cut
+    is remembered so that room admission leaves unused goes back to it."""
+    give = plan[request.request_id]
+    if sched._dspark_chunk_now != sched._dspark_chunk:
+        left = request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
+        wanted = max(num_new_tokens, min(left, give))
+    else:
+        wanted = num_new_tokens
+    if give < wanted:
+        sched._dspark_cut[request.request_id] = wanted
+        return give
+    return wanted
 
 
 def _dspark_i27_planned_spent(sched, num_scheduled_tokens):
@@ -449,9 +556,12 @@ def _dspark_i27_admit_srpt(sched, request, computed, token_budget, partial, spen
     tokens this step, past vLLM's threshold (its budget still applies):
     `request.num_tokens` when the whole prompt fits the step's room.
 
-    The room is the step bound less what running prompts got and what the
-    plan promised other waiting requests with less work left. A prompt that
-    would stay mid-prefill needs a free in-flight slot, as in modes 0-2.
+    The room is the step's (the bound, or the budget with no decoding request
+    to protect) less what running prompts got and what the plan promised
+    other waiting requests with less work left. A prompt that would stay
+    mid-prefill needs a free in-flight slot, as in modes 0-2. The limit only
+    sizes the chunk vLLM computes; the patched site never applies it to a
+    request vLLM padded for speculative decoding.
     """
     if _dspark_i27_holds_kv(request):
         return 0
@@ -461,10 +571,10 @@ def _dspark_i27_admit_srpt(sched, request, computed, token_budget, partial, spen
     request._dspark_need = max(1, need)
     if getattr(request, "_dspark_seen", None) is None:
         request._dspark_seen = sched._dspark_srpt_step
-        request._dspark_solo = -(-request._dspark_need // sched._dspark_chunk)
+    request._dspark_solo = -(-request._dspark_need // sched._dspark_chunk)
     mine = sched._dspark_reserved.pop(request.request_id, 0)
     sched._dspark_reserved_total -= mine
-    room = min(sched._dspark_step_bound - spent - sched._dspark_reserved_total, token_budget)
+    room = min(sched._dspark_room_now - spent - sched._dspark_reserved_total, token_budget)
     if need <= room:
         # The whole prompt: a limit no chunk can reach, so that the first
         # chunk is everything left to compute (on layouts with bounded prefix
@@ -472,7 +582,68 @@ def _dspark_i27_admit_srpt(sched, request, computed, token_budget, partial, spen
         return request.num_tokens
     if partial >= sched._dspark_max_inflight_prefills or room <= 0:
         return -1
-    return min(room, sched._dspark_chunk)
+    return min(room, sched._dspark_chunk_now)
+
+
+def _dspark_i27_give_back(sched, num_scheduled_tokens, req_to_new_blocks, scheduled_running_reqs,
+                          token_budget, input_budget, draft_slots):
+    """Mode 3, after admission (patch v6): room the plan cut from running
+    prompts for waiting requests that admission did not take goes back to
+    those prompts in the same step, in the plan's order, up to vLLM's own
+    chunk and within the step's room; each extra chunk goes through vLLM's
+    own rules (the model length, the MTP prefill lookahead) and a KV
+    allocation of its own. Returns (token_budget, input_budget)."""
+    cut = sched._dspark_cut
+    if not cut:
+        return token_budget, input_budget
+    requests = sched.requests
+    spent = 0
+    for rid, n in num_scheduled_tokens.items():
+        request = requests.get(rid)
+        if request is not None and _dspark_i27_prefilling(request):
+            spent += n
+    room = sched._dspark_room_now - spent
+    for request in list(sched.running):
+        rid = request.request_id
+        wanted = cut.get(rid)
+        if wanted is None or room <= 0 or token_budget <= 0:
+            continue
+        if input_budget is not None and input_budget <= draft_slots:
+            break
+        have = num_scheduled_tokens.get(rid, 0)
+        total = min(wanted, have + room, have + token_budget)
+        if input_budget is not None:
+            total = min(total, have + input_budget - draft_slots)
+        total = min(total, sched.max_model_len - request.num_computed_tokens
+                    - getattr(sched, "num_sampled_tokens_per_step", 1))
+        if getattr(sched, "num_prefill_lookahead", 0):
+            total = sched._reserve_prefill_lookahead(request, request.num_computed_tokens, total)
+        if total <= have or getattr(request, "has_encoder_inputs", False):
+            continue
+        new_blocks = sched.kv_cache_manager.allocate_slots(
+            request, total, num_lookahead_tokens=getattr(sched, "num_lookahead_tokens", 0))
+        if new_blocks is None:
+            continue
+        extra = total - have
+        if have:
+            req_to_new_blocks[rid] = req_to_new_blocks[rid] + new_blocks
+        else:
+            req_to_new_blocks[rid] = new_blocks
+            scheduled_running_reqs.append(request)
+            if input_budget is not None:
+                input_budget -= draft_slots
+        num_scheduled_tokens[rid] = total
+        token_budget -= extra
+        if input_budget is not None:
+            input_budget -= extra
+        room -= extra
+    sched._dspark_cut = {}
+    return token_budget, input_budget
+
+
+def _dspark_i27_prefilling(request):
+    """Prefilling in the step being scheduled (its position is not yet moved)."""
+    return request.num_computed_tokens + 1 < request.num_tokens + request.num_output_placeholders
 
 
 # ---- live changes (patch v5): the control file of `dspark reload` ----
@@ -587,7 +758,10 @@ def _dspark_i27_live_read(path):
     except OSError as exc:
         return {}, "cannot read it (%s)" % (exc.strerror or exc)
     finally:
-        os_.close(fd)
+        try:
+            os_.close(fd)
+        except OSError:  # never into schedule(): the values read stand
+            pass
     if len(data) > _DSPARK_I27_CONTROL_MAX_BYTES:
         return {}, "larger than %d bytes" % _DSPARK_I27_CONTROL_MAX_BYTES
     try:

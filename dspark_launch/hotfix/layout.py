@@ -11,8 +11,9 @@ import hashlib
 import json
 import re
 import zlib
+from collections.abc import Callable
 
-from dspark_launch.hotfix.contract import ENV_CAP, PATCH_VERSION, injected_constants
+from dspark_launch.hotfix.contract import ENV_CAP, PATCH_VERSION, UPSTREAM_CAP_RE, injected_constants
 from dspark_launch.hotfix.injected_source import injected_body
 
 _BLOCK_BEGIN = "# >>> dspark-issue27 hotfix >>>"
@@ -30,6 +31,17 @@ def helpers_source(patch_version: int = PATCH_VERSION) -> str:
     return constants + "\n\n" + injected_body()
 
 
+#: What the gates take as the step's budget left: replaced, per layout, by
+#: the tokens vLLM's own budget clamp will allow a waiting request.
+_STEP_BUDGET = "<dspark-step-budget>"
+
+
+def _step_budget(text: str) -> str:
+    # 0.31+: the input budget also pays `draft_slots` per request (patch v6:
+    # a prompt judged whole on the token budget alone could be cut short by it).
+    return "min(token_budget, input_budget - draft_slots)" if _INPUT_BUDGET in text else "token_budget"
+
+
 def _gate_code(skip: str) -> str:
     """The admission gate of modes 0 and 1, before the prefix-cache lookup;
     `skip` moves the peeked request out of this step's way in the layout's own
@@ -38,7 +50,7 @@ def _gate_code(skip: str) -> str:
         "                if (  " + _INJECT_TAG + "\n"
         "                    self._dspark_gate_mode < 2\n"
         "                    and _dspark_partial >= self._dspark_max_inflight_prefills\n"
-        "                    and _dspark_i27_gated(self, request_queue.peek_request(), token_budget)\n"
+        "                    and _dspark_i27_gated(self, request_queue.peek_request(), " + _STEP_BUDGET + ")\n"
         "                ):\n"
         "                    if not self._dspark_gate_mode or _dspark_skips >= _DSPARK_I27_MAX_SKIPS:\n"
         "                        break\n"
@@ -54,7 +66,7 @@ def _admission_gate(condition: str, admit: str, skip: str) -> str:
     return (
         condition
         + "                    _dspark_limit = " + admit + "(\n"
-        "                        self, request, num_computed_tokens, token_budget, _dspark_partial, _dspark_spent\n"
+        "                        self, request, num_computed_tokens, " + _STEP_BUDGET + ", _dspark_partial, _dspark_spent\n"
         "                    )\n"
         "                    if _dspark_limit < 0:\n"
         "                        if _dspark_skips >= _DSPARK_I27_MAX_SKIPS:\n"
@@ -93,7 +105,7 @@ class _Site:
 
     name: str
     anchors: tuple[str, ...]  # alternatives (per vLLM version); exactly one matches
-    code: str | tuple[str, ...]
+    code: str | tuple[str, ...] | Callable[[str], str]  # a callable: the code for the original text
     before: bool = False  # insert before the anchor instead of after it
     requires: tuple[str, ...] = ()  # per anchor alternative ("" = nothing)
 
@@ -103,6 +115,50 @@ def _srpt_gate_code(skip: str) -> str:
     mode 2's gate: `_dspark_limit` > 0 is the exact size of the first chunk."""
     return _admission_gate("                if self._dspark_gate_mode == 3 and not load_kv_async:  " + _INJECT_TAG + "\n",
                            "_dspark_i27_admit_srpt", skip)
+
+
+#: The layouts (0.31+) that pad a waiting request with one token left to
+#: 1 + num_spec_tokens rows and assert that size at admission.
+_PADDED = "                            pad_spec_decode = True\n"
+#: The layouts (0.31+) with an input budget beside the token budget.
+_INPUT_BUDGET = "        input_budget = self.scheduler_config.max_num_batched_tokens\n"
+
+
+def _unpadded(text: str) -> str:
+    """The condition that keeps the hotfix off a request vLLM padded."""
+    return " and not pad_spec_decode" if _PADDED in text else ""
+
+
+def _first_chunk_code(text: str) -> str:
+    # Mode 2's limit and mode 3's chunk size the chunk vLLM computed; a padded
+    # request keeps vLLM's 1 + num_spec_tokens (patch v6: v5's mode 3 reset it
+    # to 1 and vLLM's assert at admission stopped the EngineCore).
+    guard = _unpadded(text)
+    return (
+        "                    if _dspark_limit" + guard + ":  " + _INJECT_TAG + "\n"
+        "                        num_new_tokens = min(num_new_tokens, _dspark_limit)\n"
+    )
+
+
+def _srpt_first_chunk_code(text: str) -> str:
+    # Mode 3 sizes the first chunk itself, possibly the whole prompt beyond
+    # the threshold; vLLM's budget clamp and its later rules follow.
+    return (
+        "                    if _dspark_limit > 0 and self._dspark_gate_mode == 3" + _unpadded(text) + ":  "
+        + _INJECT_TAG + "\n"
+        "                        num_new_tokens = min(request.num_tokens - num_computed_tokens, _dspark_limit)\n"
+    )
+
+
+def _give_back_code(text: str) -> str:
+    budgets = "token_budget, input_budget" if _INPUT_BUDGET in text else "token_budget, _dspark_input"
+    args = "token_budget, input_budget, draft_slots" if _INPUT_BUDGET in text else "token_budget, None, 0"
+    return (
+        "        if _dspark_plan:  " + _INJECT_TAG + "\n"
+        "            " + budgets + " = _dspark_i27_give_back(\n"
+        "                self, num_scheduled_tokens, req_to_new_blocks, scheduled_running_reqs, " + args + "\n"
+        "            )\n"
+    )
 
 
 #: vLLM's own threshold clamp of a waiting request's first chunk (0.31 ..
@@ -140,7 +196,7 @@ _SITES: tuple[_Site, ...] = (
         # Mode 3's plan may shrink a running prompt's chunk, or skip it this
         # step; decoding requests are never in the plan.
         "            if _dspark_plan and request.request_id in _dspark_plan:  " + _INJECT_TAG + "\n"
-        "                num_new_tokens = min(num_new_tokens, _dspark_plan[request.request_id])\n"
+        "                num_new_tokens = _dspark_i27_planned_chunk(self, request, num_new_tokens, _dspark_plan)\n"
         "                if not num_new_tokens:\n"
         "                    req_index += 1\n"
         "                    continue\n",
@@ -209,16 +265,12 @@ _SITES: tuple[_Site, ...] = (
             "                    if 0 < threshold < num_new_tokens:\n"
             "                        num_new_tokens = threshold\n",
         ),
-        "                    if _dspark_limit:  " + _INJECT_TAG + "\n"
-        "                        num_new_tokens = min(num_new_tokens, _dspark_limit)\n",
+        _first_chunk_code,
     ),
     _Site(
         "srpt-first-chunk",
         _FIRST_CHUNK_CLAMPS,
-        # Mode 3 sizes the first chunk itself, possibly the whole prompt
-        # beyond the threshold; vLLM's budget clamp follows.
-        "                    if _dspark_limit > 0 and self._dspark_gate_mode == 3:  " + _INJECT_TAG + "\n"
-        "                        num_new_tokens = min(request.num_tokens - num_computed_tokens, _dspark_limit)\n",
+        _srpt_first_chunk_code,
     ),
     _Site(
         "admission",
@@ -232,6 +284,17 @@ _SITES: tuple[_Site, ...] = (
         + "\n"
         "                    _dspark_partial += 1\n"
         "                _dspark_spent += num_new_tokens  " + _INJECT_TAG + "\n",
+    ),
+    _Site(
+        "give-back",  # patch v6: room admission left unused goes back to the cut running prompts
+        ("        # Check if the scheduling constraints are satisfied.\n",),
+        _give_back_code,
+        before=True,
+    ),
+    _Site(
+        "arrival",  # patch v6: mode 3's aging counts from arrival
+        ("            self.requests[request.request_id] = request\n",),
+        "            _dspark_i27_arrived(self, request)  " + _INJECT_TAG + "\n",
     ),
     _Site(
         "constraints-check",
@@ -306,6 +369,11 @@ def render_patched(original: bytes, patch_version: int = PATCH_VERSION) -> bytes
         if text.count(fact) != 1:
             raise LayoutError(name, f"anchor '{name}' not found exactly once (found {text.count(fact)})")
 
+    upstream = UPSTREAM_CAP_RE.search(text)
+    if upstream is not None:
+        raise LayoutError("upstream", f"this vLLM enforces a partial-prefill cap of its own (`{upstream.group(0)}`"
+                          " in its scheduler): the hotfix steps aside, use vLLM's option")
+    original_text = text
     for site in _SITES:
         hits = [a for a in site.anchors if text.count(a) == 1]
         if len(hits) != 1 or any(text.count(a) > 1 for a in site.anchors):
@@ -314,7 +382,11 @@ def render_patched(original: bytes, patch_version: int = PATCH_VERSION) -> bytes
         anchor = hits[0]
         # Per-layout code: by anchor alternative, or by layout for one anchor.
         index = site.anchors.index(anchor) if len(site.anchors) > 1 else (0 if _LAYOUT_031 in text else 1)
-        code = site.code if isinstance(site.code, str) else site.code[index]
+        if callable(site.code):
+            code = site.code(original_text)
+        else:
+            code = site.code if isinstance(site.code, str) else site.code[index]
+        code = code.replace(_STEP_BUDGET, _step_budget(original_text))
         needed = site.requires[index] if site.requires else ""
         if needed and needed not in text:
             first = needed.strip().splitlines()[0]

@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import math
 import os
@@ -28,6 +29,7 @@ import tempfile
 import types
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from fractions import Fraction
 
 from dspark_launch.hotfix.contract import ENV_CAP as ENV_VAR
 from dspark_launch.hotfix.contract import ENV_DIAG as DIAG_ENV_VAR
@@ -75,6 +77,7 @@ class RequestSpec:
     # Arrival in modelled milliseconds instead of `arrival_step` (run_workload
     # with a `step_time` model); the step it actually arrived at is recorded.
     arrival_ms: float | None = None
+    priority: int = 0  # under the priority policy: lower goes first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +99,16 @@ class SchedulerSpec:
     # Further environment set (value) or unset (None) while constructing the
     # scheduler, e.g. (("DSPARK_PREFILL_GATE_MODE", "1"),).
     extra_env: tuple[tuple[str, str | None], ...] = ()
+    # Speculative decoding: draft tokens per step (0: off). The CPU build drafts
+    # with an `ngram` config; the scheduler's margins (KV lookahead slots, the
+    # prefill lookahead, the input slots per drafting request) are those vLLM's
+    # own config code gives `speculative_method` (the profile's MTP method).
+    num_speculative_tokens: int = 0
+    speculative_method: str = "dspark"
+    scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy: fcfs | priority
+    # A released patch script (path) to patch the copy with instead of the
+    # current hotfix: the tests show what an older version does.
+    patch_script: str | None = None
 
     @property
     def label(self) -> str:
@@ -268,6 +281,99 @@ class RunResult:
 
 
 # ---------------------------------------------------------------------------
+# The recipe's scheduler configuration, derived from the default profile
+# ---------------------------------------------------------------------------
+
+#: The harness model's context (its config's max_position_embeddings): the
+#: profile's 1M context is cut to it (the KV pool, `num_blocks`, is sized apart).
+HARNESS_MAX_MODEL_LEN = TINY_MODEL_CONFIG["max_position_embeddings"]
+#: The two scales the hotfix is tested at: the recipe's, and token counts / 16.
+RECIPE_SCALES = (Fraction(1), Fraction(1, 16))
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipeConfig:
+    """The scheduler values `vllm serve` gets from the default profile (and the
+    launcher's own defaults for what the profile leaves to them)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    long_prefill_token_threshold: int
+    block_size: int
+    async_scheduling: bool
+    enable_prefix_caching: bool
+    num_speculative_tokens: int
+    speculative_method: str
+    max_model_len: int
+    cap: int
+    gate_mode: int
+    aging: float
+
+
+@functools.lru_cache(maxsize=None)
+def recipe_config() -> RecipeConfig:
+    """Read from `dspark_launch.profiles.catalog` (the default profile) and
+    `config.knobs` (the launcher's defaults): nothing here is copied by hand."""
+    from dspark_launch.config.knobs import NumericKnobs
+    from dspark_launch.profiles import catalog
+
+    profile = catalog.profile_named(catalog.DEFAULT_PROFILE)
+    settings = {d.setting: d.value for d in profile.settings}
+    flags = {p.flag: p.values[0] for p in profile.preferences}
+    switches = {s.flag for s in profile.switches}
+    knobs = {f.name: f.default for f in dataclasses.fields(NumericKnobs)}
+    assert profile.speculative is not None and profile.speculative_tokens > 0
+    return RecipeConfig(
+        max_num_seqs=int(settings["MAX_NUM_SEQS"]),
+        max_num_batched_tokens=int(settings["MAX_NUM_BATCHED_TOKENS"]),
+        long_prefill_token_threshold=int(settings["LONG_PREFILL_TOKEN_THRESHOLD"]),
+        block_size=int(flags["--block-size"]),
+        async_scheduling="--async-scheduling" in switches,
+        enable_prefix_caching=bool(knobs["enable_prefix_caching"]),
+        num_speculative_tokens=profile.speculative_tokens,
+        speculative_method=profile.speculative.values[0],
+        max_model_len=int(settings["MAX_MODEL_LEN"]),
+        cap=int(knobs["dspark_max_inflight_prefills"]),
+        gate_mode=int(knobs["dspark_prefill_gate_mode"]),
+        aging=float(knobs["dspark_prefill_aging"]),
+    )
+
+
+def recipe_spec(scale: Fraction = Fraction(1), **overrides) -> SchedulerSpec:
+    """A SchedulerSpec in the recipe's configuration at `scale` (token counts:
+    budget, threshold, block size and the KV pool, which holds one full
+    context); `overrides` replace fields (e.g. `policy`, `num_blocks`,
+    `async_scheduling` for the sync Scheduler). The hotfix's knobs are left to
+    its defaults, which the launcher's equal (tests/test_issue27_contract.py)."""
+    rc = recipe_config()
+
+    def scaled(tokens: int) -> int:
+        return max(1, int(tokens * scale))
+
+    max_model_len = min(scaled(rc.max_model_len), HARNESS_MAX_MODEL_LEN)
+    block = scaled(rc.block_size)
+    values = dict(
+        policy="patched",
+        max_num_seqs=rc.max_num_seqs,
+        max_num_batched_tokens=scaled(rc.max_num_batched_tokens),
+        long_prefill_token_threshold=scaled(rc.long_prefill_token_threshold),
+        block_size=block,
+        num_blocks=-(-max_model_len // block) + 2 * rc.max_num_seqs,
+        enable_prefix_caching=rc.enable_prefix_caching,
+        async_scheduling=rc.async_scheduling,
+        max_model_len=max_model_len,
+        num_speculative_tokens=rc.num_speculative_tokens,
+        speculative_method=rc.speculative_method,
+    )
+    values.update(overrides)
+    return SchedulerSpec(**values)
+
+
+def scale_label(scale: Fraction) -> str:
+    return "recipe" if scale == 1 else f"recipe/{scale.denominator}"
+
+
+# ---------------------------------------------------------------------------
 # Environment and scheduler construction
 # ---------------------------------------------------------------------------
 
@@ -320,14 +426,15 @@ def _load_module(name: str, path: pathlib.Path) -> types.ModuleType:
 
 
 @functools.lru_cache(maxsize=None)
-def patched_scheduler_classes(workdir: str | None = None) -> tuple[type, type]:
+def patched_scheduler_classes(workdir: str | None = None, script: str | None = None) -> tuple[type, type]:
     """(Scheduler, AsyncScheduler) built from a patched copy of the installed
     scheduler.py. The installed vLLM is never modified.
 
     The copy is patched by the hotfix's own `apply` and loaded as a module of
     its own. AsyncScheduler subclasses the Scheduler it imports, so its source
     is executed with `vllm.v1.core.sched.scheduler` resolving to the patched
-    module for the duration of the import.
+    module for the duration of the import. With `script` (a released patch
+    script) the copy is patched by that script instead.
     """
     import vllm.v1.core.sched.async_scheduler as stock_async
     import vllm.v1.core.sched.scheduler as stock
@@ -341,21 +448,43 @@ def patched_scheduler_classes(workdir: str | None = None) -> tuple[type, type]:
     copy = root / "patched_scheduler" / "scheduler.py"
     copy.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(stock.__file__, copy)
-    result = patch_tool.apply(copy)
-    if not result.ok:
-        raise RuntimeError(f"issue-27 patch did not apply to a copy of {stock.__file__}: {result.message}")
-    patched = _load_module(PATCHED_MODULE_NAME, copy)
+    if script is None:
+        result = patch_tool.apply(copy)
+        if not result.ok:
+            raise RuntimeError(f"issue-27 patch did not apply to a copy of {stock.__file__}: {result.message}")
+    else:
+        import subprocess
+
+        proc = subprocess.run([sys.executable, "-I", "-S", script, "apply", "--target", str(copy)],
+                              capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{script} did not apply to a copy of {stock.__file__}: {proc.stdout}{proc.stderr}")
+    suffix = "" if script is None else "_" + hashlib.sha256(script.encode()).hexdigest()[:12]
+    patched = _load_module(PATCHED_MODULE_NAME + suffix, copy)
 
     async_copy = copy.with_name("async_scheduler.py")
     shutil.copyfile(stock_async.__file__, async_copy)
     real = sys.modules["vllm.v1.core.sched.scheduler"]
     sys.modules["vllm.v1.core.sched.scheduler"] = patched
     try:
-        patched_async = _load_module(PATCHED_ASYNC_MODULE_NAME, async_copy)
+        patched_async = _load_module(PATCHED_ASYNC_MODULE_NAME + suffix, async_copy)
     finally:
         sys.modules["vllm.v1.core.sched.scheduler"] = real
     assert issubclass(patched_async.AsyncScheduler, patched.Scheduler)
     return patched.Scheduler, patched_async.AsyncScheduler
+
+
+#: The released patch scripts, gzipped (v1 to v5).
+OLD_PATCHES = pathlib.Path(__file__).resolve().parents[1] / "issue27_old_patches"
+
+
+def released_patch(version: int, directory: pathlib.Path) -> str:
+    """The released v`version` patch script, unpacked into `directory` (its path)."""
+    import gzip
+
+    script = pathlib.Path(directory) / f"patch_v{version}.py"
+    script.write_bytes(gzip.decompress((OLD_PATCHES / f"patch_v{version}.py.gz").read_bytes()))
+    return str(script)
 
 
 #: Further scheduler policies by name: provider(spec) -> (Scheduler, AsyncScheduler)
@@ -388,6 +517,7 @@ def build_vllm_config(spec: SchedulerSpec, model_dir: str | os.PathLike):
         enable_chunked_prefill=True,
         is_encoder_decoder=False,
         async_scheduling=spec.async_scheduling,
+        policy=spec.scheduling_policy,
     )
     cache_config = CacheConfig(
         block_size=spec.block_size,
@@ -395,11 +525,42 @@ def build_vllm_config(spec: SchedulerSpec, model_dir: str | os.PathLike):
         enable_prefix_caching=spec.enable_prefix_caching,
     )
     cache_config.num_gpu_blocks = spec.num_blocks
-    return VllmConfig(
+    config = VllmConfig(
         scheduler_config=scheduler_config,
         model_config=model_config,
         cache_config=cache_config,
     )
+    if spec.num_speculative_tokens:
+        from vllm.config import SpeculativeConfig
+
+        drafts = SpeculativeConfig(method="ngram", num_speculative_tokens=spec.num_speculative_tokens,
+                                   prompt_lookup_max=4, prompt_lookup_min=2)
+        # The modelled method's input slots per drafting request (DSpark drafts
+        # in parallel: K - 1), which schedule() reads from this config.
+        drafts.parallel_drafting = speculative_margins(spec, config)[2] > 0
+        config.speculative_config = drafts
+    return config
+
+
+def speculative_margins(spec: SchedulerSpec, config) -> tuple[int, int, int]:
+    """(KV lookahead slots, prefill lookahead, input slots per drafting
+    request) that vLLM's own config properties give `spec.speculative_method`
+    with `spec.num_speculative_tokens` drafts (anchor-sampling DSpark: K, 1,
+    K - 1). The method's draft model is not loaded on the CPU: its config is a
+    stand-in without attributes, so vLLM's defaults for them apply."""
+    import copy
+
+    from vllm.config import SpeculativeConfig, VllmConfig
+
+    modelled = copy.copy(SpeculativeConfig(method="ngram", num_speculative_tokens=spec.num_speculative_tokens,
+                                           prompt_lookup_max=4, prompt_lookup_min=2))
+    object.__setattr__(modelled, "method", spec.speculative_method)
+    object.__setattr__(modelled, "draft_model_config", types.SimpleNamespace(hf_config=types.SimpleNamespace()))
+    object.__setattr__(modelled, "parallel_drafting", spec.speculative_method in ("dspark",))
+    view = types.SimpleNamespace(speculative_config=modelled, diffusion_config=None)
+    view.num_speculative_tokens = VllmConfig.num_speculative_tokens.fget(view)
+    return (VllmConfig.num_lookahead_tokens.fget(view), VllmConfig.num_prefill_lookahead_tokens.fget(view),
+            SpeculativeConfig.max_num_new_slots_for_drafting.fget(modelled))
 
 
 def build_scheduler(spec: SchedulerSpec, model_dir: str | os.PathLike, vllm_config=None):
@@ -411,7 +572,11 @@ def build_scheduler(spec: SchedulerSpec, model_dir: str | os.PathLike, vllm_conf
     from vllm.v1.structured_output import StructuredOutputManager
 
     if spec.policy == "patched":
-        sync_cls, async_cls = patched_scheduler_classes()
+        # Called as every other caller calls it: one cached module per script.
+        if spec.patch_script is None:
+            sync_cls, async_cls = patched_scheduler_classes()
+        else:
+            sync_cls, async_cls = patched_scheduler_classes(script=spec.patch_script)
     elif spec.policy == "stock":
         sync_cls, async_cls = stock_scheduler_classes()
     elif spec.policy in POLICY_PROVIDERS:
@@ -440,13 +605,17 @@ def build_scheduler(spec: SchedulerSpec, model_dir: str | os.PathLike, vllm_conf
     }
     cls = async_cls if spec.async_scheduling else sync_cls
     with scoped_env(env):
-        return cls(
+        sched = cls(
             vllm_config=vllm_config,
             kv_cache_config=kv_cache_config,
             block_size=spec.block_size,
             log_stats=True,
             structured_output_manager=StructuredOutputManager(vllm_config),
         )
+    if spec.num_speculative_tokens:
+        # The MTP method's margins, which the ngram stand-in does not have.
+        sched.num_lookahead_tokens, sched.num_prefill_lookahead, _ = speculative_margins(spec, vllm_config)
+    return sched
 
 
 def _block_hasher(spec: SchedulerSpec, vllm_config):
@@ -484,12 +653,57 @@ def make_request(req: RequestSpec, block_hasher=None):
         pooling_params=None,
         block_hasher=block_hasher,
         resumable=req.resumable,
+        priority=req.priority,
     )
 
 
 # ---------------------------------------------------------------------------
 # Driving
 # ---------------------------------------------------------------------------
+
+
+def accepted_drafts(req_id: str, step: int, drafts: int) -> int:
+    """Deterministic draft acceptance: 0..drafts, (drafts / 2) on average
+    (peers of the profile accept 2.5 of 5 and more)."""
+    return (step + sum(map(ord, req_id))) % (drafts + 1)
+
+
+def sampled_tokens(sched_output, still_prefilling: set[str], step: int) -> dict[str, list[int]]:
+    """What the model runner samples: nothing for a request still prefilling,
+    else one token plus the accepted drafts (a draft of -1, a placeholder the
+    drafter never filled, is rejected)."""
+    spec_tokens = sched_output.scheduled_spec_decode_tokens
+    out = {}
+    for rid in sched_output.num_scheduled_tokens:
+        if rid in still_prefilling:
+            out[rid] = []
+            continue
+        drafts = spec_tokens.get(rid) or ()
+        real = 0
+        for token in drafts:
+            if token < 0:
+                break
+            real += 1
+        out[rid] = [SAMPLED_TOKEN] * (1 + min(real, accepted_drafts(rid, step, len(drafts))))
+    return out
+
+
+def hand_back_drafts(sched, sched_output, async_scheduling: bool) -> None:
+    """Drafts as EngineCore hands them back: sync scheduling, after the step's
+    output, `update_draft_token_ids` for the step's requests; async scheduling,
+    `update_draft_token_ids_in_output` fills the placeholders of the output
+    just scheduled."""
+    k = sched.num_spec_tokens
+    if not k:
+        return
+    from vllm.v1.outputs import DraftTokenIds
+
+    req_ids = [rid for rid in sched_output.num_scheduled_tokens if rid in sched.requests]
+    drafts = DraftTokenIds(req_ids=req_ids, draft_token_ids=[[SAMPLED_TOKEN] * k for _ in req_ids])
+    if async_scheduling:
+        sched.update_draft_token_ids_in_output(drafts, sched_output)
+    else:
+        sched.update_draft_token_ids(drafts)
 
 
 def _model_output(sched_output, sampled: dict[str, list[int]]):
@@ -501,6 +715,17 @@ def _model_output(sched_output, sampled: dict[str, list[int]]):
         req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
         sampled_token_ids=[sampled[rid] for rid in req_ids],
     )
+
+
+def settle(in_flight: deque, depth: int, scheduled: bool, process_oldest: Callable[[], None]) -> None:
+    """Process step outputs as EngineCore does: once `depth` steps are in
+    flight (2 with async scheduling), or at once after a step that scheduled
+    nothing."""
+    if len(in_flight) >= depth or not scheduled:
+        while in_flight:
+            process_oldest()
+            if len(in_flight) < depth and scheduled:
+                break
 
 
 def run_workload(
@@ -545,6 +770,8 @@ def run_workload(
     def process_oldest() -> None:
         sched_output, sampled, record = in_flight.popleft()
         outputs = sched.update_from_output(sched_output, _model_output(sched_output, sampled))
+        if not spec.async_scheduling:
+            hand_back_drafts(sched, sched_output, False)
         done = set()
         for engine_outputs in outputs.values():
             for out in engine_outputs.outputs:
@@ -572,9 +799,11 @@ def run_workload(
             break
         decode_active = frozenset(r.request_id for r in sched.running if not r.is_prefill_chunk)
         sched_output = sched.schedule()
+        if spec.async_scheduling:
+            hand_back_drafts(sched, sched_output, True)
         scheduled = dict(sched_output.num_scheduled_tokens)
         still_prefilling = {r.request_id for r in sched.running if r.is_prefill_chunk}
-        sampled = {rid: [] if rid in still_prefilling else [SAMPLED_TOKEN] for rid in scheduled}
+        sampled = sampled_tokens(sched_output, still_prefilling, step)
         requests = sched.requests
         record = StepRecord(
             step=step,
@@ -588,11 +817,7 @@ def run_workload(
         if step_time is not None:
             clock_ms += step_time(record)
         in_flight.append((sched_output, sampled, record))
-        if len(in_flight) >= depth or not scheduled:
-            while in_flight:
-                process_oldest()
-                if len(in_flight) < depth and scheduled:
-                    break
+        settle(in_flight, depth, bool(scheduled), process_oldest)
     while in_flight:
         process_oldest()
 
