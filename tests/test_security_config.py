@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from dspark_launch.cluster.spec import cluster_spec
-from dspark_launch.config.serve_flags import LAUNCHER_FLAGS, check_extra_args
+from dspark_launch.config.serve_flags import LAUNCHER_FLAGS, SECRET_FLAGS, check_extra_args
 from dspark_launch.config.settings import resolve
 from dspark_launch.errors import ConfigError
 from tests.support.launcher_env import run_dspark
@@ -207,7 +207,7 @@ def test_the_table_covers_what_vllms_parser_reads():
                           timeout=300)
     result = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))[7:])
     dests = result["dests"]
-    owned_dests = {dests[s] for flag in LAUNCHER_FLAGS for s in flag.spellings if s in dests}
+    owned_dests = {dests[s] for flag in LAUNCHER_FLAGS + SECRET_FLAGS for s in flag.spellings if s in dests}
     assert {s for flag in LAUNCHER_FLAGS for s in flag.spellings} <= set(dests), "a table flag vLLM does not know"
     reached = 0
     for (flag, form), changed in zip(OWNED_FORMS, result["changed"]):

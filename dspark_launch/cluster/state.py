@@ -283,6 +283,16 @@ def ray_token(state_dir: Path, configured: str, create: bool = False) -> str:
     return _read_private(path).strip()
 
 
+def rotate_ray_token(state_dir: Path) -> bool:
+    """A fresh token in place of the one on file (renamed over it: a reader sees the old or the new one),
+    after someone else was found on the GCS's port; False when there was none on file."""
+    path = state_dir / TOKEN_FILE
+    if not path.exists():
+        return False
+    write_private(path, secrets.token_hex(32) + "\n")
+    return True
+
+
 @contextmanager
 def state_lock(state_dir: Path) -> Iterator[None]:
     """flock on the state folder; a second launcher fails naming the holder's pid."""

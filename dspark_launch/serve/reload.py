@@ -92,7 +92,7 @@ def reload(settings: Settings, spec: ClusterSpec, reporter: Reporter, timeout_s:
     """Under the state lock: compare, then (live changes only) write the control file on the head and wait
     for the scheduler's log line; the record gets the values in force and since when."""
     from dspark_launch.serve.logfollow import END, LogReader
-    from dspark_launch.serve.server import server_alive
+    from dspark_launch.serve.api_holder import require_ours
 
     with lifecycle.locked_deployment(spec.state_dir) as state:
         server = state.server if state else None
@@ -107,8 +107,12 @@ def reload(settings: Settings, spec: ClusterSpec, reporter: Reporter, timeout_s:
         if not server.control_file:
             raise DsparkError("reload: the server was started without a scheduler control file (an older "
                               "launcher); `dspark restart` applies the change")
-        if not server_alive(spec, server):
+        holder = require_ours(spec, server)  # the nudge below carries the key: only to the server's own port
+        if not holder.recorded_alive:
             raise DsparkError(f"reload: vllm serve (pid {server.pid}) is not running; `dspark restart` starts it")
+        if not holder.ours:
+            raise DsparkError(f"reload: vllm serve (pid {server.pid}) does not listen on {server.url} yet; "
+                              "`dspark reload` again once `dspark status` says up")
         values = {name: now[name] for name in contract.LIVE_NAMES if name in now}
         wanted = InForce.of(values)
         head = spec.head.agent(reporter)

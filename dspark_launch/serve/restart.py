@@ -30,7 +30,7 @@ def restart_kind_of(settings: Settings, spec: ClusterSpec, state: Deployment | N
 def _ray_up(spec: ClusterSpec, state: Deployment | None) -> bool:
     """Every node's recorded Ray daemons alive, and Ray itself (the GCS) lists every node alive: after a
     cut link the daemons can live on while Ray has declared the node dead."""
-    ray_view = Background(lambda: rc.ray_view(spec, lifecycle.RAY_VIEW_TIMEOUT_S))  # asked while the nodes are
+    ray_view = Background(lambda: rc.ray_view(spec, state.node(spec.head.name) if state else None, lifecycle.RAY_VIEW_TIMEOUT_S))  # asked while the nodes are
     healthy = all(h == "alive" for h in lifecycle.node_health(spec, state).values())
     try:
         seen = {node.ip for node in ray_view.result() if node.alive}
