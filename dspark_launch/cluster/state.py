@@ -152,6 +152,7 @@ class ServerRecord:
     control_file: str = ""  # the scheduler's control file (`dspark reload`; "": started without one)
     live: dict[str, str] = field(default_factory=dict)  # live settings `dspark reload` put in force, by name
     live_since: float | None = None  # when the engine log showed them in force
+    secrets: dict[str, str] = field(default_factory=dict)  # salted digest per secret set (config/secret_digest.py)
 
     @property
     def running_settings(self) -> dict[str, str]:

@@ -20,6 +20,7 @@ from dspark_launch.agent.client import Reporter
 from dspark_launch.agent.protocol import ReadLog, SchedulerControl
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import ServerRecord, save_state
+from dspark_launch.config.secret_digest import compared_values
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.hotfix import contract
@@ -98,7 +99,7 @@ def reload(settings: Settings, spec: ClusterSpec, reporter: Reporter, timeout_s:
         server = state.server if state else None
         if server is None:
             raise DsparkError("reload: no server started from this state folder; `dspark start` serves")
-        now = settings.public_values()
+        now = compared_values(settings, server.secrets)  # a rotated key is a change that needs `restart`
         changes = reload_changes(server.running_settings, now)
         if changes.restart:
             raise refusal(changes, settings)

@@ -8,6 +8,7 @@ from dspark_launch.agent.client import ClusterFailure, Reporter
 from dspark_launch.cluster.parallel import Background
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import Deployment, save_state
+from dspark_launch.config.secret_digest import compared_values
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import DsparkError
 from dspark_launch.serve.restart_kind import RestartKind
@@ -24,7 +25,8 @@ def restart_kind_of(settings: Settings, spec: ClusterSpec, state: Deployment | N
     if state is not None and state.launcher_version != __version__:
         return RestartKind(False, f"the record is of dspark-launch {state.launcher_version}, this is {__version__}")
     running = state.server.running_settings if state and state.server else None
-    return restart_kind(running, settings.public_values(), running is not None and _ray_up(spec, state))
+    now = compared_values(settings, state.server.secrets if state and state.server else {})
+    return restart_kind(running, now, running is not None and _ray_up(spec, state))
 
 
 def _ray_up(spec: ClusterSpec, state: Deployment | None) -> bool:

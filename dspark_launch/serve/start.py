@@ -234,7 +234,8 @@ def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment,
     server = ServerRecord(marker=marker, log=log, url=plan.base_url, served_name=plan.served_name, model=plan.model,
                           started_at=time.time(), settings=dict(plan.settings), digest=plan.settings_digest,
                           cap=plan.cap, profile=plan.profile, decisions=[d.line for d in plan.decisions],
-                          chat=plan.chat, drain_s=plan.drain_timeout_s, control_file=plan.control_file)
+                          chat=plan.chat, drain_s=plan.drain_timeout_s, control_file=plan.control_file,
+                          secrets=dict(plan.secret_digests))
     taken = api_holder(spec, server)  # no process recorded yet: whoever listens there is someone else
     if taken.verdict == PortHolder.FOREIGN:
         raise ServeFailure(foreign_line(server, taken))

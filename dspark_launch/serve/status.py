@@ -10,6 +10,7 @@ from dspark_launch.agent.client import ClusterFailure
 from dspark_launch.cluster.parallel import Background
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import ServerRecord, load_state
+from dspark_launch.config.secret_digest import compared_values
 from dspark_launch.config.settings import Settings
 from dspark_launch.serve import http, logscan
 from dspark_launch.serve.logfollow import LogReader
@@ -79,7 +80,7 @@ def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | N
         uptime_s=round(time.time() - server.started_at) if alive else None, healthy=healthy,
         cap=server.scheduler_cap if server.scheduler_cap is not None else server.cap,
         kv_cache_tokens=server.kv_cache_tokens, metrics=http.metrics(server.url, probe) if healthy else {},
-        drift=drift(server.running_settings, settings.public_values()), profile=server.profile,
+        drift=drift(server.running_settings, compared_values(settings, server.secrets)), profile=server.profile,
         decisions=tuple(server.decisions), live=dict(server.live), live_since=server.live_since,
         listener=foreign_line(server, holder) if holder.verdict == holder.FOREIGN else "")
 
