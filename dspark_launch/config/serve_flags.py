@@ -58,12 +58,18 @@ SECRET_FLAGS: tuple[LauncherFlag, ...] = (
     LauncherFlag(("--watermark-config",), "", "its key is a secret; no launcher setting carries it"),
 )
 
+# vLLM options that are prefixes of a refused flag but name a flag of their own: argparse takes an exact
+# match before an abbreviation (the parser test checks every option vLLM knows against this module).
+OTHER_EXACT_OPTIONS = frozenset({"--watermark"})
+
 
 def _owner(word: str) -> tuple[str, LauncherFlag] | None:
     """The refused flag `word` reaches in vLLM's parser (exactly or abbreviated), with its spelling."""
     name = word.split("=", 1)[0]
     if name.startswith("--"):
         name = name.replace("_", "-")
+        if name in OTHER_EXACT_OPTIONS:
+            return None
         for flag in LAUNCHER_FLAGS + SECRET_FLAGS:
             for spelling in flag.spellings:
                 if spelling.startswith("--") and len(name) > 2 and spelling.startswith(name):
