@@ -24,7 +24,7 @@ REFUSED_NAMES: tuple[tuple[str, str], ...] = (
      "a shell variable that picks the programs or runs code"),
     (r"PERL5?LIB|PERL5OPT|RUBYOPT|RUBYLIB|NODE_OPTIONS|JAVA_TOOL_OPTIONS|_JAVA_OPTIONS",
      "an interpreter variable that loads code"),
-    (r"RAY_RUNTIME_ENV_HOOK|RAY_ADDRESS|RAY_AUTH_MODE|VLLM_HOST_IP",
+    (r"RAY_RUNTIME_ENV_HOOK|RAY_ADDRESS|RAY_AUTH_MODE|VLLM_HOST_IP|HOME|USER|LOGNAME",
      "a variable the launcher sets itself, or that imports code into Ray"),
     # Every other name the launcher sets on a node (ray_cluster.node_env, the serve plan, the fabric,
     # the model pre-flight, the profiles): its per-node value is the launcher's (a test keeps this in step).
