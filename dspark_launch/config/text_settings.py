@@ -296,8 +296,8 @@ class TextSettings:
     dspark_container_python: str = text("python3", group="container")
     """Python inside the image (the one vLLM and Ray are installed for)"""
     dspark_container_model_cache: str = text("", group="container")
-    """Hugging Face cache folder on every node, mounted at the same path (HF_HOME) in the containers; default
-    $HF_HOME or ~/.cache/huggingface"""
+    """Folder of the weights on every node, mounted read-only at the same path in the containers; default the hub
+    cache $HF_HOME/hub (never HF_HOME itself: it holds the hub login token)"""
     dspark_container_jit_cache: str = text("", group="container", check=single_line)
     """Host folder of the JIT compile caches (vLLM, FlashInfer, Triton, TileLang, CuTe DSL), mounted at the same path
     so a recreated container does not compile again; default <state dir>/jit-cache; ours and not group- or
