@@ -284,6 +284,9 @@ class TextSettings:
     empty"""
     dspark_ray_dashboard: str = text("off", group="security", check=_choice("off", "local"))
     """Ray dashboard: off, or local (127.0.0.1 only; reach it through an SSH tunnel)"""
+    dspark_hub_trusted_http_endpoint: str = text("", group="security", check=single_line)
+    """An http:// HF_ENDPOINT, exactly as HF_ENDPOINT spells it, that may get the hub token in clear text (a mirror
+    you run on a machine and port you trust); any other plain-http endpoint, loopback included, never gets it"""
 
     # ---- container
     dspark_runtime: str = text("host", group="container", check=_choice("host", "docker", "podman"))
