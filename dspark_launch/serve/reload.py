@@ -24,6 +24,7 @@ from dspark_launch.config.secret_digest import compared_values
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.hotfix import contract
+from dspark_launch.serve.engine_log import engine_text
 from dspark_launch.serve.restart_kind import LIVE_LEVEL, ReloadChanges, reload_changes
 
 RELOAD_TIMEOUT_S = 30.0
@@ -140,11 +141,12 @@ def _wait_in_force(log, wanted: InForce, server: ServerRecord, settings: Setting
     text = ""
     while True:
         text += log.new_text()  # whole lines: a read may end inside one
-        refused = contract.LIVE_WARNING_RE.search(text)
+        said = engine_text(text, "scheduler.py")  # the scheduler's own lines only, never a client's prompt
+        refused = contract.LIVE_WARNING_RE.search(said)
         if refused:
             raise DsparkError(f"reload: the scheduler refused its control file: {refused.group(1)}; "
                               "it keeps its values; log " + server.log)
-        found = next((line for line in contract.parse_live_lines(text) if wanted.shown_by(line)), None)
+        found = next((line for line in contract.parse_live_lines(said) if wanted.shown_by(line)), None)
         if found is not None:
             return found, nudge is not None
         elapsed = time.monotonic() - began
