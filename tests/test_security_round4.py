@@ -19,6 +19,7 @@ from dspark_launch.config.serve_flags import check_extra_args
 from dspark_launch.config.settings import resolve
 from dspark_launch.errors import ConfigError
 from tests.support.launcher_env import run_dspark
+from tests.support.vllm_parser import PARSER_PREAMBLE
 
 SECRET = "hf_LEAKEDsecret0123456789"
 
@@ -56,18 +57,8 @@ def test_the_cli_refuses_a_hub_token_in_extra_args_in_one_line(tmp_path):
     assert SECRET not in proc.stdout + proc.stderr
 
 
-_SENSITIVE = r"""
-import json
+_SENSITIVE = PARSER_PREAMBLE + r"""
 from vllm.entrypoints.serve.utils.api_utils import _SENSITIVE_ARG_FIELDS
-try:
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-except ImportError:
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-try:
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-except ImportError:
-    from vllm.utils import FlexibleArgumentParser
-parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
 options = sorted(o for a in parser._actions if a.dest in _SENSITIVE_ARG_FIELDS for o in a.option_strings)
 print("RESULT " + json.dumps({"fields": sorted(_SENSITIVE_ARG_FIELDS), "options": options}))
 """
