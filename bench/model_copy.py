@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dspark_launch.model.copy import BULK_SSH_OPTIONS, SSHTarget, effective_streams, rsync_to  # noqa: E402
+from dspark_launch.model.copy import BULK_SSH_OPTIONS, CIPHER_PREFERENCE, SSHTarget, effective_streams, rsync_to  # noqa: E402
 from dspark_launch.agent.manifest import Manifest, ManifestFile, write_manifest  # noqa: E402
 from dspark_launch.model.local_model import local_manifest  # noqa: E402
 from dspark_launch.agent.model_files import fast_check, hash_files, sha256_file, verify_model  # noqa: E402
@@ -272,7 +272,7 @@ def main() -> int:
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
                    f"load {os.getloadavg()[0]:.2f}",
         "link": "veth pair through a bridge (two network namespaces on one machine)",
-        "copy_ssh_options": " ".join(BULK_SSH_OPTIONS) + f" (scp too; the _chacha20 row: Ciphers={SSH_DEFAULT_CIPHER})",
+        "copy_ssh_options": " ".join(CIPHER_PREFERENCE + BULK_SSH_OPTIONS) + f" (scp too; the _chacha20 row: Ciphers={SSH_DEFAULT_CIPHER})",
         "payload": {"files": args.files, "bytes": total},
         "repeat": args.repeat,
         "median_s": {k: round(v, 3) for k, v in medians.items()},

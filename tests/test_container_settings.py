@@ -53,7 +53,9 @@ def test_production_run_command_has_what_gpu_serving_needs():
     assert "--gpus all" in joined and "--device /dev/infiniband" in joined and "--ulimit memlock=-1:-1" in joined
     assert "--name dspark-0123abcd-node" in joined and "--label dspark.owner=dspark-0123abcd-node" in joined
     assert f"/opt/launcher/dspark_launch:{AGENT_MOUNT}/dspark_launch:ro" in argv
-    assert "/var/lib/dspark:/var/lib/dspark" in argv and "/data/hf:/data/hf" in argv and "HF_HOME=/data/hf" in argv
+    # The weights read-only, and no HF_HOME pointing at the host's (issue 30: the hub token lives there).
+    assert "/var/lib/dspark:/var/lib/dspark" in argv and "/data/hf:/data/hf:ro" in argv
+    assert not any(word.startswith("HF_HOME=") for word in argv)
     assert argv[-3:] == ["sleep", "nvcr.io/nvidia/vllm:25.11-py3", "infinity"]  # --entrypoint sleep IMAGE infinity
     # The agent inside learns the mounted state folder: its logs are kept there for that folder's owner.
     marker = argv.index("DSPARK_CONTAINER_STATE_DIR=/var/lib/dspark")

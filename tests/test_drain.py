@@ -28,7 +28,8 @@ def test_metrics_count_requests_in_the_engine_and_finished_ones_without_aborts()
 
 def test_report_counts_finished_and_cut():
     before = RequestCounts(4, 10)
-    drained = report(before, RequestCounts(0, 12), 3.0, 60, lambda: f"x\n{DRAINED_LOG}; starting resource teardown\n")
+    engine_line = f"(EngineCore pid=599) INFO 12-02 01:14:25 [core.py:1667] {DRAINED_LOG}; starting resource teardown"
+    drained = report(before, RequestCounts(0, 12), 3.0, 60, lambda: f"x\n{engine_line}\n")
     assert (drained.finished, drained.cut) == (4, 0)  # the EngineCore ran out of work: all four finished
     timed_out = report(before, RequestCounts(2, 11), 60.0, 60, lambda: "force killing remaining processes")
     assert (timed_out.in_flight, timed_out.finished, timed_out.cut) == (4, 1, 3)

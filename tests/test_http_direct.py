@@ -8,6 +8,7 @@ while the API gets each request with its Authorization header.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import urllib.request
@@ -15,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from dspark_launch.agent import procfs
 from dspark_launch.cluster.state import Deployment, ServerRecord, save_state
 from dspark_launch.serve import http
 from tests.support.launcher_env import run_dspark
@@ -123,8 +125,10 @@ def test_smoke_command_goes_direct(tmp_path, proxied, api, proxy):
     """`dspark smoke` end to end: real CLI, settings from an env file, the server from the state folder."""
     state_dir = tmp_path / "state"
     state_dir.mkdir(mode=0o700)
+    # The stand-in API's socket is this process's: the head's agent finds it among the recorded pid's.
     server = ServerRecord(marker="dspark-test-server", log="", url=api.url, served_name="tiny", model="tiny",
-                          started_at=time.time(), settings={}, digest="x", cap=1, chat=True)
+                          started_at=time.time(), settings={}, digest="x", cap=1, chat=True, pid=os.getpid(),
+                          start_time=procfs.start_time(os.getpid()), boot_id=procfs.boot_id())
     save_state(state_dir, Deployment(ray_address="127.0.0.1:6379", config_digest="x", started_at=time.time(),
                                      launcher_version="test", nodes=[], server=server))
     env_file = tmp_path / "smoke.env"

@@ -205,7 +205,7 @@ def test_source_from_settings_uses_the_configured_cache_endpoint_and_token(tmp_p
     from dspark_launch.model.hub import hub_source, is_local_folder
 
     env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_TOKEN": "hf_x", "HF_HOME": str(tmp_path)}
-    src = hub_source("org/m", "abc", "", env, token_to_endpoint=True)
+    src = hub_source("org/m", "abc", "", env, token_to_endpoint=True, trusted_http="http://127.0.0.1:9")
     assert (src.cache_dir, src.endpoint, src.token) == (str(tmp_path / "hub"), "http://127.0.0.1:9", "hf_x")
     assert hub_source("org/m", "", "/data/hf", env).cache_dir == "/data/hf"
     assert "hf_x" not in repr(src)
@@ -280,6 +280,8 @@ def test_dspark_model_pull_on_a_gated_repo_is_one_line_exit_1_before_any_node(tm
                         f"DSPARK_MODEL={REPO_ID}\nDSPARK_MODEL_CACHE={tmp_path / 'cache'}\n"
                         f"DSPARK_STATE_DIR={tmp_path / 'state'}\nDSPARK_HUB_TOKEN_TO_ENDPOINT=1\n")
     with HubServer(repo) as server:
+        with env_file.open("a") as more:  # the loopback hub named as trusted: it gets the token over http
+            more.write(f"DSPARK_HUB_TRUSTED_HTTP_ENDPOINT={server.endpoint}\n")
         env = {"HF_ENDPOINT": server.endpoint, "HF_HOME": str(tmp_path / "hf-home")}
         if token:
             env["HF_TOKEN"] = token

@@ -211,7 +211,8 @@ def test_a_gated_hub_at_another_endpoint_gets_no_token_without_the_opt_in(tmp_pa
         with pytest.raises(ModelAccessError) as info:
             list_model(src)
         assert server.authorizations == []
-        assert list_model(hub_source(REPO_ID, "", str(tmp_path / "cache"), env, token_to_endpoint=True)).commit
+        assert list_model(hub_source(REPO_ID, "", str(tmp_path / "cache"), env, token_to_endpoint=True,
+                                     trusted_http=server.endpoint)).commit
     assert "DSPARK_HUB_TOKEN_TO_ENDPOINT=1" in str(info.value) and secret not in str(info.value)
 
 
@@ -445,3 +446,24 @@ def test_the_model_commands_without_node_containers_check_the_folders_too(placed
             op.verify(str(folder), manifest, True, only=("config.json",))
         with pytest.raises(ClusterFailure, match=f"model cache {cache} has mode 0777"):
             op.fast_check(str(folder), manifest.stamp)
+
+
+def test_a_loopback_http_endpoint_gets_the_token_only_when_named_as_trusted(tmp_path):
+    """Issue 30, risk 8: a loopback mirror that is down leaves its port to any local user; plain http gets
+    the token only when DSPARK_HUB_TRUSTED_HTTP_ENDPOINT names exactly that endpoint."""
+    from dspark_launch.config.settings import resolve as load_settings
+    from dspark_launch.model.onnodes import wanted_model
+
+    env_file = tmp_path / "dspark.env"
+    env_file.write_text(f"DSPARK_MODEL={REPO_ID}\nDSPARK_HUB_TOKEN_TO_ENDPOINT=1\n")
+    environ = {"HF_ENDPOINT": "http://127.0.0.1:8081", "HF_TOKEN": "hf_secretNeverSent", "HF_HOME": str(tmp_path)}
+    with pytest.raises(ConfigError) as info:
+        wanted_model(load_settings(env_file=str(env_file), environ={}), environ)
+    message = str(info.value)
+    assert "clear text" in message and "DSPARK_HUB_TRUSTED_HTTP_ENDPOINT" in message and "hf_secret" not in message
+    for other in ("http://127.0.0.1:8082", "http://localhost:8081"):  # another port, another spelling
+        settings = load_settings(env_file=str(env_file), environ={"DSPARK_HUB_TRUSTED_HTTP_ENDPOINT": other})
+        with pytest.raises(ConfigError):
+            wanted_model(settings, environ)
+    settings = load_settings(env_file=str(env_file), environ={"DSPARK_HUB_TRUSTED_HTTP_ENDPOINT": "http://127.0.0.1:8081/"})
+    assert wanted_model(settings, environ).source.token == "hf_secretNeverSent"

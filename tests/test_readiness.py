@@ -73,6 +73,7 @@ class Served:
 
     def listening(self) -> Served:
         self.port = int(self._wait_for(r"listening on (\d+)").group(1))
+        self.server.url = f"http://127.0.0.1:{self.port}"  # as `launch` records the plan's
         return self
 
     def _wait_for(self, pattern: str) -> re.Match:

@@ -15,10 +15,11 @@ import sys
 import pytest
 
 from dspark_launch.cluster.spec import cluster_spec
-from dspark_launch.config.serve_flags import LAUNCHER_FLAGS, check_extra_args
+from dspark_launch.config.serve_flags import LAUNCHER_FLAGS, SECRET_FLAGS, check_extra_args
 from dspark_launch.config.settings import resolve
 from dspark_launch.errors import ConfigError
 from tests.support.launcher_env import run_dspark
+from tests.support.vllm_parser import PARSER_PREAMBLE
 
 CLUSTER = {"DSPARK_HEAD_IP": "10.213.9.1", "DSPARK_WORKER_HOSTS": "root@10.213.9.2", "DSPARK_FABRIC_IFNAME": "lo"}
 
@@ -173,17 +174,7 @@ def test_positional_model_and_harmless_flags(clean_environ):
     assert settings_with(clean_environ, VLLM_EXTRA_ARGS=harmless).entries["VLLM_EXTRA_ARGS"].value == harmless
 
 
-_PARSE = r"""
-import json, sys
-try:
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-except ImportError:
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-try:
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-except ImportError:
-    from vllm.utils import FlexibleArgumentParser
-parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+_PARSE = PARSER_PREAMBLE + r"""
 dests = {o: a.dest for a in parser._actions for o in a.option_strings}
 base = vars(parser.parse_args(["m"]))
 out = []
@@ -207,7 +198,7 @@ def test_the_table_covers_what_vllms_parser_reads():
                           timeout=300)
     result = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))[7:])
     dests = result["dests"]
-    owned_dests = {dests[s] for flag in LAUNCHER_FLAGS for s in flag.spellings if s in dests}
+    owned_dests = {dests[s] for flag in LAUNCHER_FLAGS + SECRET_FLAGS for s in flag.spellings if s in dests}
     assert {s for flag in LAUNCHER_FLAGS for s in flag.spellings} <= set(dests), "a table flag vLLM does not know"
     reached = 0
     for (flag, form), changed in zip(OWNED_FORMS, result["changed"]):

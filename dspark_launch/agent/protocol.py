@@ -382,6 +382,45 @@ class PortAnswer:
 
 
 @dataclass(frozen=True)
+class PortHolderQuery:
+    """Who holds the listening sockets a connection to ip:port would reach (agent/port_holder.py): asked
+    before anything that carries the Ray token or an API key is sent there."""
+    ip: str
+    port: int
+    processes: tuple[Process, ...]  # the recorded holders; their descendants count as theirs
+
+
+@dataclass(frozen=True)
+class PortListener:
+    address: str  # ip:port as the socket is bound
+    pid: int | None  # None: a process this agent cannot see (another user's, another PID namespace)
+    uid: int
+    user: str
+
+    @property
+    def line(self) -> str:
+        who = f"pid {self.pid}" if self.pid is not None else "a process this node's agent cannot see"
+        return f"{who} (user {self.user}) listening on {self.address}"
+
+
+@dataclass(frozen=True)
+class PortHolder:
+    OURS, NONE, GONE, FOREIGN = "ours", "none", "gone", "foreign"
+    verdict: str
+    recorded_alive: bool
+    listeners: tuple[PortListener, ...] = ()  # the foreign ones
+
+    @property
+    def ours(self) -> bool:
+        return self.verdict == self.OURS
+
+    @property
+    def foreign(self) -> str:
+        """One phrase naming the foreign listeners; "" when there is none."""
+        return "; ".join(listener.line for listener in self.listeners)
+
+
+@dataclass(frozen=True)
 class MemoryQuery:
     pass
 
@@ -506,14 +545,17 @@ class RayNode:
 
 @dataclass(frozen=True)
 class RayNodesQuery:
-    """Ray's own list of nodes (from the GCS; no driver is started)."""
+    """Ray's own list of nodes (from the GCS; no driver is started), asked only when the GCS port is held by
+    one of `holders` (the head's recorded Ray processes): the token goes to no one else."""
     address: str
     env: dict[str, str] = field(repr=False)
+    holders: tuple[Process, ...] = ()
 
 
 @dataclass(frozen=True)
 class RayNodesAnswer:
     nodes: tuple[RayNode, ...]
+    port: PortHolder | None = None  # who held the GCS port; `nodes` is empty unless it was ours
 
 
 @dataclass(frozen=True)
@@ -565,6 +607,7 @@ class RayChecks:
     gpus_per_node: int
     join_timeout_s: float
     ignore_node_ids: tuple[str, ...] = ()
+    holders: tuple[Process, ...] = ()  # the head's recorded Ray processes: the GCS's port must be theirs
 
 
 @dataclass(frozen=True)
@@ -739,6 +782,7 @@ _OPERATIONS = (
     Operation(Glob, GlobAnswer, "files:glob", "logs"),
     # Ray (handlers/ray.py; the head's node table imports Ray when called)
     Operation(PortQuery, PortAnswer, "ray:port_free", "ray port"),
+    Operation(PortHolderQuery, PortHolder, "ray:port_holder", "port holder"),
     Operation(RayTempDir, RayTempDirAnswer, "ray:ray_temp_dir", "ray temp folder"),
     Operation(RayNodesQuery, RayNodesAnswer, "ray:ray_nodes", "ray nodes", 20),
     Operation(RayChecks, RayChecksAnswer, "ray:ray_checks", "ray checks"),

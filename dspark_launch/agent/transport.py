@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import pwd
 import selectors
 import shlex
 import subprocess
@@ -119,6 +120,8 @@ class LocalTransport:
 
     def exchange(self, request_line: str, timeout: float, on_line: Callable[[str], None]) -> None:
         env = {name: os.environ[name] for name in LOGIN_ENV if name in os.environ}
+        entry = pwd.getpwuid(os.geteuid())  # as sshd sets them for a worker's agent, whatever `sudo -E` kept
+        env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
         # cwd "/": `python -m` puts the working folder first on sys.path, and the launcher's (a checkout,
         # say) must not shadow the head's installed packages.
         code, last = _stream([self.python, "-m", AGENT_MODULE], env, request_line, timeout, on_line,

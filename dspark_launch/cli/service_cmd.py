@@ -274,7 +274,7 @@ def smoke(
     """N requests at once to the running server: chat completions when the profile serves a chat model, else completions; a line each; exit 1 if any fails."""
     from dspark_launch.cluster.state import load_state
     from dspark_launch.serve.plan import api_key
-    from dspark_launch.serve.smoke import smoke as send_requests
+    from dspark_launch.serve.smoke import confirm_server, smoke as send_requests
 
     settings, spec = settings_and_spec(env_file)
     try:
@@ -283,6 +283,10 @@ def smoke(
         raise fail(error) from None
     if not state or not state.server:
         raise fail(DsparkError("no server started from this state folder; run `dspark start`"))
+    try:
+        confirm_server(spec, state.server)
+    except DsparkError as error:
+        raise fail(error) from None
     failed = 0
     for reply in send_requests(state.server, api_key(settings), concurrency, max_tokens, timeout):
         failed += not reply.ok

@@ -206,10 +206,11 @@ def _bring_up(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None
         else:
             # Repairing beside a live head: Ray may still list the lost nodes' old registrations
             # as alive for a few seconds; remember them so the wait never takes one for the new node.
-            stale = tuple(n.node_id for n in rc.ray_view(spec) if n.ip in {m.ip for m in workers})
+            stale = tuple(n.node_id for n in rc.ray_view(spec, existing.node(spec.head.name))
+                          if n.ip in {m.ip for m in workers})
         prepared.result()
         on_each(workers, bringup.start_ray)
-        bringup.checks(stale)
+        bringup.checks(stale, existing.node(spec.head.name) if existing else None)
         checks = checked.result()
     except BaseException as exc:
         try:
@@ -338,7 +339,7 @@ def cluster_status(spec: ClusterSpec, state: Deployment | None) -> ClusterView:
     busy = lock_holder(spec.state_dir) is not None
     details: dict[str, str] = {}
     # Ray's own view (the head's agent imports Ray: the slowest question) is asked while the nodes are.
-    ray_view = Background(lambda: rc.ray_view(spec, RAY_VIEW_TIMEOUT_S)) if state else None
+    ray_view = Background(lambda: rc.ray_view(spec, state.node(spec.head.name), RAY_VIEW_TIMEOUT_S)) if state else None
     boxes = Background(lambda: containers.inspect(spec)) if spec.containers else None
     health = node_health(spec, state, details)
     nodes = []
@@ -367,7 +368,7 @@ def cluster_status(spec: ClusterSpec, state: Deployment | None) -> ClusterView:
         nodes = _with_ray_view(ray_view, nodes)
         if overall == "up" and any(n.registered_ip != n.ip for n in nodes):
             overall = "degraded"
-    problems = []
+    problems = [foreign] if (foreign := rc.foreign_ray_port(ray_view)) else []
     if state and overall in ("up", "degraded"):
         for node in nodes:
             if node.container and node.container_status != "running":

@@ -17,7 +17,7 @@ from dspark_launch.agent.client import ClusterFailure, Reporter
 from dspark_launch.agent.fabric import SYSFS_ROOT_VAR, FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node
-from dspark_launch.cluster.state import (NodeRecord, ProcessRecord, SessionRecord, ray_token, recorded, wire_processes,
+from dspark_launch.cluster.state import (NodeRecord, ProcessRecord, SessionRecord, ray_token, recorded, rotate_ray_token, wire_processes,
                                          wire_sessions)
 from dspark_launch.errors import ConfigError
 
@@ -220,12 +220,15 @@ class Bringup:
             tail = list(agent.call(p.Tail((record.ray_log,), 15)).lines)
             raise ClusterFailure(node.label, "ray start", f"exit {answer.returncode}; log {record.ray_log}", tail)
 
-    def checks(self, ignore_node_ids: tuple[str, ...] = ()) -> p.RayChecksAnswer:
-        """Join wait, IPs and GPUs of every node, from Ray's node table by the head's agent."""
+    def checks(self, ignore_node_ids: tuple[str, ...] = (), head: NodeRecord | None = None) -> p.RayChecksAnswer:
+        """Join wait, IPs and GPUs of every node, from Ray's node table by the head's agent; `head` is the
+        head's record when its Ray was not started by this run."""
         self.reporter.phase("checking that every node joined Ray with its IP and GPUs")
+        head = self.records.get(self.spec.head.name, head)
         request = p.RayChecks(self.spec.ray_address, self.token_env,
                               tuple(p.ExpectedNode(n.name, n.ip) for n in self.spec.nodes),
-                              self.spec.gpus_per_node, self.spec.join_timeout_s, ignore_node_ids)
+                              self.spec.gpus_per_node, self.spec.join_timeout_s, ignore_node_ids,
+                              wire_processes(head.processes) if head else ())
         answer = self.spec.head.agent(self.reporter).call(request, timeout=self.spec.join_timeout_s + CHECKS_TIMEOUT_S)
         self.reporter.phase(f"Ray checks passed: {len(answer.nodes)} node(s) joined, each at its IP with "
                             f"{self.spec.gpus_per_node} GPU(s)")
@@ -244,9 +247,42 @@ class Bringup:
         return [problem for problem in results.values() if problem]
 
 
-def ray_view(spec: ClusterSpec, timeout: float = 20) -> tuple[p.RayNode, ...]:
-    """Ray's own list of nodes, asked of the head's agent."""
-    return spec.head.agent().call(p.RayNodesQuery(spec.ray_address, auth_env(spec)), timeout=timeout).nodes
+class ForeignRayPort(ClusterFailure):
+    """Another process holds the GCS's port: nothing was sent to it, and the token on file was replaced."""
+
+
+class RayPortDown(ClusterFailure):
+    """Nothing of ours listens on the GCS's port: Ray was not asked."""
+
+
+def ray_view(spec: ClusterSpec, head: NodeRecord | None, timeout: float = 20) -> tuple[p.RayNode, ...]:
+    """Ray's own list of nodes, asked of the head's agent, which first checks that the GCS's port is held by
+    the head's recorded Ray (`head`): the token goes to no one else."""
+    holders = wire_processes(head.processes) if head else ()
+    answer = spec.head.agent().call(p.RayNodesQuery(spec.ray_address, auth_env(spec), holders), timeout=timeout)
+    if answer.port is None or answer.port.ours:
+        return answer.nodes
+    if answer.port.verdict == p.PortHolder.FOREIGN:
+        renewed = rotate_ray_token(spec.state_dir) if spec.auth_mode == "token" and not spec.auth_token else False
+        token = ("a new Ray token was drawn for the next start" if renewed else
+                 "the Ray token was not sent" + ("; replace RAY_AUTH_TOKEN" if spec.auth_token else ""))
+        raise ForeignRayPort(spec.head.label, "ray port",
+                             f"RAY_PORT {spec.ray_address} is held by {answer.port.foreign}, not by the Ray "
+                             f"started there; {token}; stop that process before `dspark restart`")
+    raise RayPortDown(spec.head.label, "ray port", f"nothing of ours listens on {spec.ray_address} (Ray is down)")
+
+
+def foreign_ray_port(ray_view: Background | None) -> str | None:
+    """The problem line when Ray's view found another process on the GCS's port."""
+    if ray_view is None:
+        return None
+    try:
+        ray_view.result()
+    except ForeignRayPort as exc:
+        return str(exc)
+    except ClusterFailure:
+        pass
+    return None
 
 
 def stop_node(node: Node, record: NodeRecord, grace_s: float = RAY_STOP_GRACE_S) -> p.StopAnswer:

@@ -198,8 +198,9 @@ def _create_argv(spec: ContainerSpec) -> list[str]:
     # The agent (root in a rootful runtime) keeps the logs in the state folder for that folder's owner.
     env = ["--env", f"PYTHONPATH={AGENT_MOUNT}", "--env", f"{CONTAINER_STATE_VAR}={spec.state_dir}"]
     if spec.model_cache:
-        mounts += ["--volume", f"{spec.model_cache}:{spec.model_cache}"]
-        env += ["--env", f"HF_HOME={spec.model_cache}"]
+        # Read-only and without HF_HOME: model code in the container can neither rewrite the host's weights
+        # and manifests nor find a hub token there (the serve plan points HF_HUB_CACHE at the hub cache).
+        mounts += ["--volume", f"{spec.model_cache}:{spec.model_cache}:ro"]
     if spec.jit_cache:
         mounts += ["--volume", f"{spec.jit_cache}:{spec.jit_cache}"]
         env += [word for pair in jit_env(spec.jit_cache) for word in ("--env", pair)]
@@ -313,6 +314,8 @@ def up(host: HostShell, spec: ContainerSpec, timeout: float = 120, reuse: bool =
     # podman refuses a missing bind source (docker would create it root-owned): make ours first.
     folders = [f for f in (spec.state_dir, spec.model_cache) if f]
     _run(host, ["mkdir", "-p", "-m", "700", *folders], timeout, "creating the state folder")
+    if spec.model_cache:
+        check_host_folders(host, spec.model_cache, "DSPARK_CONTAINER_MODEL_CACHE", timeout)
     if spec.jit_cache:
         check_private_folder(host, spec.jit_cache, "DSPARK_CONTAINER_JIT_CACHE", timeout)
     _run(host, run_argv(spec), timeout, f"starting container {spec.name} from {spec.image}")
@@ -322,15 +325,70 @@ def up(host: HostShell, spec: ContainerSpec, timeout: float = 120, reuse: bool =
     return state
 
 
+# Each folder from `$1` up to /, by lstat (a link is shown as one, then what it points to): run on the
+# node's host, where rsync and the runtime's bind mounts meet these folders, not inside a container.
+_FOLDER_CHAIN = ('mkdir -p -m 700 "$1" || exit 1; id -u; p="$1"; while :; do stat -c "%u %a %F|%n" "$p"; '
+                 'if [ -L "$p" ]; then stat -L -c "%u %a %F|%n" "$p"; fi; [ "$p" = / ] && break; '
+                 'p=$(dirname "$p"); done')
+
+
+@dataclass(frozen=True)
+class FolderEntry:
+    uid: int
+    mode: int
+    kind: str  # stat's %F: "directory", "symbolic link", ...
+    path: str
+
+    @property
+    def link(self) -> bool:
+        return self.kind == "symbolic link"
+
+
+def folder_chain(host: HostShell, folder: str, timeout: float = 60) -> tuple[int, list[FolderEntry]]:
+    """`folder` (created 0700 when missing) and each folder above it on the node's host, never followed
+    unnoticed: (the uid we run as there, the entries from `folder` up)."""
+    lines = _run(host, ["sh", "-c", _FOLDER_CHAIN, "sh", os.path.abspath(folder)], timeout,
+                 f"preparing {folder}").splitlines()
+    entries = []
+    for line in lines[1:]:
+        head, _, path = line.partition("|")
+        uid, mode, kind = head.split(" ", 2)
+        entries.append(FolderEntry(int(uid), int(mode, 8), kind, path))
+    return int(lines[0]), entries
+
+
+def _check_above(host: HostShell, folder: str, setting: str, uid: int, entries: list[FolderEntry]) -> None:
+    """Every folder above (and a link on the way, and what it points to): root's or ours, writable by
+    others only with the sticky bit (like /tmp): nobody else can swap what lies below."""
+    for entry in entries:
+        open_to_others = not entry.link and entry.mode & 0o022 and not entry.mode & 0o1000
+        if entry.uid not in (0, uid) or open_to_others:
+            raise ContainerError(f"{host.description}: {entry.path}, above {folder} ({setting}), is owned by uid "
+                                 f"{entry.uid} with mode {entry.mode:o}; allowed: owned by root or uid {uid}, not "
+                                 "group- or other-writable unless sticky")
+
+
 def check_private_folder(host: HostShell, folder: str, setting: str, timeout: float = 60) -> None:
-    """Create `folder` (mode 700) on the node's host when missing; ContainerError unless it is owned by the
-    user we run as and neither group- nor other-writable (what runs from it is compiled code)."""
-    script = 'mkdir -p -m 700 "$1" && stat -L -c "%u %a" "$1" && id -u'
-    out = _run(host, ["sh", "-c", script, "sh", folder], timeout, f"preparing {folder}").split()
-    owner, mode, uid = (out + ["", "", ""])[:3]
-    if owner != uid or int(mode or "0", 8) & 0o022:
-        raise ContainerError(f"{host.description}: {folder} ({setting}) is owned by uid {owner} with mode {mode}; "
-                             f"allowed: owned by uid {uid}, not group- or other-writable (chmod go-w {folder})")
+    """Create `folder` (mode 700) on the node's host when missing; ContainerError unless it is a real folder
+    (a link is never followed) owned by the user we run as, neither group- nor other-writable, below folders
+    only root or that user can change (what runs from it is compiled code)."""
+    uid, entries = folder_chain(host, folder, timeout)
+    leaf = entries[0]
+    if leaf.link:
+        raise ContainerError(f"{host.description}: {folder} ({setting}) is a symbolic link (never followed); "
+                             f"allowed: a real folder owned by uid {uid}, not group- or other-writable")
+    if leaf.uid != uid or leaf.mode & 0o022:
+        raise ContainerError(f"{host.description}: {folder} ({setting}) is owned by uid {leaf.uid} with mode "
+                             f"{leaf.mode:o}; allowed: owned by uid {uid}, not group- or other-writable "
+                             f"(chmod go-w {folder})")
+    _check_above(host, folder, setting, uid, entries[1:])
+
+
+def check_host_folders(host: HostShell, folder: str, setting: str, timeout: float = 60) -> None:
+    """The container model cache and the folders above it, on the host (the bind mount hides them from the
+    container's agent, and rsync writes there as root): each root's or ours and closed to other writers."""
+    uid, entries = folder_chain(host, folder, timeout)
+    _check_above(host, folder, setting, uid, entries)
 
 
 def package_archive(package_dir: str) -> tuple[bytes, dict[str, str]]:

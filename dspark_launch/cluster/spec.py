@@ -148,6 +148,25 @@ NOT_SET_HINT = {"DSPARK_HEAD_IP": "the head's fabric IP", "DSPARK_WORKER_HOSTS":
                 "DSPARK_FABRIC_IFNAME": "the fabric interface's name (`ip -br link`)"}
 
 
+def _hf_home() -> str:
+    """The hub client's own folder, as huggingface_hub finds it."""
+    return os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+
+
+def _refuse_the_token_folder(settings: Settings, cache: str) -> None:
+    """The container model cache is mounted into every serving container: never the folder of the hub token."""
+    from dspark_launch.agent.safe_path import within
+
+    home = _hf_home()
+    token = os.environ.get("HF_TOKEN_PATH") or os.path.join(home, "token")
+    if within(os.path.abspath(os.path.expanduser(token)), os.path.abspath(os.path.expanduser(cache))):
+        entry = settings.entries["DSPARK_CONTAINER_MODEL_CACHE"]
+        raise ConfigError(f"DSPARK_CONTAINER_MODEL_CACHE={cache} ({entry.source}) holds the hub login token "
+                          f"({token}), which every serving container would then read; allowed: the hub cache "
+                          f"({os.path.join(home, 'hub')}) or another folder of weights")
+
+
 def cluster_spec(settings: Settings, placeholders_ok: bool = False) -> ClusterSpec:
     """The nodes to contact; refuses placeholders so nothing reaches an address nobody configured
     (`placeholders_ok`: for `dspark plan`, which never dials a placeholder, see `placeholder`)."""
@@ -205,8 +224,9 @@ def node_containers(settings: Settings) -> NodeContainers | None:
     # One deployment per state folder (its lock): the containers are named from it, so `stop` and
     # `status` find them from the settings alone, record or not.
     marker = "dspark-" + hashlib.sha256(str(state_dir_of(settings)).encode()).hexdigest()[:8]
-    cache = settings.dspark_container_model_cache or os.environ.get("HF_HOME") or str(
-        Path.home() / ".cache" / "huggingface")
+    # The hub cache only (HF_HOME/hub), never HF_HOME itself: that holds the hub login token.
+    cache = settings.dspark_container_model_cache or os.path.join(_hf_home(), "hub")
+    _refuse_the_token_folder(settings, cache)
     jit_cache = settings.dspark_container_jit_cache or str(state_dir_of(settings) / "jit-cache")
     return NodeContainers(runtime=runtime, image=settings.dspark_image, marker=marker,
                           python=settings.dspark_container_python or "python3",

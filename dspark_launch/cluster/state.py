@@ -152,6 +152,7 @@ class ServerRecord:
     control_file: str = ""  # the scheduler's control file (`dspark reload`; "": started without one)
     live: dict[str, str] = field(default_factory=dict)  # live settings `dspark reload` put in force, by name
     live_since: float | None = None  # when the engine log showed them in force
+    secrets: dict[str, str] = field(default_factory=dict)  # salted digest per secret set (config/secret_digest.py)
 
     @property
     def running_settings(self) -> dict[str, str]:
@@ -281,6 +282,16 @@ def ray_token(state_dir: Path, configured: str, create: bool = False) -> str:
     finally:
         os.unlink(tmp)
     return _read_private(path).strip()
+
+
+def rotate_ray_token(state_dir: Path) -> bool:
+    """A fresh token in place of the one on file (renamed over it: a reader sees the old or the new one),
+    after someone else was found on the GCS's port; False when there was none on file."""
+    path = state_dir / TOKEN_FILE
+    if not path.exists():
+        return False
+    write_private(path, secrets.token_hex(32) + "\n")
+    return True
 
 
 @contextmanager

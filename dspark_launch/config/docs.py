@@ -50,6 +50,8 @@ def _refusal_tables() -> list[str]:
         spelled = ", ".join(f"`{s}`" for s in flag.spellings)
         instead = f"`{flag.setting}`" + (f" ({flag.why})" if flag.why else "") if flag.setting else f"(none: {flag.why})"
         lines.append(f"| {spelled} | {instead} |")
+    secret = ", ".join(f"`{s}` ({flag.why})" for flag in serve_flags.SECRET_FLAGS for s in flag.spellings)
+    lines += ["", f"Refused too, in the same spellings, because their value is a secret: {secret}."]
     lines += ["", "### Names refused in `DSPARK_FORWARD_ENV`", "",
               f"Any name that looks like a secret (contains {', '.join(SECRET_WORDS)}, in any case), "
               "and every name matching one of these patterns:", "",

@@ -24,7 +24,7 @@ REFUSED_NAMES: tuple[tuple[str, str], ...] = (
      "a shell variable that picks the programs or runs code"),
     (r"PERL5?LIB|PERL5OPT|RUBYOPT|RUBYLIB|NODE_OPTIONS|JAVA_TOOL_OPTIONS|_JAVA_OPTIONS",
      "an interpreter variable that loads code"),
-    (r"RAY_RUNTIME_ENV_HOOK|RAY_ADDRESS|RAY_AUTH_MODE|VLLM_HOST_IP",
+    (r"RAY_RUNTIME_ENV_HOOK|RAY_ADDRESS|RAY_AUTH_MODE|VLLM_HOST_IP|HOME|USER|LOGNAME",
      "a variable the launcher sets itself, or that imports code into Ray"),
     # Every other name the launcher sets on a node (ray_cluster.node_env, the serve plan, the fabric,
     # the model pre-flight, the profiles): its per-node value is the launcher's (a test keeps this in step).
@@ -38,6 +38,16 @@ REFUSED_NAMES: tuple[tuple[str, str], ...] = (
      r"|TORCH_EXTENSIONS_DIR|.*CACHE(_DIR|_PATH|_ROOT|_HOME)?|HF_HOME|XDG_.*|FLASHINFER_WORKSPACE_BASE",
      "a library or plugin it loads, or a cache of compiled or downloaded code it runs "
      "(NCCL_NET_PLUGIN, TRITON_CACHE_DIR, HF_MODULES_CACHE, VLLM_CACHE_ROOT, ...)"),
+    # Issue 30, point 5: families, so that a name vLLM or Ray adds later is refused the day it appears.
+    (r"RAY_(DEBUG|PDB).*", "Ray's debugger (RAY_DEBUG, RAY_DEBUG_POST_MORTEM, ...): a debugger port on the node that "
+     "asks no one for a token"),
+    (r"VLLM_.*DEV_MODE|VLLM_.*INSECURE.*|VLLM_ALLOW_RUNTIME_LORA_UPDATING|VLLM_USE_MODELSCOPE",
+     "opens vLLM to its API clients or to other code: development endpoints such as /collective_rpc "
+     "(VLLM_SERVER_DEV_MODE), pickled payloads, adapters loaded at run time, weights from ModelScope"),
+    (r"(?!VLLM_RPC_BASE_PATH$)VLLM_.*(_DIR|_PATH|_FILE|_ROOT)|NCCL_.*_FILE|.*PROFILER_DIR",
+     "a path where the serving processes (root) write, or from which they read code or configuration "
+     "(VLLM_LOGGING_CONFIG_PATH, VLLM_NCCL_SO_PATH, VLLM_TORCH_PROFILER_DIR, VLLM_DEBUG_DUMP_PATH, NCCL_DEBUG_FILE, "
+     "...; VLLM_RPC_BASE_PATH, the folder of vLLM's IPC sockets under random names, is allowed)"),
     (r"SSH_AUTH_SOCK|SSH_AGENT_PID|KRB5CCNAME|DOCKER_CONFIG|KUBECONFIG|NETRC|PGPASSFILE|GIT_ASKPASS|SSH_ASKPASS",
      "an agent, credential file or credential helper"),
 )

@@ -50,13 +50,27 @@ LAUNCHER_FLAGS: tuple[LauncherFlag, ...] = (
     LauncherFlag(("--config",), "", "a vLLM config file can set every flag of this table"),
 )
 
+# Flags whose value is a secret (vLLM's own list: `_SENSITIVE_ARG_FIELDS` in
+# vllm/entrypoints/serve/utils/api_utils.py, redacted in its log): on the `vllm serve` argv a secret is
+# world-readable in /proc, and VLLM_EXTRA_ARGS is kept in the state and shown by `config show`.
+SECRET_FLAGS: tuple[LauncherFlag, ...] = (
+    LauncherFlag(("--hf-token",), "", "the served weights are local; `dspark model pull` uses the hub login"),
+    LauncherFlag(("--watermark-config",), "", "its key is a secret; no launcher setting carries it"),
+)
+
+# vLLM options that are prefixes of a refused flag but name a flag of their own: argparse takes an exact
+# match before an abbreviation (the parser test checks every option vLLM knows against this module).
+OTHER_EXACT_OPTIONS = frozenset({"--watermark"})
+
 
 def _owner(word: str) -> tuple[str, LauncherFlag] | None:
-    """The launcher flag `word` reaches in vLLM's parser (exactly or abbreviated), with its spelling."""
+    """The refused flag `word` reaches in vLLM's parser (exactly or abbreviated), with its spelling."""
     name = word.split("=", 1)[0]
     if name.startswith("--"):
         name = name.replace("_", "-")
-        for flag in LAUNCHER_FLAGS:
+        if name in OTHER_EXACT_OPTIONS:
+            return None
+        for flag in LAUNCHER_FLAGS + SECRET_FLAGS:
             for spelling in flag.spellings:
                 if spelling.startswith("--") and len(name) > 2 and spelling.startswith(name):
                     return spelling, flag
@@ -86,4 +100,7 @@ def check_extra_args(words: list[str]) -> None:
             shown = spelling if not shown.startswith("--") and len(shown) > len(spelling) else shown  # `-n2`
             reached = "" if shown.replace("_", "-") == spelling else f" (vLLM reads it as {spelling})"
             allowed = f"set {flag.setting} instead" if flag.setting else f"leave it out ({flag.why})"
+            if flag in SECRET_FLAGS:
+                raise Refused(f"holds {shown}{reached}, whose value is a secret (on the vllm serve argv it is "
+                              f"readable by every local user; the value is not shown); allowed: {allowed}")
             raise Refused(f"holds {shown}{reached}, which the launcher sets; allowed: {allowed}")

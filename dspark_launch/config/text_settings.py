@@ -284,6 +284,9 @@ class TextSettings:
     empty"""
     dspark_ray_dashboard: str = text("off", group="security", check=_choice("off", "local"))
     """Ray dashboard: off, or local (127.0.0.1 only; reach it through an SSH tunnel)"""
+    dspark_hub_trusted_http_endpoint: str = text("", group="security", check=single_line)
+    """An http:// HF_ENDPOINT, exactly as HF_ENDPOINT spells it, that may get the hub token in clear text (a mirror
+    you run on a machine and port you trust); any other plain-http endpoint, loopback included, never gets it"""
 
     # ---- container
     dspark_runtime: str = text("host", group="container", check=_choice("host", "docker", "podman"))
@@ -296,8 +299,8 @@ class TextSettings:
     dspark_container_python: str = text("python3", group="container")
     """Python inside the image (the one vLLM and Ray are installed for)"""
     dspark_container_model_cache: str = text("", group="container")
-    """Hugging Face cache folder on every node, mounted at the same path (HF_HOME) in the containers; default
-    $HF_HOME or ~/.cache/huggingface"""
+    """Folder of the weights on every node, mounted read-only at the same path in the containers; default the hub
+    cache $HF_HOME/hub (never HF_HOME itself: it holds the hub login token)"""
     dspark_container_jit_cache: str = text("", group="container", check=single_line)
     """Host folder of the JIT compile caches (vLLM, FlashInfer, Triton, TileLang, CuTe DSL), mounted at the same path
     so a recreated container does not compile again; default <state dir>/jit-cache; ours and not group- or

@@ -8,6 +8,7 @@ cipher, hence several streams over balanced shares of the files.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -45,7 +46,8 @@ class SSHTarget:
 
         argv = SSHTransport(self.host, "", self.port, self.user, self.key, self.host_key_check,
                             self.connect_timeout, self.extra_options).argv()
-        return argv[:argv.index("--")] + list(BULK_SSH_OPTIONS)
+        options = argv[:argv.index("--")]
+        return options + cipher_preference(tuple(options), self.host) + list(BULK_SSH_OPTIONS)
 
 
 # After the agent's options (ssh takes the first value of each keyword), for the bytes of the copy:
@@ -54,7 +56,25 @@ class SSHTarget:
 # extension of the GB10's cores) it runs about twice chacha20-poly1305, ssh's default first choice,
 # per core (bench/model_copy.py); weights do not compress, so compression stays off whatever
 # ~/.ssh/config says.
-BULK_SSH_OPTIONS = ("-o", "Ciphers=^aes128-gcm@openssh.com,aes256-gcm@openssh.com", "-o", "Compression=no")
+BULK_SSH_OPTIONS = ("-o", "Compression=no")
+CIPHER_PREFERENCE = ("-o", "Ciphers=^aes128-gcm@openssh.com,aes256-gcm@openssh.com")
+
+
+@functools.lru_cache(maxsize=None)
+def cipher_preference(ssh_options: tuple[str, ...], host: str) -> list[str]:
+    """The AES-GCM preference, only when the operator's ssh configuration sets no cipher list: `ssh -G` (which
+    connects nowhere) with every config file shows the same list as with none. A hardened list (say, only
+    aes256-gcm) is kept as it is: prepending to it would bring ssh's whole default list back."""
+    def ciphers(*extra: str) -> str:
+        try:
+            out = subprocess.run([*ssh_options, *extra, "-G", host], capture_output=True, text=True, timeout=30,
+                                 stdin=subprocess.DEVNULL).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return next((line for line in out.splitlines() if line.startswith("ciphers ")), "")
+
+    configured, default = ciphers(), ciphers("-F", "/dev/null")
+    return list(CIPHER_PREFERENCE) if configured and configured == default else []
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -101,32 +100,24 @@ def default_cache_dir(environ: Mapping[str, str]) -> str:
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 COMMIT = re.compile(r"[0-9a-f]{40}")  # a git commit: the snapshot folder's name
-_LOOPBACK_NAMES = ("localhost", "localhost.")
 
 
-def _loopback(host: str | None) -> bool:
-    if host in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host or "").is_loopback
-    except ValueError:
-        return False
-
-
-def hub_token(endpoint: str, token: str | None, to_endpoint: bool) -> tuple[str | None, str]:
+def hub_token(endpoint: str, token: str | None, to_endpoint: bool, trusted_http: str = "") -> tuple[str | None, str]:
     """The token to send to `endpoint` ("" = the default hub) and, when withheld, why. Only the default
-    hub gets it unless DSPARK_HUB_TOKEN_TO_ENDPOINT=1; never over plain http (loopback aside: it does
-    not leave the machine): ConfigError, nothing sent."""
+    hub gets it unless DSPARK_HUB_TOKEN_TO_ENDPOINT=1; never over plain http, loopback included (a mirror
+    that is down leaves its port to any local user), unless DSPARK_HUB_TRUSTED_HTTP_ENDPOINT names
+    exactly this endpoint: ConfigError, nothing sent."""
     if token is None:
         return None, ""
     url = urlsplit(endpoint or DEFAULT_ENDPOINT)
     if (endpoint or DEFAULT_ENDPOINT).rstrip("/") != DEFAULT_ENDPOINT and not to_endpoint:
         return None, (f"the token is not sent to HF_ENDPOINT={endpoint} (only to {DEFAULT_ENDPOINT}; "
                       "DSPARK_HUB_TOKEN_TO_ENDPOINT=1 sends it there)")
-    if url.scheme != "https" and not _loopback(url.hostname):
+    trusted = bool(trusted_http) and endpoint.rstrip("/") == trusted_http.rstrip("/")
+    if url.scheme != "https" and not (url.scheme == "http" and trusted):
         raise ConfigError(f"HF_ENDPOINT={endpoint} from environment: the hub token would travel in clear text; "
-                          "nothing was sent; allowed: an https:// endpoint (http only on loopback), or no token "
-                          "(DSPARK_HUB_TOKEN_TO_ENDPOINT=0)")
+                          "nothing was sent; allowed: an https:// endpoint, this exact endpoint named in "
+                          "DSPARK_HUB_TRUSTED_HTTP_ENDPOINT, or no token (DSPARK_HUB_TOKEN_TO_ENDPOINT=0)")
     return token, ""
 
 
@@ -316,10 +307,10 @@ def is_local_folder(model: str) -> bool:
 
 
 def hub_source(model: str, revision: str, cache_setting: str, environ: Mapping[str, str],
-               token_to_endpoint: bool = False, proxy: bool = False) -> HubSource:
+               token_to_endpoint: bool = False, proxy: bool = False, trusted_http: str = "") -> HubSource:
     """The pull's source from the settings: DSPARK_MODEL, the revision (profile pin or
     DSPARK_MODEL_REVISION), DSPARK_MODEL_CACHE, HF_ENDPOINT / HF_TOKEN / the token file (sent by
     `hub_token`'s rule), DSPARK_HUB_PROXY."""
     endpoint = environ.get("HF_ENDPOINT", "")
-    token, withheld = hub_token(endpoint, resolve_token(environ), token_to_endpoint)
+    token, withheld = hub_token(endpoint, resolve_token(environ), token_to_endpoint, trusted_http)
     return HubSource(model, revision, cache_setting or default_cache_dir(environ), endpoint, token, proxy, withheld)

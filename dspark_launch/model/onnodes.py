@@ -100,7 +100,7 @@ def wanted_model(settings, environ: Mapping[str, str] | None = None) -> WantedMo
         return WantedModel(model, "", None, streams)
     source = hub_source(model, revision, settings.dspark_model_cache, environ,
                         token_to_endpoint=settings.dspark_hub_token_to_endpoint,
-                        proxy=settings.dspark_hub_proxy)
+                        proxy=settings.dspark_hub_proxy, trusted_http=settings.dspark_hub_trusted_http_endpoint)
     return WantedModel(model, revision, source, streams)
 
 

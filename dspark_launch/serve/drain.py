@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, TypeVar
 
 from dspark_launch.serve import http
+from dspark_launch.serve.engine_log import engine_messages
 
 T = TypeVar("T")
 DRAINED_LOG = "[shutdown] EngineCore: request processing complete"
@@ -94,7 +95,8 @@ def report(before: RequestCounts | None, last: RequestCounts | None, seconds: fl
             log_since_stop: Callable[[], str]) -> DrainReport:
     if before is None:
         return DrainReport(0, 0, 0, seconds, timeout_s, answered=False)
-    if DRAINED_LOG in log_since_stop():  # the EngineCore ran out of work: it finished every request it had
+    # The EngineCore's own line (engine_log: by its logger's prefix, never a forged one) says it ran out of work.
+    if any(line.startswith(DRAINED_LOG) for line in engine_messages(log_since_stop(), "core.py")):
         return DrainReport(before.in_flight, before.in_flight, 0, seconds, timeout_s)
     finished = min(before.in_flight, max(0, last.finished - before.finished)) if last else 0
     return DrainReport(before.in_flight, finished, before.in_flight - finished, seconds, timeout_s)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dspark_launch.agent.fabric import FabricEnv
 from dspark_launch.cluster.spec import ClusterSpec
+from dspark_launch.config.secret_digest import secret_digests
 from dspark_launch.config.settings import Settings
 from dspark_launch.hotfix.contract import ENV_AGING, ENV_CAP, ENV_CONTROL, ENV_DIAG, ENV_GATE_MODE
 from dspark_launch.config.profile_resolve import Decision, KvCacheChoice, ResolvedProfile
@@ -46,6 +47,7 @@ class ServePlan:
     config_root: str = ""  # VLLM_CONFIG_ROOT: the head writes the non-carry-over list there
     drain_timeout_s: int = 0  # the --shutdown-timeout passed (0: none, stop aborts in-flight requests)
     control_file: str = ""  # the scheduler's control file (ENV_CONTROL), written by `dspark reload`
+    secret_digests: tuple[tuple[str, str], ...] = ()  # salted, recorded so a rotated key is drift
 
     @property
     def argv(self) -> list[str]:
@@ -102,7 +104,8 @@ def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], r
                      tuple(settings.public_values().items()), settings.digest(), resolved.profile,
                      resolved.decisions, resolved.chat, resolved.kv_cache.layout, resolved.kv_cache,
                      resolved.max_model_len, resolved.gpu_memory_utilization, resolved.revision, str(config_root),
-                     resolved.drain_timeout_s, str(spec.state_dir / CONTROL_FILE))
+                     resolved.drain_timeout_s, str(spec.state_dir / CONTROL_FILE),
+                     tuple(sorted(secret_digests(settings).items())))
 
 
 def api_key(settings: Settings) -> str:

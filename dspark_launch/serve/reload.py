@@ -20,9 +20,11 @@ from dspark_launch.agent.client import Reporter
 from dspark_launch.agent.protocol import ReadLog, SchedulerControl
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import ServerRecord, save_state
+from dspark_launch.config.secret_digest import compared_values
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.hotfix import contract
+from dspark_launch.serve.engine_log import engine_text
 from dspark_launch.serve.restart_kind import LIVE_LEVEL, ReloadChanges, reload_changes
 
 RELOAD_TIMEOUT_S = 30.0
@@ -92,13 +94,13 @@ def reload(settings: Settings, spec: ClusterSpec, reporter: Reporter, timeout_s:
     """Under the state lock: compare, then (live changes only) write the control file on the head and wait
     for the scheduler's log line; the record gets the values in force and since when."""
     from dspark_launch.serve.logfollow import END, LogReader
-    from dspark_launch.serve.server import server_alive
+    from dspark_launch.serve.api_holder import require_ours
 
     with lifecycle.locked_deployment(spec.state_dir) as state:
         server = state.server if state else None
         if server is None:
             raise DsparkError("reload: no server started from this state folder; `dspark start` serves")
-        now = settings.public_values()
+        now = compared_values(settings, server.secrets)  # a rotated key is a change that needs `restart`
         changes = reload_changes(server.running_settings, now)
         if changes.restart:
             raise refusal(changes, settings)
@@ -107,8 +109,12 @@ def reload(settings: Settings, spec: ClusterSpec, reporter: Reporter, timeout_s:
         if not server.control_file:
             raise DsparkError("reload: the server was started without a scheduler control file (an older "
                               "launcher); `dspark restart` applies the change")
-        if not server_alive(spec, server):
+        holder = require_ours(spec, server)  # the nudge below carries the key: only to the server's own port
+        if not holder.recorded_alive:
             raise DsparkError(f"reload: vllm serve (pid {server.pid}) is not running; `dspark restart` starts it")
+        if not holder.ours:
+            raise DsparkError(f"reload: vllm serve (pid {server.pid}) does not listen on {server.url} yet; "
+                              "`dspark reload` again once `dspark status` says up")
         values = {name: now[name] for name in contract.LIVE_NAMES if name in now}
         wanted = InForce.of(values)
         head = spec.head.agent(reporter)
@@ -135,11 +141,12 @@ def _wait_in_force(log, wanted: InForce, server: ServerRecord, settings: Setting
     text = ""
     while True:
         text += log.new_text()  # whole lines: a read may end inside one
-        refused = contract.LIVE_WARNING_RE.search(text)
+        said = engine_text(text, "scheduler.py")  # the scheduler's own lines only, never a client's prompt
+        refused = contract.LIVE_WARNING_RE.search(said)
         if refused:
             raise DsparkError(f"reload: the scheduler refused its control file: {refused.group(1)}; "
                               "it keeps its values; log " + server.log)
-        found = next((line for line in contract.parse_live_lines(text) if wanted.shown_by(line)), None)
+        found = next((line for line in contract.parse_live_lines(said) if wanted.shown_by(line)), None)
         if found is not None:
             return found, nudge is not None
         elapsed = time.monotonic() - began

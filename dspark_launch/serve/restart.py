@@ -8,6 +8,7 @@ from dspark_launch.agent.client import ClusterFailure, Reporter
 from dspark_launch.cluster.parallel import Background
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import Deployment, save_state
+from dspark_launch.config.secret_digest import compared_values
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import DsparkError
 from dspark_launch.serve.restart_kind import RestartKind
@@ -24,13 +25,14 @@ def restart_kind_of(settings: Settings, spec: ClusterSpec, state: Deployment | N
     if state is not None and state.launcher_version != __version__:
         return RestartKind(False, f"the record is of dspark-launch {state.launcher_version}, this is {__version__}")
     running = state.server.running_settings if state and state.server else None
-    return restart_kind(running, settings.public_values(), running is not None and _ray_up(spec, state))
+    now = compared_values(settings, state.server.secrets if state and state.server else {})
+    return restart_kind(running, now, running is not None and _ray_up(spec, state))
 
 
 def _ray_up(spec: ClusterSpec, state: Deployment | None) -> bool:
     """Every node's recorded Ray daemons alive, and Ray itself (the GCS) lists every node alive: after a
     cut link the daemons can live on while Ray has declared the node dead."""
-    ray_view = Background(lambda: rc.ray_view(spec, lifecycle.RAY_VIEW_TIMEOUT_S))  # asked while the nodes are
+    ray_view = Background(lambda: rc.ray_view(spec, state.node(spec.head.name) if state else None, lifecycle.RAY_VIEW_TIMEOUT_S))  # asked while the nodes are
     healthy = all(h == "alive" for h in lifecycle.node_health(spec, state).values())
     try:
         seen = {node.ip for node in ray_view.result() if node.alive}

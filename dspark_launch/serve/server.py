@@ -8,7 +8,7 @@ from dspark_launch.agent.protocol import AliveQuery, Tail
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import Deployment, ServerRecord, load_state
 from dspark_launch.errors import DsparkError
-from dspark_launch.serve import http
+from dspark_launch.serve.api_holder import api_holder, healthy
 
 SERVER_LOG = "vllm-serve.log"
 
@@ -27,23 +27,10 @@ def server_alive(spec: ClusterSpec, server: ServerRecord) -> bool:
     return process is not None and all(spec.head.agent().call(AliveQuery((process,)), "server status").alive)
 
 
-def server_healthy(url: str, key: str, served_name: str, timeout: float) -> bool:
-    return (http.request(f"{url}/health", key, timeout=timeout).status == 200
-            and served_name in http.served_models(url, key, timeout))
-
-
-
-def alive_or_container_gone(spec: ClusterSpec, server: ServerRecord) -> bool:
-    try:
-        return server_alive(spec, server)
-    except ClusterFailure:
-        if not spec.containers:
-            raise
-        return False  # the head's container is gone, and the server with it
-
-
 def serving(spec: ClusterSpec, server: ServerRecord, client_key: str, timeout: float) -> bool:
-    return alive_or_container_gone(spec, server) and server_healthy(server.url, client_key, server.served_name, timeout)
+    """The recorded server alive, holding its port (the key goes nowhere else), and answering."""
+    holder = api_holder(spec, server)
+    return holder.recorded_alive and healthy(holder, server.url, client_key, server.served_name, timeout)
 
 
 

@@ -7,8 +7,11 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
+from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import ServerRecord
+from dspark_launch.errors import DsparkError
 from dspark_launch.serve import http
+from dspark_launch.serve.api_holder import require_ours
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,14 @@ class SmokeReply:
             tokens = "?" if self.completion_tokens is None else self.completion_tokens
             return f"request {self.index}: ok {self.seconds:.2f} s, {tokens} tokens"
         return f"request {self.index}: FAILED HTTP {self.status or 'unreachable'} after {self.seconds:.2f} s"
+
+
+def confirm_server(spec: ClusterSpec, server: ServerRecord) -> None:
+    """Nothing is sent (the key least of all) unless the recorded server holds its port."""
+    holder = require_ours(spec, server)
+    if not holder.ours:
+        state = "is not running" if not holder.recorded_alive else f"does not listen on {server.url} yet"
+        raise DsparkError(f"vllm serve (pid {server.pid}) {state}; nothing was sent; `dspark status` shows it")
 
 
 def smoke(server: ServerRecord, key: str, concurrency: int, max_tokens: int, timeout: float) -> Iterator[SmokeReply]:

@@ -17,7 +17,7 @@ from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.agent.client import NodeAgent, Reporter, report_measured
 from dspark_launch.cluster.parallel import Background, on_each, settle
-from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, NonCarryOver, SchedulerControl, Spawn
+from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, NonCarryOver, PortHolder, SchedulerControl, Spawn
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import (Deployment, HotfixRecord, ServerRecord, SessionRecord, load_state, recorded,
                                          save_state)
@@ -25,10 +25,11 @@ from dspark_launch.config.settings import Settings
 from dspark_launch.errors import DsparkError
 from dspark_launch.model.onnodes import ModelWeights, ServingModel
 from dspark_launch.serve import http, logscan, readiness
+from dspark_launch.serve.api_holder import api_holder, foreign_line, healthy
 from dspark_launch.serve.argcheck import check_serve_args
 from dspark_launch.serve.logfollow import LogReader
 from dspark_launch.serve.plan import ServePlan, api_key, serve_plan
-from dspark_launch.serve.server import SERVER_LOG, ServeFailure, server_alive, server_healthy, serving, tails
+from dspark_launch.serve.server import SERVER_LOG, ServeFailure, server_alive, serving, tails
 from dspark_launch.serve.stop import stop_server
 
 
@@ -242,7 +243,11 @@ def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment,
     server = ServerRecord(marker=marker, log=log, url=plan.base_url, served_name=plan.served_name, model=plan.model,
                           started_at=time.time(), settings=dict(plan.settings), digest=plan.settings_digest,
                           cap=plan.cap, profile=plan.profile, decisions=[d.line for d in plan.decisions],
-                          chat=plan.chat, drain_s=plan.drain_timeout_s, control_file=plan.control_file)
+                          chat=plan.chat, drain_s=plan.drain_timeout_s, control_file=plan.control_file,
+                          secrets=dict(plan.secret_digests))
+    taken = api_holder(spec, server)  # no process recorded yet: whoever listens there is someone else
+    if taken.verdict == PortHolder.FOREIGN:
+        raise ServeFailure(foreign_line(server, taken))
     if plan.control_file:  # a new scheduler starts from the plan's values, never a past reload's
         head.call(SchedulerControl(plan.control_file, remove=True))
     try:
@@ -285,9 +290,12 @@ def wait_until_serving(spec: ClusterSpec, plan: ServePlan, server: ServerRecord,
     while True:
         elapsed = time.monotonic() - start
         text = log.refresh()
-        if not server_alive(spec, server):
+        holder = api_holder(spec, server)  # the key only once the port is the server's (serve/api_holder.py)
+        if holder.verdict == PortHolder.FOREIGN:
+            raise ServeFailure(foreign_line(server, holder), tails(spec, server, state=None))
+        if not holder.recorded_alive:
             raise exited()
-        if server_healthy(plan.base_url, plan.client_key, plan.served_name, plan.health_timeout_s):
+        if healthy(holder, plan.base_url, plan.client_key, plan.served_name, plan.health_timeout_s):
             break
         if elapsed > plan.start_timeout_s:
             raise ServeFailure(f"vllm serve not ready after {plan.start_timeout_s} s (phase: {logscan.phase(text)}); "

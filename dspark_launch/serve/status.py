@@ -10,11 +10,12 @@ from dspark_launch.agent.client import ClusterFailure
 from dspark_launch.cluster.parallel import Background
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import ServerRecord, load_state
+from dspark_launch.config.secret_digest import compared_values
 from dspark_launch.config.settings import Settings
 from dspark_launch.serve import http, logscan
 from dspark_launch.serve.logfollow import LogReader
 from dspark_launch.serve.plan import api_key
-from dspark_launch.serve.server import alive_or_container_gone, server_healthy
+from dspark_launch.serve.api_holder import api_holder, foreign_line, healthy as api_healthy
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class ServerView:
     decisions: tuple[str, ...] = ()  # the profile's decision lines at start
     live: dict[str, str] = field(default_factory=dict)  # live settings `dspark reload` changed since the start
     live_since: float | None = None  # when they were in force
+    listener: str = ""  # another process holds the API port (never sent the key)
 
 
 @dataclass(frozen=True)
@@ -74,16 +76,18 @@ def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | N
     if server is None:
         return ServerView("down")
     probe = settings.health_timeout_s
-    alive = alive_or_container_gone(spec, server)
-    healthy = alive and server_healthy(server.url, api_key(settings), server.served_name, probe)
+    holder = api_holder(spec, server)  # the key goes only to the recorded server's socket
+    alive = holder.recorded_alive
+    healthy = alive and api_healthy(holder, server.url, api_key(settings), server.served_name, probe)
     return ServerView(
         state="up" if healthy else ("unhealthy" if alive else "dead"), pid=server.pid, url=server.url,
         model=server.model, served_name=server.served_name,
         uptime_s=round(time.time() - server.started_at) if alive else None, healthy=healthy,
         cap=server.scheduler_cap if server.scheduler_cap is not None else server.cap,
         kv_cache_tokens=server.kv_cache_tokens, metrics=http.metrics(server.url, probe) if healthy else {},
-        drift=drift(server.running_settings, settings.public_values()), profile=server.profile,
-        decisions=tuple(server.decisions), live=dict(server.live), live_since=server.live_since)
+        drift=drift(server.running_settings, compared_values(settings, server.secrets)), profile=server.profile,
+        decisions=tuple(server.decisions), live=dict(server.live), live_since=server.live_since,
+        listener=foreign_line(server, holder) if holder.verdict == holder.FOREIGN else "")
 
 
 def _server_log(spec: ClusterSpec, server: ServerRecord) -> str:
@@ -103,6 +107,8 @@ def status(settings: Settings, spec: ClusterSpec) -> ServiceStatus:
     view = _server_view(settings, spec, server)
     data = cluster.result()
     problems = list(data.problems)
+    if view.listener:
+        problems.append(view.listener)
     if server and view.state == "dead":
         text = _server_log(spec, server)
         problems.append(f"vllm serve (pid {server.pid}) is not running: {logscan.failure(text)}; "

@@ -2,7 +2,8 @@
 
 Run as a file: `python fake_api.py SERVED_NAME CAP ACTION[,ACTION...]`. It listens on a free loopback port,
 writes `listening on PORT` and the hotfix's active line to stdout (the server log), answers /health and
-/v1/models at once, and answers the n-th chat request with the n-th action (the last one repeats):
+/v1/models at once (each logged as `GET PATH key=yes|no`: whether it came with a key), and answers the
+n-th chat request with the n-th action (the last one repeats):
   ok      200 with one token
   NNN     that HTTP status (503, 401, ...)
   hang    no answer until the client gives up
@@ -46,6 +47,7 @@ class Api(BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
     def do_GET(self) -> None:
+        say(f"GET {self.path} key={'yes' if self.headers.get('Authorization') else 'no'}")
         if self.path == "/health":
             self._send(200, {})
         elif self.path == "/v1/models":

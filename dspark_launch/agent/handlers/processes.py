@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pwd
 import re
 import signal
 import socket
@@ -110,10 +111,18 @@ def meminfo(req: p.MemoryQuery, report: Report) -> p.MemoryAnswer:
     return p.MemoryAnswer(found.get("MemTotal"), found.get("MemAvailable"), gpu)
 
 
+def login_identity() -> dict[str, str]:
+    """HOME, USER and LOGNAME of the user this agent runs as, from its passwd entry: never the caller's shell
+    (`sudo -E` keeps another account's HOME, where root's vLLM, Triton and module caches would then live)."""
+    entry = pwd.getpwuid(os.geteuid())
+    return {"HOME": entry.pw_dir, "USER": entry.pw_name, "LOGNAME": entry.pw_name}
+
+
 def child_env(declared: dict[str, str], marker: str) -> dict[str, str]:
-    """The agent's own (login-like) environment without keys, plus what the launcher declared."""
+    """The agent's own (login-like) environment without keys, plus what the launcher declared; the user's
+    own HOME whatever either says."""
     inherited = {k: v for k, v in os.environ.items() if k not in NOT_FOR_RAY}
-    return {**inherited, **declared, OWNER_VAR: marker}
+    return {**inherited, **declared, **login_identity(), OWNER_VAR: marker}
 
 
 def _open_log(path: str, rotate: bool = False):

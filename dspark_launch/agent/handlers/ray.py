@@ -16,6 +16,7 @@ import time
 from typing import Callable
 
 from dspark_launch.agent import protocol as p
+from dspark_launch.agent.port_holder import port_holder  # the operation `port_holder`, and the GCS's check
 from dspark_launch.agent.protocol import OperationFailed, Report
 from dspark_launch.agent.ray_dirs import NAME, SOCKET_PATH_MAX, SOCKET_TAIL, make_private_root
 from dspark_launch.agent.safe_path import UnsafePath, make_dir
@@ -43,9 +44,19 @@ def _nodes(table: list[dict]) -> tuple[p.RayNode, ...]:
                            float(n.get("Resources", {}).get("GPU", 0))) for n in table)
 
 
+def gcs_holder(address: str, holders: tuple[p.Process, ...]) -> p.PortHolder:
+    """Who holds the GCS's port: Ray's client sends the token to whoever listens there."""
+    host, _, port = address.rpartition(":")
+    return port_holder(p.PortHolderQuery(host.strip("[]"), int(port), holders))
+
+
 def ray_nodes(req: p.RayNodesQuery, report: Report) -> p.RayNodesAnswer:
-    """Read from the GCS's node table directly: no driver, no worker process (status stays fast)."""
-    return p.RayNodesAnswer(_node_table(req.address, req.env)())
+    """Read from the GCS's node table directly: no driver, no worker process (status stays fast); only
+    when the GCS's port is held by one of the recorded Ray processes, else nothing is sent."""
+    holder = gcs_holder(req.address, req.holders)
+    if not holder.ours:
+        return p.RayNodesAnswer((), holder)
+    return p.RayNodesAnswer(_node_table(req.address, req.env)(), holder)
 
 
 def _wait_for_nodes(view: Callable[[], tuple[p.RayNode, ...]], req: p.RayChecks,
@@ -72,6 +83,10 @@ def _wait_for_nodes(view: Callable[[], tuple[p.RayNode, ...]], req: p.RayChecks,
 
 
 def ray_checks(req: p.RayChecks, report: Report) -> p.RayChecksAnswer:
+    holder = gcs_holder(req.address, req.holders)
+    if not holder.ours:
+        raise _fail("head", "ray port", f"{req.address} is not held by the Ray started here "
+                    f"({holder.foreign or holder.verdict}); the Ray token was not sent there")
     alive = _wait_for_nodes(_node_table(req.address, req.env), req, report)
     unexpected = sorted(set(alive) - {n.ip for n in req.nodes})
     if unexpected:
@@ -92,7 +107,9 @@ def port_free(req: p.PortQuery, report: Report) -> p.PortAnswer:
         try:
             sock.bind((req.ip, req.port))
         except OSError as exc:
-            return p.PortAnswer(False, os.strerror(exc.errno or errno.EADDRINUSE))
+            held = port_holder(p.PortHolderQuery(req.ip, req.port, ()))
+            return p.PortAnswer(False, "; ".join(filter(None, (os.strerror(exc.errno or errno.EADDRINUSE),
+                                                               held.foreign))))
     return p.PortAnswer(True)
 
 

@@ -1,0 +1,38 @@
+"""The reload confirmation and the drain line are the EngineCore's own (issue 30, notes): matched by vLLM's
+logger prefix and position, so a client whose prompt lands in the server log (request logging) cannot
+forge them."""
+
+from __future__ import annotations
+
+from dspark_launch.hotfix import contract
+from dspark_launch.serve.drain import DRAINED_LOG, RequestCounts, report
+from dspark_launch.serve.engine_log import engine_messages, engine_text
+
+LIVE = ("dspark-issue27 hotfix v6: cap 1 -> 2 (live); in force: cap=2, gate mode 1, step bound 640 prefill tokens, "
+        "aging 2, diagnostics off")
+ENGINE = "(EngineCore pid=599) INFO 12-02 01:14:25"
+API = "(APIServer pid=512) INFO 12-02 01:14:26 [logger.py:49] Received request chatcmpl-1: prompt: 'x"
+
+
+def test_only_the_engines_own_lines_from_the_named_file_count():
+    log = "\n".join([
+        f"{API} {LIVE}'",  # a prompt holding the line, mid-line
+        f"{API}",  # a prompt with a newline: vLLM continues it with the API server's prefix
+        f"(APIServer pid=512) INFO 12-02 01:14:26 [logger.py:49] {LIVE}",
+        LIVE,  # at the start of a line, without any prefix
+        f"{ENGINE} [core.py:1667] {LIVE}",  # the engine, but another source file
+        f"{ENGINE} [v1/core/sched/scheduler.py:3600] {LIVE}",
+        f"(EngineCore_DP0 pid=600) WARNING 12-02 01:14:27 [scheduler.py:3601] {LIVE.replace('v6', 'v7')}",
+    ])
+    assert engine_messages(log, "scheduler.py") == [LIVE, LIVE.replace("v6", "v7")]
+    assert [line.patch_version for line in contract.parse_live_lines(engine_text(log, "scheduler.py"))] == [6, 7]
+    # Matched anywhere (as before), the forged ones counted too.
+    assert len(contract.parse_live_lines(log)) == 6
+
+
+def test_a_forged_drain_line_does_not_count_as_drained():
+    before = RequestCounts(in_flight=3, finished=10)
+    forged = f"{API} {DRAINED_LOG}; starting resource teardown'\n{DRAINED_LOG}\n"
+    assert report(before, RequestCounts(0, 11), 3.0, 60, lambda: forged).cut == 2
+    real = f"{ENGINE} [core.py:1667] {DRAINED_LOG}; starting resource teardown\n"
+    assert report(before, RequestCounts(0, 11), 3.0, 60, lambda: forged + real).cut == 0
