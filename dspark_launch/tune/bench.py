@@ -28,16 +28,18 @@ class Limits:
 
 
 def served(settings: Settings, spec: ClusterSpec) -> tuple[ServerRecord, Target]:
-    """The recorded server, alive, and how to reach it (the key from the settings, never from argv)."""
+    """The recorded server, holding its port, and how to reach it (the key from the settings, never from argv).
+
+    Nothing is sent, the key least of all, unless the head's agent finds the port among the recorded
+    server's sockets (the check `smoke` makes: serve/api_holder.py)."""
     from dspark_launch.serve.plan import api_key
-    from dspark_launch.serve.server import server_alive
+    from dspark_launch.serve.smoke import confirm_server
 
     state = load_state(spec.state_dir)
     server = state.server if state else None
     if server is None:
         raise DsparkError("no server started from this state folder; `dspark start` serves")
-    if not server_alive(spec, server):
-        raise DsparkError(f"vllm serve (pid {server.pid}) is not running; `dspark restart` starts it")
+    confirm_server(spec, server)
     return server, Target(server.url, server.served_name, server.chat, api_key(settings))
 
 
