@@ -1,7 +1,7 @@
 """The whole `dspark start` on the two-namespace testbed: real SSH, real Ray, real vLLM (CPU),
 the tiny model served with tensor parallel 2 across both nodes.
 
-The server is started as few times as the assertions allow: start, restart, foreground.
+The server is started as few times as the assertions allow: start, foreground, the launcher without vLLM.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def files_containing(root: Path, needle: bytes) -> list[str]:
     return hits
 
 
-def test_start_serve_drift_restart_kill_stop(testbed_clean, tmp_path, tiny_model, step):
+def test_start_serve_drift_kill_stop(testbed_clean, tmp_path, tiny_model, step):
     tb = testbed_clean
     env = serving_env(tb, tmp_path, tiny_model)
     outputs = []
@@ -82,20 +82,15 @@ def test_start_serve_drift_restart_kill_stop(testbed_clean, tmp_path, tiny_model
     again = run(tb, tmp_path, env, "start")
     assert again.returncode == 3, again.stderr
 
-    step("drift, then restart with cap 2")
-    # Edit the cap: status shows the drift, restart applies it.
+    step("drift")
+    # Edit the cap: status shows the drift. (The restart that applies it, and its output without the
+    # key, is tests/test_restarts.py's serve-only restart: one restart life in the suite, not two.)
     set_knob(env, "DSPARK_MAX_INFLIGHT_PREFILLS", "2")
     text = run(tb, tmp_path, env, "status")
+    outputs.append(text.stdout + text.stderr)
     assert "drift: DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2: `dspark reload` applies it" in text.stdout
     code, data = status(tb, tmp_path, env)
     assert {"name": "DSPARK_MAX_INFLIGHT_PREFILLS", "running": "1", "configured": "2"} in data["server"]["drift"]
-    restarted = run(tb, tmp_path, env, "restart")
-    outputs.append(restarted.stdout + restarted.stderr)
-    assert restarted.returncode == 0, restarted.stderr[-4000:]
-    code, data = status(tb, tmp_path, env)
-    assert data["server"]["drift"] == [] and data["server"]["cap"] == 2
-    log = (tmp_path / "state" / "logs" / "vllm-serve.log").read_text(errors="replace")
-    assert re.search(r"dspark-issue27 hotfix v\d+ active: cap=2 ", log)
 
     step("the API key nowhere")
     # No key in the launcher's output, status, the state folder, the server log, Ray logs, or any argv.
