@@ -32,8 +32,9 @@ testbed-deps:
 		rc=$$?; rm -f /usr/sbin/policy-rc.d; exit $$rc; \
 	fi
 
+# --durations: the 25 slowest tests at the end of every run; the seconds per module follow (tests/support/suite_order.py).
 test: $(STAMP) testbed-deps
-	$(PY) -m pytest -m "not compat" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not compat" --durations=25 $(PYTEST_ARGS)
 
 test-compat: $(STAMP)
 	$(PY) -m pytest -m compat $(PYTEST_ARGS)

@@ -1,11 +1,14 @@
-"""Registers the shared fixtures (tests/support/fixtures.py) and names the failing step of a
-scenario test (tests/support/steps.py)."""
+"""Registers the shared fixtures (tests/support/fixtures.py), names the failing step of a
+scenario test (tests/support/steps.py), runs the loopback stack tests first and prints the time
+per module at the end (tests/support/suite_order.py)."""
 
 import pytest
 
-from tests.support.fixtures import (_remove_short_scratch, clean_environ, hub, hub_online, model_dir,  # noqa: F401
-                                    step, testbed, testbed_clean, tiny_model)
+from tests.support.fixtures import (_remove_short_scratch, clean_environ, hub, hub_online,  # noqa: F401
+                                    installed_vllm_offer, model_dir, step, testbed, testbed_clean, tiny_model)
 from tests.support.steps import name_the_step
+from tests.support.suite_order import (pytest_collection_modifyitems, pytest_runtest_logreport,  # noqa: F401
+                                       pytest_terminal_summary)
 
 
 @pytest.hookimpl(wrapper=True)

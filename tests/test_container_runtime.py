@@ -184,13 +184,6 @@ def _check_same(identities: list[dict]) -> str:
 
 # ---------------------------------------------------------------- the launcher with DSPARK_RUNTIME=podman
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    from tests.support.tiny_model import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
-
-
 def _container_env(ctb, tmp_path: Path, model: Path, image: str, **extra: str) -> Path:
     from tests.support.launcher_env import scratch, serving_values
     from tests.support.on_testbed import write_env

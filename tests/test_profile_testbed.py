@@ -19,7 +19,6 @@ from tests.support.on_testbed import VENV_BIN, our_pids, write_env
 from tests.support.paths import REPO
 from tests.support.processes import describe
 from tests.support.sysfs import V2, add_port, ipv4_gid
-from tests.support.tiny_model import build_tiny_model
 
 EXAMPLE = REPO / ".env.dspark.example"
 RECORD_VAR = "DSPARK_TEST_ENV_RECORD_DIR"  # tests/vllm_ray_cpu_plugin: workers record their NCCL_* there
@@ -95,7 +94,7 @@ def environ_of(pid: int) -> dict[str, str]:
 
 @pytest.mark.testbed
 @pytest.mark.serving
-def test_each_node_serves_with_its_own_fabric_values(testbed_clean, tmp_path):
+def test_each_node_serves_with_its_own_fabric_values(testbed_clean, tmp_path, tiny_model):
     tb = testbed_clean
     trees = {"head": fake_spark(tmp_path / "head-sys", "10.213.0.1", "rocep1s0f1", "roceP2p1s0f1", 3),
              "worker1": fake_spark(tmp_path / "worker-sys", "10.213.0.2", "mlx5_1", None, 5)}
@@ -104,7 +103,7 @@ def test_each_node_serves_with_its_own_fabric_values(testbed_clean, tmp_path):
     records.mkdir()
     for node, tree in trees.items():  # one path, each node's own tree (each node has its own mount namespace)
         tb.exec(node, ["mount", "--bind", str(tree), str(sysfs)], check=True)
-    model = build_tiny_model(tmp_path / "tiny")
+    model = tiny_model
     forwarded = " ".join((*FORWARDED, "DSPARK_TEST_SYSFS_ROOT", RECORD_VAR))
     env_file = write_env(tb, tmp_path, **{**serving_values(model), "START_TIMEOUT_S": "400",
                                           "DSPARK_FORWARD_ENV": forwarded})

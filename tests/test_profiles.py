@@ -10,7 +10,7 @@ import pytest
 from dspark_launch.config.settings import resolve as load_settings
 from dspark_launch.errors import EXIT_BAD_CONFIG, ConfigError
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, NONE, PROFILE_NAMES, PROFILES, TINY_TEST
-from dspark_launch.agent.vllm_offer import VllmOffer, probe_installed_vllm
+from dspark_launch.agent.vllm_offer import VllmOffer
 from dspark_launch.config.profile_resolve import SETTING_FLAGS, resolve, resolve_selected
 from dspark_launch.agent.handlers.vllm import refusal
 from tests.support.paths import REPO
@@ -20,8 +20,8 @@ EXAMPLE = str(REPO / ".env.dspark.example")
 
 
 @pytest.fixture(scope="session")
-def installed() -> VllmOffer:
-    return probe_installed_vllm()
+def installed(installed_vllm_offer) -> VllmOffer:
+    return installed_vllm_offer
 
 
 def recorded(version: str) -> VllmOffer:

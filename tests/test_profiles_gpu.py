@@ -15,7 +15,7 @@ from dspark_launch.config.settings import resolve as load_settings
 from dspark_launch.errors import EXIT_BAD_CONFIG, ConfigError
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, TINY_TEST
 from dspark_launch.profiles.gpu import Capability, gpu_target, parse_capability
-from dspark_launch.agent.vllm_offer import KvVerdict, VllmOffer, probe_installed_vllm
+from dspark_launch.agent.vllm_offer import KvVerdict, VllmOffer
 from dspark_launch.config.profile_resolve import resolve
 from dspark_launch.agent.handlers.vllm import refusal
 from tests.support.paths import DATA, REPO
@@ -27,8 +27,8 @@ GB10_LIBRARIES = ("b12x", "flashinfer", "instanttensor", "cutlass")
 
 
 @pytest.fixture(scope="module")
-def installed() -> VllmOffer:
-    return probe_installed_vllm()
+def installed(installed_vllm_offer) -> VllmOffer:
+    return installed_vllm_offer
 
 
 def settings(environ: dict[str, str] | None = None):

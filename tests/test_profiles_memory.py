@@ -131,11 +131,10 @@ def test_standard_attention_from_config_json_splits_over_tp():
     assert estimate.weights_per_node == 1 << 19 and "config.json: 2 layers x 512 B per token / TP 2" == estimate.basis
 
 
-def test_the_tiny_models_own_config_json_is_read(tmp_path):
+def test_the_tiny_models_own_config_json_is_read(tmp_path, tiny_model):
     from dspark_launch.profiles.memory import read_model_shape
-    from tests.support.tiny_model import build_tiny_model
 
-    shape = read_model_shape(build_tiny_model(tmp_path / "tiny"))
+    shape = read_model_shape(tiny_model)
     assert shape is not None and shape.layers == 2 and not shape.row.mla
     assert read_model_shape(tmp_path) is None
 

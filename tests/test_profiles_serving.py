@@ -15,20 +15,19 @@ from pathlib import Path
 import pytest
 
 from dspark_launch.config.settings import resolve as load_settings
-from dspark_launch.agent.vllm_offer import probe_installed_vllm
 from dspark_launch.config.profile_resolve import resolve_selected
 from tests.support import serving as sh
 from tests.support.paths import REPO
-from tests.support.tiny_model import build_tiny_model
 
 
 @pytest.mark.serving
+@pytest.mark.loopback
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
-def test_tiny_profile_command_answers_a_chat(tmp_path: Path) -> None:
-    model = build_tiny_model(tmp_path / "tiny")
+def test_tiny_profile_command_answers_a_chat(tmp_path: Path, tiny_model: Path, installed_vllm_offer) -> None:
+    model = tiny_model
     settings = load_settings(env_file=str(REPO / ".env.dspark.example"),
                              environ={"DSPARK_PROFILE": "tiny-test", "DSPARK_MODEL": str(model)})
-    resolved = resolve_selected(probe_installed_vllm(), settings)
+    resolved = resolve_selected(installed_vllm_offer, settings)
     assert resolved.chat and resolved.kv_cache_dtype == "auto" and resolved.served_name == "tiny"
     scratch = sh.short_scratch_dir()
     env = sh.base_env(scratch, dict(resolved.env))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from dspark_launch.agent import procfs
 from tests.support.on_testbed import API_KEY, our_pids, run, serving_env, set_knob, state, status
 from tests.support.processes import describe
 
@@ -91,6 +92,14 @@ def test_restarts_keep_ray_when_they_can_and_stops_drain_unless_now(testbed_clea
     log = (tmp_path / "state" / "logs" / "vllm-serve.log").read_text(errors="replace")
     assert "'max_num_seqs': 4" in log
     assert "--shutdown-timeout" in log or "shutdown_timeout" in log
+    assert re.search(r"dspark-issue27 hotfix v\d+ active: cap=2 ", log)  # the new server's scheduler, cap applied
+    assert API_KEY not in serve_only.stdout + serve_only.stderr  # a restart prints no key either
+    for node in ("head", "worker1"):  # nor puts it in the argv of what it started
+        for pid in tb.pids_in(node):
+            try:
+                assert API_KEY not in "\0".join(procfs.cmdline(pid)), describe({pid})
+            except FileNotFoundError:
+                pass
 
     # cluster-level change, `restart --now`: the streams are cut, Ray restarts
     set_knob(env, "RAY_OBJECT_STORE_MB", "256")

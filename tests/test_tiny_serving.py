@@ -122,12 +122,13 @@ PHASE_LINES = [
 
 
 @pytest.mark.serving
+@pytest.mark.loopback
 @needs_vllm
 @needs_plugin
 @pytest.mark.skipif(not HAVE_RAY, reason="ray not installed (pip install -e '.[cpu]')")
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
-def test_tiny_model_tp2_over_ray_on_loopback(tmp_path: Path) -> None:
-    model = build_tiny_model(tmp_path / "tiny")
+def test_tiny_model_tp2_over_ray_on_loopback(tmp_path: Path, tiny_model: Path) -> None:
+    model = tiny_model
     scratch = sh.short_scratch_dir()
     env = sh.base_env(scratch)
     head: sh.RayNode | None = None

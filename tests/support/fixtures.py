@@ -47,10 +47,20 @@ def model_dir(tmp_path_factory):
         yield path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    """The tiny random Llama (tests/support/tiny_model.py), built once per test module."""
+    """The tiny random Llama (tests/support/tiny_model.py), built once per session (~4 s): tests read it,
+    or copy it (shutil.copytree) before they change anything in it."""
     return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def installed_vllm_offer():
+    """What the installed vLLM offers (agent/vllm_offer.py), probed once per session in a subprocess
+    (one cold `import vllm`, 10-20 s here): the real parser, shared by every module that reads it."""
+    from dspark_launch.agent.vllm_offer import probe_installed_vllm
+
+    return probe_installed_vllm()
 
 
 @pytest.fixture
