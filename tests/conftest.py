@@ -5,7 +5,7 @@ per module at the end (tests/support/suite_order.py)."""
 import pytest
 
 from tests.support.fixtures import (_remove_short_scratch, clean_environ, hub, hub_online,  # noqa: F401
-                                    installed_vllm_offer, model_dir, step, testbed, testbed_clean, tiny_model)
+                                    installed_scheduler, installed_vllm_offer, model_dir, scheduler_copy, step, testbed, testbed_clean, tiny_model)
 from tests.support.steps import name_the_step
 from tests.support.suite_order import (pytest_collection_modifyitems, pytest_runtest_logreport,  # noqa: F401
                                        pytest_terminal_summary)

@@ -20,22 +20,11 @@ from dspark_launch.hotfix import patch_tool as patch  # noqa: E402
 from dspark_launch.hotfix.contract import EXIT_UNSUPPORTED  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def installed() -> pathlib.Path:
-    target = patch.find_target()
-    assert target.is_file()
-    return target
-
-
 @pytest.fixture
-def target(tmp_path, installed) -> pathlib.Path:
-    """A copy of the installed scheduler.py inside a vllm/ tree with its _version.py."""
-    pkg = tmp_path / "site" / "vllm"
-    dest = pkg / "v1" / "core" / "sched" / "scheduler.py"
-    dest.parent.mkdir(parents=True)
-    shutil.copyfile(installed, dest)
-    shutil.copyfile(installed.parents[3] / "_version.py", pkg / "_version.py")
-    return dest
+def target(scheduler_copy):
+    return scheduler_copy
+
+
 
 
 def cli(*args: str, isolated: bool = True) -> tuple[int, dict]:
@@ -58,7 +47,7 @@ def drift(path: pathlib.Path, old: str, new: str) -> None:
 # ---------------------------------------------------------------------------
 
 
-def test_find_target_and_version_without_importing_vllm(installed):
+def test_find_target_and_version_without_importing_vllm(installed_scheduler):
     code = (
         "import importlib.util, sys; "
         f"spec = importlib.util.spec_from_file_location('p', {str(PATCH)!r}); "
@@ -68,7 +57,7 @@ def test_find_target_and_version_without_importing_vllm(installed):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     path, version, imported = out.stdout.split()
-    assert pathlib.Path(path) == installed
+    assert pathlib.Path(path) == installed_scheduler
     assert version == "0.32.0"
     assert imported == "False"
 

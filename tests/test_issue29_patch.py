@@ -12,7 +12,11 @@ import pytest
 from dspark_launch.hotfix import bundle, layout
 from dspark_launch.hotfix import patch_tool as patch
 from dspark_launch.hotfix.contract import EXIT_UNSUPPORTED, PATCH_VERSION
-from tests.test_issue27_patch_file import installed, target  # noqa: F401 (fixtures)
+
+
+@pytest.fixture
+def target(scheduler_copy):
+    return scheduler_copy
 
 UPSTREAM_LINES = (
     # vLLM PR #49075's shape: schedule() reads the configured partial-prefill cap.

@@ -78,3 +78,24 @@ def hub(tmp_path):
 
     with tiny_hub(tmp_path / "src") as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def installed_scheduler() -> Path:
+    """The installed vLLM's scheduler.py (read, never written)."""
+    from dspark_launch.hotfix import patch_tool
+
+    found = patch_tool.find_target()
+    assert found.is_file()
+    return found
+
+
+@pytest.fixture
+def scheduler_copy(tmp_path, installed_scheduler) -> Path:
+    """A copy of the installed scheduler.py inside a vllm/ tree with its _version.py."""
+    pkg = tmp_path / "site" / "vllm"
+    dest = pkg / "v1" / "core" / "sched" / "scheduler.py"
+    dest.parent.mkdir(parents=True)
+    shutil.copyfile(installed_scheduler, dest)
+    shutil.copyfile(installed_scheduler.parents[3] / "_version.py", pkg / "_version.py")
+    return dest
