@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from dspark_launch.agent.model_paths import require_relative  # stdlib only: checks a manifest's names
 
-PROTOCOL_VERSION = 7  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
+PROTOCOL_VERSION = 8  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
 # 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
 # 3: FabricRequest.hca_list carries NCCL_IB_HCA as written (NCCL's ^ / = / dev:port forms), not split names
 # 4: model_verify hashes `only` the files a copy sent, with progress lines
@@ -37,6 +37,7 @@ PROTOCOL_VERSION = 7  # 2: ray_checks no longer runs the version rows and the ho
 #    prepare_log_dir makes the log folder
 # 7: model_placement_query (sizes, free space and the verified stamp in one call) replaces model_disk_query;
 #    scheduler_control writes (or removes) the patched scheduler's control file (`dspark reload`)
+# 8: Stop.drain_end: a drain is over when the server's log says so (an idle one at once); StopAnswer.drain says how
 # The longest line either side reads (the launcher refuses a longer agent reply line: one clear error, the
 # agent killed); a log is read in chunks whose JSON (at most 6 bytes a character, `\u001b`) stays below it.
 MAX_LINE = 1 << 20
@@ -439,18 +440,40 @@ class AliveAnswer:
 
 
 @dataclass(frozen=True)
+class DrainEnd:
+    """How a draining server says, in its log, that its drain is over: `done` from each of its `engines`,
+    written after the SIGTERM with no `busy` line before them, means it had nothing in flight (what is left
+    is its own teardown)."""
+    log: str
+    done: str
+    busy: str
+    engines: int = 1
+
+
+@dataclass(frozen=True)
 class Stop:
     marker: str
     processes: tuple[Process, ...] = ()
     sessions: tuple[Session, ...] = ()
     grace_s: float = 5.0
     drain_s: float = 0.0  # > 0: one SIGTERM, then up to drain_s for the processes to end by themselves
+    # With drain_s: an idle drain ends at the log's `done` line (then the usual SIGTERM/SIGKILL, after
+    # idle_grace_s); one with requests in flight still waits for the processes' own end.
+    drain_end: DrainEnd | None = None
+    idle_grace_s: float = 2.0
+
+
+# StopAnswer.drain: how a drain ended. "idle": the log said done with nothing in flight (the rest cut short);
+# "complete": done after finishing what was in flight; "ended": the processes ended without the log saying done;
+# "timeout": drain_s passed first; "": no drain (or no drain_end to read).
+DRAIN_OUTCOMES = ("", "idle", "complete", "ended", "timeout")
 
 
 @dataclass(frozen=True)
 class StopAnswer:
     stopped: tuple[int, ...]
     left: tuple[int, ...]
+    drain: str = ""
 
 
 @dataclass(frozen=True)
