@@ -37,6 +37,8 @@ from tests.support.tiny_model import build_tiny_model  # noqa: E402
 WORK = Path("/tmp/dspark-bench-fast")
 VENV_BIN = Path(sys.executable).parent
 SERVER_LOG = WORK / "state" / "logs" / "vllm-serve.log"
+CLIENT = REPO / "tests" / "support" / "stream_client.py"
+KEY, STREAMS, STREAM_TOKENS = "sk-dspark-bench-fast", 2, 900
 # Server-log lines worth a timestamp when a server ends (vLLM's shutdown path, Ray's compiled-graph teardown).
 END_LINES = re.compile(r"\[shutdown\]|Shutting down|Tearing down|Teardown complete|Waiting for worker|Killing actor|"
                        r"force killing|Finished server process|shutdown complete|Application shutdown|SIGTERM")
@@ -119,6 +121,25 @@ def dspark(tb: Testbed, env_file: Path, *args: str, watch: bool = False) -> dict
     return row
 
 
+def streams_in_flight(tb: Testbed) -> subprocess.Popen:
+    """STREAMS streaming chats from inside the head node, returned once each has its first token."""
+    client = tb.popen("head", [sys.executable, str(CLIENT), "http://127.0.0.1:8000", KEY, "tiny", str(STREAMS),
+                               str(STREAM_TOKENS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = 0
+    while started < STREAMS:
+        line = client.stdout.readline()
+        if not line:
+            raise SystemExit(f"the stream client ended: {client.stderr.read()[-2000:]}")
+        started += line.startswith("first ")
+    return client
+
+
+def streams_cut(client: subprocess.Popen) -> int:
+    out, _ = client.communicate(timeout=600)
+    found = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return sum(1 for r in found if r["finish_reason"] != "length" or r["error"]) + STREAMS - len(found)
+
+
 def stop_part(phases: list[tuple[float, str]]) -> float | None:
     """Seconds of a full restart's stop: until its first line after Ray stopped on every node."""
     stopped = [t for t, line in phases if re.match(r"(head|worker\d+) .*stopped \d+ process", line)]
@@ -156,7 +177,9 @@ def main(argv: list[str]) -> int:
     tb.up()
     runs: dict[str, list] = {"status_s": [], "serve_only": [], "full": [], "idle_stop": []}
     try:
-        env = write_env_file(WORK / "dspark.env", {**cluster_values(tb, WORK / "state"), **serving_values(model)})
+        env = write_env_file(WORK / "dspark.env", {**cluster_values(tb, WORK / "state"), **serving_values(model),
+                                                   "VLLM_API_KEY": KEY, "MAX_MODEL_LEN": "1024",
+                                                   "MAX_NUM_BATCHED_TOKENS": "1024"})
         runs["first_start"] = dspark(tb, env, "start")
         print(f"start: {runs['first_start']['seconds']} s", flush=True)
         for _ in range(5):
@@ -174,6 +197,13 @@ def main(argv: list[str]) -> int:
                     row["stop_part_s"] = stop_part(row["phases_s"])
                 runs[kind].append(row)
                 print(f"{kind}: {row['seconds']} s (Ray kept: {row['ray_pids_kept']})", flush=True)
+        # A drain with streams in flight still waits for vLLM's own end: its teardown, timed from the log.
+        client = streams_in_flight(tb)
+        set_knob(env, "MAX_NUM_SEQS", "5")
+        row = dspark(tb, env, "restart", watch=True)
+        row["streams"], row["streams_cut"] = STREAMS, streams_cut(client)
+        runs["serve_only_under_streams"] = row
+        print(f"serve-only under {STREAMS} streams: {row['seconds']} s, cut {row['streams_cut']}", flush=True)
         runs["idle_stop"].append(dspark(tb, env, "stop", watch=True))
         print(f"idle stop: {runs['idle_stop'][-1]['seconds']} s", flush=True)
     finally:

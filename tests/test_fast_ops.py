@@ -148,3 +148,27 @@ def test_serve_arguments_accepted_once_are_not_checked_again_by_the_same_install
     assert "four" in agent.call(p.ServeArgsCheck(bad)).refused
     assert "four" in agent.call(p.ServeArgsCheck(bad)).refused  # a refusal is never kept
     assert not any("accepted before" in line for line in recorder.phases)
+
+
+def test_read_only_questions_to_this_machines_agent_are_answered_in_process(tmp_path, monkeypatch):
+    """`status` asks the head's agent whether processes live: with the head's interpreter this one, no agent
+    process starts (the answer is the handler's own); another interpreter still gets its agent process."""
+    import os
+
+    def no_agent_process(self, request_line, timeout, on_line):
+        raise AssertionError("an agent process was started")
+
+    monkeypatch.setattr(LocalTransport, "exchange", no_agent_process)
+    here = NodeAgent("head", LocalTransport(sys.executable))
+    me = p.Process(os.getpid(), procfs.start_time(os.getpid()), boot_id=procfs.boot_id())
+    assert here.call(p.AliveQuery((me, p.Process(os.getpid(), 1)))).alive == (True, False)
+    log = tmp_path / "log"
+    log.write_text("one\ntwo\n")
+    assert here.call(p.ReadLog(str(log), 4)).text == "two\n"
+    elsewhere = NodeAgent("head", LocalTransport(str(tmp_path / "other-python")))
+    try:
+        elsewhere.call(p.AliveQuery((me,)))
+    except AssertionError as exc:
+        assert "agent process" in str(exc)
+    else:
+        raise AssertionError("another interpreter's agent was not asked")

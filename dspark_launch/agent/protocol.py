@@ -715,6 +715,9 @@ class Operation:
     handler: str  # "module:function" in dspark_launch.agent.handlers, imported by the agent only when called
     step: str  # names the step in the launcher's error line
     timeout: float | Callable[[Any], float] = AGENT_TIMEOUT_S  # seconds, or a function of the request
+    # Read-only, stdlib, independent of the environment: answered in the launcher's own process when the node's
+    # agent would be this machine's and this interpreter (client.NodeAgent), no agent process started.
+    in_process: bool = False
 
     @property
     def name(self) -> str:
@@ -753,12 +756,12 @@ _OPERATIONS = (
     Operation(MemoryQuery, MemoryAnswer, "processes:meminfo", "memory"),
     Operation(Run, RunAnswer, "processes:run", "run"),
     Operation(Spawn, SpawnAnswer, "processes:spawn", "spawn"),
-    Operation(AliveQuery, AliveAnswer, "processes:alive", "status", 30),
+    Operation(AliveQuery, AliveAnswer, "processes:alive", "status", 30, in_process=True),
     Operation(Stop, StopAnswer, "processes:stop", "stop", lambda req: 90 + req.drain_s),
     # files and logs (handlers/files.py)
     Operation(PrepareLogDir, PrepareLogDirAnswer, "files:prepare_log_dir", "log folder"),
-    Operation(Tail, TailAnswer, "files:tail", "logs"),
-    Operation(ReadLog, ReadAnswer, "files:read", "logs"),
+    Operation(Tail, TailAnswer, "files:tail", "logs", in_process=True),
+    Operation(ReadLog, ReadAnswer, "files:read", "logs", in_process=True),
     Operation(Glob, GlobAnswer, "files:glob", "logs"),
     # Ray (handlers/ray.py; the head's node table imports Ray when called)
     Operation(PortQuery, PortAnswer, "ray:port_free", "ray port"),
