@@ -29,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.restarts import STREAMS, streams_cut, streams_in_flight  # noqa: E402
 from tests.support.launcher_env import cluster_values, launcher_env, serving_values, write_env_file  # noqa: E402
 from tests.support.on_testbed import set_knob  # noqa: E402
 from tests.support.testbed.testbed import Testbed, requirements_met  # noqa: E402
@@ -37,8 +38,7 @@ from tests.support.tiny_model import build_tiny_model  # noqa: E402
 WORK = Path("/tmp/dspark-bench-fast")
 VENV_BIN = Path(sys.executable).parent
 SERVER_LOG = WORK / "state" / "logs" / "vllm-serve.log"
-CLIENT = REPO / "tests" / "support" / "stream_client.py"
-KEY, STREAMS, STREAM_TOKENS = "sk-dspark-bench-fast", 2, 900
+KEY = "sk-dspark-bench-restarts"  # the key bench/restarts.py's stream client sends
 OUT = [REPO / "bench" / "results" / "fast_ops.json"]
 # Server-log lines worth a timestamp when a server ends (vLLM's shutdown path, Ray's compiled-graph teardown).
 END_LINES = re.compile(r"\[shutdown\]|Shutting down|Tearing down|Teardown complete|Waiting for worker|Killing actor|"
@@ -121,25 +121,6 @@ def dspark(tb: Testbed, env_file: Path, *args: str, watch: bool = False) -> dict
     if watcher:
         row.update(watcher.result())
     return row
-
-
-def streams_in_flight(tb: Testbed) -> subprocess.Popen:
-    """STREAMS streaming chats from inside the head node, returned once each has its first token."""
-    client = tb.popen("head", [sys.executable, str(CLIENT), "http://127.0.0.1:8000", KEY, "tiny", str(STREAMS),
-                               str(STREAM_TOKENS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    started = 0
-    while started < STREAMS:
-        line = client.stdout.readline()
-        if not line:
-            raise SystemExit(f"the stream client ended: {client.stderr.read()[-2000:]}")
-        started += line.startswith("first ")
-    return client
-
-
-def streams_cut(client: subprocess.Popen) -> int:
-    out, _ = client.communicate(timeout=600)
-    found = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    return sum(1 for r in found if r["finish_reason"] != "length" or r["error"]) + STREAMS - len(found)
 
 
 def stop_part(phases: list[tuple[float, str]]) -> float | None:

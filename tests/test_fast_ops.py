@@ -20,6 +20,7 @@ from dspark_launch.agent import protocol as p
 from dspark_launch.agent.client import NodeAgent
 from dspark_launch.agent.transport import LocalTransport
 from dspark_launch.serve.drain import BUSY_LOG, DRAINED_LOG, RequestCounts, drain_end, report
+from tests.test_offer_cache import Recorder  # its phase lines, as the offer cache's tests read them
 
 SERVER = textwrap.dedent("""
     import signal, sys, time
@@ -116,20 +117,6 @@ def test_the_drain_log_needs_every_engines_done_line_and_no_busy_one_before(tmp_
         out.write(f"ineCore: draining in-flight requests count=1\n(EngineCore_DP1) {DRAINED_LOG}\n{BUSY_LOG}\n")
     two.read()
     assert two.done and two.busy  # the second engine had work in flight when the stop came
-
-
-class Recorder:
-    def __init__(self):
-        self.phases: list[str] = []
-
-    def phase(self, message):
-        self.phases.append(message)
-
-    def waiting(self, message, elapsed, timeout):
-        pass
-
-    def warn(self, message):
-        pass
 
 
 def test_serve_arguments_accepted_once_are_not_checked_again_by_the_same_install(tmp_path):
