@@ -139,7 +139,8 @@ def test_serve_arguments_accepted_once_are_not_checked_again_by_the_same_install
 
 def test_read_only_questions_to_this_machines_agent_are_answered_in_process(tmp_path, monkeypatch):
     """`status` asks the head's agent whether processes live: with the head's interpreter this one, no agent
-    process starts (the answer is the handler's own); another interpreter still gets its agent process."""
+    process starts (the answer is the handler's own); another interpreter (even one linking to the same base
+    Python, as another venv's does) still gets its agent process."""
     import os
 
     def no_agent_process(self, request_line, timeout, on_line):
@@ -152,7 +153,9 @@ def test_read_only_questions_to_this_machines_agent_are_answered_in_process(tmp_
     log = tmp_path / "log"
     log.write_text("one\ntwo\n")
     assert here.call(p.ReadLog(str(log), 4)).text == "two\n"
-    elsewhere = NodeAgent("head", LocalTransport(str(tmp_path / "other-python")))
+    other_venv = tmp_path / "python"  # another venv's python: a link to the same base interpreter
+    other_venv.symlink_to(sys.executable)
+    elsewhere = NodeAgent("head", LocalTransport(str(other_venv)))
     try:
         elsewhere.call(p.AliveQuery((me,)))
     except AssertionError as exc:

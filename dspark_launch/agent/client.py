@@ -121,8 +121,10 @@ class NodeAgent:
     def runs_here(self) -> bool:
         """Whether this node's agent would be this interpreter on this machine (the same code, hence the same
         launcher and protocol version): its read-only operations are then answered without an agent process."""
-        return (isinstance(self.transport, LocalTransport)
-                and os.path.realpath(self.transport.python) == os.path.realpath(sys.executable))
+        # Paths compared as written, links not followed: a venv's python is a link to the base interpreter,
+        # which another venv (another dspark-launch) shares.
+        return (isinstance(self.transport, LocalTransport) and bool(sys.executable)
+                and os.path.abspath(self.transport.python) == os.path.abspath(sys.executable))
 
     def _call_here(self, operation: p.Operation, request: Any, step: str) -> Any:
         from dspark_launch.agent.server import handler
