@@ -89,7 +89,8 @@ def test_a_drain_without_a_log_to_read_waits_for_the_processes_as_before(tmp_pat
 def test_the_report_says_idle_or_counts_what_finished():
     idle = report(RequestCounts(0, 3), RequestCounts(0, 3), 0.8, 60, "idle")
     assert idle.idle and (idle.finished, idle.cut) == (0, 0)
-    assert idle.line == "vllm serve was idle (nothing in flight): stopped in 0.8 s, no drain wait"
+    assert idle.line == ("vllm serve was idle (nothing in flight): stopped in 0.8 s, no drain wait: "
+                         "0 request(s) finished, 0 cut")
     complete = report(RequestCounts(4, 10), RequestCounts(1, 12), 9.0, 60, "complete")
     assert (complete.finished, complete.cut) == (4, 0)
     cut = report(RequestCounts(4, 10), RequestCounts(2, 11), 60.0, 60, "timeout")

@@ -53,7 +53,8 @@ class DrainReport:
         if not self.answered:
             return f"vllm serve did not answer /metrics; stopped in {self.seconds:.1f} s, nothing counted"
         if self.idle:
-            return f"vllm serve was idle (nothing in flight): stopped in {self.seconds:.1f} s, no drain wait"
+            return (f"vllm serve was idle (nothing in flight): stopped in {self.seconds:.1f} s, no drain wait: "
+                    "0 request(s) finished, 0 cut")
         return (f"vllm serve drained in {self.seconds:.1f} s (limit {self.timeout_s} s): "
                 f"{self.finished} request(s) finished, {self.cut} cut")
 
