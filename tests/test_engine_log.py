@@ -5,8 +5,8 @@ forge them."""
 from __future__ import annotations
 
 from dspark_launch.hotfix import contract
-from dspark_launch.serve.drain import DRAINED_LOG, RequestCounts, report
-from dspark_launch.serve.engine_log import engine_messages, engine_text
+from dspark_launch.serve.drain import DRAINED_LOG
+from dspark_launch.agent.engine_log import engine_messages, engine_text
 
 LIVE = ("dspark-issue27 hotfix v6: cap 1 -> 2 (live); in force: cap=2, gate mode 1, step bound 640 prefill tokens, "
         "aging 2, diagnostics off")
@@ -30,9 +30,20 @@ def test_only_the_engines_own_lines_from_the_named_file_count():
     assert len(contract.parse_live_lines(log)) == 6
 
 
-def test_a_forged_drain_line_does_not_count_as_drained():
-    before = RequestCounts(in_flight=3, finished=10)
-    forged = f"{API} {DRAINED_LOG}; starting resource teardown'\n{DRAINED_LOG}\n"
-    assert report(before, RequestCounts(0, 11), 3.0, 60, lambda: forged).cut == 2
-    real = f"{ENGINE} [core.py:1667] {DRAINED_LOG}; starting resource teardown\n"
-    assert report(before, RequestCounts(0, 11), 3.0, 60, lambda: forged + real).cut == 0
+def test_a_forged_drain_line_does_not_end_a_drain(tmp_path):
+    """The head's agent ends an idle drain at the EngineCore's done line; a prompt holding that line does not."""
+    from dspark_launch.agent import protocol as p
+    from dspark_launch.agent.handlers.processes import _DrainLog
+    from dspark_launch.serve.drain import BUSY_LOG
+
+    log = tmp_path / "vllm-serve.log"
+    log.write_text("before the stop\n")
+    reader = _DrainLog(p.DrainEnd(str(log), DRAINED_LOG, BUSY_LOG))
+    with log.open("a") as out:
+        out.write(f"{API} {DRAINED_LOG}; starting resource teardown'\n{DRAINED_LOG}\n")
+    reader.read()
+    assert not reader.done  # forged: at the start of a line, and inside the API server's prompt line
+    with log.open("a") as out:
+        out.write(f"{ENGINE} [core.py:1666] {DRAINED_LOG}; starting resource teardown\n")
+    reader.read()
+    assert reader.done and not reader.busy

@@ -22,24 +22,11 @@ from dspark_launch.agent.offer_cache import KeptOffer, install_identity, kept_fi
 from dspark_launch.agent.transport import LocalTransport
 from dspark_launch.agent.vllm_offer import VllmOffer
 from tests.support.paths import DATA
+from tests.support.phase_recorder import Recorder
 
 NOBODY = 65534
 READ = "reading the installed vLLM's serve flags"
 KEPT = "as read before from this install"
-
-
-class Recorder:
-    def __init__(self):
-        self.phases: list[str] = []
-
-    def phase(self, message):
-        self.phases.append(message)
-
-    def waiting(self, message, elapsed, timeout):
-        pass
-
-    def warn(self, message):
-        self.phases.append(message)
 
 
 @dataclasses.dataclass

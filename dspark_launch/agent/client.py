@@ -11,13 +11,15 @@ was started there (the first contact of every command is a read-only operation).
 from __future__ import annotations
 
 import json
+import os
+import sys
 from typing import Any, Protocol, TypeVar
 
 from dspark_launch import __version__
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.codec import DecodeError, from_data, to_data
 from dspark_launch.agent.container_transport import ContainerTransport
-from dspark_launch.agent.transport import NodeUnreachable, Transport
+from dspark_launch.agent.transport import LocalTransport, NodeUnreachable, Transport
 from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.agent.vllm_offer import VllmOffer
 
@@ -111,6 +113,8 @@ class NodeAgent:
         operation = p.OPERATION_OF_REQUEST[type(request)]
         op, answer_type = operation.name, operation.answer
         step = step or operation.step
+        if operation.in_process and self.runs_here:
+            return self._call_here(operation, request, step)
         timeout = operation.timeout_for(request) if timeout is None else timeout
         line = json.dumps({"protocol": p.PROTOCOL_VERSION, "launcher": __version__, "op": op,
                            "request": to_data(request)})
@@ -142,6 +146,25 @@ class NodeAgent:
         if not final:
             raise ClusterFailure(self.label, step, f"{self.transport.description}: the agent gave no answer")
         return self._result(final[-1], answer_type, step)
+
+    @property
+    def runs_here(self) -> bool:
+        """Whether this node's agent would be this interpreter on this machine (the same code, hence the same
+        launcher and protocol version): its read-only operations are then answered without an agent process."""
+        # Paths compared as written, links not followed: a venv's python is a link to the base interpreter,
+        # which another venv (another dspark-launch) shares.
+        return (isinstance(self.transport, LocalTransport) and bool(sys.executable)
+                and os.path.abspath(self.transport.python) == os.path.abspath(sys.executable))
+
+    def _call_here(self, operation: p.Operation, request: Any, step: str) -> Any:
+        from dspark_launch.agent.server import handler
+
+        try:
+            return handler(operation.name)(request, lambda progress: _show(self.reporter, progress))
+        except p.OperationFailed as exc:
+            return self._result({"failure": to_data(exc.failure)}, operation.answer, step)
+        except Exception as exc:  # as the agent reports it
+            raise ClusterFailure(self.label, step, f"{type(exc).__name__}: {exc}") from None
 
     def _result(self, message: dict, answer_type: type, step: str) -> Any:
         try:

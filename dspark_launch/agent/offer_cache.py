@@ -146,3 +146,52 @@ def remember(identity: InstallIdentity, offer: VllmOffer) -> None:
         write_private(path, codec.encode(KeptOffer(identity, offer)))
     except OSError:
         pass
+
+
+# --- serve arguments the installed vLLM's parser accepted (agent/handlers/vllm.py `check_serve_args`) ---------
+# Its verdict depends only on the install (the identity above), the checker's code and the arguments (the child
+# runs in the agent's own environment, never the server's): an accepted argv is kept by its hash, so a restart
+# with unchanged arguments on an unchanged vLLM needs no ~10 s check. Refusals are always checked again.
+MAX_ACCEPTED = 64
+
+
+@dataclass(frozen=True)
+class KeptVerdicts:
+    identity: InstallIdentity
+    accepted: tuple[str, ...]  # sha256 of (checker code, argv), the newest last
+
+
+def _verdicts_file(identity: InstallIdentity) -> Path | None:
+    path = kept_file(identity)
+    return path.with_name(path.name.replace("vllm-offer-", "vllm-argcheck-")) if path else None
+
+
+def _kept_verdicts(identity: InstallIdentity) -> tuple[str, ...]:
+    path = _verdicts_file(identity)
+    if path is None:
+        return ()
+    try:
+        found = codec.decode(KeptVerdicts, read_private(path, PRIVATE, MAX_BYTES).decode("utf-8"))
+    except (OSError, ValueError, TypeError):  # absent, not a private plain file, garbled
+        return ()
+    return found.accepted if found.identity == identity else ()
+
+
+def argv_key(checker: str, argv: tuple[str, ...] | list[str]) -> str:
+    return _sha256(("\0".join([checker, *argv])).encode())
+
+
+def accepted_before(identity: InstallIdentity, key: str) -> bool:
+    return key in _kept_verdicts(identity)
+
+
+def remember_accepted(identity: InstallIdentity, key: str) -> None:
+    """Keep `key` (newest last, at most MAX_ACCEPTED); a failure only means the next call checks again."""
+    path = _verdicts_file(identity)
+    if path is None:
+        return
+    kept = tuple(k for k in _kept_verdicts(identity) if k != key) + (key,)
+    try:
+        write_private(path, codec.encode(KeptVerdicts(identity, kept[-MAX_ACCEPTED:])))
+    except OSError:
+        pass

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from dspark_launch.agent.model_paths import require_relative  # stdlib only: checks a manifest's names
 
-PROTOCOL_VERSION = 7  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
+PROTOCOL_VERSION = 9  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
 # 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
 # 3: FabricRequest.hca_list carries NCCL_IB_HCA as written (NCCL's ^ / = / dev:port forms), not split names
 # 4: model_verify hashes `only` the files a copy sent, with progress lines
@@ -37,6 +37,8 @@ PROTOCOL_VERSION = 7  # 2: ray_checks no longer runs the version rows and the ho
 #    prepare_log_dir makes the log folder
 # 7: model_placement_query (sizes, free space and the verified stamp in one call) replaces model_disk_query;
 #    scheduler_control writes (or removes) the patched scheduler's control file (`dspark reload`)
+# 8: Stop.drain_end: a drain is over when the server's log says so (an idle one at once); StopAnswer.drain says how
+# 9: port_holder_query (who holds a port, before a secret goes to it); Ray queries carry the recorded Ray processes
 # The longest line either side reads (the launcher refuses a longer agent reply line: one clear error, the
 # agent killed); a log is read in chunks whose JSON (at most 6 bytes a character, `\u001b`) stays below it.
 MAX_LINE = 1 << 20
@@ -478,18 +480,41 @@ class AliveAnswer:
 
 
 @dataclass(frozen=True)
+class DrainEnd:
+    """How a draining server says, in its log, that its drain is over: `done` from each of its `engines`,
+    written after the SIGTERM with no `busy` line before them, means it had nothing in flight (what is left
+    is its own teardown)."""
+    log: str
+    done: str
+    busy: str
+    engines: int = 1
+    source_file: str = "core.py"  # the EngineCore module that logs both lines (agent/engine_log.py)
+
+
+@dataclass(frozen=True)
 class Stop:
     marker: str
     processes: tuple[Process, ...] = ()
     sessions: tuple[Session, ...] = ()
     grace_s: float = 5.0
     drain_s: float = 0.0  # > 0: one SIGTERM, then up to drain_s for the processes to end by themselves
+    # With drain_s: an idle drain ends at the log's `done` line (then the usual SIGTERM/SIGKILL, after
+    # idle_grace_s); one with requests in flight still waits for the processes' own end.
+    drain_end: DrainEnd | None = None
+    idle_grace_s: float = 2.0
+
+
+# StopAnswer.drain: how a drain ended. "idle": the log said done with nothing in flight (the rest cut short);
+# "complete": done after finishing what was in flight; "ended": the processes ended without the log saying done;
+# "timeout": drain_s passed first; "": no drain (or no drain_end to read).
+DRAIN_OUTCOMES = ("", "idle", "complete", "ended", "timeout")
 
 
 @dataclass(frozen=True)
 class StopAnswer:
     stopped: tuple[int, ...]
     left: tuple[int, ...]
+    drain: str = ""
 
 
 @dataclass(frozen=True)
@@ -735,6 +760,9 @@ class Operation:
     handler: str  # "module:function" in dspark_launch.agent.handlers, imported by the agent only when called
     step: str  # names the step in the launcher's error line
     timeout: float | Callable[[Any], float] = AGENT_TIMEOUT_S  # seconds, or a function of the request
+    # Read-only, stdlib, independent of the environment: answered in the launcher's own process when the node's
+    # agent would be this machine's and this interpreter (client.NodeAgent), no agent process started.
+    in_process: bool = False
 
     @property
     def name(self) -> str:
@@ -773,16 +801,16 @@ _OPERATIONS = (
     Operation(MemoryQuery, MemoryAnswer, "processes:meminfo", "memory"),
     Operation(Run, RunAnswer, "processes:run", "run"),
     Operation(Spawn, SpawnAnswer, "processes:spawn", "spawn"),
-    Operation(AliveQuery, AliveAnswer, "processes:alive", "status", 30),
+    Operation(AliveQuery, AliveAnswer, "processes:alive", "status", 30, in_process=True),
     Operation(Stop, StopAnswer, "processes:stop", "stop", lambda req: 90 + req.drain_s),
     # files and logs (handlers/files.py)
     Operation(PrepareLogDir, PrepareLogDirAnswer, "files:prepare_log_dir", "log folder"),
-    Operation(Tail, TailAnswer, "files:tail", "logs"),
-    Operation(ReadLog, ReadAnswer, "files:read", "logs"),
+    Operation(Tail, TailAnswer, "files:tail", "logs", in_process=True),
+    Operation(ReadLog, ReadAnswer, "files:read", "logs", in_process=True),
     Operation(Glob, GlobAnswer, "files:glob", "logs"),
     # Ray (handlers/ray.py; the head's node table imports Ray when called)
     Operation(PortQuery, PortAnswer, "ray:port_free", "ray port"),
-    Operation(PortHolderQuery, PortHolder, "ray:port_holder", "port holder"),
+    Operation(PortHolderQuery, PortHolder, "ray:port_holder", "port holder", in_process=True),
     Operation(RayTempDir, RayTempDirAnswer, "ray:ray_temp_dir", "ray temp folder"),
     Operation(RayNodesQuery, RayNodesAnswer, "ray:ray_nodes", "ray nodes", 20),
     Operation(RayChecks, RayChecksAnswer, "ray:ray_checks", "ray checks"),

@@ -6,6 +6,12 @@ EngineCore and wait up to N s for it (entrypoints/launchers/launcher.py); the En
 its running and waiting requests and answers every new one with an abort (EngineCore._handle_shutdown,
 _reject_add_in_shutdown), and logs "request processing complete" once it has no work left. The API
 server keeps serving HTTP meanwhile, so its /metrics is read until it is gone.
+
+Where an idle drain's time went (vLLM 0.32, Ray backend, docs/operations.md "Drained stops"): the EngineCore
+is done at once, then spends about 10 s tearing down its Ray executor (the compiled graph's teardown, its
+workers killed, the distributed state, Ray's driver) while the API server waits for it. vLLM's own abort
+path skips that (it kills the EngineCore at once); so does the head's agent once the log says the drain
+is over with nothing in flight (agent/handlers/processes.py `drain`, DrainEnd).
 """
 
 from __future__ import annotations
@@ -13,13 +19,15 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Callable
 
+from dspark_launch.agent.protocol import DrainEnd, StopAnswer
 from dspark_launch.serve import http
-from dspark_launch.serve.engine_log import engine_messages
 
-T = TypeVar("T")
+# vLLM 0.32's EngineCore (v1/engine/core.py `_handle_shutdown`): out of work, and, before it, work left when
+# the SIGTERM came (logged only when there was some). A vLLM that logs neither drains by its processes' end.
 DRAINED_LOG = "[shutdown] EngineCore: request processing complete"
+BUSY_LOG = "[shutdown] EngineCore: draining in-flight requests"
 POLL_S = 0.25
 
 
@@ -38,13 +46,30 @@ class DrainReport:
     seconds: float
     timeout_s: int
     answered: bool = True  # False: /metrics did not answer when the stop began (a dead or hung server)
+    idle: bool = False  # the engine said it had nothing in flight: its teardown was cut short
 
     @property
     def line(self) -> str:
         if not self.answered:
             return f"vllm serve did not answer /metrics; stopped in {self.seconds:.1f} s, nothing counted"
+        if self.idle:
+            return (f"vllm serve was idle (nothing in flight): stopped in {self.seconds:.1f} s, no drain wait: "
+                    "0 request(s) finished, 0 cut")
         return (f"vllm serve drained in {self.seconds:.1f} s (limit {self.timeout_s} s): "
                 f"{self.finished} request(s) finished, {self.cut} cut")
+
+
+def drain_end(log: str, extra_args: str) -> DrainEnd:
+    """What the head's agent reads in the server log to end a drain: one done line per EngineCore (data
+    parallel: `--data-parallel-size`/`-dp` in VLLM_EXTRA_ARGS)."""
+    engines = 1
+    words = extra_args.split()
+    for index, word in enumerate(words):
+        name, _, value = word.partition("=")
+        if name in ("--data-parallel-size", "-dp"):
+            value = value or (words[index + 1] if index + 1 < len(words) else "")
+            engines = int(value) if value.isdigit() and int(value) > 0 else engines
+    return DrainEnd(log, DRAINED_LOG, BUSY_LOG, engines)
 
 
 _SUCCESS = re.compile(r'^vllm:request_success_total\{([^}]*)\}\s+([0-9.eE+-]+)$')
@@ -72,31 +97,32 @@ def counts_from_metrics(body: str) -> RequestCounts:
     return RequestCounts(int(in_engine), int(finished))
 
 
-def drained_stop(stop: Callable[[], T], base_url: str, timeout_s: int, probe_s: float,
-                 log_since_stop: Callable[[], str]) -> tuple[T, DrainReport]:
-    """Runs `stop` (which blocks until the server's processes are gone) while /metrics is read every
-    POLL_S; `log_since_stop` gives the server log written after `stop` began."""
+def drained_stop(stop: Callable[[], StopAnswer], base_url: str, timeout_s: int,
+                 probe_s: float) -> tuple[StopAnswer, DrainReport]:
+    """Runs `stop` (which blocks until the server's processes are gone, and says how its drain ended) while
+    /metrics is read every POLL_S."""
     from dspark_launch.cluster.parallel import Background
 
     before = request_counts(base_url, probe_s)
     began = time.monotonic()
     stopping = Background(stop)
     last = before
-    while not stopping.done():
+    while not stopping.ended(POLL_S):
         counts = request_counts(base_url, probe_s)
         if counts is not None:
             last = counts
-        time.sleep(POLL_S)
     answer = stopping.result()
-    return answer, report(before, last, time.monotonic() - began, timeout_s, log_since_stop)
+    return answer, report(before, last, time.monotonic() - began, timeout_s, answer.drain)
 
 
 def report(before: RequestCounts | None, last: RequestCounts | None, seconds: float, timeout_s: int,
-            log_since_stop: Callable[[], str]) -> DrainReport:
+           outcome: str) -> DrainReport:
+    """`outcome`: the agent's StopAnswer.drain."""
     if before is None:
         return DrainReport(0, 0, 0, seconds, timeout_s, answered=False)
-    # The EngineCore's own line (engine_log: by its logger's prefix, never a forged one) says it ran out of work.
-    if any(line.startswith(DRAINED_LOG) for line in engine_messages(log_since_stop(), "core.py")):
+    if outcome == "idle":
+        return DrainReport(0, 0, 0, seconds, timeout_s, idle=True)
+    if outcome == "complete":  # the EngineCore ran out of work: it finished every request it had
         return DrainReport(before.in_flight, before.in_flight, 0, seconds, timeout_s)
     finished = min(before.in_flight, max(0, last.finished - before.finished)) if last else 0
     return DrainReport(before.in_flight, finished, before.in_flight - finished, seconds, timeout_s)

@@ -12,9 +12,7 @@ from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import ServerRecord, load_state
 from dspark_launch.config.secret_digest import compared_values
 from dspark_launch.config.settings import Settings
-from dspark_launch.serve import http, logscan
-from dspark_launch.serve.logfollow import LogReader
-from dspark_launch.serve.plan import api_key
+from dspark_launch.serve import http
 from dspark_launch.serve.api_holder import api_holder, foreign_line, healthy as api_healthy
 
 
@@ -72,6 +70,9 @@ def drift(started_with: dict[str, str], now: dict[str, str]) -> tuple[Drift, ...
 
 
 def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | None) -> ServerView:
+    """The head's agent is asked only whether the recorded process lives (answered in this process when the head
+    is this machine: agent/client.py); the rest comes from the API and the record."""
+    from dspark_launch.serve.plan import api_key
 
     if server is None:
         return ServerView("down")
@@ -91,6 +92,8 @@ def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | N
 
 
 def _server_log(spec: ClusterSpec, server: ServerRecord) -> str:
+    from dspark_launch.serve.logfollow import LogReader
+
     try:
         return LogReader(spec.head.agent(), server.log).refresh()
     except ClusterFailure:
@@ -110,6 +113,8 @@ def status(settings: Settings, spec: ClusterSpec) -> ServiceStatus:
     if view.listener:
         problems.append(view.listener)
     if server and view.state == "dead":
+        from dspark_launch.serve import logscan
+
         text = _server_log(spec, server)
         problems.append(f"vllm serve (pid {server.pid}) is not running: {logscan.failure(text)}; "
                         f"log {server.log}; `dspark restart` starts it again")

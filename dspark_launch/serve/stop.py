@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from dspark_launch.cluster import lifecycle
 from dspark_launch.agent.client import ClusterFailure, Reporter
-from dspark_launch.agent.protocol import ReadLog, Stop, StopAnswer
+from dspark_launch.agent.protocol import DrainEnd, Stop, StopAnswer
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import Deployment, ServerRecord, save_state, wire_sessions
-from dspark_launch.serve.logfollow import LogReader
 
 
-def stop_server(spec: ClusterSpec, server: ServerRecord, grace_s: float = 15.0, drain_s: float = 0.0) -> StopAnswer:
+def stop_server(spec: ClusterSpec, server: ServerRecord, grace_s: float = 15.0, drain_s: float = 0.0,
+                drain_end: DrainEnd | None = None) -> StopAnswer:
     process = server.process
     return spec.head.agent().call(Stop(server.marker, (process,) if process else (), wire_sessions(server.sessions), grace_s,
-                                       drain_s), "stop server")
+                                       drain_s, drain_end), "stop server")
 
 
 # After vLLM's own drain timeout: its API server's teardown (Ray executor, sockets) before the usual stop.
@@ -23,18 +23,18 @@ DRAIN_PROBE_S = 2.0
 
 def drain_server(spec: ClusterSpec, server: ServerRecord, reporter: Reporter) -> StopAnswer:
     """`stop_server`, letting in-flight requests finish first when the server was started with a drain
-    timeout (vLLM's --shutdown-timeout); says how many finished and how many were cut."""
-    from dspark_launch.serve.drain import drained_stop
-    from dspark_launch.serve.logfollow import END
+    timeout (vLLM's --shutdown-timeout); says how many finished and how many were cut. An idle server
+    (its EngineCore says so in its log) is stopped at once, without its ~10 s teardown."""
+    from dspark_launch.serve.drain import drain_end, drained_stop
 
     if server.drain_s <= 0:
         return stop_server(spec, server)
     reporter.phase(f"vllm serve: draining in-flight requests (up to {server.drain_s} s; new ones are refused; "
                    "`dspark stop --now` aborts them)")
-    log = LogReader(spec.head.agent(), server.log)
-    log.offset = spec.head.agent().call(ReadLog(server.log, END)).offset
-    answer, report = drained_stop(lambda: stop_server(spec, server, drain_s=server.drain_s + DRAIN_TEARDOWN_S),
-                                  server.url, server.drain_s, DRAIN_PROBE_S, log.new_text)
+    end = drain_end(server.log, server.settings.get("VLLM_EXTRA_ARGS", ""))
+    answer, report = drained_stop(lambda: stop_server(spec, server, drain_s=server.drain_s + DRAIN_TEARDOWN_S,
+                                                      drain_end=end),
+                                  server.url, server.drain_s, DRAIN_PROBE_S)
     reporter.phase(report.line)
     return answer
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from dspark_launch import __version__
 from dspark_launch.agent import procfs
+from dspark_launch.agent.engine_log import engine_message
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.protocol import Report
 from dspark_launch.agent.versions import installed_version
@@ -191,17 +192,21 @@ def stop(req: p.Stop, report: Report) -> p.StopAnswer:
     _mark_stopped(req.marker)  # first: a start of this run still on its way must not outlive the stop
     stopped: set[int] = set()
     left: list[int] = []
+    outcome = ""
     if req.drain_s > 0:
-        stopped |= drain(_stop_targets(req), req.processes, req.drain_s)
+        targets = _stop_targets(req)
+        stopped |= set(targets)
+        outcome = drain(targets, req.processes, req.drain_s, req.drain_end)
+    grace_s = min(req.grace_s, req.idle_grace_s) if outcome == "idle" else req.grace_s
     for _ in range(3):
         targets = _stop_targets(req)
         if not targets:
             break
         stopped |= set(targets)
-        left = terminate(targets, req.grace_s)
+        left = terminate(targets, grace_s)
         if left:
             break
-    return p.StopAnswer(tuple(sorted(stopped)), tuple(left))
+    return p.StopAnswer(tuple(sorted(stopped)), tuple(left), outcome if req.drain_end else "")
 
 
 def _stop_targets(req: p.Stop) -> dict[int, p.Process]:
@@ -212,13 +217,21 @@ def _stop_targets(req: p.Stop) -> dict[int, p.Process]:
     return targets
 
 
-def drain(targets: dict[int, p.Process], leaders: tuple[p.Process, ...], drain_s: float) -> set[int]:
-    """One SIGTERM to each of `leaders` (else to every target), then up to `drain_s` for all `targets` to end.
+def drain(targets: dict[int, p.Process], leaders: tuple[p.Process, ...], drain_s: float,
+          end: p.DrainEnd | None = None) -> str:
+    """One SIGTERM to each of `leaders` (else to every target), then up to `drain_s` for all `targets` to end;
+    returns how it ended (p.DRAIN_OUTCOMES).
 
     vLLM with --shutdown-timeout drains on SIGTERM: its API server keeps streaming while it signals its
     EngineCore itself and waits for it; signalled again, the EngineCore starts its shutdown bookkeeping
-    over, so it gets no signal of ours until the drain is over (then the usual stop).
+    over, so it gets no signal of ours until the drain is over (then the usual stop). The drain is over when
+    the processes end, or, with `end`, as soon as the log shows `end.done` with no `end.busy` before it: the
+    server had nothing in flight, and what it would still do is its own resource teardown (about 10 s of
+    vLLM's Ray executor and compiled-graph teardown, which vLLM itself skips when it aborts: it kills the
+    EngineCore at once then). With requests in flight it is left to end by itself: its last outputs are
+    still on their way to the clients when `done` is written.
     """
+    log = _DrainLog(end) if end else None  # read from its end now: only what the stop makes the server write
     for proc in [proc for proc in leaders if _alive(proc)] or list(targets.values()):
         if _alive(proc):
             try:
@@ -226,9 +239,54 @@ def drain(targets: dict[int, p.Process], leaders: tuple[p.Process, ...], drain_s
             except ProcessLookupError:
                 pass
     deadline = time.monotonic() + drain_s
-    while time.monotonic() < deadline and any(_alive(proc) for proc in targets.values()):
+    while time.monotonic() < deadline:
+        if log:
+            log.read()
+        if not any(_alive(proc) for proc in targets.values()):
+            return "complete" if log and log.done else "ended"
+        if log and log.done and not log.busy:
+            return "idle"
         time.sleep(0.1)
-    return set(targets)
+    return "timeout"
+
+
+class _DrainLog:
+    """The server log as a drain writes it, line by line from where it ended when this was made: whether a
+    `busy` line came before every engine's `done` (`end.engines` of them) did."""
+
+    def __init__(self, end: p.DrainEnd):
+        self.end, self.busy, self.done_lines, self.partial = end, False, 0, ""
+        try:
+            self.offset = os.stat(end.log).st_size
+        except OSError:
+            self.offset = 0
+
+    @property
+    def done(self) -> bool:
+        return self.done_lines >= self.end.engines
+
+    def read(self) -> None:
+        while not self.done:
+            try:
+                with open(self.end.log, "rb") as handle:
+                    handle.seek(self.offset)
+                    data = handle.read(p.READ_CHUNK)
+            except OSError:
+                return
+            if not data:
+                return
+            self.offset += len(data)
+            *lines, partial = (self.partial + data.decode(errors="replace")).split("\n")
+            self.partial = partial[-p.READ_CHUNK:]
+            for line in lines:
+                if self.done:
+                    break
+                # Only the EngineCore's own lines (by its logger's prefix): a prompt logged by the API server
+                # that holds the done line must not end a drain that has requests in flight.
+                message = engine_message(line, self.end.source_file)
+                if message is not None:
+                    self.busy = self.busy or message.startswith(self.end.busy)
+                    self.done_lines += message.startswith(self.end.done)
 
 
 # A rollback can stop a run while one of its `run`/`spawn` requests is still on its way to this node

@@ -83,5 +83,17 @@ def refusal(serve_args: list[str] | tuple[str, ...], python: str = sys.executabl
 
 
 def check_serve_args(req: p.ServeArgsCheck, report: p.Report) -> p.ServeArgsAnswer:
-    """The head agent's `check_serve_args` operation (runs under the head's interpreter)."""
-    return p.ServeArgsAnswer(refusal(req.serve_args))
+    """The head agent's `check_serve_args` operation (runs under the head's interpreter); arguments this
+    install accepted before are not checked again (offer_cache)."""
+    from dspark_launch.agent.offer_cache import accepted_before, argv_key, install_identity, remember_accepted
+
+    identity = install_identity()
+    key = argv_key(_CHECK, req.serve_args)
+    if identity and accepted_before(identity, key):
+        report(p.Progress("phase", f"the same vllm serve arguments were accepted before by {identity.distribution} "
+                                   "here (kept): not checked again"))
+        return p.ServeArgsAnswer(None)
+    reason = refusal(req.serve_args)
+    if reason is None and identity and identity == install_identity():  # kept only for an unchanged install
+        remember_accepted(identity, key)
+    return p.ServeArgsAnswer(reason)
