@@ -9,7 +9,7 @@ The identity is found without importing vLLM: the folder the import system would
 `vllm` from, its dist-info RECORD (every install writes a new one: its size, mtime_ns and
 sha256, which lists every installed file's hash), the vLLM plugins registered on the
 interpreter, the interpreter, and the describer (launcher and protocol versions, the sha256
-of agent/vllm_offer.py). A vLLM without a dist-info beside it (a source checkout) is never
+of agent/vllm_offer.py, agent/vllm_dryboot.py and the shipped config.json it judges). A vLLM without a dist-info beside it (a source checkout) is never
 kept. A kept file that is absent, unreadable, garbled, of another identity, a link, not
 this user's or open to others is ignored and rewritten.
 """
@@ -29,6 +29,7 @@ from dspark_launch.agent import codec
 from dspark_launch.agent.protocol import PROTOCOL_VERSION
 from dspark_launch.agent.ray_dirs import make_private_root
 from dspark_launch.agent.safe_path import PRIVATE, UnsafePath, read_private, write_private
+from dspark_launch.agent import vllm_dryboot as dryboot_module
 from dspark_launch.agent import vllm_offer as offer_module
 from dspark_launch.agent.vllm_offer import VllmOffer
 
@@ -99,7 +100,9 @@ def install_identity() -> InstallIdentity | None:
         return None
     dist = importlib.metadata.Distribution.at(dist_info)
     describer = (f"dspark-launch {__version__} protocol {PROTOCOL_VERSION} "
-                 f"offer.py {_sha256(Path(offer_module.__file__).read_bytes())}")
+                 f"offer.py {_sha256(Path(offer_module.__file__).read_bytes())} "
+                 f"dryboot.py {_sha256(Path(dryboot_module.__file__).read_bytes())} "
+                 f"config.json {_sha256(dryboot_module.SHIPPED_CONFIG.read_bytes())}")
     return InstallIdentity(
         package_dir=os.path.realpath(Path(spec.origin).parent),
         distribution=f"{dist.name} {dist.version}",

@@ -575,6 +575,7 @@ class VersionRow:
     driver: str | None = None
     compute_capability: str | None = None  # the GPU's, "12.1" on a GB10 (nvidia-smi); None without a GPU
     nccl: str | None = None  # the NCCL vLLM loads there (VLLM_NCCL_SO_PATH, torch's nvidia-nccl wheel, the system's)
+    packages: str | None = None  # the optional kernel packages and their versions (agent/versions.package_row)
     dspark_launch: str | None = None
     scheduler_sha256: str | None = None
     hostname: str | None = None  # shown, not compared

@@ -34,3 +34,47 @@ def installed_version(*dists: str) -> str | None:
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+# The optional kernel packages some profile flags need: (module the flag's code imports, its distribution).
+# Each node's version row lists them (`packages`), so the matrix compares them and resolution decides a flag
+# for the cluster, never from the head's install alone.
+OPTIONAL_PACKAGES = (
+    ("b12x", "b12x"),  # --moe-backend / --linear-backend b12x (vllm/utils/b12x.py), the `vllm[b12x]` extra
+    ("flashinfer", "flashinfer-python"),  # FlashInfer kernels and sampler
+    ("instanttensor", "instanttensor"),  # --load-format instanttensor
+    ("fastsafetensors", "fastsafetensors"),  # --load-format fastsafetensors
+    ("cutlass", "nvidia-cutlass-dsl"),  # NVIDIA's CuTe DSL (CUTE_DSL_ARCH)
+    ("deep_gemm", "deep-gemm"),  # DeepGEMM (DeepSeek-V4's fp8_einsum, JIT-compiled with nvcc)
+)
+ABSENT = "absent"
+
+
+def package_row() -> str:
+    """This node's optional packages as one comparable line: "b12x 0.4.1; flashinfer-python absent; ..."
+    (found without importing them: package metadata, else the import system's spec)."""
+    import importlib.util
+
+    parts = []
+    for module, dist in OPTIONAL_PACKAGES:
+        version = installed_version(dist)
+        if version is None:
+            try:
+                version = "installed" if importlib.util.find_spec(module) is not None else None
+            except (ImportError, ValueError):
+                version = None
+        parts.append(f"{dist} {version or ABSENT}")
+    return "; ".join(parts)
+
+
+def modules_of(row: str | None) -> tuple[str, ...] | None:
+    """The optional modules a `package_row` line says are installed; None when the node gave no line."""
+    if row is None:
+        return None
+    by_dist = {dist: module for module, dist in OPTIONAL_PACKAGES}
+    found = []
+    for part in row.split(";"):
+        dist, _, version = part.strip().partition(" ")
+        if dist in by_dist and version and version != ABSENT:
+            found.append(by_dist[dist])
+    return tuple(found)

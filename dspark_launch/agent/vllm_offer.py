@@ -21,6 +21,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import typing
+from dspark_launch.agent.versions import OPTIONAL_PACKAGES
 from dspark_launch.agent.protocol import (  # noqa: F401 (the values' home)
     BootJudgement, KvJudgement, KvVerdict, OfferedFlag, VllmOffer,
 )
@@ -28,9 +29,8 @@ from dspark_launch.agent.protocol import (  # noqa: F401 (the values' home)
 
 # GPU generations the KV judgement is run for (Hopper, Blackwell B200/B300, Thor, RTX Pro / GB10).
 JUDGED_CAPABILITIES = ("9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
-# Optional libraries some flags need (found without importing them): b12x kernels (vllm/utils/b12x.py),
-# FlashInfer, the InstantTensor and fastsafetensors loaders, NVIDIA's CuTe DSL (`cutlass`), DeepGEMM.
-OPTIONAL_MODULES = ("b12x", "flashinfer", "instanttensor", "fastsafetensors", "cutlass", "deep_gemm")
+# Optional libraries some flags need (found without importing them): agent/versions.OPTIONAL_PACKAGES.
+OPTIONAL_MODULES = tuple(module for module, _ in OPTIONAL_PACKAGES)
 
 
 def _literal_values(annotation: object) -> list[str]:

@@ -12,6 +12,8 @@ GIB = 1 << 30
 def render_plan(plan: Plan) -> str:
     lines = [f"plan for {plan.env_file}{' (the example file)' if plan.from_example else ''}: profile {plan.profile}, "
              f"vLLM {plan.vllm_version} on the head; nothing started",
+             *([f"judged for: {plan.judged_for}"] if plan.judged_for else []),
+             *([f"CUDA graphs vLLM will run: {plan.cuda_graph_mode}"] if plan.cuda_graph_mode else []),
              "decisions:"]
     lines += [f"  {d.line}" for d in plan.decisions] or ["  (none: DSPARK_PROFILE=none, the settings' flags only)"]
     for node in plan.nodes:

@@ -14,7 +14,7 @@ from dspark_launch.agent.client import ClusterFailure, Reporter
 from dspark_launch.cluster.parallel import on_each
 from dspark_launch.agent.protocol import HotfixApply, HotfixReport, VersionQuery, VersionRow
 from dspark_launch.cluster.spec import ClusterSpec
-from dspark_launch.agent.versions import differing_rows, matrix_lines
+from dspark_launch.agent.versions import differing_rows, matrix_lines, modules_of
 from dspark_launch.profiles.gpu import GpuTarget, gpu_target
 
 
@@ -47,4 +47,6 @@ def node_gpus(spec: ClusterSpec, reporter: Reporter) -> GpuTarget:
     """The compute capability every node's version row reports (read-only: nvidia-smi and metadata), for
     resolution to judge the profile's GPU-specific flags; asked before anything starts."""
     rows = on_each(spec.nodes, lambda node: node.agent(reporter).call(VersionQuery()))
-    return gpu_target({name: row.compute_capability for name, row in rows.items()})
+    return gpu_target({name: row.compute_capability for name, row in rows.items()},
+                      {name: row.driver for name, row in rows.items()},
+                      {name: modules_of(row.packages) for name, row in rows.items()})

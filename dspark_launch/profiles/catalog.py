@@ -66,14 +66,17 @@ DEEPSEEK_V4_FLASH = Profile(
                    "0.32.0; not 0.25.0, 0.10.1.1",
                    source="MiaAI and hazyumps (<think>, </think>); the vLLM recipe and eugr pass empty strings"),
         # The GB10 speed settings (docs/deepseek-v4-flash.md "Speed settings"): each judged for the nodes' GPU.
-        Preference("--moe-backend", ("b12x", "flashinfer_b12x"),
-                   "SM12x FP4 MoE kernels: b12x (native), else FlashInfer's b12x CuTe DSL port",
-                   "b12x and flashinfer_b12x: 0.32.0 (each needs its library: the b12x package, FlashInfer)",
-                   source="vLLM recipe dgx_spark_gb10 and eugr 0731-1m: b12x; MiaAI: flashinfer_b12x",
-                   gpus=("12",), needs_module=(("b12x", "b12x"), ("flashinfer_b12x", "flashinfer"))),
-        Preference("--linear-backend", ("b12x",), "SM12x FP8 and FP4 linear kernels (b12x)",
-                   "b12x: 0.32.0 (needs the b12x package)",
-                   source="vLLM recipe dgx_spark_gb10, eugr 0731-1m", gpus=("12",), needs_module=(("b12x", "b12x"),)),
+        Preference("--moe-backend", ("b12x", "auto"),
+                   "SM12x MXFP4 MoE kernels: b12x where every node has the b12x package (`vllm[b12x]`), else vLLM's "
+                   "MXFP4 oracle picks (MARLIN on 12.1); flashinfer_b12x is not a choice: the MXFP4 oracle refuses "
+                   "it (only the NVFP4 oracle of MiaAI's patched image has it)",
+                   "b12x: 0.32.0 (needs the b12x package on every node); auto: every vLLM",
+                   source="vLLM recipe dgx_spark_gb10 and eugr 0731-1m: b12x; auto: vLLM's own selection",
+                   gpus=("12",), needs_module=(("b12x", "b12x"),), judge="moe"),
+        Preference("--linear-backend", ("b12x",), "SM12x block-FP8 linear kernels (b12x)",
+                   "b12x: 0.32.0 (needs the b12x package on every node)",
+                   source="vLLM recipe dgx_spark_gb10, eugr 0731-1m", gpus=("12",), needs_module=(("b12x", "b12x"),),
+                   judge="linear"),
         Preference("--attention-backend", ("B12X_MLA_SPARSE",),
                    "b12x sparse MLA attention for DeepSeek-V4 on SM12x",
                    "not in 0.32.0's AttentionBackendEnum (the recipes' eugr/spark-vllm-b12x image has it); 0.32.0 "
@@ -105,7 +108,9 @@ DEEPSEEK_V4_FLASH = Profile(
                "a first step JIT-compiles sm_121 kernels and a 1M prefill step is long: 300 s (default) kills it",
                source="MiaAI", read_by="vllm"),
         EnvVar("VLLM_USE_BREAKABLE_CUDAGRAPH", "0",
-               "breakable CUDA graphs off: MiaAI measured +28.6 % decode (74.55 -> 95.9 tok/s); 0.32.0's default",
+               "breakable CUDA graphs off (vLLM 0.32 turns them on for DeepSeek-V4 when unset): vLLM then runs "
+               "FULL_DECODE_ONLY (decode steps on full graphs, mixed steps eager; the plan's cuda-graphs line), "
+               "the mode MiaAI measured +28.6 % decode in (74.55 -> 95.9 tok/s)",
                source="MiaAI, vLLM recipe dgx_spark_gb10, eugr", read_by="vllm"),
         EnvVar("VLLM_USE_FLASHINFER_SAMPLER", "1", "FlashInfer's top-k/top-p sampler (0.32.0's default on CUDA)",
                source="MiaAI, vLLM recipe dgx_spark_gb10, eugr", read_by="vllm"),
@@ -115,8 +120,6 @@ DEEPSEEK_V4_FLASH = Profile(
         EnvVar("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True",
                "torch's allocator grows segments: fewer fragmentation OOMs on unified memory's large KV allocations",
                source="MiaAI, vLLM recipe dgx_spark_gb10, hazyumps"),
-        EnvVar("VLLM_USE_DEEP_GEMM", "0", "FP8 DeepGEMM JIT fails on GB10: FP8 GEMMs take vLLM's other kernels",
-               source="eugr's notes (not in the recipe files)", gpus=("12",), read_by="vllm"),
     ),
     chat=True,
     kv_anchor=KvAnchor("fp8_ds_mla", 1048576, int(11.04 * GIB),

@@ -51,6 +51,8 @@ class Plan:
     nodes: tuple[NodePlan, ...]
     memory: MemoryEstimate | None
     warnings: tuple[str, ...] = ()
+    judged_for: str = ""  # the GPU the profile was judged for ("compute capability 12.1 given by --gpu ...")
+    cuda_graph_mode: str = ""  # the CUDA-graph mode vLLM will really run (the dry boot); "" when not judged
 
     def to_json(self) -> str:
         body = asdict(self)
