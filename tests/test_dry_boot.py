@@ -160,3 +160,21 @@ def test_the_package_row_names_every_optional_package():
     row = package_row()
     assert [part.split(" ")[0] for part in row.split("; ")] == [
         "b12x", "flashinfer-python", "instanttensor", "fastsafetensors", "nvidia-cutlass-dsl", "deep-gemm"]
+
+
+def test_gpu_nodes_need_nvcc_and_in_host_mode_a_memlock_limit_rdma_can_use():
+    from dspark_launch.agent.versions import COMPARED_ROWS, gpu_node_problems, memlock_limit
+
+    ready = VersionRow(compute_capability="12.1", nvcc="13.0", memlock="unlimited")
+    no_nvcc = dataclasses.replace(ready, nvcc=None)
+    low = dataclasses.replace(ready, memlock=str(8 << 20))
+    assert gpu_node_problems({"head": ready, "worker1": ready}, host_mode=True) == []
+    problems = gpu_node_problems({"head": ready, "worker1": no_nvcc}, host_mode=True)
+    assert problems == ["worker1: no nvcc (CUDA_HOME/bin, /usr/local/cuda/bin, PATH): DeepSeek-V4's attention "
+                        "JIT-compiles DeepGEMM kernels with it; install the CUDA toolkit on every node"]
+    assert gpu_node_problems({"head": low}, host_mode=True)[0].startswith("head: locked-memory limit 8192 KiB")
+    assert gpu_node_problems({"head": low}, host_mode=False) == []  # a container's own limit (--ulimit) applies
+    cpu = VersionRow(nvcc=None, memlock=str(8 << 20))  # the CPU testbed: no capability, not asked
+    assert gpu_node_problems({"head": cpu}, host_mode=True) == []
+    assert "memlock" not in COMPARED_ROWS and "nvcc" in COMPARED_ROWS and "packages" in COMPARED_ROWS
+    assert memlock_limit() == "unlimited" or int(memlock_limit()) >= 0

@@ -576,6 +576,8 @@ class VersionRow:
     compute_capability: str | None = None  # the GPU's, "12.1" on a GB10 (nvidia-smi); None without a GPU
     nccl: str | None = None  # the NCCL vLLM loads there (VLLM_NCCL_SO_PATH, torch's nvidia-nccl wheel, the system's)
     packages: str | None = None  # the optional kernel packages and their versions (agent/versions.package_row)
+    nvcc: str | None = None  # the CUDA compiler DeepGEMM's JIT runs (DeepSeek-V4's fp8_einsum): "12.9"; None: not found
+    memlock: str | None = None  # RLIMIT_MEMLOCK soft limit of the agent ("unlimited" or bytes); shown, not compared
     dspark_launch: str | None = None
     scheduler_sha256: str | None = None
     hostname: str | None = None  # shown, not compared

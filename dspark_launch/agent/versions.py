@@ -7,7 +7,10 @@ from importlib import metadata
 
 from dspark_launch.agent.protocol import VersionRow
 
-COMPARED_ROWS = tuple(f.name for f in fields(VersionRow) if f.name != "hostname")
+SHOWN_ONLY = ("hostname", "memlock")
+COMPARED_ROWS = tuple(f.name for f in fields(VersionRow) if f.name not in SHOWN_ONLY)
+# RDMA registers the KV and NCCL buffers: below this locked-memory limit NCCL's IB transport fails to register.
+MEMLOCK_FLOOR = 64 << 30
 
 
 def matrix_lines(rows: dict[str, VersionRow]) -> list[str]:
@@ -78,3 +81,50 @@ def modules_of(row: str | None) -> tuple[str, ...] | None:
         if dist in by_dist and version and version != ABSENT:
             found.append(by_dist[dist])
     return tuple(found)
+
+
+def nvcc_version() -> str | None:
+    """The nvcc DeepGEMM's JIT would run (CUDA_HOME/bin, /usr/local/cuda/bin, PATH): its release ("12.9"); None."""
+    import os
+    import re
+    import shutil
+    import subprocess
+
+    candidates = [os.path.join(os.environ[var], "bin", "nvcc") for var in ("CUDA_HOME", "CUDA_PATH")
+                  if os.environ.get(var)] + ["/usr/local/cuda/bin/nvcc", shutil.which("nvcc") or ""]
+    for path in candidates:
+        if not path or not os.access(path, os.X_OK):
+            continue
+        try:
+            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        found = re.search(r"release (\d+\.\d+)", out)
+        if found:
+            return found.group(1)
+    return None
+
+
+def memlock_limit() -> str:
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    return "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+
+
+def gpu_node_problems(rows: dict[str, VersionRow], host_mode: bool) -> list[str]:
+    """What a GPU node lacks before vLLM can serve DeepSeek-V4 there: nvcc for DeepGEMM's JIT (its attention and
+    indexer call DeepGEMM's fp8_einsum whatever VLLM_USE_DEEP_GEMM says), and in host mode a locked-memory limit
+    RDMA can register buffers under. CPU-only nodes (no compute capability) are not asked."""
+    problems = []
+    for node, row in rows.items():
+        if not row.compute_capability:
+            continue
+        if row.nvcc is None:
+            problems.append(f"{node}: no nvcc (CUDA_HOME/bin, /usr/local/cuda/bin, PATH): DeepSeek-V4's attention "
+                            f"JIT-compiles DeepGEMM kernels with it; install the CUDA toolkit on every node")
+        if host_mode and row.memlock not in (None, "unlimited") and int(row.memlock) < MEMLOCK_FLOOR:
+            problems.append(f"{node}: locked-memory limit {int(row.memlock) >> 10} KiB (ulimit -l): RDMA cannot "
+                            f"register NCCL's buffers; set `memlock unlimited` in /etc/security/limits.conf (or "
+                            f"LimitMEMLOCK=infinity in the unit)")
+    return problems
