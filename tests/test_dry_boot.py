@@ -20,8 +20,10 @@ from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
 from dspark_launch.profiles.gpu import UNKNOWN, given_target, gpu_target
 from tests.support.paths import REPO
 
-STOCK = ("flashinfer",)  # `pip install vllm` on a GB10: FlashInfer comes with it, b12x does not
-WITH_B12X = ("b12x", "flashinfer", "cutlass")  # `pip install "vllm[b12x]"`
+# A stock `pip install vllm` wheel requires flashinfer-python, fastsafetensors, instanttensor, nvidia-cutlass-dsl;
+# b12x is only the extra `pip install "vllm[b12x]"`.
+STOCK = ("flashinfer", "fastsafetensors", "instanttensor", "cutlass")
+WITH_B12X = ("b12x", *STOCK)
 
 
 @pytest.fixture(scope="module")

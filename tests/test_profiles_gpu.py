@@ -145,7 +145,7 @@ def test_gb10_speed_settings_kept_where_032_has_them_each_with_its_recipe(instal
     assert json.loads(value_of(args, "--speculative-config"))["draft_sample_method"] == "probabilistic"
     assert env == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800",
                    "VLLM_USE_BREAKABLE_CUDAGRAPH": "0", "VLLM_USE_FLASHINFER_SAMPLER": "1", "CUTE_DSL_ARCH": "sm_121a",
-                   "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+                   "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "256"}
     assert "vLLM recipe dgx_spark_gb10 and eugr 0731-1m: b12x" in line_of(resolved, "moe-backend")
     assert ("on 12.1 the installed vLLM's MoE oracle for the checkpoint's experts (Mxfp4MoEMethod) selects "
             "B12X_MXFP4_MXFP8") in line_of(resolved, "moe-backend")

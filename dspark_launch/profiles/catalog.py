@@ -64,7 +64,8 @@ DEEPSEEK_V4_FLASH = Profile(
         Preference("--reasoning-parser", ("deepseek_v4",), "splits thinking from the answer (reasoning_content)",
                    "0.25.0, 0.32.0; not 0.10.1.1"),
         Preference("--reasoning-config", (REASONING_CONFIG,),
-                   "the strings that open and force-close thinking: a thinking-token budget can end reasoning",
+                   "the strings that open and close thinking, written out (vLLM fills empty ones from the "
+                   "deepseek_v4 reasoning parser: the same strings), so the plan shows what a thinking budget uses",
                    "0.32.0; not 0.25.0, 0.10.1.1",
                    source="MiaAI and hazyumps (<think>, </think>); the vLLM recipe and eugr pass empty strings"),
         # The GB10 speed settings (docs/deepseek-v4-flash.md "Speed settings"): each judged for the nodes' GPU.
@@ -119,6 +120,10 @@ DEEPSEEK_V4_FLASH = Profile(
         EnvVar("CUTE_DSL_ARCH", "sm_121a",
                "CuTe DSL kernels (b12x, FlashInfer) compile for GB10; without it MiaAI saw a slower MoE path JIT-ed",
                source="MiaAI, vLLM recipe dgx_spark_gb10, eugr", gpus=("12.1",), read_by="cutlass"),
+        EnvVar("VLLM_SPARSE_INDEXER_MAX_LOGITS_MB", "256",
+               "the sparse indexer's logits scratch per chunk halved (vLLM's 512 MB): long cold prefills are where "
+               "GB10 hosts reset (NVIDIA playbooks #97 at 131K, MiaAI #32 at 256K)",
+               source="MiaAI", read_by="vllm"),
         EnvVar("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True",
                "torch's allocator grows segments: fewer fragmentation OOMs on unified memory's large KV allocations",
                source="MiaAI, vLLM recipe dgx_spark_gb10, hazyumps"),
