@@ -180,3 +180,20 @@ def test_gpu_nodes_need_nvcc_and_in_host_mode_a_memlock_limit_rdma_can_use():
     assert gpu_node_problems({"head": cpu}, host_mode=True) == []
     assert "memlock" not in COMPARED_ROWS and "nvcc" in COMPARED_ROWS and "packages" in COMPARED_ROWS
     assert memlock_limit() == "unlimited" or int(memlock_limit()) >= 0
+
+
+def test_a_pulled_models_own_config_json_is_what_the_dry_boot_judges(tmp_path):
+    """A checkpoint whose config says NVFP4 experts (MiaAI's patched build): vLLM's DeepSeek-V4 quant config routes
+    them to the NVFP4 method, not the MXFP4 oracle; the pulled bytes decide, not the shipped copy."""
+    from dspark_launch.agent.offer_cache import install_identity
+    from dspark_launch.agent.vllm_dryboot import dry_boot
+    from dspark_launch.model.onnodes import pulled_config
+
+    config = json.loads(SHIPPED_CONFIG.read_text())
+    config["quantization_config"]["moe_quant_algo"] = "NVFP4"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert pulled_config(str(tmp_path)) == str(tmp_path / "config.json") and pulled_config(None) == ""
+    boots, booted_by = dry_boot(("12.1",), pulled_config(str(tmp_path)))
+    assert boots[0].moe_method != "Mxfp4MoEMethod" and "the pulled model's config.json" in booted_by
+    shipped, pulled_identity = install_identity(), install_identity(str(tmp_path / "config.json"))
+    assert shipped is not None and pulled_identity is not None and shipped != pulled_identity  # kept apart

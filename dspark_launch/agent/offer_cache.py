@@ -9,8 +9,8 @@ The identity is found without importing vLLM: the folder the import system would
 `vllm` from, its dist-info RECORD (every install writes a new one: its size, mtime_ns and
 sha256, which lists every installed file's hash), the vLLM plugins registered on the
 interpreter, the interpreter, and the describer (launcher and protocol versions, the sha256
-of agent/vllm_offer.py, agent/vllm_dryboot.py and the shipped config.json it judges). A vLLM without a dist-info beside it (a source checkout) is never
-kept. A kept file that is absent, unreadable, garbled, of another identity, a link, not
+of agent/vllm_offer.py and agent/vllm_dryboot.py, and of the config.json the dry boot judged).
+A vLLM without a dist-info beside it (a source checkout) is never kept. A kept file that is absent, unreadable, garbled, of another identity, a link, not
 this user's or open to others is ignored and rewritten.
 """
 
@@ -80,9 +80,10 @@ def _plugins() -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def install_identity() -> InstallIdentity | None:
-    """The identity of the vLLM install this interpreter would import (without importing it);
-    None when there is none or it cannot be told apart from another."""
+def install_identity(config_path: str = "") -> InstallIdentity | None:
+    """The identity of the vLLM install this interpreter would import (without importing it), with the
+    config.json the dry boot judges (`config_path`, "" the shipped copy); None when there is none or it
+    cannot be told apart from another."""
     try:
         spec = importlib.util.find_spec("vllm")
     except (ImportError, ValueError):
@@ -99,10 +100,14 @@ def install_identity() -> InstallIdentity | None:
     except OSError:
         return None
     dist = importlib.metadata.Distribution.at(dist_info)
+    try:
+        config_sha = _sha256(Path(config_path or dryboot_module.SHIPPED_CONFIG).read_bytes())
+    except OSError:
+        return None
     describer = (f"dspark-launch {__version__} protocol {PROTOCOL_VERSION} "
                  f"offer.py {_sha256(Path(offer_module.__file__).read_bytes())} "
                  f"dryboot.py {_sha256(Path(dryboot_module.__file__).read_bytes())} "
-                 f"config.json {_sha256(dryboot_module.SHIPPED_CONFIG.read_bytes())}")
+                 f"config.json {config_sha}")
     return InstallIdentity(
         package_dir=os.path.realpath(Path(spec.origin).parent),
         distribution=f"{dist.name} {dist.version}",

@@ -686,6 +686,7 @@ class DescribeVllm:
     """The installed vLLM's serve parser as data (head: imports vLLM, seconds; a repeat for the same
     install is answered from the node's private folder, see offer_cache)."""
     keep: bool = True  # False in a container: recreated on every start, nothing kept there would be read
+    config_path: str = ""  # the placed model's config.json for the dry boot; "" the profile's shipped copy
 
 
 @dataclass(frozen=True)

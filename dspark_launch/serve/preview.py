@@ -21,7 +21,7 @@ from dspark_launch.agent.versions import modules_of
 from dspark_launch.cluster.spec import ClusterSpec, Node, cluster_spec, placeholder
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError, DsparkError
-from dspark_launch.model.onnodes import placed_weights, wanted_model
+from dspark_launch.model.onnodes import placed_weights, pulled_config, wanted_model
 from dspark_launch.profiles.gpu import GpuTarget, gpu_target
 from dspark_launch.serve.plan_report import NOT_PROBED_EXAMPLE, NodePlan, Plan, env_entries, not_probed, profile_decisions
 from dspark_launch.config.profile_resolve import resolve_selected
@@ -76,7 +76,8 @@ def build_plan(settings: Settings, reporter: Reporter, forced: GpuTarget | None 
     dialled = [n for n in spec.workers if not placeholder(settings, "DSPARK_WORKER_HOSTS")]
     reporter.phase(f"asking {', '.join(n.label for n in (spec.head, *dialled))}")
     probes = Background(lambda: on_each((spec.head, *dialled), lambda node: _probe(spec, node)))
-    offer = spec.head.agent(reporter).describe_vllm()
+    placed = placed_weights(wanted_model(settings))
+    offer = spec.head.agent(reporter).describe_vllm(pulled_config(placed.folder if placed else None))
     found = probes.result()
     head = found["head"]
     if isinstance(head, str):
@@ -97,7 +98,7 @@ def build_plan(settings: Settings, reporter: Reporter, forced: GpuTarget | None 
         if not probe[0].roce and not spec.allow_tcp_fabric:
             refusals.append(f"fabric: {node.label}: {probe[0].missing}: start refuses this (exit 2) unless "
                             "DSPARK_ALLOW_TCP_FABRIC=1")
-    found_memory = estimate(serve.profile, placed_weights(wanted_model(settings)), serve.kv_cache_dtype,
+    found_memory = estimate(serve.profile, placed, serve.kv_cache_dtype,
                             serve.max_model_len, serve.tensor_parallel_size, serve.gpu_memory_utilization, memory,
                             kv_size_fixed(serve.serve_args, serve.full_env()))
     by_node = {f.node: f for f in found_memory.findings}
