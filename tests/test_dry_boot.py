@@ -197,3 +197,11 @@ def test_a_pulled_models_own_config_json_is_what_the_dry_boot_judges(tmp_path):
     assert boots[0].moe_method != "Mxfp4MoEMethod" and "the pulled model's config.json" in booted_by
     shipped, pulled_identity = install_identity(), install_identity(str(tmp_path / "config.json"))
     assert shipped is not None and pulled_identity is not None and shipped != pulled_identity  # kept apart
+
+
+def test_another_models_config_gets_no_dry_boot_and_resolution_says_not_judged(tmp_path):
+    from dspark_launch.agent.vllm_dryboot import dry_boot
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    boots, why = dry_boot(("12.1",), str(tmp_path / "config.json"))
+    assert boots == () and why.startswith("no dry boot: the pulled model's config.json") and "'llama'" in why

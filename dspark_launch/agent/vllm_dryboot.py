@@ -36,6 +36,8 @@ from dspark_launch.agent.protocol import BackendVerdict, BootJudgement, GraphVer
 SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "profiles" / "data" / "deepseek-v4-flash-0731.config.json"
 # The breakable-graph variable as the profile may set it: unset (""), off, on.
 BREAKABLE_VALUES = ("", "0", "1")
+# What the MoE oracle's FusedMoEConfig is built from (config.json).
+MOE_FIELDS = ("n_routed_experts", "num_experts_per_tok", "hidden_size", "moe_intermediate_size")
 # The layer the MoE oracle is asked for: past the hash-routed layers (num_hash_layers), as most layers are.
 _ROUTED_PREFIX = "model.layers.{}.ffn.experts"
 
@@ -210,6 +212,10 @@ def dry_boot(capabilities: tuple[str, ...], config_path: str | None = None, spec
         hf, named = read_config(config_path)
     except (ImportError, AttributeError, OSError, ValueError) as exc:
         return (), f"no dry boot: this vLLM's DeepSeek-V4 code or the config cannot be read ({_first_line(exc)})"
+    missing = [key for key in MOE_FIELDS if key not in hf]
+    if hf.get("model_type") != "deepseek_v4" or missing:
+        return (), (f"no dry boot: {named} is not a DeepSeek-V4 checkpoint (model_type "
+                    f"{hf.get('model_type')!r}{', no ' + ', '.join(missing) if missing else ''})")
     moe_values, linear_values = tuple(_literal_values(MoEBackend)), tuple(_literal_values(LinearBackend))
     judgements = []
     for text in capabilities:
@@ -224,6 +230,8 @@ def dry_boot(capabilities: tuple[str, ...], config_path: str | None = None, spec
                 oracle, moe = _moe_verdicts(hf, moe_values)
                 linear_found = _linear_verdicts(hf, capability, linear_values)
                 graphs = _graph_verdicts(layer, hf, speculative_tokens)
+            except Exception as exc:  # vLLM's code moved: the offer says so, resolution says "not judged"
+                return (), f"no dry boot: this vLLM's selection code could not be asked on {text} ({_first_line(exc)})"
             finally:
                 for patch in reversed(libraries):
                     patch.stop()
