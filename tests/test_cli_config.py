@@ -35,7 +35,7 @@ def test_show_marks_the_values_the_profile_replaced_and_keeps_the_operators_line
         "name": "DSPARK_MODEL", "value": "deepseek-ai/DeepSeek-V4-Flash-0731",
         "source": "profile deepseek-v4-flash-0731", "group": "serving", "secret": False,
         "notes": ["the profile replaced the built-in deepseek-ai/DeepSeek-V4-Flash"]}
-    assert from_example["GPU_MEMORY_UTILIZATION"]["value"] == "0.9"
+    assert from_example["GPU_MEMORY_UTILIZATION"]["value"] == "0.87"
     assert from_example["VLLM_PORT"]["source"].startswith(str(REPO / ".env.dspark.example"))
     env = tmp_path / "mine.env"
     env.write_text("DSPARK_MODEL=deepseek-ai/DeepSeek-V4-Flash\n")  # written on purpose, equal to the built-in

@@ -225,6 +225,7 @@ def test_no_roce_device_says_what_is_missing_and_that_nccl_falls_back_to_tcp(hea
     found = fabric_env(request("head", "10.213.0.1", ifname="eno1"), head_tree)
     env = dict(found.env)
     assert not found.roce and "NCCL_NET" not in env and "NCCL_IB_HCA" not in env
+    assert env["NCCL_IB_DISABLE"] == "1"  # sockets straight away, no probe of IB devices
     assert found.missing == "no RDMA device behind eno1"
     assert found.warnings == ("head: no RDMA device behind eno1: NCCL falls back to TCP sockets (hazyumps measured "
                               "~12 against 30+ tok/s); see docs/cluster.md",)

@@ -235,7 +235,7 @@ def test_plan_exits_1_when_start_would_refuse_and_0_when_it_would_start(tmp_path
     env = _env(tmp_path, "DSPARK_HEAD_IP=10.1.0.1\nDSPARK_WORKER_HOSTS=10.1.0.2\nDSPARK_FABRIC_IFNAME=fab9\n"
                          f"DSPARK_STATE_DIR={tmp_path / 'state'}\n")
     for plan, code in ((refused, 1), (ready, 0)):
-        monkeypatch.setattr(preview, "build_plan", lambda settings, reporter, plan=plan: plan)
+        monkeypatch.setattr(preview, "build_plan", lambda settings, reporter, forced=None, plan=plan: plan)
         result = CliRunner().invoke(app, ["plan", "--env-file", str(env)])
         assert result.exit_code == code, result.output
         as_json = CliRunner().invoke(app, ["plan", "--json", "--env-file", str(env)])

@@ -37,8 +37,9 @@ def test_plan_on_the_example_file_contacts_nothing_and_exits_1():
     assert text.returncode == 1, text.stderr[-3000:]
     assert "start would refuse (" in text.stdout and "placeholders from the example still set" in text.stdout
     assert "worker1 (192.0.2.2): not probed: its address is a placeholder from the example file" in text.stdout
-    assert "kv-cache-dtype nvfp4_ds_mla: the profile's first choice" in text.stdout
-    assert " --kv-cache-dtype nvfp4_ds_mla " in text.stdout and "RAY_AUTH_TOKEN=set  (secret)" in text.stdout
+    # nvfp4_ds_mla is refused on every capability vLLM 0.32 was asked for: not emitted, even with no GPU known.
+    assert "kv-cache-dtype fp8: nvfp4_ds_mla refused by the installed vLLM 0.32.0 on every capability" in text.stdout
+    assert " --kv-cache-dtype fp8 " in text.stdout and "RAY_AUTH_TOKEN=set  (secret)" in text.stdout
     shown = in_empty_netns("plan", "--json", "--env-file", str(EXAMPLE))
     assert shown.returncode == 1, shown.stderr[-3000:]
     plan = json.loads(shown.stdout)
@@ -51,7 +52,7 @@ def test_plan_on_the_example_file_contacts_nothing_and_exits_1():
     env = {(e["origin"], e["name"]): e["value"] for e in head["env"]}
     assert env[("vllm serve", "VLLM_ALLOW_LONG_MAX_MODEL_LEN")] == "1"
     assert env[("ray start: fabric (sysfs)", "NCCL_CUMEM_ENABLE")] == "0"
-    assert plan["memory"]["kv_cache_dtype"] == "nvfp4_ds_mla"
+    assert plan["memory"]["kv_cache_dtype"] == "fp8"  # not judged for a GPU here; sized as fp8_ds_mla rows
     # Weights not pulled: the profile's measured 81.34 GiB per node and ~11.5 GiB overhead are counted, so this
     # small CPU machine does not hold the share, and the plan says start would refuse it.
     memory = plan["memory"]
@@ -73,6 +74,29 @@ def test_plan_on_the_example_file_contacts_nothing_and_exits_1():
         assert reasons[subject], subject
     assert "not judged for a GPU: no node reported a GPU compute capability (asked: head" in reasons["kv-cache-dtype"]
     assert not Path("/nonexistent/dspark-plan-test").exists()  # nothing written
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root for unshare -n")
+def test_plan_gpu_12_1_json_is_judged_by_the_installed_vllm_for_gb10():
+    """`dspark plan --gpu 12.1 --json` on the example file: every node as a GB10, judged by vLLM 0.32's own code
+    (this CPU box has neither b12x nor FlashInfer: the stock-install answer)."""
+    shown = in_empty_netns("plan", "--gpu", "12.1", "--json", "--env-file", str(EXAMPLE))
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    plan = json.loads(shown.stdout)
+    assert plan["judged_for"] == "compute capability 12.1 given by --gpu (as if every node reported it)"
+    assert plan["cuda_graph_mode"] == "FULL_DECODE_ONLY"
+    decisions = {d["subject"]: d for d in plan["decisions"]}
+    assert decisions["kv-cache-dtype"]["value"] == "fp8" and "stored as fp8_ds_mla" in decisions["kv-cache-dtype"][
+        "reason"]
+    assert decisions["moe-backend"]["value"] == "auto"
+    assert "MoE oracle for the checkpoint's experts (Mxfp4MoEMethod) selects MARLIN" in decisions["moe-backend"][
+        "reason"]
+    assert decisions["cuda-graphs (effective)"]["value"] == "FULL_DECODE_ONLY"
+    serve_argv = plan["nodes"][0]["commands"][1]
+    assert serve_argv[serve_argv.index("--kv-cache-dtype") + 1] == "fp8"
+    assert "flashinfer_b12x" not in serve_argv and "VLLM_USE_DEEP_GEMM" not in shown.stdout
+    bad = in_empty_netns("plan", "--gpu", "twelve", "--env-file", str(EXAMPLE))
+    assert bad.returncode == 2 and "--gpu 'twelve' from the command line is not a compute capability" in bad.stderr
 
 
 def fake_spark(root: Path, ip: str, hca: str, twin: str | None, gid_index: int) -> Path:

@@ -50,7 +50,7 @@ def test_deepseek_on_032_takes_every_first_choice_and_the_real_parser_accepts_it
     resolved = resolve(DEEPSEEK_V4_FLASH, installed, settings())
     args = resolved.serve_args
     assert args[0] == "deepseek-ai/DeepSeek-V4-Flash-0731"
-    for flag, value in (("--kv-cache-dtype", "nvfp4_ds_mla"), ("--block-size", "256"),
+    for flag, value in (("--kv-cache-dtype", "fp8"), ("--block-size", "256"),
                         ("--tokenizer-mode", "deepseek_v4"), ("--tool-call-parser", "deepseek_v4"),
                         ("--reasoning-parser", "deepseek_v4"), ("--max-model-len", "1048576"),
                         ("--revision", "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"),
@@ -63,9 +63,11 @@ def test_deepseek_on_032_takes_every_first_choice_and_the_real_parser_accepts_it
     assert spec == {"method": "dspark", "num_speculative_tokens": 5, "draft_sample_method": "probabilistic"}
     env = dict(resolved.env)
     assert env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] == "1" and env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] == "1800"
-    # No node reported a GPU (these CPU nodes): the parser's verdict stands, and the line says so.
-    assert resolved.kv_cache_dtype == "nvfp4_ds_mla" and resolved.chat and not resolved.kv_cache.judged
-    assert line_of(resolved, "kv-cache-dtype").startswith("kv-cache-dtype nvfp4_ds_mla: the profile's first choice")
+    # No node reported a GPU (these CPU nodes): nvfp4_ds_mla is refused on every capability the build was asked
+    # for, so the parser's verdict does not stand for it; fp8 is not judged for a GPU, and the line says so.
+    assert resolved.kv_cache_dtype == "fp8" and resolved.chat and not resolved.kv_cache.judged
+    assert line_of(resolved, "kv-cache-dtype").startswith(
+        "kv-cache-dtype fp8: nvfp4_ds_mla refused by the installed vLLM 0.32.0 on every capability it was asked for")
     assert "not judged for a GPU: no node reported a GPU compute capability" in line_of(resolved, "kv-cache-dtype")
     assert refusal(list(args)) is None  # vLLM 0.32's own parser and validator
 

@@ -145,9 +145,10 @@ def test_gb10_speed_settings_kept_where_032_has_them_each_with_its_recipe(instal
     assert json.loads(value_of(args, "--speculative-config"))["draft_sample_method"] == "probabilistic"
     assert env == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800",
                    "VLLM_USE_BREAKABLE_CUDAGRAPH": "0", "VLLM_USE_FLASHINFER_SAMPLER": "1", "CUTE_DSL_ARCH": "sm_121a",
-                   "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "VLLM_USE_DEEP_GEMM": "0"}
+                   "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "256"}
     assert "vLLM recipe dgx_spark_gb10 and eugr 0731-1m: b12x" in line_of(resolved, "moe-backend")
-    assert "judged for compute capability 12.1 on head, worker1" in line_of(resolved, "moe-backend")
+    assert ("on 12.1 the installed vLLM's MoE oracle for the checkpoint's experts (Mxfp4MoEMethod) selects "
+            "B12X_MXFP4_MXFP8") in line_of(resolved, "moe-backend")
     assert "read by the installed vLLM 0.32.0 (vllm/envs.py)" in line_of(resolved, "VLLM_USE_BREAKABLE_CUDAGRAPH")
     # 0.32 has no B12X_MLA_SPARSE: the attention backend (and the drafter's) is left out, with the reason.
     assert "--attention-backend" not in args and "attention_backend" not in value_of(args, "--speculative-config")
@@ -158,9 +159,9 @@ def test_gb10_speed_settings_kept_where_032_has_them_each_with_its_recipe(instal
 def test_a_library_the_node_lacks_drops_its_value_and_falls_back(installed):
     resolved = resolve(DEEPSEEK_V4_FLASH, dataclasses.replace(installed, modules=("flashinfer", "fastsafetensors")),
                        settings(), GB10)
-    assert value_of(resolved.serve_args, "--moe-backend") == "flashinfer_b12x"
+    assert value_of(resolved.serve_args, "--moe-backend") == "auto"  # vLLM's MXFP4 oracle picks (MARLIN)
     assert line_of(resolved, "moe-backend").startswith(
-        "moe-backend flashinfer_b12x: b12x needs the b12x package, not installed beside the vLLM 0.32.0")
+        "moe-backend auto: b12x needs the b12x package, not installed beside the vLLM 0.32.0")
     assert value_of(resolved.serve_args, "--load-format") == "fastsafetensors"
     assert "--linear-backend" not in resolved.serve_args and "CUTE_DSL_ARCH" not in dict(resolved.env)
     assert line_of(resolved, "CUTE_DSL_ARCH") == (
@@ -182,12 +183,12 @@ def test_speed_settings_a_recorded_older_build_lacks_are_dropped_with_the_reason
 
 
 def test_the_operator_sets_or_unsets_a_profile_variable_and_others_are_refused(installed):
-    given = settings({"DSPARK_PROFILE_ENV": "VLLM_USE_DEEP_GEMM=1 PYTORCH_CUDA_ALLOC_CONF="})
+    given = settings({"DSPARK_PROFILE_ENV": "VLLM_USE_FLASHINFER_SAMPLER=0 PYTORCH_CUDA_ALLOC_CONF="})
     resolved = resolve(DEEPSEEK_V4_FLASH, installed, given, GB10)
     env = dict(resolved.env)
-    assert env["VLLM_USE_DEEP_GEMM"] == "1" and "PYTORCH_CUDA_ALLOC_CONF" not in env
-    assert line_of(resolved, "VLLM_USE_DEEP_GEMM") == (
-        "VLLM_USE_DEEP_GEMM 1: the operator's, from DSPARK_PROFILE_ENV in environment (the profile gives 0)")
+    assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0" and "PYTORCH_CUDA_ALLOC_CONF" not in env
+    assert line_of(resolved, "VLLM_USE_FLASHINFER_SAMPLER") == (
+        "VLLM_USE_FLASHINFER_SAMPLER 0: the operator's, from DSPARK_PROFILE_ENV in environment (the profile gives 1)")
     assert line_of(resolved, "PYTORCH_CUDA_ALLOC_CONF").startswith("PYTORCH_CUDA_ALLOC_CONF omitted: left unset by "
                                                                    "DSPARK_PROFILE_ENV from environment")
     with pytest.raises(ConfigError) as caught:

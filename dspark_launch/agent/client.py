@@ -181,8 +181,9 @@ class NodeAgent:
         raise ClusterFailure(failure.node or self.label, failure.step if failure.node else step, failure.detail,
                              failure.extra)
 
-    def describe_vllm(self) -> VllmOffer:
-        """The installed vLLM's serve flags; kept on the node between calls unless it runs in a container (recreated
+    def describe_vllm(self, config_path: str = "") -> VllmOffer:
+        """The installed vLLM's serve flags and its dry boot on `config_path` (the placed model's config.json; ""
+        the profile's shipped copy); kept on the node between calls unless it runs in a container (recreated
         on every start: nothing kept there would be read again)."""
         in_container = isinstance(self.transport, ContainerTransport)
-        return self.call(p.DescribeVllm(keep=not in_container)).offer
+        return self.call(p.DescribeVllm(keep=not in_container, config_path=config_path)).offer

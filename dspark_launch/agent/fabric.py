@@ -284,7 +284,9 @@ def _check_index(member: _Member, index: str, request: FabricRequest, primary_me
 def _tcp_only(request: FabricRequest, socket_env, missing: str) -> FabricEnv:
     warning = (f"{request.node}: {missing}: NCCL falls back to TCP sockets (hazyumps measured ~12 against 30+ tok/s); "
                "see docs/cluster.md")
-    return FabricEnv(request.node, tuple(socket_env + list(FIXED_ENV)), (), "", False, (), (warning,), missing)
+    # NCCL_IB_DISABLE=1: NCCL goes straight to sockets instead of probing IB devices that cannot carry the fabric.
+    env = socket_env + [("NCCL_IB_DISABLE", "1"), *FIXED_ENV]
+    return FabricEnv(request.node, tuple(env), (), "", False, (), (warning,), missing)
 
 
 def _roce_env(request: FabricRequest, socket_env, members: list[_Member], gid_index: str, notes: list[str],

@@ -9,8 +9,8 @@ The identity is found without importing vLLM: the folder the import system would
 `vllm` from, its dist-info RECORD (every install writes a new one: its size, mtime_ns and
 sha256, which lists every installed file's hash), the vLLM plugins registered on the
 interpreter, the interpreter, and the describer (launcher and protocol versions, the sha256
-of agent/vllm_offer.py). A vLLM without a dist-info beside it (a source checkout) is never
-kept. A kept file that is absent, unreadable, garbled, of another identity, a link, not
+of agent/vllm_offer.py and agent/vllm_dryboot.py, and of the config.json the dry boot judged).
+A vLLM without a dist-info beside it (a source checkout) is never kept. A kept file that is absent, unreadable, garbled, of another identity, a link, not
 this user's or open to others is ignored and rewritten.
 """
 
@@ -29,6 +29,7 @@ from dspark_launch.agent import codec
 from dspark_launch.agent.protocol import PROTOCOL_VERSION
 from dspark_launch.agent.ray_dirs import make_private_root
 from dspark_launch.agent.safe_path import PRIVATE, UnsafePath, read_private, write_private
+from dspark_launch.agent import vllm_dryboot as dryboot_module
 from dspark_launch.agent import vllm_offer as offer_module
 from dspark_launch.agent.vllm_offer import VllmOffer
 
@@ -79,9 +80,10 @@ def _plugins() -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def install_identity() -> InstallIdentity | None:
-    """The identity of the vLLM install this interpreter would import (without importing it);
-    None when there is none or it cannot be told apart from another."""
+def install_identity(config_path: str = "") -> InstallIdentity | None:
+    """The identity of the vLLM install this interpreter would import (without importing it), with the
+    config.json the dry boot judges (`config_path`, "" the shipped copy); None when there is none or it
+    cannot be told apart from another."""
     try:
         spec = importlib.util.find_spec("vllm")
     except (ImportError, ValueError):
@@ -98,8 +100,14 @@ def install_identity() -> InstallIdentity | None:
     except OSError:
         return None
     dist = importlib.metadata.Distribution.at(dist_info)
+    try:
+        config_sha = _sha256(Path(config_path or dryboot_module.SHIPPED_CONFIG).read_bytes())
+    except OSError:
+        return None
     describer = (f"dspark-launch {__version__} protocol {PROTOCOL_VERSION} "
-                 f"offer.py {_sha256(Path(offer_module.__file__).read_bytes())}")
+                 f"offer.py {_sha256(Path(offer_module.__file__).read_bytes())} "
+                 f"dryboot.py {_sha256(Path(dryboot_module.__file__).read_bytes())} "
+                 f"config.json {config_sha}")
     return InstallIdentity(
         package_dir=os.path.realpath(Path(spec.origin).parent),
         distribution=f"{dist.name} {dist.version}",

@@ -217,6 +217,43 @@ class KvJudgement:
 
 
 @dataclass(frozen=True)
+class BackendVerdict:
+    """How one kernel-backend flag value (`--moe-backend b12x`) fares in the dry boot on one capability."""
+
+    value: str
+    chosen: str = ""  # what vLLM's selection lands on ("B12X_MXFP4_MXFP8", "MARLIN"); "" when refused
+    refusal: str = ""  # vLLM's own words when refused
+
+
+@dataclass(frozen=True)
+class GraphVerdict:
+    """The CUDA-graph mode vLLM really runs for a requested `cudagraph_mode` and VLLM_USE_BREAKABLE_CUDAGRAPH."""
+
+    requested: str  # "FULL_AND_PIECEWISE"
+    breakable: str  # the variable's value: "" unset, "0", "1"
+    effective: str  # the mode after vLLM's resolution; "" when vLLM refuses the combination
+    why: str
+
+
+@dataclass(frozen=True)
+class BootJudgement:
+    """The dry boot on one compute capability: vLLM's own pre-GPU decisions for the checkpoint (vllm_dryboot)."""
+
+    capability: str
+    attention: str  # the DeepSeek-V4 attention layer vLLM builds there and its backend
+    moe_method: str  # the quantization method the checkpoint's routed experts get ("Mxfp4MoEMethod")
+    moe: tuple[BackendVerdict, ...]  # every --moe-backend value
+    linear: tuple[BackendVerdict, ...]  # every --linear-backend value
+    graphs: tuple[GraphVerdict, ...]
+
+    def verdict(self, kind: str, value: str) -> BackendVerdict | None:
+        return next((v for v in getattr(self, kind) if v.value == value), None)
+
+    def graph(self, requested: str, breakable: str) -> GraphVerdict | None:
+        return next((g for g in self.graphs if g.requested == requested and g.breakable == breakable), None)
+
+
+@dataclass(frozen=True)
 class VllmOffer:
     version: str
     flags: tuple[OfferedFlag, ...]
@@ -228,6 +265,11 @@ class VllmOffer:
     modules: tuple[str, ...] | None = None  # which OPTIONAL_MODULES are installed; None: not known
     draft_sample_methods: tuple[str, ...] = ()  # values of "draft_sample_method" in --speculative-config
     speculative_fields: tuple[str, ...] = ()  # the keys --speculative-config takes; () not known
+    boot_judgements: tuple[BootJudgement, ...] = ()  # the dry boot per JUDGED_CAPABILITIES; () when not run
+    booted_by: str = ""  # what ran the dry boot (and on which config.json), or why it did not run
+
+    def boot(self, capability: str) -> BootJudgement | None:
+        return next((j for j in self.boot_judgements if j.capability == capability), None)
 
     def judgement(self, capability: str) -> KvJudgement | None:
         return next((j for j in self.kv_judgements if j.capability == capability), None)
@@ -252,10 +294,16 @@ class VllmOffer:
                                              for v in j["verdicts"]))
                            for j in data.get("kv_judgements", ()))
         optional = {name: (None if data.get(name) is None else tuple(data[name])) for name in ("env_names", "modules")}
+        boots = tuple(BootJudgement(
+            b["capability"], b["attention"], b["moe_method"],
+            *(tuple(BackendVerdict(v["value"], v.get("chosen", ""), v.get("refusal", "")) for v in b[kind])
+              for kind in ("moe", "linear")),
+            tuple(GraphVerdict(g["requested"], g["breakable"], g["effective"], g["why"]) for g in b["graphs"]))
+            for b in data.get("boot_judgements", ()))
         return cls(str(data["version"]), flags, tuple(data["speculative_methods"]),
                    data.get("source", "a recorded description"), judgements, data.get("kv_judged_by", ""),
                    optional["env_names"], optional["modules"], tuple(data.get("draft_sample_methods", ())),
-                   tuple(data.get("speculative_fields", ())))
+                   tuple(data.get("speculative_fields", ())), boots, data.get("booted_by", ""))
 
 
 # --- values shared by several operations ---------------------------------------------------------
@@ -594,6 +642,9 @@ class VersionRow:
     driver: str | None = None
     compute_capability: str | None = None  # the GPU's, "12.1" on a GB10 (nvidia-smi); None without a GPU
     nccl: str | None = None  # the NCCL vLLM loads there (VLLM_NCCL_SO_PATH, torch's nvidia-nccl wheel, the system's)
+    packages: str | None = None  # the optional kernel packages and their versions (agent/versions.package_row)
+    nvcc: str | None = None  # the CUDA compiler DeepGEMM's JIT runs (DeepSeek-V4's fp8_einsum): "12.9"; None: not found
+    memlock: str | None = None  # RLIMIT_MEMLOCK soft limit of the agent ("unlimited" or bytes); shown, not compared
     dspark_launch: str | None = None
     scheduler_sha256: str | None = None
     hostname: str | None = None  # shown, not compared
@@ -703,6 +754,7 @@ class DescribeVllm:
     """The installed vLLM's serve parser as data (head: imports vLLM, seconds; a repeat for the same
     install is answered from the node's private folder, see offer_cache)."""
     keep: bool = True  # False in a container: recreated on every start, nothing kept there would be read
+    config_path: str = ""  # the placed model's config.json for the dry boot; "" the profile's shipped copy
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import typing
-from dspark_launch.agent.protocol import KvJudgement, KvVerdict, OfferedFlag, VllmOffer  # noqa: F401 (the values' home)
+from dspark_launch.agent.versions import OPTIONAL_PACKAGES
+from dspark_launch.agent.protocol import (  # noqa: F401 (the values' home)
+    BootJudgement, KvJudgement, KvVerdict, OfferedFlag, VllmOffer,
+)
 
 
 # GPU generations the KV judgement is run for (Hopper, Blackwell B200/B300, Thor, RTX Pro / GB10).
 JUDGED_CAPABILITIES = ("9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
-# Optional libraries some flags need (found without importing them): b12x kernels (vllm/utils/b12x.py),
-# FlashInfer, the InstantTensor and fastsafetensors loaders, NVIDIA's CuTe DSL (`cutlass`), DeepGEMM.
-OPTIONAL_MODULES = ("b12x", "flashinfer", "instanttensor", "fastsafetensors", "cutlass", "deep_gemm")
+# Optional libraries some flags need (found without importing them): agent/versions.OPTIONAL_PACKAGES.
+OPTIONAL_MODULES = tuple(module for module, _ in OPTIONAL_PACKAGES)
 
 
 def _literal_values(annotation: object) -> list[str]:
@@ -121,8 +123,9 @@ def _static_choices() -> dict[str, tuple[str, ...]]:
     return found
 
 
-def describe_installed_vllm() -> VllmOffer:
-    """Node side: the installed vLLM's serve parser as data (takes seconds: imports vLLM)."""
+def describe_installed_vllm(config_path: str | None = None) -> VllmOffer:
+    """Node side: the installed vLLM's serve parser as data, with the dry boot (vllm_dryboot) of the
+    checkpoint whose config.json `config_path` names (None: the profile's shipped copy). Takes seconds."""
     import dataclasses
 
     import vllm
@@ -154,6 +157,9 @@ def describe_installed_vllm() -> VllmOffer:
         flags.append(OfferedFlag(tuple(action.option_strings), action.dest, action.nargs != 0, choices))
     kv_dtypes = next((f.choices for f in flags if f.dest == "kv_cache_dtype"), ())
     judgements, judged_by = _judge_deepseek_v4_kv(kv_dtypes)
+    from dspark_launch.agent.vllm_dryboot import dry_boot
+
+    boots, booted_by = dry_boot(JUDGED_CAPABILITIES, config_path)
     try:
         from vllm.config.speculative import DraftSampleMethod
 
@@ -164,7 +170,8 @@ def describe_installed_vllm() -> VllmOffer:
                      kv_judgements=judgements, kv_judged_by=judged_by,
                      env_names=tuple(sorted(getattr(vllm.envs, "environment_variables", {}))),
                      modules=_optional_modules(), draft_sample_methods=draft_sampling,
-                     speculative_fields=tuple(f.name for f in dataclasses.fields(SpeculativeConfig) if f.init))
+                     speculative_fields=tuple(f.name for f in dataclasses.fields(SpeculativeConfig) if f.init),
+                     boot_judgements=boots, booted_by=booted_by)
 
 
 _MARK = "DSPARK-VLLM-OFFER "
@@ -183,4 +190,4 @@ def probe_installed_vllm(python: str = sys.executable, timeout_s: int = 300) -> 
 
 
 if __name__ == "__main__":
-    sys.stdout.write(_MARK + describe_installed_vllm().to_json() + "\n")
+    sys.stdout.write(_MARK + describe_installed_vllm(sys.argv[1] if len(sys.argv) > 1 else None).to_json() + "\n")

@@ -87,6 +87,10 @@ def render_plan(plan: Plan, width: int | None = None) -> str:
     head = (f"plan for {plan.env_file}{' (the example file)' if plan.from_example else ''}: profile {plan.profile}, "
             f"vLLM {plan.vllm_version} on the head; nothing started")
     lines = _wrapped(head, width, "")
+    judged = [f"judged for: {plan.judged_for}"] if plan.judged_for else []
+    judged += [f"CUDA graphs vLLM will run: {plan.cuda_graph_mode}"] if plan.cuda_graph_mode else []
+    for fact in judged:
+        lines += _wrapped(fact, width, "")
     for line in summary_lines(plan):
         indent = line[:len(line) - len(line.lstrip())]
         lines += _wrapped(line.strip(), width, indent)

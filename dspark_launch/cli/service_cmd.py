@@ -302,17 +302,28 @@ def plan(
     port: PortOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema dspark-plan/1, "
                                           "docs/operations.md).")] = False,
+    gpu: Annotated[Optional[str], typer.Option(
+        "--gpu", metavar="CAP", help="Judge the plan as if every node reported this GPU compute capability "
+        "(12.1: GB10), by the installed vLLM's own code: to prepare on a laptop or in CI.")] = None,
 ) -> None:
     """What `start` would run on each node (argv, environment, profile decisions, memory); starts nothing.
 
     A pre-flight for scripts: exit 0 when `start` would go ahead, 1 when it would refuse (each reason listed), 2 for a bad configuration."""
     from dspark_launch.cli.plan_view import render_plan
     from dspark_launch.config.load import serve_overrides
+    from dspark_launch.profiles.gpu import given_target
     from dspark_launch.serve.preview import build_plan
 
     settings = settings_or_exit(env_file, serve_overrides(host, port))
+    forced = None
+    if gpu is not None:
+        try:
+            forced = given_target(gpu)
+        except ValueError:
+            raise fail(ConfigError(f"--gpu {gpu!r} from the command line is not a compute capability; allowed: "
+                                   f"MAJOR.MINOR such as 12.1 (GB10), 10.0, 9.0")) from None
     try:
-        built = build_plan(settings, ConsoleReporter(quiet=as_json))
+        built = build_plan(settings, ConsoleReporter(quiet=as_json), forced)
     except DsparkError as error:
         raise fail(error) from None
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None

@@ -14,7 +14,7 @@ from dspark_launch.agent.client import ClusterFailure, Reporter
 from dspark_launch.cluster.parallel import on_each
 from dspark_launch.agent.protocol import HotfixApply, HotfixReport, VersionQuery, VersionRow
 from dspark_launch.cluster.spec import ClusterSpec
-from dspark_launch.agent.versions import differing_rows, matrix_lines
+from dspark_launch.agent.versions import differing_rows, gpu_node_problems, matrix_lines, modules_of
 from dspark_launch.profiles.gpu import GpuTarget, gpu_target
 
 
@@ -33,6 +33,9 @@ def versions_and_hotfix(spec: ClusterSpec, reporter: Reporter) -> NodeChecks:
     if differing:
         raise ClusterFailure(", ".join(versions), "version matrix", f"nodes differ in {', '.join(differing)}",
                              matrix_lines(versions))
+    problems = gpu_node_problems(versions, spec.containers is None)
+    if problems:
+        raise ClusterFailure(", ".join(versions), "GPU pre-flight", problems[0], problems[1:])
     reporter.phase(f"applying the scheduler hotfix on {labels}")
     reports = on_each(spec.nodes, lambda node: node.agent(reporter).call(HotfixApply()))
     failures = [(node, reports[node.name].failed.message) for node in spec.nodes if reports[node.name].failed]
@@ -47,4 +50,6 @@ def node_gpus(spec: ClusterSpec, reporter: Reporter) -> GpuTarget:
     """The compute capability every node's version row reports (read-only: nvidia-smi and metadata), for
     resolution to judge the profile's GPU-specific flags; asked before anything starts."""
     rows = on_each(spec.nodes, lambda node: node.agent(reporter).call(VersionQuery()))
-    return gpu_target({name: row.compute_capability for name, row in rows.items()})
+    return gpu_target({name: row.compute_capability for name, row in rows.items()},
+                      {name: row.driver for name, row in rows.items()},
+                      {name: modules_of(row.packages) for name, row in rows.items()})

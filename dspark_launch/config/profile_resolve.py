@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 
 from dspark_launch.config.settings import Setting, Settings
-from dspark_launch.errors import ConfigError
+from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.profiles.catalog import profile_named
 from dspark_launch.profiles.gpu import UNKNOWN, GpuTarget
 from dspark_launch.profiles.model import EnvVar, Preference, Profile, Switch
@@ -79,6 +79,7 @@ class ResolvedProfile:
     decisions: tuple[Decision, ...]
     chat: bool  # readiness and smoke use /v1/chat/completions
     drain_timeout_s: int = 0  # vllm --shutdown-timeout as passed; 0: stop aborts in-flight requests
+    cuda_graph_mode: str = ""  # the mode vLLM will really run (dry boot); "" when not judged
 
 
 def operator_gave(entry: Setting) -> bool:
@@ -229,7 +230,8 @@ class _Resolution:
     def kv_refusal(self, value: str) -> str | None:
         cap = self.gpu.capability
         if cap is None:
-            return None
+            judged = self.offer.kv_judgements
+            return self.everywhere_refused([j.verdict(value) for j in judged], tuple(j.capability for j in judged))
         judgement = self.offer.judgement(str(cap))
         verdict = judgement.verdict(value) if judgement else None
         if verdict is None or not verdict.refusal:
@@ -243,9 +245,57 @@ class _Resolution:
         if flag.choices and value not in flag.choices:
             return f"not offered by the installed vLLM {self.version}"
         module = dict(pref.needs_module).get(value)
-        if module and self.offer.modules is not None and module not in self.offer.modules:
+        missing = self.module_missing(module) if module else None
+        if missing:
+            return missing
+        if pref.judge_kv:
+            return self.kv_refusal(value)
+        return self.boot_refusal(pref.judge, value) if pref.judge else None
+
+    def module_missing(self, module: str) -> str | None:
+        """Why a value needing `module` cannot be used: decided for the cluster when the nodes' version rows are
+        at hand (every node must have it), else by the head's install."""
+        if self.gpu.packages is not None:
+            if module in self.gpu.packages:
+                return None
+            lacking = self.gpu.nodes_without(module)
+            return (f"needs the {module} package on every node, not installed on {', '.join(lacking)} (decided for "
+                    f"the cluster)" if lacking else f"needs the {module} package, installed on no node")
+        if self.offer.modules is not None and module not in self.offer.modules:
             return f"needs the {module} package, not installed beside the vLLM {self.version}"
-        return self.kv_refusal(value) if pref.judge_kv else None
+        return None
+
+    def everywhere_refused(self, verdicts: list, judged: tuple[str, ...]) -> str | None:
+        """With no capability known: a value every judged capability refuses is refused (never emitted)."""
+        if judged and all(v is not None and v.refusal for v in verdicts):
+            return (f"refused by the installed vLLM {self.version} on every capability it was asked for "
+                    f"({', '.join(judged)}): {verdicts[-1].refusal}")
+        return None
+
+    def boot_refusal(self, kind: str, value: str) -> str | None:
+        cap = self.gpu.capability
+        if cap is None:
+            boots = self.offer.boot_judgements
+            return self.everywhere_refused([b.verdict(kind, value) for b in boots], tuple(b.capability for b in boots))
+        boot = self.offer.boot(str(cap))
+        verdict = boot.verdict(kind, value) if boot else None
+        if verdict is None or not verdict.refusal:
+            return None
+        return f"refused on {cap} by the installed vLLM {self.version}'s {self.judge_name(kind, boot)}: {verdict.refusal}"
+
+    @staticmethod
+    def judge_name(kind: str, boot) -> str:
+        return (f"MoE oracle for the checkpoint's experts ({boot.moe_method})" if kind == "moe"
+                else "linear kernel selection for the checkpoint's block-FP8 linears")
+
+    def boot_clause(self, kind: str, value: str) -> str:
+        cap = self.gpu.capability
+        boot = self.offer.boot(str(cap)) if cap is not None else None
+        verdict = boot.verdict(kind, value) if boot else None
+        if verdict is None:
+            return (f"not judged for a GPU: {self.gpu.basis}" if cap is None
+                    else f"not judged for {cap}: {self.offer.booted_by or 'the offer holds no dry boot'}")
+        return f"on {cap} the installed vLLM's {self.judge_name(kind, boot)} selects {verdict.chosen}"
 
     def kv_layout(self, value: str) -> KvCacheChoice:
         cap = self.gpu.capability
@@ -300,6 +350,8 @@ class _Resolution:
         if pref.judge_kv:
             self.kv = self.kv_layout(value)
             reason += f"; {self.kv_clause(self.kv)}"
+        elif pref.judge:
+            reason += f"; {self.boot_clause(pref.judge, value)}"
         elif pref.gpus:
             reason += f"; {self.gpu_clause(pref.gpus)}"
         self.flags += [pref.flag, value]
@@ -387,6 +439,31 @@ class _Resolution:
                                        f"MAX_NUM_SEQS {lanes} x ({tokens} draft + 1) tokens: a decode step of every "
                                        f"lane stays on captured CUDA graphs ({self.profile.capture_source})"))
 
+    def cuda_graphs(self) -> str:
+        """The CUDA-graph mode vLLM will really run (the dry boot's `GraphVerdict` for the requested mode and the
+        breakable-graph variable as the plan sets it), as a decision; "" when not judged."""
+        flag = self.chosen.get("--compilation-config")
+        try:
+            requested = str(json.loads(flag).get("cudagraph_mode", "")) if flag else ""
+        except (ValueError, AttributeError):
+            requested = ""
+        if not requested or not self.offer.boot_judgements:
+            return ""
+        breakable = dict(self.env).get("VLLM_USE_BREAKABLE_CUDAGRAPH", "")
+        cap = self.gpu.capability
+        boots = [self.offer.boot(str(cap))] if cap is not None else list(self.offer.boot_judgements)
+        verdicts = [b.graph(requested, breakable) for b in boots if b is not None]
+        modes = {v.effective for v in verdicts if v is not None}
+        if not verdicts or len(modes) != 1 or not next(iter(modes)):
+            return ""
+        verdict = verdicts[0]
+        where = f"on {cap}" if cap is not None else "on every capability judged"
+        setting = f"VLLM_USE_BREAKABLE_CUDAGRAPH={breakable}" if breakable else "VLLM_USE_BREAKABLE_CUDAGRAPH unset"
+        self.decisions.append(Decision("cuda-graphs (effective)", verdict.effective,
+                                       f"{requested} requested, {setting}: {where} {verdict.why} (the installed "
+                                       f"vLLM {self.version}'s resolve_cudagraph_mode_and_sizes)"))
+        return verdict.effective
+
     def setting(self, name: str, model: str = "") -> str:
         """The effective value of a setting, with a decision when the profile has a say.
         `model`: for the revision, the model in use: the profile's pin belongs to the profile's model only."""
@@ -425,6 +502,8 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarg
     """The flags and environment `vllm serve` runs with, judged for `gpu`; ConfigError (exit 2) when a required
     flag is not offered or DSPARK_PROFILE_ENV names a variable the profile does not set. `revision`: the commit
     the verified copy of the weights holds (start), served instead of the pin the settings name."""
+    if gpu.refusal:
+        raise DsparkError(gpu.refusal)
     given_env = _checked_profile_env(profile, settings)
     run = _Resolution(profile, offer, settings, gpu)
     model = run.setting("DSPARK_MODEL")
@@ -451,6 +530,7 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarg
         run.capture_size(int(values["MAX_NUM_SEQS"]), profile.speculative_tokens if drafting else 0)
     for var in profile.env:
         run.variable(var, given_env)
+    graph_mode = run.cuda_graphs()
     drain_s = run.drain(settings.dspark_drain_timeout_s)
     args += run.flags + list(settings.vllm_extra_args)
     kv_value = run.chosen.get("--kv-cache-dtype", "auto")
@@ -458,7 +538,8 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarg
         profile=profile.name, vllm_version=offer.version, model=model, revision=revision, served_name=served,
         max_model_len=int(values["MAX_MODEL_LEN"]), gpu_memory_utilization=float(values["GPU_MEMORY_UTILIZATION"]),
         kv_cache_dtype=kv_value, kv_cache=run.kv or KvCacheChoice(kv_value, kv_value, False), serve_args=tuple(args),
-        env=tuple(run.env), decisions=tuple(run.decisions), chat=profile.chat, drain_timeout_s=drain_s)
+        env=tuple(run.env), decisions=tuple(run.decisions), chat=profile.chat, drain_timeout_s=drain_s,
+        cuda_graph_mode=graph_mode)
 
 
 def resolve_selected(offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN,

@@ -220,6 +220,15 @@ def ready_to_serve(wanted: WantedModel, spec, full: bool = False, reporter=None)
                         tuple(reports), time.monotonic() - t0)
 
 
+def pulled_config(folder: str | None) -> str:
+    """The placed model folder's config.json for the dry boot ("" when not placed or it has none: the
+    profile's shipped copy is judged), so `plan` and `start` judge the bytes they will serve."""
+    if not folder:
+        return ""
+    path = Path(folder) / "config.json"
+    return str(path) if path.is_file() else ""
+
+
 def placed_weights(wanted: WantedModel) -> ModelWeights | None:
     """The head's placed copy from its manifest, unchecked on the nodes (`dspark plan`, which starts
     nothing); None when never placed."""

@@ -31,9 +31,11 @@ DEEPSEEK_V4_FLASH = Profile(
         SettingDefault("MAX_NUM_SEQS", "6", "six lanes share one KV pool at 1M context"),
         SettingDefault("MAX_NUM_BATCHED_TOKENS", "8192", "the recipe's step budget"),
         SettingDefault("LONG_PREFILL_TOKEN_THRESHOLD", "1024", "a long prompt takes at most 1024 tokens a step"),
-        SettingDefault("GPU_MEMORY_UTILIZATION", "0.9",
-                       "eugr's measured 1M plan on two GB10s: 0.85 leaves 10.3-10.6 GiB for 11.04 GiB of KV and "
-                       "fails at start; vLLM's free-memory gate caps it near 0.91 (111 GiB free while weights load)"),
+        SettingDefault("GPU_MEMORY_UTILIZATION", "0.87",
+                       "a freshly booted headless GB10 shows 113-117 GiB MemAvailable; vLLM's free-memory gate reads "
+                       "about 6 GiB less while weights load (eugr: 111.04 of 117), so 0.87 x 121.69 = 105.9 GiB passes "
+                       "it at 113 (0.90's 109.5 GiB does not); 1M context still fits: eugr measured 0.85 failing by "
+                       "0.7 GiB of KV (10.33 free for 11.04), 0.87 gives 2.4 GiB more"),
     ),
     switches=(
         Switch("--trust-remote-code", "the checkpoint ships its own configuration code",
@@ -62,18 +64,22 @@ DEEPSEEK_V4_FLASH = Profile(
         Preference("--reasoning-parser", ("deepseek_v4",), "splits thinking from the answer (reasoning_content)",
                    "0.25.0, 0.32.0; not 0.10.1.1"),
         Preference("--reasoning-config", (REASONING_CONFIG,),
-                   "the strings that open and force-close thinking: a thinking-token budget can end reasoning",
+                   "the strings that open and close thinking, written out (vLLM fills empty ones from the "
+                   "deepseek_v4 reasoning parser: the same strings), so the plan shows what a thinking budget uses",
                    "0.32.0; not 0.25.0, 0.10.1.1",
                    source="MiaAI and hazyumps (<think>, </think>); the vLLM recipe and eugr pass empty strings"),
         # The GB10 speed settings (docs/deepseek-v4-flash.md "Speed settings"): each judged for the nodes' GPU.
-        Preference("--moe-backend", ("b12x", "flashinfer_b12x"),
-                   "SM12x FP4 MoE kernels: b12x (native), else FlashInfer's b12x CuTe DSL port",
-                   "b12x and flashinfer_b12x: 0.32.0 (each needs its library: the b12x package, FlashInfer)",
-                   source="vLLM recipe dgx_spark_gb10 and eugr 0731-1m: b12x; MiaAI: flashinfer_b12x",
-                   gpus=("12",), needs_module=(("b12x", "b12x"), ("flashinfer_b12x", "flashinfer"))),
-        Preference("--linear-backend", ("b12x",), "SM12x FP8 and FP4 linear kernels (b12x)",
-                   "b12x: 0.32.0 (needs the b12x package)",
-                   source="vLLM recipe dgx_spark_gb10, eugr 0731-1m", gpus=("12",), needs_module=(("b12x", "b12x"),)),
+        Preference("--moe-backend", ("b12x", "auto"),
+                   "SM12x MXFP4 MoE kernels: b12x where every node has the b12x package (`vllm[b12x]`), else vLLM's "
+                   "MXFP4 oracle picks (MARLIN on 12.1); flashinfer_b12x is not a choice: the MXFP4 oracle refuses "
+                   "it (only the NVFP4 oracle of MiaAI's patched image has it)",
+                   "b12x: 0.32.0 (needs the b12x package on every node); auto: every vLLM",
+                   source="vLLM recipe dgx_spark_gb10 and eugr 0731-1m: b12x; auto: vLLM's own selection",
+                   gpus=("12",), needs_module=(("b12x", "b12x"),), judge="moe"),
+        Preference("--linear-backend", ("b12x",), "SM12x block-FP8 linear kernels (b12x)",
+                   "b12x: 0.32.0 (needs the b12x package on every node)",
+                   source="vLLM recipe dgx_spark_gb10, eugr 0731-1m", gpus=("12",), needs_module=(("b12x", "b12x"),),
+                   judge="linear"),
         Preference("--attention-backend", ("B12X_MLA_SPARSE",),
                    "b12x sparse MLA attention for DeepSeek-V4 on SM12x",
                    "not in 0.32.0's AttentionBackendEnum (the recipes' eugr/spark-vllm-b12x image has it); 0.32.0 "
@@ -105,18 +111,22 @@ DEEPSEEK_V4_FLASH = Profile(
                "a first step JIT-compiles sm_121 kernels and a 1M prefill step is long: 300 s (default) kills it",
                source="MiaAI", read_by="vllm"),
         EnvVar("VLLM_USE_BREAKABLE_CUDAGRAPH", "0",
-               "breakable CUDA graphs off: MiaAI measured +28.6 % decode (74.55 -> 95.9 tok/s); 0.32.0's default",
+               "breakable CUDA graphs off (vLLM 0.32 turns them on for DeepSeek-V4 when unset): vLLM then runs "
+               "FULL_DECODE_ONLY (decode steps on full graphs, mixed steps eager; the plan's cuda-graphs line), "
+               "the mode MiaAI measured +28.6 % decode in (74.55 -> 95.9 tok/s)",
                source="MiaAI, vLLM recipe dgx_spark_gb10, eugr", read_by="vllm"),
         EnvVar("VLLM_USE_FLASHINFER_SAMPLER", "1", "FlashInfer's top-k/top-p sampler (0.32.0's default on CUDA)",
                source="MiaAI, vLLM recipe dgx_spark_gb10, eugr", read_by="vllm"),
         EnvVar("CUTE_DSL_ARCH", "sm_121a",
                "CuTe DSL kernels (b12x, FlashInfer) compile for GB10; without it MiaAI saw a slower MoE path JIT-ed",
                source="MiaAI, vLLM recipe dgx_spark_gb10, eugr", gpus=("12.1",), read_by="cutlass"),
+        EnvVar("VLLM_SPARSE_INDEXER_MAX_LOGITS_MB", "256",
+               "the sparse indexer's logits scratch per chunk halved (vLLM's 512 MB): long cold prefills are where "
+               "GB10 hosts reset (NVIDIA playbooks #97 at 131K, MiaAI #32 at 256K)",
+               source="MiaAI", read_by="vllm"),
         EnvVar("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True",
                "torch's allocator grows segments: fewer fragmentation OOMs on unified memory's large KV allocations",
                source="MiaAI, vLLM recipe dgx_spark_gb10, hazyumps"),
-        EnvVar("VLLM_USE_DEEP_GEMM", "0", "FP8 DeepGEMM JIT fails on GB10: FP8 GEMMs take vLLM's other kernels",
-               source="eugr's notes (not in the recipe files)", gpus=("12",), read_by="vllm"),
     ),
     chat=True,
     kv_anchor=KvAnchor("fp8_ds_mla", 1048576, int(11.04 * GIB),

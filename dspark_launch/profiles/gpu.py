@@ -37,23 +37,65 @@ def parse_capability(text: str | None) -> Capability | None:
 
 @dataclass(frozen=True)
 class GpuTarget:
-    """What resolution judges for: a capability every reporting node shares, or None (unknown), and why."""
+    """What resolution judges for: a capability every reporting node shares, or None (unknown), and why;
+    the optional kernel packages every node has."""
 
     capability: Capability | None
     basis: str  # "compute capability 12.1 on head, worker1" / why it is unknown
+    refusal: str = ""  # why nothing may be judged (a node with an NVIDIA driver reports no capability)
+    packages: tuple[str, ...] | None = None  # optional modules installed on every asked node; None: not asked
+    lacking: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (module, nodes without it) where some have it
 
     @property
     def known(self) -> bool:
         return self.capability is not None
 
+    def nodes_without(self, module: str) -> tuple[str, ...]:
+        return dict(self.lacking).get(module, ())
+
 
 UNKNOWN = GpuTarget(None, "no node reported a GPU compute capability")
 
 
-def gpu_target(reported: Mapping[str, str | None]) -> GpuTarget:
+def given_target(text: str) -> GpuTarget:
+    """`dspark plan --gpu 12.1`: every node as if it reported this capability (ValueError when it is not one)."""
+    capability = parse_capability(text)
+    if capability is None:
+        raise ValueError(text)
+    return GpuTarget(capability, f"compute capability {capability} given by --gpu (as if every node reported it)")
+
+
+def _cluster_packages(packages: Mapping[str, tuple[str, ...] | None]) -> tuple[tuple[str, ...] | None, tuple]:
+    known = {node: set(found) for node, found in packages.items() if found is not None}
+    if not known:
+        return None, ()
+    common = set.intersection(*known.values())
+    lacking = tuple((module, tuple(node for node, found in known.items() if module not in found))
+                    for module in sorted(set.union(*known.values()) - common))
+    return tuple(sorted(common)), lacking
+
+
+def gpu_target(reported: Mapping[str, str | None], drivers: Mapping[str, str | None] | None = None,
+               packages: Mapping[str, tuple[str, ...] | None] | None = None) -> GpuTarget:
     """From each node's reported capability (node name -> "12.1" or None); nodes that were not asked are
-    simply absent. Differing capabilities are not judged (the version matrix refuses them at start)."""
+    simply absent. Differing capabilities are not judged (the version matrix refuses them at start).
+    `drivers`: each node's NVIDIA driver version (None: no driver): a node with a driver but no capability
+    (nvidia-smi missing or failing where the agent runs) is a refusal naming it, never a guess.
+    `packages`: each node's installed optional modules (its version row), intersected for the cluster."""
+    common, lacking = _cluster_packages(packages or {})
+    target = _capability_target(reported, drivers or {})
+    return GpuTarget(target.capability, target.basis, target.refusal, common, lacking)
+
+
+def _capability_target(reported: Mapping[str, str | None], drivers: Mapping[str, str | None]) -> GpuTarget:
     found = {node: parse_capability(text) for node, text in reported.items()}
+    blind = [node for node, cap in found.items() if cap is None and drivers.get(node)]
+    if blind:
+        listing = ", ".join(f"{node} (driver {drivers[node]})" for node in blind)
+        return GpuTarget(None, f"no compute capability from {', '.join(blind)}", refusal=(
+            f"{listing}: an NVIDIA driver but no GPU compute capability reported (nvidia-smi missing or failing "
+            f"in the agent's PATH or the node container): the GPU-specific flags cannot be judged; allowed: "
+            f"nvidia-smi working on every node, or `dspark plan --gpu CAP` to prepare without the nodes"))
     known = {node: cap for node, cap in found.items() if cap is not None}
     if not known:
         asked = ", ".join(reported) or "none"

@@ -225,6 +225,11 @@ def memory_preflight(profile: Profile, kv_cache_dtype: str, context_tokens: int,
     if weights is None and measured is not None:
         weights = measured.weights_per_node
         notes.append(f"weights not placed on the head yet: the measured {_gib(weights)} per node counted")
+    elif weights is not None and measured is not None and weights < measured.weights_per_node:
+        # File size / TP ignores the tensors every rank holds in full (embeddings, norms, the MTP head ...).
+        notes.append(f"weights {_gib(weights)} per node by file size / TP {tp} is below the {_gib(measured.weights_per_node)} "
+                     f"measured per node (tensors every rank holds in full): the measured figure counted")
+        weights = measured.weights_per_node
     elif weights is None:
         notes.append("weights size unknown (never placed on the head: `dspark model pull`): weights not counted")
     kv, basis = _kv_per_node(profile, shape, kv_cache_dtype, context_tokens, tp)

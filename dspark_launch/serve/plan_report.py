@@ -58,6 +58,8 @@ class Plan:
     def start_would_refuse(self) -> bool:
         """`dspark plan`'s exit code 1: `start` with these settings would refuse or fail before serving."""
         return bool(self.refusals)
+    judged_for: str = ""  # the GPU the profile was judged for ("compute capability 12.1 given by --gpu ...")
+    cuda_graph_mode: str = ""  # the CUDA-graph mode vLLM will really run (the dry boot); "" when not judged
 
     def to_json(self) -> str:
         body = asdict(self)

@@ -16,12 +16,13 @@ from dspark_launch.agent.ray_dirs import shown_private_root
 from dspark_launch.agent.client import Reporter
 from dspark_launch.agent.fabric import FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
-from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, VersionQuery
+from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, VersionQuery, VersionRow
+from dspark_launch.agent.versions import modules_of
 from dspark_launch.cluster.spec import ClusterSpec, Node, cluster_spec, placeholder
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError, DsparkError
-from dspark_launch.model.onnodes import placed_weights, wanted_model
-from dspark_launch.profiles.gpu import gpu_target
+from dspark_launch.model.onnodes import placed_weights, pulled_config, wanted_model
+from dspark_launch.profiles.gpu import GpuTarget, gpu_target
 from dspark_launch.serve.plan_report import NOT_PROBED_EXAMPLE, NodePlan, Plan, env_entries, not_probed, profile_decisions
 from dspark_launch.config.profile_resolve import resolve_selected
 from dspark_launch.serve.memory import estimate, kv_size_fixed
@@ -31,10 +32,11 @@ from dspark_launch.serve.status import image_warnings
 GENERATED = "generated at start"
 
 
-def _probe(spec: ClusterSpec, node: Node) -> tuple[FabricEnv, MemoryAnswer, str | None] | str:
-    """The node's fabric environment, memory and GPU compute capability, or why it was not probed."""
+def _probe(spec: ClusterSpec, node: Node) -> tuple[FabricEnv, MemoryAnswer, VersionRow] | str:
+    """The node's fabric environment, memory and version row (GPU compute capability, driver, packages), or why
+    it was not probed."""
     try:
-        return rc.node_fabric(spec, node), node.agent().call(MemoryQuery()), node.agent().call(VersionQuery()).compute_capability
+        return rc.node_fabric(spec, node), node.agent().call(MemoryQuery()), node.agent().call(VersionQuery())
     except ConfigError:
         raise
     except DsparkError as exc:
@@ -55,19 +57,33 @@ def _node_plan(spec: ClusterSpec, node: Node, fabric: FabricEnv, ray_env: dict[s
     return NodePlan(node.name, node.ip, True, "probed", tuple(commands), env, fabric.notes, fabric.warnings)
 
 
-def build_plan(settings: Settings, reporter: Reporter) -> Plan:
-    """The plan; ConfigError (exit 2) for what start would refuse as configuration."""
+def _nodes_gpu(found: dict, forced: GpuTarget | None) -> GpuTarget:
+    """What the probed nodes report (capability, driver, packages); `forced` (`--gpu`) replaces the capability
+    as if every node reported it, the packages still the nodes' own."""
+    rows = {name: probe[2] for name, probe in found.items() if not isinstance(probe, str)}
+    packages = {name: modules_of(row.packages) for name, row in rows.items()}
+    if forced is not None:
+        reported = gpu_target({}, packages=packages)
+        return replace(forced, packages=reported.packages, lacking=reported.lacking)
+    return gpu_target({name: row.compute_capability for name, row in rows.items()},
+                      {name: row.driver for name, row in rows.items()}, packages)
+
+
+def build_plan(settings: Settings, reporter: Reporter, forced: GpuTarget | None = None) -> Plan:
+    """The plan; ConfigError (exit 2) for what start would refuse as configuration. `forced`: `dspark plan --gpu`,
+    every node judged as if it reported that compute capability."""
     spec = cluster_spec(settings, placeholders_ok=True)
     dialled = [n for n in spec.workers if not placeholder(settings, "DSPARK_WORKER_HOSTS")]
     reporter.phase(f"asking {', '.join(n.label for n in (spec.head, *dialled))}")
     probes = Background(lambda: on_each((spec.head, *dialled), lambda node: _probe(spec, node)))
-    offer = spec.head.agent(reporter).describe_vllm()
+    placed = placed_weights(wanted_model(settings))
+    offer = spec.head.agent(reporter).describe_vllm(pulled_config(placed.folder if placed else None))
     found = probes.result()
     head = found["head"]
     if isinstance(head, str):
         raise DsparkError(f"{spec.head.label}: {head}")
-    resolved = resolve_selected(offer, settings, gpu_target({name: probe[2] for name, probe in found.items()
-                                                             if not isinstance(probe, str)}))
+    gpu = _nodes_gpu(found, forced)
+    resolved = resolve_selected(offer, settings, gpu)
     token = spec.auth_token or GENERATED
     ray_env = {"RAY_AUTH_MODE": spec.auth_mode, **({"RAY_AUTH_TOKEN": token} if spec.auth_mode == "token" else {})}
     serve = serve_plan(settings, spec, ray_env, resolved, head[0])
@@ -84,7 +100,7 @@ def build_plan(settings: Settings, reporter: Reporter) -> Plan:
                        "DSPARK_ALLOW_TCP_FABRIC=1")
             refusals.append(refusal)
             nodes[-1] = replace(nodes[-1], refusals=(refusal,))
-    found_memory = estimate(serve.profile, placed_weights(wanted_model(settings)), serve.kv_cache_dtype,
+    found_memory = estimate(serve.profile, placed, serve.kv_cache_dtype,
                             serve.max_model_len, serve.tensor_parallel_size, serve.gpu_memory_utilization, memory,
                             kv_size_fixed(serve.serve_args, serve.full_env()))
     by_node = {f.node: f for f in found_memory.findings}
@@ -96,7 +112,8 @@ def build_plan(settings: Settings, reporter: Reporter) -> Plan:
     warnings += image_warnings(settings)
     return Plan(resolved.profile, resolved.vllm_version, settings.env_file_shown, settings.from_example,
                 profile_decisions(resolved), tuple(nodes), found_memory, tuple(warnings),
-                (*_start_refusals(settings, nodes), *refusals, *too_big.values()))
+                (*_start_refusals(settings, nodes), *refusals, *too_big.values()), gpu.basis,
+                resolved.cuda_graph_mode)
 
 
 def _start_refusals(settings: Settings, nodes: list[NodePlan]) -> list[str]:

@@ -23,7 +23,7 @@ from dspark_launch.cluster.state import (Deployment, HotfixRecord, ServerRecord,
                                          save_state)
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import DsparkError
-from dspark_launch.model.onnodes import ModelWeights, ServingModel
+from dspark_launch.model.onnodes import ModelWeights, ServingModel, pulled_config
 from dspark_launch.serve import http, logscan, readiness
 from dspark_launch.serve.api_holder import api_holder, foreign_line, healthy
 from dspark_launch.serve.argcheck import check_serve_args
@@ -55,8 +55,8 @@ def resolved_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray
                    f"and every node's GPU")
     head_fabric = Background(lambda: rc.node_fabric(spec, spec.head))
     gpus = Background(lambda: node_gpus(spec, reporter))
-    resolved = resolve_selected(spec.head.agent(reporter).describe_vllm(), settings, gpus.result(),
-                                revision=model.revision)
+    offer = spec.head.agent(reporter).describe_vllm(pulled_config(model.location.folder))
+    resolved = resolve_selected(offer, settings, gpus.result(), revision=model.revision)
     plan = serve_plan(settings, spec, ray_env, resolved, head_fabric.result(), model.env)
     reporter.phase(f"profile {plan.profile} on vLLM {resolved.vllm_version}: {len(plan.decisions)} decision(s)")
     for decision in plan.decisions:

