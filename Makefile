@@ -12,7 +12,7 @@ venv: $(STAMP)
 
 # The CPU test stack. torch==2.13.0+cpu is not on PyPI: pip finds it through its own
 # configuration on these machines; elsewhere export PIP_EXTRA_INDEX_URL=<PyTorch's CPU index>.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(wildcard tests/vllm_ray_cpu_plugin/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[cpu,test]'

