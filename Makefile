@@ -32,7 +32,9 @@ testbed-deps:
 		rc=$$?; rm -f /usr/sbin/policy-rc.d; exit $$rc; \
 	fi
 
+# mypy first (config in pyproject.toml: strict on the agent protocol, the settings and the deployment records).
 test: $(STAMP) testbed-deps
+	$(PY) -m mypy
 	$(PY) -m pytest -m "not compat" $(PYTEST_ARGS)
 
 test-compat: $(STAMP)
@@ -50,4 +52,4 @@ demo-down:
 	$(PY) -m demo down
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache

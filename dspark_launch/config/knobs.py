@@ -132,6 +132,8 @@ def declared_knobs() -> tuple[Knob, ...]:
         kind = "float" if field.type == "float" else "int"
         if field.name not in docs:
             raise ValueError(f"NumericKnobs.{field.name} has no docstring")
+        if field.default is dataclasses.MISSING:
+            raise ValueError(f"NumericKnobs.{field.name} has no default")
         knobs.append(Knob(field.name.upper(), kind, _canonical(kind, field.default), _canonical(kind, rule.minimum),
                           _canonical(kind, rule.maximum), "soft" if rule.soft else "hard", docs[field.name],
                           rule.group, 0))

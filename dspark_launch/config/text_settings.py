@@ -328,6 +328,8 @@ def _text_settings() -> tuple[TextSetting, ...]:
         rule: TextRule = field.metadata["text"]
         if field.name not in docs:
             raise ValueError(f"TextSettings.{field.name} has no docstring")
+        if field.default is dataclasses.MISSING:
+            raise ValueError(f"TextSettings.{field.name} has no default")
         specs.append(TextSetting(field.name.upper(), as_text(field.default), rule.group, docs[field.name], rule.check,
                                  rule.secret, rule.required_for_cluster, rule.quiet))
     return tuple(specs)
