@@ -58,3 +58,14 @@ def test_the_wheel_registers_no_test_profile(wheel):
     assert not [n for n, text in texts.items() if "tiny-test" in text or "dspark_test_profiles" in text]
     entry_points = next(text for n, text in texts.items() if n.endswith(".dist-info/entry_points.txt"))
     assert "dspark_launch.profiles" not in entry_points
+
+
+def test_the_test_profile_comes_from_the_entry_point_and_a_shipped_one_never_scans_for_it():
+    code = ("from dspark_launch.config.text_settings import TextSettings\n"
+            "from dspark_launch.profiles import catalog\n"
+            "catalog.profile_named('deepseek-v4-flash-0731')\n"
+            "print(catalog._registered.cache_info().misses)\n"
+            "print(catalog.profile_named('tiny-test').name, catalog._registered.cache_info().misses)\n"
+            "print(','.join(p.name for p in catalog.SHIPPED))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
+    assert out.splitlines() == ["0", "tiny-test 1", "deepseek-v4-flash-0731,none"]

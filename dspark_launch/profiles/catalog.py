@@ -6,6 +6,9 @@ serve parser (installed), and the 0.25.0 and 0.10.1.1 wheels (tests/data/README.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from dspark_launch.profiles.model import (
     EnvVar, KvAnchor, KvRow, MeasuredMemory, Preference, Profile, SettingDefault, Switch,
 )
@@ -140,19 +143,36 @@ NONE = Profile(
 PROFILE_ENTRY_POINTS = "dspark_launch.profiles"
 
 
+SHIPPED: tuple[Profile, ...] = (DEEPSEEK_V4_FLASH, NONE)
+DEFAULT_PROFILE = DEEPSEEK_V4_FLASH.name
+
+
+@functools.cache
 def _registered() -> tuple[Profile, ...]:
-    from importlib.metadata import entry_points
+    from importlib.metadata import entry_points  # scans every installed distribution: only when asked
 
     return tuple(point.load() for point in entry_points(group=PROFILE_ENTRY_POINTS))
 
 
-PROFILES: tuple[Profile, ...] = (DEEPSEEK_V4_FLASH, NONE, *_registered())
-PROFILE_NAMES: tuple[str, ...] = tuple(p.name for p in PROFILES)
-DEFAULT_PROFILE = DEEPSEEK_V4_FLASH.name
+def all_profiles() -> tuple[Profile, ...]:
+    return SHIPPED + _registered()
+
+
+def profile_names() -> tuple[str, ...]:
+    return tuple(p.name for p in all_profiles())
 
 
 def profile_named(name: str) -> Profile:
-    for profile in PROFILES:
+    for profile in (*SHIPPED, *(() if name in (p.name for p in SHIPPED) else _registered())):
         if profile.name == name:
             return profile
-    raise KeyError(name)  # DSPARK_PROFILE is checked against PROFILE_NAMES when settings load
+    raise KeyError(name)  # DSPARK_PROFILE is checked against profile_names() when settings load
+
+
+def __getattr__(name: str) -> tuple[Any, ...]:
+    """`PROFILES` and `PROFILE_NAMES`, computed when first read (a shipped profile never scans the entry points)."""
+    if name == "PROFILES":
+        return all_profiles()
+    if name == "PROFILE_NAMES":
+        return profile_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
