@@ -12,7 +12,7 @@ venv: $(STAMP)
 
 # The CPU test stack. torch==2.13.0+cpu is not on PyPI: pip finds it through its own
 # configuration on these machines; elsewhere export PIP_EXTRA_INDEX_URL=<PyTorch's CPU index>.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(wildcard tests/vllm_ray_cpu_plugin/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[cpu,test]'
@@ -32,8 +32,10 @@ testbed-deps:
 		rc=$$?; rm -f /usr/sbin/policy-rc.d; exit $$rc; \
 	fi
 
+# mypy first (config in pyproject.toml: strict on the agent protocol, the settings and the deployment records);
 # --durations: the 25 slowest tests at the end of every run; the seconds per module follow (tests/support/suite_order.py).
 test: $(STAMP) testbed-deps
+	$(PY) -m mypy
 	$(PY) -m pytest -m "not compat" --durations=25 $(PYTEST_ARGS)
 
 test-compat: $(STAMP)
@@ -51,4 +53,4 @@ demo-down:
 	$(PY) -m demo down
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache

@@ -2,7 +2,7 @@
 # dspark-numeric-knobs.sh: the registry of every numeric knob dspark-launch reads.
 #
 # One `dspark_knob` line per knob, GENERATED from dspark_launch/config/knobs.py
-# (edit a knob there, then `python -m dspark_launch.config.generate`; the tests
+# (edit a knob there, then `python -m tools.generate`; the tests
 # fail while this table is stale):
 #   dspark_knob NAME TYPE DEFAULT MIN MAX RANGE "DESCRIPTION"
 # TYPE  int   : optional sign, ASCII digits, base 10 ("010" is ten, never octal)

@@ -25,7 +25,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.support import scheduler_harness as h  # noqa: E402
+from tools import scheduler_harness as h  # noqa: E402
 from bench.scheduler import metrics, scheduler_bench, workloads  # noqa: E402
 from dspark_launch.hotfix.contract import ENV_AGING, ENV_GATE_MODE  # noqa: E402
 

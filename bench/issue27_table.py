@@ -2,7 +2,7 @@
 """Stock vs patched vLLM scheduler on the issue-27 synthetic loads.
 
 Runs the real vLLM v1 scheduler (installed vllm, no model) through
-tests.support.scheduler_harness on two loads and prints JSON (default) or the
+tools.scheduler_harness on two loads and prints JSON (default) or the
 Markdown table used in docs/hotfix-issue27.md:
 
 * wave: 4 decode streams (48-token prompts, 120 tokens each), then 8 prompts
@@ -28,7 +28,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.support import scheduler_harness as h  # noqa: E402
+from tools import scheduler_harness as h  # noqa: E402
 
 THRESHOLD = 256
 POLICIES = [("stock", None), ("patched", 1), ("patched", 2), ("patched", 3)]

@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.support import scheduler_harness as h  # noqa: E402
+from tools import scheduler_harness as h  # noqa: E402
 from bench.scheduler import overhead  # noqa: E402
 from bench.scheduler.policies import Policy, hotfix  # noqa: E402
 from dspark_launch.hotfix import contract  # noqa: E402

@@ -79,7 +79,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.support import scheduler_harness as h  # noqa: E402
+from tools import scheduler_harness as h  # noqa: E402
 from bench.scheduler import metrics, policies, report, scheduler_bench, workloads  # noqa: E402
 
 MODEL = metrics.MIXED_FIT

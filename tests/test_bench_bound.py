@@ -11,7 +11,7 @@ from fractions import Fraction
 import pytest
 
 from bench import scheduler_bound as bound  # bench/, outside the package
-from tests.support import scheduler_harness as h
+from tools import scheduler_harness as h
 from bench.scheduler import metrics, policies, workloads
 
 SCALE = Fraction(1, 64)

@@ -183,7 +183,7 @@ def test_time_to_first_token_counts_from_the_arrival_not_the_next_step(model_dir
     make it longer, so leaving it out flattered stock)."""
     import functools
 
-    from tests.support import scheduler_harness as harness
+    from tools import scheduler_harness as harness
     from bench.scheduler import metrics
 
     load = workloads.short_stream(SCALE, n_prompts=12)

@@ -70,7 +70,7 @@ def test_example_groups_follow_the_registry_groups():
 
 
 def test_docs_reference_is_generated_from_the_registry():
-    from dspark_launch.config.docs import settings_reference
+    from tools.settings_docs import settings_reference
 
     assert settings_reference() in (REPO / "docs" / "configuration.md").read_text(), \
-        "docs/configuration.md is stale: regenerate the block with `dspark config docs`"
+        "docs/configuration.md is stale: regenerate the block with `python -m tools.generate`"

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.support import scheduler_harness as h
+from tools import scheduler_harness as h
 from dspark_launch.hotfix import contract
 
 THRESHOLD = 256

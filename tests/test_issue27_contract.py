@@ -13,7 +13,8 @@ import pytest
 
 from dspark_launch.config.registry import load_registry
 from dspark_launch.errors import EXIT_BAD_CONFIG
-from dspark_launch.hotfix import bundle, contract, injected, layout
+from dspark_launch.hotfix import contract, injected, layout
+from tools import hotfix_bundle as bundle
 from dspark_launch.hotfix.injected_source import injected_body
 from dspark_launch.serve import logscan
 
@@ -84,7 +85,7 @@ def test_module_header_constants_are_the_rendered_ones():
 
 def test_standalone_script_is_built_from_the_modules():
     assert bundle.SCRIPT.read_text(encoding="utf-8") == bundle.render(), (
-        "patches/ script is stale: python -m dspark_launch.hotfix.bundle")
+        "patches/ script is stale: python -m tools.hotfix_bundle")
 
 
 BLOCK_DSPARK = (
@@ -116,7 +117,7 @@ def test_standalone_script_runs_where_dspark_launch_cannot_be_imported(tmp_path)
 def test_docs_claim_only_what_holds():
     """Issue 14.13: the step bound is the waiting section's, the count has the
     bypass exception, and the deferred marking is stated."""
-    doc = (bundle.PACKAGE.parents[1] / "docs" / "hotfix-issue27.md").read_text(encoding="utf-8")
+    doc = (bundle.REPO / "docs" / "hotfix-issue27.md").read_text(encoding="utf-8")
     assert "at most `cap` running requests have `is_prefill_chunk` set." not in doc
     assert "never more than `(cap + ½) × threshold` in all" not in doc
     holds = doc[doc.index("## What holds"):]

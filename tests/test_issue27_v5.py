@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from tests.support import scheduler_harness as h
+from tools import scheduler_harness as h
 from dspark_launch.hotfix import contract, injected
 
 THRESHOLD = 256

@@ -18,7 +18,7 @@ import dataclasses
 import pytest
 
 from tests.support import invariants
-from tests.support import scheduler_harness as h
+from tools import scheduler_harness as h
 
 SEEDS = (1, 2, 3)
 STEPS = 300  # of random events, then to completion: about a second a run on these CPUs

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 
 from dspark_launch.hotfix import contract
-from tests.support import scheduler_harness as h
+from tools import scheduler_harness as h
 
 CONFIGS = [pytest.param(scale, asy, id=f"{h.scale_label(scale)}-{'AsyncScheduler' if asy else 'Scheduler'}")
            for scale in h.RECIPE_SCALES for asy in (False, True)]

@@ -9,7 +9,8 @@ import pytest
 
 from dspark_launch.config.settings import resolve as load_settings
 from dspark_launch.errors import EXIT_BAD_CONFIG, ConfigError
-from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, NONE, PROFILE_NAMES, PROFILES, TINY_TEST
+from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, NONE, PROFILE_NAMES, PROFILES
+from dspark_test_profiles import TINY_TEST
 from dspark_launch.agent.vllm_offer import VllmOffer
 from dspark_launch.config.profile_resolve import SETTING_FLAGS, resolve, resolve_selected
 from dspark_launch.agent.handlers.vllm import refusal

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, DEEPSEEK_V4_ROW, NONE, TINY_TEST
+from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, DEEPSEEK_V4_ROW, NONE
+from dspark_test_profiles import TINY_TEST
 from dspark_launch.profiles.memory import GIB, NodeMemory, memory_preflight, model_shape, row_bytes
 from dspark_launch.profiles.model import KvRow
 

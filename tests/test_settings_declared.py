@@ -1,20 +1,16 @@
-"""Each setting is declared once (config/knobs.py, config/text_settings.py); the rest is generated or typed.
-
-settings-codemod: skip (the codemod's examples below are the old reads on purpose)
-"""
+"""Each setting is declared once (config/knobs.py, config/text_settings.py); the rest is generated or typed."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from dspark_launch.config import generate
-from dspark_launch.config.docs import END
 from dspark_launch.config.knobs import NumericKnobs, declared_aliases, declared_knobs
 from dspark_launch.config.registry import load_registry
 from dspark_launch.config.settings import resolve
 from dspark_launch.config.text_settings import TextSettings
 from tests.support.paths import REPO
-from tools import settings_codemod
+from tools import generate
+from tools.settings_docs import END
 
 
 def _rule_of(knob):
@@ -23,7 +19,7 @@ def _rule_of(knob):
 
 
 def test_generated_files_are_fresh():
-    assert generate.stale() == [], "stale: run `python -m dspark_launch.config.generate`"
+    assert generate.stale() == [], "stale: run `python -m tools.generate`"
 
 
 def test_the_bash_registry_parses_back_to_the_declarations():
@@ -82,35 +78,3 @@ def test_docs_block_is_rewritten_and_stray_end_markers_dropped():
     assert generate.render_docs(messy) == text
     stale = text.replace("| `HEALTH_TIMEOUT_S` |", "| `HEALTH_TIMEOUT` |") + "\n## After the block\n"
     assert generate.render_docs(stale) == text + "\n## After the block\n"
-
-
-def test_no_module_reads_a_setting_by_string_key():
-    report = settings_codemod.Report()
-    for path in sorted((REPO / "dspark_launch").rglob("*.py")):
-        settings_codemod.rewrite(path.read_text(), str(path), set(), report)
-    assert report.rewritten == 0 and not report.unknown, report
-
-
-def test_the_codemod_rewrites_each_form():
-    report = settings_codemod.Report()
-    source = ('a = settings.int("HEALTH_TIMEOUT_S")\n'
-              'b = self.settings["VLLM_PORT"]\n'
-              "c = settings_or_exit(env).flag('ENABLE_PREFIX_CACHING')\n"
-              'd = settings.int("DSPARK_HUB_PROXY") == 1\n'
-              'e = settings.words("VLLM_EXTRA_ARGS")\n'
-              'f = settings["VLLM_HOST"], settings.entries["VLLM_HOST"].source, environ["VLLM_HOST"]\n')
-    assert settings_codemod.rewrite(source, "x.py", set(), report) == (
-        "a = settings.health_timeout_s\n"
-        "b = str(self.settings.vllm_port)\n"
-        "c = settings_or_exit(env).enable_prefix_caching\n"
-        "d = settings.dspark_hub_proxy\n"
-        "e = settings.vllm_extra_args\n"
-        'f = settings.vllm_host, settings.entries["VLLM_HOST"].source, environ["VLLM_HOST"]\n')
-    assert report.rewritten == 6 and not report.unknown
-
-
-def test_the_codemod_stops_on_an_undeclared_name():
-    report = settings_codemod.Report()
-    assert settings_codemod.rewrite('x = settings.int("NOT_A_KNOB")\n', "y.py", set(), report) == \
-        'x = settings.int("NOT_A_KNOB")\n'
-    assert report.unknown == ["y.py:1: NOT_A_KNOB"]

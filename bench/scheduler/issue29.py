@@ -3,7 +3,7 @@ per request class, at the recipe's scale with MTP and at 1/16 scale.
 
     .venv/bin/python -m bench.scheduler.issue29 [--out bench/results/issue29.json]
 
-Real vLLM 0.32 `Scheduler` and `AsyncScheduler` (tests/support/scheduler_harness),
+Real vLLM 0.32 `Scheduler` and `AsyncScheduler` (tools/scheduler_harness.py),
 the recipe's scheduler configuration derived from the default profile
 (`recipe_spec`). Time is modelled (bench/scheduler/metrics.py: the mixed fit,
 the solo fit as the sensitivity check): first-token time from the start of the
@@ -27,7 +27,7 @@ from fractions import Fraction
 
 from bench.scheduler.metrics import MIXED_FIT, SOLO_FIT, StepTimeModel
 from dspark_launch.hotfix import contract
-from tests.support import scheduler_harness as h
+from tools import scheduler_harness as h
 
 POLICIES = ("stock", "v2", "v5", "v6")
 

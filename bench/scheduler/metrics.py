@@ -41,7 +41,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
-from tests.support.scheduler_harness import RunResult, StepRecord, percentile
+from tools.scheduler_harness import RunResult, StepRecord, percentile
 from bench.scheduler.workloads import Workload
 
 

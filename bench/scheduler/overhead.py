@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from tests.support import scheduler_harness as h
+from tools import scheduler_harness as h
 from bench.scheduler.policies import Policy
 
 

@@ -15,7 +15,7 @@ Every policy is a real ``Scheduler`` / ``AsyncScheduler`` pair:
 
 Prototype gates and the full experiment grid are in
 ``bench/scheduler_experiments.py``; they register further
-policies through :data:`tests.support.scheduler_harness.POLICY_PROVIDERS`.
+policies through :data:`tools.scheduler_harness.POLICY_PROVIDERS`.
 Nothing installed is modified.
 """
 
@@ -29,7 +29,7 @@ import shutil
 import sys
 import tempfile
 
-from tests.support import scheduler_harness as h
+from tools import scheduler_harness as h
 from dspark_launch.hotfix.contract import DEFAULT_CAP, DEFAULT_GATE_MODE, ENV_GATE_MODE
 
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 
-from tests.support import scheduler_harness as h
+from tools import scheduler_harness as h
 from bench.scheduler import metrics, overhead, policies, report, workloads
 
 SCHEMA_VERSION = 1

@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from fractions import Fraction
 
-from tests.support.scheduler_harness import RequestSpec
+from tools.scheduler_harness import RequestSpec
 
 K = 1000  # "8K" is 8,000 tokens: real prompts are not multiples of the chunk size
 FULL_BUDGET = 8192

@@ -107,18 +107,19 @@ class NodeAgent:
         self.transport = transport
         self.reporter = reporter or SilentReporter()
 
-    def call(self, request: Any, step: str = "", timeout: float | None = None) -> Any:
-        """Send `request` (a protocol dataclass); returns the answer type its operation declares. `step`
-        and `timeout` default to the operation's (protocol.OPERATIONS)."""
+    def call(self, request: p.Request[A], step: str = "", timeout: float | None = None) -> A:
+        """Send `request` (a protocol dataclass); returns the answer type it declares (`Request[Answer]`,
+        the same as its operation's in protocol.OPERATIONS). `step` and `timeout` default to the operation's."""
         operation = p.OPERATION_OF_REQUEST[type(request)]
         op, answer_type = operation.name, operation.answer
         step = step or operation.step
         if operation.in_process and self.runs_here:
-            return self._call_here(operation, request, step)
+            answer: A = self._call_here(operation, request, step)
+            return answer
         timeout = operation.timeout_for(request) if timeout is None else timeout
         line = json.dumps({"protocol": p.PROTOCOL_VERSION, "launcher": __version__, "op": op,
                            "request": to_data(request)})
-        final: list[dict] = []
+        final: list[dict[str, Any]] = []
 
         def on_line(text: str) -> None:
             try:
@@ -145,7 +146,7 @@ class NodeAgent:
             raise ClusterFailure(self.label, step, str(exc)) from None
         if not final:
             raise ClusterFailure(self.label, step, f"{self.transport.description}: the agent gave no answer")
-        return self._result(final[-1], answer_type, step)
+        return self._result(final[-1], answer_type, step)  # the operation's answer: the request's `A`
 
     @property
     def runs_here(self) -> bool:
@@ -166,14 +167,14 @@ class NodeAgent:
         except Exception as exc:  # as the agent reports it
             raise ClusterFailure(self.label, step, f"{type(exc).__name__}: {exc}") from None
 
-    def _result(self, message: dict, answer_type: type, step: str) -> Any:
+    def _result(self, message: dict[str, Any], answer_type: type[A], step: str) -> A:
         try:
             if "answer" in message:
                 return from_data(answer_type, message["answer"])
             failure = from_data(p.Failure, message["failure"])
         except DecodeError as exc:
             raise ClusterFailure(self.label, step, f"unreadable answer ({exc})") from None
-        if failure.step == "version":
+        if failure.step == p.VERSION_STEP:
             raise VersionMismatch(self.label, "version", f"{failure.detail}; install the same dspark-launch "
                                   f"on every node ({self.transport.python})")
         if failure.config_error:

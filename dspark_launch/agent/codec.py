@@ -13,7 +13,7 @@ import functools
 import json
 import types
 import typing
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -40,6 +40,12 @@ def encode(value: Any) -> str:
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
+
+
+@overload
+def from_data(kind: type[T], data: Any) -> T: ...
+@overload
+def from_data(kind: Any, data: Any) -> Any: ...
 
 
 def from_data(kind: Any, data: Any) -> Any:
@@ -71,7 +77,7 @@ def from_data(kind: Any, data: Any) -> Any:
             raise DecodeError(f"expected an object, got {type(data).__name__}")
         value_kind = (typing.get_args(kind) or (str, Any))[1]
         return {key: from_data(value_kind, entry) for key, entry in data.items()}
-    if dataclasses.is_dataclass(kind):
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         if not isinstance(data, dict):
             raise DecodeError(f"{kind.__name__}: expected an object, got {type(data).__name__}")
         hints = _hints(kind)

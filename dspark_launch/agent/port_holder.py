@@ -76,7 +76,7 @@ def reaches(listening: str, target: str) -> bool:
 
 def socket_inodes(pid: int) -> set[int]:
     """The socket inodes among /proc/PID/fd; empty when gone or not ours to read."""
-    inodes = set()
+    inodes: set[int] = set()
     try:
         names = os.listdir(f"/proc/{pid}/fd")
     except OSError:

@@ -12,7 +12,8 @@ different launcher releases never start anything. Decoding ignores fields a type
 declare, so a field added to an answer is read by older launchers as if absent; a new
 field in a request needs a default. Bump PROTOCOL_VERSION when a meaning changes.
 
-Adding an operation touches two places: here, a request and an answer dataclass and one
+Adding an operation touches two places: here, an answer dataclass, a request dataclass deriving
+`Request["ItsAnswer"]` (so `NodeAgent.call` returns that type to the type checker) and one
 `Operation` line in `_OPERATIONS` (the operation's name is the request's class name in snake case);
 and the handler `def name(req, report) -> Answer` in the `handlers/` module of its subject.
 Callers send it with `NodeAgent.call(Request(...))`.
@@ -24,7 +25,7 @@ import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Final, Generic, Literal, TypeVar
 
 from dspark_launch.agent.model_paths import require_relative  # stdlib only: checks a manifest's names
 
@@ -43,6 +44,15 @@ PROTOCOL_VERSION = 9  # 2: ray_checks no longer runs the version rows and the ho
 # agent killed); a log is read in chunks whose JSON (at most 6 bytes a character, `\u001b`) stays below it.
 MAX_LINE = 1 << 20
 READ_CHUNK = MAX_LINE // 8
+
+AnswerT = TypeVar("AnswerT")
+
+
+class Request(Generic[AnswerT]):
+    """Every request's base: `class Probe(Request["ProbeAnswer"])` types what `NodeAgent.call` returns for it.
+    The registry below pairs the same two (`tests/test_protocol_types.py` checks that they agree)."""
+
+    __slots__ = ()
 
 
 # --- model weights: the manifest (written beside the weights as .dspark-manifest.json) -----------------
@@ -294,10 +304,11 @@ class VllmOffer:
                                              for v in j["verdicts"]))
                            for j in data.get("kv_judgements", ()))
         optional = {name: (None if data.get(name) is None else tuple(data[name])) for name in ("env_names", "modules")}
+        def backends(found: list[dict[str, str]]) -> tuple[BackendVerdict, ...]:
+            return tuple(BackendVerdict(v["value"], v.get("chosen", ""), v.get("refusal", "")) for v in found)
+
         boots = tuple(BootJudgement(
-            b["capability"], b["attention"], b["moe_method"],
-            *(tuple(BackendVerdict(v["value"], v.get("chosen", ""), v.get("refusal", "")) for v in b[kind])
-              for kind in ("moe", "linear")),
+            b["capability"], b["attention"], b["moe_method"], backends(b["moe"]), backends(b["linear"]),
             tuple(GraphVerdict(g["requested"], g["breakable"], g["effective"], g["why"]) for g in b["graphs"]))
             for b in data.get("boot_judgements", ()))
         return cls(str(data["version"]), flags, tuple(data["speculative_methods"]),
@@ -326,10 +337,16 @@ class Process:
     cmd: str = ""
 
 
+ProgressKind = Literal["phase", "waiting", "warn"]
+#: `Failure.step` names the step for the operator (free text); this one value means "another launcher
+#: or protocol version": the launcher raises VersionMismatch for it.
+VERSION_STEP: Final = "version"
+
+
 @dataclass(frozen=True)
 class Progress:
     """A line the CLI's reporter shows while an operation runs on a node."""
-    kind: str  # phase | waiting | warn
+    kind: ProgressKind
     message: str
     elapsed: float = 0.0
     timeout: float = 0.0
@@ -362,7 +379,7 @@ class OperationFailed(Exception):
 # --- node operations (stdlib only on the node) ---------------------------------------------------
 
 @dataclass(frozen=True)
-class Hello:
+class Hello(Request["HelloAnswer"]):
     pass
 
 
@@ -375,7 +392,7 @@ class HelloAnswer:
 
 
 @dataclass(frozen=True)
-class Probe:
+class Probe(Request["ProbeAnswer"]):
     """Read-only: interpreter, installed modules, and (with `dashboard`) what Ray's dashboard lacks."""
     dashboard: bool = False
 
@@ -396,7 +413,7 @@ class ProbeAnswer:
 
 
 @dataclass(frozen=True)
-class PrepareLogDir:
+class PrepareLogDir(Request["PrepareLogDirAnswer"]):
     """Make (or find) the private log folder `path` and write to it once."""
     path: str
 
@@ -407,7 +424,7 @@ class PrepareLogDirAnswer:
 
 
 @dataclass(frozen=True)
-class InterfaceQuery:
+class InterfaceQuery(Request["InterfaceAnswer"]):
     ifname: str
     ip: str
 
@@ -420,7 +437,7 @@ class InterfaceAnswer:
 
 
 @dataclass(frozen=True)
-class PortQuery:
+class PortQuery(Request["PortAnswer"]):
     ip: str
     port: int
 
@@ -432,7 +449,7 @@ class PortAnswer:
 
 
 @dataclass(frozen=True)
-class PortHolderQuery:
+class PortHolderQuery(Request["PortHolder"]):
     """Who holds the listening sockets a connection to ip:port would reach (agent/port_holder.py): asked
     before anything that carries the Ray token or an API key is sent there."""
     ip: str
@@ -471,7 +488,7 @@ class PortHolder:
 
 
 @dataclass(frozen=True)
-class MemoryQuery:
+class MemoryQuery(Request["MemoryAnswer"]):
     pass
 
 
@@ -483,7 +500,7 @@ class MemoryAnswer:
 
 
 @dataclass(frozen=True)
-class Run:
+class Run(Request["RunAnswer"]):
     """Run argv to completion (output to `log`) with exactly `env` plus the owner marker."""
     argv: tuple[str, ...]
     env: dict[str, str] = field(repr=False)
@@ -501,7 +518,7 @@ class RunAnswer:
 
 
 @dataclass(frozen=True)
-class Spawn:
+class Spawn(Request["SpawnAnswer"]):
     """Start argv detached (own session, output to `log`) with exactly `env` plus the marker."""
     argv: tuple[str, ...]
     env: dict[str, str] = field(repr=False)
@@ -518,7 +535,7 @@ class SpawnAnswer:
 
 
 @dataclass(frozen=True)
-class AliveQuery:
+class AliveQuery(Request["AliveAnswer"]):
     processes: tuple[Process, ...]
 
 
@@ -540,7 +557,7 @@ class DrainEnd:
 
 
 @dataclass(frozen=True)
-class Stop:
+class Stop(Request["StopAnswer"]):
     marker: str
     processes: tuple[Process, ...] = ()
     sessions: tuple[Session, ...] = ()
@@ -566,7 +583,7 @@ class StopAnswer:
 
 
 @dataclass(frozen=True)
-class Tail:
+class Tail(Request["TailAnswer"]):
     paths: tuple[str, ...]
     lines: int = 40
 
@@ -577,7 +594,7 @@ class TailAnswer:
 
 
 @dataclass(frozen=True)
-class ReadLog:
+class ReadLog(Request["ReadAnswer"]):
     path: str
     offset: int = 0
 
@@ -590,7 +607,7 @@ class ReadAnswer:
 
 
 @dataclass(frozen=True)
-class Glob:
+class Glob(Request["GlobAnswer"]):
     root: str
     pattern: str
 
@@ -617,7 +634,7 @@ class RayNode:
 
 
 @dataclass(frozen=True)
-class RayNodesQuery:
+class RayNodesQuery(Request["RayNodesAnswer"]):
     """Ray's own list of nodes (from the GCS; no driver is started), asked only when the GCS port is held by
     one of `holders` (the head's recorded Ray processes): the token goes to no one else."""
     address: str
@@ -674,7 +691,7 @@ class HotfixReport:
 
 
 @dataclass(frozen=True)
-class RayChecks:
+class RayChecks(Request["RayChecksAnswer"]):
     """On the head, from the GCS's node table (no driver): wait until every node joined Ray once,
     then check each one's registered IP and GPUs. Streams progress."""
     address: str
@@ -692,7 +709,7 @@ class RayChecksAnswer:
 
 
 @dataclass(frozen=True)
-class ServeArgsCheck:
+class ServeArgsCheck(Request["ServeArgsAnswer"]):
     """The `vllm serve` arguments (model first) through the installed vLLM's own parser."""
     serve_args: tuple[str, ...]
 
@@ -705,7 +722,7 @@ class ServeArgsAnswer:
 # --- model weights: agent.model_files run on the node ----------------------------------------
 
 @dataclass(frozen=True)
-class ModelVerify:
+class ModelVerify(Request["VerifyReport"]):
     """Every file of `manifest` in `folder`: sizes, and with `full` each sha256 (`only`: of those files alone)."""
     folder: str
     manifest: Manifest
@@ -715,7 +732,7 @@ class ModelVerify:
 
 
 @dataclass(frozen=True)
-class ModelFastCheck:
+class ModelFastCheck(Request["VerifyReport"]):
     """The start pre-flight: the folder and caches safe (agent.model_folder), this node's manifest has
     `stamp`, every file its size, every file but the tensor shards its sha256."""
     folder: str
@@ -724,7 +741,7 @@ class ModelFastCheck:
 
 
 @dataclass(frozen=True)
-class ModelPlacementQuery:
+class ModelPlacementQuery(Request["NodePlacement"]):
     """Before a copy, in one round trip: the folder and caches safe (agent.model_folder), every file of
     `manifest` in `folder` its size, the free space under `root`, the stamp this node last verified."""
     folder: str
@@ -736,7 +753,7 @@ class ModelPlacementQuery:
 # --- Ray's private temp folders (security review) --------------------------------------
 
 @dataclass(frozen=True)
-class RayTempDir:
+class RayTempDir(Request["RayTempDirAnswer"]):
     """Prepare Ray's temp folder `name` in this user's private folder (and forget `ray start`'s last
     address there)."""
     name: str
@@ -750,7 +767,7 @@ class RayTempDirAnswer:
 # --- model profile and fabric ------------------------------------------------------------
 
 @dataclass(frozen=True)
-class DescribeVllm:
+class DescribeVllm(Request["DescribeVllmAnswer"]):
     """The installed vLLM's serve parser as data (head: imports vLLM, seconds; a repeat for the same
     install is answered from the node's private folder, see offer_cache)."""
     keep: bool = True  # False in a container: recreated on every start, nothing kept there would be read
@@ -763,7 +780,7 @@ class DescribeVllmAnswer:
 
 
 @dataclass(frozen=True)
-class FabricQuery:
+class FabricQuery(Request["FabricAnswer"]):
     """One node's fabric environment from its sysfs."""
     request: FabricRequest
     sysfs_root: str = ""  # tests only (DSPARK_TEST_SYSFS_ROOT forwarded by the launcher): a fake sysfs tree
@@ -775,7 +792,7 @@ class FabricAnswer:
 
 
 @dataclass(frozen=True)
-class NonCarryOver:
+class NonCarryOver(Request["NonCarryOverAnswer"]):
     """Head: write vLLM's list of variables it must not copy from the driver to its Ray workers."""
     config_root: str
 
@@ -788,12 +805,12 @@ class NonCarryOverAnswer:
 # --- each node's version row and hotfix, on its own agent (launch time) --------------------------
 
 @dataclass(frozen=True)
-class VersionQuery:
+class VersionQuery(Request["VersionRow"]):
     """This node's row of the version matrix (files and metadata only: nothing imported)."""
 
 
 @dataclass(frozen=True)
-class HotfixApply:
+class HotfixApply(Request["HotfixReport"]):
     """Apply the scheduler hotfix to the vLLM this node's interpreter (Ray's) imports, then verify it."""
 
 
@@ -833,7 +850,7 @@ def op_name(request_type: type) -> str:
 # --- the scheduler's live values (`dspark reload`) ------------------------------------------------
 
 @dataclass(frozen=True)
-class SchedulerControl:
+class SchedulerControl(Request["SchedulerControlAnswer"]):
     """Replace the patched scheduler's control file at `path` by `text` (a new 0600 file of the serving
     user renamed over it, in a folder only that user can write), or remove it (`remove`)."""
     path: str

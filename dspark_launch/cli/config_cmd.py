@@ -101,14 +101,6 @@ def get(
     say(replaced.get(canonical, settings.entries[canonical].shown))
 
 
-@app.command(hidden=True)
-def docs() -> None:
-    """Print the settings reference that docs/configuration.md embeds."""
-    from dspark_launch.config.docs import settings_reference
-
-    say(settings_reference(), end="")
-
-
 @app.command()
 def init(
     path: Annotated[Path, typer.Option("--path", metavar="PATH", help="Where to write the env file.")] = Path(".env.dspark"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 import sys
 import time
@@ -189,7 +190,7 @@ def restart(
     if kind.serve_only:
         marker = state.server.marker
         do_start(settings, spec, force, False,
-                 begin=lambda *args, **kw: restart_serve(*args, **kw, now=now, marker=marker))
+                 begin=functools.partial(restart_serve, now=now, marker=marker))
         return
     try:
         stop_everything(spec, ConsoleReporter(), now)

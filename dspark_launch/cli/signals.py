@@ -21,7 +21,7 @@ from dspark_launch.errors import EXIT_SIGINT, EXIT_SIGTERM, Terminated
 @contextmanager
 def interruptible(on_interrupt) -> Iterator[None]:
     """Run a block; on SIGINT/SIGTERM call `on_interrupt(code)` and exit 130/143."""
-    interrupted = []
+    interrupted: list[int] = []
 
     def handler(signum, frame):
         if interrupted:

@@ -59,9 +59,9 @@ PROFILE_ENV_WHY = "a variable a model profile sets (change it with DSPARK_PROFIL
 
 def profile_env_names() -> frozenset[str]:
     """Every variable a model profile sets on the nodes (profiles/catalog.py, import-free data)."""
-    from dspark_launch.profiles.catalog import PROFILES
+    from dspark_launch.profiles.catalog import all_profiles
 
-    return frozenset(var.name for profile in PROFILES for var in profile.env)
+    return frozenset(var.name for profile in all_profiles() for var in profile.env)
 
 
 def refusal(name: str, *, profile_names_allowed: bool = False) -> str | None:

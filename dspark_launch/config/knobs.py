@@ -2,7 +2,7 @@
 
 Each field is one knob; its environment name is the field name in capitals
 (`health_timeout_s` is `HEALTH_TIMEOUT_S`) and the docstring under it is its
-description. `python -m dspark_launch.config.generate` writes from this class
+description. `python -m tools.generate` writes from this class
 the bash registry `dspark-numeric-knobs.sh` (sourced by the start script, parsed
 by `config/registry.py`), the knob lines of `.env.dspark.example` and the tables
 of docs/configuration.md; the tests fail while any of them is stale.
@@ -132,6 +132,8 @@ def declared_knobs() -> tuple[Knob, ...]:
         kind = "float" if field.type == "float" else "int"
         if field.name not in docs:
             raise ValueError(f"NumericKnobs.{field.name} has no docstring")
+        if field.default is dataclasses.MISSING:
+            raise ValueError(f"NumericKnobs.{field.name} has no default")
         knobs.append(Knob(field.name.upper(), kind, _canonical(kind, field.default), _canonical(kind, rule.minimum),
                           _canonical(kind, rule.maximum), "soft" if rule.soft else "hard", docs[field.name],
                           rule.group, 0))

@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from dspark_launch.config import numbers
 from dspark_launch.config.checks import Refused, hidden_character, looks_secret
@@ -73,7 +73,7 @@ class Settings(NumericKnobs, TextSettings):
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-_TYPED = {
+_TYPED: dict[str, Callable[[str], object]] = {
     "int": int,
     "float": float,
     "bool": lambda text: text == "1",
@@ -85,7 +85,7 @@ _TYPED = {
 def _typed_values(entries: Mapping[str, Setting]) -> dict[str, object]:
     """Each declared setting's canonical text as the type its field declares."""
     fields = dataclasses.fields(NumericKnobs) + dataclasses.fields(TextSettings)
-    return {field.name: _TYPED[field.type](entries[field.name.upper()].value) for field in fields}
+    return {field.name: _TYPED[str(field.type)](entries[field.name.upper()].value) for field in fields}
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ class _Resolver:
             raise ConfigError(f"{listed} disagree; set only {name}")
         return found[0]
 
-    def pick(self, name: str, secret: bool, canonical) -> tuple[_Raw | None, list[str]]:
+    def pick(self, name: str, secret: bool, canonical: Callable[[_Raw], object]) -> tuple[_Raw | None, list[str]]:
         cli, env, file = self.layers(name)
         notes: list[str] = []
         if env is not None and file is not None:
@@ -184,8 +184,8 @@ class _Resolver:
                 shown = "" if secret else f" ({file_value} -> {env_value})"
                 self.warnings.append(f"{name} from the environment overrides {file.source}{shown}")
         chosen = cli or env or file
-        if cli is not None and (env or file):
-            notes.append(f"CLI overrides {(env or file).source}")
+        if cli is not None and (overridden := env or file) is not None:
+            notes.append(f"CLI overrides {overridden.source}")
         if chosen is not None and chosen.alias:
             notes.append(f"alias {chosen.alias} used")
             self.warnings.append(f"{chosen.alias} is an alias; spell it {name} ({chosen.source})")
@@ -227,7 +227,8 @@ def known_names(registry: Registry) -> set[str]:
     return {k.name for k in registry.knobs} | set(registry.aliases) | {s.name for s in TEXT_SETTINGS} | META_NAMES
 
 
-def _unknown_key_warnings(names: Iterable[str], where, known: set[str], any_close: bool) -> list[str]:
+def _unknown_key_warnings(names: Iterable[str], where: Callable[[str], str], known: set[str],
+                          any_close: bool) -> list[str]:
     warnings = []
     for name in names:
         if name in known or name.startswith("DSPARK_TEST"):  # test hooks: DSPARK_TEST_*, DSPARK_TESTBED_*

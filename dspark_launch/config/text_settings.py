@@ -19,7 +19,7 @@ from dspark_launch.config.checks import ASCII_WORD, not_an_option, shell_words, 
 from dspark_launch.config.forward_env import check_forward_names
 from dspark_launch.config.serve_flags import check_extra_args
 from dspark_launch.config.ssh_options import check_ssh_options
-from dspark_launch.profiles.catalog import DEFAULT_PROFILE, PROFILE_NAMES
+from dspark_launch.profiles.catalog import DEFAULT_PROFILE, SHIPPED, profile_names
 from dspark_launch.agent.nccl_hca import parse_hca_list  # stdlib only: the node side reads the same grammar
 from dspark_launch.config.container_args import check_container_args, check_image
 from dspark_launch.config.field_docs import field_docs
@@ -130,6 +130,13 @@ def _choice(*allowed: str) -> Callable[[str], str]:
         return value
 
     return check
+
+
+def _profile(value: str) -> str:
+    """A shipped profile, or one another installed distribution registers (the tests' own)."""
+    if value in (p.name for p in SHIPPED):
+        return value
+    return _choice(*profile_names())(value)
 
 
 def _serve_args(value: str) -> str:
@@ -262,7 +269,7 @@ class TextSettings:
     """Model name clients ask for"""
     vllm_host: str = text("127.0.0.1", group="serving", check=_bind_host)
     """Address the API binds to; an address other than loopback needs an API key (or DSPARK_TRUSTED_NETWORK=1)"""
-    dspark_profile: str = text(DEFAULT_PROFILE, group="serving", check=_choice(*PROFILE_NAMES))
+    dspark_profile: str = text(DEFAULT_PROFILE, group="serving", check=_profile)
     """Model profile: the recipe's vllm serve flags and variables, checked against the installed vLLM
     (docs/deepseek-v4-flash.md); none: only the settings' flags"""
     dspark_profile_env: tuple[str, ...] = text((), group="serving", check=_profile_env)
@@ -331,6 +338,8 @@ def _text_settings() -> tuple[TextSetting, ...]:
         rule: TextRule = field.metadata["text"]
         if field.name not in docs:
             raise ValueError(f"TextSettings.{field.name} has no docstring")
+        if field.default is dataclasses.MISSING:
+            raise ValueError(f"TextSettings.{field.name} has no default")
         specs.append(TextSetting(field.name.upper(), as_text(field.default), rule.group, docs[field.name], rule.check,
                                  rule.secret, rule.required_for_cluster, rule.quiet))
     return tuple(specs)

@@ -2,7 +2,7 @@
 
 `contract` holds the facts every side agrees on; `injected` the code that goes
 into vLLM's scheduler.py; `layout` where it goes; `patch_tool` the tool
-(status/check/apply/revert); `bundle` builds the standalone script in patches/.
+(status/check/apply/revert); `tools/hotfix_bundle.py` builds the standalone script in patches/.
 """
 
 from dspark_launch.hotfix.contract import CAP_MAX, ENV_CAP, ENV_DIAG, ENV_GATE_MODE, PATCH_VERSION

@@ -4,7 +4,7 @@ must agree on, defined once.
 
 Standard library only and no package imports: the standalone patch script
 (`patches/hotfix-dsv4-issue27-partial-prefill-concurrency.py`) is built from
-this module's text (see `dspark_launch.hotfix.bundle`).
+this module's text (see `tools.hotfix_bundle`).
 """
 
 from __future__ import annotations

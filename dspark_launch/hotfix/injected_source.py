@@ -1,7 +1,7 @@
 """The text of the injected helpers (`injected.py` below its body marker).
 
 The standalone patch script replaces this module by the same text as a
-literal (`dspark_launch.hotfix.bundle`), so the script needs no sibling file.
+literal (`tools.hotfix_bundle`), so the script needs no sibling file.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Run standalone as `patches/hotfix-dsv4-issue27-partial-prefill-concurrency.py`
 (a bundle of this module, `contract`, `locate` and `layout`; see
-`dspark_launch.hotfix.bundle`), or imported by the launcher.
+`tools.hotfix_bundle`), or imported by the launcher.
 """
 
 from __future__ import annotations

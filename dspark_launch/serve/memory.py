@@ -9,6 +9,7 @@ the model's shape from config.json in that folder; the KV bytes from the profile
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from dspark_launch.agent.protocol import MemoryAnswer
@@ -29,7 +30,7 @@ def kv_size_fixed(serve_args: tuple[str, ...], env: dict[str, str]) -> str:
 
 
 def estimate(profile: str, weights: ModelWeights | None, kv_cache_dtype: str, max_model_len: int, tp: int,
-             utilization: float, node_memory: dict[str, MemoryAnswer | None], fixed_kv: str = "") -> MemoryEstimate:
+             utilization: float, node_memory: Mapping[str, MemoryAnswer | None], fixed_kv: str = "") -> MemoryEstimate:
     """Per node: weights / TP + overhead + KV for one MAX_MODEL_LEN sequence against memory x utilisation, and
     MemAvailable against vLLM's start-up gate. `weights` None (never placed: only `dspark plan` sees that)
     leaves them to the profile's measured figure, if any; nodes whose memory is unknown are left out."""

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Literal
 
 from dspark_launch.agent.client import Reporter
 from dspark_launch.cluster.parallel import Background
 from dspark_launch.serve.http import Reply
 
-ANSWERED, DIED, REFUSED, NO_ANSWER = "answered", "died", "refused", "no answer"
+Outcome = Literal["answered", "died", "refused", "no answer"]
+ANSWERED: Outcome = "answered"
+DIED: Outcome = "died"
+REFUSED: Outcome = "refused"
+NO_ANSWER: Outcome = "no answer"
 RETRIED_STATUSES = frozenset({0, 408, 429, 500, 502, 503, 504})  # 0: no answer (timeout, reset, refused)
 
 
@@ -40,7 +44,7 @@ class Backoff:
 
 @dataclass(frozen=True)
 class FirstAnswer:
-    outcome: str  # ANSWERED | DIED | REFUSED | NO_ANSWER
+    outcome: Outcome
     attempts: int  # requests sent
     reply: Reply  # the last one's (status 0: none)
     latency_s: float  # the last request's own time: for ANSWERED, the first answer's latency
@@ -55,7 +59,7 @@ def first_answer(ask: Callable[[float], Reply], alive: Callable[[], bool], what:
     first = time.monotonic()
     attempt, reply, latency = 0, Reply(0, ""), 0.0
 
-    def outcome(kind: str) -> FirstAnswer:
+    def outcome(kind: Outcome) -> FirstAnswer:
         return FirstAnswer(kind, attempt, reply, latency, time.monotonic() - first)
 
     def wait(seconds: float, done: Callable[[float], bool], message: str) -> bool:

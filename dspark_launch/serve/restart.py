@@ -53,8 +53,8 @@ def restart_serve(settings: Settings, spec: ClusterSpec, reporter: Reporter, for
         spec, plan, weights, memory = checked_plan(settings, spec, reporter, verify)
         preflight_memory(spec, plan, weights, memory, reporter, force)
         check_arguments(settings, spec, plan, reporter)
-        answer = abort_server(spec, state.server) if now else drain_server(spec, state.server, reporter)
-        reporter.phase(f"vllm serve: stopped {len(answer.stopped)} process(es); Ray kept up on every node")
+        stopped = abort_server(spec, state.server) if now else drain_server(spec, state.server, reporter)
+        reporter.phase(f"vllm serve: stopped {len(stopped.stopped)} process(es); Ray kept up on every node")
         state.server = None
         state.config_digest = spec.config_digest  # the settings this deployment now runs with
         save_state(spec.state_dir, state)

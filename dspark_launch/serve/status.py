@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 from dspark_launch.cluster import lifecycle
 from dspark_launch.agent.client import ClusterFailure
@@ -23,9 +24,12 @@ class Drift:
     configured: str
 
 
+ServerState = Literal["down", "up", "unhealthy", "dead"]
+
+
 @dataclass(frozen=True)
 class ServerView:
-    state: str  # down | up | unhealthy | dead
+    state: ServerState
     pid: int | None = None
     url: str | None = None
     model: str | None = None

@@ -13,7 +13,6 @@ sysfs         a DGX Spark's sysfs tree (netdevs, RDMA devices, GIDs) under a fol
 fixtures      the shared pytest fixtures
 containers    podman on the testbed and the registry-free test image
 hub_server    a loopback Hugging Face hub; model_nodes / model_runner: model checks on nodes
-scheduler_harness  vLLM's own scheduler driven step by step without a model (the hotfix tests;
-              bench/scheduler reuses it)
+(vLLM's scheduler driven without a model, shared with bench/: tools/scheduler_harness.py)
 steps         `step("name")` in a long scenario test: a failure names the step it happened in
 """

@@ -38,7 +38,7 @@ def model_dir(tmp_path_factory):
     """vLLM dirs under a temp folder (unless the run already set them), and one
     stock scheduler built up front (the first construction inspects the model
     in a subprocess, ~7 s)."""
-    from tests.support import scheduler_harness as harness
+    from tools import scheduler_harness as harness
 
     base = tmp_path_factory.mktemp("issue27")
     with vllm_dirs_restored():

@@ -22,7 +22,7 @@ import random
 from collections import deque
 
 from dspark_launch.hotfix import contract
-from tests.support import scheduler_harness as h
+from tools import scheduler_harness as h
 
 
 class InvariantError(AssertionError):

@@ -98,6 +98,6 @@ def run_dspark(args, env=None, cwd=None, timeout=60):
 
 def vllm_dirs_restored():
     """VLLM_CACHE_ROOT and VLLM_RPC_BASE_PATH as they were before the block, whatever it set."""
-    from tests.support.scheduler_harness import scoped_env
+    from tools.scheduler_harness import scoped_env
 
     return scoped_env({k: os.environ.get(k) for k in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH")})

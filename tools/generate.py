@@ -1,17 +1,16 @@
 """Write the files generated from the setting declarations (config/knobs.py, config/text_settings.py).
 
-    python -m dspark_launch.config.generate          # rewrite the stale ones
-    python -m dspark_launch.config.generate --check  # exit 1 naming each stale file
+    python -m tools.generate          # rewrite the stale ones
+    python -m tools.generate --check  # exit 1 naming each stale file
 
 - `dspark-numeric-knobs.sh`: the `dspark_knob` lines of `_dspark_registry` (the bash
   around them is written by hand: the number rules, shared with config/numbers.py);
 - `.env.dspark.example`: each numeric knob's line, `NAME=default`, or `# NAME=value`
   for one the default profile gives; a knob without a line gets one, with its
   description, at the end of its group's section. Other lines are written by hand;
-- `docs/configuration.md`: the reference block between its markers (config/docs.py).
+- `docs/configuration.md`: the reference block between its markers (tools/settings_docs.py).
 
-The tests fail while any of them is stale. In a checkout only: an installed wheel
-has no docs to write.
+The tests fail while any of them is stale. In a checkout only (tools/ is not in the wheel).
 """
 
 from __future__ import annotations
@@ -20,11 +19,11 @@ import re
 import sys
 from pathlib import Path
 
-from dspark_launch.config.docs import BEGIN, END, settings_reference
 from dspark_launch.config.knobs import declared_aliases, declared_knobs
 from dspark_launch.config.registry import REGISTRY_FILENAME
+from tools.settings_docs import BEGIN, END, settings_reference
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 REGISTRY = REPO / REGISTRY_FILENAME
 EXAMPLE = REPO / ".env.dspark.example"
 DOCS = REPO / "docs" / "configuration.md"
@@ -103,10 +102,10 @@ def main(argv: list[str]) -> int:
     if argv == ["--check"]:
         found = stale()
         for path in found:
-            print(f"{path.relative_to(REPO)} is stale: python -m dspark_launch.config.generate", file=sys.stderr)
+            print(f"{path.relative_to(REPO)} is stale: python -m tools.generate", file=sys.stderr)
         return 1 if found else 0
     if argv:
-        print("usage: python -m dspark_launch.config.generate [--check]", file=sys.stderr)
+        print("usage: python -m tools.generate [--check]", file=sys.stderr)
         return 2
     for path, render in GENERATED:
         text = path.read_text(encoding="utf-8")

@@ -1,13 +1,18 @@
-"""Renders the settings reference for docs/configuration.md from the registry and the text settings."""
+"""Renders the settings reference for docs/configuration.md from the registry and the text settings.
+
+    python -m tools.settings_docs   # print the block (`python -m tools.generate` writes it into the page)
+"""
 
 from __future__ import annotations
+
+import sys
 
 from dspark_launch.config import forward_env, serve_flags, ssh_options
 from dspark_launch.config.checks import SECRET_WORDS
 from dspark_launch.config.registry import load_registry
 from dspark_launch.config.text_settings import RAY_TOKEN_MIN_LENGTH, TEXT_SETTINGS
 
-BEGIN = "<!-- BEGIN GENERATED: dspark config docs -->"
+BEGIN = "<!-- BEGIN GENERATED: python -m tools.generate -->"
 END = "<!-- END GENERATED -->"
 
 
@@ -63,3 +68,7 @@ def _refusal_tables() -> list[str]:
     lines += ["", f"Also refused: {forward_env.PROFILE_ENV_WHY}: {names}."]
     lines += ["", f"`RAY_AUTH_TOKEN`, when set, has at least {RAY_TOKEN_MIN_LENGTH} characters."]
     return lines
+
+
+if __name__ == "__main__":
+    sys.stdout.write(settings_reference())
