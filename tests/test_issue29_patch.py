@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from dspark_launch.hotfix import bundle, layout
+from dspark_launch.hotfix import layout
+from tools import hotfix_bundle as bundle
 from dspark_launch.hotfix import patch_tool as patch
 from dspark_launch.hotfix.contract import EXIT_UNSUPPORTED, PATCH_VERSION
 
