@@ -475,7 +475,7 @@ def patched_scheduler_classes(workdir: str | None = None, script: str | None = N
 
 
 #: The released patch scripts, gzipped (v1 to v5).
-OLD_PATCHES = pathlib.Path(__file__).resolve().parents[1] / "issue27_old_patches"
+OLD_PATCHES = pathlib.Path(__file__).resolve().parents[1] / "tests" / "issue27_old_patches"
 
 
 def released_patch(version: int, directory: pathlib.Path) -> str:
