@@ -5,6 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.dspark-stack
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (each with its own two-node testbed); 0 runs the suite in this process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: test test-compat demo demo-down bench-cli venv testbed-deps clean
 
@@ -33,10 +35,12 @@ testbed-deps:
 	fi
 
 # mypy first (config in pyproject.toml: strict on the agent protocol, the settings and the deployment records);
-# --durations: the 25 slowest tests at the end of every run; the seconds per module follow (tests/support/suite_order.py).
+# Two workers, a module at a time each, the long modules first (tests/support/suite_order.py): the testbed
+# lives wait on sockets and subprocesses about half the time, the other worker fills it.
+# --durations: the 25 slowest tests at the end of every run; the seconds per module follow.
 test: $(STAMP) testbed-deps
 	$(PY) -m mypy
-	$(PY) -m pytest -m "not compat" --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not compat" -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 test-compat: $(STAMP)
 	$(PY) -m pytest -m compat $(PYTEST_ARGS)

@@ -1,7 +1,10 @@
-"""Suite-wide hooks (registered by tests/conftest.py): the loopback stack tests first, and time per module.
+"""Suite-wide hooks (registered by tests/conftest.py): the order modules run in, and time per module.
 
-- `loopback` tests (one real vLLM + Ray stack on 127.0.0.1, no testbed) run before everything else:
-  if the stack itself is broken, the run says so in its first two minutes, not after the testbed lives.
+- `make test` runs the modules on two pytest-xdist workers, a module at a time each (`--dist loadfile`,
+  in the order below: `--no-loadscope-reorder`), each worker with its own testbed. The order:
+  `loopback` modules first (one real vLLM + Ray stack on 127.0.0.1, no testbed: if the stack itself is
+  broken, the run says so in its first minutes), then the modules that serve, then the other testbed
+  modules, then the rest, which fill the gaps at the end while the last long module finishes.
 - At the end, the seconds each module took (setup, call and teardown of its tests summed), slowest
   first, so the next slow module is visible in every `make test` (beside pytest's `--durations`).
 """
@@ -13,12 +16,26 @@ from collections import defaultdict
 import pytest
 
 LOOPBACK = "loopback"
+#: Markers by rank: a module runs after every module that holds a test of a lower rank.
+RANKS = (LOOPBACK, "serving", "testbed")
 _module_seconds: dict[str, float] = defaultdict(float)
 
 
-def loopback_first(items: list) -> None:
-    """Stable reorder in place: the items marked `loopback` first, the rest in their collected order."""
-    items.sort(key=lambda item: item.get_closest_marker(LOOPBACK) is None)
+def rank(markers: set[str]) -> int:
+    """0 for a loopback test, 1 serving, 2 testbed, 3 any other."""
+    return next((i for i, name in enumerate(RANKS) if name in markers), len(RANKS))
+
+
+def heavy_first(items: list) -> None:
+    """Stable reorder in place, by module: each module at the rank of its heaviest test, its tests kept
+    together and in their collected order (the workers take a module at a time, in this order)."""
+    module_rank: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        item_rank = rank({mark.name for mark in item.iter_markers()})
+        module_rank[module] = min(module_rank.get(module, item_rank), item_rank)
+    first_seen = {module: i for i, module in enumerate(module_rank)}
+    items.sort(key=lambda item: (module_rank[m := item.nodeid.split("::", 1)[0]], first_seen[m]))
 
 
 def record(report) -> None:
@@ -42,7 +59,7 @@ def terminal_summary(terminalreporter) -> None:
 
 
 def pytest_collection_modifyitems(items):
-    loopback_first(items)
+    heavy_first(items)
 
 
 def pytest_runtest_logreport(report):
