@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from dspark_launch.config.declared import DECLARED
 from dspark_launch.config.settings import Setting, Settings
 from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.profiles.catalog import profile_named
@@ -28,15 +29,10 @@ from dspark_launch.profiles.gpu import UNKNOWN, GpuTarget
 from dspark_launch.profiles.model import EnvVar, Preference, Profile, Switch
 from dspark_launch.agent.vllm_offer import OfferedFlag, VllmOffer
 
-# Settings that become `vllm serve` flags, whatever the profile: (setting, flag).
-SETTING_FLAGS: tuple[tuple[str, str], ...] = (
-    ("MAX_NUM_SEQS", "--max-num-seqs"),
-    ("MAX_NUM_BATCHED_TOKENS", "--max-num-batched-tokens"),
-    ("LONG_PREFILL_TOKEN_THRESHOLD", "--long-prefill-token-threshold"),
-    ("MAX_MODEL_LEN", "--max-model-len"),
-    ("GPU_MEMORY_UTILIZATION", "--gpu-memory-utilization"),
-)
-DRAIN_FLAG = "--shutdown-timeout"
+# Settings that become `vllm serve` flags, whatever the profile: (setting, flag), from their declarations
+# (`flag="--max-num-seqs"`), in declaration order.
+SETTING_FLAGS: tuple[tuple[str, str], ...] = DECLARED.setting_flags
+DRAIN_FLAG = DECLARED.flag_of("DSPARK_DRAIN_TIMEOUT_S")
 
 
 @dataclass(frozen=True)
