@@ -182,3 +182,19 @@ def test_the_docs_table_follows_the_declaration():
     assert "| live |  |" in real["| `DSPARK_PREFILL_AGING`"]
     assert "| serve | `--max-model-len` |" in real["| `MAX_MODEL_LEN`"]
     assert "| cluster | `--tensor-parallel-size` |" in real["| `GPUS_PER_NODE`"]
+
+
+def test_a_profile_value_is_typed_as_its_setting_is_declared():
+    from dspark_launch.config.profile_resolve import profile_value
+    from dspark_launch.errors import ConfigError
+    from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
+    from dspark_launch.profiles.model import SettingDefault
+
+    typed = {d.setting: profile_value(DEEPSEEK_V4_FLASH, d) for d in DEEPSEEK_V4_FLASH.settings}
+    assert typed["MAX_MODEL_LEN"] == "1048576" and typed["GPU_MEMORY_UTILIZATION"] == "0.87"
+    for setting, value, declared in (("MAX_MODEL_LEN", "256", "int"), ("MAX_NUM_SEQS", 6.0, "int"),
+                                     ("MAX_NUM_SEQS", True, "int"), ("GPU_MEMORY_UTILIZATION", 1, "float"),
+                                     ("DSPARK_MODEL", 3, "str"), ("NO_SUCH_SETTING", 1, "nowhere"),
+                                     ("ENABLE_PREFIX_CACHING", 1, "bool")):
+        with pytest.raises(ConfigError, match=rf"^profile none: {setting}=.* the setting is declared {declared}; "):
+            profile_value(NONE, SettingDefault(setting, value, "a wrong type"))

@@ -110,6 +110,10 @@ class Levels:
     def of(cls, settings: Sequence[DeclaredSetting]) -> Levels:
         return cls(tuple(settings))
 
+    @functools.cached_property
+    def names(self) -> frozenset[str]:
+        return frozenset(s.name for s in self.settings)
+
     def level(self, name: str) -> Level:
         """A name nobody declared is cluster-level."""
         return next((s.level for s in self.settings if s.name == name), "cluster")
