@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from dspark_launch.config.envfile import read_env_file
+from dspark_launch.config.profile_resolve import profile_value
 from dspark_launch.config.registry import load_registry
 from dspark_launch.config.text_settings import TEXT_SETTINGS
 from dspark_launch.profiles.catalog import DEFAULT_PROFILE, profile_named
@@ -17,7 +18,7 @@ PLACEHOLDERS = {"DSPARK_HEAD_IP", "DSPARK_WORKER_HOSTS", "DSPARK_FABRIC_IFNAME"}
 
 # The settings the default profile gives: commented out in the example with the profile's value, so a copy of
 # the example sets none of them and every line an operator writes is used as written.
-BY_PROFILE = {d.setting: d.value for d in profile_named(DEFAULT_PROFILE).settings}
+BY_PROFILE = {d.setting: profile_value(profile_named(DEFAULT_PROFILE), d) for d in profile_named(DEFAULT_PROFILE).settings}
 
 
 def commented_out() -> dict[str, str]:

@@ -12,7 +12,7 @@ from dspark_launch.errors import EXIT_BAD_CONFIG, ConfigError
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, NONE, PROFILE_NAMES, PROFILES
 from dspark_test_profiles import TINY_TEST
 from dspark_launch.agent.vllm_offer import VllmOffer
-from dspark_launch.config.profile_resolve import SETTING_FLAGS, resolve, resolve_selected
+from dspark_launch.config.profile_resolve import SETTING_FLAGS, profile_value, resolve, resolve_selected
 from dspark_launch.agent.handlers.vllm import refusal
 from tests.support.paths import REPO
 
@@ -190,10 +190,10 @@ def test_a_threshold_above_the_context_is_refused_before_vllm_would(installed):
 
 
 @pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
-def test_every_profile_value_passes_its_settings_check(profile):
-    given = settings({d.setting: d.value for d in profile.settings})
+def test_every_profile_value_is_typed_as_declared_and_passes_its_settings_check(profile):
+    given = settings({d.setting: profile_value(profile, d) for d in profile.settings})
     for default in profile.settings:
-        assert given.entries[default.setting].value == default.value, default.setting
+        assert given.entries[default.setting].value == profile_value(profile, default), default.setting
 
 
 def test_recorded_builds_lack_what_the_data_note_says():
@@ -213,4 +213,4 @@ def test_docs_put_every_recipe_flag_side_by_side():
         assert f"| `{var.name}=" in docs, var.name
     assert "| `--max-cudagraph-capture-size" in docs and "draft_sample_method" in docs
     for default in profile.settings:
-        assert default.value in docs and f"`{default.setting}`" in docs, default.setting
+        assert profile_value(profile, default) in docs and f"`{default.setting}`" in docs, default.setting

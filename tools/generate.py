@@ -63,9 +63,11 @@ def render_registry(text: str) -> str:
 
 
 def _profile_values() -> dict[str, str]:
+    from dspark_launch.config.profile_resolve import profile_value
     from dspark_launch.profiles.catalog import DEFAULT_PROFILE, profile_named
 
-    return {d.setting: d.value for d in profile_named(DEFAULT_PROFILE).settings}
+    profile = profile_named(DEFAULT_PROFILE)
+    return {d.setting: profile_value(profile, d) for d in profile.settings}
 
 
 def render_example(text: str) -> str:

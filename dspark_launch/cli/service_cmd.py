@@ -17,6 +17,7 @@ from dspark_launch.cli.loading import settings_and_spec, settings_or_exit
 from dspark_launch.cli.output import emit_json, fail, say
 from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.cli.signals import interruptible
+from dspark_launch.config.declared import DECLARED
 from dspark_launch.errors import EXIT_FAILED, ConfigError, DsparkError
 
 HostOption = Annotated[Optional[str], typer.Option("--host", metavar="ADDRESS", help="API bind address (beats VLLM_HOST).")]
@@ -204,7 +205,7 @@ def reload(
     timeout: Annotated[float, typer.Option("--timeout", min=1.0, metavar="SECONDS", help="Seconds to wait for the scheduler to "
                                            "show the new values in force.")] = 30.0,
 ) -> None:
-    """Apply live settings (DSPARK_MAX_INFLIGHT_PREFILLS, DSPARK_PREFILL_GATE_MODE, DSPARK_PREFILL_AGING, DSPARK_ISSUE43_SCHED_DIAG) to the running scheduler without a restart; any other change is refused (exit 2) and needs `restart`."""
+    # Its help, below, names the settings declared live (config/knobs.py, config/text_settings.py).
     from dspark_launch.serve.reload import reload as reload_live
 
     settings, spec = settings_and_spec(env_file)
@@ -214,6 +215,10 @@ def reload(
         raise fail(error) from None
     for line in result.lines:
         say(line)
+
+
+reload.__doc__ = (f"Apply live settings ({', '.join(DECLARED.live)}) to the running scheduler without a restart; "
+                  "any other change is refused (exit 2) and needs `restart`.")
 
 
 def status(

@@ -12,6 +12,7 @@ docs table, the bash registry, the example file).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import inspect
 from pathlib import Path
@@ -29,4 +30,13 @@ def field_docs(cls: type) -> dict[str, str]:
         if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant) \
                 and isinstance(following.value.value, str):
             docs[node.target.id] = " ".join(inspect.cleandoc(following.value.value).split())
+    return docs
+
+
+def declared_docs(cls: type) -> dict[str, str]:
+    """`field_docs` for `cls` and the dataclasses it extends (a subclass's own docstring wins)."""
+    docs: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(base):
+            docs.update(field_docs(base))
     return docs

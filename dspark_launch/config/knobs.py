@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dspark_launch.config import numbers
-from dspark_launch.config.field_docs import field_docs
+from dspark_launch.config.field_docs import declared_docs
+from dspark_launch.config.levels import Level, ServeFlag, nature_metadata, owned
 from dspark_launch.config.registry import Knob
 
 
@@ -34,14 +35,16 @@ class KnobRule:
 
 
 def knob(default: int | float | bool, *, ge: int | float, le: int | float, group: str, soft: bool = False,
-         alias: str = "") -> Any:
-    """A numeric knob field: its default, its bounds (inclusive) and how out-of-range values are treated."""
-    return dataclasses.field(default=default, metadata={"knob": KnobRule(group, ge, le, soft, alias)})
+         alias: str = "", level: Level = "cluster", flag: str | ServeFlag | None = None) -> Any:
+    """A numeric knob field: its default, its bounds (inclusive) and how out-of-range values are treated;
+    `level` and `flag`: what its change needs and the `vllm serve` flag it sets (config/levels.py)."""
+    return dataclasses.field(default=default, metadata={"knob": KnobRule(group, ge, le, soft, alias),
+                                                        **nature_metadata(level, flag)})
 
 
-def switch(default: bool, *, group: str) -> Any:
+def switch(default: bool, *, group: str, level: Level = "cluster", flag: str | ServeFlag | None = None) -> Any:
     """A 0/1 knob, typed `bool` here and `int 0..1` in the bash registry."""
-    return knob(default, ge=0, le=1, group=group)
+    return knob(default, ge=0, le=1, group=group, level=level, flag=flag)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,41 +53,47 @@ class NumericKnobs:
 
     # ---- hotfix
     dspark_max_inflight_prefills: int = knob(1, ge=1, le=3, group="hotfix", soft=True,
-                                             alias="DSPARKMAXINFLIGHTPREFILLS")
+                                             alias="DSPARKMAXINFLIGHTPREFILLS", level="live")
     """Requests allowed mid-prefill (partial prefill) at once; the scheduler hotfix caps it at 3"""
-    dspark_prefill_gate_mode: int = knob(3, ge=0, le=3, group="hotfix")
+    dspark_prefill_gate_mode: int = knob(3, ge=0, le=3, group="hotfix", level="live")
     """Scheduler hotfix gate: 0 counts in-flight prefills only; 1 also bounds a step's prefill tokens at
     (cap + 1/2) x threshold; 2 judges prompts after their prefix-cache hit and gives uncached prompts that finish
     in the step a quarter threshold of extra room; 3 (default) gives the step's bounded prefill room, running
     prompts included, to the least uncached work left first"""
-    dspark_prefill_aging: float = knob(2.0, ge=0.0, le=64.0, group="hotfix")
+    dspark_prefill_aging: float = knob(2.0, ge=0.0, le=64.0, group="hotfix", level="live")
     """Gate mode 3: a prompt that has waited more than this many times its own solo prefill steps goes first
     (aging: nothing starves; 0 = oldest first)"""
-    dspark_issue43_sched_diag: bool = switch(False, group="hotfix")
+    dspark_issue43_sched_diag: bool = switch(False, group="hotfix", level="live")
     """1 logs one scheduler diagnostics line per step (prefill/decode tokens, in-flight prefills)"""
 
     # ---- serving
-    max_num_seqs: int = knob(6, ge=1, le=1024, group="serving")
+    max_num_seqs: int = knob(6, ge=1, le=1024, group="serving", level="serve", flag="--max-num-seqs")
     """vllm --max-num-seqs: requests running at once"""
-    max_num_batched_tokens: int = knob(8192, ge=16, le=1048576, group="serving")
+    max_num_batched_tokens: int = knob(8192, ge=16, le=1048576, group="serving", level="serve",
+                                       flag="--max-num-batched-tokens")
     """vllm --max-num-batched-tokens: token budget of one scheduler step"""
-    long_prefill_token_threshold: int = knob(1024, ge=0, le=1048576, group="serving")
+    long_prefill_token_threshold: int = knob(1024, ge=0, le=1048576, group="serving", level="serve",
+                                             flag="--long-prefill-token-threshold")
     """vllm --long-prefill-token-threshold: most prompt tokens one request gets per step (0 = no limit)"""
-    max_model_len: int = knob(1048576, ge=16, le=4194304, group="serving")
+    max_model_len: int = knob(1048576, ge=16, le=4194304, group="serving", level="serve",
+                              flag="--max-model-len")
     """vllm --max-model-len: longest context in tokens"""
-    gpu_memory_utilization: float = knob(0.835, ge=0.05, le=0.95, group="serving")
+    gpu_memory_utilization: float = knob(0.835, ge=0.05, le=0.95, group="serving", level="serve",
+                                         flag=ServeFlag(("--gpu-memory-utilization", "--device-memory-utilization")))
     """vllm --gpu-memory-utilization: share of (unified) memory vLLM may take"""
-    enable_prefix_caching: bool = switch(True, group="serving")
+    enable_prefix_caching: bool = switch(True, group="serving", level="serve",
+                                         flag=owned("--enable-prefix-caching", "--no-enable-prefix-caching"))
     """1 passes --enable-prefix-caching to vllm serve"""
     hf_hub_offline: bool = switch(False, group="serving")
     """1 forbids Hugging Face hub downloads (model must be in the local cache or a path)"""
-    vllm_port: int = knob(8888, ge=1, le=65535, group="serving")
+    vllm_port: int = knob(8888, ge=1, le=65535, group="serving", level="serve", flag=owned("--port"))
     """TCP port of the OpenAI-compatible API"""
-    start_timeout_s: int = knob(1800, ge=10, le=86400, group="serving")
+    start_timeout_s: int = knob(1800, ge=10, le=86400, group="serving", level="serve")
     """seconds to wait for vllm serve to answer after launch"""
-    health_timeout_s: int = knob(5, ge=1, le=600, group="serving")
+    health_timeout_s: int = knob(5, ge=1, le=600, group="serving", level="serve")
     """seconds one health or status probe may take"""
-    dspark_drain_timeout_s: int = knob(60, ge=0, le=3600, group="serving")
+    dspark_drain_timeout_s: int = knob(60, ge=0, le=3600, group="serving", level="serve",
+                                       flag=owned("--shutdown-timeout"))
     """seconds dspark stop and restart let vllm serve finish in-flight requests (vllm --shutdown-timeout);
     0 aborts them at once"""
 
@@ -93,7 +102,8 @@ class NumericKnobs:
     """TCP port of the Ray head (GCS) on the fabric IP"""
     ray_object_store_mb: int = knob(2048, ge=80, le=1048576, group="cluster")
     """Ray object store per node, MiB (else Ray claims 30% of RAM)"""
-    gpus_per_node: int = knob(1, ge=1, le=8, group="cluster")
+    gpus_per_node: int = knob(1, ge=1, le=8, group="cluster", flag=owned(
+        "--tensor-parallel-size", "-tp", why="the launcher passes GPUS_PER_NODE x the number of nodes"))
     """GPUs each node must advertise to Ray (1 on a GB10)"""
     ssh_port: int = knob(22, ge=1, le=65535, group="cluster")
     """SSH port of the worker nodes"""
@@ -106,7 +116,7 @@ class NumericKnobs:
     NCCL then runs over TCP sockets, about 12 against 30+ tok/s"""
 
     # ---- security
-    dspark_trusted_network: bool = switch(False, group="security")
+    dspark_trusted_network: bool = switch(False, group="security", level="serve")
     """1 allows a VLLM_HOST other than loopback without an API key (a network you trust)"""
     dspark_hub_token_to_endpoint: bool = switch(False, group="security")
     """1 sends the hub token to an HF_ENDPOINT other than https://huggingface.co (https only)"""
@@ -123,17 +133,22 @@ def _canonical(kind: str, value: int | float | bool) -> str:
     return text
 
 
-def declared_knobs() -> tuple[Knob, ...]:
-    """The knobs as the registry holds them (canonical strings), in declaration order."""
-    docs = field_docs(NumericKnobs)
+def declared_knobs(cls: type = NumericKnobs) -> tuple[Knob, ...]:
+    """The knobs as the registry holds them (canonical strings), in declaration order; `cls`: NumericKnobs or a
+    declaration class extending it (the tests' fake settings)."""
+    docs = declared_docs(cls)
     knobs = []
-    for field in dataclasses.fields(NumericKnobs):
+    for field in dataclasses.fields(cls):
+        if "knob" not in field.metadata:
+            if "text" in field.metadata:
+                continue  # declared by the other kind, in a class that declares both
+            raise ValueError(f"{cls.__name__}.{field.name} is not declared with knob() or switch()")
         rule: KnobRule = field.metadata["knob"]
         kind = "float" if field.type == "float" else "int"
         if field.name not in docs:
-            raise ValueError(f"NumericKnobs.{field.name} has no docstring")
+            raise ValueError(f"{cls.__name__}.{field.name} has no docstring")
         if field.default is dataclasses.MISSING:
-            raise ValueError(f"NumericKnobs.{field.name} has no default")
+            raise ValueError(f"{cls.__name__}.{field.name} has no default")
         knobs.append(Knob(field.name.upper(), kind, _canonical(kind, field.default), _canonical(kind, rule.minimum),
                           _canonical(kind, rule.maximum), "soft" if rule.soft else "hard", docs[field.name],
                           rule.group, 0))

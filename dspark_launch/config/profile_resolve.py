@@ -18,25 +18,24 @@ says it was not judged for a GPU.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 
+from dspark_launch.config import numbers
+from dspark_launch.config.declared import DECLARED
 from dspark_launch.config.settings import Setting, Settings
 from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.profiles.catalog import profile_named
 from dspark_launch.profiles.gpu import UNKNOWN, GpuTarget
-from dspark_launch.profiles.model import EnvVar, Preference, Profile, Switch
+from dspark_launch.profiles.model import EnvVar, Preference, Profile, SettingDefault, Switch
 from dspark_launch.agent.vllm_offer import OfferedFlag, VllmOffer
 
-# Settings that become `vllm serve` flags, whatever the profile: (setting, flag).
-SETTING_FLAGS: tuple[tuple[str, str], ...] = (
-    ("MAX_NUM_SEQS", "--max-num-seqs"),
-    ("MAX_NUM_BATCHED_TOKENS", "--max-num-batched-tokens"),
-    ("LONG_PREFILL_TOKEN_THRESHOLD", "--long-prefill-token-threshold"),
-    ("MAX_MODEL_LEN", "--max-model-len"),
-    ("GPU_MEMORY_UTILIZATION", "--gpu-memory-utilization"),
-)
-DRAIN_FLAG = "--shutdown-timeout"
+# Settings that become `vllm serve` flags, whatever the profile: (setting, flag), from their declarations
+# (`flag="--max-num-seqs"`), in declaration order.
+SETTING_FLAGS: tuple[tuple[str, str], ...] = DECLARED.setting_flags
+DRAIN_FLAG = DECLARED.flag_of("DSPARK_DRAIN_TIMEOUT_S")
 
 
 @dataclass(frozen=True)
@@ -82,6 +81,31 @@ class ResolvedProfile:
     cuda_graph_mode: str = ""  # the mode vLLM will really run (dry boot); "" when not judged
 
 
+# A declared setting's type (the field's annotation) -> the Python type a profile's value of it has.
+_PROFILE_VALUE_TYPES: dict[str, type] = {"int": int, "float": float, "str": str}
+
+
+@functools.lru_cache(maxsize=None)
+def _declared_types() -> dict[str, str]:
+    return {field.name.upper(): str(field.type) for field in dataclasses.fields(Settings) if field.name.upper()
+            in DECLARED.names}
+
+
+def profile_value(profile: Profile, default: SettingDefault) -> str:
+    """A profile's value for a setting as an operator would write it, after checking it is typed as the setting is
+    declared (ConfigError, exit 2, naming the profile: a profile another distribution installs may get it wrong)."""
+    declared = _declared_types().get(default.setting)
+    wanted = _PROFILE_VALUE_TYPES.get(declared or "")
+    if wanted is None or type(default.value) is not wanted:
+        allowed = f"a value of type {declared}" if wanted else "none (a profile gives only int, float and str settings)"
+        raise ConfigError(f"profile {profile.name}: {default.setting}={default.value!r} is a "
+                          f"{type(default.value).__name__}; the setting is declared "
+                          f"{declared or 'nowhere'}; allowed: {allowed}")
+    if isinstance(default.value, float):
+        return numbers.canonical("float", repr(default.value)) or repr(default.value)
+    return str(default.value)
+
+
 def operator_gave(entry: Setting) -> bool:
     """True when the operator set this value: any source but the built-in default (an env-file line as written)."""
     return entry.source != "default"
@@ -108,7 +132,7 @@ def profile_values(settings: Settings) -> tuple[ProfileValue, ...]:
     for default in profile.settings:
         value = run.setting(default.setting, model if default.setting == "DSPARK_MODEL_REVISION" else "")
         entry = settings.entries[default.setting]
-        if not operator_gave(entry) and value == default.value:
+        if not operator_gave(entry) and value == profile_value(profile, default):
             found.append(ProfileValue(default.setting, value, entry.value, profile.name, default.why))
     return tuple(found)
 
@@ -469,20 +493,22 @@ class _Resolution:
         `model`: for the revision, the model in use: the profile's pin belongs to the profile's model only."""
         entry = self.settings.entries[name]
         default = next((d for d in self.profile.settings if d.setting == name), None)
-        profile_model = next((d.value for d in self.profile.settings if d.setting == "DSPARK_MODEL"), "")
-        if default is not None and model and model != profile_model and not operator_gave(entry):
-            self.decisions.append(Decision(name, entry.value, f"the profile's {default.value} pins "
-                                                              f"{profile_model}, not {model}"))
-            return entry.value
+        profile_model = next((profile_value(self.profile, d) for d in self.profile.settings
+                              if d.setting == "DSPARK_MODEL"), "")
         if default is None:
             return entry.value
-        if operator_gave(entry):
-            if entry.value != default.value:
-                self.decisions.append(Decision(name, entry.shown, f"the operator's, from {entry.source} "
-                                                                 f"(the profile gives {default.value})"))
+        given = profile_value(self.profile, default)
+        if model and model != profile_model and not operator_gave(entry):
+            self.decisions.append(Decision(name, entry.value, f"the profile's {given} pins "
+                                                              f"{profile_model}, not {model}"))
             return entry.value
-        self.decisions.append(Decision(name, default.value, f"the profile's value: {default.why}"))
-        return default.value
+        if operator_gave(entry):
+            if entry.value != given:
+                self.decisions.append(Decision(name, entry.shown, f"the operator's, from {entry.source} "
+                                                                 f"(the profile gives {given})"))
+            return entry.value
+        self.decisions.append(Decision(name, given, f"the profile's value: {default.why}"))
+        return given
 
 
 def _checked_profile_env(profile: Profile, settings: Settings) -> dict[str, str]:

@@ -2,8 +2,9 @@
 
 vLLM takes the last value of a repeated flag, so `--host 0.0.0.0` in the extra
 arguments would open the API while `status` still shows 127.0.0.1, and
-`--api-key X` would put a key on argv, in the state and in drift output. The table
-below is the one list of those flags; `docs/configuration.md` prints it.
+`--api-key X` would put a key on argv, in the state and in drift output. LAUNCHER_FLAGS
+is the one list of those flags (a setting's flag from its declaration, then the flags no
+setting gives); `docs/configuration.md` prints it.
 
 vLLM's parser (FlexibleArgumentParser over argparse) accepts `--flag=value`,
 `--flag value`, underscores for dashes (`--api_key`) and any unambiguous prefix
@@ -15,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dspark_launch.config.checks import Refused
+from dspark_launch.config.declared import DECLARED
+from dspark_launch.config.levels import Levels
 
 
 @dataclass(frozen=True)
@@ -25,30 +28,25 @@ class LauncherFlag:
 
 
 _MULTI_NODE = "the Ray launch replaces vLLM's multiprocessing multi-node mode"
-LAUNCHER_FLAGS: tuple[LauncherFlag, ...] = (
-    LauncherFlag(("--model",), "DSPARK_MODEL"),
-    LauncherFlag(("--revision",), "DSPARK_MODEL_REVISION"),
-    LauncherFlag(("--served-model-name",), "DSPARK_SERVED_MODEL_NAME"),
-    LauncherFlag(("--host",), "VLLM_HOST"),
-    LauncherFlag(("--port",), "VLLM_PORT"),
-    LauncherFlag(("--api-key",), "VLLM_API_KEY or DSPARK_API_KEYS"),
-    LauncherFlag(("--tensor-parallel-size", "-tp"), "GPUS_PER_NODE",
-                 "the launcher passes GPUS_PER_NODE x the number of nodes"),
+# The flags no setting gives (a setting's own flag is in its declaration: config/knobs.py, config/text_settings.py).
+UNSET_FLAGS: tuple[LauncherFlag, ...] = (
     LauncherFlag(("--pipeline-parallel-size", "-pp"), "", "the launcher runs tensor parallel across the nodes"),
     LauncherFlag(("--distributed-executor-backend",), "", "the launcher always uses Ray"),
     LauncherFlag(("--headless", "--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port"), "",
                  _MULTI_NODE),
-    LauncherFlag(("--max-num-seqs",), "MAX_NUM_SEQS"),
-    LauncherFlag(("--max-num-batched-tokens",), "MAX_NUM_BATCHED_TOKENS"),
-    LauncherFlag(("--long-prefill-token-threshold",), "LONG_PREFILL_TOKEN_THRESHOLD"),
-    LauncherFlag(("--max-model-len",), "MAX_MODEL_LEN"),
-    LauncherFlag(("--gpu-memory-utilization", "--device-memory-utilization"), "GPU_MEMORY_UTILIZATION"),
-    LauncherFlag(("--enable-prefix-caching", "--no-enable-prefix-caching"), "ENABLE_PREFIX_CACHING"),
     LauncherFlag(("--enable-chunked-prefill", "--no-enable-chunked-prefill"), "",
                  "the scheduler hotfix needs chunked prefill on"),
-    LauncherFlag(("--shutdown-timeout",), "DSPARK_DRAIN_TIMEOUT_S"),
     LauncherFlag(("--config",), "", "a vLLM config file can set every flag of this table"),
 )
+
+
+def launcher_flags(levels: Levels) -> tuple[LauncherFlag, ...]:
+    """The settings' flags (in declaration order), then those no setting gives."""
+    return (*(LauncherFlag(owned.spellings, " or ".join(owned.settings), owned.why) for owned in levels.owned_flags),
+            *UNSET_FLAGS)
+
+
+LAUNCHER_FLAGS: tuple[LauncherFlag, ...] = launcher_flags(DECLARED)
 
 # Flags whose value is a secret (vLLM's own list: `_SENSITIVE_ARG_FIELDS` in
 # vllm/entrypoints/serve/utils/api_utils.py, redacted in its log): on the `vllm serve` argv a secret is

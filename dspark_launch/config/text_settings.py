@@ -17,12 +17,12 @@ from typing import Any, Callable
 
 from dspark_launch.config.checks import ASCII_WORD, not_an_option, shell_words, single_line, user_name
 from dspark_launch.config.forward_env import check_forward_names
-from dspark_launch.config.serve_flags import check_extra_args
 from dspark_launch.config.ssh_options import check_ssh_options
 from dspark_launch.profiles.catalog import DEFAULT_PROFILE, SHIPPED, profile_names
 from dspark_launch.agent.nccl_hca import parse_hca_list  # stdlib only: the node side reads the same grammar
 from dspark_launch.config.container_args import check_container_args, check_image
-from dspark_launch.config.field_docs import field_docs
+from dspark_launch.config.field_docs import declared_docs
+from dspark_launch.config.levels import Level, ServeFlag, nature_metadata, owned
 
 _IFNAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}", re.ASCII)
 _HOST = re.compile(r"(?:[A-Za-z0-9_.-]+@)?(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\])", re.ASCII)
@@ -140,6 +140,9 @@ def _profile(value: str) -> str:
 
 
 def _serve_args(value: str) -> str:
+    # serve_flags derives its table from these declarations: imported when a value is checked, not at import
+    from dspark_launch.config.serve_flags import check_extra_args
+
     check_extra_args(shell_words(value))
     return value
 
@@ -204,12 +207,14 @@ class TextRule:
 
 
 def text(default: str | int | tuple[str, ...], *, group: str, check: Callable[[str], str] = _any,
-         secret: bool = False, required_for_cluster: bool = False, quiet: bool = False) -> Any:
+         secret: bool = False, required_for_cluster: bool = False, quiet: bool = False, level: Level = "cluster",
+         flag: str | ServeFlag | None = None) -> Any:
     """A text setting field: its default and how a value is checked (`check` gets the text the operator wrote).
     The attribute's type says what the code gets: `str` (the canonical text), `int`, or `tuple[str, ...]`
-    (the value split like a shell would, never run by one)."""
+    (the value split like a shell would, never run by one). `level` and `flag`: what its change needs and the
+    `vllm serve` flag it sets (config/levels.py)."""
     return dataclasses.field(default=default, metadata={"text": TextRule(group, check, secret, required_for_cluster,
-                                                                          quiet)})
+                                                                          quiet), **nature_metadata(level, flag)})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,28 +266,32 @@ class TextSettings:
     worker1:NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0"""
 
     # ---- serving
-    dspark_model: str = text("deepseek-ai/DeepSeek-V4-Flash", group="serving", check=not_an_option)
+    dspark_model: str = text("deepseek-ai/DeepSeek-V4-Flash", group="serving", check=not_an_option, level="serve",
+                             flag=owned("--model"))
     """Hugging Face model id or local path"""
-    dspark_model_revision: str = text("", group="serving", check=_revision)
+    dspark_model_revision: str = text("", group="serving", check=_revision, level="serve", flag=owned("--revision"))
     """Model revision pin (commit, tag or branch)"""
-    dspark_served_model_name: str = text("deepseek-v4-flash", group="serving", check=_served_name)
+    dspark_served_model_name: str = text("deepseek-v4-flash", group="serving", check=_served_name, level="serve",
+                                         flag=owned("--served-model-name"))
     """Model name clients ask for"""
-    vllm_host: str = text("127.0.0.1", group="serving", check=_bind_host)
+    vllm_host: str = text("127.0.0.1", group="serving", check=_bind_host, level="serve", flag=owned("--host"))
     """Address the API binds to; an address other than loopback needs an API key (or DSPARK_TRUSTED_NETWORK=1)"""
-    dspark_profile: str = text(DEFAULT_PROFILE, group="serving", check=_profile)
+    dspark_profile: str = text(DEFAULT_PROFILE, group="serving", check=_profile, level="serve")
     """Model profile: the recipe's vllm serve flags and variables, checked against the installed vLLM
     (docs/deepseek-v4-flash.md); none: only the settings' flags"""
-    dspark_profile_env: tuple[str, ...] = text((), group="serving", check=_profile_env)
+    dspark_profile_env: tuple[str, ...] = text((), group="serving", check=_profile_env, level="serve")
     """The profile's vllm serve variables set otherwise: NAME=VALUE (NAME= leaves it unset), only names the profile
     sets (docs/deepseek-v4-flash.md)"""
-    vllm_extra_args: tuple[str, ...] = text((), group="serving", check=_serve_args, quiet=True)
+    vllm_extra_args: tuple[str, ...] = text((), group="serving", check=_serve_args, quiet=True, level="serve")
     """Extra vllm serve arguments, split like a shell would (never run by one); the flags the launcher sets are
     refused (list below)"""
 
     # ---- security
-    vllm_api_key: str = text("", group="security", check=_api_key, secret=True)
+    vllm_api_key: str = text("", group="security", check=_api_key, secret=True, level="serve",
+                         flag=owned("--api-key"))
     """API key clients must send (never on argv)"""
-    dspark_api_keys: str = text("", group="security", check=_api_key_list, secret=True)
+    dspark_api_keys: str = text("", group="security", check=_api_key_list, secret=True, level="serve",
+                            flag=owned("--api-key"))
     """Several API keys, space-separated (instead of VLLM_API_KEY, never both)"""
     ray_auth_mode: str = text("token", group="security", check=_choice("token", "disabled"))
     """Ray authentication: token (default) or disabled (isolated fabric only)"""
@@ -317,12 +326,13 @@ class TextSettings:
     dspark_model_cache: str = text("", group="model")
     """Hub cache folder for the weights, same path on every node (default: HF_HUB_CACHE, else $HF_HOME/hub); vllm
     serve reads the weights there"""
-    dspark_model_copy_streams: int = text(4, group="model", check=_choice(*(str(n) for n in range(1, 17))))
+    dspark_model_copy_streams: int = text(4, group="model", check=_choice(*(str(n) for n in range(1, 17))),
+                                          level="serve")
     """Parallel rsync streams per worker for the model copy (one stream is bound by one SSH cipher core)"""
     dspark_model_copy_hosts: str = text("", group="model", check=_host_list)
     """Address the model copy reaches each worker at, same order as DSPARK_WORKER_HOSTS ([user@]host; default: the
     worker's fabric IP, with the SSH settings of the agent)"""
-    hf_token: str = text("", group="model", secret=True)
+    hf_token: str = text("", group="model", secret=True, level="serve")
     """Hugging Face token for gated models (default: the hub's token file from `hf auth login`)"""
 
 
@@ -331,21 +341,27 @@ def as_text(value: str | int | tuple[str, ...]) -> str:
     return shlex.join(value) if isinstance(value, tuple) else str(value)
 
 
-def _text_settings() -> tuple[TextSetting, ...]:
-    docs = field_docs(TextSettings)
+def text_settings_of(cls: type) -> tuple[TextSetting, ...]:
+    """The text settings `cls` declares (TextSettings, or a declaration class extending it: the tests' fake
+    settings), in declaration order."""
+    docs = declared_docs(cls)
     specs = []
-    for field in dataclasses.fields(TextSettings):
+    for field in dataclasses.fields(cls):
+        if "text" not in field.metadata:
+            if "knob" in field.metadata:
+                continue  # declared by the other kind, in a class that declares both
+            raise ValueError(f"{cls.__name__}.{field.name} is not declared with text()")
         rule: TextRule = field.metadata["text"]
         if field.name not in docs:
-            raise ValueError(f"TextSettings.{field.name} has no docstring")
+            raise ValueError(f"{cls.__name__}.{field.name} has no docstring")
         if field.default is dataclasses.MISSING:
-            raise ValueError(f"TextSettings.{field.name} has no default")
+            raise ValueError(f"{cls.__name__}.{field.name} has no default")
         specs.append(TextSetting(field.name.upper(), as_text(field.default), rule.group, docs[field.name], rule.check,
                                  rule.secret, rule.required_for_cluster, rule.quiet))
     return tuple(specs)
 
 
-TEXT_SETTINGS: tuple[TextSetting, ...] = _text_settings()
+TEXT_SETTINGS: tuple[TextSetting, ...] = text_settings_of(TextSettings)
 
 # Names the launcher reads that are not settings of a run.
 META_NAMES = frozenset({"DSPARK_ENV_FILE"})

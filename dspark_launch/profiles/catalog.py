@@ -30,11 +30,11 @@ DEEPSEEK_V4_FLASH = Profile(
         SettingDefault("DSPARK_MODEL_REVISION", "9e165c30e2704aec5d9d593cce3eebd58bbef1cb",
                        "the recipe's pinned revision: every node loads the same bytes"),
         SettingDefault("DSPARK_SERVED_MODEL_NAME", "deepseek-v4-flash-0731", "the name the recipe's clients ask for"),
-        SettingDefault("MAX_MODEL_LEN", "1048576", "1M tokens of context, the recipe's long-context lane"),
-        SettingDefault("MAX_NUM_SEQS", "6", "six lanes share one KV pool at 1M context"),
-        SettingDefault("MAX_NUM_BATCHED_TOKENS", "8192", "the recipe's step budget"),
-        SettingDefault("LONG_PREFILL_TOKEN_THRESHOLD", "1024", "a long prompt takes at most 1024 tokens a step"),
-        SettingDefault("GPU_MEMORY_UTILIZATION", "0.87",
+        SettingDefault("MAX_MODEL_LEN", 1048576, "1M tokens of context, the recipe's long-context lane"),
+        SettingDefault("MAX_NUM_SEQS", 6, "six lanes share one KV pool at 1M context"),
+        SettingDefault("MAX_NUM_BATCHED_TOKENS", 8192, "the recipe's step budget"),
+        SettingDefault("LONG_PREFILL_TOKEN_THRESHOLD", 1024, "a long prompt takes at most 1024 tokens a step"),
+        SettingDefault("GPU_MEMORY_UTILIZATION", 0.87,
                        "a freshly booted headless GB10 shows 113-117 GiB MemAvailable; vLLM's free-memory gate reads "
                        "about 6 GiB less while weights load (eugr: 111.04 of 117), so 0.87 x 121.69 = 105.9 GiB passes "
                        "it at 113 (0.90's 109.5 GiB does not); 1M context still fits: eugr measured 0.85 failing by "

@@ -1,7 +1,7 @@
 """`dspark reload`: live settings handed to the running scheduler, no restart.
 
 The env file is read again (the same loader as `start`) and compared with the values the server runs
-with (`ServerRecord.running_settings`). When only live settings changed (`restart_kind.LIVE_LEVEL`: the
+with (`ServerRecord.running_settings`). When only live settings changed (those declared `level="live"`: the
 in-flight prefill cap, the gate mode, mode 3's aging, the per-step diagnostics), the head's agent replaces the patched
 scheduler's control file (the scheduler runs in the head's EngineCore) and the launcher reads the server
 log until the scheduler says the new values are in force; any other change is refused (exit 2), nothing
@@ -20,12 +20,14 @@ from dspark_launch.agent.client import Reporter
 from dspark_launch.agent.protocol import ReadLog, SchedulerControl
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import ServerRecord, save_state
+from dspark_launch.config.declared import DECLARED
+from dspark_launch.config.levels import Levels
 from dspark_launch.config.secret_digest import compared_values
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.hotfix import contract
 from dspark_launch.agent.engine_log import engine_text
-from dspark_launch.serve.restart_kind import LIVE_LEVEL, ReloadChanges, reload_changes
+from dspark_launch.serve.restart_kind import ReloadChanges, reload_changes
 
 RELOAD_TIMEOUT_S = 30.0
 POLL_S = 0.1
@@ -78,7 +80,7 @@ class ReloadRefused(ConfigError):
     """Settings changed that only a restart applies (exit 2); nothing was written."""
 
 
-def refusal(changes: ReloadChanges, settings: Settings) -> ReloadRefused:
+def refusal(changes: ReloadChanges, settings: Settings, levels: Levels = DECLARED) -> ReloadRefused:
     def source(name: str) -> str:
         entry = settings.entries.get(name)
         return f" ({entry.source})" if entry is not None else ""
@@ -87,7 +89,7 @@ def refusal(changes: ReloadChanges, settings: Settings) -> ReloadRefused:
     live = f"; the live change(s) ({', '.join(c.line for c in changes.live)}) were not applied either" \
         if changes.live else ""
     return ReloadRefused(f"reload: these settings need `dspark restart`: {need}{live}; nothing was changed; "
-                         f"live settings (applied by reload): {', '.join(sorted(LIVE_LEVEL))}")
+                         f"live settings (applied by reload): {', '.join(sorted(levels.live))}")
 
 
 def reload(settings: Settings, spec: ClusterSpec, reporter: Reporter, timeout_s: float = RELOAD_TIMEOUT_S) -> ReloadResult:

