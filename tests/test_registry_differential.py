@@ -14,7 +14,12 @@ from dspark_launch.config.settings import check_knob
 from dspark_launch.errors import ConfigError
 from tests.support.paths import REGISTRY_SH
 
-UNSET = object()
+class _Unset:
+    def __repr__(self) -> str:  # a stable test id: pytest-xdist workers must collect the same names
+        return "unset"
+
+
+UNSET = _Unset()
 CORPUS = [UNSET, "", "   ", " 2 ", "010", "+2", "-1", "0", "1", "3", "4", "2.0", "two", "1x", "0x10", "2\r",
           "123456789012345678901234567890", "-123456789012345678901234567890", "\u0663", "2\u0663", "\uff12",
           "-0", "+", "-", "1 2", "\t3\n", "0002", "1e3", " +0 "]
