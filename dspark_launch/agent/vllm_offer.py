@@ -132,10 +132,13 @@ def describe_installed_vllm(config_path: str | None = None) -> VllmOffer:
     import vllm.envs
     from vllm.config.speculative import SpeculativeConfig, SpeculativeMethod
 
-    try:
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    except ImportError:  # before 0.31
-        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    try:  # 0.33
+        from vllm.entrypoints.common.cli_args import make_arg_parser
+    except ImportError:
+        try:  # 0.31, 0.32
+            from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        except ImportError:  # before 0.31
+            from vllm.entrypoints.openai.cli_args import make_arg_parser
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:
