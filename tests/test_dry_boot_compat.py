@@ -120,10 +120,12 @@ def test_every_judged_value_is_one_the_release_accepts_on_that_capability(releas
         assert refusal(resolved.serve_args, python) is None
 
 
-def test_a_plan_with_prefix_caching_off_is_one_the_release_parses(release):
-    """0.33 spells the negative of a boolean flag --disable-X (no --no-enable-X): the plan takes the offer's."""
+def test_a_plan_with_prefix_caching_off_uses_the_releases_own_negative(release):
+    """0.33 lists a switch's negative as --disable-X (--no-enable-X still parses, hidden from help): the plan
+    takes the spelling the offer lists, and the release parses it."""
     python, offer = release
     resolved = plan_for(offer, "12.1", WITH_B12X, {"ENABLE_PREFIX_CACHING": "0"})
+    assert "--disable-prefix-caching" in resolved.serve_args
     assert "--enable-prefix-caching" not in resolved.serve_args
     with mock.patch.dict(os.environ, _ENV):
         assert refusal(resolved.serve_args, python) is None

@@ -174,8 +174,8 @@ def test_positional_model_and_harmless_flags(clean_environ):
     assert settings_with(clean_environ, VLLM_EXTRA_ARGS=harmless).entries["VLLM_EXTRA_ARGS"].value == harmless
 
 
-# The table's spellings of another release than the installed 0.32: a switch's negative is --disable-X from
-# 0.33 (--no-enable-X up to 0.32).
+# The table's spellings of another release than the installed 0.32: 0.33 lists a switch's negative as
+# --disable-X (--no-enable-X up to 0.32, still parsed by 0.33).
 OTHER_RELEASE_SPELLINGS = {"--disable-prefix-caching", "--disable-chunked-prefill"}
 
 _PARSE = PARSER_PREAMBLE + r"""

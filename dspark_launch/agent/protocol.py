@@ -205,8 +205,9 @@ class OfferedFlag:
     choices: tuple[str, ...] = ()  # the values this build accepts; () when any value goes
 
     def negative(self) -> str | None:
-        """The spelling that turns a switch off: "--no-enable-prefix-caching" up to 0.32, "--disable-prefix-caching"
-        from 0.33 ("--enable-cascade-attn" for "--disable-cascade-attn"); None when the switch has none."""
+        """The spelling that turns a switch off as the build lists it: "--no-enable-prefix-caching" up to 0.32,
+        "--disable-prefix-caching" from 0.33 ("--enable-cascade-attn" for "--disable-cascade-attn"; 0.33 still
+        parses the --no- forms, unlisted); None when the switch has none."""
         stem = self.option_strings[0][2:] if self.option_strings and self.option_strings[0].startswith("--") else ""
         forms = [f"--no-{stem}"]
         for on, off in (("enable-", "disable-"), ("disable-", "enable-")):
