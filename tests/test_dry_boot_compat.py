@@ -4,7 +4,7 @@ accepts for DeepSeek-V4-Flash-0731 (the shipped config.json), as tests/test_dry_
 
 Not in the default run (`-m compat`, `make test-compat`). Each release runs in its own venv outside the checkout
 (tests/support/compat_vllm.py: its CUDA wheel's Python with --no-deps beside the CPU torch of this run; built on
-first use, about 3.7 GB and 1 to 2 minutes, reused after). The probe is the product's own
+first use, about 3.7 GB and 8 minutes, reused after). The probe is the product's own
 (`probe_installed_vllm` with that venv's Python, this checkout on PYTHONPATH) and the plan the product's own
 (`resolve` on the offer it returns). VLLM_TARGET_DEVICE=cpu: the CUDA wheel finds no GPU here, and vLLM's CPU
 platform is the one the dry boot patches on the CPU testbed too.
