@@ -42,6 +42,9 @@ test: $(STAMP) testbed-deps
 	$(PY) -m mypy
 	$(PY) -m pytest -m "not compat" -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
+# Downloaded vLLM releases (not in `make test`): the hotfix against the wheels 0.25 to 0.33 ($DSPARK_COMPAT_CACHE,
+# default ~/.cache/dspark-compat, ~330 MB each), and the dry boot on 0.33 in a venv built once outside the checkout
+# ($DSPARK_COMPAT_VENVS, default /var/tmp/dspark-compat, ~3.7 GB; tests/support/compat_vllm.py).
 test-compat: $(STAMP)
 	$(PY) -m pytest -m compat $(PYTEST_ARGS)
 

@@ -14,38 +14,15 @@ from dspark_launch.agent.versions import differing_rows, modules_of, package_row
 from dspark_launch.agent.vllm_dryboot import SHIPPED_CONFIG
 from dspark_launch.agent.vllm_offer import VllmOffer, probe_installed_vllm
 from dspark_launch.config.profile_resolve import resolve
-from dspark_launch.config.settings import resolve as load_settings
 from dspark_launch.errors import DsparkError
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
-from dspark_launch.profiles.gpu import UNKNOWN, given_target, gpu_target
-from tests.support.paths import REPO
-
-# A stock `pip install vllm` wheel requires flashinfer-python, fastsafetensors, instanttensor, nvidia-cutlass-dsl;
-# b12x is only the extra `pip install "vllm[b12x]"`.
-STOCK = ("flashinfer", "fastsafetensors", "instanttensor", "cutlass")
-WITH_B12X = ("b12x", *STOCK)
+from dspark_launch.profiles.gpu import UNKNOWN, gpu_target
+from tests.support.dry_boot_plan import STOCK, WITH_B12X, line_of, plan_for, settings, value_of
 
 
 @pytest.fixture(scope="module")
 def installed() -> VllmOffer:
     return probe_installed_vllm()
-
-
-def settings(environ: dict[str, str] | None = None):
-    return load_settings(env_file=str(REPO / ".env.dspark.example"), environ=environ or {})
-
-
-def value_of(args: tuple[str, ...], flag: str) -> str | None:
-    return args[args.index(flag) + 1] if flag in args else None
-
-
-def line_of(resolved, subject: str) -> str:
-    return next(d.line for d in resolved.decisions if d.subject == subject)
-
-
-def plan_for(offer: VllmOffer, capability: str, modules: tuple[str, ...], environ: dict[str, str] | None = None):
-    return resolve(DEEPSEEK_V4_FLASH, dataclasses.replace(offer, modules=modules), settings(environ),
-                   given_target(capability))
 
 
 def test_the_dry_boot_runs_on_the_checkpoints_own_config(installed):

@@ -8,35 +8,18 @@ there. Run with: pytest -m compat tests/test_issue27_compat.py -s
 
 from __future__ import annotations
 
-import os
 import pathlib
-import subprocess
-import sys
 import zipfile
 
 import pytest
 
 from dspark_launch.hotfix import patch_tool as patch
+from tests.support.compat_vllm import wheel_for
 
 pytestmark = pytest.mark.compat
 
 VERSIONS = ["0.25.0", "0.26.0", "0.27.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"]
-CACHE = pathlib.Path(os.environ.get("DSPARK_COMPAT_CACHE", pathlib.Path.home() / ".cache" / "dspark-compat"))
 MEMBERS = ("vllm/v1/core/sched/scheduler.py", "vllm/_version.py")
-
-
-def wheel_for(version: str) -> pathlib.Path:
-    CACHE.mkdir(parents=True, exist_ok=True)
-    found = sorted(CACHE.glob(f"vllm-{version}-*.whl"))
-    if not found:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-             f"vllm=={version}", "-d", str(CACHE), "-q"],
-            check=True, timeout=1800,
-        )
-        found = sorted(CACHE.glob(f"vllm-{version}-*.whl"))
-    assert found, f"no wheel for vllm {version} in {CACHE}"
-    return found[0]
 
 
 def extract(wheel: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:

@@ -214,3 +214,27 @@ def test_docs_put_every_recipe_flag_side_by_side():
     assert "| `--max-cudagraph-capture-size" in docs and "draft_sample_method" in docs
     for default in profile.settings:
         assert profile_value(profile, default) in docs and f"`{default.setting}`" in docs, default.setting
+
+
+def test_a_switch_is_turned_off_with_the_installed_releases_own_negative(installed):
+    """Up to 0.32 a switch's negative is --no-X; 0.33 spells it --disable-X (--enable-X for a --disable- flag).
+    The plan emits the offer's spelling and reads the operator's either way."""
+    import dataclasses
+
+    from dspark_launch.agent.vllm_offer import OfferedFlag
+    from dspark_launch.config.profile_resolve import extra_args_values
+
+    assert installed.flag("--enable-prefix-caching").negative() == "--no-enable-prefix-caching"
+    off = settings({"ENABLE_PREFIX_CACHING": "0"})
+    assert "--no-enable-prefix-caching" in resolve(DEEPSEEK_V4_FLASH, installed, off).serve_args
+    spelled_033 = {"enable_prefix_caching": ("--enable-prefix-caching", "--disable-prefix-caching"),
+                   "disable_cascade_attn": ("--disable-cascade-attn", "--enable-cascade-attn")}
+    offer_033 = dataclasses.replace(installed, flags=tuple(
+        dataclasses.replace(f, option_strings=spelled_033.get(f.dest, f.option_strings)) for f in installed.flags))
+    args = resolve(DEEPSEEK_V4_FLASH, offer_033, off).serve_args
+    assert "--disable-prefix-caching" in args and "--no-enable-prefix-caching" not in args
+    assert OfferedFlag(("--enforce-eager",), "enforce_eager", False).negative() is None
+    words = "--enable-cascade-attn --disable_cascade_attn --no-async-sched --async-scheduling"
+    assert extra_args_values(settings({"VLLM_EXTRA_ARGS": words}), offer_033) == (
+        ("disable_cascade_attn", "off"), ("disable_cascade_attn", "on"), ("async_scheduling", "off"),
+        ("async_scheduling", "on"))

@@ -174,6 +174,10 @@ def test_positional_model_and_harmless_flags(clean_environ):
     assert settings_with(clean_environ, VLLM_EXTRA_ARGS=harmless).entries["VLLM_EXTRA_ARGS"].value == harmless
 
 
+# The table's spellings of another release than the installed 0.32: 0.33 lists a switch's negative as
+# --disable-X (--no-enable-X up to 0.32, still parsed by 0.33).
+OTHER_RELEASE_SPELLINGS = {"--disable-prefix-caching", "--disable-chunked-prefill"}
+
 _PARSE = PARSER_PREAMBLE + r"""
 dests = {o: a.dest for a in parser._actions for o in a.option_strings}
 base = vars(parser.parse_args(["m"]))
@@ -199,11 +203,12 @@ def test_the_table_covers_what_vllms_parser_reads():
     result = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))[7:])
     dests = result["dests"]
     owned_dests = {dests[s] for flag in LAUNCHER_FLAGS + SECRET_FLAGS for s in flag.spellings if s in dests}
-    assert {s for flag in LAUNCHER_FLAGS for s in flag.spellings} <= set(dests), "a table flag vLLM does not know"
+    unknown = {s for flag in LAUNCHER_FLAGS for s in flag.spellings} - set(dests)
+    assert unknown <= OTHER_RELEASE_SPELLINGS, f"table flags vLLM does not know: {sorted(unknown)}"
     reached = 0
     for (flag, form), changed in zip(OWNED_FORMS, result["changed"]):
         if changed is not None and changed:
-            assert set(changed) & {dests[s] for s in flag.spellings}, (form, changed)
+            assert set(changed) & {dests[s] for s in flag.spellings if s in dests}, (form, changed)
             reached += 1
     print(f"vLLM acted on {reached} of {len(OWNED_FORMS)} refused forms")
     assert reached >= len(LAUNCHER_FLAGS)

@@ -56,7 +56,7 @@ OLD_SETTING_ROWS = {
     (("--long-prefill-token-threshold",), "LONG_PREFILL_TOKEN_THRESHOLD", ""),
     (("--max-model-len",), "MAX_MODEL_LEN", ""),
     (("--gpu-memory-utilization", "--device-memory-utilization"), "GPU_MEMORY_UTILIZATION", ""),
-    (("--enable-prefix-caching", "--no-enable-prefix-caching"), "ENABLE_PREFIX_CACHING", ""),
+    (("--enable-prefix-caching", "--no-enable-prefix-caching", "--disable-prefix-caching"), "ENABLE_PREFIX_CACHING", ""),
     (("--shutdown-timeout",), "DSPARK_DRAIN_TIMEOUT_S", ""),
 }
 

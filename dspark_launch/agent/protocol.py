@@ -204,6 +204,17 @@ class OfferedFlag:
     takes_value: bool  # False for switches ("--async-scheduling" / "--no-async-scheduling")
     choices: tuple[str, ...] = ()  # the values this build accepts; () when any value goes
 
+    def negative(self) -> str | None:
+        """The spelling that turns a switch off as the build lists it: "--no-enable-prefix-caching" up to 0.32,
+        "--disable-prefix-caching" from 0.33 ("--enable-cascade-attn" for "--disable-cascade-attn"; 0.33 still
+        parses the --no- forms, unlisted); None when the switch has none."""
+        stem = self.option_strings[0][2:] if self.option_strings and self.option_strings[0].startswith("--") else ""
+        forms = [f"--no-{stem}"]
+        for on, off in (("enable-", "disable-"), ("disable-", "enable-")):
+            if stem.startswith(on):
+                forms.append(f"--{off}{stem[len(on):]}")
+        return next((form for form in forms if stem and form in self.option_strings), None)
+
 
 @dataclass(frozen=True)
 class KvVerdict:

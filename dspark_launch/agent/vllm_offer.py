@@ -106,8 +106,15 @@ def _optional_modules() -> tuple[str, ...]:
 
 
 def _static_choices() -> dict[str, tuple[str, ...]]:
-    """Values argparse leaves open but the build checks later: attention backends and load formats."""
+    """Values argparse leaves open but the build checks later: attention backends, load formats and (0.33 on)
+    KV cache dtypes, which CacheConfig checks against KV_CACHE_DTYPES instead of argparse choices."""
     found: dict[str, tuple[str, ...]] = {}
+    try:
+        from vllm.config.cache import KV_CACHE_DTYPES
+
+        found["kv_cache_dtype"] = tuple(KV_CACHE_DTYPES)
+    except ImportError:  # before 0.33: argparse's choices
+        pass
     try:
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
@@ -132,10 +139,13 @@ def describe_installed_vllm(config_path: str | None = None) -> VllmOffer:
     import vllm.envs
     from vllm.config.speculative import SpeculativeConfig, SpeculativeMethod
 
-    try:
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    except ImportError:  # before 0.31
-        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    try:  # 0.33
+        from vllm.entrypoints.common.cli_args import make_arg_parser
+    except ImportError:
+        try:  # 0.31, 0.32
+            from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        except ImportError:  # before 0.31
+            from vllm.entrypoints.openai.cli_args import make_arg_parser
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:

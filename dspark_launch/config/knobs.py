@@ -82,7 +82,8 @@ class NumericKnobs:
                                          flag=ServeFlag(("--gpu-memory-utilization", "--device-memory-utilization")))
     """vllm --gpu-memory-utilization: share of (unified) memory vLLM may take"""
     enable_prefix_caching: bool = switch(True, group="serving", level="serve",
-                                         flag=owned("--enable-prefix-caching", "--no-enable-prefix-caching"))
+                                         flag=owned("--enable-prefix-caching", "--no-enable-prefix-caching",
+                                                    "--disable-prefix-caching"))
     """1 passes --enable-prefix-caching to vllm serve"""
     hf_hub_offline: bool = switch(False, group="serving")
     """1 forbids Hugging Face hub downloads (model must be in the local cache or a path)"""

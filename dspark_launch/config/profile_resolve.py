@@ -165,7 +165,9 @@ def extra_args_values(settings: Settings, offer: VllmOffer) -> tuple[tuple[str, 
         elif flag.takes_value:
             value = tokens[index + 1] if index + 1 < len(tokens) else ""
         else:
-            value = "off" if token.startswith("--no-") else "on"
+            negative = flag.negative()
+            name = "--" + token[2:].replace("_", "-") if token.startswith("--") else token  # as _dest_of reads it
+            value = "off" if negative and negative.startswith(name) else "on"
         found.append((flag.dest, value))
     return tuple(found)
 
@@ -543,8 +545,10 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarg
                           f"of at most MAX_MODEL_LEN")
     for name, flag in SETTING_FLAGS:
         args += [flag, values[name]]
+    caching = offer.flag("--enable-prefix-caching")
     args += ["--enable-chunked-prefill",
-             "--enable-prefix-caching" if settings.enable_prefix_caching else "--no-enable-prefix-caching"]
+             "--enable-prefix-caching" if settings.enable_prefix_caching
+             else (caching and caching.negative()) or "--no-enable-prefix-caching"]
     for pref in profile.preferences:
         run.preference(pref)
     for switch in profile.switches:

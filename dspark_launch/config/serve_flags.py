@@ -34,7 +34,7 @@ UNSET_FLAGS: tuple[LauncherFlag, ...] = (
     LauncherFlag(("--distributed-executor-backend",), "", "the launcher always uses Ray"),
     LauncherFlag(("--headless", "--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port"), "",
                  _MULTI_NODE),
-    LauncherFlag(("--enable-chunked-prefill", "--no-enable-chunked-prefill"), "",
+    LauncherFlag(("--enable-chunked-prefill", "--no-enable-chunked-prefill", "--disable-chunked-prefill"), "",
                  "the scheduler hotfix needs chunked prefill on"),
     LauncherFlag(("--config",), "", "a vLLM config file can set every flag of this table"),
 )

@@ -69,8 +69,8 @@ def derive(root: Path) -> dict:
     version = _assignments([vllm / "_version.py"])["__version__"]
     config_files = sorted((vllm / "config").rglob("*.py"))
     aliases = _assignments(config_files)
-    cli = next(p for p in (vllm / "entrypoints/launchers/cli_args.py", vllm / "entrypoints/openai/cli_args.py")
-               if p.is_file())
+    cli = next(p for p in (vllm / "entrypoints/common/cli_args.py", vllm / "entrypoints/launchers/cli_args.py",
+                           vllm / "entrypoints/openai/cli_args.py") if p.is_file())
     flags = _dataclass_flags(vllm / "engine/arg_utils.py", ("EngineArgs", "AsyncEngineArgs"))
     flags += _dataclass_flags(cli, ("FrontendArgs", "BaseFrontendArgs"))
     tool_dirs = [p for p in (vllm / "tool_parsers", vllm / "entrypoints/openai/tool_parsers") if p.is_dir()]

@@ -3,10 +3,13 @@
 
 PARSER_PREAMBLE = r"""
 import json, sys
-try:
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+try:  # 0.33
+    from vllm.entrypoints.common.cli_args import make_arg_parser
 except ImportError:
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    try:  # 0.31, 0.32
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
 try:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 except ImportError:

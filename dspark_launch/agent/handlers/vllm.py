@@ -35,10 +35,13 @@ def describe_vllm(req: p.DescribeVllm, report: p.Report) -> p.DescribeVllmAnswer
 # The installed vLLM's own serve-argument check (moved from serve/argcheck.py, which keeps the launcher side).
 _CHECK = r"""
 import json, sys
-try:
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+try:  # 0.33
+    from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
 except ImportError:
-    from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+    try:  # 0.31, 0.32
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
 try:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 except ImportError:

@@ -1,0 +1,35 @@
+"""The default profile's plan on a given vLLM offer, as the dry-boot tests read it (tests/test_dry_boot.py on the
+installed vLLM, tests/test_dry_boot_compat.py on other releases)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dspark_launch.agent.vllm_offer import VllmOffer
+from dspark_launch.config.profile_resolve import resolve
+from dspark_launch.config.settings import resolve as load_settings
+from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
+from dspark_launch.profiles.gpu import given_target
+from tests.support.paths import REPO
+
+# A stock `pip install vllm` wheel requires flashinfer-python, fastsafetensors, instanttensor, nvidia-cutlass-dsl;
+# b12x is only the extra `pip install "vllm[b12x]"`.
+STOCK = ("flashinfer", "fastsafetensors", "instanttensor", "cutlass")
+WITH_B12X = ("b12x", *STOCK)
+
+
+def settings(environ: dict[str, str] | None = None):
+    return load_settings(env_file=str(REPO / ".env.dspark.example"), environ=environ or {})
+
+
+def value_of(args: tuple[str, ...], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def line_of(resolved, subject: str) -> str:
+    return next(d.line for d in resolved.decisions if d.subject == subject)
+
+
+def plan_for(offer: VllmOffer, capability: str, modules: tuple[str, ...], environ: dict[str, str] | None = None):
+    return resolve(DEEPSEEK_V4_FLASH, dataclasses.replace(offer, modules=modules), settings(environ),
+                   given_target(capability))
