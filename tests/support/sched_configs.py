@@ -40,8 +40,8 @@ def spec(config: str, **fields) -> h.SchedulerSpec:
     if config != RECIPE:
         raise ValueError(f"unknown configuration {config!r}")
     base = h.recipe_spec(RECIPE_SCALE)
-    pool = POOL_THRESHOLDS * base.long_prefill_token_threshold // base.block_size
-    return dataclasses.replace(base, num_blocks=pool, **fields)
+    fields.setdefault("num_blocks", POOL_THRESHOLDS * base.long_prefill_token_threshold // base.block_size)
+    return dataclasses.replace(base, **fields)
 
 
 def tokens(base: h.SchedulerSpec, at_toy: int) -> int:
