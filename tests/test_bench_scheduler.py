@@ -143,8 +143,10 @@ def test_json_carries_the_exact_workload_versions_and_targets(result):
         "ttft-long-vs-v2",
     }
     assert result["shipped_default"] == policies.SHIPPED
-    sizes = {sc["running"]: sc["waiting"] for sc in result["overhead"]["scenarios"]}
-    assert sizes == {6: 16, 256: 1024}
+    sizes = [(sc["scheduling_policy"], sc["running"], sc["waiting"]) for sc in result["overhead"]["scenarios"]]
+    assert sizes == [("fcfs", 6, 16), ("fcfs", 256, 1024), ("priority", 6, 16), ("priority", 256, 1024)]
+    for sc in result["overhead"]["scenarios"]:  # stock and the shipped hotfix, side by side under both policies
+        assert {policies.STOCK_THR, policies.SHIPPED} <= {r["policy"] for r in sc["policies"]}
 
 
 def test_tables_and_plot(result):

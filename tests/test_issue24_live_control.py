@@ -3,6 +3,9 @@
 
 The patched module's clock is replaced by one the test advances per step, so "at most one stat a
 period" is exercised without waiting for real seconds.
+
+Each test that drives steps runs in the toy configuration and in the recipe's, at full scale
+(tests/support/sched_configs.py): token counts follow the threshold.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ import sys
 
 import pytest
 
+from tests.support import sched_configs as sc
+from tests.support.sched_configs import CONFIGS, TOY, tokens
 from tools import scheduler_harness as h
 from dspark_launch.hotfix import contract
 
-THRESHOLD = 256
 SCHEDULERS = pytest.mark.parametrize("async_scheduling", [False, True], ids=["Scheduler", "AsyncScheduler"])
 STEP_S = 0.25  # modelled seconds per schedule() call: a period is 4 steps
 
@@ -51,9 +55,13 @@ def clock(monkeypatch, model_dir):
     return fake
 
 
-def spec(control, async_scheduling=False, cap=1, **kw) -> h.SchedulerSpec:
-    return h.SchedulerSpec(policy="patched", cap=cap, long_prefill_token_threshold=THRESHOLD,
-                           async_scheduling=async_scheduling, extra_env=((contract.ENV_CONTROL, str(control)),), **kw)
+def spec(control, async_scheduling=False, cap=1, config=TOY, **kw) -> h.SchedulerSpec:
+    return sc.spec(config, cap=cap, async_scheduling=async_scheduling,
+                   extra_env=((contract.ENV_CONTROL, None if control is None else str(control)),), **kw)
+
+
+def bound(base: h.SchedulerSpec, cap: int) -> int:
+    return cap * base.long_prefill_token_threshold + base.long_prefill_token_threshold // 2
 
 
 def write(path, **values: str) -> None:
@@ -64,8 +72,10 @@ def write(path, **values: str) -> None:
     os.replace(tmp, path)
 
 
-def wave(n_wave=8) -> list[h.RequestSpec]:
-    return h.wave_workload(n_streams=4, stream_tokens=160, n_wave=n_wave, wave_prompt=1500, wave_tokens=16)
+def wave(base: h.SchedulerSpec, n_wave=8) -> list[h.RequestSpec]:
+    return h.wave_workload(n_streams=sc.stream_count(base, 4), stream_prompt=tokens(base, 48),
+                           stream_tokens=sc.outputs(base, 160), n_wave=n_wave, wave_prompt=tokens(base, 1500),
+                           wave_tokens=16)
 
 
 def live_lines(caplog) -> list[contract.LiveLine]:
@@ -77,8 +87,9 @@ def control_warnings(caplog) -> list[str]:
             if r.levelno >= logging.WARNING and contract.LIVE_WARNING_RE.search(r.getMessage())]
 
 
+@CONFIGS
 @SCHEDULERS
-def test_the_control_file_changes_the_cap_between_steps(model_dir, clock, tmp_path, caplog, async_scheduling):
+def test_the_control_file_changes_the_cap_between_steps(model_dir, clock, tmp_path, caplog, async_scheduling, config):
     caplog.set_level(logging.INFO)
     control = tmp_path / "control"
     written_at = {}
@@ -89,8 +100,9 @@ def test_the_control_file_changes_the_cap_between_steps(model_dir, clock, tmp_pa
             write(control, DSPARK_MAX_INFLIGHT_PREFILLS="2")
             written_at["step"] = index
 
-    sched = h.build_scheduler(spec(control, async_scheduling), model_dir)
-    run = h.run_workload(spec(control, async_scheduling), wave(), model_dir, scheduler=sched, before_schedule=step)
+    base = spec(control, async_scheduling, config=config)
+    sched = h.build_scheduler(base, model_dir)
+    run = h.run_workload(base, wave(base), model_dir, scheduler=sched, before_schedule=step)
 
     assert not run.unfinished
     per_step = [len(s.mid_prefill) for s in run.steps]
@@ -104,12 +116,13 @@ def test_the_control_file_changes_the_cap_between_steps(model_dir, clock, tmp_pa
     assert [(line.changes, line.cap) for line in lines] == [("cap 1 -> 2", 2)], lines
     assert any("cap 1 -> 2 (live)" in r.getMessage() for r in caplog.records)
     # Mode 2's step bound follows the cap.
-    assert sched._dspark_step_bound == lines[0].step_bound == 2 * THRESHOLD + THRESHOLD // 2
+    assert sched._dspark_step_bound == lines[0].step_bound == bound(base, 2)
     assert control_warnings(caplog) == []
 
 
+@CONFIGS
 @SCHEDULERS
-def test_a_malformed_value_is_ignored_with_one_warning(model_dir, clock, tmp_path, caplog, async_scheduling):
+def test_a_malformed_value_is_ignored_with_one_warning(model_dir, clock, tmp_path, caplog, async_scheduling, config):
     caplog.set_level(logging.INFO)
     control = tmp_path / "control"
 
@@ -120,8 +133,9 @@ def test_a_malformed_value_is_ignored_with_one_warning(model_dir, clock, tmp_pat
         if index in (12, 20):  # the same content again: a new file, no second warning
             write(control, DSPARK_MAX_INFLIGHT_PREFILLS="two", DSPARK_PREFILL_GATE_MODE="1")
 
-    sched = h.build_scheduler(spec(control, async_scheduling), model_dir)
-    run = h.run_workload(spec(control, async_scheduling), wave(), model_dir, scheduler=sched, before_schedule=step)
+    base = spec(control, async_scheduling, config=config)
+    sched = h.build_scheduler(base, model_dir)
+    run = h.run_workload(base, wave(base), model_dir, scheduler=sched, before_schedule=step)
 
     assert not run.unfinished
     assert run.max_concurrent_partial_prefills() == 1
@@ -156,12 +170,13 @@ def test_a_file_it_does_not_accept_keeps_every_value(model_dir, clock, tmp_path,
     assert len(control_warnings(caplog)) == 1 and live_lines(caplog) == []
 
 
-def test_a_file_others_can_write_or_a_link_is_refused(model_dir, clock, tmp_path, caplog):
+@CONFIGS
+def test_a_file_others_can_write_or_a_link_is_refused(model_dir, clock, tmp_path, caplog, config):
     caplog.set_level(logging.INFO)
     control = tmp_path / "control"
     control.write_text("DSPARK_MAX_INFLIGHT_PREFILLS=2\n")
     control.chmod(0o622)
-    sched = h.build_scheduler(spec(control), model_dir)
+    sched = h.build_scheduler(spec(control, config=config), model_dir)
     assert sched._dspark_max_inflight_prefills == 1
     assert "only it can write" in control_warnings(caplog)[0]
 
@@ -176,18 +191,20 @@ def test_a_file_others_can_write_or_a_link_is_refused(model_dir, clock, tmp_path
     assert "cannot open it" in control_warnings(caplog)[-1]
 
 
-def test_no_file_means_the_start_values(model_dir, clock, tmp_path, caplog):
+@CONFIGS
+def test_no_file_means_the_start_values(model_dir, clock, tmp_path, caplog, config):
     """No file at start: the environment's values; a file removed later: back to them."""
     caplog.set_level(logging.INFO)
     control = tmp_path / "control"
-    sched = h.build_scheduler(spec(control, cap=2), model_dir)
+    base = spec(control, cap=2, config=config)
+    sched = h.build_scheduler(base, model_dir)
     assert (sched._dspark_max_inflight_prefills, sched._dspark_gate_mode, sched._dspark_diag) == (
         2, contract.DEFAULT_GATE_MODE, False)
     write(control, DSPARK_MAX_INFLIGHT_PREFILLS="1", DSPARK_PREFILL_GATE_MODE="1", DSPARK_ISSUE43_SCHED_DIAG="1")
     clock.now += contract.LIVE_CHECK_PERIOD_S
     sched.schedule()
     assert (sched._dspark_max_inflight_prefills, sched._dspark_gate_mode, sched._dspark_diag) == (1, 1, True)
-    assert sched._dspark_step_bound == THRESHOLD + THRESHOLD // 2
+    assert sched._dspark_step_bound == bound(base, 1)
     control.unlink()
     clock.now += contract.LIVE_CHECK_PERIOD_S
     sched.schedule()
@@ -207,12 +224,13 @@ def test_a_name_the_file_leaves_out_keeps_its_start_value(model_dir, clock, tmp_
     assert (sched._dspark_max_inflight_prefills, sched._dspark_gate_mode, sched._dspark_step_bound) == (3, 0, 0)
 
 
-def test_mode_3s_aging_changes_live_and_goes_back_without_the_file(model_dir, clock, tmp_path, caplog):
+@CONFIGS
+def test_mode_3s_aging_changes_live_and_goes_back_without_the_file(model_dir, clock, tmp_path, caplog, config):
     """DSPARK_PREFILL_AGING is live too: parsed as at start, in the log line, the start value again when the
     file goes."""
     caplog.set_level(logging.INFO)
     control = tmp_path / "control"
-    sched = h.build_scheduler(spec(control), model_dir)
+    sched = h.build_scheduler(spec(control, config=config), model_dir)
     assert sched._dspark_aging == contract.DEFAULT_AGING
     write(control, DSPARK_PREFILL_AGING="4.5")
     clock.now += contract.LIVE_CHECK_PERIOD_S
@@ -229,9 +247,11 @@ def test_mode_3s_aging_changes_live_and_goes_back_without_the_file(model_dir, cl
     assert control_warnings(caplog) == []
 
 
-def test_at_most_one_stat_per_period(model_dir, clock, tmp_path, monkeypatch):
+@CONFIGS
+def test_at_most_one_stat_per_period(model_dir, clock, tmp_path, monkeypatch, config):
     control = tmp_path / "control"
-    sched = h.build_scheduler(spec(control), model_dir)
+    base = spec(control, config=config)
+    sched = h.build_scheduler(base, model_dir)
     counting = CountingOs()
     monkeypatch.setattr(sys.modules[h.PATCHED_MODULE_NAME], "_dspark_i27_os", counting)
     steps = 0
@@ -241,17 +261,17 @@ def test_at_most_one_stat_per_period(model_dir, clock, tmp_path, monkeypatch):
         steps += 1
         clock.now += 0.05
 
-    run = h.run_workload(spec(control), wave(n_wave=4), model_dir, scheduler=sched, before_schedule=step)
+    run = h.run_workload(base, wave(base, n_wave=4), model_dir, scheduler=sched, before_schedule=step)
     assert not run.unfinished and steps > 100
     assert 0 < counting.stats <= steps * 0.05 / contract.LIVE_CHECK_PERIOD_S + 1
 
 
-def test_without_the_variable_no_file_is_ever_looked_at(model_dir, clock, monkeypatch):
-    unset = h.SchedulerSpec(policy="patched", cap=1, long_prefill_token_threshold=THRESHOLD,
-                            extra_env=((contract.ENV_CONTROL, None),))
+@CONFIGS
+def test_without_the_variable_no_file_is_ever_looked_at(model_dir, clock, monkeypatch, config):
+    unset = spec(None, config=config)
     sched = h.build_scheduler(unset, model_dir)
     counting = CountingOs()
     monkeypatch.setattr(sys.modules[h.PATCHED_MODULE_NAME], "_dspark_i27_os", counting)
     clock.now += 10
-    h.run_workload(unset, wave(n_wave=2), model_dir, scheduler=sched)
+    h.run_workload(unset, wave(unset, n_wave=2), model_dir, scheduler=sched)
     assert counting.stats == 0

@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 
 from dspark_launch.hotfix import contract
+from tests.support.sched_configs import tokens
 from tools import scheduler_harness as h
 
 CONFIGS = [pytest.param(scale, asy, id=f"{h.scale_label(scale)}-{'AsyncScheduler' if asy else 'Scheduler'}")
@@ -21,11 +22,6 @@ CONFIGS = [pytest.param(scale, asy, id=f"{h.scale_label(scale)}-{'AsyncScheduler
 def spec(scale, async_scheduling, cap, gate_mode=contract.DEFAULT_GATE_MODE) -> h.SchedulerSpec:
     return h.recipe_spec(scale, async_scheduling=async_scheduling, cap=cap,
                          extra_env=((contract.ENV_GATE_MODE, str(gate_mode)),))
-
-
-def tokens(base: h.SchedulerSpec, at_threshold_256: int) -> int:
-    """A token count written for threshold 256 (the older tests), at this threshold."""
-    return max(2, at_threshold_256 * base.long_prefill_token_threshold // 256)
 
 
 @pytest.mark.parametrize(("scale", "async_scheduling"), CONFIGS)

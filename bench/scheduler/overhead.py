@@ -45,7 +45,9 @@ def _step(sched, timed: list[float] | None) -> None:
     sched.update_from_output(out, h._model_output(out, sampled))
 
 
-def _build(model_dir, pol: Policy, running: int, waiting: int, horizon: int):
+def _build(model_dir, pol: Policy, running: int, waiting: int, horizon: int, scheduling_policy: str = "fcfs"):
+    """Under the priority policy the streams run at priority 0 and the waiting prompts take 1 to 3 in
+    turn (a heap of several levels, none of which may preempt a stream)."""
     stream_prompt, prompt = 32, 4096
     blocks = running * (stream_prompt + horizon) // 16 + running + 256
     spec = pol.spec(
@@ -55,6 +57,7 @@ def _build(model_dir, pol: Policy, running: int, waiting: int, horizon: int):
         num_blocks=blocks,
         block_size=16,
         max_model_len=8192,
+        scheduling_policy=scheduling_policy,
     )
     sched = h.build_scheduler(spec, model_dir)
     for i in range(running):
@@ -63,12 +66,13 @@ def _build(model_dir, pol: Policy, running: int, waiting: int, horizon: int):
         _step(sched, None)
     assert all(not r.is_prefill_chunk for r in sched.running) and len(sched.running) == running
     for i in range(waiting):
-        sched.add_request(h.make_request(h.RequestSpec(f"wait-{i}", 0, prompt, 8)))
+        level = 1 + i % 3 if scheduling_policy == "priority" else 0
+        sched.add_request(h.make_request(h.RequestSpec(f"wait-{i}", 0, prompt, 8, priority=level)))
     return sched
 
 
 def scenario(model_dir, pols: Sequence[Policy], running: int, waiting: int, reps: int,
-             instances: int = 2) -> dict:
+             instances: int = 2, scheduling_policy: str = "fcfs") -> dict:
     """Median / trimmed-mean `schedule()` time per policy (microseconds) and
     each policy's ratio to the first one (stock).
 
@@ -82,7 +86,7 @@ def scenario(model_dir, pols: Sequence[Policy], running: int, waiting: int, reps
     order: list[int] = []
     for k in range(instances):
         order += list(range(len(pols))) if k % 2 == 0 else list(reversed(range(len(pols))))
-    scheds = [(i, _build(model_dir, pols[i], running, waiting, horizon)) for i in order]
+    scheds = [(i, _build(model_dir, pols[i], running, waiting, horizon, scheduling_policy)) for i in order]
     per_instance: list[list[float]] = [[] for _ in scheds]
     slots = list(range(len(scheds)))
     for rep in range(reps):
@@ -117,7 +121,8 @@ def scenario(model_dir, pols: Sequence[Policy], running: int, waiting: int, reps
             row["injected_count_us"] = round(helper, 3)
             row["injected_count_share"] = round(helper / base_median, 4)
         rows.append(row)
-    return {"running": running, "waiting": waiting, "reps": reps, "instances": instances, "policies": rows}
+    return {"running": running, "waiting": waiting, "reps": reps, "instances": instances,
+            "scheduling_policy": scheduling_policy, "policies": rows}
 
 
 def _helper_us(sched, calls: int = 2000) -> float | None:
@@ -143,9 +148,11 @@ def _helper_us(sched, calls: int = 2000) -> float | None:
     return elapsed / calls / 1000.0
 
 
-def measure(model_dir, pols: Sequence[Policy], reps_small: int = 2000, reps_large: int = 400) -> dict:
-    """Both scenarios; the first policy is the baseline (stock), a second
-    stock policy is worth including as an A/A control of the noise."""
+def measure(model_dir, pols: Sequence[Policy], reps_small: int = 2000, reps_large: int = 400,
+            scheduling_policies: Sequence[str] = ("fcfs", "priority")) -> dict:
+    """Both sizes under each of vLLM's scheduling policies (`--scheduling-policy`; FCFS first); the
+    first policy is the baseline (stock), a second stock policy is worth including as an A/A
+    control of the noise."""
     return {
         "method": "interleaved round-robin, rotating order; schedule() only; gc off while timed; "
                   "max_num_seqs = running so every policy makes the same decisions; two schedulers per "
@@ -154,7 +161,35 @@ def measure(model_dir, pols: Sequence[Policy], reps_small: int = 2000, reps_larg
                   "same repetition; injected_count_us = the hotfix's per-step count over running, "
                   "timed directly",
         "scenarios": [
-            scenario(model_dir, pols, running=6, waiting=16, reps=reps_small),
-            scenario(model_dir, pols, running=256, waiting=1024, reps=reps_large),
+            scenario(model_dir, pols, running=running, waiting=waiting, reps=reps, scheduling_policy=policy)
+            for policy in scheduling_policies
+            for running, waiting, reps in ((6, 16, reps_small), (256, 1024, reps_large))
         ],
     }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m bench.scheduler.overhead [--out FILE]`: only the overhead scenarios (stock, its
+    controls and the shipped hotfix; FCFS and priority), as JSON."""
+    import argparse
+    import json
+    import pathlib
+    import tempfile
+
+    from bench.scheduler import policies
+
+    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0] if main.__doc__ else None)
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/schedule-overhead.json"))
+    parser.add_argument("--reps-small", type=int, default=2000, help="repetitions at 6 running")
+    parser.add_argument("--reps-large", type=int, default=400, help="repetitions at 256 running / 1,024 waiting")
+    args = parser.parse_args(argv)
+    policies.register()
+    model_dir = h.prepare_environment(tempfile.mkdtemp(prefix="dspark-overhead-"))
+    result = measure(model_dir, policies.overhead_policies(), args.reps_small, args.reps_large)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

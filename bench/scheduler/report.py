@@ -355,12 +355,13 @@ def targets_text(items: list[dict]) -> str:
 def overhead_text(overhead: dict | None, markdown: bool = False) -> str:
     if not overhead:
         return ""
-    head = ("running / waiting", "policy", "schedule() us median", "paired ratio", "injected count us (share)")
+    head = ("running / waiting (reps, vLLM policy)", "policy", "schedule() us median", "paired ratio", "injected count us (share)")
     rows = []
     for sc in overhead["scenarios"]:
         for r in sc["policies"]:
             share = f"{r['injected_count_us']:.2f} ({r['injected_count_share']:.2%})" if "injected_count_us" in r else "-"
-            rows.append([f"{sc['running']} / {sc['waiting']} ({sc['reps']} reps)", r["policy"],
+            rows.append([f"{sc['running']} / {sc['waiting']} ({sc['reps']} reps, {sc.get('scheduling_policy', 'fcfs')})",
+                         r["policy"],
                          f"{r['schedule_us_median']:.1f}", f"{r['ratio_paired_median']:.4f}", share])
     return table(rows, head, markdown)
 

@@ -171,7 +171,7 @@ def run(
     overhead_result = None
     if overhead_reps:
         if progress:
-            progress("overhead: schedule() at 6 and 256 running ...")
+            progress("overhead: schedule() at 6 and 256 running, FCFS and priority ...")
         over = list(overhead_compared) if overhead_compared else policies.overhead_policies()
         overhead_result = overhead.measure(model_dir, over, *overhead_reps)
     first = suites[schedulers[0]]

@@ -14,5 +14,6 @@ fixtures      the shared pytest fixtures
 containers    podman on the testbed and the registry-free test image
 hub_server    a loopback Hugging Face hub; model_nodes / model_runner: model checks on nodes
 (vLLM's scheduler driven without a model, shared with bench/: tools/scheduler_harness.py)
+sched_configs the toy and the recipe's scheduler configurations the hotfix's behavioural tests run in
 steps         `step("name")` in a long scenario test: a failure names the step it happened in
 """
