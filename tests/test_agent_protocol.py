@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dspark_launch import __version__
-from dspark_launch.agent import procfs
+from dspark_launch.node import procfs
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.client import ClusterFailure, NodeAgent, VersionMismatch
 from dspark_launch.agent.codec import DecodeError, from_data, to_data
@@ -196,7 +196,7 @@ def test_the_deployment_record_holds_its_own_types_not_wire_types():
         if kind in seen:
             continue
         seen.add(kind)
-        if getattr(kind, "__module__", "") == p.__name__:
+        if getattr(kind, "__module__", "") in (p.__name__, "dspark_launch.node.values"):  # the protocol carries both
             wire.append(kind.__name__)
         if dataclasses.is_dataclass(kind):
             todo += list(typing.get_type_hints(kind).values())
@@ -307,6 +307,6 @@ def test_the_version_row_names_the_nccl_vllm_will_load(tmp_path, monkeypatch):
     monkeypatch.setattr(node_tasks, "installed_version",
                         lambda *dists: "2.28.3" if dists[0] == "nvidia-nccl-cu13" else None)
     assert node_tasks.nccl_version() == "2.28.3"
-    from dspark_launch.agent.versions import COMPARED_ROWS
+    from dspark_launch.node.versions import COMPARED_ROWS
 
     assert "nccl" in COMPARED_ROWS  # compared across nodes like every row

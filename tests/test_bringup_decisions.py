@@ -19,7 +19,7 @@ import pytest
 
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.client import ClusterFailure, SilentReporter
-from dspark_launch.agent.fabric import FabricEnv
+from dspark_launch.node.fabric import FabricEnv
 from dspark_launch.agent.handlers.fabric import interface
 from dspark_launch.agent.handlers.processes import probe
 from dspark_launch.cluster import lifecycle

@@ -178,7 +178,7 @@ def test_the_one_shot_model_container_gets_read_only_folders_and_nothing_else_of
     sees the package, the state folder (whose owner the folder check trusts, as in the node container)
     and the model cache, all read-only, with no network, GPU or operator arguments (docs/security.md)."""
     from dspark_launch.cluster.runtime import oneshot_run_args
-    from dspark_launch.agent.safe_path import CONTAINER_STATE_VAR
+    from dspark_launch.node.safe_path import CONTAINER_STATE_VAR
 
     args = list(oneshot_run_args(_spec(extra_args=("--privileged",), jit_cache="/var/lib/dspark/jit-cache")))
     volumes = [args[i + 1] for i, word in enumerate(args) if word == "--volume"]

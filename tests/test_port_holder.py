@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from dspark_launch.agent import procfs
+from dspark_launch.node import procfs
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.port_holder import port_holder, reaches
 from dspark_launch.agent.transport import LocalTransport

@@ -21,7 +21,7 @@ from dspark_launch.agent.codec import DecodeError, from_data, to_data
 from dspark_launch.agent.container_transport import ContainerTransport
 from dspark_launch.agent.transport import LocalTransport, NodeUnreachable, Transport
 from dspark_launch.errors import ConfigError, DsparkError
-from dspark_launch.agent.vllm_offer import VllmOffer
+from dspark_launch.node.vllm_offer import VllmOffer
 
 A = TypeVar("A")
 # What the interpreter says when the node's dspark-launch predates dspark_launch.agent (protocol 6).

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from dspark_launch.agent import procfs
+from dspark_launch.node import procfs
 from dspark_launch.agent import protocol as p
 
 _LISTEN = "0A"

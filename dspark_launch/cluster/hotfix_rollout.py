@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 from dspark_launch.agent.client import ClusterFailure, Reporter
 from dspark_launch.cluster.parallel import on_each
-from dspark_launch.agent.protocol import HotfixApply, HotfixReport, VersionQuery, VersionRow
+from dspark_launch.agent.protocol import HotfixApply, HotfixReport, VersionQuery
+from dspark_launch.node.values import VersionRow
 from dspark_launch.cluster.spec import ClusterSpec
-from dspark_launch.agent.versions import differing_rows, gpu_node_problems, matrix_lines, modules_of
+from dspark_launch.node.versions import differing_rows, gpu_node_problems, matrix_lines, modules_of
 from dspark_launch.profiles.gpu import GpuTarget, gpu_target
 
 

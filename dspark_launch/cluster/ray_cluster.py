@@ -14,7 +14,7 @@ import secrets
 
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.client import ClusterFailure, Reporter
-from dspark_launch.agent.fabric import SYSFS_ROOT_VAR, FabricEnv
+from dspark_launch.node.fabric import SYSFS_ROOT_VAR, FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import (NodeRecord, ProcessRecord, SessionRecord, ray_token, recorded, rotate_ray_token, wire_processes,

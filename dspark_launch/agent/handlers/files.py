@@ -17,7 +17,7 @@ def prepare_log_dir(req: p.PrepareLogDir, report: Report) -> p.PrepareLogDirAnsw
 def _writable_dir(path: str) -> str | None:
     """None when `path` is (or can be made) a private log folder this user writes to; else why not,
     naming the path."""
-    from dspark_launch.agent.safe_path import UnsafePath, make_log_dir
+    from dspark_launch.node.safe_path import UnsafePath, make_log_dir
 
     try:
         make_log_dir(Path(path))

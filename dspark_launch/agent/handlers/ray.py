@@ -18,8 +18,8 @@ from typing import Callable
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.port_holder import port_holder  # the operation `port_holder`, and the GCS's check
 from dspark_launch.agent.protocol import OperationFailed, Report
-from dspark_launch.agent.ray_dirs import NAME, SOCKET_PATH_MAX, SOCKET_TAIL, make_private_root
-from dspark_launch.agent.safe_path import UnsafePath, make_dir
+from dspark_launch.node.ray_dirs import NAME, SOCKET_PATH_MAX, SOCKET_TAIL, make_private_root
+from dspark_launch.node.safe_path import UnsafePath, make_dir
 
 
 def _label(node: p.ExpectedNode) -> str:

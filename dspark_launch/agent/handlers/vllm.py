@@ -18,7 +18,7 @@ from dspark_launch.agent import protocol as p
 
 def describe_vllm(req: p.DescribeVllm, report: p.Report) -> p.DescribeVllmAnswer:
     from dspark_launch.agent.offer_cache import install_identity, recall, remember
-    from dspark_launch.agent.vllm_offer import describe_installed_vllm
+    from dspark_launch.node.vllm_offer import describe_installed_vllm
 
     identity = install_identity(req.config_path) if req.keep else None
     kept = recall(identity) if identity else None

@@ -26,7 +26,7 @@ import tarfile
 import tempfile
 
 try:  # on the node's host this source follows safe_path's (there is no package there)
-    from dspark_launch.agent.safe_path import UnsafePath, make_dir
+    from dspark_launch.node.safe_path import UnsafePath, make_dir
 except ImportError:
     pass
 
