@@ -19,7 +19,8 @@ import pytest
 from dspark_launch import __version__
 from dspark_launch.node import procfs
 from dspark_launch.agent import protocol as p
-from dspark_launch.agent.client import ClusterFailure, NodeAgent, VersionMismatch
+from dspark_launch.agent.client import NodeAgent
+from dspark_launch.errors import ClusterFailure, VersionMismatch
 from dspark_launch.agent.codec import DecodeError, from_data, to_data
 from dspark_launch.cluster.state import (Deployment, NodeRecord, ProcessRecord, StateUnreadable, load_state,
                                          save_state)

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from dspark_launch.agent import protocol as p
-from dspark_launch.agent.client import ClusterFailure, SilentReporter
+from dspark_launch.errors import ClusterFailure
+from dspark_launch.report import SilentReporter
 from dspark_launch.node.fabric import FabricEnv
 from dspark_launch.agent.handlers.fabric import interface
 from dspark_launch.agent.handlers.processes import probe

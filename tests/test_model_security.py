@@ -419,7 +419,7 @@ def test_the_model_commands_without_node_containers_check_the_folders_too(placed
     (head: the launcher's Python; workers: a `--rm` container): the same folder checks run there, the
     container model cache included, before a size or hash (here every node's agent is a local process)."""
     from dspark_launch.cluster import containers
-    from dspark_launch.agent.client import ClusterFailure
+    from dspark_launch.errors import ClusterFailure
     from dspark_launch.cluster.spec import cluster_spec
     from dspark_launch.agent.transport import LocalTransport
     from dspark_launch.config.settings import resolve

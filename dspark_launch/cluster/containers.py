@@ -18,7 +18,7 @@ from dspark_launch.cluster import runtime
 from dspark_launch.agent.host_shell import HostShell
 from dspark_launch.cluster.parallel import on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node, NodeContainers
-from dspark_launch.agent.client import Reporter
+from dspark_launch.report import Reporter
 from dspark_launch.agent.protocol import Glob
 from dspark_launch.agent.transport import LocalTransport, Transport
 from dspark_launch.errors import DsparkError

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dspark_launch.agent.client import ClusterFailure, Reporter
+from dspark_launch.errors import ClusterFailure
+
+from dspark_launch.report import Reporter
 from dspark_launch.cluster.parallel import on_each
 from dspark_launch.agent.protocol import HotfixApply, HotfixReport, VersionQuery
 from dspark_launch.node.values import VersionRow

@@ -15,7 +15,8 @@ from typing import Iterator
 from dspark_launch import __version__
 from dspark_launch.cluster import containers
 from dspark_launch.cluster import ray_cluster as rc
-from dspark_launch.agent.client import ClusterFailure, Reporter
+from dspark_launch.errors import ClusterFailure
+from dspark_launch.report import Reporter
 from dspark_launch.cluster.hotfix_rollout import NodeChecks, versions_and_hotfix
 from dspark_launch.agent.protocol import Hello
 from dspark_launch.node.values import VersionRow

@@ -13,7 +13,8 @@ import hashlib
 import secrets
 
 from dspark_launch.agent import protocol as p
-from dspark_launch.agent.client import ClusterFailure, Reporter
+from dspark_launch.errors import ClusterFailure
+from dspark_launch.report import Reporter
 from dspark_launch.node.fabric import SYSFS_ROOT_VAR, FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node

@@ -9,7 +9,9 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from dspark_launch.agent.client import NodeAgent, Reporter
+from dspark_launch.agent.client import NodeAgent
+
+from dspark_launch.report import Reporter
 from dspark_launch.agent.container_transport import ContainerTransport
 from dspark_launch.agent.host_shell import LocalHost, SSHHost
 from dspark_launch.node.fabric import FabricRequest

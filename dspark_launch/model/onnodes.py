@@ -163,7 +163,7 @@ def pull(wanted: WantedModel, spec, reporter=None, tqdm_class=None, verify: bool
     """`dspark model pull`: every node's disk checked first, the head's pull (or the local folder's
     manifest), the copy to every worker and its verify there."""
     ops = where_weights_live(spec, reporter)
-    from dspark_launch.agent.client import PhaseLines
+    from dspark_launch.report import PhaseLines
 
     progress = PhaseLines(reporter) if reporter is not None else None
     if wanted.local:

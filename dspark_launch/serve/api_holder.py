@@ -11,7 +11,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from dspark_launch.agent import protocol as p
-from dspark_launch.agent.client import ClusterFailure
+from dspark_launch.errors import ClusterFailure
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import ServerRecord
 from dspark_launch.errors import DsparkError

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.node.ray_dirs import shown_private_root
-from dspark_launch.agent.client import Reporter
+from dspark_launch.report import Reporter
 from dspark_launch.node.fabric import FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
 from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, VersionQuery

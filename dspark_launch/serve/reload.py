@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from dspark_launch.cluster import lifecycle
-from dspark_launch.agent.client import Reporter
+from dspark_launch.report import Reporter
 from dspark_launch.agent.protocol import ReadLog, SchedulerControl
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import ServerRecord, save_state

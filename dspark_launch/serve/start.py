@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster import ray_cluster as rc
-from dspark_launch.agent.client import NodeAgent, Reporter, report_measured
+from dspark_launch.agent.client import NodeAgent
+from dspark_launch.report import Reporter, report_measured
 from dspark_launch.cluster.parallel import Background, on_each, settle
 from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, NonCarryOver, PortHolder, SchedulerControl, Spawn
 from dspark_launch.cluster.spec import ClusterSpec
