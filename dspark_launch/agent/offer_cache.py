@@ -156,7 +156,7 @@ def remember(identity: InstallIdentity, offer: VllmOffer) -> None:
         pass
 
 
-# --- serve arguments the installed vLLM's parser accepted (agent/handlers/vllm.py `check_serve_args`) ---------
+# --- serve arguments the installed vLLM's parser accepted (agent/handlers/vllm.py `serve_args_check`) ---------
 # Its verdict depends only on the install (the identity above), the checker's code and the arguments (the child
 # runs in the agent's own environment, never the server's): an accepted argv is kept by its hash, so a restart
 # with unchanged arguments on an unchanged vLLM needs no ~10 s check. Refusals are always checked again.

@@ -185,7 +185,7 @@ class PortAnswer:
 
 
 @dataclass(frozen=True)
-class PortHolderQuery(Request["PortHolder"]):
+class PortHolderQuery(Request["PortHolderAnswer"]):
     """Who holds the listening sockets a connection to ip:port would reach (agent/port_holder.py): asked
     before anything that carries the Ray token or an API key is sent there."""
     ip: str
@@ -207,7 +207,7 @@ class PortListener:
 
 
 @dataclass(frozen=True)
-class PortHolder:
+class PortHolderAnswer:
     OURS, NONE, GONE, FOREIGN = "ours", "none", "gone", "foreign"
     verdict: str
     recorded_alive: bool
@@ -330,13 +330,13 @@ class TailAnswer:
 
 
 @dataclass(frozen=True)
-class ReadLog(Request["ReadAnswer"]):
+class ReadLog(Request["ReadLogAnswer"]):
     path: str
     offset: int = 0
 
 
 @dataclass(frozen=True)
-class ReadAnswer:
+class ReadLogAnswer:
     text: str
     offset: int
     missing: str = ""
@@ -381,7 +381,7 @@ class RayNodesQuery(Request["RayNodesAnswer"]):
 @dataclass(frozen=True)
 class RayNodesAnswer:
     nodes: tuple[RayNode, ...]
-    port: PortHolder | None = None  # who held the GCS port; `nodes` is empty unless it was ours
+    port: PortHolderAnswer | None = None  # who held the GCS port; `nodes` is empty unless it was ours
 
 
 @dataclass(frozen=True)
@@ -396,7 +396,7 @@ class HotfixResult:
 
 
 @dataclass(frozen=True)
-class HotfixReport:
+class HotfixApplyAnswer:
     hostname: str
     apply: HotfixResult
     status: HotfixResult
@@ -425,13 +425,13 @@ class RayChecksAnswer:
 
 
 @dataclass(frozen=True)
-class ServeArgsCheck(Request["ServeArgsAnswer"]):
+class ServeArgsCheck(Request["ServeArgsCheckAnswer"]):
     """The `vllm serve` arguments (model first) through the installed vLLM's own parser."""
     serve_args: tuple[str, ...]
 
 
 @dataclass(frozen=True)
-class ServeArgsAnswer:
+class ServeArgsCheckAnswer:
     refused: str | None  # vLLM's reason, or None when accepted
 
 
@@ -526,7 +526,7 @@ class VersionQuery(Request["VersionRow"]):
 
 
 @dataclass(frozen=True)
-class HotfixApply(Request["HotfixReport"]):
+class HotfixApply(Request["HotfixApplyAnswer"]):
     """Apply the scheduler hotfix to the vLLM this node's interpreter (Ray's) imports, then verify it."""
 
 
@@ -542,7 +542,8 @@ class Operation:
     """One agent operation: its request and answer types, its handler and how the launcher waits for it."""
     request: type
     answer: type
-    handler: str  # "module:function" in dspark_launch.agent.handlers, imported by the agent only when called
+    subject: str  # its module in dspark_launch.agent.handlers, imported by the agent only when called; the
+    # handler is that module's function named as the operation (`memory_query` -> handlers/processes.memory_query)
     step: str  # names the step in the launcher's error line
     timeout: float | Callable[[Any], float] = AGENT_TIMEOUT_S  # seconds, or a function of the request
     # Read-only, stdlib, independent of the environment: answered in the launcher's own process when the node's
@@ -581,41 +582,41 @@ class SchedulerControlAnswer:
 
 _OPERATIONS = (
     # processes and the node itself (handlers/processes.py)
-    Operation(Hello, HelloAnswer, "processes:hello", "agent", 30),
-    Operation(Probe, ProbeAnswer, "processes:probe", "agent"),
-    Operation(MemoryQuery, MemoryAnswer, "processes:meminfo", "memory"),
-    Operation(Run, RunAnswer, "processes:run", "run"),
-    Operation(Spawn, SpawnAnswer, "processes:spawn", "spawn"),
-    Operation(AliveQuery, AliveAnswer, "processes:alive", "status", 30, in_process=True),
-    Operation(Stop, StopAnswer, "processes:stop", "stop", lambda req: 90 + req.drain_s),
+    Operation(Hello, HelloAnswer, "processes", "agent", 30),
+    Operation(Probe, ProbeAnswer, "processes", "agent"),
+    Operation(MemoryQuery, MemoryAnswer, "processes", "memory"),
+    Operation(Run, RunAnswer, "processes", "run"),
+    Operation(Spawn, SpawnAnswer, "processes", "spawn"),
+    Operation(AliveQuery, AliveAnswer, "processes", "status", 30, in_process=True),
+    Operation(Stop, StopAnswer, "processes", "stop", lambda req: 90 + req.drain_s),
     # files and logs (handlers/files.py)
-    Operation(PrepareLogDir, PrepareLogDirAnswer, "files:prepare_log_dir", "log folder"),
-    Operation(Tail, TailAnswer, "files:tail", "logs", in_process=True),
-    Operation(ReadLog, ReadAnswer, "files:read", "logs", in_process=True),
-    Operation(Glob, GlobAnswer, "files:glob", "logs"),
+    Operation(PrepareLogDir, PrepareLogDirAnswer, "files", "log folder"),
+    Operation(Tail, TailAnswer, "files", "logs", in_process=True),
+    Operation(ReadLog, ReadLogAnswer, "files", "logs", in_process=True),
+    Operation(Glob, GlobAnswer, "files", "logs"),
     # Ray (handlers/ray.py; the head's node table imports Ray when called)
-    Operation(PortQuery, PortAnswer, "ray:port_free", "ray port"),
-    Operation(PortHolderQuery, PortHolder, "ray:port_holder", "port holder", in_process=True),
-    Operation(RayTempDir, RayTempDirAnswer, "ray:ray_temp_dir", "ray temp folder"),
-    Operation(RayNodesQuery, RayNodesAnswer, "ray:ray_nodes", "ray nodes", 20),
-    Operation(RayChecks, RayChecksAnswer, "ray:ray_checks", "ray checks"),
+    Operation(PortQuery, PortAnswer, "ray", "ray port"),
+    Operation(PortHolderQuery, PortHolderAnswer, "ray", "port holder", in_process=True),
+    Operation(RayTempDir, RayTempDirAnswer, "ray", "ray temp folder"),
+    Operation(RayNodesQuery, RayNodesAnswer, "ray", "ray nodes", 20),
+    Operation(RayChecks, RayChecksAnswer, "ray", "ray checks"),
     # vLLM (handlers/vllm.py; imports vLLM, or runs it in a child, when called)
-    Operation(DescribeVllm, DescribeVllmAnswer, "vllm:describe_vllm", "installed vLLM", 300),
-    Operation(ServeArgsCheck, ServeArgsAnswer, "vllm:check_serve_args", "serve arguments", 300),
+    Operation(DescribeVllm, DescribeVllmAnswer, "vllm", "installed vLLM", 300),
+    Operation(ServeArgsCheck, ServeArgsCheckAnswer, "vllm", "serve arguments", 300),
     # fabric (handlers/fabric.py)
-    Operation(InterfaceQuery, InterfaceAnswer, "fabric:interface", "fabric interface"),
-    Operation(FabricQuery, FabricAnswer, "fabric:fabric_env", "fabric"),
-    Operation(NonCarryOver, NonCarryOverAnswer, "fabric:non_carry_over", "vLLM config folder"),
+    Operation(InterfaceQuery, InterfaceAnswer, "fabric", "fabric interface"),
+    Operation(FabricQuery, FabricAnswer, "fabric", "fabric"),
+    Operation(NonCarryOver, NonCarryOverAnswer, "fabric", "vLLM config folder"),
     # model weights (handlers/model.py)
-    Operation(ModelVerify, VerifyReport, "model:model_verify", "model verify",
+    Operation(ModelVerify, VerifyReport, "model", "model verify",
               lambda req: MODEL_VERIFY_TIMEOUT_S if req.full else 120),
-    Operation(ModelFastCheck, VerifyReport, "model:model_fast_check", "model check", 120),
-    Operation(ModelPlacementQuery, NodePlacement, "model:model_placement", "model disk", 120),
+    Operation(ModelFastCheck, VerifyReport, "model", "model check", 120),
+    Operation(ModelPlacementQuery, NodePlacement, "model", "model disk", 120),
     # version row and scheduler hotfix (handlers/hotfix.py)
-    Operation(VersionQuery, VersionRow, "hotfix:node_versions", "versions"),
-    Operation(HotfixApply, HotfixReport, "hotfix:apply_hotfix", "hotfix", HOTFIX_TIMEOUT_S),
+    Operation(VersionQuery, VersionRow, "hotfix", "versions"),
+    Operation(HotfixApply, HotfixApplyAnswer, "hotfix", "hotfix", HOTFIX_TIMEOUT_S),
     # the scheduler's live values (handlers/control.py)
-    Operation(SchedulerControl, SchedulerControlAnswer, "control:scheduler_control", "scheduler control file"),
+    Operation(SchedulerControl, SchedulerControlAnswer, "control", "scheduler control file"),
 )
 OPERATIONS: dict[str, Operation] = {operation.name: operation for operation in _OPERATIONS}
 OPERATION_OF_REQUEST: dict[type, Operation] = {operation.request: operation for operation in _OPERATIONS}

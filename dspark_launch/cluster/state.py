@@ -96,7 +96,7 @@ class HotfixResultRecord:
 
 @dataclass(frozen=True)
 class HotfixRecord:
-    """The hotfix applied and verified on one node at start (agent.protocol.HotfixReport)."""
+    """The hotfix applied and verified on one node at start (agent.protocol.HotfixApplyAnswer)."""
     hostname: str
     apply: HotfixResultRecord
     status: HotfixResultRecord

@@ -15,7 +15,7 @@ from dspark_launch.agent.protocol import Report
 from dspark_launch.errors import ConfigError, DsparkError
 
 
-def interface(req: p.InterfaceQuery, report: Report) -> p.InterfaceAnswer:
+def interface_query(req: p.InterfaceQuery, report: Report) -> p.InterfaceAnswer:
     """Whether interface `ifname` exists here and carries address `ip`."""
     exists = os.path.exists(f"/sys/class/net/{req.ifname}")
     addresses: list[str] = []
@@ -27,7 +27,7 @@ def interface(req: p.InterfaceQuery, report: Report) -> p.InterfaceAnswer:
     return p.InterfaceAnswer(exists, tuple(addresses), req.ip in addresses)
 
 
-def fabric_env(req: p.FabricQuery, report: p.Report) -> p.FabricAnswer:
+def fabric_query(req: p.FabricQuery, report: p.Report) -> p.FabricAnswer:
     root = Path(req.sysfs_root) if req.sysfs_root else sysfs_root()
     try:
         return p.FabricAnswer(node_fabric_env(req.request, root))

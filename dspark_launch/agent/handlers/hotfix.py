@@ -115,20 +115,20 @@ def version_row() -> VersionRow:
                         scheduler_sha256=scheduler_sha256, hostname=socket.gethostname())
 
 
-def hotfix_report() -> p.HotfixReport:
+def hotfix_report() -> p.HotfixApplyAnswer:
     """Apply the scheduler hotfix to this node's vLLM, then verify it with `status`."""
     from dspark_launch import hotfix
 
     target = hotfix.find_target()
     applied = hotfix.apply(target)
     verified = hotfix.status(target)
-    return from_data(p.HotfixReport, {"hostname": socket.gethostname(), "apply": applied.to_dict(),
+    return from_data(p.HotfixApplyAnswer, {"hostname": socket.gethostname(), "apply": applied.to_dict(),
                                       "status": verified.to_dict()})
 
 
-def node_versions(req: p.VersionQuery, report: p.Report) -> VersionRow:
+def version_query(req: p.VersionQuery, report: p.Report) -> VersionRow:
     return version_row()
 
 
-def apply_hotfix(req: p.HotfixApply, report: p.Report) -> p.HotfixReport:
+def hotfix_apply(req: p.HotfixApply, report: p.Report) -> p.HotfixApplyAnswer:
     return hotfix_report()

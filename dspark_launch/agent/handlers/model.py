@@ -36,6 +36,6 @@ def model_fast_check(req, report) -> VerifyReport:
     return fast_check(req.folder, req.stamp)
 
 
-def model_placement(req, report) -> NodePlacement:
+def model_placement_query(req, report) -> NodePlacement:
     _trusted_folder(req.folder, req.caches)
     return placement(req.folder, req.root, req.manifest)

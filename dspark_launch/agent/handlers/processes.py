@@ -101,7 +101,7 @@ def probe(req: p.Probe, report: Report) -> p.ProbeAnswer:
         dashboard_missing=tuple(m for m in DASHBOARD_MODULES if not _importable(m)) if req.dashboard else ())
 
 
-def meminfo(req: p.MemoryQuery, report: Report) -> p.MemoryAnswer:
+def memory_query(req: p.MemoryQuery, report: Report) -> p.MemoryAnswer:
     """MemTotal and MemAvailable (bytes), and whether an NVIDIA GPU is visible here."""
     found: dict[str, int] = {}
     for line in Path("/proc/meminfo").read_text().splitlines():
@@ -179,7 +179,7 @@ def spawn(req: p.Spawn, report: Report) -> p.SpawnAnswer:
     return p.SpawnAnswer(p.Process(proc.pid, session.start_time, proc.pid, session.boot_id), session)
 
 
-def alive(req: p.AliveQuery, report: Report) -> p.AliveAnswer:
+def alive_query(req: p.AliveQuery, report: Report) -> p.AliveAnswer:
     return p.AliveAnswer(tuple(_alive(proc) for proc in req.processes))
 
 
