@@ -71,7 +71,7 @@ def test_plugin_library_and_code_cache_names_are_refused(name):
 
 def test_the_container_jit_cache_names_are_refused():
     """A node container points these at its JIT cache folder (compiled code it loads): never forwarded."""
-    from dspark_launch.cluster.runtime import JIT_CACHE_VARS
+    from dspark_launch.cluster.container_engine import JIT_CACHE_VARS
 
     allowed = [var for var, _ in JIT_CACHE_VARS if refusal(var) is None]
     assert not allowed, f"JIT cache names DSPARK_FORWARD_ENV would accept: {allowed}"

@@ -9,7 +9,8 @@ the launcher's own package mounted read-only at AGENT_MOUNT (the image is used a
 published). Its name and the label `dspark.owner` come from the deployment's marker,
 so `down` removes exactly ours; removing it ends every process inside.
 
-Everything here runs the runtime's CLI on the node's host through a HostShell.
+The container engine (docker or podman, DSPARK_RUNTIME) and its CLI: everything here runs that CLI on the
+node's host through a HostShell.
 """
 
 from __future__ import annotations
