@@ -28,9 +28,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dspark_launch.model.copy import BULK_SSH_OPTIONS, CIPHER_PREFERENCE, SSHTarget, effective_streams, rsync_to  # noqa: E402
-from dspark_launch.agent.manifest import Manifest, ManifestFile, write_manifest  # noqa: E402
+from dspark_launch.node.manifest import Manifest, ManifestFile, write_manifest  # noqa: E402
 from dspark_launch.model.local_model import local_manifest  # noqa: E402
-from dspark_launch.agent.model_files import fast_check, hash_files, sha256_file, verify_model  # noqa: E402
+from dspark_launch.node.model_files import fast_check, hash_files, sha256_file, verify_model  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "model_copy.json"
 SSH_DEFAULT_CIPHER = "chacha20-poly1305@openssh.com"  # OpenSSH's first choice when nothing is said
@@ -128,7 +128,7 @@ def pull_and_repull(request: dict, target: SSHTarget) -> dict:
     streams, verify on the worker), then again with nothing changed; each with the agent calls per node
     (one SSH or local agent start each) and the rsync rounds, counted."""
     from dspark_launch.model import distribute
-    from dspark_launch.agent.manifest import MANIFEST_NAME
+    from dspark_launch.node.manifest import MANIFEST_NAME
     from dspark_launch.model.workflow import Worker, place_local
     from tests.support.model_nodes import agent_calls, head_ops, worker_ops
 

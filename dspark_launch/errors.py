@@ -24,5 +24,18 @@ class ConfigError(DsparkError):
     exit_code = EXIT_BAD_CONFIG
 
 
+class ClusterFailure(DsparkError):
+    """A step failed on a node; `node` and `step` say where."""
+
+    def __init__(self, node: str, step: str, detail: str, extra: list[str] | tuple[str, ...] | None = None):
+        super().__init__(f"{node}: {step}: {detail}")
+        self.node, self.step, self.detail = node, step, detail
+        self.extra = list(extra or [])  # lines to show after the error (a version matrix, ...)
+
+
+class VersionMismatch(ClusterFailure):
+    """The node runs another launcher (or protocol) version: nothing is started anywhere."""
+
+
 class Terminated(BaseException):
     """SIGTERM arrived; like KeyboardInterrupt, it unwinds through rollbacks."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dspark_launch.agent.host_shell import LocalHost
-from dspark_launch.cluster.runtime import ContainerError, ship_package
+from dspark_launch.cluster.container_engine import ContainerError, ship_package
 from tests.support.paths import REPO
 
 PACKAGE = REPO / "dspark_launch"

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from dspark_launch import __version__
-from dspark_launch.agent import procfs
+from dspark_launch.node import procfs
 from dspark_launch.agent import protocol as p
-from dspark_launch.agent.client import ClusterFailure, NodeAgent, VersionMismatch
+from dspark_launch.agent.client import NodeAgent
+from dspark_launch.errors import ClusterFailure, VersionMismatch
 from dspark_launch.agent.codec import DecodeError, from_data, to_data
 from dspark_launch.cluster.state import (Deployment, NodeRecord, ProcessRecord, StateUnreadable, load_state,
                                          save_state)
@@ -44,13 +45,18 @@ class Recorder:
 
 
 def test_every_operation_has_a_handler_and_frozen_types():
-    """One registry: each operation named after its request, its handler found in handlers/, its types frozen."""
+    """One registry: each operation named after its request, its handler the function of that name in its
+    handlers/ module, its answer `<request less Query>Answer` (or a node value returned as it is), its types frozen."""
     from dspark_launch.agent.server import handler
 
     assert len(p.OPERATIONS) == len(p.OPERATION_OF_REQUEST) == len(p._OPERATIONS)
     for name, operation in p.OPERATIONS.items():
         assert name == re.sub(r"(?<!^)(?=[A-Z])", "_", operation.request.__name__).lower()
-        assert callable(handler(name)), name
+        found = handler(name)
+        assert callable(found) and found.__name__ == name, (name, found)
+        answer = operation.answer
+        assert (answer.__name__ == re.sub("Query$", "", operation.request.__name__) + "Answer"
+                or answer.__module__ == "dspark_launch.node.values"), (name, answer.__name__)
         assert operation.request.__dataclass_params__.frozen and operation.answer.__dataclass_params__.frozen
     assert p.OPERATIONS["read_log"].request is p.ReadLog and p.OPERATIONS["memory_query"].request is p.MemoryQuery
 
@@ -94,7 +100,7 @@ def test_decoding_ignores_unknown_fields_and_rebuilds_nested_types():
     report = {"hostname": "h", "future": 1, "apply": {"action": "apply", "code": 0, "state": "applied", "message": "",
                                                     "sha256_after": "ab"},
               "status": {"action": "status", "code": 0, "state": "applied", "message": "ok", "patch_version": 2}}
-    decoded = from_data(p.HotfixReport, report)
+    decoded = from_data(p.HotfixApplyAnswer, report)
     assert decoded.status.patch_version == 2 and decoded.failed is None
     with pytest.raises(DecodeError):
         from_data(p.StopAnswer, {"stopped": []})
@@ -196,7 +202,7 @@ def test_the_deployment_record_holds_its_own_types_not_wire_types():
         if kind in seen:
             continue
         seen.add(kind)
-        if getattr(kind, "__module__", "") == p.__name__:
+        if getattr(kind, "__module__", "") in (p.__name__, "dspark_launch.node.values"):  # the protocol carries both
             wire.append(kind.__name__)
         if dataclasses.is_dataclass(kind):
             todo += list(typing.get_type_hints(kind).values())
@@ -307,6 +313,6 @@ def test_the_version_row_names_the_nccl_vllm_will_load(tmp_path, monkeypatch):
     monkeypatch.setattr(node_tasks, "installed_version",
                         lambda *dists: "2.28.3" if dists[0] == "nvidia-nccl-cu13" else None)
     assert node_tasks.nccl_version() == "2.28.3"
-    from dspark_launch.agent.versions import COMPARED_ROWS
+    from dspark_launch.node.versions import COMPARED_ROWS
 
     assert "nccl" in COMPARED_ROWS  # compared across nodes like every row

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from dspark_launch.agent import protocol as p
-from dspark_launch.agent.client import ClusterFailure, SilentReporter
-from dspark_launch.agent.fabric import FabricEnv
-from dspark_launch.agent.handlers.fabric import interface
+from dspark_launch.errors import ClusterFailure
+from dspark_launch.report import SilentReporter
+from dspark_launch.node.fabric import FabricEnv
+from dspark_launch.agent.handlers.fabric import interface_query
 from dspark_launch.agent.handlers.processes import probe
 from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster.spec import Node, cluster_spec
@@ -57,7 +58,7 @@ class FakeNode:
         if isinstance(request, p.VersionQuery):
             return dataclasses.replace(ROW, hostname=node.name)
         if isinstance(request, p.HotfixApply):
-            return p.HotfixReport(node.name, APPLIED, VERIFIED)
+            return p.HotfixApplyAnswer(node.name, APPLIED, VERIFIED)
         if isinstance(request, p.RayTempDir):
             return p.RayTempDirAnswer(f"/run/dspark/{request.name}")
         if isinstance(request, p.Run):
@@ -119,7 +120,7 @@ REFUSALS = [
     ("version mismatch", {}, {p.VersionQuery: on("worker1", dataclasses.replace(ROW, scheduler_sha256="b" * 64))},
      ClusterFailure, ["version matrix: nodes differ in scheduler_sha256"], ROLLED_BACK),
     ("hotfix refused on one node", {},
-     {p.HotfixApply: on("worker1", p.HotfixReport("worker1", p.HotfixResult("apply", 3, "refused", "anchor not found"),
+     {p.HotfixApply: on("worker1", p.HotfixApplyAnswer("worker1", p.HotfixResult("apply", 3, "refused", "anchor not found"),
                                                   VERIFIED))},
      ClusterFailure, [f"worker1 ({WORKER_IP}): hotfix: anchor not found"], ROLLED_BACK),
 ]
@@ -219,7 +220,7 @@ def test_the_probe_reports_a_module_this_interpreter_cannot_import(monkeypatch):
 
 
 def test_the_interface_query_lists_the_addresses_an_interface_carries():
-    answer = interface(p.InterfaceQuery("lo", "10.9.9.9"), None)
+    answer = interface_query(p.InterfaceQuery("lo", "10.9.9.9"), None)
     assert answer.exists and "127.0.0.1" in answer.addresses and answer.has_ip is False
-    assert interface(p.InterfaceQuery("lo", "127.0.0.1"), None).has_ip is True
-    assert interface(p.InterfaceQuery("no-such-if0", "127.0.0.1"), None) == p.InterfaceAnswer(False, (), False)
+    assert interface_query(p.InterfaceQuery("lo", "127.0.0.1"), None).has_ip is True
+    assert interface_query(p.InterfaceQuery("no-such-if0", "127.0.0.1"), None) == p.InterfaceAnswer(False, (), False)

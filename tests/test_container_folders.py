@@ -9,7 +9,7 @@ import os
 import pytest
 
 from dspark_launch.agent.host_shell import LocalHost
-from dspark_launch.cluster.runtime import ContainerError, check_host_folders, check_private_folder
+from dspark_launch.cluster.container_engine import ContainerError, check_host_folders, check_private_folder
 from dspark_launch.cluster.spec import cluster_spec
 from dspark_launch.config.settings import resolve
 from dspark_launch.errors import ConfigError

@@ -172,7 +172,7 @@ def test_different_image_digests_on_the_nodes_are_detected(ctb):
 
 
 def _check_same(identities: list[dict]) -> str:
-    from dspark_launch.cluster.runtime import ImageIdentity, ImageMismatch, check_same_image
+    from dspark_launch.cluster.container_engine import ImageIdentity, ImageMismatch, check_same_image
 
     try:
         return check_same_image([ImageIdentity(**{**i, "repo_digests": tuple(i["repo_digests"])})

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from dspark_launch.cluster.runtime import (AGENT_MOUNT, ContainerSpec, ImageIdentity, ImageMismatch, check_same_image,
+from dspark_launch.cluster.container_engine import (AGENT_MOUNT, ContainerSpec, ImageIdentity, ImageMismatch, check_same_image,
                                            check_spec, container_name, hardware_args, run_argv)
 from dspark_launch.errors import ConfigError
 from tests.support.launcher_env import run_dspark
@@ -110,7 +110,7 @@ def test_image_equality_check():
 
 
 def test_the_spec_label_changes_exactly_when_the_container_would_be_made_differently():
-    from dspark_launch.cluster.runtime import JIT_CACHE_VARS, SPEC_LABEL, spec_digest
+    from dspark_launch.cluster.container_engine import JIT_CACHE_VARS, SPEC_LABEL, spec_digest
 
     base = _spec(image=DIGEST_A, jit_cache="/var/lib/dspark/jit-cache")
     argv = run_argv(base)
@@ -177,8 +177,8 @@ def test_the_one_shot_model_container_gets_read_only_folders_and_nothing_else_of
     """`dspark model ...` with no node container up: the worker's checks run in a `--rm` container that
     sees the package, the state folder (whose owner the folder check trusts, as in the node container)
     and the model cache, all read-only, with no network, GPU or operator arguments (docs/security.md)."""
-    from dspark_launch.cluster.runtime import oneshot_run_args
-    from dspark_launch.agent.safe_path import CONTAINER_STATE_VAR
+    from dspark_launch.cluster.container_engine import oneshot_run_args
+    from dspark_launch.node.safe_path import CONTAINER_STATE_VAR
 
     args = list(oneshot_run_args(_spec(extra_args=("--privileged",), jit_cache="/var/lib/dspark/jit-cache")))
     volumes = [args[i + 1] for i, word in enumerate(args) if word == "--volume"]
@@ -192,7 +192,7 @@ def test_the_one_shot_model_container_gets_read_only_folders_and_nothing_else_of
 def test_the_jit_cache_folder_must_be_ours_and_closed_to_other_writers(tmp_path):
     """What is loaded from the JIT cache is compiled code: created 0700, refused when group/other-writable."""
     from dspark_launch.agent.host_shell import LocalHost
-    from dspark_launch.cluster.runtime import ContainerError, check_private_folder
+    from dspark_launch.cluster.container_engine import ContainerError, check_private_folder
 
     folder = tmp_path / "jit-cache"
     check_private_folder(LocalHost(), str(folder), "DSPARK_CONTAINER_JIT_CACHE")

@@ -41,7 +41,7 @@ KEEP = """
 import inspect, signal
 import ray._private.utils as ray_utils
 import ray._private.worker as ray_worker
-from dspark_launch.serve.entry import keep_vllms_sigterm_handler
+from dspark_launch.node.serve_entry import keep_vllms_sigterm_handler
 # ray.init installs its handler through this module attribute, before it connects:
 assert "ray._private.utils.set_sigterm_handler(sigterm_handler)" in inspect.getsource(ray_worker.init)
 {prepare}
@@ -71,7 +71,7 @@ def test_rays_sigterm_handler_leaves_vllms_in_place_only_through_the_entry_shim(
 
 ROUTED = """
 import pickle, sys
-from dspark_launch.serve import entry
+from dspark_launch.node import serve_entry as entry
 entry.start_engine_core_through_this_module()
 from vllm.v1.engine.core import EngineCoreProc
 import inspect, vllm.v1.engine.utils as engine_utils
@@ -92,7 +92,7 @@ def test_the_engine_core_starts_through_the_entry_shim():
 
 NO_ABORT = """
 import ray._private.ray_constants as ray_constants
-from dspark_launch.serve import entry
+from dspark_launch.node import serve_entry as entry
 before = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
 entry._VLLM_RUN_ENGINE_CORE = lambda *args, **kwargs: (before, ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER, kwargs)
 print(entry.run_engine_core(dp_rank=0))

@@ -1,6 +1,6 @@
 """The dry boot: the default profile's plan per compute capability holds only values the installed vLLM 0.32's
 own code accepts for DeepSeek-V4-Flash-0731 (the shipped config.json), asked on this CPU with the capability
-patched in (agent/vllm_dryboot.py)."""
+patched in (node/vllm_dryboot.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from dspark_launch.agent.protocol import VersionRow
-from dspark_launch.agent.versions import differing_rows, modules_of, package_row
-from dspark_launch.agent.vllm_dryboot import SHIPPED_CONFIG
-from dspark_launch.agent.vllm_offer import VllmOffer, probe_installed_vllm
+from dspark_launch.node.values import VersionRow
+from dspark_launch.node.versions import differing_rows, modules_of, package_row
+from dspark_launch.node.vllm_dryboot import SHIPPED_CONFIG
+from dspark_launch.node.vllm_offer import VllmOffer, probe_installed_vllm
 from dspark_launch.config.profile_resolve import resolve
 from dspark_launch.errors import DsparkError
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
@@ -142,7 +142,7 @@ def test_the_package_row_names_every_optional_package():
 
 
 def test_gpu_nodes_need_nvcc_and_in_host_mode_a_memlock_limit_rdma_can_use():
-    from dspark_launch.agent.versions import COMPARED_ROWS, gpu_node_problems, memlock_limit
+    from dspark_launch.node.versions import COMPARED_ROWS, gpu_node_problems, memlock_limit
 
     ready = VersionRow(compute_capability="12.1", nvcc="13.0", memlock="unlimited")
     no_nvcc = dataclasses.replace(ready, nvcc=None)
@@ -163,7 +163,7 @@ def test_a_pulled_models_own_config_json_is_what_the_dry_boot_judges(tmp_path):
     """A checkpoint whose config says NVFP4 experts (MiaAI's patched build): vLLM's DeepSeek-V4 quant config routes
     them to the NVFP4 method, not the MXFP4 oracle; the pulled bytes decide, not the shipped copy."""
     from dspark_launch.agent.offer_cache import install_identity
-    from dspark_launch.agent.vllm_dryboot import dry_boot
+    from dspark_launch.node.vllm_dryboot import dry_boot
     from dspark_launch.model.onnodes import pulled_config
 
     config = json.loads(SHIPPED_CONFIG.read_text())
@@ -177,7 +177,7 @@ def test_a_pulled_models_own_config_json_is_what_the_dry_boot_judges(tmp_path):
 
 
 def test_another_models_config_gets_no_dry_boot_and_resolution_says_not_judged(tmp_path):
-    from dspark_launch.agent.vllm_dryboot import dry_boot
+    from dspark_launch.node.vllm_dryboot import dry_boot
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
     boots, why = dry_boot(("12.1",), str(tmp_path / "config.json"))

@@ -22,7 +22,7 @@ from unittest import mock
 import pytest
 
 from dspark_launch.agent.handlers.vllm import refusal
-from dspark_launch.agent.vllm_offer import JUDGED_CAPABILITIES, VllmOffer, probe_installed_vllm
+from dspark_launch.node.vllm_offer import JUDGED_CAPABILITIES, VllmOffer, probe_installed_vllm
 from dspark_launch.config.profile_resolve import resolve
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
 from dspark_launch.profiles.gpu import UNKNOWN

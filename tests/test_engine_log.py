@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dspark_launch.hotfix import contract
 from dspark_launch.serve.drain import DRAINED_LOG
-from dspark_launch.agent.engine_log import engine_messages, engine_text
+from dspark_launch.node.engine_log import engine_messages, engine_text
 
 LIVE = ("dspark-issue27 hotfix v6: cap 1 -> 2 (live); in force: cap=2, gate mode 1, step bound 640 prefill tokens, "
         "aging 2, diagnostics off")

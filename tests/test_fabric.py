@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.agent.fabric import (
+from dspark_launch.node.fabric import (
     FIXED_ENV, NON_CARRY_OVER, FabricError, FabricRequest, fabric_env, write_non_carry_over,
 )
 from dspark_launch.cluster.spec import fabric_request
@@ -328,7 +328,7 @@ def test_without_it_the_heads_values_leak_into_the_worker(tmp_path):
 
 
 def test_every_variable_set_has_its_reason_in_the_docs():
-    from dspark_launch.agent.fabric import ROCE_ENV
+    from dspark_launch.node.fabric import ROCE_ENV
     from dspark_launch.profiles.catalog import PROFILES
 
     docs = (REPO / "docs" / "deepseek-v4-flash.md").read_text()
@@ -339,7 +339,7 @@ def test_every_variable_set_has_its_reason_in_the_docs():
 
 
 def test_node_side_modules_import_neither_config_nor_vllm():
-    probe = ("import sys, dspark_launch.agent.fabric, dspark_launch.agent.vllm_offer; "
+    probe = ("import sys, dspark_launch.node.fabric, dspark_launch.node.vllm_offer; "
              "print(sorted(m for m in sys.modules if m.startswith(('vllm', 'ray', 'torch', 'dotenv', "
              "'dspark_launch.config'))))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout

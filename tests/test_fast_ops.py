@@ -15,7 +15,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from dspark_launch.agent import procfs
+from dspark_launch.node import procfs
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.client import NodeAgent
 from dspark_launch.agent.transport import LocalTransport
@@ -25,7 +25,7 @@ from tests.support.phase_recorder import Recorder
 SERVER = textwrap.dedent("""
     import os, signal, sys, time
     in_flight, witness = int(sys.argv[1]), sys.argv[2]
-    def engine(message):  # vLLM's logger prefix for the EngineCore (agent/engine_log.py reads it)
+    def engine(message):  # vLLM's logger prefix for the EngineCore (node/engine_log.py reads it)
         print(f"(EngineCore pid={os.getpid()}) INFO 12-02 01:14:25 [core.py:1666] {message}", flush=True)
     def drain(signum, frame):
         engine("[shutdown] EngineCore: start mode=drain timeout=300s")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.agent import procfs
+from dspark_launch.node import procfs
 from tests.support.on_testbed import (dspark, interrupt_after, ours_left, popen, run, serving_env, set_knob,
                                       spawn_lookalike, write_env)
 from tests.support.processes import cmdline, describe, kill_now, start_time, survives, wait_until

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.agent import fabric
-from dspark_launch.agent.fabric import FabricEnv
+from dspark_launch.node import fabric
+from dspark_launch.node.fabric import FabricEnv
 from dspark_launch.cluster.ray_cluster import node_env
 from dspark_launch.cluster.spec import cluster_spec
 from dspark_launch.config.forward_env import refusal
 from dspark_launch.config.settings import resolve
 from dspark_launch.profiles.catalog import PROFILES
-from dspark_launch.agent.vllm_offer import VllmOffer
+from dspark_launch.node.vllm_offer import VllmOffer
 from dspark_launch.config.profile_resolve import resolve as resolve_profile
 from dspark_launch.serve.plan import serve_plan
 from tests.support.paths import DATA
@@ -71,7 +71,7 @@ def test_plugin_library_and_code_cache_names_are_refused(name):
 
 def test_the_container_jit_cache_names_are_refused():
     """A node container points these at its JIT cache folder (compiled code it loads): never forwarded."""
-    from dspark_launch.cluster.runtime import JIT_CACHE_VARS
+    from dspark_launch.cluster.container_engine import JIT_CACHE_VARS
 
     allowed = [var for var, _ in JIT_CACHE_VARS if refusal(var) is None]
     assert not allowed, f"JIT cache names DSPARK_FORWARD_ENV would accept: {allowed}"

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dspark_launch.agent import procfs
+from dspark_launch.node import procfs
 from dspark_launch.cluster.state import Deployment, ServerRecord, save_state
 from dspark_launch.serve import http
 from tests.support.launcher_env import run_dspark

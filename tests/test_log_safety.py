@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from dspark_launch.agent import protocol as p
-from dspark_launch.agent.client import ClusterFailure, NodeAgent
-from dspark_launch.agent.safe_path import CONTAINER_STATE_VAR
+from dspark_launch.agent.client import NodeAgent
+from dspark_launch.errors import ClusterFailure
+from dspark_launch.node.safe_path import CONTAINER_STATE_VAR
 from dspark_launch.cluster.state import ensure_state_dir
 from dspark_launch.agent.transport import LocalTransport
 from dspark_launch.errors import ConfigError

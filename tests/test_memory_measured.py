@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 
 from dspark_launch.agent.protocol import MemoryAnswer
-from dspark_launch.agent.vllm_dryboot import SHIPPED_CONFIG
+from dspark_launch.node.vllm_dryboot import SHIPPED_CONFIG
 from dspark_launch.model.onnodes import ModelWeights
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
 from dspark_launch.profiles.memory import GIB

@@ -13,8 +13,8 @@ import pytest
 from dspark_launch.model.errors import ModelAccessError
 from dspark_launch.model.hub import list_model, pull, resolve_token
 from dspark_launch.model.local_model import prepare_local
-from dspark_launch.agent.manifest import MANIFEST_NAME, read_manifest
-from dspark_launch.agent.model_files import CORRUPT, MISSING, OVERSIZED, PARTIAL, STALE, fast_check, verify_model
+from dspark_launch.node.manifest import MANIFEST_NAME, read_manifest
+from dspark_launch.node.model_files import CORRUPT, MISSING, OVERSIZED, PARTIAL, STALE, fast_check, verify_model
 from tests.support.hub_server import (TINY_REPO_ID, HubRepo, HubServer, tiny_hub_source,
                                       write_tiny_model)
 
@@ -175,7 +175,7 @@ def test_fast_check_refuses_a_missing_or_foreign_manifest(tmp_path):
 def test_placement_gives_sizes_free_space_and_the_verified_stamp_in_one_answer(tmp_path):
     """What a copy asks a node before it starts (one agent call): the stamp there is the node's own
     manifest's, "" without one; a file of another size is named; the free space is of the root's disk."""
-    from dspark_launch.agent.model_files import placement
+    from dspark_launch.node.model_files import placement
 
     folder = write_tiny_model(tmp_path / "m")
     _, manifest = prepare_local(str(folder))

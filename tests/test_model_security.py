@@ -22,9 +22,9 @@ from dspark_launch.errors import ConfigError
 from dspark_launch.model.errors import ModelAccessError, ModelError
 from dspark_launch.model.hub import HubSource, hub_source, list_model, pull
 from dspark_launch.model.local_model import prepare_local
-from dspark_launch.agent.manifest import MANIFEST_NAME, Manifest, ManifestFile, read_manifest, write_manifest
-from dspark_launch.agent.model_files import SPECIAL, verify_model
-from dspark_launch.agent.model_paths import UnsafeModelPath
+from dspark_launch.node.manifest import MANIFEST_NAME, Manifest, ManifestFile, read_manifest, write_manifest
+from dspark_launch.node.model_files import SPECIAL, verify_model
+from dspark_launch.node.model_paths import UnsafeModelPath
 from tests.support.hub_server import (TINY_REPO_ID, HubRepo, HubServer, tiny_hub_source,
                                       write_tiny_model)
 
@@ -89,8 +89,8 @@ def test_a_listed_fifo_is_never_read(tmp_path):
     os.mkfifo(folder / "pipe.json")
     manifest = Manifest("local", "local", (ManifestFile("pipe.json", 0, "e3b0c44298fc1c149afbf4c8996fb924"
                                                                           "27ae41e4649b934ca495991b7852b855"),))
-    script = ("import json, sys; from dspark_launch.agent.manifest import Manifest;"
-              "from dspark_launch.agent.model_files import verify_model;"
+    script = ("import json, sys; from dspark_launch.node.manifest import Manifest;"
+              "from dspark_launch.node.model_files import verify_model;"
               "r = verify_model(sys.argv[1], Manifest.from_json(sys.argv[2]), True);"
               "print(json.dumps([[q.path, q.kind] for q in r.problems]))")
     proc = subprocess.run([sys.executable, "-c", script, str(folder), manifest.to_json()], cwd=REPO_ROOT,
@@ -100,7 +100,7 @@ def test_a_listed_fifo_is_never_read(tmp_path):
 
 
 def test_hashing_reads_no_further_than_the_listed_size(tmp_path):
-    from dspark_launch.agent.model_files import sha256_file
+    from dspark_launch.node.model_files import sha256_file
 
     (tmp_path / "f").write_bytes(b"a" * 100)
     assert sha256_file(tmp_path / "f", 50) == ""  # longer than listed: no digest
@@ -347,7 +347,7 @@ def test_the_container_model_cache_is_checked_too(placed, tmp_path):
 @needs_root
 def test_in_a_launcher_container_the_state_folders_owner_may_own_the_model(placed, tmp_path, monkeypatch):
     """A root agent in a rootful container: the operator's folders are theirs on the host (safe_path.log_owner)."""
-    from dspark_launch.agent.safe_path import CONTAINER_STATE_VAR
+    from dspark_launch.node.safe_path import CONTAINER_STATE_VAR
 
     folder, manifest = placed
     for path in [folder, *folder.rglob("*")]:
@@ -363,7 +363,7 @@ def test_in_a_launcher_container_the_state_folders_owner_may_own_the_model(place
 def test_the_start_check_hashes_code_config_and_tokenizer(placed):
     """Same size, other bytes (a Python module or config swapped in): found at every start, while a
     shard's bytes are only sized there (`dspark model verify` hashes them)."""
-    from dspark_launch.agent.model_files import CORRUPT
+    from dspark_launch.node.model_files import CORRUPT
 
     folder, manifest = placed
     config = folder / "config.json"
@@ -419,7 +419,7 @@ def test_the_model_commands_without_node_containers_check_the_folders_too(placed
     (head: the launcher's Python; workers: a `--rm` container): the same folder checks run there, the
     container model cache included, before a size or hash (here every node's agent is a local process)."""
     from dspark_launch.cluster import containers
-    from dspark_launch.agent.client import ClusterFailure
+    from dspark_launch.errors import ClusterFailure
     from dspark_launch.cluster.spec import cluster_spec
     from dspark_launch.agent.transport import LocalTransport
     from dspark_launch.config.settings import resolve

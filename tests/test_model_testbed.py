@@ -22,8 +22,8 @@ from dspark_launch.model.copy import SSHTarget
 from dspark_launch.model.hub import HubSource, list_model, pull
 from dspark_launch.model.local_model import prepare_local
 from dspark_launch.model.location import ModelLocation, hub_cache_location
-from dspark_launch.agent.manifest import Manifest, ManifestFile
-from dspark_launch.agent.model_files import CORRUPT, PARTIAL, verify_model
+from dspark_launch.node.manifest import Manifest, ManifestFile
+from dspark_launch.node.model_files import CORRUPT, PARTIAL, verify_model
 from tests.support.hub_server import HubRepo, HubServer, online_hub, write_tiny_model
 from tests.support.model_nodes import bind_in_node, report_from, tmpfs_in_node, umount_in_node
 

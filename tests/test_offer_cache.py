@@ -20,7 +20,7 @@ from dspark_launch.agent.host_shell import LocalHost
 from dspark_launch.agent.codec import decode
 from dspark_launch.agent.offer_cache import KeptOffer, install_identity, kept_file, recall, remember
 from dspark_launch.agent.transport import LocalTransport
-from dspark_launch.agent.vllm_offer import VllmOffer
+from dspark_launch.node.vllm_offer import VllmOffer
 from tests.support.paths import DATA
 from tests.support.phase_recorder import Recorder
 
@@ -194,7 +194,7 @@ def test_a_planted_link_is_ignored_and_replaced_never_followed(agent, identity, 
 
 
 def test_nothing_is_kept_or_read_through_a_private_folder_that_is_a_link(identity, tmp_path, monkeypatch):
-    from dspark_launch.agent import ray_dirs
+    from dspark_launch.node import ray_dirs
 
     monkeypatch.setattr(ray_dirs, "ROOT_PARENT", str(tmp_path))
     monkeypatch.setattr(ray_dirs, "RUN_PARENT", str(tmp_path))

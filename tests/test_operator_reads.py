@@ -172,8 +172,8 @@ def test_a_failed_start_says_what_it_stopped_only_when_it_started_something(monk
 # ---- plan (point 5) ----
 
 def _plan(tmp_path, refusals: tuple[str, ...] = ()):
-    from dspark_launch.agent.fabric import FabricRequest, fabric_env
-    from dspark_launch.agent.vllm_offer import VllmOffer
+    from dspark_launch.node.fabric import FabricRequest, fabric_env
+    from dspark_launch.node.vllm_offer import VllmOffer
     from dspark_launch.config.profile_resolve import resolve
     from dspark_launch.config.settings import resolve as load_settings
     from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
@@ -187,7 +187,7 @@ def _plan(tmp_path, refusals: tuple[str, ...] = ()):
     fabric = fabric_env(FabricRequest("head", "enp1s0f1np1", "10.1.0.1"), tmp_path)
     head = NodePlan("head", "10.1.0.1", True, "probed", (("/venv/bin/python", "-m", "ray.scripts.scripts", "start",
                                                           "--head"), ("/venv/bin/python", "-m",
-                                                                      "dspark_launch.serve.entry", *resolved.serve_args)),
+                                                                      "dspark_launch.node.serve_entry", *resolved.serve_args)),
                     env_entries(resolved.env, "profile") + env_entries(fabric.env, "fabric (sysfs)"),
                     fabric.notes, ("head: MTU 1500 on fabric member enp1s0f1np1, below 9000",), None, refusals)
     return Plan(resolved.profile, resolved.vllm_version, ".env.dspark", False, profile_decisions(resolved),
@@ -211,7 +211,7 @@ def test_plan_on_80_columns_starts_with_a_summary_and_wraps_every_line(tmp_path)
     # Wrapped to the terminal: only a single word too long for any line (a JSON value) may pass 80 columns.
     assert all(len(line) <= 80 or " " not in line.strip().rstrip(" \\") for line in lines), \
         [line for line in lines if len(line) > 80]
-    serve = [line for line in lines if line.lstrip().startswith("run: /venv/bin/python -m dspark_launch.serve")][0]
+    serve = [line for line in lines if line.lstrip().startswith("run: /venv/bin/python -m dspark_launch.node.serve_entry")][0]
     first = lines.index(serve)
     joined = " ".join(line.strip().rstrip("\\").strip() for line in lines[first:first + 40]
                       if line.startswith("    ")).split(" run: ")[0]
@@ -243,7 +243,7 @@ def test_plan_exits_1_when_start_would_refuse_and_0_when_it_would_start(tmp_path
 
 
 def test_plan_names_a_missing_fabric_interface_as_missing(tmp_path):
-    from dspark_launch.agent.fabric import FabricRequest, fabric_env
+    from dspark_launch.node.fabric import FabricRequest, fabric_env
     from tests.support.sysfs import add_port, ipv4_gid
 
     add_port(tmp_path, "0000:01:00.1", "enp1s0f0np0", "rocep1s0f0", {3: (ipv4_gid("10.1.0.1"), "RoCE v2")})

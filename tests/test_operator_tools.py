@@ -13,7 +13,7 @@ import pytest
 from dspark_launch.agent.protocol import MemoryAnswer
 from dspark_launch.model.hub import hub_source
 from dspark_launch.model.location import local_location
-from dspark_launch.agent.manifest import Manifest, ManifestFile, read_manifest, write_manifest
+from dspark_launch.node.manifest import Manifest, ManifestFile, read_manifest, write_manifest
 from dspark_launch.model.onnodes import ModelWeights, WantedModel, manifest_weights, placed_weights
 from dspark_launch.serve.memory import estimate
 from tests.support.launcher_env import run_dspark

@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from dspark_launch.agent import procfs
+from dspark_launch.node import procfs
 from dspark_launch.agent import protocol as p
-from dspark_launch.agent.port_holder import port_holder, reaches
+from dspark_launch.agent.port_holder import port_holder_query, reaches
 from dspark_launch.agent.transport import LocalTransport
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import Deployment, ServerRecord, save_state
@@ -82,20 +82,20 @@ def identity(proc: subprocess.Popen) -> p.Process:
 def test_the_verdicts_ours_none_gone_and_foreign(squat, sleeper):
     with listener() as sock:
         port = sock.getsockname()[1]
-        assert port_holder(p.PortHolderQuery("127.0.0.1", port, (me(),))).verdict == p.PortHolder.OURS
+        assert port_holder_query(p.PortHolderQuery("127.0.0.1", port, (me(),))).verdict == p.PortHolderAnswer.OURS
         # Nobody recorded, or a recorded process that does not hold it: someone else's, named by pid and user.
-        other = port_holder(p.PortHolderQuery("127.0.0.1", port, (identity(sleeper),)))
-        assert other.verdict == p.PortHolder.FOREIGN and other.recorded_alive
+        other = port_holder_query(p.PortHolderQuery("127.0.0.1", port, (identity(sleeper),)))
+        assert other.verdict == p.PortHolderAnswer.FOREIGN and other.recorded_alive
         assert other.listeners == (p.PortListener(f"127.0.0.1:{port}", os.getpid(), os.geteuid(), "root"),)
         # A connection to another address does not reach a socket bound to 127.0.0.1.
-        assert port_holder(p.PortHolderQuery("127.0.0.2", port, (me(),))).verdict == p.PortHolder.NONE
-    assert port_holder(p.PortHolderQuery("127.0.0.1", port, (identity(sleeper),))).verdict == p.PortHolder.NONE
+        assert port_holder_query(p.PortHolderQuery("127.0.0.2", port, (me(),))).verdict == p.PortHolderAnswer.NONE
+    assert port_holder_query(p.PortHolderQuery("127.0.0.1", port, (identity(sleeper),))).verdict == p.PortHolderAnswer.NONE
     # The same pid with another start time (a reused pid) is not the recorded process.
     reused = p.Process(sleeper.pid, procfs.start_time(sleeper.pid) - 1, None, procfs.boot_id())
-    assert port_holder(p.PortHolderQuery("127.0.0.1", port, (reused,))).verdict == p.PortHolder.GONE
+    assert port_holder_query(p.PortHolderQuery("127.0.0.1", port, (reused,))).verdict == p.PortHolderAnswer.GONE
     pid, squatted, _ = squat()
-    held = port_holder(p.PortHolderQuery("127.0.0.1", squatted, (identity(sleeper),)))
-    assert held.verdict == p.PortHolder.FOREIGN
+    held = port_holder_query(p.PortHolderQuery("127.0.0.1", squatted, (identity(sleeper),)))
+    assert held.verdict == p.PortHolderAnswer.FOREIGN
     assert held.foreign == f"pid {pid} (user nobody) listening on 127.0.0.1:{squatted}"
 
 
@@ -104,9 +104,9 @@ def test_a_wildcard_listener_reaches_every_address_and_ipv6_takes_ipv4():
     assert not reaches("127.0.0.1", "10.1.2.3") and not reaches("0.0.0.0", "::1")
     with listener(socket.AF_INET6, "::") as sock:
         port = sock.getsockname()[1]
-        held = port_holder(p.PortHolderQuery("127.0.0.1", port, ()))
-        assert held.verdict == p.PortHolder.FOREIGN and held.listeners[0].address == f"[::]:{port}"
-        assert port_holder(p.PortHolderQuery("127.0.0.1", port, (me(),))).ours
+        held = port_holder_query(p.PortHolderQuery("127.0.0.1", port, ()))
+        assert held.verdict == p.PortHolderAnswer.FOREIGN and held.listeners[0].address == f"[::]:{port}"
+        assert port_holder_query(p.PortHolderQuery("127.0.0.1", port, (me(),))).ours
 
 
 def test_a_socket_the_servers_child_inherited_is_the_servers():
@@ -119,7 +119,7 @@ def test_a_socket_the_servers_child_inherited_is_the_servers():
             os._exit(0)
         try:
             sock.close()
-            assert port_holder(p.PortHolderQuery("127.0.0.1", port, (me(),))).ours
+            assert port_holder_query(p.PortHolderQuery("127.0.0.1", port, (me(),))).ours
         finally:
             os.kill(child, 9)
             os.waitpid(child, 0)
@@ -208,7 +208,7 @@ def test_smoke_refuses_a_port_someone_else_holds(tmp_path, squat, sleeper):
         os.kill(gone, 9)
     sleeper.wait()
     deadline = time.monotonic() + 10
-    while port_holder(p.PortHolderQuery("127.0.0.1", port, ())).listeners and time.monotonic() < deadline:
+    while port_holder_query(p.PortHolderQuery("127.0.0.1", port, ())).listeners and time.monotonic() < deadline:
         time.sleep(0.05)
     proc = run_dspark(["smoke", "--env-file", str(env_file)])
     assert proc.returncode == 1 and f"vllm serve (pid {sleeper.pid}) is not running; nothing was sent" in proc.stderr

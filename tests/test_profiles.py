@@ -11,7 +11,7 @@ from dspark_launch.config.settings import resolve as load_settings
 from dspark_launch.errors import EXIT_BAD_CONFIG, ConfigError
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, NONE, PROFILE_NAMES, PROFILES
 from dspark_test_profiles import TINY_TEST
-from dspark_launch.agent.vllm_offer import VllmOffer
+from dspark_launch.node.vllm_offer import VllmOffer
 from dspark_launch.config.profile_resolve import SETTING_FLAGS, profile_value, resolve, resolve_selected
 from dspark_launch.agent.handlers.vllm import refusal
 from tests.support.paths import REPO
@@ -221,7 +221,7 @@ def test_a_switch_is_turned_off_with_the_installed_releases_own_negative(install
     The plan emits the offer's spelling and reads the operator's either way."""
     import dataclasses
 
-    from dspark_launch.agent.vllm_offer import OfferedFlag
+    from dspark_launch.node.vllm_offer import OfferedFlag
     from dspark_launch.config.profile_resolve import extra_args_values
 
     assert installed.flag("--enable-prefix-caching").negative() == "--no-enable-prefix-caching"

@@ -9,14 +9,14 @@ import json
 import pytest
 
 from dspark_launch.agent.handlers.hotfix import gpu_query, proc_driver_version, version_row
-from dspark_launch.agent.protocol import VersionRow
-from dspark_launch.agent.versions import differing_rows
+from dspark_launch.node.values import VersionRow
+from dspark_launch.node.versions import differing_rows
 from dspark_launch.config.settings import resolve as load_settings
 from dspark_launch.errors import EXIT_BAD_CONFIG, ConfigError
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
 from dspark_test_profiles import TINY_TEST
 from dspark_launch.profiles.gpu import Capability, gpu_target, parse_capability
-from dspark_launch.agent.vllm_offer import KvVerdict, VllmOffer
+from dspark_launch.node.vllm_offer import KvVerdict, VllmOffer
 from dspark_launch.config.profile_resolve import resolve
 from dspark_launch.agent.handlers.vllm import refusal
 from tests.support.paths import DATA, REPO

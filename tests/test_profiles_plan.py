@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from dspark_launch.agent.fabric import FabricRequest, fabric_env
+from dspark_launch.node.fabric import FabricRequest, fabric_env
 from dspark_launch.config.settings import resolve as load_settings
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
 from dspark_launch.profiles.memory import GIB, NodeMemory, memory_preflight
-from dspark_launch.agent.vllm_offer import VllmOffer
+from dspark_launch.node.vllm_offer import VllmOffer
 from dspark_launch.serve.plan_report import NOT_PROBED_EXAMPLE, PLAN_SCHEMA, NodePlan, Plan, env_entries, not_probed, \
     profile_decisions
 from dspark_launch.config.profile_resolve import resolve
@@ -55,7 +55,7 @@ def test_plan_json_on_the_example_file_shows_every_flag_and_variable_with_its_so
     from dataclasses import replace
 
     from dspark_launch.profiles.gpu import gpu_target
-    from dspark_launch.agent.vllm_offer import KvJudgement, KvVerdict
+    from dspark_launch.node.vllm_offer import KvJudgement, KvVerdict
 
     settings = load_settings(env_file=str(REPO / ".env.dspark.example"), environ={})
     offer = replace(VllmOffer.from_json((DATA / "vllm-0.25.0-offer.json").read_text()),

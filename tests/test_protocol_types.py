@@ -49,7 +49,7 @@ def test_mypy_sees_each_answer_type_and_refuses_a_state_outside_its_literal(tmp_
     out, err, _ = mypy_api.run(["--no-error-summary", "--hide-error-context", str(program)])
     lines = out.splitlines()
     assert any('Revealed type is "dspark_launch.agent.protocol.ProbeAnswer"' in line for line in lines), out + err
-    assert any('Revealed type is "dspark_launch.agent.protocol.VerifyReport"' in line for line in lines), out + err
+    assert any('Revealed type is "dspark_launch.node.values.VerifyReport"' in line for line in lines), out + err
     assert any('"HelloAnswer" has no attribute "no_such_field"' in line for line in lines), out
     for bad in ("Literal['sleeping']", "Literal['maybe']", "Literal['shout']"):
         assert any(bad in line and "[arg-type]" in line for line in lines), (bad, out)

@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from dspark_launch.agent import protocol as p
-from dspark_launch.agent.client import SilentReporter
+from dspark_launch.report import SilentReporter
 from dspark_launch.cluster.spec import cluster_spec
 from dspark_launch.cluster.state import ServerRecord, ensure_state_dir, load_state, save_state, Deployment
 from dspark_launch.config.settings import resolve

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.agent import procfs
+from dspark_launch.node import procfs
 from dspark_launch.hotfix.contract import PATCH_VERSION
 from tests.support.on_testbed import API_KEY, our_pids, run, serving_env, set_knob, state, status
 from tests.support.processes import describe

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.agent import procfs
+from dspark_launch.node import procfs
 from tests.support.on_testbed import (dspark, ours_left, popen, read_until_served, run, serving_env,
                                       spawn_lookalike, state, write_env)
 from tests.support.processes import cmdline, describe, survives, wait_until
@@ -88,7 +88,7 @@ def ray_known_wildcard(l: Listener) -> str | None:
         return "GCS"
     if "/raylet/raylet" in l.cmd:
         return "raylet (node manager / object manager)"
-    if l.port in WORKER_PORTS and (l.cmd.startswith(("ray::", "VLLM::")) or "dspark_launch.serve.entry" in l.cmd):
+    if l.port in WORKER_PORTS and (l.cmd.startswith(("ray::", "VLLM::")) or "dspark_launch.node.serve_entry" in l.cmd):
         return "Ray core worker or driver gRPC"
     return None
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.agent import procfs, ray_dirs
+from dspark_launch.node import procfs, ray_dirs
 from tests.support.launcher_env import launcher_env, scratch
 from tests.support.on_testbed import VENV_BIN, dspark, our_pids, read_until_served, serving_env, state, status, write_env
 from tests.support.processes import describe

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.agent import procfs
+from dspark_launch.node import procfs
 from tests.support.launcher_env import launcher_env, scratch
 from tests.support.on_testbed import (API_KEY, VENV_BIN, our_pids, processes_named, read_until_served, run, serving_env,
                                       set_knob, state, status)

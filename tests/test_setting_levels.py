@@ -18,7 +18,7 @@ from dspark_launch.config.settings import Setting, resolve
 from dspark_launch.config.text_settings import TextSettings, text, text_settings_of
 from dspark_launch.hotfix import contract
 from dspark_launch.profiles.catalog import NONE
-from dspark_launch.agent.vllm_offer import VllmOffer
+from dspark_launch.node.vllm_offer import VllmOffer
 from dspark_launch.serve.reload import refusal
 from dspark_launch.serve.restart_kind import LIVE_LEVEL, SERVE_LEVEL, reload_changes, restart_kind
 from tools.settings_docs import settings_reference

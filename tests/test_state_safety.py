@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.agent import procfs, ray_dirs
+from dspark_launch.node import procfs, ray_dirs
 from dspark_launch.agent.handlers import ray as ray_handlers
 from dspark_launch.agent import protocol as p
 from dspark_launch.cluster.state import (Deployment, NodeRecord, ServerRecord, StateUnreadable, ensure_state_dir,

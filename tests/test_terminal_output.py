@@ -12,7 +12,8 @@ import pytest
 from dspark_launch.cli.output import fail, printable, say, warn
 from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.agent import protocol as p
-from dspark_launch.agent.client import ClusterFailure, NodeAgent
+from dspark_launch.agent.client import NodeAgent
+from dspark_launch.errors import ClusterFailure
 from dspark_launch.agent.transport import LocalTransport
 from dspark_launch.errors import DsparkError
 from dspark_launch.serve.logfollow import LogReader

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.agent import procfs
+from dspark_launch.node import procfs
 from tests.support.paths import REPO
 from tests.support.processes import alive, cmdline, describe, wait_until
 from tests.support.testbed.fixture import extra_testbed

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.agent import procfs
+from dspark_launch.node import procfs
 from dspark_launch.hotfix import contract
 from tests.support.launcher_env import scratch
 from tests.support.on_testbed import API_KEY, our_pids, popen, run, serving_env, state

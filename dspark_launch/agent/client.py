@@ -13,81 +13,20 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from dspark_launch import __version__
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.codec import DecodeError, from_data, to_data
 from dspark_launch.agent.container_transport import ContainerTransport
 from dspark_launch.agent.transport import LocalTransport, NodeUnreachable, Transport
-from dspark_launch.errors import ConfigError, DsparkError
-from dspark_launch.agent.vllm_offer import VllmOffer
+from dspark_launch.errors import ClusterFailure, ConfigError, VersionMismatch
+from dspark_launch.report import Reporter, SilentReporter
+from dspark_launch.node.vllm_offer import VllmOffer
 
 A = TypeVar("A")
 # What the interpreter says when the node's dspark-launch predates dspark_launch.agent (protocol 6).
 OLDER_AGENT = "No module named 'dspark_launch.agent'"
-
-
-class Reporter(Protocol):
-    def phase(self, message: str) -> None: ...
-
-    def waiting(self, message: str, elapsed: float, timeout: float) -> None: ...
-
-    def measured(self, message: str, done: float, total: float, unit: str) -> None:
-        """A long phase with a measure: `unit` "bytes" (a copy: bytes and ETA shown) or a count ("shards")."""
-
-    def warn(self, message: str) -> None: ...
-
-
-def report_measured(reporter: Reporter, message: str, done: float, total: float, unit: str,
-                    elapsed: float = 0.0, timeout: float = 0.0) -> None:
-    """`reporter.measured`, or its `waiting` (with `done/total` in the message) for a reporter without it."""
-    measured = getattr(reporter, "measured", None)
-    if measured is not None:
-        measured(message, done, total, unit)
-    else:
-        reporter.waiting(f"{message} ({done:g}/{total:g} {unit})", elapsed, timeout)
-
-
-class PhaseLines:
-    """A `progress` callable for the layers that report lines (the model's copy): each line a phase of
-    `reporter`; `measured` too, for a copy's bytes."""
-
-    def __init__(self, reporter: Reporter):
-        self.reporter = reporter
-
-    def __call__(self, line: str) -> None:
-        self.reporter.phase(line)
-
-    def measured(self, message: str, done: float, total: float, unit: str) -> None:
-        report_measured(self.reporter, message, done, total, unit)
-
-
-class SilentReporter:
-    def phase(self, message: str) -> None:
-        pass
-
-    def waiting(self, message: str, elapsed: float, timeout: float) -> None:
-        pass
-
-    def measured(self, message: str, done: float, total: float, unit: str) -> None:
-        pass
-
-    def warn(self, message: str) -> None:
-        pass
-
-
-class ClusterFailure(DsparkError):
-    """A step failed on a node; `node` and `step` say where."""
-
-    def __init__(self, node: str, step: str, detail: str, extra: list[str] | tuple[str, ...] | None = None):
-        super().__init__(f"{node}: {step}: {detail}")
-        self.node, self.step, self.detail = node, step, detail
-        self.extra = list(extra or [])  # lines to show after the error (a version matrix, ...)
-
-
-class VersionMismatch(ClusterFailure):
-    """The node runs another launcher (or protocol) version: nothing is started anywhere."""
 
 
 def _show(reporter: Reporter, progress: p.Progress) -> None:

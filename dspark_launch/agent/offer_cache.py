@@ -9,7 +9,7 @@ The identity is found without importing vLLM: the folder the import system would
 `vllm` from, its dist-info RECORD (every install writes a new one: its size, mtime_ns and
 sha256, which lists every installed file's hash), the vLLM plugins registered on the
 interpreter, the interpreter, and the describer (launcher and protocol versions, the sha256
-of agent/vllm_offer.py and agent/vllm_dryboot.py, and of the config.json the dry boot judged).
+of node/vllm_offer.py and node/vllm_dryboot.py, and of the config.json the dry boot judged).
 A vLLM without a dist-info beside it (a source checkout) is never kept. A kept file that is absent, unreadable, garbled, of another identity, a link, not
 this user's or open to others is ignored and rewritten.
 """
@@ -27,11 +27,11 @@ from pathlib import Path
 from dspark_launch import __version__
 from dspark_launch.agent import codec
 from dspark_launch.agent.protocol import PROTOCOL_VERSION
-from dspark_launch.agent.ray_dirs import make_private_root
-from dspark_launch.agent.safe_path import PRIVATE, UnsafePath, read_private, write_private
-from dspark_launch.agent import vllm_dryboot as dryboot_module
-from dspark_launch.agent import vllm_offer as offer_module
-from dspark_launch.agent.vllm_offer import VllmOffer
+from dspark_launch.node.ray_dirs import make_private_root
+from dspark_launch.node.safe_path import PRIVATE, UnsafePath, read_private, write_private
+from dspark_launch.node import vllm_dryboot as dryboot_module
+from dspark_launch.node import vllm_offer as offer_module
+from dspark_launch.node.vllm_offer import VllmOffer
 
 PLUGIN_GROUPS = ("vllm.general_plugins", "vllm.platform_plugins")
 MAX_BYTES = 4 << 20  # a real offer is about 60 KiB
@@ -156,7 +156,7 @@ def remember(identity: InstallIdentity, offer: VllmOffer) -> None:
         pass
 
 
-# --- serve arguments the installed vLLM's parser accepted (agent/handlers/vllm.py `check_serve_args`) ---------
+# --- serve arguments the installed vLLM's parser accepted (agent/handlers/vllm.py `serve_args_check`) ---------
 # Its verdict depends only on the install (the identity above), the checker's code and the arguments (the child
 # runs in the agent's own environment, never the server's): an accepted argv is kept by its hash, so a restart
 # with unchanged arguments on an unchanged vLLM needs no ~10 s check. Refusals are always checked again.

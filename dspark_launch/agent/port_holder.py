@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from dspark_launch.agent import procfs
+from dspark_launch.node import procfs
 from dspark_launch.agent import protocol as p
 
 _LISTEN = "0A"
@@ -115,20 +115,20 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
-def port_holder(req: p.PortHolderQuery, report: p.Report | None = None) -> p.PortHolder:
+def port_holder_query(req: p.PortHolderQuery, report: p.Report | None = None) -> p.PortHolderAnswer:
     """OURS, NONE (nothing listens), GONE (nothing listens and the recorded process is gone) or FOREIGN
     (some socket that could take the connection is not held by a recorded process or its descendants)."""
     boot = procfs.boot_id()
     alive = {proc.pid for proc in req.processes if _alive(proc, boot)}
     sockets = [s for s in listening_sockets(req.port) if reaches(s.address, req.ip)]
     if not sockets:
-        return p.PortHolder(p.PortHolder.NONE if alive else p.PortHolder.GONE, bool(alive))
+        return p.PortHolderAnswer(p.PortHolderAnswer.NONE if alive else p.PortHolderAnswer.GONE, bool(alive))
     all_pids = procfs.pids()
     ours = _with_descendants(alive, all_pids) if alive else set()
     held = set().union(*(socket_inodes(pid) for pid in ours)) if ours else set()
     strangers = [s for s in sockets if s.inode not in held]
     if not strangers:
-        return p.PortHolder(p.PortHolder.OURS, True)
+        return p.PortHolderAnswer(p.PortHolderAnswer.OURS, True)
     wanted = {s.inode for s in strangers}
     holders: dict[int, list[int]] = {}
     for pid in all_pids:
@@ -137,4 +137,4 @@ def port_holder(req: p.PortHolderQuery, report: p.Report | None = None) -> p.Por
     listeners = tuple(p.PortListener(f"[{s.address}]:{s.port}" if ":" in s.address else f"{s.address}:{s.port}",
                                      min(holders[s.inode]) if s.inode in holders else None, s.uid, _user(s.uid))
                       for s in strangers)
-    return p.PortHolder(p.PortHolder.FOREIGN, bool(alive), listeners)
+    return p.PortHolderAnswer(p.PortHolderAnswer.FOREIGN, bool(alive), listeners)

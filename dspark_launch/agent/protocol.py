@@ -1,6 +1,6 @@
 """The node agent's protocol: every value either end sends, frozen and typed, and the one registry of operations.
 
-Stdlib only (and `model_paths`, which checks a manifest's file names as they are decoded).
+Stdlib only (and the node's values, `node/values.py`, which it carries as they are).
 
 Wire (one agent process per call, JSON lines):
   launcher -> agent, one line:  {"protocol": N, "launcher": "x.y.z", "op": NAME, "request": {...}}
@@ -21,13 +21,11 @@ Callers send it with `NodeAgent.call(Request(...))`.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Final, Generic, Literal, TypeVar
 
-from dspark_launch.agent.model_paths import require_relative  # stdlib only: checks a manifest's names
+from dspark_launch.node.values import FabricEnv, FabricRequest, Manifest, NodePlacement, VerifyReport, VersionRow, VllmOffer
 
 PROTOCOL_VERSION = 9  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
 # 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
@@ -53,279 +51,6 @@ class Request(Generic[AnswerT]):
     The registry below pairs the same two (`tests/test_protocol_types.py` checks that they agree)."""
 
     __slots__ = ()
-
-
-# --- model weights: the manifest (written beside the weights as .dspark-manifest.json) -----------------
-
-MANIFEST_FORMAT = 1
-
-
-@dataclass(frozen=True)
-class ManifestFile:
-    path: str  # relative to the model folder, "/"-separated
-    size: int
-    sha256: str  # "" while unknown (a hub listing before the download): size-only checks
-    # The head's stat when it hashed the file (0: unknown): an unchanged file is not hashed again.
-    # Not part of the stamp (they differ between nodes).
-    mtime_ns: int = 0
-    inode: int = 0
-
-    def __post_init__(self) -> None:
-        require_relative(self.path, "manifest")  # whoever built it: a listing, a file, a verify request
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
-            raise ValueError(f"manifest: {self.path!r} has size {self.size!r}; allowed: a whole number >= 0")
-
-
-@dataclass(frozen=True)
-class Manifest:
-    source: str  # hub repo id, or the local folder it was built from
-    revision: str  # hub commit, or "local"
-    files: tuple[ManifestFile, ...]
-
-    @property
-    def total_size(self) -> int:
-        return sum(f.size for f in self.files)
-
-    @property
-    def stamp(self) -> str:
-        """Identifies this exact content: equal stamps mean equal paths, sizes and hashes."""
-        canonical = json.dumps([self.source, self.revision, [[f.path, f.size, f.sha256] for f in self.files]],
-                               separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()[:32]
-
-    def to_json(self) -> str:
-        return json.dumps({"format": MANIFEST_FORMAT, "source": self.source, "revision": self.revision, "stamp": self.stamp,
-                           "files": [{"path": f.path, "size": f.size, "sha256": f.sha256, "mtime_ns": f.mtime_ns,
-                                      "inode": f.inode} for f in self.files]},
-                          indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> "Manifest":
-        data = json.loads(text)
-        if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
-            raise ValueError(f"not a manifest of format {MANIFEST_FORMAT}")
-        manifest = cls(str(data["source"]), str(data["revision"]),
-                       tuple(ManifestFile(str(f["path"]), int(f["size"]), str(f["sha256"]), int(f.get("mtime_ns", 0)),
-                                          int(f.get("inode", 0))) for f in data["files"]))
-        if data.get("stamp") != manifest.stamp:
-            raise ValueError("manifest stamp does not match its content")
-        return manifest
-
-
-MISSING, PARTIAL, OVERSIZED, CORRUPT, STALE = "missing", "partial", "oversized", "corrupt", "stale"
-SPECIAL = "special"  # not a regular file (a FIFO, a device): never read
-
-
-@dataclass(frozen=True)
-class FileProblem:
-    path: str
-    kind: str  # missing | partial (too short) | oversized | corrupt (sha256 differs) | stale (manifest) | special
-    expected_size: int
-    actual_size: int  # -1 when missing
-
-    def describe(self) -> str:
-        if self.kind == MISSING:
-            return f"{self.path}: missing"
-        if self.kind in (PARTIAL, OVERSIZED):
-            return f"{self.path}: {self.kind} ({self.actual_size} of {self.expected_size} bytes)"
-        if self.kind == SPECIAL:
-            return f"{self.path}: not a regular file (never read)"
-        if self.kind == STALE:
-            return f"{self.path}: no manifest of this model (never verified here, or another revision)"
-        return f"{self.path}: corrupt (sha256 differs)"
-
-
-@dataclass(frozen=True)
-class VerifyReport:
-    folder: str
-    full: bool  # True: sizes and sha256; False: sizes only (plus the stamp for a fast check)
-    files_checked: int
-    bytes_checked: int  # bytes hashed (0 for size-only checks)
-    problems: tuple[FileProblem, ...]
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    @property
-    def bad_paths(self) -> tuple[str, ...]:
-        return tuple(p.path for p in self.problems if p.kind != STALE)
-
-
-@dataclass(frozen=True)
-class DiskSpace:
-    path: str  # the path asked about
-    checked: str  # the nearest existing folder, whose filesystem was measured
-    free_bytes: int
-
-
-@dataclass(frozen=True)
-class NodePlacement:
-    """What a copy needs to know of one node, from one agent call: the sizes of the model's files there,
-    the free space where they go, and the stamp of the manifest this node last verified."""
-
-    sizes: VerifyReport  # size-only check of every file of the manifest asked about
-    space: DiskSpace
-    verified_stamp: str  # the stamp of the node's own manifest; "" when it has none (never verified here)
-
-
-# --- the fabric and the installed vLLM, as the nodes report them -------------------------------------
-
-@dataclass(frozen=True)
-class FabricRequest:
-    """What one node needs to work out its fabric environment (built by the launcher, sent to the node's agent)."""
-
-    node: str  # "head", "worker1": for messages
-    ifname: str  # the fabric interface on this node
-    fabric_ip: str  # the node's fabric IP (Ray's --node-ip-address)
-    hca_list: str = ""  # NCCL_IB_HCA as the operator gave it (for this node), NCCL's form; "" = found in sysfs
-    gid_index: str = ""  # NCCL_IB_GID_INDEX given by the operator (for this node); "" = found in sysfs
-    socket_ifnames: tuple[tuple[str, str], ...] = ()  # NCCL_/GLOO_/TP_SOCKET_IFNAME the operator set
-
-
-@dataclass(frozen=True)
-class FabricEnv:
-    """One node's fabric environment, and how each value was found."""
-
-    node: str
-    env: tuple[tuple[str, str], ...]
-    hcas: tuple[str, ...]
-    gid_index: str
-    roce: bool  # False: NCCL falls back to TCP sockets
-    notes: tuple[str, ...]
-    warnings: tuple[str, ...]
-    missing: str = ""  # when not `roce`: what is missing, one line naming the interface (start refuses on it)
-
-
-@dataclass(frozen=True)
-class OfferedFlag:
-    option_strings: tuple[str, ...]  # every spelling: "--tensor-parallel-size", "-tp"
-    dest: str  # argparse destination, one per flag: "tensor_parallel_size"
-    takes_value: bool  # False for switches ("--async-scheduling" / "--no-async-scheduling")
-    choices: tuple[str, ...] = ()  # the values this build accepts; () when any value goes
-
-    def negative(self) -> str | None:
-        """The spelling that turns a switch off as the build lists it: "--no-enable-prefix-caching" up to 0.32,
-        "--disable-prefix-caching" from 0.33 ("--enable-cascade-attn" for "--disable-cascade-attn"; 0.33 still
-        parses the --no- forms, unlisted); None when the switch has none."""
-        stem = self.option_strings[0][2:] if self.option_strings and self.option_strings[0].startswith("--") else ""
-        forms = [f"--no-{stem}"]
-        for on, off in (("enable-", "disable-"), ("disable-", "enable-")):
-            if stem.startswith(on):
-                forms.append(f"--{off}{stem[len(on):]}")
-        return next((form for form in forms if stem and form in self.option_strings), None)
-
-
-@dataclass(frozen=True)
-class KvVerdict:
-    """How one `--kv-cache-dtype` value fares on one GPU generation."""
-
-    dtype: str
-    layout: str  # what the attention stores it as ("fp8" -> "fp8_ds_mla"); "" when refused
-    refusal: str = ""  # vLLM's own words when refused; "" when accepted
-
-
-@dataclass(frozen=True)
-class KvJudgement:
-    """The installed vLLM's DeepSeek-V4 attention on one compute capability, every dtype judged."""
-
-    capability: str  # "12.1"
-    attention: str  # the layer class vLLM selects there and its backend
-    verdicts: tuple[KvVerdict, ...]
-
-    def verdict(self, dtype: str) -> KvVerdict | None:
-        return next((v for v in self.verdicts if v.dtype == dtype), None)
-
-
-@dataclass(frozen=True)
-class BackendVerdict:
-    """How one kernel-backend flag value (`--moe-backend b12x`) fares in the dry boot on one capability."""
-
-    value: str
-    chosen: str = ""  # what vLLM's selection lands on ("B12X_MXFP4_MXFP8", "MARLIN"); "" when refused
-    refusal: str = ""  # vLLM's own words when refused
-
-
-@dataclass(frozen=True)
-class GraphVerdict:
-    """The CUDA-graph mode vLLM really runs for a requested `cudagraph_mode` and VLLM_USE_BREAKABLE_CUDAGRAPH."""
-
-    requested: str  # "FULL_AND_PIECEWISE"
-    breakable: str  # the variable's value: "" unset, "0", "1"
-    effective: str  # the mode after vLLM's resolution; "" when vLLM refuses the combination
-    why: str
-
-
-@dataclass(frozen=True)
-class BootJudgement:
-    """The dry boot on one compute capability: vLLM's own pre-GPU decisions for the checkpoint (vllm_dryboot)."""
-
-    capability: str
-    attention: str  # the DeepSeek-V4 attention layer vLLM builds there and its backend
-    moe_method: str  # the quantization method the checkpoint's routed experts get ("Mxfp4MoEMethod")
-    moe: tuple[BackendVerdict, ...]  # every --moe-backend value
-    linear: tuple[BackendVerdict, ...]  # every --linear-backend value
-    graphs: tuple[GraphVerdict, ...]
-
-    def verdict(self, kind: str, value: str) -> BackendVerdict | None:
-        return next((v for v in getattr(self, kind) if v.value == value), None)
-
-    def graph(self, requested: str, breakable: str) -> GraphVerdict | None:
-        return next((g for g in self.graphs if g.requested == requested and g.breakable == breakable), None)
-
-
-@dataclass(frozen=True)
-class VllmOffer:
-    version: str
-    flags: tuple[OfferedFlag, ...]
-    speculative_methods: tuple[str, ...]  # values of "method" in --speculative-config
-    source: str = "the installed vLLM's serve parser"
-    kv_judgements: tuple[KvJudgement, ...] = ()  # per JUDGED_CAPABILITIES; () when not judged
-    kv_judged_by: str = ""  # what judged them, or why they are not ("" in a recorded description)
-    env_names: tuple[str, ...] | None = None  # the variables vllm.envs reads; None: not known
-    modules: tuple[str, ...] | None = None  # which OPTIONAL_MODULES are installed; None: not known
-    draft_sample_methods: tuple[str, ...] = ()  # values of "draft_sample_method" in --speculative-config
-    speculative_fields: tuple[str, ...] = ()  # the keys --speculative-config takes; () not known
-    boot_judgements: tuple[BootJudgement, ...] = ()  # the dry boot per JUDGED_CAPABILITIES; () when not run
-    booted_by: str = ""  # what ran the dry boot (and on which config.json), or why it did not run
-
-    def boot(self, capability: str) -> BootJudgement | None:
-        return next((j for j in self.boot_judgements if j.capability == capability), None)
-
-    def judgement(self, capability: str) -> KvJudgement | None:
-        return next((j for j in self.kv_judgements if j.capability == capability), None)
-
-    def flag(self, option: str) -> OfferedFlag | None:
-        """The flag `option` names ("--kv-cache-dtype", "--no-async-scheduling", "-tp"), if offered."""
-        for flag in self.flags:
-            if option in flag.option_strings:
-                return flag
-        return None
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> VllmOffer:
-        data = json.loads(text)
-        flags = tuple(OfferedFlag(tuple(f["option_strings"]), f["dest"], bool(f["takes_value"]), tuple(f["choices"]))
-                      for f in data["flags"])
-        judgements = tuple(KvJudgement(j["capability"], j["attention"],
-                                       tuple(KvVerdict(v["dtype"], v["layout"], v.get("refusal", ""))
-                                             for v in j["verdicts"]))
-                           for j in data.get("kv_judgements", ()))
-        optional = {name: (None if data.get(name) is None else tuple(data[name])) for name in ("env_names", "modules")}
-        def backends(found: list[dict[str, str]]) -> tuple[BackendVerdict, ...]:
-            return tuple(BackendVerdict(v["value"], v.get("chosen", ""), v.get("refusal", "")) for v in found)
-
-        boots = tuple(BootJudgement(
-            b["capability"], b["attention"], b["moe_method"], backends(b["moe"]), backends(b["linear"]),
-            tuple(GraphVerdict(g["requested"], g["breakable"], g["effective"], g["why"]) for g in b["graphs"]))
-            for b in data.get("boot_judgements", ()))
-        return cls(str(data["version"]), flags, tuple(data["speculative_methods"]),
-                   data.get("source", "a recorded description"), judgements, data.get("kv_judged_by", ""),
-                   optional["env_names"], optional["modules"], tuple(data.get("draft_sample_methods", ())),
-                   tuple(data.get("speculative_fields", ())), boots, data.get("booted_by", ""))
 
 
 # --- values shared by several operations ---------------------------------------------------------
@@ -460,7 +185,7 @@ class PortAnswer:
 
 
 @dataclass(frozen=True)
-class PortHolderQuery(Request["PortHolder"]):
+class PortHolderQuery(Request["PortHolderAnswer"]):
     """Who holds the listening sockets a connection to ip:port would reach (agent/port_holder.py): asked
     before anything that carries the Ray token or an API key is sent there."""
     ip: str
@@ -482,7 +207,7 @@ class PortListener:
 
 
 @dataclass(frozen=True)
-class PortHolder:
+class PortHolderAnswer:
     OURS, NONE, GONE, FOREIGN = "ours", "none", "gone", "foreign"
     verdict: str
     recorded_alive: bool
@@ -564,7 +289,7 @@ class DrainEnd:
     done: str
     busy: str
     engines: int = 1
-    source_file: str = "core.py"  # the EngineCore module that logs both lines (agent/engine_log.py)
+    source_file: str = "core.py"  # the EngineCore module that logs both lines (node/engine_log.py)
 
 
 @dataclass(frozen=True)
@@ -605,13 +330,13 @@ class TailAnswer:
 
 
 @dataclass(frozen=True)
-class ReadLog(Request["ReadAnswer"]):
+class ReadLog(Request["ReadLogAnswer"]):
     path: str
     offset: int = 0
 
 
 @dataclass(frozen=True)
-class ReadAnswer:
+class ReadLogAnswer:
     text: str
     offset: int
     missing: str = ""
@@ -656,27 +381,7 @@ class RayNodesQuery(Request["RayNodesAnswer"]):
 @dataclass(frozen=True)
 class RayNodesAnswer:
     nodes: tuple[RayNode, ...]
-    port: PortHolder | None = None  # who held the GCS port; `nodes` is empty unless it was ours
-
-
-@dataclass(frozen=True)
-class VersionRow:
-    """One node's row of the version matrix; every field must be equal on all nodes."""
-    python: str | None = None
-    vllm: str | None = None
-    ray: str | None = None
-    torch: str | None = None
-    cuda: str | None = None
-    driver: str | None = None
-    compute_capability: str | None = None  # the GPU's, "12.1" on a GB10 (nvidia-smi); None without a GPU
-    nccl: str | None = None  # the NCCL vLLM loads there (VLLM_NCCL_SO_PATH, torch's nvidia-nccl wheel, the system's)
-    packages: str | None = None  # the optional kernel packages and their versions (agent/versions.package_row)
-    nvcc: str | None = None  # the CUDA compiler DeepGEMM's JIT runs (DeepSeek-V4's fp8_einsum): "12.9"; None: not found
-    memlock: str | None = None  # RLIMIT_MEMLOCK soft limit of the agent ("unlimited" or bytes); shown, not compared
-    dspark_launch: str | None = None
-    scheduler_sha256: str | None = None
-    hostname: str | None = None  # shown, not compared
-    image: str | None = None  # the node container's image id (DSPARK_RUNTIME=docker|podman); None on a host
+    port: PortHolderAnswer | None = None  # who held the GCS port; `nodes` is empty unless it was ours
 
 
 @dataclass(frozen=True)
@@ -691,7 +396,7 @@ class HotfixResult:
 
 
 @dataclass(frozen=True)
-class HotfixReport:
+class HotfixApplyAnswer:
     hostname: str
     apply: HotfixResult
     status: HotfixResult
@@ -720,13 +425,13 @@ class RayChecksAnswer:
 
 
 @dataclass(frozen=True)
-class ServeArgsCheck(Request["ServeArgsAnswer"]):
+class ServeArgsCheck(Request["ServeArgsCheckAnswer"]):
     """The `vllm serve` arguments (model first) through the installed vLLM's own parser."""
     serve_args: tuple[str, ...]
 
 
 @dataclass(frozen=True)
-class ServeArgsAnswer:
+class ServeArgsCheckAnswer:
     refused: str | None  # vLLM's reason, or None when accepted
 
 
@@ -821,7 +526,7 @@ class VersionQuery(Request["VersionRow"]):
 
 
 @dataclass(frozen=True)
-class HotfixApply(Request["HotfixReport"]):
+class HotfixApply(Request["HotfixApplyAnswer"]):
     """Apply the scheduler hotfix to the vLLM this node's interpreter (Ray's) imports, then verify it."""
 
 
@@ -837,7 +542,8 @@ class Operation:
     """One agent operation: its request and answer types, its handler and how the launcher waits for it."""
     request: type
     answer: type
-    handler: str  # "module:function" in dspark_launch.agent.handlers, imported by the agent only when called
+    subject: str  # its module in dspark_launch.agent.handlers, imported by the agent only when called; the
+    # handler is that module's function named as the operation (`memory_query` -> handlers/processes.memory_query)
     step: str  # names the step in the launcher's error line
     timeout: float | Callable[[Any], float] = AGENT_TIMEOUT_S  # seconds, or a function of the request
     # Read-only, stdlib, independent of the environment: answered in the launcher's own process when the node's
@@ -876,41 +582,41 @@ class SchedulerControlAnswer:
 
 _OPERATIONS = (
     # processes and the node itself (handlers/processes.py)
-    Operation(Hello, HelloAnswer, "processes:hello", "agent", 30),
-    Operation(Probe, ProbeAnswer, "processes:probe", "agent"),
-    Operation(MemoryQuery, MemoryAnswer, "processes:meminfo", "memory"),
-    Operation(Run, RunAnswer, "processes:run", "run"),
-    Operation(Spawn, SpawnAnswer, "processes:spawn", "spawn"),
-    Operation(AliveQuery, AliveAnswer, "processes:alive", "status", 30, in_process=True),
-    Operation(Stop, StopAnswer, "processes:stop", "stop", lambda req: 90 + req.drain_s),
+    Operation(Hello, HelloAnswer, "processes", "agent", 30),
+    Operation(Probe, ProbeAnswer, "processes", "agent"),
+    Operation(MemoryQuery, MemoryAnswer, "processes", "memory"),
+    Operation(Run, RunAnswer, "processes", "run"),
+    Operation(Spawn, SpawnAnswer, "processes", "spawn"),
+    Operation(AliveQuery, AliveAnswer, "processes", "status", 30, in_process=True),
+    Operation(Stop, StopAnswer, "processes", "stop", lambda req: 90 + req.drain_s),
     # files and logs (handlers/files.py)
-    Operation(PrepareLogDir, PrepareLogDirAnswer, "files:prepare_log_dir", "log folder"),
-    Operation(Tail, TailAnswer, "files:tail", "logs", in_process=True),
-    Operation(ReadLog, ReadAnswer, "files:read", "logs", in_process=True),
-    Operation(Glob, GlobAnswer, "files:glob", "logs"),
+    Operation(PrepareLogDir, PrepareLogDirAnswer, "files", "log folder"),
+    Operation(Tail, TailAnswer, "files", "logs", in_process=True),
+    Operation(ReadLog, ReadLogAnswer, "files", "logs", in_process=True),
+    Operation(Glob, GlobAnswer, "files", "logs"),
     # Ray (handlers/ray.py; the head's node table imports Ray when called)
-    Operation(PortQuery, PortAnswer, "ray:port_free", "ray port"),
-    Operation(PortHolderQuery, PortHolder, "ray:port_holder", "port holder", in_process=True),
-    Operation(RayTempDir, RayTempDirAnswer, "ray:ray_temp_dir", "ray temp folder"),
-    Operation(RayNodesQuery, RayNodesAnswer, "ray:ray_nodes", "ray nodes", 20),
-    Operation(RayChecks, RayChecksAnswer, "ray:ray_checks", "ray checks"),
+    Operation(PortQuery, PortAnswer, "ray", "ray port"),
+    Operation(PortHolderQuery, PortHolderAnswer, "ray", "port holder", in_process=True),
+    Operation(RayTempDir, RayTempDirAnswer, "ray", "ray temp folder"),
+    Operation(RayNodesQuery, RayNodesAnswer, "ray", "ray nodes", 20),
+    Operation(RayChecks, RayChecksAnswer, "ray", "ray checks"),
     # vLLM (handlers/vllm.py; imports vLLM, or runs it in a child, when called)
-    Operation(DescribeVllm, DescribeVllmAnswer, "vllm:describe_vllm", "installed vLLM", 300),
-    Operation(ServeArgsCheck, ServeArgsAnswer, "vllm:check_serve_args", "serve arguments", 300),
+    Operation(DescribeVllm, DescribeVllmAnswer, "vllm", "installed vLLM", 300),
+    Operation(ServeArgsCheck, ServeArgsCheckAnswer, "vllm", "serve arguments", 300),
     # fabric (handlers/fabric.py)
-    Operation(InterfaceQuery, InterfaceAnswer, "fabric:interface", "fabric interface"),
-    Operation(FabricQuery, FabricAnswer, "fabric:fabric_env", "fabric"),
-    Operation(NonCarryOver, NonCarryOverAnswer, "fabric:non_carry_over", "vLLM config folder"),
+    Operation(InterfaceQuery, InterfaceAnswer, "fabric", "fabric interface"),
+    Operation(FabricQuery, FabricAnswer, "fabric", "fabric"),
+    Operation(NonCarryOver, NonCarryOverAnswer, "fabric", "vLLM config folder"),
     # model weights (handlers/model.py)
-    Operation(ModelVerify, VerifyReport, "model:model_verify", "model verify",
+    Operation(ModelVerify, VerifyReport, "model", "model verify",
               lambda req: MODEL_VERIFY_TIMEOUT_S if req.full else 120),
-    Operation(ModelFastCheck, VerifyReport, "model:model_fast_check", "model check", 120),
-    Operation(ModelPlacementQuery, NodePlacement, "model:model_placement", "model disk", 120),
+    Operation(ModelFastCheck, VerifyReport, "model", "model check", 120),
+    Operation(ModelPlacementQuery, NodePlacement, "model", "model disk", 120),
     # version row and scheduler hotfix (handlers/hotfix.py)
-    Operation(VersionQuery, VersionRow, "hotfix:node_versions", "versions"),
-    Operation(HotfixApply, HotfixReport, "hotfix:apply_hotfix", "hotfix", HOTFIX_TIMEOUT_S),
+    Operation(VersionQuery, VersionRow, "hotfix", "versions"),
+    Operation(HotfixApply, HotfixApplyAnswer, "hotfix", "hotfix", HOTFIX_TIMEOUT_S),
     # the scheduler's live values (handlers/control.py)
-    Operation(SchedulerControl, SchedulerControlAnswer, "control:scheduler_control", "scheduler control file"),
+    Operation(SchedulerControl, SchedulerControlAnswer, "control", "scheduler control file"),
 )
 OPERATIONS: dict[str, Operation] = {operation.name: operation for operation in _OPERATIONS}
 OPERATION_OF_REQUEST: dict[type, Operation] = {operation.request: operation for operation in _OPERATIONS}

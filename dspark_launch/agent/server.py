@@ -24,8 +24,7 @@ from dspark_launch.agent.protocol import OperationFailed
 
 def handler(op: str) -> Callable:
     """The handler OPERATIONS names for `op`, its module imported now."""
-    module, function = p.OPERATIONS[op].handler.split(":")
-    return getattr(importlib.import_module(f"dspark_launch.agent.handlers.{module}"), function)
+    return getattr(importlib.import_module(f"dspark_launch.agent.handlers.{p.OPERATIONS[op].subject}"), op)
 
 
 _wire = sys.stdout  # main() points this at the real stdout and everything else at stderr

@@ -48,7 +48,7 @@ def _command(argv: tuple[str, ...], width: int | None, indent: str) -> list[str]
 
 
 # The modules `start` runs with the node's Python, by the name an operator knows them by.
-PROGRAMS = {"ray.scripts.scripts": "ray", "dspark_launch.serve.entry": "vllm serve"}
+PROGRAMS = {"ray.scripts.scripts": "ray", "dspark_launch.node.serve_entry": "vllm serve"}
 
 
 def _program(argv: tuple[str, ...]) -> str:

@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 import dspark_launch
-from dspark_launch.cluster import runtime
+from dspark_launch.cluster import container_engine
 from dspark_launch.agent.host_shell import HostShell
 from dspark_launch.cluster.parallel import on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node, NodeContainers
-from dspark_launch.agent.client import Reporter
+from dspark_launch.report import Reporter
 from dspark_launch.agent.protocol import Glob
 from dspark_launch.agent.transport import LocalTransport, Transport
 from dspark_launch.errors import DsparkError
@@ -31,44 +31,44 @@ def host_of(node: Node) -> HostShell:
     return node.transport.host
 
 
-def container_spec(spec: ClusterSpec, node: Node, agent_package: str, image: str = "") -> runtime.ContainerSpec:
+def container_spec(spec: ClusterSpec, node: Node, agent_package: str, image: str = "") -> container_engine.ContainerSpec:
     """`image`: the id the check found on every node (what runs is what was compared); default DSPARK_IMAGE."""
     containers = spec.containers
-    return runtime.ContainerSpec(
+    return container_engine.ContainerSpec(
         runtime=containers.runtime, image=image or containers.image, marker=containers.name(node.name),
         agent_package=agent_package, state_dir=str(spec.state_dir), model_cache=containers.model_cache,
         python=containers.python, extra_args=containers.extra_args,
-        hardware_args=runtime.hardware_args(containers.runtime), jit_cache=containers.jit_cache)
+        hardware_args=container_engine.hardware_args(containers.runtime), jit_cache=containers.jit_cache)
 
 
 def check_settings(spec: ClusterSpec) -> None:
     """The container arguments against the launcher's own (ConfigError, exit 2), before anything runs."""
-    runtime.check_spec(container_spec(spec, spec.head, PACKAGE_DIR))
+    container_engine.check_spec(container_spec(spec, spec.head, PACKAGE_DIR))
 
 
 def same_image(spec: ClusterSpec) -> str:
     """The image id every node holds for DSPARK_IMAGE; ImageMismatch (exit 1) with a line per node when not."""
     containers: NodeContainers = spec.containers
-    identities = on_each(spec.nodes, lambda node: runtime.resolve_image(
+    identities = on_each(spec.nodes, lambda node: container_engine.resolve_image(
         host_of(node), containers.runtime, containers.image, node.name))
     try:
-        return runtime.check_same_image([identities[n.name] for n in spec.nodes])
-    except runtime.ImageMismatch as exc:
+        return container_engine.check_same_image([identities[n.name] for n in spec.nodes])
+    except container_engine.ImageMismatch as exc:
         exc.extra = [f"  image  {n.label}: {identities[n.name].image_id or 'not on the node'}" for n in spec.nodes]
         raise
 
 
-def up(spec: ClusterSpec, nodes: list[Node], image_id: str, reporter: Reporter) -> dict[str, runtime.ContainerState]:
+def up(spec: ClusterSpec, nodes: list[Node], image_id: str, reporter: Reporter) -> dict[str, container_engine.ContainerState]:
     """The containers of `nodes` at once from `image_id`: kept when running from the same spec with nothing
     of a run inside, else (re)created; a worker first gets a copy of the launcher's package."""
-    def up_one(node: Node) -> runtime.ContainerState:
+    def up_one(node: Node) -> container_engine.ContainerState:
         host = host_of(node)
-        package = PACKAGE_DIR if node.is_head else runtime.ship_package(host, PACKAGE_DIR, str(spec.state_dir))
+        package = PACKAGE_DIR if node.is_head else container_engine.ship_package(host, PACKAGE_DIR, str(spec.state_dir))
         wanted = container_spec(spec, node, package, image_id)
-        reuse = runtime.reusable(runtime.inspect(host, wanted.runtime, wanted.name), wanted) and idle(node)
+        reuse = container_engine.reusable(container_engine.inspect(host, wanted.runtime, wanted.name), wanted) and idle(node)
         if not reuse:
             reporter.phase(f"creating container {spec.containers.name(node.name)} on {node.label}")
-        return runtime.up(host, wanted, reuse=reuse)
+        return container_engine.up(host, wanted, reuse=reuse)
 
     return on_each(nodes, up_one)
 
@@ -87,12 +87,12 @@ def idle(node: Node) -> bool:
 def down(spec: ClusterSpec, nodes: list[Node]) -> dict[str, bool]:
     """Remove the containers of `nodes` at once; per node, whether one was there."""
     containers = spec.containers
-    return on_each(nodes, lambda node: runtime.down(host_of(node), containers.runtime, containers.name(node.name)))
+    return on_each(nodes, lambda node: container_engine.down(host_of(node), containers.runtime, containers.name(node.name)))
 
 
-def inspect(spec: ClusterSpec) -> dict[str, runtime.ContainerState]:
+def inspect(spec: ClusterSpec) -> dict[str, container_engine.ContainerState]:
     containers = spec.containers
-    return on_each(spec.nodes, lambda node: runtime.inspect(host_of(node), containers.runtime,
+    return on_each(spec.nodes, lambda node: container_engine.inspect(host_of(node), containers.runtime,
                                                             containers.name(node.name)))
 
 
@@ -100,14 +100,14 @@ def model_transports(spec: ClusterSpec) -> dict[str, Transport]:
     """Where the model commands check the weights with a container runtime, node containers up or not:
     the head in the launcher's own Python (it holds the host folder the containers mount), every worker
     in a short-lived `--rm` container from the image checked on every node (the package shipped into
-    its state folder as for the node containers: runtime.ship_package)."""
+    its state folder as for the node containers: container_engine.ship_package)."""
     image_id = same_image(spec)
 
     def transport_of(node: Node) -> Transport:
         if node.is_head:
             return LocalTransport(sys.executable)
         host = host_of(node)
-        package = runtime.ship_package(host, PACKAGE_DIR, str(spec.state_dir))
-        return runtime.oneshot_transport(host, container_spec(spec, node, package, image_id))
+        package = container_engine.ship_package(host, PACKAGE_DIR, str(spec.state_dir))
+        return container_engine.oneshot_transport(host, container_spec(spec, node, package, image_id))
 
     return on_each(spec.nodes, transport_of)

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dspark_launch.agent.client import ClusterFailure, Reporter
+from dspark_launch.errors import ClusterFailure
+
+from dspark_launch.report import Reporter
 from dspark_launch.cluster.parallel import on_each
-from dspark_launch.agent.protocol import HotfixApply, HotfixReport, VersionQuery, VersionRow
+from dspark_launch.agent.protocol import HotfixApply, HotfixApplyAnswer, VersionQuery
+from dspark_launch.node.values import VersionRow
 from dspark_launch.cluster.spec import ClusterSpec
-from dspark_launch.agent.versions import differing_rows, gpu_node_problems, matrix_lines, modules_of
+from dspark_launch.node.versions import differing_rows, gpu_node_problems, matrix_lines, modules_of
 from dspark_launch.profiles.gpu import GpuTarget, gpu_target
 
 
 @dataclass(frozen=True)
 class NodeChecks:
     versions: dict[str, VersionRow]  # by node name, in the spec's order
-    hotfix: dict[str, HotfixReport]
+    hotfix: dict[str, HotfixApplyAnswer]
 
 
 def versions_and_hotfix(spec: ClusterSpec, reporter: Reporter) -> NodeChecks:

@@ -15,14 +15,16 @@ from typing import Iterator
 from dspark_launch import __version__
 from dspark_launch.cluster import containers
 from dspark_launch.cluster import ray_cluster as rc
-from dspark_launch.agent.client import ClusterFailure, Reporter
+from dspark_launch.errors import ClusterFailure
+from dspark_launch.report import Reporter
 from dspark_launch.cluster.hotfix_rollout import NodeChecks, versions_and_hotfix
-from dspark_launch.agent.protocol import Hello, VersionRow
+from dspark_launch.agent.protocol import Hello
+from dspark_launch.node.values import VersionRow
 from dspark_launch.cluster.parallel import Background, on_each, settle
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import (Deployment, HotfixRecord, VersionsRecord, clear_state, ensure_state_dir,
                                          load_state, lock_holder, on_wire, recorded, save_state, state_lock)
-from dspark_launch.agent.versions import matrix_lines
+from dspark_launch.node.versions import matrix_lines
 from dspark_launch.errors import EXIT_ALREADY_RUNNING, DsparkError
 
 

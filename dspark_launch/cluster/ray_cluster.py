@@ -13,8 +13,9 @@ import hashlib
 import secrets
 
 from dspark_launch.agent import protocol as p
-from dspark_launch.agent.client import ClusterFailure, Reporter
-from dspark_launch.agent.fabric import SYSFS_ROOT_VAR, FabricEnv
+from dspark_launch.errors import ClusterFailure
+from dspark_launch.report import Reporter
+from dspark_launch.node.fabric import SYSFS_ROOT_VAR, FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import (NodeRecord, ProcessRecord, SessionRecord, ray_token, recorded, rotate_ray_token, wire_processes,
@@ -262,7 +263,7 @@ def ray_view(spec: ClusterSpec, head: NodeRecord | None, timeout: float = 20) ->
     answer = spec.head.agent().call(p.RayNodesQuery(spec.ray_address, auth_env(spec), holders), timeout=timeout)
     if answer.port is None or answer.port.ours:
         return answer.nodes
-    if answer.port.verdict == p.PortHolder.FOREIGN:
+    if answer.port.verdict == p.PortHolderAnswer.FOREIGN:
         renewed = rotate_ray_token(spec.state_dir) if spec.auth_mode == "token" and not spec.auth_token else False
         token = ("a new Ray token was drawn for the next start" if renewed else
                  "the Ray token was not sent" + ("; replace RAY_AUTH_TOKEN" if spec.auth_token else ""))

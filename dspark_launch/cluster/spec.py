@@ -9,10 +9,12 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from dspark_launch.agent.client import NodeAgent, Reporter
+from dspark_launch.agent.client import NodeAgent
+
+from dspark_launch.report import Reporter
 from dspark_launch.agent.container_transport import ContainerTransport
 from dspark_launch.agent.host_shell import LocalHost, SSHHost
-from dspark_launch.agent.fabric import FabricRequest
+from dspark_launch.node.fabric import FabricRequest
 from dspark_launch.agent.transport import LocalTransport, SSHTransport, Transport
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError
@@ -156,7 +158,7 @@ def _hf_home() -> str:
 
 def _refuse_the_token_folder(settings: Settings, cache: str) -> None:
     """The container model cache is mounted into every serving container: never the folder of the hub token."""
-    from dspark_launch.agent.safe_path import within
+    from dspark_launch.node.safe_path import within
 
     home = _hf_home()
     token = os.environ.get("HF_TOKEN_PATH") or os.path.join(home, "token")

@@ -21,7 +21,7 @@ from typing import Any, Iterator, TypeVar
 
 from dspark_launch.agent.codec import from_data, to_data
 from dspark_launch.agent.protocol import Process, Session
-from dspark_launch.agent.safe_path import (UnsafePath, check_ancestors, check_dir, make_dir, make_log_dir,
+from dspark_launch.node.safe_path import (UnsafePath, check_ancestors, check_dir, make_dir, make_log_dir,
                                              read_private, write_private, write_temp)
 from dspark_launch.errors import ConfigError, DsparkError
 
@@ -69,7 +69,7 @@ class ProcessRecord:
 
 @dataclass(frozen=True)
 class VersionsRecord:
-    """One node's row of the version matrix at start (agent.protocol.VersionRow)."""
+    """One node's row of the version matrix at start (node.values.VersionRow)."""
     python: str | None = None
     vllm: str | None = None
     ray: str | None = None
@@ -96,7 +96,7 @@ class HotfixResultRecord:
 
 @dataclass(frozen=True)
 class HotfixRecord:
-    """The hotfix applied and verified on one node at start (agent.protocol.HotfixReport)."""
+    """The hotfix applied and verified on one node at start (agent.protocol.HotfixApplyAnswer)."""
     hostname: str
     apply: HotfixResultRecord
     status: HotfixResultRecord

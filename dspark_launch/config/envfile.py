@@ -113,7 +113,7 @@ def _read_trusted(path: Path) -> bytes:
     """The file's bytes, read through one descriptor checked with fstat: refused (ConfigError, one line
     naming it) unless this user or root owns it and its folder and neither is writable by group or
     others (a link: both the link's folder and the target's). /dev/null reads as an empty file."""
-    from dspark_launch.agent.safe_path import UnsafePath, check_ancestors
+    from dspark_launch.node.safe_path import UnsafePath, check_ancestors
 
     if os.path.realpath(path) == os.devnull:
         return b""

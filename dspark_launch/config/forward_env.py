@@ -33,7 +33,7 @@ REFUSED_NAMES: tuple[tuple[str, str], ...] = (
      r"|RAY_ENABLE_METRICS_COLLECTION|HF_HUB_OFFLINE|HF_HUB_CACHE|VLLM_CONFIG_ROOT|VLLM_NO_USAGE_STATS"
      r"|DSPARK_(?!TEST_).*",
      "a variable the launcher sets itself on every node (set it through its setting)"),
-    # Also every JIT cache a node container points at its host folder (cluster/runtime.JIT_CACHE_VARS).
+    # Also every JIT cache a node container points at its host folder (cluster/container_engine.JIT_CACHE_VARS).
     (r".*PLUGIN.*|NCCL_CONF_FILE|CUDA_INJECTION64_PATH|CUDA_HOME|CUDA_PATH|TRITON_.*|TORCHINDUCTOR_.*"
      r"|TORCH_EXTENSIONS_DIR|.*CACHE(_DIR|_PATH|_ROOT|_HOME)?|HF_HOME|XDG_.*|FLASHINFER_WORKSPACE_BASE",
      "a library or plugin it loads, or a cache of compiled or downloaded code it runs "

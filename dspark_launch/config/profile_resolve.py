@@ -30,7 +30,7 @@ from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.profiles.catalog import profile_named
 from dspark_launch.profiles.gpu import UNKNOWN, GpuTarget
 from dspark_launch.profiles.model import EnvVar, Preference, Profile, SettingDefault, Switch
-from dspark_launch.agent.vllm_offer import OfferedFlag, VllmOffer
+from dspark_launch.node.vllm_offer import OfferedFlag, VllmOffer
 
 # Settings that become `vllm serve` flags, whatever the profile: (setting, flag), from their declarations
 # (`flag="--max-num-seqs"`), in declaration order.

@@ -19,7 +19,7 @@ from dspark_launch.config.checks import ASCII_WORD, not_an_option, shell_words, 
 from dspark_launch.config.forward_env import check_forward_names
 from dspark_launch.config.ssh_options import check_ssh_options
 from dspark_launch.profiles.catalog import DEFAULT_PROFILE, SHIPPED, profile_names
-from dspark_launch.agent.nccl_hca import parse_hca_list  # stdlib only: the node side reads the same grammar
+from dspark_launch.node.nccl_hca import parse_hca_list  # stdlib only: the node side reads the same grammar
 from dspark_launch.config.container_args import check_container_args, check_image
 from dspark_launch.config.field_docs import declared_docs
 from dspark_launch.config.levels import Level, ServeFlag, nature_metadata, owned

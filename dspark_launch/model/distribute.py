@@ -13,12 +13,12 @@ from typing import Protocol
 from .copy import CopyProgress, CopyResult, SSHTarget, effective_streams, rsync_to
 from .errors import InsufficientDisk, ModelIncomplete
 from .location import ModelLocation
-from dspark_launch.agent.manifest import Manifest
-from dspark_launch.agent.model_files import STALE, DiskSpace, NodePlacement, VerifyReport
+from dspark_launch.node.manifest import Manifest
+from dspark_launch.node.model_files import STALE, DiskSpace, NodePlacement, VerifyReport
 
 
 class NodeModelOps(Protocol):
-    """The node-side operations, on one node (dspark_launch.agent.model_files run there)."""
+    """The node-side operations, on one node (dspark_launch.node.model_files run there)."""
 
     name: str
 

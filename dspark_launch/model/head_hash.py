@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ModelError
-from dspark_launch.agent.manifest import Manifest, ManifestFile
-from dspark_launch.agent.model_files import HashProgress, hash_files
-from dspark_launch.agent.model_paths import resolve_inside
+from dspark_launch.node.manifest import Manifest, ManifestFile
+from dspark_launch.node.model_files import HashProgress, hash_files
+from dspark_launch.node.model_paths import resolve_inside
 
 
 @dataclass(frozen=True)

@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from dspark_launch.agent.safe_path import write_private
+from dspark_launch.node.safe_path import write_private
 from dspark_launch.errors import ConfigError
 
 from .errors import ModelAccessError, ModelError, ModelIncomplete
 from .head_hash import hash_folder_files
 from .location import ModelLocation, hub_cache_location
-from dspark_launch.agent.manifest import Manifest, ManifestFile, read_manifest, write_manifest
-from dspark_launch.agent.model_files import verify_model
-from dspark_launch.agent.model_paths import UnsafeModelPath, read_bounded, require_relative, resolve_inside
+from dspark_launch.node.manifest import Manifest, ManifestFile, read_manifest, write_manifest
+from dspark_launch.node.model_files import verify_model
+from dspark_launch.node.model_paths import UnsafeModelPath, read_bounded, require_relative, resolve_inside
 
 
 HUB_LISTING = "the hub's listing"  # where a pulled file's name came from, in a refusal

@@ -9,8 +9,8 @@ from pathlib import Path
 from .errors import ModelError
 from .head_hash import hash_folder_files
 from .location import ModelLocation, local_location
-from dspark_launch.agent.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
-from dspark_launch.agent.model_paths import UnsafeModelPath
+from dspark_launch.node.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
+from dspark_launch.node.model_paths import UnsafeModelPath
 
 
 def local_manifest(folder: str, previous: Manifest | None = None, rehash: bool = False,

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_launch.agent.manifest import MANIFEST_NAME, Manifest
+from dspark_launch.node.manifest import MANIFEST_NAME, Manifest
 
 
 @dataclass(frozen=True)

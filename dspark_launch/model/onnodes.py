@@ -16,8 +16,8 @@ from .distribute import require_ready
 from .errors import ModelIncomplete
 from .hub import HubSource, hub_source, is_local_folder
 from .location import ModelLocation, local_location
-from dspark_launch.agent.manifest import Manifest, read_manifest
-from dspark_launch.agent.model_files import NodePlacement, VerifyReport
+from dspark_launch.node.manifest import Manifest, read_manifest
+from dspark_launch.node.model_files import NodePlacement, VerifyReport
 from dspark_launch.agent.client import NodeAgent
 from dspark_launch.agent.protocol import ModelFastCheck, ModelPlacementQuery, ModelVerify
 from .workflow import Placement, Worker, check_everywhere, place_local, pull_everywhere, pulled_model
@@ -109,7 +109,7 @@ def require_mounted(settings, spec) -> None:
     into every container (DSPARK_CONTAINER_MODEL_CACHE): ConfigError (exit 2) naming both settings."""
     if not spec.containers:
         return
-    from dspark_launch.agent.safe_path import within
+    from dspark_launch.node.safe_path import within
     from dspark_launch.errors import ConfigError
 
     wanted = wanted_model(settings)
@@ -163,7 +163,7 @@ def pull(wanted: WantedModel, spec, reporter=None, tqdm_class=None, verify: bool
     """`dspark model pull`: every node's disk checked first, the head's pull (or the local folder's
     manifest), the copy to every worker and its verify there."""
     ops = where_weights_live(spec, reporter)
-    from dspark_launch.agent.client import PhaseLines
+    from dspark_launch.report import PhaseLines
 
     progress = PhaseLines(reporter) if reporter is not None else None
     if wanted.local:

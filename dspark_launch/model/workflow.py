@@ -13,9 +13,9 @@ from .distribute import DiskCheck, DiskMargin, NodeModelOps, WorkerSync, check_d
 from .hub import HubSource, list_model, pull
 from .local_model import prepare_local_counted
 from .location import ModelLocation, hub_cache_location
-from dspark_launch.agent.manifest import Manifest, read_manifest
-from dspark_launch.agent.model_files import VerifyReport
-from dspark_launch.agent.model_paths import path_problem
+from dspark_launch.node.manifest import Manifest, read_manifest
+from dspark_launch.node.model_files import VerifyReport
+from dspark_launch.node.model_paths import path_problem
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ class Preference:
     On another GPU it is left out; with no capability reported it is kept and the line says so."""
     needs_module: tuple[tuple[str, str], ...] = ()
     """(value, optional module): a value used only when the node's vLLM has that library installed
-    (`--moe-backend b12x` needs the `b12x` package) on every node; see `agent/versions.OPTIONAL_PACKAGES`."""
+    (`--moe-backend b12x` needs the `b12x` package) on every node; see `node/versions.OPTIONAL_PACKAGES`."""
     judge_kv: bool = False
     """True: the values are KV cache dtypes, each judged by the installed vLLM's DeepSeek-V4 attention for
     the nodes' compute capability (`VllmOffer.kv_judgements`), not only by its parser."""

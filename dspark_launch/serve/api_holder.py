@@ -11,7 +11,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from dspark_launch.agent import protocol as p
-from dspark_launch.agent.client import ClusterFailure
+from dspark_launch.errors import ClusterFailure
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import ServerRecord
 from dspark_launch.errors import DsparkError
@@ -22,7 +22,7 @@ class ForeignApiListener(DsparkError):
     """Another process holds the API port: nothing carrying the key was sent."""
 
 
-def api_holder(spec: ClusterSpec, server: ServerRecord) -> p.PortHolder:
+def api_holder(spec: ClusterSpec, server: ServerRecord) -> p.PortHolderAnswer:
     """Who holds the server's port now; a container that is gone holds nothing."""
     address = urlsplit(server.url)
     process = server.process
@@ -32,25 +32,25 @@ def api_holder(spec: ClusterSpec, server: ServerRecord) -> p.PortHolder:
     except ClusterFailure:
         if not spec.containers:
             raise
-        return p.PortHolder(p.PortHolder.GONE, False)  # the head's container is gone, and the server with it
+        return p.PortHolderAnswer(p.PortHolderAnswer.GONE, False)  # the head's container is gone, and the server with it
 
 
-def foreign_line(server: ServerRecord, holder: p.PortHolder) -> str:
+def foreign_line(server: ServerRecord, holder: p.PortHolderAnswer) -> str:
     address = urlsplit(server.url)
     ours = f"vllm serve (pid {server.pid})" if server.pid else "vllm serve (not started)"
     return (f"VLLM_PORT {address.port} on {address.hostname} is held by {holder.foreign}, not by {ours}; "
             "the API key was not sent; stop that process, then `dspark restart`")
 
 
-def require_ours(spec: ClusterSpec, server: ServerRecord) -> p.PortHolder:
+def require_ours(spec: ClusterSpec, server: ServerRecord) -> p.PortHolderAnswer:
     """The holder when it is the recorded server; ForeignApiListener naming the other one otherwise."""
     holder = api_holder(spec, server)
-    if holder.verdict == p.PortHolder.FOREIGN:
+    if holder.verdict == p.PortHolderAnswer.FOREIGN:
         raise ForeignApiListener(foreign_line(server, holder))
     return holder
 
 
-def healthy(holder: p.PortHolder, url: str, key: str, served_name: str, timeout: float) -> bool:
+def healthy(holder: p.PortHolderAnswer, url: str, key: str, served_name: str, timeout: float) -> bool:
     """/health (without the key), then /v1/models listing the served name (with it), only on our port."""
     return (holder.ours and http.request(f"{url}/health", timeout=timeout).status == 200
             and served_name in http.served_models(url, key, timeout))

@@ -6,14 +6,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dspark_launch.agent.fabric import FabricEnv
+from dspark_launch.node.fabric import FabricEnv
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.config.secret_digest import secret_digests
 from dspark_launch.config.settings import Settings
 from dspark_launch.hotfix.contract import ENV_AGING, ENV_CAP, ENV_CONTROL, ENV_DIAG, ENV_GATE_MODE
 from dspark_launch.config.profile_resolve import Decision, KvCacheChoice, ResolvedProfile
 
-ENTRY_MODULE = "dspark_launch.serve.entry"
+ENTRY_MODULE = "dspark_launch.node.serve_entry"
 VLLM_CONFIG_DIR = "vllm-config"  # in the state folder: VLLM_CONFIG_ROOT of vllm serve (its non-carry-over list)
 CONTROL_FILE = "scheduler-control"  # in the state folder: the scheduler's live values (`dspark reload`)
 SECRET_ENV = ("VLLM_API_KEY", "DSPARK_API_KEYS", "RAY_AUTH_TOKEN")

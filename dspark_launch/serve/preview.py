@@ -12,12 +12,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dspark_launch.cluster import ray_cluster as rc
-from dspark_launch.agent.ray_dirs import shown_private_root
-from dspark_launch.agent.client import Reporter
-from dspark_launch.agent.fabric import FabricEnv
+from dspark_launch.node.ray_dirs import shown_private_root
+from dspark_launch.report import Reporter
+from dspark_launch.node.fabric import FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
-from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, VersionQuery, VersionRow
-from dspark_launch.agent.versions import modules_of
+from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, VersionQuery
+from dspark_launch.node.values import VersionRow
+from dspark_launch.node.versions import modules_of
 from dspark_launch.cluster.spec import ClusterSpec, Node, cluster_spec, placeholder
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError, DsparkError

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from dspark_launch.agent.client import Reporter
+from dspark_launch.report import Reporter
 from dspark_launch.cluster.parallel import Background
 from dspark_launch.serve.http import Reply
 

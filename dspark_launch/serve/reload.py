@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from dspark_launch.cluster import lifecycle
-from dspark_launch.agent.client import Reporter
+from dspark_launch.report import Reporter
 from dspark_launch.agent.protocol import ReadLog, SchedulerControl
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import ServerRecord, save_state
@@ -26,7 +26,7 @@ from dspark_launch.config.secret_digest import compared_values
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.hotfix import contract
-from dspark_launch.agent.engine_log import engine_text
+from dspark_launch.node.engine_log import engine_text
 from dspark_launch.serve.restart_kind import ReloadChanges, reload_changes
 
 RELOAD_TIMEOUT_S = 30.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dspark_launch.cluster import ray_cluster as rc
-from dspark_launch.agent.client import ClusterFailure
+from dspark_launch.errors import ClusterFailure
 from dspark_launch.agent.protocol import AliveQuery, Tail
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import Deployment, ServerRecord, load_state

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster import ray_cluster as rc
-from dspark_launch.agent.client import NodeAgent, Reporter, report_measured
+from dspark_launch.agent.client import NodeAgent
+from dspark_launch.report import Reporter, report_measured
 from dspark_launch.cluster.parallel import Background, on_each, settle
-from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, NonCarryOver, PortHolder, SchedulerControl, Spawn
+from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, NonCarryOver, PortHolderAnswer, SchedulerControl, Spawn
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import (Deployment, HotfixRecord, ServerRecord, SessionRecord, load_state, recorded,
                                          save_state)
@@ -246,7 +247,7 @@ def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment,
                           chat=plan.chat, drain_s=plan.drain_timeout_s, control_file=plan.control_file,
                           secrets=dict(plan.secret_digests))
     taken = api_holder(spec, server)  # no process recorded yet: whoever listens there is someone else
-    if taken.verdict == PortHolder.FOREIGN:
+    if taken.verdict == PortHolderAnswer.FOREIGN:
         raise ServeFailure(foreign_line(server, taken))
     if plan.control_file:  # a new scheduler starts from the plan's values, never a past reload's
         head.call(SchedulerControl(plan.control_file, remove=True))
@@ -291,7 +292,7 @@ def wait_until_serving(spec: ClusterSpec, plan: ServePlan, server: ServerRecord,
         elapsed = time.monotonic() - start
         text = log.refresh()
         holder = api_holder(spec, server)  # the key only once the port is the server's (serve/api_holder.py)
-        if holder.verdict == PortHolder.FOREIGN:
+        if holder.verdict == PortHolderAnswer.FOREIGN:
             raise ServeFailure(foreign_line(server, holder), tails(spec, server, state=None))
         if not holder.recorded_alive:
             raise exited()

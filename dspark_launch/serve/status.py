@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from dspark_launch.cluster import lifecycle
-from dspark_launch.agent.client import ClusterFailure
+from dspark_launch.errors import ClusterFailure
 from dspark_launch.cluster.parallel import Background
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import ServerRecord, load_state

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dspark_launch.cluster import lifecycle
-from dspark_launch.agent.client import ClusterFailure, Reporter
+from dspark_launch.errors import ClusterFailure
+from dspark_launch.report import Reporter
 from dspark_launch.agent.protocol import DrainEnd, Stop, StopAnswer
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import Deployment, ServerRecord, save_state, wire_sessions

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from dspark_launch.agent.client import Reporter
+from dspark_launch.report import Reporter
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import EXIT_ALREADY_RUNNING, DsparkError
@@ -85,7 +85,7 @@ class Tuner:
         self.outcome = Outcome()
 
     def _reload(self, values: dict[str, str]):
-        from dspark_launch.agent.client import SilentReporter
+        from dspark_launch.report import SilentReporter
         from dspark_launch.serve.reload import reload
 
         return reload(self.settings_with(values), self.spec, SilentReporter())
@@ -127,7 +127,7 @@ class Tuner:
             f"tune: {len(options.points)} points x {options.rounds} rounds = {total} runs of {workload.requests} "
             f"requests each (at most {options.limits.seconds:g} s a run, plus reload and warm-up): at most "
             f"{estimate_s(options) / 60:.1f} min")
-        from dspark_launch.agent.client import SilentReporter
+        from dspark_launch.report import SilentReporter
         from dspark_launch.serve.logfollow import LogReader
 
         engine = EngineLog(LogReader(self.spec.head.agent(SilentReporter()), server.log),

@@ -29,7 +29,7 @@ WHEELS = pathlib.Path(os.environ.get("DSPARK_COMPAT_CACHE", pathlib.Path.home() 
 VENVS = pathlib.Path(os.environ.get("DSPARK_COMPAT_VENVS", "/var/tmp/dspark-compat"))
 # The CUDA wheel's requirements left out: torch and its siblings (torchvision, torchaudio, torchcodec break
 # `import vllm.config` beside torch+cpu, see the Makefile) and the GPU kernel libraries, whose presence the
-# dry boot does not ask of the install (agent/vllm_dryboot.py: assumed present, `modules` says it).
+# dry boot does not ask of the install (node/vllm_dryboot.py: assumed present, `modules` says it).
 GPU_ONLY = frozenset({
     "torch", "torchaudio", "torchvision", "torchcodec", "pynvvideocodec", "flashinfer-python", "flashinfer-cubin",
     "apache-tvm-ffi", "tilelang", "nvidia-cudnn-frontend", "nvtx", "fastsafetensors", "instanttensor",

@@ -1,7 +1,7 @@
 """Podman on the namespace testbed: install, per-node configuration, a registry-free test image.
 
 Test support only (imported by tests/test_container*.py); the product's container code
-lives in dspark_launch/cluster/runtime.py, agent/container_transport.py and agent/host_shell.py.
+lives in dspark_launch/cluster/container_engine.py, agent/container_transport.py and agent/host_shell.py.
 
 - `ensure_podman()`: Debian's podman (as root, like openssh-server for the testbed).
 - `build_test_image()`: once per content key, `podman import` of a root file system made
@@ -276,7 +276,7 @@ def remove_all_containers(tb, node) -> None:
 # ---------------------------------------------------------------- the product, run inside the head node
 #
 # The launcher runs on the head: `python -m tests.support.containers DRIVER_JSON` is run
-# inside the head node (tb.exec) and calls the runtime module there, the head's container
+# inside the head node (tb.exec) and calls the container_engine module there, the head's container
 # through LocalHost and a worker's through SSHHost (real ssh to the worker's sshd).
 
 def _host(desc: dict):
@@ -290,7 +290,7 @@ def _host(desc: dict):
 
 
 def _spec(desc: dict):
-    from dspark_launch.cluster.runtime import ContainerSpec, hardware_args
+    from dspark_launch.cluster.container_engine import ContainerSpec, hardware_args
 
     return ContainerSpec(runtime="podman", image=desc["image"], marker=desc["marker"],
                          agent_package=desc["agent_package"], state_dir=desc["state_dir"],
@@ -299,27 +299,27 @@ def _spec(desc: dict):
 
 
 def drive(request: dict) -> dict:
-    """One runtime-module call on one node's host; typed answers turned into JSON."""
+    """One container_engine call on one node's host; typed answers turned into JSON."""
     from dataclasses import asdict
 
-    from dspark_launch.cluster import runtime
+    from dspark_launch.cluster import container_engine
     from dspark_launch.errors import DsparkError
 
     host = _host(request["host"])
     op = request["op"]
     try:
         if op == "ship":
-            return {"path": runtime.ship_package(host, request["package"], request["dest_root"])}
+            return {"path": container_engine.ship_package(host, request["package"], request["dest_root"])}
         if op == "up":
-            return {"state": asdict(runtime.up(host, _spec(request["spec"])))}
+            return {"state": asdict(container_engine.up(host, _spec(request["spec"])))}
         if op == "inspect":
-            return {"state": asdict(runtime.inspect(host, "podman", request["name"]))}
+            return {"state": asdict(container_engine.inspect(host, "podman", request["name"]))}
         if op == "down":
-            return {"removed": runtime.down(host, "podman", request["marker"], grace_s=2)}
+            return {"removed": container_engine.down(host, "podman", request["marker"], grace_s=2)}
         if op == "resolve":
-            return {"identity": asdict(runtime.resolve_image(host, "podman", request["image"], request["node"]))}
+            return {"identity": asdict(container_engine.resolve_image(host, "podman", request["image"], request["node"]))}
         if op == "agent":
-            return {"answer": _agent_call(runtime.transport(host, _spec(request["spec"])), request["request"])}
+            return {"answer": _agent_call(container_engine.transport(host, _spec(request["spec"])), request["request"])}
     except DsparkError as exc:
         return {"error": type(exc).__name__, "message": str(exc), "exit_code": exc.exit_code}
     raise ValueError(f"unknown op {op}")

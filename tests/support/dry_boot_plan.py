@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from dspark_launch.agent.vllm_offer import VllmOffer
+from dspark_launch.node.vllm_offer import VllmOffer
 from dspark_launch.config.profile_resolve import resolve
 from dspark_launch.config.settings import resolve as load_settings
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH

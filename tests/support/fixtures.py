@@ -56,9 +56,9 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def installed_vllm_offer():
-    """What the installed vLLM offers (agent/vllm_offer.py), probed once per session in a subprocess
+    """What the installed vLLM offers (node/vllm_offer.py), probed once per session in a subprocess
     (one cold `import vllm`, 10-20 s here): the real parser, shared by every module that reads it."""
-    from dspark_launch.agent.vllm_offer import probe_installed_vllm
+    from dspark_launch.node.vllm_offer import probe_installed_vllm
 
     return probe_installed_vllm()
 

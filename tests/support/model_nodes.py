@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from dspark_launch.agent.client import NodeAgent
 from dspark_launch.agent.transport import LocalTransport, SSHTransport
 from dspark_launch.model.copy import SSHTarget
-from dspark_launch.agent.model_files import FileProblem, VerifyReport
+from dspark_launch.node.model_files import FileProblem, VerifyReport
 from dspark_launch.model.onnodes import AgentModelOps
 
 @dataclass

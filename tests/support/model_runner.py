@@ -23,7 +23,7 @@ from dspark_launch.model.distribute import check_disk, sync_worker
 from dspark_launch.model.errors import ModelError
 from dspark_launch.model.hub import HubSource
 from dspark_launch.model.location import ModelLocation
-from dspark_launch.agent.manifest import Manifest
+from dspark_launch.node.manifest import Manifest
 from dspark_launch.model.workflow import Worker, place_local, pull_everywhere
 from tests.support.model_nodes import agent_calls, head_ops, worker_ops
 

@@ -9,13 +9,13 @@ import subprocess
 from pathlib import Path
 
 from dspark_launch.agent import protocol as p
-from dspark_launch.agent.fabric import fabric_env as node_fabric_env
-from dspark_launch.agent.fabric import sysfs_root, write_non_carry_over
+from dspark_launch.node.fabric import fabric_env as node_fabric_env
+from dspark_launch.node.fabric import sysfs_root, write_non_carry_over
 from dspark_launch.agent.protocol import Report
 from dspark_launch.errors import ConfigError, DsparkError
 
 
-def interface(req: p.InterfaceQuery, report: Report) -> p.InterfaceAnswer:
+def interface_query(req: p.InterfaceQuery, report: Report) -> p.InterfaceAnswer:
     """Whether interface `ifname` exists here and carries address `ip`."""
     exists = os.path.exists(f"/sys/class/net/{req.ifname}")
     addresses: list[str] = []
@@ -27,7 +27,7 @@ def interface(req: p.InterfaceQuery, report: Report) -> p.InterfaceAnswer:
     return p.InterfaceAnswer(exists, tuple(addresses), req.ip in addresses)
 
 
-def fabric_env(req: p.FabricQuery, report: p.Report) -> p.FabricAnswer:
+def fabric_query(req: p.FabricQuery, report: p.Report) -> p.FabricAnswer:
     root = Path(req.sysfs_root) if req.sysfs_root else sysfs_root()
     try:
         return p.FabricAnswer(node_fabric_env(req.request, root))

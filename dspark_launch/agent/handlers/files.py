@@ -17,7 +17,7 @@ def prepare_log_dir(req: p.PrepareLogDir, report: Report) -> p.PrepareLogDirAnsw
 def _writable_dir(path: str) -> str | None:
     """None when `path` is (or can be made) a private log folder this user writes to; else why not,
     naming the path."""
-    from dspark_launch.agent.safe_path import UnsafePath, make_log_dir
+    from dspark_launch.node.safe_path import UnsafePath, make_log_dir
 
     try:
         make_log_dir(Path(path))
@@ -45,7 +45,7 @@ def tail(req: p.Tail, report: Report) -> p.TailAnswer:
     return p.TailAnswer(tuple(lines))
 
 
-def read(req: p.ReadLog, report: Report) -> p.ReadAnswer:
+def read_log(req: p.ReadLog, report: Report) -> p.ReadLogAnswer:
     """Bytes of a log from `offset` on (at most READ_CHUNK: the answer's line stays under MAX_LINE)."""
     try:
         with open(req.path, "rb") as handle:
@@ -54,8 +54,8 @@ def read(req: p.ReadLog, report: Report) -> p.ReadAnswer:
             handle.seek(offset)
             data = handle.read(p.READ_CHUNK)
     except OSError as exc:
-        return p.ReadAnswer("", 0, exc.strerror or str(exc))
-    return p.ReadAnswer(data.decode(errors="replace"), offset + len(data))
+        return p.ReadLogAnswer("", 0, exc.strerror or str(exc))
+    return p.ReadLogAnswer(data.decode(errors="replace"), offset + len(data))
 
 
 def glob(req: p.Glob, report: Report) -> p.GlobAnswer:

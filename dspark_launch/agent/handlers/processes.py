@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 
 from dspark_launch import __version__
-from dspark_launch.agent import procfs
-from dspark_launch.agent.engine_log import engine_message
+from dspark_launch.node import procfs
+from dspark_launch.node.engine_log import engine_message
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.protocol import Report
-from dspark_launch.agent.versions import installed_version
+from dspark_launch.node.versions import installed_version
 
 OWNER_VAR = "DSPARK_OWNER"
 # API keys never reach Ray: Ray passes its daemons' environment to every worker it starts.
@@ -101,7 +101,7 @@ def probe(req: p.Probe, report: Report) -> p.ProbeAnswer:
         dashboard_missing=tuple(m for m in DASHBOARD_MODULES if not _importable(m)) if req.dashboard else ())
 
 
-def meminfo(req: p.MemoryQuery, report: Report) -> p.MemoryAnswer:
+def memory_query(req: p.MemoryQuery, report: Report) -> p.MemoryAnswer:
     """MemTotal and MemAvailable (bytes), and whether an NVIDIA GPU is visible here."""
     found: dict[str, int] = {}
     for line in Path("/proc/meminfo").read_text().splitlines():
@@ -128,7 +128,7 @@ def child_env(declared: dict[str, str], marker: str) -> dict[str, str]:
 
 def _open_log(path: str, rotate: bool = False):
     """The log a started process writes to (safe_path.open_log); a refusal is one typed line naming it."""
-    from dspark_launch.agent.safe_path import UnsafePath, open_log
+    from dspark_launch.node.safe_path import UnsafePath, open_log
 
     try:
         return open_log(Path(path), rotate)
@@ -179,7 +179,7 @@ def spawn(req: p.Spawn, report: Report) -> p.SpawnAnswer:
     return p.SpawnAnswer(p.Process(proc.pid, session.start_time, proc.pid, session.boot_id), session)
 
 
-def alive(req: p.AliveQuery, report: Report) -> p.AliveAnswer:
+def alive_query(req: p.AliveQuery, report: Report) -> p.AliveAnswer:
     return p.AliveAnswer(tuple(_alive(proc) for proc in req.processes))
 
 
@@ -297,8 +297,8 @@ STOPPED_KEEP_S = 86400
 
 
 def _stopped_mark(marker: str) -> Path | None:
-    from dspark_launch.agent.ray_dirs import make_private_root
-    from dspark_launch.agent.safe_path import UnsafePath
+    from dspark_launch.node.ray_dirs import make_private_root
+    from dspark_launch.node.safe_path import UnsafePath
 
     if not _MARKER.fullmatch(marker):
         return None

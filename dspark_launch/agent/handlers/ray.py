@@ -16,10 +16,10 @@ import time
 from typing import Callable
 
 from dspark_launch.agent import protocol as p
-from dspark_launch.agent.port_holder import port_holder  # the operation `port_holder`, and the GCS's check
+from dspark_launch.agent.port_holder import port_holder_query  # the operation, and the GCS's check
 from dspark_launch.agent.protocol import OperationFailed, Report
-from dspark_launch.agent.ray_dirs import NAME, SOCKET_PATH_MAX, SOCKET_TAIL, make_private_root
-from dspark_launch.agent.safe_path import UnsafePath, make_dir
+from dspark_launch.node.ray_dirs import NAME, SOCKET_PATH_MAX, SOCKET_TAIL, make_private_root
+from dspark_launch.node.safe_path import UnsafePath, make_dir
 
 
 def _label(node: p.ExpectedNode) -> str:
@@ -44,13 +44,13 @@ def _nodes(table: list[dict]) -> tuple[p.RayNode, ...]:
                            float(n.get("Resources", {}).get("GPU", 0))) for n in table)
 
 
-def gcs_holder(address: str, holders: tuple[p.Process, ...]) -> p.PortHolder:
+def gcs_holder(address: str, holders: tuple[p.Process, ...]) -> p.PortHolderAnswer:
     """Who holds the GCS's port: Ray's client sends the token to whoever listens there."""
     host, _, port = address.rpartition(":")
-    return port_holder(p.PortHolderQuery(host.strip("[]"), int(port), holders))
+    return port_holder_query(p.PortHolderQuery(host.strip("[]"), int(port), holders))
 
 
-def ray_nodes(req: p.RayNodesQuery, report: Report) -> p.RayNodesAnswer:
+def ray_nodes_query(req: p.RayNodesQuery, report: Report) -> p.RayNodesAnswer:
     """Read from the GCS's node table directly: no driver, no worker process (status stays fast); only
     when the GCS's port is held by one of the recorded Ray processes, else nothing is sent."""
     holder = gcs_holder(req.address, req.holders)
@@ -99,7 +99,7 @@ def ray_checks(req: p.RayChecks, report: Report) -> p.RayChecksAnswer:
     return p.RayChecksAnswer(tuple(alive[node.ip] for node in req.nodes))
 
 
-def port_free(req: p.PortQuery, report: Report) -> p.PortAnswer:
+def port_query(req: p.PortQuery, report: Report) -> p.PortAnswer:
     family = socket.AF_INET6 if ":" in req.ip else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         # As servers do: a port with only TIME_WAIT leftovers of a stopped Ray is free to listen on.
@@ -107,7 +107,7 @@ def port_free(req: p.PortQuery, report: Report) -> p.PortAnswer:
         try:
             sock.bind((req.ip, req.port))
         except OSError as exc:
-            held = port_holder(p.PortHolderQuery(req.ip, req.port, ()))
+            held = port_holder_query(p.PortHolderQuery(req.ip, req.port, ()))
             return p.PortAnswer(False, "; ".join(filter(None, (os.strerror(exc.errno or errno.EADDRINUSE),
                                                                held.foreign))))
     return p.PortAnswer(True)

@@ -3,7 +3,7 @@
 `describe_vllm` imports vLLM in the agent's process: one request per agent
 process, and the head's interpreter is the one that will serve; a repeat for the same
 install is answered from what the node kept (offer_cache) without importing vLLM.
-`check_serve_args` runs vLLM's own parser in a child interpreter (seconds).
+`serve_args_check` runs vLLM's own parser in a child interpreter (seconds).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dspark_launch.agent import protocol as p
 
 def describe_vllm(req: p.DescribeVllm, report: p.Report) -> p.DescribeVllmAnswer:
     from dspark_launch.agent.offer_cache import install_identity, recall, remember
-    from dspark_launch.agent.vllm_offer import describe_installed_vllm
+    from dspark_launch.node.vllm_offer import describe_installed_vllm
 
     identity = install_identity(req.config_path) if req.keep else None
     kept = recall(identity) if identity else None
@@ -85,8 +85,8 @@ def refusal(serve_args: list[str] | tuple[str, ...], python: str = sys.executabl
     raise RuntimeError(f"cannot check vllm serve arguments: {detail}; allowed: an importable vLLM")
 
 
-def check_serve_args(req: p.ServeArgsCheck, report: p.Report) -> p.ServeArgsAnswer:
-    """The head agent's `check_serve_args` operation (runs under the head's interpreter); arguments this
+def serve_args_check(req: p.ServeArgsCheck, report: p.Report) -> p.ServeArgsCheckAnswer:
+    """The head agent's `serve_args_check` operation (runs under the head's interpreter); arguments this
     install accepted before are not checked again (offer_cache)."""
     from dspark_launch.agent.offer_cache import accepted_before, argv_key, install_identity, remember_accepted
 
@@ -95,8 +95,8 @@ def check_serve_args(req: p.ServeArgsCheck, report: p.Report) -> p.ServeArgsAnsw
     if identity and accepted_before(identity, key):
         report(p.Progress("phase", f"the same vllm serve arguments were accepted before by {identity.distribution} "
                                    "here (kept): not checked again"))
-        return p.ServeArgsAnswer(None)
+        return p.ServeArgsCheckAnswer(None)
     reason = refusal(req.serve_args)
     if reason is None and identity and identity == install_identity():  # kept only for an unchanged install
         remember_accepted(identity, key)
-    return p.ServeArgsAnswer(reason)
+    return p.ServeArgsCheckAnswer(reason)

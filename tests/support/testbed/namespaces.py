@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Iterable, Mapping, Optional, Set, Tuple
 
-from dspark_launch.agent import procfs
+from dspark_launch.node import procfs
 from tests.support.processes import alive
 
 NsId = Tuple[int, int]

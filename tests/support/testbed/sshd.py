@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from dspark_launch.agent import procfs
+from dspark_launch.node import procfs
 from tests.support.processes import alive, terminate_pids
 from tests.support.testbed.base import SSH_PORT, SSHD, TestbedError
 from tests.support.testbed.namespaces import ns_id

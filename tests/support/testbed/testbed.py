@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
-from dspark_launch.agent import procfs
+from dspark_launch.node import procfs
 from tests.support.processes import alive, terminate_pids
 from tests.support.testbed.base import (  # noqa: F401  (re-exported: the testbed's public names)
     _NAME, _SAFE_PATH, BRIDGE_IF, DEFAULT_PREFIX, DEFAULT_STATE_DIR, DEFAULT_SUBNET, FABRIC_IF, MARKER_FILE, SSH_PORT,

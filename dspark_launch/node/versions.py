@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 from importlib import metadata
 
-from dspark_launch.agent.protocol import VersionRow
+from dspark_launch.node.values import VersionRow
 
 SHOWN_ONLY = ("hostname", "memlock")
 COMPARED_ROWS = tuple(f.name for f in fields(VersionRow) if f.name not in SHOWN_ONLY)

@@ -18,8 +18,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_launch.agent.nccl_hca import parse_hca_list
-from dspark_launch.agent.protocol import FabricEnv, FabricRequest
+from dspark_launch.node.nccl_hca import parse_hca_list
+from dspark_launch.node.values import FabricEnv, FabricRequest
 from dspark_launch.errors import ConfigError, DsparkError
 
 SYSFS_ROOT_VAR = "DSPARK_TEST_SYSFS_ROOT"  # tests only: a fake sysfs tree per node

@@ -31,7 +31,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
-from dspark_launch.agent.protocol import BackendVerdict, BootJudgement, GraphVerdict
+from dspark_launch.node.values import BackendVerdict, BootJudgement, GraphVerdict
 
 SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "profiles" / "data" / "deepseek-v4-flash-0731.config.json"
 # The breakable-graph variable as the profile may set it: unset (""), off, on.

@@ -1,6 +1,6 @@
 """The worker host's half of shipping the launcher's package in container mode (stdlib only).
 
-In container mode a worker's host runs no agent: `runtime.ship_package` sends this module's
+In container mode a worker's host runs no agent: `container_engine.ship_package` sends this module's
 source, after `safe_path`'s (the same folder rules as host mode's pre-flight), to the host's
 `python3 -c`, with the expected content (a sha256 per file) and the archive on stdin. Here:
 the state folder is made 0700 or checked (a real folder of this user that group and others
@@ -26,7 +26,7 @@ import tarfile
 import tempfile
 
 try:  # on the node's host this source follows safe_path's (there is no package there)
-    from dspark_launch.agent.safe_path import UnsafePath, make_dir
+    from dspark_launch.node.safe_path import UnsafePath, make_dir
 except ImportError:
     pass
 

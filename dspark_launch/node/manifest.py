@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dspark_launch.agent.safe_path import write_private
+from dspark_launch.node.safe_path import write_private
 
-from .protocol import Manifest, ManifestFile  # noqa: F401 (the values' home)
+from .values import Manifest, ManifestFile  # noqa: F401 (the values' home)
 
 MANIFEST_NAME = ".dspark-manifest.json"
 

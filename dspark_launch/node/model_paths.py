@@ -15,7 +15,7 @@ import stat
 import unicodedata
 from pathlib import Path
 
-from dspark_launch.agent.safe_path import within
+from dspark_launch.node.safe_path import within
 
 _CONTROL = ("Cc", "Zl", "Zp")
 

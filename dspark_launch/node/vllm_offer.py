@@ -4,7 +4,7 @@ and which KV cache dtypes its DeepSeek-V4 attention takes on each GPU generation
 `describe_installed_vllm()` runs on a node (the head, through its agent): it imports
 vLLM lazily and reads its own serve parser, so the answer is what that build accepts,
 not what a release note says. The result is a frozen, JSON-able `VllmOffer`;
-`python -m dspark_launch.agent.vllm_offer` prints it, for an agent that keeps vLLM out
+`python -m dspark_launch.node.vllm_offer` prints it, for an agent that keeps vLLM out
 of its own process.
 
 The KV judgement needs no GPU: for each compute capability in `JUDGED_CAPABILITIES` it
@@ -21,15 +21,15 @@ from __future__ import annotations
 import subprocess
 import sys
 import typing
-from dspark_launch.agent.versions import OPTIONAL_PACKAGES
-from dspark_launch.agent.protocol import (  # noqa: F401 (the values' home)
+from dspark_launch.node.versions import OPTIONAL_PACKAGES
+from dspark_launch.node.values import (  # noqa: F401 (the values' home)
     BootJudgement, KvJudgement, KvVerdict, OfferedFlag, VllmOffer,
 )
 
 
 # GPU generations the KV judgement is run for (Hopper, Blackwell B200/B300, Thor, RTX Pro / GB10).
 JUDGED_CAPABILITIES = ("9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
-# Optional libraries some flags need (found without importing them): agent/versions.OPTIONAL_PACKAGES.
+# Optional libraries some flags need (found without importing them): node/versions.OPTIONAL_PACKAGES.
 OPTIONAL_MODULES = tuple(module for module, _ in OPTIONAL_PACKAGES)
 
 
@@ -167,7 +167,7 @@ def describe_installed_vllm(config_path: str | None = None) -> VllmOffer:
         flags.append(OfferedFlag(tuple(action.option_strings), action.dest, action.nargs != 0, choices))
     kv_dtypes = next((f.choices for f in flags if f.dest == "kv_cache_dtype"), ())
     judgements, judged_by = _judge_deepseek_v4_kv(kv_dtypes)
-    from dspark_launch.agent.vllm_dryboot import dry_boot
+    from dspark_launch.node.vllm_dryboot import dry_boot
 
     boots, booted_by = dry_boot(JUDGED_CAPABILITIES, config_path)
     try:

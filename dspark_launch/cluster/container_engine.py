@@ -9,7 +9,8 @@ the launcher's own package mounted read-only at AGENT_MOUNT (the image is used a
 published). Its name and the label `dspark.owner` come from the deployment's marker,
 so `down` removes exactly ours; removing it ends every process inside.
 
-Everything here runs the runtime's CLI on the node's host through a HostShell.
+The container engine (docker or podman, DSPARK_RUNTIME) and its CLI: everything here runs that CLI on the
+node's host through a HostShell.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Mapping, Sequence
 
 from dspark_launch.agent.container_transport import AGENT_MOUNT, ContainerTransport, OneShotContainerTransport
 from dspark_launch.agent.host_shell import HostShell
-from dspark_launch.agent.safe_path import CONTAINER_STATE_VAR, within
+from dspark_launch.node.safe_path import CONTAINER_STATE_VAR, within
 from dspark_launch.config.container_args import refused_flag
 from dspark_launch.errors import ConfigError, DsparkError
 
@@ -408,8 +409,8 @@ def package_archive(package_dir: str) -> tuple[bytes, dict[str, str]]:
 
 def _ship_program() -> str:
     """safe_path's source (host mode's folder rules), then agent_copy_host's: run by the host's python3."""
-    from dspark_launch.cluster import agent_copy_host
-    from dspark_launch.agent import safe_path
+    from dspark_launch.node import agent_copy_host
+    from dspark_launch.node import safe_path
 
     return "\n".join(Path(module.__file__).read_text(encoding="utf-8") for module in (safe_path, agent_copy_host))
 
@@ -423,9 +424,9 @@ def ship_package(host: HostShell, package_dir: str, dest_root: str, timeout: flo
     can replace): a refusal is exit 1 naming it, nothing shipped or started. The copy's folder is named
     by a hash of the content, but the name is never trusted: an existing copy is used only when every
     file's sha256 matches and nothing else is there (else it is removed and shipped again), and a new
-    one is unpacked beside and checked before it is renamed into place (cluster/agent_copy_host.py).
+    one is unpacked beside and checked before it is renamed into place (node/agent_copy_host.py).
     """
-    from dspark_launch.cluster import agent_copy_host
+    from dspark_launch.node import agent_copy_host
 
     payload, hashes = package_archive(package_dir)
     digest = hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()[:16]

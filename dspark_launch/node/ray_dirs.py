@@ -24,7 +24,7 @@ import re
 import secrets
 from pathlib import Path
 
-from dspark_launch.agent.safe_path import PRIVATE, UnsafePath, make_dir, read_private, write_private, write_temp
+from dspark_launch.node.safe_path import PRIVATE, UnsafePath, make_dir, read_private, write_private, write_temp
 
 ROOT_PARENT = "/tmp"  # a non-root user's private folder, under a name nobody else can know
 RUN_PARENT = "/run"  # root's: nobody else can create anything there

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .manifest import MANIFEST_NAME, Manifest, ManifestFile, read_manifest
-from .protocol import (CORRUPT, MISSING, OVERSIZED, PARTIAL, SPECIAL, STALE, DiskSpace, NodePlacement,  # noqa: F401 (the values' home)
+from .values import (CORRUPT, MISSING, OVERSIZED, PARTIAL, SPECIAL, STALE, DiskSpace, NodePlacement,  # noqa: F401 (the values' home)
                        FileProblem, VerifyReport)
 from .model_paths import check_all_inside, open_regular
 

@@ -1,4 +1,4 @@
-"""How the head runs vLLM's OpenAI server: `python -m dspark_launch.serve.entry ARGS...`.
+"""How the head runs vLLM's OpenAI server: `python -m dspark_launch.node.serve_entry ARGS...`.
 
 vLLM reads one key from VLLM_API_KEY; several keys only from `--api-key`, which
 would put them on the command line (readable by every local user in `ps`). This
@@ -88,7 +88,7 @@ def main() -> None:
         keys = [single]
     sys.argv = [SERVER_MODULE, *sys.argv[1:]] + (["--api-key", *keys] if keys else [])
     # By its package name, not as __main__: the spawned EngineCore finds run_engine_core by module name.
-    from dspark_launch.serve import entry
+    from dspark_launch.node import serve_entry as entry
 
     entry.start_engine_core_through_this_module()
     runpy.run_module(SERVER_MODULE, run_name="__main__", alter_sys=True)
