@@ -17,7 +17,7 @@ from dspark_launch.config.profile_resolve import resolve
 from dspark_launch.errors import DsparkError
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
 from dspark_launch.profiles.gpu import UNKNOWN, gpu_target
-from tests.support.dry_boot_plan import STOCK, WITH_B12X, line_of, plan_for, settings, value_of
+from tests.support.dry_boot_plan import STOCK, assert_gb10_boot_as_vllm_decides, WITH_B12X, line_of, plan_for, settings, value_of
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +30,7 @@ def test_the_dry_boot_runs_on_the_checkpoints_own_config(installed):
     assert config["expert_dtype"] == "fp4" and config["n_routed_experts"] == 256
     assert config["quantization_config"]["quant_method"] == "fp8" and "moe_quant_algo" not in config
     assert [b.capability for b in installed.boot_judgements] == ["9.0", "10.0", "10.3", "11.0", "12.0", "12.1"]
-    assert "deepseek-v4-flash-0731.config.json" in installed.booted_by
-    gb10 = installed.boot("12.1")
-    # fp4 experts: vLLM's DeepSeek-V4 quant config gives Mxfp4MoEMethod, judged by the MXFP4 oracle.
-    assert gb10.moe_method == "Mxfp4MoEMethod"
-    assert gb10.attention == "DeepseekV4FlashInferSM120Attention (FLASHINFER_MLA_SPARSE_DSV4)"
-    assert installed.boot("9.0").attention == "DeepseekV4FlashMLAAttention (FLASHMLA_SPARSE_DSV4)"
-    refused = gb10.verdict("moe", "flashinfer_b12x")
-    assert refused.refusal.startswith("ValueError: moe_backend='flashinfer_b12x' is not supported for MXFP4 MoE")
-    assert gb10.verdict("moe", "b12x").chosen == "B12X_MXFP4_MXFP8"
-    assert gb10.verdict("moe", "auto").chosen == "MARLIN"
+    assert_gb10_boot_as_vllm_decides(installed)
 
 
 def test_gb10_stock_install_gets_an_moe_backend_the_mxfp4_oracle_accepts(installed):

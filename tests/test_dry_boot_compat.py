@@ -27,7 +27,7 @@ from dspark_launch.config.profile_resolve import resolve
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
 from dspark_launch.profiles.gpu import UNKNOWN
 from tests.support.compat_vllm import cannot_build, venv_for
-from tests.support.dry_boot_plan import STOCK, WITH_B12X, line_of, plan_for, settings, value_of
+from tests.support.dry_boot_plan import STOCK, assert_gb10_boot_as_vllm_decides, WITH_B12X, line_of, plan_for, settings, value_of
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.compat
@@ -56,15 +56,7 @@ def release(request) -> tuple[str, VllmOffer]:
 def test_the_dry_boot_runs_on_the_checkpoints_own_config(release):
     _, offer = release
     assert [b.capability for b in offer.boot_judgements] == list(JUDGED_CAPABILITIES), offer.booted_by
-    assert "deepseek-v4-flash-0731.config.json" in offer.booted_by
-    gb10 = offer.boot("12.1")
-    assert gb10.moe_method == "Mxfp4MoEMethod"
-    assert gb10.attention == "DeepseekV4FlashInferSM120Attention (FLASHINFER_MLA_SPARSE_DSV4)"
-    assert offer.boot("9.0").attention == "DeepseekV4FlashMLAAttention (FLASHMLA_SPARSE_DSV4)"
-    refused = gb10.verdict("moe", "flashinfer_b12x")
-    assert refused.refusal.startswith("ValueError: moe_backend='flashinfer_b12x' is not supported for MXFP4 MoE")
-    assert gb10.verdict("moe", "b12x").chosen == "B12X_MXFP4_MXFP8"
-    assert gb10.verdict("moe", "auto").chosen == "MARLIN"
+    assert_gb10_boot_as_vllm_decides(offer)
 
 
 def test_every_kv_dtype_the_release_takes_is_judged(release):

@@ -18,6 +18,20 @@ STOCK = ("flashinfer", "fastsafetensors", "instanttensor", "cutlass")
 WITH_B12X = ("b12x", *STOCK)
 
 
+def assert_gb10_boot_as_vllm_decides(offer: VllmOffer) -> None:
+    """What vLLM's own code decides for DeepSeek-V4-Flash's config.json (fp4 experts): Mxfp4MoEMethod judged by
+    the MXFP4 oracle on 12.1 (flashinfer_b12x refused, b12x and auto chosen), each capability's attention."""
+    assert "deepseek-v4-flash-0731.config.json" in offer.booted_by
+    gb10 = offer.boot("12.1")
+    assert gb10.moe_method == "Mxfp4MoEMethod"
+    assert gb10.attention == "DeepseekV4FlashInferSM120Attention (FLASHINFER_MLA_SPARSE_DSV4)"
+    assert offer.boot("9.0").attention == "DeepseekV4FlashMLAAttention (FLASHMLA_SPARSE_DSV4)"
+    refused = gb10.verdict("moe", "flashinfer_b12x")
+    assert refused.refusal.startswith("ValueError: moe_backend='flashinfer_b12x' is not supported for MXFP4 MoE")
+    assert gb10.verdict("moe", "b12x").chosen == "B12X_MXFP4_MXFP8"
+    assert gb10.verdict("moe", "auto").chosen == "MARLIN"
+
+
 def settings(environ: dict[str, str] | None = None):
     return load_settings(env_file=str(REPO / ".env.dspark.example"), environ=environ or {})
 
