@@ -1,7 +1,9 @@
 """Operator restarts without downtime (issue 24) on the two-namespace testbed: real SSH, Ray, vLLM (CPU).
 
 A drained `stop` or `restart` lets in-flight streams finish (vLLM's --shutdown-timeout), `--now` cuts
-them; a serve-only `restart` keeps the Ray processes, a cluster-level change restarts them.
+them; a serve-only `restart` keeps the Ray processes, a cluster-level change restarts them; `reload` changes
+the cap of the running scheduler under load and refuses a change that needs a restart. One server life
+for all of it (the suite's time budget, issue 31).
 """
 
 from __future__ import annotations
@@ -62,9 +64,12 @@ def finished_all(results: list[dict]) -> bool:
     return all(r["finish_reason"] == "length" and r["error"] is None for r in results)
 
 
-def test_restarts_keep_ray_when_they_can_and_stops_drain_unless_now(testbed_clean, tmp_path, tiny_model):
-    """One server life (the suite's time budget): a serve-only restart drains streams and keeps Ray, a
-    cluster-level `restart --now` cuts streams and restarts Ray, a plain `stop` drains streams."""
+def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_now(testbed_clean, tmp_path,
+                                                                                   tiny_model):
+    """One server life (the suite's time budget): a serve-only restart drains streams and keeps Ray;
+    `reload` takes the cap 2 -> 3 while 4 streams run (none cut, the server kept), then a change that needs
+    a restart is refused (exit 2) naming the setting, with nothing changed; a cluster-level `restart --now`
+    cuts streams and restarts Ray, a plain `stop` drains streams."""
     tb = testbed_clean
     env = serving_env(tb, tmp_path, tiny_model, MAX_MODEL_LEN="1024", MAX_NUM_BATCHED_TOKENS="1024",
                       DSPARK_DRAIN_TIMEOUT_S=DRAIN_S)
@@ -102,6 +107,43 @@ def test_restarts_keep_ray_when_they_can_and_stops_drain_unless_now(testbed_clea
             except FileNotFoundError:
                 pass
 
+    # `reload` under load: the cap 2 -> 3 on the running scheduler, no stream cut, the server kept
+    server = state(tmp_path)["server"]
+    log_path = tmp_path / "state" / "logs" / "vllm-serve.log"
+    control = tmp_path / "state" / "scheduler-control"
+    client = streams_in_flight(tb)
+    set_knob(env, "DSPARK_MAX_INFLIGHT_PREFILLS", "3")
+    reloaded = run(tb, tmp_path, env, "reload")
+    assert reloaded.returncode == 0, reloaded.stderr[-4000:]
+    assert "reload: DSPARK_MAX_INFLIGHT_PREFILLS 2 -> 3: in force on the running scheduler" in reloaded.stdout
+    print(reloaded.stdout)  # the time to the cap in force: reported, never asserted
+    assert finished_all(outcomes(client))
+    log = log_path.read_text(errors="replace")
+    live = log.index(f"dspark-issue27 hotfix v{PATCH_VERSION}: cap 2 -> 3 (live); in force: cap=3")
+    after = re.search(r"dspark-issue27 step=\d+ cap=(\d+) inflight=\d+ prefill_tokens=\d+ decode_tokens=\d+ "
+                      r"decode_reqs=(\d+)", log[live:])
+    assert after and after.group(1) == "3" and int(after.group(2)) > 0, "the change landed while streams decoded"
+    assert stat.S_IMODE(control.stat().st_mode) == 0o600
+    record = state(tmp_path)["server"]
+    assert record["pid"] == server["pid"] and record["scheduler_cap"] == 3
+    assert record["live"] == {"DSPARK_MAX_INFLIGHT_PREFILLS": "3"} and record["live_since"]
+    code, data = status(tb, tmp_path, env)
+    assert code == 0 and data["server"]["cap"] == 3 and data["server"]["drift"] == [], data
+    assert data["server"]["live"] == {"DSPARK_MAX_INFLIGHT_PREFILLS": "3"}
+
+    # a change that needs a restart: refused, nothing changed (not even the live setting beside it)
+    before = (control.read_bytes(), control.stat().st_mtime_ns, state(tmp_path))
+    set_knob(env, "DSPARK_MAX_INFLIGHT_PREFILLS", "4")
+    set_knob(env, "MAX_NUM_SEQS", "5")
+    refused = run(tb, tmp_path, env, "reload")
+    assert refused.returncode == 2, refused.stderr[-4000:]
+    assert "these settings need `dspark restart`: MAX_NUM_SEQS 4 -> 5" in refused.stderr
+    assert "nothing was changed" in refused.stderr
+    assert (control.read_bytes(), control.stat().st_mtime_ns, state(tmp_path)) == before
+    assert "cap 3 -> 4" not in log_path.read_text(errors="replace")
+    set_knob(env, "DSPARK_MAX_INFLIGHT_PREFILLS", "3")
+    set_knob(env, "MAX_NUM_SEQS", "4")
+
     # cluster-level change, `restart --now`: the streams are cut, Ray restarts
     set_knob(env, "RAY_OBJECT_STORE_MB", "256")
     client = streams_in_flight(tb)
@@ -126,51 +168,3 @@ def test_restarts_keep_ray_when_they_can_and_stops_drain_unless_now(testbed_clea
     left = our_pids(tb, "head") | our_pids(tb, "worker1")
     assert left == set(), describe(left)
 
-
-def test_reload_changes_the_cap_under_load_and_refuses_a_restart_setting(testbed_clean, tmp_path, tiny_model):
-    """One server: `reload` takes the cap 1 -> 2 while 4 streams run (none cut, the server kept), then a
-    change that needs a restart is refused (exit 2) naming the setting, with nothing changed."""
-    tb = testbed_clean
-    env = serving_env(tb, tmp_path, tiny_model, MAX_MODEL_LEN="1024", MAX_NUM_BATCHED_TOKENS="1024")
-    started = run(tb, tmp_path, env, "start")
-    assert started.returncode == 0, started.stderr[-4000:]
-    server = state(tmp_path)["server"]
-    log_path = tmp_path / "state" / "logs" / "vllm-serve.log"
-    control = tmp_path / "state" / "scheduler-control"
-
-    client = streams_in_flight(tb)
-    set_knob(env, "DSPARK_MAX_INFLIGHT_PREFILLS", "2")
-    reloaded = run(tb, tmp_path, env, "reload")
-    assert reloaded.returncode == 0, reloaded.stderr[-4000:]
-    assert "reload: DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2: in force on the running scheduler" in reloaded.stdout
-    print(reloaded.stdout)  # the time to the cap in force: reported, never asserted
-    results = outcomes(client)
-    assert all(r["finish_reason"] == "length" and r["error"] is None for r in results), results
-
-    log = log_path.read_text(errors="replace")
-    live = log.index(f"dspark-issue27 hotfix v{PATCH_VERSION}: cap 1 -> 2 (live); in force: cap=2")
-    after = re.search(r"dspark-issue27 step=\d+ cap=(\d+) inflight=\d+ prefill_tokens=\d+ decode_tokens=\d+ "
-                      r"decode_reqs=(\d+)", log[live:])
-    assert after and after.group(1) == "2" and int(after.group(2)) > 0, "the change landed while streams decoded"
-    assert stat.S_IMODE(control.stat().st_mode) == 0o600
-    record = state(tmp_path)["server"]
-    assert record["pid"] == server["pid"] and record["scheduler_cap"] == 2
-    assert record["live"] == {"DSPARK_MAX_INFLIGHT_PREFILLS": "2"} and record["live_since"]
-    code, data = status(tb, tmp_path, env)
-    assert code == 0 and data["server"]["cap"] == 2 and data["server"]["drift"] == [], data
-    assert data["server"]["live"] == {"DSPARK_MAX_INFLIGHT_PREFILLS": "2"}
-
-    before = (control.read_bytes(), control.stat().st_mtime_ns, state(tmp_path))
-    set_knob(env, "DSPARK_MAX_INFLIGHT_PREFILLS", "3")
-    set_knob(env, "MAX_NUM_SEQS", "4")
-    refused = run(tb, tmp_path, env, "reload")
-    assert refused.returncode == 2, refused.stderr[-4000:]
-    assert "these settings need `dspark restart`: MAX_NUM_SEQS 6 -> 4" in refused.stderr
-    assert "nothing was changed" in refused.stderr
-    assert (control.read_bytes(), control.stat().st_mtime_ns, state(tmp_path)) == before
-    assert "cap 2 -> 3" not in log_path.read_text(errors="replace")
-
-    stopped = run(tb, tmp_path, env, "stop")
-    assert stopped.returncode == 0, stopped.stderr
-    left = our_pids(tb, "head") | our_pids(tb, "worker1")
-    assert left == set(), describe(left)

@@ -1,12 +1,21 @@
 """Issue 14 on the two-namespace testbed: Ray's private temp folders and the first token of two
 first starts at once (points 1 and 7), and a `start --foreground` supervisor beside an operator's
-`restart` and `stop` (point 8). Heavy: run under the shared lock."""
+`restart` and `stop` (point 8). Heavy: run under the shared lock.
+
+The supervisor's life also carries the fast day-to-day commands of issue 35 (one server life, not two):
+with a drain limit of 600 s, the operator's serve-only `restart` while a stream is in flight drains it (the
+stream ends with its finish reason, the stop counts it finished; the client relays one stream after another,
+so one is in flight when the drain begins however long the restart's checks take) and, its arguments
+unchanged, skips the serve-argument check; the idle `stop` after it ends as soon as the EngineCore says it
+had nothing in flight. Timings go to bench/fast_ops.py, never here."""
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -15,9 +24,11 @@ from pathlib import Path
 import pytest
 
 from dspark_launch.node import procfs, ray_dirs
+from dspark_launch.serve.drain import BUSY_LOG, DRAINED_LOG
 from tests.support.launcher_env import launcher_env, scratch
 from tests.support.on_testbed import VENV_BIN, dspark, our_pids, read_until_served, serving_env, state, status, write_env
 from tests.support.processes import describe
+from tests.support.relay_streams import relayed_streams
 
 pytestmark = pytest.mark.testbed
 
@@ -106,19 +117,36 @@ def test_private_ray_folders_and_one_token_for_two_first_starts(testbed_clean, t
     assert left == set(), describe(left)
 
 
+@pytest.mark.serving
 def test_foreground_supervisor_leaves_an_operators_restart_and_stop_alone(testbed_clean, tmp_path, tiny_model):
-    """The systemd unit's `start --foreground` acts only on its own run."""
+    """The systemd unit's `start --foreground` acts only on its own run; the operator's restart beside it
+    drains a stream and skips the unchanged serve-argument check, the idle stop after it does not wait."""
     tb = testbed_clean
-    env = serving_env(tb, tmp_path, tiny_model)
+    env = serving_env(tb, tmp_path, tiny_model, MAX_MODEL_LEN="1024", MAX_NUM_BATCHED_TOKENS="1024",
+                      DSPARK_DRAIN_TIMEOUT_S="600")
     lock_path = tmp_path / "state" / "lock"
+    log = tmp_path / "state" / "logs" / "vllm-serve.log"
     supervisor = popen(tb, tmp_path, env, "start", "--foreground")
     try:
         read_until_served(supervisor)
         first_pid = state(tmp_path)["server"]["pid"]
         # An operator's restart: the supervisor sees its server go, waits for the restart's lock, finds
         # another run in the record and exits 0 without stopping it.
+        # Nothing changed: a serve-only restart, its arguments accepted at the start and not checked again.
+        client = relayed_streams(tb, 900)
         restarted = run(tb, tmp_path, env, "restart")
         assert restarted.returncode == 0, restarted.stderr[-3000:]
+        streamed, streamed_err = client.communicate(timeout=300)
+        results = [json.loads(line) for line in streamed.splitlines() if line.startswith("{")]
+        # Every stream the old server took ran to its length; the one after them was refused, none was cut.
+        *served, refused = results
+        assert served and all((r["finish_reason"], r["error"]) == ("length", None) for r in served), (
+            streamed + streamed_err)
+        assert refused["error"] is not None and refused["tokens"] == 0, streamed + streamed_err
+        assert "not checked again" in restarted.stderr, restarted.stderr[-3000:]
+        drained = [line for line in restarted.stderr.splitlines() if "vllm serve drained in" in line]
+        counted = re.search(r"(\d+) request\(s\) finished, 0 cut$", drained[0]) if drained else None
+        assert counted and 1 <= int(counted.group(1)) <= len(served), restarted.stderr[-3000:]
         out = finish(supervisor, 120)
         assert supervisor.returncode == 0, out[-3000:]
         assert "stopped or replaced by another dspark command" in out and "Traceback" not in out
@@ -133,7 +161,15 @@ def test_foreground_supervisor_leaves_an_operators_restart_and_stop_alone(testbe
             held = run(tb, tmp_path, env, "start", "--foreground", timeout=120)
         assert held.returncode == 1 and "another dspark (pid 4242) holds" in held.stderr, held.stderr
         assert "Traceback" not in held.stderr
-        assert run(tb, tmp_path, env, "stop").returncode == 0
+        # Idle: the EngineCore logs its done line with no busy line before it, and the stop ends there.
+        before = log.stat().st_size
+        idle = run(tb, tmp_path, env, "stop")
+        assert idle.returncode == 0, idle.stderr[-3000:]
+        assert "vllm serve was idle (nothing in flight): stopped in" in idle.stderr, idle.stderr[-3000:]
+        tail = log.read_bytes()[before:].decode(errors="replace")
+        assert DRAINED_LOG in tail and BUSY_LOG not in tail, tail[-3000:]
+        left = our_pids(tb, "head") | our_pids(tb, "worker1")
+        assert left == set(), describe(left)
         # An operator's stop beside a fresh supervisor: it exits 0 (not restarted by Restart=on-failure).
         supervisor = popen(tb, tmp_path, env, "start", "--foreground")
         read_until_served(supervisor)
