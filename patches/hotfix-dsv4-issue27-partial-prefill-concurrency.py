@@ -314,7 +314,7 @@ _STEP_BUDGET = "<dspark-step-budget>"
 
 
 def _step_budget(text: str) -> str:
-    # 0.31+: the input budget also pays `draft_slots` per request (patch v6:
+    # 0.28+: the input budget also pays `draft_slots` per request (patch v6:
     # a prompt judged whole on the token budget alone could be cut short by it).
     return "min(token_budget, input_budget - draft_slots)" if _INPUT_BUDGET in text else "token_budget"
 
@@ -394,16 +394,36 @@ def _srpt_gate_code(skip: str) -> str:
                            "_dspark_i27_admit_srpt", skip)
 
 
-#: The layouts (0.31+) that pad a waiting request with one token left to
-#: 1 + num_spec_tokens rows and assert that size at admission.
-_PADDED = "                            pad_spec_decode = True\n"
-#: The layouts (0.31+) with an input budget beside the token budget.
+#: The layouts (0.25+) that pad a waiting request with one token left to
+#: 1 + num_spec_tokens rows (0.25 .. 0.28 one indent less: no assert, the
+#: padding's draft placeholders are added at admission; 0.29+ assert the size
+#: there). The flag is reset once per waiting request before the chunk.
+_PADDED_RE = re.compile(r"^ +pad_spec_decode = True\n", re.M)
+_PADDING_RESET_RE = re.compile(r"^ +pad_spec_decode = False\n", re.M)
+#: The layouts (0.28+) with an input budget beside the token budget.
 _INPUT_BUDGET = "        input_budget = self.scheduler_config.max_num_batched_tokens\n"
+
+
+def pads(text: str) -> bool:
+    """Whether this scheduler pads a waiting request for speculative decoding."""
+    return _PADDED_RE.search(text) is not None
 
 
 def _unpadded(text: str) -> str:
     """The condition that keeps the hotfix off a request vLLM padded."""
-    return " and not pad_spec_decode" if _PADDED in text else ""
+    return " and not pad_spec_decode" if pads(text) else ""
+
+
+def _padding_problem(text: str) -> str:
+    """Why the padding of this scheduler is not one the hotfix can keep off ("" when it is, or there is none):
+    `pad_spec_decode` mentioned without the assignment the guard reads, or set without being reset first."""
+    if "pad_spec_decode" not in text:
+        return ""
+    set_at, reset_at = _PADDED_RE.search(text), _PADDING_RESET_RE.search(text)
+    if set_at is None or reset_at is None or reset_at.start() > set_at.start():
+        return ("this scheduler pads for speculative decoding (`pad_spec_decode`) in a form the hotfix does not "
+                "know: it would size a padded request's chunk")
+    return ""
 
 
 def _first_chunk_code(text: str) -> str:
@@ -650,6 +670,9 @@ def render_patched(original: bytes, patch_version: int = PATCH_VERSION) -> bytes
     if upstream is not None:
         raise LayoutError("upstream", f"this vLLM enforces a partial-prefill cap of its own (`{upstream.group(0)}`"
                           " in its scheduler): the hotfix steps aside, use vLLM's option")
+    padding = _padding_problem(text)
+    if padding:
+        raise LayoutError("padding", padding)
     original_text = text
     for site in _SITES:
         hits = [a for a in site.anchors if text.count(a) == 1]

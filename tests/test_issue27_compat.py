@@ -13,12 +13,15 @@ import zipfile
 
 import pytest
 
+from dspark_launch.hotfix import layout
 from dspark_launch.hotfix import patch_tool as patch
+from dspark_launch.hotfix.contract import EXIT_UNSUPPORTED
 from tests.support.compat_vllm import wheel_for
 
 pytestmark = pytest.mark.compat
 
-VERSIONS = ["0.25.0", "0.26.0", "0.27.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"]
+# Every release from 0.25 to 0.33 (pip index versions vllm, December 2026).
+VERSIONS = ["0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"]
 MEMBERS = ("vllm/v1/core/sched/scheduler.py", "vllm/_version.py")
 
 
@@ -57,3 +60,45 @@ def test_patch_applies_to_release(version, tmp_path, capsys):
             f"compile=ok guard={guard} original_sha256={applied.original_sha256[:12]} "
             f"patched_sha256={applied.sha256_after[:12]}"
         )
+
+
+def first_chunk_overrides(patched: str) -> list[str]:
+    """The hotfix's two conditions that set a waiting request's first chunk (mode 3's size, modes 1-3's limit)."""
+    return [line for line in patched.splitlines()
+            if "_dspark_limit" in line and line.strip().startswith("if ") and "num_new_tokens" not in line
+            and "< 0" not in line]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_no_release_gets_a_chunk_override_on_a_padded_request(version, tmp_path):
+    """Every release from 0.25 pads a waiting request for speculative decoding (0.25-0.28 one indent less than
+    0.29+): both first-chunk overrides carry `not pad_spec_decode`, after the flag's reset in the same loop."""
+    text = extract(wheel_for(version), tmp_path).read_text()
+    assert layout.pads(text)
+    patched = layout.render_patched(text.encode()).decode()
+    overrides = first_chunk_overrides(patched)
+    assert len(overrides) == 2 and all("not pad_spec_decode" in line for line in overrides), overrides
+    first_override = patched.index(overrides[0])
+    assert patched.rindex("pad_spec_decode = False\n", 0, first_override) < patched.rindex(
+        "pad_spec_decode = True\n", 0, first_override)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_each_release_with_an_unknown_padding_or_an_upstream_cap_is_refused(version, tmp_path):
+    """On each release's own text: a partial-prefill cap of vLLM's own makes the hotfix step aside, and a
+    padding it does not know (the flag set without its reset) makes it refuse; one line, file untouched."""
+    target = extract(wheel_for(version), tmp_path)
+    text = target.read_text()
+    anchor = "        self.scheduler_config = vllm_config.scheduler_config\n"
+    changed = {
+        "upstream": text.replace(anchor, anchor + "        self._cap = self.scheduler_config.max_num_partial_prefills\n", 1),
+        "padding": text.replace("pad_spec_decode = False\n", "pad_spec_decode = bool(0)\n"),
+    }
+    for problem, variant in changed.items():
+        assert variant != text
+        target.write_text(variant)
+        for action in (patch.check, patch.apply):
+            result = action(target)
+            assert result.code == EXIT_UNSUPPORTED and "\n" not in result.message, (problem, result)
+            assert ("steps aside" if problem == "upstream" else "pad_spec_decode") in result.message, result
+            assert target.read_text() == variant

@@ -57,7 +57,7 @@ def test_no_chunk_override_reaches_a_padded_request():
     """Every site that sets a waiting request's first chunk is guarded by
     `not pad_spec_decode` on layouts that pad (0.31+)."""
     text = patch.find_target().read_text()
-    assert layout._PADDED in text
+    assert layout.pads(text)
     patched = layout.render_patched(text.encode()).decode()
     overrides = [line for line in patched.splitlines()
                  if "_dspark_limit" in line and line.strip().startswith("if ") and "num_new_tokens" not in line
