@@ -17,6 +17,7 @@ from dspark_launch.hotfix import layout
 from dspark_launch.hotfix import patch_tool as patch
 from dspark_launch.hotfix.contract import EXIT_UNSUPPORTED
 from tests.support.compat_vllm import wheel_for
+from tests.support.patched_overrides import first_chunk_overrides
 
 pytestmark = pytest.mark.compat
 
@@ -60,13 +61,6 @@ def test_patch_applies_to_release(version, tmp_path, capsys):
             f"compile=ok guard={guard} original_sha256={applied.original_sha256[:12]} "
             f"patched_sha256={applied.sha256_after[:12]}"
         )
-
-
-def first_chunk_overrides(patched: str) -> list[str]:
-    """The hotfix's two conditions that set a waiting request's first chunk (mode 3's size, modes 1-3's limit)."""
-    return [line for line in patched.splitlines()
-            if "_dspark_limit" in line and line.strip().startswith("if ") and "num_new_tokens" not in line
-            and "< 0" not in line]
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -13,6 +13,7 @@ from dspark_launch.hotfix import layout
 from tools import hotfix_bundle as bundle
 from dspark_launch.hotfix import patch_tool as patch
 from dspark_launch.hotfix.contract import EXIT_UNSUPPORTED, PATCH_VERSION
+from tests.support.patched_overrides import first_chunk_overrides
 
 
 @pytest.fixture
@@ -55,15 +56,27 @@ def test_the_installed_vllm_does_not_cap_partial_prefills_itself(target):
 
 def test_no_chunk_override_reaches_a_padded_request():
     """Every site that sets a waiting request's first chunk is guarded by
-    `not pad_spec_decode` on layouts that pad (0.31+)."""
+    `not pad_spec_decode` on layouts that pad (0.25+)."""
     text = patch.find_target().read_text()
     assert layout.pads(text)
     patched = layout.render_patched(text.encode()).decode()
-    overrides = [line for line in patched.splitlines()
-                 if "_dspark_limit" in line and line.strip().startswith("if ") and "num_new_tokens" not in line
-                 and "< 0" not in line]
+    overrides = first_chunk_overrides(patched)
     assert len(overrides) == 2 and all("not pad_spec_decode" in line for line in overrides), overrides
     assert "min(token_budget, input_budget - draft_slots)" in patched
+
+
+def test_a_padding_the_hotfix_does_not_know_is_refused_and_the_file_left_alone(target):
+    """The padding flag set without its reset before it (a form the guard cannot read) refuses check and apply,
+    one line, exit 4, the file as it was: the hotfix never sizes a chunk vLLM padded."""
+    text = target.read_text()
+    variant = text.replace("pad_spec_decode = False\n", "pad_spec_decode = bool(0)\n")
+    assert variant != text
+    target.write_text(variant)
+    for action in (patch.check, patch.apply):
+        result = action(target)
+        assert result.code == EXIT_UNSUPPORTED and "\n" not in result.message, result
+        assert "pad_spec_decode" in result.message, result
+        assert target.read_text() == variant
 
 
 def test_the_first_waiting_requests_come_from_the_heap_in_its_order_without_a_copy():
