@@ -120,3 +120,107 @@ def test_a_reloaded_value_is_not_drift_and_restart_sees_it_as_running(tmp_path):
     server.live = {"DSPARK_MAX_INFLIGHT_PREFILLS": "2"}
     assert drift(server.running_settings, now) == ()
     assert restart_kind(server.running_settings, now, True).why == "no setting changed"
+
+
+# --------------------------------------------------------------------------- data parallel: every engine
+
+def _engine_line(rank: int, message: str, level: str = "INFO") -> str:
+    """As vLLM 0.32 logs it from a data-parallel EngineCore (process name `EngineCore_DP<rank>`,
+    vllm/v1/engine/utils.py), from the patched scheduler."""
+    return f"(EngineCore_DP{rank} pid={600 + rank}) {level} 12-02 13:20:0{rank} [v1/core/sched/scheduler.py:3600] {message}"
+
+
+WANTED = InForce.of({contract.ENV_CAP: "2"})
+
+
+def _live(cap: int) -> str:
+    return contract.LIVE_LOG_FORMAT % (contract.PATCH_VERSION, f"cap 1 -> {cap}", cap, WANTED.gate_mode, "640",
+                                       WANTED.aging, "on" if WANTED.diagnostics else "off")
+
+
+class _IdleEngines:
+    """The API of a data-parallel server whose engines are idle: a request routed to rank R (vLLM's
+    `X-data-parallel-rank` header) makes that engine's scheduler run, and so log its `(live)` line."""
+
+    def __init__(self, log, cap: int, refuse_rank: int | None = None):
+        import http.server
+        import threading
+
+        self.ranks: list[str | None] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                rank = self.headers.get("X-data-parallel-rank")
+                outer.ranks.append(rank)
+                if rank is not None:
+                    said = (contract.LIVE_WARNING_FORMAT % (contract.PATCH_VERSION, "/s/control", "bad", 1, 1, "off")
+                            if int(rank) == refuse_rank else _live(cap))
+                    with open(log, "a") as out:
+                        out.write(_engine_line(int(rank), said, "WARNING" if int(rank) == refuse_rank else "INFO") + "\n")
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b'{"choices": [{"text": "x"}]}')
+
+            def log_message(self, *args):
+                pass
+
+        self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
+
+    def close(self):
+        self.http.shutdown()
+        self.http.server_close()
+
+
+def _wait_on_two_engines(tmp_path, refuse_rank=None, timeout_s=10.0):
+    """Rank 0 is busy (it takes the file at once and logs it); rank 1 is idle until a request reaches it."""
+    import time
+
+    from dspark_launch.serve.logfollow import END, LogReader
+    from dspark_launch.serve.reload import _wait_in_force
+
+    settings = settings_in(tmp_path, VLLM_EXTRA_ARGS="--data-parallel-size 2", DSPARK_MAX_INFLIGHT_PREFILLS="2")
+    _, server = recorded_server(tmp_path)
+    log = tmp_path / "vllm-serve.log"
+    log.write_text(_engine_line(1, _live(2)) + "\n")  # before the write: not counted (read from the end)
+    api = _IdleEngines(log, 2, refuse_rank)
+    server.url, server.log = api.url, str(log)
+    reader = LogReader(cluster_spec(settings).head.agent(SilentReporter()), str(log))
+    reader.offset = reader.agent.call(p.ReadLog(str(log), END)).offset
+    with log.open("a") as out:
+        out.write(_engine_line(0, _live(2)) + "\n")
+        out.write(_engine_line(0, _live(2)) + "\n")  # rank 0 again: not rank 1's
+    try:
+        return _wait_in_force(reader, WANTED, 2, server, settings, time.monotonic(), timeout_s, SilentReporter()), api
+    finally:
+        api.close()
+
+
+def test_with_data_parallel_reload_waits_for_every_engine_and_wakes_each_idle_one_on_its_rank(tmp_path):
+    (lines, woken), api = _wait_on_two_engines(tmp_path)
+    assert [line.cap for line in lines] == [2, 2]
+    assert woken == (1,) and api.ranks == ["1"]  # only the idle rank was woken, and on its own rank
+    from dspark_launch.serve.reload import ReloadResult
+    from dspark_launch.serve.restart_kind import reload_changes
+
+    changes = reload_changes({contract.ENV_CAP: "1"}, {contract.ENV_CAP: "2"})
+    said = ReloadResult(changes, 1.5, lines[0].changes, 2, woken).lines[0]
+    assert "in force on all 2 engines (data-parallel ranks 0-1)" in said and "idle rank(s) 1 woken" in said
+
+
+def test_with_data_parallel_an_engine_that_refuses_the_file_fails_the_reload_naming_its_rank(tmp_path):
+    from dspark_launch.errors import DsparkError
+
+    with pytest.raises(DsparkError, match="the scheduler of data-parallel rank 1 refused its control file"):
+        _wait_on_two_engines(tmp_path, refuse_rank=1)
+
+
+def test_the_engines_a_server_runs_are_read_as_vllm_parses_the_data_parallel_size():
+    from dspark_launch.serve.engines import engine_count
+
+    assert [engine_count(args) for args in ("", "--enforce-eager", "-dp 2", "-dp=3", "--data-parallel-size 4",
+                                            "--data_parallel_size=2", "-dp 2 --data-parallel-size 5", "-dp x",
+                                            "--max-model-len 4096 '-dp' 2")] == [1, 1, 2, 3, 4, 2, 5, 1, 2]

@@ -37,6 +37,14 @@ UNSET_FLAGS: tuple[LauncherFlag, ...] = (
     LauncherFlag(("--enable-chunked-prefill", "--no-enable-chunked-prefill", "--disable-chunked-prefill"), "",
                  "the scheduler hotfix needs chunked prefill on"),
     LauncherFlag(("--config",), "", "a vLLM config file can set every flag of this table"),
+    LauncherFlag(("--data-parallel-size-local", "--data-parallel-rank", "--data-parallel-start-rank",
+                  "--data-parallel-address", "--data-parallel-rpc-port", "--data-parallel-backend",
+                  "--data-parallel-hybrid-lb", "--no-data-parallel-hybrid-lb", "--data-parallel-external-lb",
+                  "--no-data-parallel-external-lb", "--data-parallel-multi-port-external-lb",
+                  "--data-parallel-supervisor-port", "-dpl", "-dpn", "-dpr", "-dpa", "-dpp", "-dpb", "-dph", "-dpe",
+                  "-dpm"), "",
+                 "every data-parallel engine runs on the head behind its one API server (`--data-parallel-size` "
+                 "alone), where `reload` and `stop` reach each engine"),
 )
 
 
@@ -58,16 +66,16 @@ SECRET_FLAGS: tuple[LauncherFlag, ...] = (
 
 # vLLM options that are prefixes of a refused flag but name a flag of their own: argparse takes an exact
 # match before an abbreviation (the parser test checks every option vLLM knows against this module).
-OTHER_EXACT_OPTIONS = frozenset({"--watermark"})
+OTHER_EXACT_OPTIONS = frozenset({"--watermark", "--data-parallel-size", "-dp"})
 
 
 def _owner(word: str) -> tuple[str, LauncherFlag] | None:
     """The refused flag `word` reaches in vLLM's parser (exactly or abbreviated), with its spelling."""
     name = word.split("=", 1)[0]
+    if (name.replace("_", "-") if name.startswith("--") else name) in OTHER_EXACT_OPTIONS:
+        return None
     if name.startswith("--"):
         name = name.replace("_", "-")
-        if name in OTHER_EXACT_OPTIONS:
-            return None
         for flag in LAUNCHER_FLAGS + SECRET_FLAGS:
             for spelling in flag.spellings:
                 if spelling.startswith("--") and len(name) > 2 and spelling.startswith(name):

@@ -60,16 +60,10 @@ class DrainReport:
 
 
 def drain_end(log: str, extra_args: str) -> DrainEnd:
-    """What the head's agent reads in the server log to end a drain: one done line per EngineCore (data
-    parallel: `--data-parallel-size`/`-dp` in VLLM_EXTRA_ARGS)."""
-    engines = 1
-    words = extra_args.split()
-    for index, word in enumerate(words):
-        name, _, value = word.partition("=")
-        if name in ("--data-parallel-size", "-dp"):
-            value = value or (words[index + 1] if index + 1 < len(words) else "")
-            engines = int(value) if value.isdigit() and int(value) > 0 else engines
-    return DrainEnd(log, DRAINED_LOG, BUSY_LOG, engines)
+    """What the head's agent reads in the server log to end a drain: one done line per EngineCore."""
+    from dspark_launch.serve.engines import engine_count
+
+    return DrainEnd(log, DRAINED_LOG, BUSY_LOG, engine_count(extra_args))
 
 
 _SUCCESS = re.compile(r'^vllm:request_success_total\{([^}]*)\}\s+([0-9.eE+-]+)$')

@@ -34,16 +34,18 @@ class Reply:
         return json.loads(self.body)
 
 
-def _request(url: str, key: str, payload: dict | None) -> urllib.request.Request:
-    headers = {"Content-Type": "application/json"}
+def _request(url: str, key: str, payload: dict | None, extra_headers: dict[str, str] | None = None
+             ) -> urllib.request.Request:
+    headers = {"Content-Type": "application/json", **(extra_headers or {})}
     if key:
         headers["Authorization"] = f"Bearer {key}"
     data = json.dumps(payload).encode() if payload is not None else None
     return urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
 
 
-def request(url: str, key: str = "", payload: dict | None = None, timeout: float = 5.0) -> Reply:
-    req = _request(url, key, payload)
+def request(url: str, key: str = "", payload: dict | None = None, timeout: float = 5.0,
+            headers: dict[str, str] | None = None) -> Reply:
+    req = _request(url, key, payload, headers)
     try:
         with _DIRECT.open(req, timeout=timeout) as resp:
             return Reply(resp.status, resp.read().decode(errors="replace"))
@@ -63,15 +65,17 @@ def served_models(base_url: str, key: str, timeout: float) -> list[str]:
         return []
 
 
-def complete(base_url: str, key: str, model: str, prompt: str, max_tokens: int, timeout: float) -> Reply:
+def complete(base_url: str, key: str, model: str, prompt: str, max_tokens: int, timeout: float,
+             headers: dict[str, str] | None = None) -> Reply:
     return request(f"{base_url}/v1/completions", key,
-                   {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}, timeout)
+                   {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}, timeout, headers)
 
 
-def chat(base_url: str, key: str, model: str, text: str, max_tokens: int, timeout: float) -> Reply:
+def chat(base_url: str, key: str, model: str, text: str, max_tokens: int, timeout: float,
+         headers: dict[str, str] | None = None) -> Reply:
     return request(f"{base_url}/v1/chat/completions", key,
                    {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-                    "temperature": 0}, timeout)
+                    "temperature": 0}, timeout, headers)
 
 
 @dataclass

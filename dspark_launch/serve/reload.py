@@ -6,7 +6,9 @@ in-flight prefill cap, the gate mode, mode 3's aging, the per-step diagnostics),
 scheduler's control file (the scheduler runs in the head's EngineCore) and the launcher reads the server
 log until the scheduler says the new values are in force; any other change is refused (exit 2), nothing
 written. An idle engine never calls `schedule()`, so a one-token request wakes it when the values are not
-in force a check period after the write.
+in force a check period after the write. With data parallel every EngineCore (all on the head, reading the
+same control file) must say so: each rank's own line is awaited, and each idle rank is woken by a request
+routed to it (vLLM's `X-data-parallel-rank` header).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from dspark_launch.config.secret_digest import compared_values
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.hotfix import contract
-from dspark_launch.node.engine_log import engine_text
+from dspark_launch.node.engine_log import engine_lines
+from dspark_launch.serve.engines import engine_count
 from dspark_launch.serve.restart_kind import ReloadChanges, reload_changes
 
 RELOAD_TIMEOUT_S = 30.0
@@ -63,16 +66,27 @@ class InForce:
 class ReloadResult:
     changes: ReloadChanges
     seconds: float = 0.0  # from writing the control file to the log line that showed the values in force
-    engine_line: str = ""  # what the scheduler logged: "cap 1 -> 2"
-    woke_idle_engine: bool = False  # a one-token request was sent to make an idle engine schedule
+    engine_line: str = ""  # what the scheduler logged: "cap 1 -> 2" (rank 0's, with data parallel)
+    engines: int = 1  # EngineCores that showed the values in force (data parallel: every rank)
+    woken: tuple[int, ...] = ()  # the ranks an idle engine was woken on by a one-token request
+
+    @property
+    def woke_idle_engine(self) -> bool:
+        return bool(self.woken)
 
     @property
     def lines(self) -> list[str]:
         if not self.changes.live:
             return ["reload: no live setting changed; nothing to do"]
         changed = ", ".join(c.line for c in self.changes.live)
-        woke = " (the idle engine woken by a one-token request)" if self.woke_idle_engine else ""
-        return [f"reload: {changed}: in force on the running scheduler after {self.seconds:.2f} s{woke}",
+        if self.engines == 1:
+            woke = " (the idle engine woken by a one-token request)" if self.woken else ""
+            where = "the running scheduler"
+        else:
+            ranks = ", ".join(str(rank) for rank in self.woken)
+            woke = f" (idle rank(s) {ranks} woken by a one-token request each)" if self.woken else ""
+            where = f"all {self.engines} engines (data-parallel ranks 0-{self.engines - 1})"
+        return [f"reload: {changed}: in force on {where} after {self.seconds:.2f} s{woke}",
                 f"  engine: {self.engine_line} (live)"]
 
 
@@ -126,47 +140,60 @@ def reload(settings: Settings, spec: ClusterSpec, reporter: Reporter, timeout_s:
                        + ", ".join(c.line for c in changes.live))
         began = time.monotonic()
         head.call(SchedulerControl(server.control_file, contract.control_text(values)))
-        line, woke = _wait_in_force(log, wanted, server, settings, began, timeout_s, reporter)
+        engines = engine_count(server.settings.get("VLLM_EXTRA_ARGS", ""))
+        lines, woken = _wait_in_force(log, wanted, engines, server, settings, began, timeout_s, reporter)
         took = time.monotonic() - began
         server.live = {name: value for name, value in values.items() if server.settings.get(name) != value}
         server.live_since = time.time() if server.live else None
-        server.scheduler_cap = line.cap
+        server.scheduler_cap = lines[0].cap
         save_state(spec.state_dir, state)
-        return ReloadResult(changes, took, line.changes, woke)
+        return ReloadResult(changes, took, lines[0].changes, engines, woken)
 
 
-def _wait_in_force(log, wanted: InForce, server: ServerRecord, settings: Settings, began: float, timeout_s: float,
-                   reporter: Reporter) -> tuple[contract.LiveLine, bool]:
-    """The first `(live)` line after the write that shows `wanted`; a refusal of the file by the scheduler,
-    or `timeout_s` without the line, is a failure (the file stays: the scheduler may still take it)."""
-    nudge: threading.Thread | None = None
+def _wait_in_force(log, wanted: InForce, engines: int, server: ServerRecord, settings: Settings, began: float,
+                   timeout_s: float, reporter: Reporter) -> tuple[list[contract.LiveLine], tuple[int, ...]]:
+    """For each of the `engines` ranks, the first `(live)` line after the write that shows `wanted`, and the
+    ranks woken; a refusal of the file by any engine's scheduler, or `timeout_s` without every rank's line,
+    is a failure (the file stays: the schedulers may still take it)."""
+    shown: dict[int, contract.LiveLine] = {}
+    woken: list[int] = []
     text = ""
     while True:
         text += log.new_text()  # whole lines: a read may end inside one
-        said = engine_text(text, "scheduler.py")  # the scheduler's own lines only, never a client's prompt
-        refused = contract.LIVE_WARNING_RE.search(said)
-        if refused:
-            raise DsparkError(f"reload: the scheduler refused its control file: {refused.group(1)}; "
-                              "it keeps its values; log " + server.log)
-        found = next((line for line in contract.parse_live_lines(said) if wanted.shown_by(line)), None)
-        if found is not None:
-            return found, nudge is not None
+        for said in engine_lines(text, "scheduler.py"):  # the schedulers' own lines only, never a client's prompt
+            refused = contract.LIVE_WARNING_RE.search(said.message)
+            if refused:
+                engine = f" of data-parallel rank {said.rank}" if engines > 1 else ""
+                raise DsparkError(f"reload: the scheduler{engine} refused its control file: {refused.group(1)}; "
+                                  "it keeps its values; log " + server.log)
+            if said.rank < engines and said.rank not in shown:
+                found = next((line for line in contract.parse_live_lines(said.message) if wanted.shown_by(line)), None)
+                if found is not None:
+                    shown[said.rank] = found
+        if len(shown) == engines:
+            return [shown[rank] for rank in range(engines)], tuple(woken)
         elapsed = time.monotonic() - began
+        missing = [rank for rank in range(engines) if rank not in shown]
         if elapsed > timeout_s:
+            which = f" for data-parallel rank(s) {', '.join(map(str, missing))}" if engines > 1 else ""
             raise DsparkError(f"reload: the control file {server.control_file} was written, but the server log "
-                              f"did not show cap={wanted.cap}, gate mode {wanted.gate_mode} in force within "
+                              f"did not show cap={wanted.cap}, gate mode {wanted.gate_mode} in force{which} within "
                               f"{timeout_s:.0f} s; log {server.log}")
-        if nudge is None and elapsed > NUDGE_AFTER_S:
-            nudge = threading.Thread(target=_one_token, args=(server, settings), daemon=True)
-            nudge.start()
+        if not woken and elapsed > NUDGE_AFTER_S:
+            woken = missing
+            for rank in missing:
+                threading.Thread(target=_one_token, args=(server, settings, rank if engines > 1 else None),
+                                 daemon=True).start()
         reporter.waiting("waiting for the scheduler to take the new values", elapsed, timeout_s)
         time.sleep(POLL_S)
 
 
-def _one_token(server: ServerRecord, settings: Settings) -> None:
-    """A one-token request: an idle EngineCore waits on its input queue and never calls `schedule()`."""
+def _one_token(server: ServerRecord, settings: Settings, rank: int | None) -> None:
+    """A one-token request: an idle EngineCore waits on its input queue and never calls `schedule()`;
+    with data parallel, routed to engine `rank` by vLLM's `X-data-parallel-rank` header."""
     from dspark_launch.serve import http
     from dspark_launch.serve.plan import api_key
 
     ask = http.chat if server.chat else http.complete
-    ask(server.url, api_key(settings), server.served_name, "Hello", 1, RELOAD_TIMEOUT_S)
+    headers = {} if rank is None else {"X-data-parallel-rank": str(rank)}
+    ask(server.url, api_key(settings), server.served_name, "Hello", 1, RELOAD_TIMEOUT_S, headers)
