@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dspark_launch.hotfix import contract
 from dspark_launch.serve.drain import DRAINED_LOG
-from dspark_launch.node.engine_log import engine_messages, engine_text
+from dspark_launch.node.engine_log import EngineMessage, engine_lines
 
 LIVE = ("dspark-issue27 hotfix v6: cap 1 -> 2 (live); in force: cap=2, gate mode 1, step bound 640 prefill tokens, "
         "aging 2, diagnostics off")
@@ -24,8 +24,9 @@ def test_only_the_engines_own_lines_from_the_named_file_count():
         f"{ENGINE} [v1/core/sched/scheduler.py:3600] {LIVE}",
         f"(EngineCore_DP0 pid=600) WARNING 12-02 01:14:27 [scheduler.py:3601] {LIVE.replace('v6', 'v7')}",
     ])
-    assert engine_messages(log, "scheduler.py") == [LIVE, LIVE.replace("v6", "v7")]
-    assert [line.patch_version for line in contract.parse_live_lines(engine_text(log, "scheduler.py"))] == [6, 7]
+    said = engine_lines(log, "scheduler.py")
+    assert said == [EngineMessage(0, LIVE), EngineMessage(0, LIVE.replace("v6", "v7"))]
+    assert [contract.parse_live_lines(line.message)[0].patch_version for line in said] == [6, 7]
     # Matched anywhere (as before), the forged ones counted too.
     assert len(contract.parse_live_lines(log)) == 6
 
@@ -45,5 +46,27 @@ def test_a_forged_drain_line_does_not_end_a_drain(tmp_path):
     assert not reader.done  # forged: at the start of a line, and inside the API server's prompt line
     with log.open("a") as out:
         out.write(f"{ENGINE} [core.py:1666] {DRAINED_LOG}; starting resource teardown\n")
+    reader.read()
+    assert reader.done and not reader.busy
+
+
+def test_each_data_parallel_engine_is_told_by_its_rank(tmp_path):
+    """With `--data-parallel-size 2` a drain ends on a done line from each rank, not on two from one."""
+    from dspark_launch.agent import protocol as p
+    from dspark_launch.agent.handlers.processes import _DrainLog
+    from dspark_launch.serve.drain import BUSY_LOG
+
+    assert engine_lines(f"(EngineCore_DP3 pid=7) INFO 12-02 01:14:25 [scheduler.py:1] {LIVE}", "scheduler.py") == [
+        EngineMessage(3, LIVE)]
+    log = tmp_path / "vllm-serve.log"
+    log.write_text("")
+    reader = _DrainLog(p.DrainEnd(str(log), DRAINED_LOG, BUSY_LOG, 2))
+    done = f" INFO 12-02 01:14:25 [core.py:1666] {DRAINED_LOG}; starting resource teardown\n"
+    with log.open("a") as out:
+        out.write(f"(EngineCore_DP0 pid=600){done}(EngineCore_DP0 pid=600){done}")
+    reader.read()
+    assert not reader.done
+    with log.open("a") as out:
+        out.write(f"(EngineCore_DP1 pid=601){done}")
     reader.read()
     assert reader.done and not reader.busy

@@ -33,22 +33,6 @@ def engine_line(line: str, source_file: str) -> EngineMessage | None:
     return EngineMessage(int(match.group("rank") or 0), match.group("message"))
 
 
-def engine_message(line: str, source_file: str) -> str | None:
-    """The message of one log line when the EngineCore logged it from `source_file`, else None."""
-    said = engine_line(line, source_file)
-    return said.message if said else None
-
-
 def engine_lines(text: str, source_file: str) -> list[EngineMessage]:
     """The lines, in order, that the EngineCores logged from `source_file`, with the rank of each."""
     return [said for line in text.splitlines() if (said := engine_line(line, source_file)) is not None]
-
-
-def engine_messages(text: str, source_file: str) -> list[str]:
-    """The messages, in order, that the EngineCore logged from `source_file` (`scheduler.py`, `core.py`)."""
-    return [message for line in text.splitlines() if (message := engine_message(line, source_file)) is not None]
-
-
-def engine_text(text: str, source_file: str) -> str:
-    """Those messages one a line, for the patterns that read them."""
-    return "".join(f"{message}\n" for message in engine_messages(text, source_file))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from dspark_launch import __version__
 from dspark_launch.node import procfs
-from dspark_launch.node.engine_log import engine_message
+from dspark_launch.node.engine_log import engine_line
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.protocol import Report
 from dspark_launch.node.versions import installed_version
@@ -252,10 +252,11 @@ def drain(targets: dict[int, p.Process], leaders: tuple[p.Process, ...], drain_s
 
 class _DrainLog:
     """The server log as a drain writes it, line by line from where it ended when this was made: whether a
-    `busy` line came before every engine's `done` (`end.engines` of them) did."""
+    `busy` line came before every engine's `done` (`end.engines` of them, one per data-parallel rank) did."""
 
     def __init__(self, end: p.DrainEnd):
-        self.end, self.busy, self.done_lines, self.partial = end, False, 0, ""
+        self.end, self.busy, self.partial = end, False, ""
+        self.done_ranks: set[int] = set()
         try:
             self.offset = os.stat(end.log).st_size
         except OSError:
@@ -263,7 +264,7 @@ class _DrainLog:
 
     @property
     def done(self) -> bool:
-        return self.done_lines >= self.end.engines
+        return len(self.done_ranks) >= self.end.engines
 
     def read(self) -> None:
         while not self.done:
@@ -283,10 +284,11 @@ class _DrainLog:
                     break
                 # Only the EngineCore's own lines (by its logger's prefix): a prompt logged by the API server
                 # that holds the done line must not end a drain that has requests in flight.
-                message = engine_message(line, self.end.source_file)
-                if message is not None:
-                    self.busy = self.busy or message.startswith(self.end.busy)
-                    self.done_lines += message.startswith(self.end.done)
+                said = engine_line(line, self.end.source_file)
+                if said is not None:
+                    self.busy = self.busy or said.message.startswith(self.end.busy)
+                    if said.message.startswith(self.end.done):
+                        self.done_ranks.add(said.rank)
 
 
 # A rollback can stop a run while one of its `run`/`spawn` requests is still on its way to this node
