@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (each with its own two-node testbed); 0 runs the suite in this process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: test test-compat demo demo-down bench-cli venv testbed-deps clean
+.PHONY: test test-compat coverage demo demo-down bench-cli venv testbed-deps clean
 
 venv: $(STAMP)
 
@@ -47,6 +47,12 @@ test: $(STAMP) testbed-deps
 # ($DSPARK_COMPAT_VENVS, default /var/tmp/dspark-compat, ~3.7 GB; tests/support/compat_vllm.py).
 test-compat: $(STAMP)
 	$(PY) -m pytest -m compat $(PYTEST_ARGS)
+
+# Line coverage of dspark_launch/ by the suite, node agents and vllm serve included (tools/suite_coverage.py;
+# installs coverage.py into the venv on first use; not part of `make test`).
+coverage: $(STAMP) testbed-deps
+	$(PY) -m tools.suite_coverage run -- $(PYTEST_ARGS)
+	$(PY) -m tools.suite_coverage report --json bench/results/suite-coverage.json
 
 bench-cli: $(STAMP)
 	$(PY) bench/cli_startup.py
