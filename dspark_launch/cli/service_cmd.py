@@ -226,7 +226,6 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema in docs/cluster.md).")] = False,
 ) -> None:
     """Nodes, Ray, versions, hotfix, the server, its metrics, and drift from the env file."""
-    from dspark_launch.agent.codec import to_data
     from dspark_launch.cli.status_view import print_status
     from dspark_launch.serve.status import status as service_status
 
@@ -236,7 +235,7 @@ def status(
     except DsparkError as error:
         raise fail(error) from None
     if as_json:
-        emit_json(to_data(view))
+        emit_json(view.to_data())
     else:
         print_status(view, settings.env_file_shown)
     if view.state == "degraded":
