@@ -24,7 +24,7 @@ from dspark_launch.agent.transport import LocalTransport
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import Deployment, ServerRecord, save_state
 from dspark_launch.serve.plan import ServePlan
-from dspark_launch.serve.server import ServeFailure
+from dspark_launch.serve.running_server import ServeFailure
 from dspark_launch.serve.start import wait_until_serving
 from tests.support import squatter
 from tests.support.launcher_env import run_dspark

@@ -21,7 +21,7 @@ from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import ServerRecord, SessionRecord, recorded
 from dspark_launch.agent.transport import LocalTransport
 from dspark_launch.serve import readiness
-from dspark_launch.serve.server import ServeFailure
+from dspark_launch.serve.running_server import ServeFailure
 from dspark_launch.serve.start import Ready, wait_until_serving
 from dspark_launch.serve.stop import stop_server
 from dspark_launch.serve.plan import ServePlan

@@ -116,7 +116,7 @@ def _stay_attached(spec, server) -> None:
     """For a supervisor: exit 1 when the server or a node's Ray dies, 0 when an operator's command took
     the run over. SIGTERM/SIGINT: `do_start`'s `interrupted` stops this run (only this one)."""
     from dspark_launch.serve import supervise
-    from dspark_launch.serve.server import tails
+    from dspark_launch.serve.running_server import tails
 
     try:
         cause = supervise.watch(spec, server)

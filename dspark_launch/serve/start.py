@@ -30,7 +30,7 @@ from dspark_launch.serve.api_holder import api_holder, foreign_line, healthy
 from dspark_launch.serve.argcheck import check_serve_args
 from dspark_launch.serve.logfollow import LogReader
 from dspark_launch.serve.plan import ServePlan, api_key, serve_plan
-from dspark_launch.serve.server import SERVER_LOG, ServeFailure, server_alive, serving, tails
+from dspark_launch.serve.running_server import SERVER_LOG, ServeFailure, server_alive, serving, tails
 from dspark_launch.serve.stop import stop_server
 
 
