@@ -26,7 +26,7 @@ from dspark_launch.model.onnodes import placed_weights, pulled_config, wanted_mo
 from dspark_launch.profiles.gpu import GpuTarget, gpu_target
 from dspark_launch.serve.plan_report import NOT_PROBED_EXAMPLE, NodePlan, Plan, env_entries, not_probed, profile_decisions
 from dspark_launch.config.profile_resolve import resolve_selected
-from dspark_launch.serve.memory import estimate, kv_size_fixed
+from dspark_launch.serve.memory_preflight import estimate, kv_size_fixed
 from dspark_launch.serve.plan import ServePlan, serve_plan
 from dspark_launch.serve.status import image_warnings
 

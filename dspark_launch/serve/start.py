@@ -79,7 +79,7 @@ def preflight_memory(spec: ClusterSpec, plan: ServePlan, weights: ModelWeights, 
     free memory against vLLM's start-up gate, before anything starts: unified memory that runs out freezes the
     host, and a node below the gate fails vLLM's start. Refused unless `force`. `weights`: what the weights
     pre-flight just verified on every node."""
-    from dspark_launch.serve.memory import estimate, kv_size_fixed
+    from dspark_launch.serve.memory_preflight import estimate, kv_size_fixed
 
     found = estimate(plan.profile, weights, plan.kv_cache_dtype, plan.max_model_len,
                      plan.tensor_parallel_size, plan.gpu_memory_utilization, memory,
