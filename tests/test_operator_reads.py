@@ -182,7 +182,7 @@ def test_a_failed_start_says_what_it_stopped_only_when_it_started_something(monk
     def weights_missing(*args):
         raise DsparkError("model weights not ready on worker1: run `dspark model pull`")
 
-    monkeypatch.setattr(start_module, "checked_plan", weights_missing)
+    monkeypatch.setattr(start_module, "checked_serve_spec", weights_missing)
     try:
         start_module.start_locked(None, Spec(), None, False, False, None, Runtime())
     except DsparkError as error:

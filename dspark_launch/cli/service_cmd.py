@@ -84,7 +84,7 @@ def _report_started(spec, result) -> None:
           f"in-flight prefill cap: {server.scheduler_cap} (from DSPARK_MAX_INFLIGHT_PREFILLS)")
     answer = result.first_answer
     if answer is not None:
-        kind = "chat completion" if result.plan.chat else "completion"
+        kind = "chat completion" if result.serve_spec.chat else "completion"
         retried = f", {answer.waited_s:.1f} s after the first request" if answer.attempts > 1 else ""
         print(f"first answer: a one-token {kind} in {answer.latency_s:.1f} s (attempt {answer.attempts}{retried})")
     for name, report in result.hotfix.items():
@@ -278,7 +278,7 @@ def smoke(
 ) -> None:
     """N requests at once to the running server: chat completions when the profile serves a chat model, else completions; a line each; exit 1 if any fails."""
     from dspark_launch.cluster.state import load_state
-    from dspark_launch.serve.plan import api_key
+    from dspark_launch.serve.serve_spec import api_key
     from dspark_launch.serve.smoke import confirm_server, smoke as send_requests
 
     settings, spec = settings_and_spec(env_file)

@@ -22,7 +22,7 @@ KV_SIZE_FLAG = "--kv-cache-memory-bytes"
 
 
 def kv_size_fixed(serve_args: tuple[str, ...], env: dict[str, str]) -> str:
-    """What fixes the KV size of vLLM's CPU backend in this serve plan ("" when nothing): then that backend
+    """What fixes the KV size of vLLM's CPU backend in this serve spec ("" when nothing): then that backend
     checks no utilisation share of free memory (vllm/v1/worker/cpu_worker.py)."""
     if any(a == KV_SIZE_FLAG or a.startswith(KV_SIZE_FLAG + "=") for a in serve_args):
         return KV_SIZE_FLAG

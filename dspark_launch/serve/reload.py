@@ -166,7 +166,7 @@ def _wait_in_force(log, wanted: InForce, server: ServerRecord, settings: Setting
 def _one_token(server: ServerRecord, settings: Settings) -> None:
     """A one-token request: an idle EngineCore waits on its input queue and never calls `schedule()`."""
     from dspark_launch.serve import http
-    from dspark_launch.serve.plan import api_key
+    from dspark_launch.serve.serve_spec import api_key
 
     ask = http.chat if server.chat else http.complete
     ask(server.url, api_key(settings), server.served_name, "Hello", 1, RELOAD_TIMEOUT_S)

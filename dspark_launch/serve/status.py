@@ -83,7 +83,7 @@ def drift(started_with: dict[str, str], now: dict[str, str]) -> tuple[Drift, ...
 def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | None) -> ServerView:
     """The head's agent is asked only whether the recorded process lives (answered in this process when the head
     is this machine: agent/client.py); the rest comes from the API and the record."""
-    from dspark_launch.serve.plan import api_key
+    from dspark_launch.serve.serve_spec import api_key
 
     if server is None:
         return ServerView("down")

@@ -32,7 +32,7 @@ def served(settings: Settings, spec: ClusterSpec) -> tuple[ServerRecord, Target]
 
     Nothing is sent, the key least of all, unless the head's agent finds the port among the recorded
     server's sockets (the check `smoke` makes: serve/api_holder.py)."""
-    from dspark_launch.serve.plan import api_key
+    from dspark_launch.serve.serve_spec import api_key
     from dspark_launch.serve.smoke import confirm_server
 
     state = load_state(spec.state_dir)
