@@ -39,7 +39,7 @@ def test_a_planted_copy_with_a_modified_file_is_never_used(tmp_path, package):
     assert shipped.parent.parent == state and shipped.parent.name.startswith("agent-")
     assert stat.S_IMODE(state.stat().st_mode) == 0o700 and _same_tree(shipped, package)
     assert Path(ship_package(LocalHost(), str(package), str(state))) == shipped  # reused: same content
-    agent = shipped / "agent" / "server.py"
+    agent = shipped / "agent" / "node_end.py"
     agent.write_text(agent.read_text() + "\nimport os; os.system('touch /tmp/pwned')\n")  # planted code
     assert Path(ship_package(LocalHost(), str(package), str(state))) == shipped
     assert _same_tree(shipped, package)  # shipped again: the planted line is gone
@@ -63,9 +63,9 @@ def test_the_checkout_package_ships_with_its_link_stored_as_a_file(tmp_path):
 def test_a_copy_is_named_by_its_content(tmp_path, package):
     state = tmp_path / "state"
     first = ship_package(LocalHost(), str(package), str(state))
-    (package / "agent" / "server.py").write_text("# another version\n")
+    (package / "agent" / "node_end.py").write_text("# another version\n")
     second = ship_package(LocalHost(), str(package), str(state))
-    assert first != second and (Path(second) / "agent" / "server.py").read_text() == "# another version\n"
+    assert first != second and (Path(second) / "agent" / "node_end.py").read_text() == "# another version\n"
 
 
 @needs_root

@@ -47,7 +47,7 @@ class Recorder:
 def test_every_operation_has_a_handler_and_frozen_types():
     """One registry: each operation named after its request, its handler the function of that name in its
     handlers/ module, its answer `<request less Query>Answer` (or a node value returned as it is), its types frozen."""
-    from dspark_launch.agent.server import handler
+    from dspark_launch.agent.node_end import handler
 
     assert len(p.OPERATIONS) == len(p.OPERATION_OF_REQUEST) == len(p._OPERATIONS)
     for name, operation in p.OPERATIONS.items():
@@ -61,11 +61,16 @@ def test_every_operation_has_a_handler_and_frozen_types():
     assert p.OPERATIONS["read_log"].request is p.ReadLog and p.OPERATIONS["memory_query"].request is p.MemoryQuery
 
 
-def test_a_node_with_a_launcher_from_before_the_agent_package_is_a_version_mismatch(tmp_path):
-    """A node whose dspark-launch has no dspark_launch.agent (before protocol 6): one version line, not a traceback."""
+@pytest.mark.parametrize("agent_files", [(), ("__init__.py", "server.py")], ids=["no-agent-package", "agent-server-py"])
+def test_a_node_with_a_launcher_from_before_the_agent_module_is_a_version_mismatch(tmp_path, agent_files):
+    """A node whose dspark-launch has no dspark_launch.agent (before protocol 6), or whose agent's node end is still
+    `agent/server.py` (before agent/node_end.py): one version line, not a traceback."""
     old = tmp_path / "old" / "dspark_launch"
     old.mkdir(parents=True)
     (old / "__init__.py").write_text("")
+    for name in agent_files:
+        (old / "agent").mkdir(exist_ok=True)
+        (old / "agent" / name).write_text("" if name == "__init__.py" else "raise SystemExit('never run')\n")
     python = tmp_path / "python"
     # -S: no site-packages, so the interpreter finds only that old package (as on a node that has only it)
     python.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'old'} exec {sys.executable} -S \"$@\"\n")

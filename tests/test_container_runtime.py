@@ -54,7 +54,7 @@ def test_node_container_runs_the_agent_on_the_nodes_network(ctb, name):
         ship = {"op": "ship", "package": str(REPO / "dspark_launch"), "dest_root": spec["state_dir"]}
         shipped = ctb.drive(node, ship)["path"]
         assert shipped.startswith(spec["state_dir"] + "/agent-") and ctb.drive(node, ship)["path"] == shipped
-        assert Path(shipped, "agent", "server.py").read_bytes() == (REPO / "dspark_launch/agent/server.py").read_bytes()
+        assert Path(shipped, "agent", "node_end.py").read_bytes() == (REPO / "dspark_launch/agent/node_end.py").read_bytes()
         spec["agent_package"] = shipped
     try:
         up = ctb.drive(node, {"op": "up", "spec": spec})

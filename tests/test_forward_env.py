@@ -18,7 +18,7 @@ from dspark_launch.config.settings import resolve
 from dspark_launch.profiles.catalog import PROFILES
 from dspark_launch.node.vllm_offer import VllmOffer
 from dspark_launch.config.profile_resolve import resolve as resolve_profile
-from dspark_launch.serve.plan import serve_plan
+from dspark_launch.serve.serve_spec import build_serve_spec
 from tests.support.paths import DATA
 
 FORWARDED_VALUE = "from-the-operators-shell"
@@ -45,8 +45,8 @@ def _every_launcher_env(tmp_path: Path, forwarded: tuple[str, ...], profile) -> 
                            + fabric.ROCE_ENV + fabric.FIXED_ENV, ("mlx5_0",), "3", True, (), ())
     token = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "t" * 32}
     offer = VllmOffer.from_json((DATA / "vllm-0.25.0-offer.json").read_text())
-    plan = serve_plan(settings, spec, token, resolve_profile(profile, offer, settings), own_fabric)
-    return [node_env(spec, node, token, own_fabric) for node in spec.nodes] + [dict(plan.env)]
+    serve_spec = build_serve_spec(settings, spec, token, resolve_profile(profile, offer, settings), own_fabric)
+    return [node_env(spec, node, token, own_fabric) for node in spec.nodes] + [dict(serve_spec.env)]
 
 
 def _launcher_names(tmp_path: Path) -> set[str]:

@@ -109,7 +109,7 @@ def test_health_models_completion_and_metrics_go_direct(proxied, api, proxy):
     assert http.request(f"{api.url}/health", KEY).status == 200
     assert http.served_models(api.url, KEY, 5) == ["tiny"]
     assert http.complete(api.url, KEY, "tiny", "Hello", 1, 5).status == 200
-    assert http.metrics(api.url, 5) == {"vllm:num_requests_running": 2.0, "vllm:num_requests_waiting": 1.0}
+    assert http.metrics(api.url, 5) == http.ServerMetrics(running=2.0, waiting=1.0)
     assert proxy.seen == []
     assert api.seen == [("GET", "/health", f"Bearer {KEY}"), ("GET", "/v1/models", f"Bearer {KEY}"),
                         ("POST", "/v1/completions", f"Bearer {KEY}"), ("GET", "/metrics", "")]

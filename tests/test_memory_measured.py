@@ -9,8 +9,8 @@ from dspark_launch.agent.protocol import MemoryAnswer
 from dspark_launch.node.vllm_dryboot import SHIPPED_CONFIG
 from dspark_launch.model.onnodes import ModelWeights
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
-from dspark_launch.profiles.memory import GIB
-from dspark_launch.serve.memory import estimate
+from dspark_launch.profiles.memory_model import GIB
+from dspark_launch.serve.memory_preflight import estimate
 
 GB10 = int(121.69 * GIB)  # eugr's two GB10s (recipes/deepseek-v4-flash-0731-1m.yaml)
 RECIPE_CHECKPOINT = 167 * 10**9  # vLLM's recipe: the 0731 checkpoint is about 167 GB on disk

@@ -130,7 +130,7 @@ def test_a_verify_request_naming_a_path_outside_is_refused_by_the_agent(tmp_path
     request["manifest"]["files"][0]["path"] = "../../etc/shadow"
     line = json.dumps({"protocol": p.PROTOCOL_VERSION, "launcher": __version__, "op": "model_verify",
                        "request": request})
-    proc = subprocess.run([sys.executable, "-m", "dspark_launch.agent.server"], input=line + "\n", cwd=REPO_ROOT,
+    proc = subprocess.run([sys.executable, "-m", "dspark_launch.agent.node_end"], input=line + "\n", cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=60)
     answers = [json.loads(x) for x in proc.stdout.splitlines() if x.strip()]
     assert len(answers) == 1 and "failure" in answers[0], proc.stdout

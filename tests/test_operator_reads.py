@@ -13,6 +13,7 @@ from rich.console import Console
 from dspark_launch.cli.status_view import human_duration, print_status
 from dspark_launch.cluster.lifecycle import NodeView
 from dspark_launch.cluster.state import VersionsRecord
+from dspark_launch.serve.http import ServerMetrics
 from dspark_launch.serve.status import ServerView, ServiceStatus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,6 +90,33 @@ def test_status_without_a_terminal_is_plain_text_without_escapes():
     assert "server: up (pid 7, up 1 min 5 s) http://127.0.0.1:8000  cap 2" in text
 
 
+
+PROMETHEUS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+vllm:num_requests_running{engine="0",model_name="tiny"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 1.0
+vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 1.0
+vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
+"""
+
+
+def test_status_shows_the_servers_metrics_as_fields_and_its_json_keeps_the_gauge_names():
+    metrics = ServerMetrics.from_prometheus(PROMETHEUS)
+    assert metrics == ServerMetrics(running=3.0, waiting=1.0, kv_cache_usage=0.25) and metrics.in_engine == 4.0
+    server = ServerView("up", pid=7, url="http://127.0.0.1:8000", uptime_s=65, cap=2, metrics=metrics)
+    view = service("up", [node("head", "10.213.0.1")], server, time.time() - 65)
+    printed: list[str] = []
+    print_status(view, ".env.dspark", Console(file=io.StringIO(), force_terminal=False), printed.append)
+    assert "  running 3  waiting 1  KV cache used 25.0%" in printed
+    assert view.to_data()["server"]["metrics"] == {"vllm:num_requests_running": 3.0, "vllm:num_requests_waiting": 1.0,
+                                                   "vllm:kv_cache_usage_perc": 0.25}
+    quiet = service("up", [node("head", "10.213.0.1")], ServerView("up", pid=7, url="http://127.0.0.1:8000"),
+                    time.time() - 65)
+    assert quiet.to_data()["server"]["metrics"] == {} and not ServerMetrics.from_prometheus("").reported
+    printed.clear()
+    print_status(quiet, ".env.dspark", Console(file=io.StringIO(), force_terminal=False), printed.append)
+    assert not any("KV cache used" in line for line in printed)
+
+
 # ---- placeholders (point 3) ----
 
 from tests.support.launcher_env import run_dspark  # noqa: E402
@@ -154,7 +182,7 @@ def test_a_failed_start_says_what_it_stopped_only_when_it_started_something(monk
     def weights_missing(*args):
         raise DsparkError("model weights not ready on worker1: run `dspark model pull`")
 
-    monkeypatch.setattr(start_module, "checked_plan", weights_missing)
+    monkeypatch.setattr(start_module, "checked_serve_spec", weights_missing)
     try:
         start_module.start_locked(None, Spec(), None, False, False, None, Runtime())
     except DsparkError as error:

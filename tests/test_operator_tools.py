@@ -15,7 +15,7 @@ from dspark_launch.model.hub import hub_source
 from dspark_launch.model.location import local_location
 from dspark_launch.node.manifest import Manifest, ManifestFile, read_manifest, write_manifest
 from dspark_launch.model.onnodes import ModelWeights, WantedModel, manifest_weights, placed_weights
-from dspark_launch.serve.memory import estimate
+from dspark_launch.serve.memory_preflight import estimate
 from tests.support.launcher_env import run_dspark
 from tests.support.paths import REPO
 
@@ -140,7 +140,7 @@ def test_memory_preflight_refuses_by_default_before_anything_starts(testbed_clea
 
 
 def test_what_fixes_the_kv_size_of_vllms_cpu_backend_turns_its_free_memory_gate_off():
-    from dspark_launch.serve.memory import kv_size_fixed
+    from dspark_launch.serve.memory_preflight import kv_size_fixed
 
     assert kv_size_fixed(("m", "--kv-cache-memory-bytes=2G"), {}) == "--kv-cache-memory-bytes"
     assert kv_size_fixed(("m",), {"VLLM_CPU_KVCACHE_SPACE": "1"}) == "VLLM_CPU_KVCACHE_SPACE"

@@ -23,8 +23,8 @@ from dspark_launch.agent.port_holder import port_holder_query, reaches
 from dspark_launch.agent.transport import LocalTransport
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import Deployment, ServerRecord, save_state
-from dspark_launch.serve.plan import ServePlan
-from dspark_launch.serve.server import ServeFailure
+from dspark_launch.serve.serve_spec import ServeSpec
+from dspark_launch.serve.running_server import ServeFailure
 from dspark_launch.serve.start import wait_until_serving
 from tests.support import squatter
 from tests.support.launcher_env import run_dspark
@@ -141,8 +141,8 @@ def _server(proc: subprocess.Popen, port: int, log: str) -> ServerRecord:
                         pid=proc.pid, start_time=procfs.start_time(proc.pid), boot_id=procfs.boot_id(), chat=True)
 
 
-def _plan(port: int) -> ServePlan:
-    return ServePlan(serve_args=("tiny",), env=(), host="127.0.0.1", port=port, served_name="tiny", model="tiny",
+def _serve_spec(port: int) -> ServeSpec:
+    return ServeSpec(serve_args=("tiny",), env=(), host="127.0.0.1", port=port, served_name="tiny", model="tiny",
                      cap=1, client_key=KEY, start_timeout_s=120, health_timeout_s=5, chat=True)
 
 
@@ -161,7 +161,7 @@ def test_the_readiness_wait_never_talks_to_a_squatter(tmp_path, squat, sleeper):
     (spec.state_dir / "logs" / "server.log").write_text("")
     began = time.monotonic()
     with pytest.raises(ServeFailure) as failed:
-        wait_until_serving(spec, _plan(port), server, spec.head.agent(), Quiet())
+        wait_until_serving(spec, _serve_spec(port), server, spec.head.agent(), Quiet())
     message = str(failed.value)
     assert f"VLLM_PORT {port} on 127.0.0.1 is held by pid {pid} (user nobody)" in message, message
     assert f"not by vllm serve (pid {sleeper.pid}); the API key was not sent" in message and KEY not in message
@@ -178,7 +178,7 @@ def test_the_readiness_wait_polls_health_without_the_key(tmp_path):
                                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         port = squatter.wait_listening(log)
-        wait_until_serving(spec, _plan(port), _server(api, port, str(log)), spec.head.agent(), Quiet())
+        wait_until_serving(spec, _serve_spec(port), _server(api, port, str(log)), spec.head.agent(), Quiet())
     finally:
         api.kill()
         api.wait()

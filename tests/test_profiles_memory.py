@@ -7,7 +7,7 @@ import pytest
 
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, DEEPSEEK_V4_ROW, NONE
 from dspark_test_profiles import TINY_TEST
-from dspark_launch.profiles.memory import GIB, NodeMemory, memory_preflight, model_shape, row_bytes
+from dspark_launch.profiles.memory_model import GIB, NodeMemory, estimate_memory, model_shape, row_bytes
 from dspark_launch.profiles.model import KvRow
 
 SPARKS = (NodeMemory("head", 128 * GIB), NodeMemory("worker1", 128 * GIB))
@@ -18,7 +18,7 @@ TINY_CONFIG = {"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_
 
 
 def deepseek(dtype: str, tokens: int = 1048576, weights: int | None = None, shape=None, nodes=SPARKS):
-    return memory_preflight(DEEPSEEK_V4_FLASH, dtype, tokens, 2, weights, shape, nodes, 0.835)
+    return estimate_memory(DEEPSEEK_V4_FLASH, dtype, tokens, 2, weights, shape, nodes, 0.835)
 
 
 def test_row_bytes_match_vllms_deepseek_v32_layouts():
@@ -74,7 +74,7 @@ MEASURED = int(2 * 81.34 * GIB)
 
 def gb10(utilization: float, available: float = 117.0, dtype: str = "fp8", tokens: int = 1048576):
     nodes = (NodeMemory("head", GB10, int(available * GIB)), NodeMemory("worker1", GB10, int(117.0 * GIB)))
-    return memory_preflight(DEEPSEEK_V4_FLASH, dtype, tokens, 2, MEASURED, None, nodes, utilization)
+    return estimate_memory(DEEPSEEK_V4_FLASH, dtype, tokens, 2, MEASURED, None, nodes, utilization)
 
 
 def test_the_measured_gb10_figures_reproduce_eugrs_result():
@@ -107,10 +107,10 @@ def test_the_free_memory_gate_on_vllms_cpu_backend():
     # A node without an NVIDIA GPU runs vLLM's CPU backend: no gate once VLLM_CPU_KVCACHE_SPACE fixes the KV size
     # (the CPU testbed), the same gate as on a GPU without it (vllm/v1/worker/cpu_worker.py).
     cpu = (NodeMemory("head", 24 * GIB, 4 * GIB, nvidia_gpu=False),)
-    fixed = memory_preflight(TINY_TEST, "auto", 256, 2, 1 << 20, None, cpu, 0.835, "VLLM_CPU_KVCACHE_SPACE")
+    fixed = estimate_memory(TINY_TEST, "auto", 256, 2, 1 << 20, None, cpu, 0.835, "VLLM_CPU_KVCACHE_SPACE")
     assert fixed.fits and fixed.findings[0].free_fits is None
     assert "VLLM_CPU_KVCACHE_SPACE" in fixed.findings[0].free_line
-    unfixed = memory_preflight(TINY_TEST, "auto", 256, 2, 1 << 20, None, cpu, 0.835)
+    unfixed = estimate_memory(TINY_TEST, "auto", 256, 2, 1 << 20, None, cpu, 0.835)
     assert not unfixed.fits and unfixed.findings[0].free_fits is False
 
 
@@ -121,20 +121,20 @@ def test_unplaced_weights_count_the_measured_figure_and_say_so():
 
 
 def test_unknown_weights_without_a_measurement_count_the_kv_only_and_say_so():
-    estimate = memory_preflight(NONE, "auto", 256, 1, None, model_shape(TINY_CONFIG), SPARKS, 0.5)
+    estimate = estimate_memory(NONE, "auto", 256, 1, None, model_shape(TINY_CONFIG), SPARKS, 0.5)
     assert estimate.weights_per_node is None and estimate.fits
     assert any("weights size unknown" in note for note in estimate.notes)
 
 
 def test_standard_attention_from_config_json_splits_over_tp():
     shape = model_shape(TINY_CONFIG)
-    estimate = memory_preflight(NONE, "auto", 256, 2, 1 << 20, shape, SPARKS, 0.5)
+    estimate = estimate_memory(NONE, "auto", 256, 2, 1 << 20, shape, SPARKS, 0.5)
     assert estimate.kv_per_node == 2 * (2 * 2 * 32 * 4) * 256 // 2  # layers x K+V x heads x dim x fp32, / TP
     assert estimate.weights_per_node == 1 << 19 and "config.json: 2 layers x 512 B per token / TP 2" == estimate.basis
 
 
 def test_the_tiny_models_own_config_json_is_read(tmp_path, tiny_model):
-    from dspark_launch.profiles.memory import read_model_shape
+    from dspark_launch.profiles.memory_model import read_model_shape
 
     shape = read_model_shape(tiny_model)
     assert shape is not None and shape.layers == 2 and not shape.row.mla
@@ -142,6 +142,6 @@ def test_the_tiny_models_own_config_json_is_read(tmp_path, tiny_model):
 
 
 def test_no_shape_no_anchor_counts_weights_only():
-    estimate = memory_preflight(NONE, "auto", 256, 1, 10 * GIB, None, SPARKS, 0.5)
+    estimate = estimate_memory(NONE, "auto", 256, 1, 10 * GIB, None, SPARKS, 0.5)
     assert estimate.kv_per_node is None and any("KV cache not counted" in n for n in estimate.notes)
     assert model_shape({"num_hidden_layers": "x"}) is None

@@ -7,7 +7,7 @@ import json
 from dspark_launch.node.fabric import FabricRequest, fabric_env
 from dspark_launch.config.settings import resolve as load_settings
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
-from dspark_launch.profiles.memory import GIB, NodeMemory, memory_preflight
+from dspark_launch.profiles.memory_model import GIB, NodeMemory, estimate_memory
 from dspark_launch.node.vllm_offer import VllmOffer
 from dspark_launch.serve.plan_report import NOT_PROBED_EXAMPLE, PLAN_SCHEMA, NodePlan, Plan, env_entries, not_probed, \
     profile_decisions
@@ -24,8 +24,8 @@ def test_plan_on_the_example_file_marks_workers_not_probed_and_hides_secrets(tmp
     resolved = resolve(DEEPSEEK_V4_FLASH, offer, settings)
     add_port(tmp_path, "0000:01:00.1", "enp1s0f1np1", "rocep1s0f1", {3: (ipv4_gid("192.0.2.1"), "RoCE v2")})
     head_fabric = fabric_env(FabricRequest("head", "enp1s0f1np1", "192.0.2.1"), tmp_path)
-    memory = memory_preflight(DEEPSEEK_V4_FLASH, resolved.kv_cache_dtype, resolved.max_model_len, 2, None, None,
-                              (NodeMemory("head", 128 * GIB),), resolved.gpu_memory_utilization)
+    memory = estimate_memory(DEEPSEEK_V4_FLASH, resolved.kv_cache_dtype, resolved.max_model_len, 2, None, None,
+                             (NodeMemory("head", 128 * GIB),), resolved.gpu_memory_utilization)
     head = NodePlan("head", "192.0.2.1", True, "probed", (("vllm", "serve", *resolved.serve_args),),
                     env_entries(resolved.env, "profile") + env_entries(head_fabric.env, "fabric (sysfs)")
                     + env_entries((("VLLM_API_KEY", SECRET), ("RAY_AUTH_TOKEN", "")), "settings"),

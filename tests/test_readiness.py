@@ -21,10 +21,10 @@ from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import ServerRecord, SessionRecord, recorded
 from dspark_launch.agent.transport import LocalTransport
 from dspark_launch.serve import readiness
-from dspark_launch.serve.server import ServeFailure
+from dspark_launch.serve.running_server import ServeFailure
 from dspark_launch.serve.start import Ready, wait_until_serving
 from dspark_launch.serve.stop import stop_server
-from dspark_launch.serve.plan import ServePlan
+from dspark_launch.serve.serve_spec import ServeSpec
 from tests.support.paths import REPO
 
 FAKE_API = REPO / "tests" / "support" / "fake_api.py"
@@ -73,7 +73,7 @@ class Served:
 
     def listening(self) -> Served:
         self.port = int(self._wait_for(r"listening on (\d+)").group(1))
-        self.server.url = f"http://127.0.0.1:{self.port}"  # as `launch` records the plan's
+        self.server.url = f"http://127.0.0.1:{self.port}"  # as `launch` records the serve spec's
         return self
 
     def _wait_for(self, pattern: str) -> re.Match:
@@ -88,14 +88,14 @@ class Served:
     def text(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
 
-    def plan(self, start_timeout_s: int) -> ServePlan:
-        return ServePlan(serve_args=(SERVED,), env=(), host="127.0.0.1", port=self.port, served_name=SERVED,
+    def serve_spec(self, start_timeout_s: int) -> ServeSpec:
+        return ServeSpec(serve_args=(SERVED,), env=(), host="127.0.0.1", port=self.port, served_name=SERVED,
                          model=SERVED, cap=1, client_key=KEY, start_timeout_s=start_timeout_s, health_timeout_s=5,
                          chat=True)
 
     def wait(self, reporter: Recorder, start_timeout_s: int = 120,
              backoff: readiness.Backoff = QUICK) -> Ready:
-        return wait_until_serving(self.spec, self.plan(start_timeout_s), self.server, self.head, reporter,
+        return wait_until_serving(self.spec, self.serve_spec(start_timeout_s), self.server, self.head, reporter,
                                           backoff)
 
     def stop(self) -> None:

@@ -19,14 +19,15 @@ from dspark_launch import __version__
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.codec import DecodeError, from_data, to_data
 from dspark_launch.agent.container_transport import ContainerTransport
-from dspark_launch.agent.transport import LocalTransport, NodeUnreachable, Transport
+from dspark_launch.agent.transport import AGENT_MODULE, LocalTransport, NodeUnreachable, Transport
 from dspark_launch.errors import ClusterFailure, ConfigError, VersionMismatch
 from dspark_launch.report import Reporter, SilentReporter
 from dspark_launch.node.vllm_offer import VllmOffer
 
 A = TypeVar("A")
-# What the interpreter says when the node's dspark-launch predates dspark_launch.agent (protocol 6).
-OLDER_AGENT = "No module named 'dspark_launch.agent'"
+# What the interpreter says when the node's dspark-launch predates dspark_launch.agent (protocol 6), or its
+# node end's module name (`agent/server.py` before): `python -m` finds no such module.
+OLDER_AGENTS = ("No module named 'dspark_launch.agent'", f"No module named {AGENT_MODULE}")
 
 
 def _show(reporter: Reporter, progress: p.Progress) -> None:
@@ -78,7 +79,7 @@ class NodeAgent:
         try:
             self.transport.exchange(line, timeout, on_line)
         except NodeUnreachable as exc:
-            if OLDER_AGENT in str(exc):  # a dspark-launch from before protocol 6 has no agent package
+            if any(older in str(exc) for older in OLDER_AGENTS):  # an older dspark-launch: no such agent module
                 raise VersionMismatch(self.label, "version", f"{exc}: its dspark-launch is older than {__version__} "
                                       f"(protocol {p.PROTOCOL_VERSION}); install the same dspark-launch on every "
                                       f"node ({self.transport.python})") from None
@@ -97,7 +98,7 @@ class NodeAgent:
                 and os.path.abspath(self.transport.python) == os.path.abspath(sys.executable))
 
     def _call_here(self, operation: p.Operation, request: Any, step: str) -> Any:
-        from dspark_launch.agent.server import handler
+        from dspark_launch.agent.node_end import handler
 
         try:
             return handler(operation.name)(request, lambda progress: _show(self.reporter, progress))

@@ -1,7 +1,7 @@
 """The agent inside a node's container, reached through the node's host (`host_shell`).
 
 `ContainerTransport` is a `Transport`: the agent runs inside the node's container
-(`docker|podman exec -i NAME PYTHON -m dspark_launch.agent.server`), the request on
+(`docker|podman exec -i NAME PYTHON -m dspark_launch.agent.node_end`), the request on
 stdin as always. The agent package is mounted read-only into the container from the
 host's install (see runtime.AGENT_MOUNT), so the image needs nothing of ours.
 """

@@ -1,6 +1,6 @@
 """How the launcher reaches a node's agent: a local child (the head) or SSH (workers).
 
-The command line is fixed (`PYTHON -m dspark_launch.agent.server`, quoted with shlex
+The command line is fixed (`PYTHON -m dspark_launch.agent.node_end`, quoted with shlex
 for SSH); the request, secrets included, goes over stdin as one JSON line and the
 agent's lines come back on stdout as they are written (progress, then the answer).
 The head's agent starts with the same small login-like environment sshd gives a
@@ -25,7 +25,7 @@ from typing import Callable, Protocol
 from dspark_launch.agent.protocol import MAX_LINE
 from dspark_launch.errors import DsparkError
 
-AGENT_MODULE = "dspark_launch.agent.server"
+AGENT_MODULE = "dspark_launch.agent.node_end"
 # What a login session carries; the head's agent gets these and nothing else from the launcher's shell.
 LOGIN_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 

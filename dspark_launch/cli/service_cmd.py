@@ -84,7 +84,7 @@ def _report_started(spec, result) -> None:
           f"in-flight prefill cap: {server.scheduler_cap} (from DSPARK_MAX_INFLIGHT_PREFILLS)")
     answer = result.first_answer
     if answer is not None:
-        kind = "chat completion" if result.plan.chat else "completion"
+        kind = "chat completion" if result.serve_spec.chat else "completion"
         retried = f", {answer.waited_s:.1f} s after the first request" if answer.attempts > 1 else ""
         print(f"first answer: a one-token {kind} in {answer.latency_s:.1f} s (attempt {answer.attempts}{retried})")
     for name, report in result.hotfix.items():
@@ -116,7 +116,7 @@ def _stay_attached(spec, server) -> None:
     """For a supervisor: exit 1 when the server or a node's Ray dies, 0 when an operator's command took
     the run over. SIGTERM/SIGINT: `do_start`'s `interrupted` stops this run (only this one)."""
     from dspark_launch.serve import supervise
-    from dspark_launch.serve.server import tails
+    from dspark_launch.serve.running_server import tails
 
     try:
         cause = supervise.watch(spec, server)
@@ -226,7 +226,6 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema in docs/cluster.md).")] = False,
 ) -> None:
     """Nodes, Ray, versions, hotfix, the server, its metrics, and drift from the env file."""
-    from dspark_launch.agent.codec import to_data
     from dspark_launch.cli.status_view import print_status
     from dspark_launch.serve.status import status as service_status
 
@@ -236,7 +235,7 @@ def status(
     except DsparkError as error:
         raise fail(error) from None
     if as_json:
-        emit_json(to_data(view))
+        emit_json(view.to_data())
     else:
         print_status(view, settings.env_file_shown)
     if view.state == "degraded":
@@ -279,7 +278,7 @@ def smoke(
 ) -> None:
     """N requests at once to the running server: chat completions when the profile serves a chat model, else completions; a line each; exit 1 if any fails."""
     from dspark_launch.cluster.state import load_state
-    from dspark_launch.serve.plan import api_key
+    from dspark_launch.serve.serve_spec import api_key
     from dspark_launch.serve.smoke import confirm_server, smoke as send_requests
 
     settings, spec = settings_and_spec(env_file)

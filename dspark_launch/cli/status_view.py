@@ -104,10 +104,9 @@ def _server_lines(s, live_level, now: float) -> list[Text]:
     out = [line("server: ", state_word(s.state), f" (pid {s.pid}{uptime}) {s.url}  cap {s.cap}  "
                 f"KV cache {s.kv_cache_tokens} tokens")]
     m = s.metrics
-    if m:
-        out.append(line(f"  running {m.get('vllm:num_requests_running', 0):g}  waiting "
-                        f"{m.get('vllm:num_requests_waiting', 0):g}  KV cache used "
-                        f"{100 * m.get('vllm:kv_cache_usage_perc', 0):.1f}%"))
+    if m.reported:
+        out.append(line(f"  running {m.running or 0:g}  waiting {m.waiting or 0:g}  "
+                        f"KV cache used {100 * (m.kv_cache_usage or 0):.1f}%"))
     if s.live:
         since = (f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(s.live_since))}, "
                  f"{human_duration(now - s.live_since)} ago") if s.live_since else "?"

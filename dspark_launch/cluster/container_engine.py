@@ -200,7 +200,7 @@ def _create_argv(spec: ContainerSpec) -> list[str]:
     env = ["--env", f"PYTHONPATH={AGENT_MOUNT}", "--env", f"{CONTAINER_STATE_VAR}={spec.state_dir}"]
     if spec.model_cache:
         # Read-only and without HF_HOME: model code in the container can neither rewrite the host's weights
-        # and manifests nor find a hub token there (the serve plan points HF_HUB_CACHE at the hub cache).
+        # and manifests nor find a hub token there (the serve spec points HF_HUB_CACHE at the hub cache).
         mounts += ["--volume", f"{spec.model_cache}:{spec.model_cache}:ro"]
     if spec.jit_cache:
         mounts += ["--volume", f"{spec.jit_cache}:{spec.jit_cache}"]

@@ -26,7 +26,7 @@ REFUSED_NAMES: tuple[tuple[str, str], ...] = (
      "an interpreter variable that loads code"),
     (r"RAY_RUNTIME_ENV_HOOK|RAY_ADDRESS|RAY_AUTH_MODE|VLLM_HOST_IP|HOME|USER|LOGNAME",
      "a variable the launcher sets itself, or that imports code into Ray"),
-    # Every other name the launcher sets on a node (ray_cluster.node_env, the serve plan, the fabric,
+    # Every other name the launcher sets on a node (ray_cluster.node_env, the serve spec, the fabric,
     # the model pre-flight, the profiles): its per-node value is the launcher's (a test keeps this in step).
     (r"NCCL_IB_.*|NCCL_NET|NCCL_(SOCKET|GLOO|TP)_IFNAME|(GLOO|TP)_SOCKET_IFNAME|NCCL_CROSS_NIC|NCCL_CUMEM_ENABLE"
      r"|NCCL_IGNORE_CPU_AFFINITY|RAY_MEMORY_MONITOR_REFRESH_MS|RAY_CGRAPH_GET_TIMEOUT|RAY_USAGE_STATS_ENABLED"

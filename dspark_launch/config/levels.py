@@ -4,7 +4,7 @@ Each field of `NumericKnobs` (config/knobs.py) and `TextSettings` (config/text_s
 its level and, where it maps to one, its `vllm serve` flag. Every table that depends on them is derived here,
 as a function of the declared fields, so that nothing else names a setting again:
 - the serve-level and live names (`serve/restart_kind.py`: `dspark restart`, `dspark reload`);
-- the flags the plan passes as `FLAG VALUE` (`config/profile_resolve.py`);
+- the flags the serve spec passes as `FLAG VALUE` (`config/profile_resolve.py`);
 - the flags refused in `VLLM_EXTRA_ARGS` with the setting to use instead (`config/serve_flags.py`);
 - the level and flag columns of the settings reference (tools/settings_docs.py).
 
@@ -35,7 +35,7 @@ class ServeFlag:
     spellings: tuple[str, ...]
     """As `vllm serve --help` lists them: the long flag first, then its other spellings and short aliases."""
     verbatim: bool = True
-    """True: the plan passes `FLAG VALUE`, the setting's value as resolved (the profile's when the operator gave
+    """True: the serve spec passes `FLAG VALUE`, the setting's value as resolved (the profile's when the operator gave
     none), in declaration order after the model's own flags; False: the launcher writes this flag its own way."""
     why: str = ""
     """Shown beside the setting in the refusal table, where the value passed is not the setting's as written."""
@@ -46,7 +46,7 @@ class ServeFlag:
 
 
 def owned(*spellings: str, why: str = "") -> ServeFlag:
-    """A flag the launcher writes itself from the setting (not as `FLAG VALUE` in the plan's settings run)."""
+    """A flag the launcher writes itself from the setting (not as `FLAG VALUE` in the serve spec's settings run)."""
     return ServeFlag(spellings, verbatim=False, why=why)
 
 
@@ -130,7 +130,7 @@ class Levels:
 
     @functools.cached_property
     def setting_flags(self) -> tuple[tuple[str, str], ...]:
-        """(setting, flag) the plan passes as `FLAG VALUE`, in declaration order."""
+        """(setting, flag) the serve spec passes as `FLAG VALUE`, in declaration order."""
         return tuple((s.name, s.flag.flag) for s in self.settings if s.flag is not None and s.flag.verbatim)
 
     @functools.cached_property

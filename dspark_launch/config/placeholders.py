@@ -11,6 +11,7 @@ import ipaddress
 from dataclasses import dataclass
 from functools import lru_cache
 
+from dspark_launch.config.envfile import packaged_example
 from dspark_launch.config.settings import Settings
 
 DOCUMENTATION_NETS = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24",
@@ -44,8 +45,6 @@ def documentation_address(word: str) -> bool:
 @lru_cache(maxsize=1)
 def example_ifname() -> str:
     """DSPARK_FABRIC_IFNAME as the packaged example sets it."""
-    from dspark_launch.config.envfile import packaged_example
-
     for line in packaged_example().read_text(encoding="utf-8").splitlines():
         if line.startswith(IFNAME_SETTING + "="):
             return line.partition("=")[2].strip()

@@ -19,10 +19,11 @@ from types import MappingProxyType
 from typing import Callable, Iterable, Mapping
 
 from dspark_launch.config import numbers
-from dspark_launch.config.checks import Refused, hidden_character, looks_secret
+from dspark_launch.config.checks import Refused, hidden_character, looks_secret, shell_words
 from dspark_launch.config.envfile import EnvFile, choose_env_file, group_or_world_readable, read_env_file
 from dspark_launch.config.knobs import NumericKnobs
 from dspark_launch.config.registry import Knob, Registry, load_registry
+from dspark_launch.config.serve_flags import check_extra_args
 from dspark_launch.config.text_settings import META_NAMES, TEXT_SETTINGS, TextSetting, TextSettings
 from dspark_launch.errors import ConfigError
 
@@ -133,7 +134,10 @@ def _check_text(spec: TextSetting, raw: str, source: str) -> str:
         raise ConfigError(f"{spec.name}={_shown(raw, spec.secret or spec.quiet)} from {source} holds the control "
                           f"or invisible character {hidden}; allowed: printable text")
     try:
-        return spec.check(value)
+        value = spec.check(value)
+        if spec.vllm_flags:
+            check_extra_args(shell_words(value))
+        return value
     except Refused as exc:
         clause = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(exc))  # a U+00A0 in a word, shown
         raise ConfigError(f"{spec.name} from {source} {clause}") from None

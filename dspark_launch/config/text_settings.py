@@ -140,10 +140,8 @@ def _profile(value: str) -> str:
 
 
 def _serve_args(value: str) -> str:
-    # serve_flags derives its table from these declarations: imported when a value is checked, not at import
-    from dspark_launch.config.serve_flags import check_extra_args
-
-    check_extra_args(shell_words(value))
+    """Shell words; the flags the settings own are refused by the resolver (`TextRule.vllm_flags`)."""
+    shell_words(value)
     return value
 
 
@@ -195,6 +193,7 @@ class TextSetting:
     secret: bool = False
     required_for_cluster: bool = False
     quiet: bool = False  # errors never show the value: it may hold a secret (an --api-key in VLLM_EXTRA_ARGS)
+    vllm_flags: bool = False  # `vllm serve` flags: those the settings own are refused (TextRule.vllm_flags)
 
 
 @dataclass(frozen=True)
@@ -204,17 +203,21 @@ class TextRule:
     secret: bool
     required_for_cluster: bool
     quiet: bool
+    vllm_flags: bool = False
+    """The value is `vllm serve` flags, and a flag a setting owns is refused naming the setting. That table
+    (config/serve_flags.py) is derived from every declaration, this one's class included, so the resolver
+    (config/settings.py) applies it after `check`: a declaration module never imports what is derived from it."""
 
 
 def text(default: str | int | tuple[str, ...], *, group: str, check: Callable[[str], str] = _any,
          secret: bool = False, required_for_cluster: bool = False, quiet: bool = False, level: Level = "cluster",
-         flag: str | ServeFlag | None = None) -> Any:
+         flag: str | ServeFlag | None = None, vllm_flags: bool = False) -> Any:
     """A text setting field: its default and how a value is checked (`check` gets the text the operator wrote).
     The attribute's type says what the code gets: `str` (the canonical text), `int`, or `tuple[str, ...]`
     (the value split like a shell would, never run by one). `level` and `flag`: what its change needs and the
     `vllm serve` flag it sets (config/levels.py)."""
-    return dataclasses.field(default=default, metadata={"text": TextRule(group, check, secret, required_for_cluster,
-                                                                          quiet), **nature_metadata(level, flag)})
+    rule = TextRule(group, check, secret, required_for_cluster, quiet, vllm_flags)
+    return dataclasses.field(default=default, metadata={"text": rule, **nature_metadata(level, flag)})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,7 +285,8 @@ class TextSettings:
     dspark_profile_env: tuple[str, ...] = text((), group="serving", check=_profile_env, level="serve")
     """The profile's vllm serve variables set otherwise: NAME=VALUE (NAME= leaves it unset), only names the profile
     sets (docs/deepseek-v4-flash.md)"""
-    vllm_extra_args: tuple[str, ...] = text((), group="serving", check=_serve_args, quiet=True, level="serve")
+    vllm_extra_args: tuple[str, ...] = text((), group="serving", check=_serve_args, quiet=True, level="serve",
+                                          vllm_flags=True)
     """Extra vllm serve arguments, split like a shell would (never run by one); the flags the launcher sets are
     refused (list below)"""
 
@@ -357,7 +361,7 @@ def text_settings_of(cls: type) -> tuple[TextSetting, ...]:
         if field.default is dataclasses.MISSING:
             raise ValueError(f"{cls.__name__}.{field.name} has no default")
         specs.append(TextSetting(field.name.upper(), as_text(field.default), rule.group, docs[field.name], rule.check,
-                                 rule.secret, rule.required_for_cluster, rule.quiet))
+                                 rule.secret, rule.required_for_cluster, rule.quiet, rule.vllm_flags))
     return tuple(specs)
 
 

@@ -1,5 +1,5 @@
 """The issue-27 hotfix's contract: every fact the patcher, the injected code,
-the launcher (serve plan, log scanner), the benchmark and the knob registry
+the launcher (serve spec, log scanner), the benchmark and the knob registry
 must agree on, defined once.
 
 Standard library only and no package imports: the standalone patch script

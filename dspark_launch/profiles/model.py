@@ -103,7 +103,7 @@ class KvAnchor:
 @dataclass(frozen=True)
 class MeasuredMemory:
     """What one node of a recipe's cluster was measured to hold beside the KV cache, and what vLLM's
-    start-up gate read: calibrates the memory pre-flight (profiles/memory.py)."""
+    start-up gate read: calibrates the memory pre-flight (profiles/memory_model.py)."""
 
     weights_per_node: int
     """Weights one node loads (used when the manifest is not at hand, e.g. `plan` before `model pull`)."""

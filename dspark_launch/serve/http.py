@@ -136,16 +136,43 @@ def stream(url: str, key: str, payload: dict, timeout: float, stop: Callable[[],
 
 
 _METRIC = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})?\s+([0-9.eE+-]+|NaN)$")
-WANTED_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+# field of ServerMetrics -> the Prometheus gauge it is read from (the only place that names them)
+_GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
+           "kv_cache_usage": "vllm:kv_cache_usage_perc"}
 
 
-def metrics(base_url: str, timeout: float) -> dict[str, float]:
+@dataclass(frozen=True)
+class ServerMetrics:
+    """The numbers `dspark status` shows from the server's /metrics; None: the server did not report it."""
+    running: float | None = None  # requests in the model's batches
+    waiting: float | None = None  # requests queued
+    kv_cache_usage: float | None = None  # fraction of the KV cache in use, 0..1 (vLLM's `_perc` is a fraction)
+
+    @classmethod
+    def from_prometheus(cls, text: str) -> ServerMetrics:
+        """The first sample of each gauge (one engine: one sample; labels ignored)."""
+        wanted = {gauge: name for name, gauge in _GAUGES.items()}
+        found: dict[str, float] = {}
+        for line in text.splitlines():
+            match = _METRIC.match(line)
+            if match and match.group(1) in wanted and wanted[match.group(1)] not in found:
+                found[wanted[match.group(1)]] = float(match.group(2))
+        return cls(**found)
+
+    @property
+    def reported(self) -> bool:
+        return any(value is not None for value in (self.running, self.waiting, self.kv_cache_usage))
+
+    @property
+    def in_engine(self) -> float:
+        """Requests running or waiting (0 for what was not reported)."""
+        return (self.running or 0.0) + (self.waiting or 0.0)
+
+    def as_prometheus(self) -> dict[str, float]:
+        """By gauge name, only those reported: the `metrics` object of `dspark status --json` (docs/cluster.md)."""
+        return {gauge: value for name, gauge in _GAUGES.items() if (value := getattr(self, name)) is not None}
+
+
+def metrics(base_url: str, timeout: float) -> ServerMetrics:
     reply = request(f"{base_url}/metrics", timeout=timeout)
-    found: dict[str, float] = {}
-    if reply.status != 200:
-        return found
-    for line in reply.body.splitlines():
-        match = _METRIC.match(line)
-        if match and match.group(1) in WANTED_METRICS and match.group(1) not in found:
-            found[match.group(1)] = float(match.group(2))
-    return found
+    return ServerMetrics.from_prometheus(reply.body) if reply.status == 200 else ServerMetrics()

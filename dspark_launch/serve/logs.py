@@ -9,7 +9,7 @@ from dspark_launch.agent.client import NodeAgent
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import load_state
 from dspark_launch.errors import DsparkError
-from dspark_launch.serve.server import SERVER_LOG
+from dspark_launch.serve.running_server import SERVER_LOG
 
 
 @dataclass(frozen=True)

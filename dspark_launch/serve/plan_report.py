@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Iterable
 
 from dspark_launch.config.settings import is_secret
-from dspark_launch.profiles.memory import MemoryEstimate, MemoryFinding
+from dspark_launch.profiles.memory_model import MemoryEstimate, MemoryFinding
 from dspark_launch.config.profile_resolve import Decision, ResolvedProfile
 
 PLAN_SCHEMA = "dspark-plan/1"

@@ -26,8 +26,8 @@ from dspark_launch.model.onnodes import placed_weights, pulled_config, wanted_mo
 from dspark_launch.profiles.gpu import GpuTarget, gpu_target
 from dspark_launch.serve.plan_report import NOT_PROBED_EXAMPLE, NodePlan, Plan, env_entries, not_probed, profile_decisions
 from dspark_launch.config.profile_resolve import resolve_selected
-from dspark_launch.serve.memory import estimate, kv_size_fixed
-from dspark_launch.serve.plan import ServePlan, serve_plan
+from dspark_launch.serve.memory_preflight import estimate, kv_size_fixed
+from dspark_launch.serve.serve_spec import ServeSpec, build_serve_spec
 from dspark_launch.serve.status import image_warnings
 
 GENERATED = "generated at start"
@@ -45,7 +45,7 @@ def _probe(spec: ClusterSpec, node: Node) -> tuple[FabricEnv, MemoryAnswer, Vers
 
 
 def _node_plan(spec: ClusterSpec, node: Node, fabric: FabricEnv, ray_env: dict[str, str],
-               serve: ServePlan | None) -> NodePlan:
+               serve: ServeSpec | None) -> NodePlan:
     own = dict(fabric.env)
     ray = {k: v for k, v in rc.node_env(spec, node, ray_env, fabric).items() if k not in own}
     # The folder the node's agent prepares at start (`ray_temp_dir`), shown for this user's id.
@@ -87,7 +87,7 @@ def build_plan(settings: Settings, reporter: Reporter, forced: GpuTarget | None 
     resolved = resolve_selected(offer, settings, gpu)
     token = spec.auth_token or GENERATED
     ray_env = {"RAY_AUTH_MODE": spec.auth_mode, **({"RAY_AUTH_TOKEN": token} if spec.auth_mode == "token" else {})}
-    serve = serve_plan(settings, spec, ray_env, resolved, head[0])
+    serve = build_serve_spec(settings, spec, ray_env, resolved, head[0])
     nodes, memory, refusals = [], {}, []
     for node in spec.nodes:
         probe = found.get(node.name, NOT_PROBED_EXAMPLE)

@@ -192,7 +192,7 @@ def _one_token(server: ServerRecord, settings: Settings, rank: int | None) -> No
     """A one-token request: an idle EngineCore waits on its input queue and never calls `schedule()`;
     with data parallel, routed to engine `rank` by vLLM's `X-data-parallel-rank` header."""
     from dspark_launch.serve import http
-    from dspark_launch.serve.plan import api_key
+    from dspark_launch.serve.serve_spec import api_key
 
     ask = http.chat if server.chat else http.complete
     headers = {} if rank is None else {"X-data-parallel-rank": str(rank)}

@@ -3,7 +3,7 @@
 One sequence for both runtimes (a venv on each host, or one container per node):
 `start_locked` takes the runtime's own steps from a `HostRuntime` or `ContainerRuntime`.
 The deployment record is loaded once under the state lock, held for the whole start (a
-second launcher fails at once naming the holder); the plan is built once.
+second launcher fails at once naming the holder); the serve spec is built once.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ from dspark_launch.serve import http, logscan, readiness
 from dspark_launch.serve.api_holder import api_holder, foreign_line, healthy
 from dspark_launch.serve.argcheck import check_serve_args
 from dspark_launch.serve.logfollow import LogReader
-from dspark_launch.serve.plan import ServePlan, api_key, serve_plan
-from dspark_launch.serve.server import SERVER_LOG, ServeFailure, server_alive, serving, tails
+from dspark_launch.serve.serve_spec import ServeSpec, api_key, build_serve_spec
+from dspark_launch.serve.running_server import SERVER_LOG, ServeFailure, server_alive, serving, tails
 from dspark_launch.serve.stop import stop_server
 
 
 @dataclass
 class StartResult:
-    plan: ServePlan
+    serve_spec: ServeSpec
     server: ServerRecord
     cluster_started: bool
     hotfix: dict[str, HotfixRecord] = field(default_factory=dict)
@@ -44,10 +44,10 @@ class StartResult:
 
 
 
-def resolved_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray_env: dict[str, str],
-                  model: ServingModel) -> ServePlan:
+def resolved_serve_spec(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray_env: dict[str, str],
+                        model: ServingModel) -> ServeSpec:
     """The profile resolved against the head's installed vLLM (through its agent), the head's own fabric
-    environment beside it; the serve plan built once from both, on the verified copy of the weights (`model`:
+    environment beside it; the serve spec built once from both, on the verified copy of the weights (`model`:
     its commit as --revision, the hub offline). ConfigError (exit 2) for a flag it lacks."""
     from dspark_launch.cluster.hotfix_rollout import node_gpus
     from dspark_launch.config.profile_resolve import resolve_selected
@@ -58,11 +58,12 @@ def resolved_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter, ray
     gpus = Background(lambda: node_gpus(spec, reporter))
     offer = spec.head.agent(reporter).describe_vllm(pulled_config(model.location.folder))
     resolved = resolve_selected(offer, settings, gpus.result(), revision=model.revision)
-    plan = serve_plan(settings, spec, ray_env, resolved, head_fabric.result(), model.env)
-    reporter.phase(f"profile {plan.profile} on vLLM {resolved.vllm_version}: {len(plan.decisions)} decision(s)")
-    for decision in plan.decisions:
+    serve_spec = build_serve_spec(settings, spec, ray_env, resolved, head_fabric.result(), model.env)
+    reporter.phase(f"profile {serve_spec.profile} on vLLM {resolved.vllm_version}: "
+                   f"{len(serve_spec.decisions)} decision(s)")
+    for decision in serve_spec.decisions:
         reporter.phase(f"  {decision.line}")
-    return plan
+    return serve_spec
 
 
 
@@ -73,17 +74,17 @@ def node_memory(spec: ClusterSpec) -> dict[str, MemoryAnswer]:
 
 
 
-def preflight_memory(spec: ClusterSpec, plan: ServePlan, weights: ModelWeights, memory: dict[str, MemoryAnswer],
+def preflight_memory(spec: ClusterSpec, serve_spec: ServeSpec, weights: ModelWeights, memory: dict[str, MemoryAnswer],
                      reporter: Reporter, force: bool) -> None:
     """Weights ÷ TP + overhead + KV at MAX_MODEL_LEN against every node's `memory` (node_memory), and each node's
     free memory against vLLM's start-up gate, before anything starts: unified memory that runs out freezes the
     host, and a node below the gate fails vLLM's start. Refused unless `force`. `weights`: what the weights
     pre-flight just verified on every node."""
-    from dspark_launch.serve.memory import estimate, kv_size_fixed
+    from dspark_launch.serve.memory_preflight import estimate, kv_size_fixed
 
-    found = estimate(plan.profile, weights, plan.kv_cache_dtype, plan.max_model_len,
-                     plan.tensor_parallel_size, plan.gpu_memory_utilization, memory,
-                     kv_size_fixed(plan.serve_args, plan.full_env()))
+    found = estimate(serve_spec.profile, weights, serve_spec.kv_cache_dtype, serve_spec.max_model_len,
+                     serve_spec.tensor_parallel_size, serve_spec.gpu_memory_utilization, memory,
+                     kv_size_fixed(serve_spec.serve_args, serve_spec.full_env()))
     for finding in found.findings:
         reporter.phase(f"memory pre-flight: {finding.line}")
         if finding.free_line:
@@ -99,14 +100,14 @@ def preflight_memory(spec: ClusterSpec, plan: ServePlan, weights: ModelWeights, 
 
 
 
-def check_arguments(settings: Settings, spec: ClusterSpec, plan: ServePlan, reporter: Reporter) -> None:
+def check_arguments(settings: Settings, spec: ClusterSpec, serve_spec: ServeSpec, reporter: Reporter) -> None:
     """vLLM's own parser on the head (about 10 s: it runs while Ray starts); once it accepted them,
     vLLM's list of per-node variables in the server's config folder (vLLM reads it at import)."""
     reporter.phase("checking the vllm serve arguments with the installed vLLM")
     head = spec.head.agent(reporter)
-    check_serve_args(head, plan.serve_args, settings.entries["VLLM_EXTRA_ARGS"].source)
+    check_serve_args(head, serve_spec.serve_args, settings.entries["VLLM_EXTRA_ARGS"].source)
     reporter.phase("vllm serve arguments accepted by the installed vLLM")
-    head.call(NonCarryOver(plan.config_root))
+    head.call(NonCarryOver(serve_spec.config_root))
 
 
 
@@ -128,21 +129,21 @@ def start_locked(settings: Settings, spec: ClusterSpec, reporter: Reporter, forc
     runtime.prepare(settings, spec, reporter, previous)
     launching = False
     try:
-        spec, plan, weights, memory = checked_plan(settings, spec, reporter, verify)
+        spec, serve_spec, weights, memory = checked_serve_spec(settings, spec, reporter, verify)
         runtime.clear_server(spec, previous)
-        preflight_memory(spec, plan, weights, memory, reporter, force)
-        checked = Background(lambda: check_arguments(settings, spec, plan, reporter))
+        preflight_memory(spec, serve_spec, weights, memory, reporter, force)
+        checked = Background(lambda: check_arguments(settings, spec, serve_spec, reporter))
         state = runtime.cluster_up(spec, reporter, previous)
         save_state(spec.state_dir, state)
         checked.result()
         launching = True
-        server, answer = launch(spec, plan, state, reporter)
+        server, answer = launch(spec, serve_spec, state, reporter)
     except BaseException as exc:
         stopped = runtime.roll_back(spec, reporter)
         if isinstance(exc, DsparkError):
             exc.stopped = (*(("vllm serve",) if launching else ()), *stopped)
         raise
-    return StartResult(plan, server, runtime.cluster_started, state.hotfix, answer)
+    return StartResult(serve_spec, server, runtime.cluster_started, state.hotfix, answer)
 
 
 class HostRuntime:
@@ -204,19 +205,19 @@ class ContainerRuntime:
         return ("the node containers",)
 
 
-def checked_plan(settings: Settings, spec: ClusterSpec, reporter: Reporter,
-                  verify: bool) -> tuple[ClusterSpec, ServePlan, ModelWeights, dict[str, MemoryAnswer]]:
-    """The weights checked on every node, then the plan resolved against the head's vLLM (under the lock:
+def checked_serve_spec(settings: Settings, spec: ClusterSpec, reporter: Reporter,
+                       verify: bool) -> tuple[ClusterSpec, ServeSpec, ModelWeights, dict[str, MemoryAnswer]]:
+    """The weights checked on every node, then the serve spec resolved against the head's vLLM (under the lock:
     a first start writes the Ray token); the verified weights and every node's memory (asked meanwhile)
     for the memory pre-flight."""
     memory = Background(lambda: node_memory(spec))
     try:
         spec, serving = model_preflight(settings, spec, reporter, verify)
-        plan = resolved_plan(settings, spec, reporter, rc.auth_env(spec, create=True), serving)
+        serve_spec = resolved_serve_spec(settings, spec, reporter, rc.auth_env(spec, create=True), serving)
     except BaseException as exc:
         settle(memory, exc)
         raise
-    return spec, plan, serving.weights, memory.result()
+    return spec, serve_spec, serving.weights, memory.result()
 
 
 
@@ -234,31 +235,33 @@ def model_preflight(settings: Settings, spec: ClusterSpec, reporter: Reporter,
     return dataclasses.replace(spec, node_env=node_env), serving
 
 
-def launch(spec: ClusterSpec, plan: ServePlan, state: Deployment,
+def launch(spec: ClusterSpec, serve_spec: ServeSpec, state: Deployment,
            reporter: Reporter) -> tuple[ServerRecord, readiness.FirstAnswer]:
     """`vllm serve` on the head (through its agent), recorded at once, then waited for."""
     log = str(spec.state_dir / "logs" / SERVER_LOG)
     head = spec.head.agent(reporter)
     marker = f"dspark-{secrets.token_hex(4)}-server"
-    reporter.phase(f"launching vllm serve on {spec.head.label}: {plan.model} as {plan.served_name}")
-    server = ServerRecord(marker=marker, log=log, url=plan.base_url, served_name=plan.served_name, model=plan.model,
-                          started_at=time.time(), settings=dict(plan.settings), digest=plan.settings_digest,
-                          cap=plan.cap, profile=plan.profile, decisions=[d.line for d in plan.decisions],
-                          chat=plan.chat, drain_s=plan.drain_timeout_s, control_file=plan.control_file,
-                          secrets=dict(plan.secret_digests))
+    reporter.phase(f"launching vllm serve on {spec.head.label}: {serve_spec.model} as {serve_spec.served_name}")
+    server = ServerRecord(marker=marker, log=log, url=serve_spec.base_url, served_name=serve_spec.served_name,
+                          model=serve_spec.model, started_at=time.time(), settings=dict(serve_spec.settings),
+                          digest=serve_spec.settings_digest, cap=serve_spec.cap, profile=serve_spec.profile,
+                          decisions=[d.line for d in serve_spec.decisions], chat=serve_spec.chat,
+                          drain_s=serve_spec.drain_timeout_s, control_file=serve_spec.control_file,
+                          secrets=dict(serve_spec.secret_digests))
     taken = api_holder(spec, server)  # no process recorded yet: whoever listens there is someone else
     if taken.verdict == PortHolderAnswer.FOREIGN:
         raise ServeFailure(foreign_line(server, taken))
-    if plan.control_file:  # a new scheduler starts from the plan's values, never a past reload's
-        head.call(SchedulerControl(plan.control_file, remove=True))
+    if serve_spec.control_file:  # a new scheduler starts from the serve spec's values, never a past reload's
+        head.call(SchedulerControl(serve_spec.control_file, remove=True))
     try:
         # Inside the try: an interrupt while the agent spawns still stops the server (found by its marker).
-        answer = head.call(Spawn(tuple(plan.argv), plan.full_env(), marker, log, rotate_log=True), "vllm serve")
+        answer = head.call(Spawn(tuple(serve_spec.argv), serve_spec.full_env(), marker, log, rotate_log=True),
+                           "vllm serve")
         server.pid, server.start_time, server.boot_id = answer.process.pid, answer.process.start_time, answer.process.boot_id
         server.sessions = [recorded(SessionRecord, answer.session)]
         state.server = server
         save_state(spec.state_dir, state)
-        ready = wait_until_serving(spec, plan, server, head, reporter)
+        ready = wait_until_serving(spec, serve_spec, server, head, reporter)
     except BaseException:
         stop_server(spec, server)
         state.server = None
@@ -276,7 +279,7 @@ class Ready:
     first_answer: readiness.FirstAnswer
 
 
-def wait_until_serving(spec: ClusterSpec, plan: ServePlan, server: ServerRecord, head: NodeAgent,
+def wait_until_serving(spec: ClusterSpec, serve_spec: ServeSpec, server: ServerRecord, head: NodeAgent,
                        reporter: Reporter, backoff: readiness.Backoff | None = None) -> Ready:
     """/health, then /v1/models listing the served name, then a one-token (chat) completion, retried while it
     gets no answer; all within START_TIMEOUT_S of launch, a server that exits meanwhile a failure at once."""
@@ -296,25 +299,27 @@ def wait_until_serving(spec: ClusterSpec, plan: ServePlan, server: ServerRecord,
             raise ServeFailure(foreign_line(server, holder), tails(spec, server, state=None))
         if not holder.recorded_alive:
             raise exited()
-        if healthy(holder, plan.base_url, plan.client_key, plan.served_name, plan.health_timeout_s):
+        if healthy(holder, serve_spec.base_url, serve_spec.client_key, serve_spec.served_name,
+                   serve_spec.health_timeout_s):
             break
-        if elapsed > plan.start_timeout_s:
-            raise ServeFailure(f"vllm serve not ready after {plan.start_timeout_s} s (phase: {logscan.phase(text)}); "
-                               f"log {server.log}", tails(spec, server, state=None))
+        if elapsed > serve_spec.start_timeout_s:
+            raise ServeFailure(f"vllm serve not ready after {serve_spec.start_timeout_s} s "
+                               f"(phase: {logscan.phase(text)}); log {server.log}", tails(spec, server, state=None))
         now_in = logscan.phase(text)
         shards = logscan.shards_loaded(text) if now_in == "loading weights" else None
         if shards:
-            report_measured(reporter, "vllm serve: loading weights", *shards, "shards", elapsed, plan.start_timeout_s)
+            report_measured(reporter, "vllm serve: loading weights", *shards, "shards", elapsed,
+                            serve_spec.start_timeout_s)
         else:
-            reporter.waiting(f"vllm serve: {now_in}", elapsed, plan.start_timeout_s)
+            reporter.waiting(f"vllm serve: {now_in}", elapsed, serve_spec.start_timeout_s)
         time.sleep(0.5)
-    kind = "chat completion" if plan.chat else "completion"
+    kind = "chat completion" if serve_spec.chat else "completion"
     reporter.phase(f"sending a one-token {kind}")
-    ask = http.chat if plan.chat else http.complete
+    ask = http.chat if serve_spec.chat else http.complete
     answer = readiness.first_answer(
-        lambda timeout: ask(plan.base_url, plan.client_key, plan.served_name, "Hello", 1, timeout),
-        lambda: server_alive(spec, server), f"the one-token {kind}", start, plan.start_timeout_s, reporter,
-        backoff or readiness.Backoff(first_timeout_s=max(30, plan.health_timeout_s)))
+        lambda timeout: ask(serve_spec.base_url, serve_spec.client_key, serve_spec.served_name, "Hello", 1, timeout),
+        lambda: server_alive(spec, server), f"the one-token {kind}", start, serve_spec.start_timeout_s, reporter,
+        backoff or readiness.Backoff(first_timeout_s=max(30, serve_spec.health_timeout_s)))
     if answer.outcome == readiness.DIED:
         raise exited()
     if answer.outcome == readiness.REFUSED:
@@ -322,15 +327,15 @@ def wait_until_serving(spec: ClusterSpec, plan: ServePlan, server: ServerRecord,
                            tails(spec, server, state=None))
     if answer.outcome == readiness.NO_ANSWER:
         last = f"HTTP {answer.reply.status}" if answer.reply.status else "no answer"
-        raise ServeFailure(f"vllm serve not ready after {plan.start_timeout_s} s: the API is up but the one-token "
-                           f"{kind} got no answer in {answer.attempts} attempt(s) (the last: {last} after "
+        raise ServeFailure(f"vllm serve not ready after {serve_spec.start_timeout_s} s: the API is up but the "
+                           f"one-token {kind} got no answer in {answer.attempts} attempt(s) (the last: {last} after "
                            f"{answer.latency_s:.0f} s); log {server.log}", tails(spec, server, state=None))
     reporter.phase(f"the one-token {kind} answered (attempt {answer.attempts}); checking that the served scheduler "
                    "runs the hotfix")
     text = log.refresh()
     cap = logscan.hotfix_cap(text)
-    if cap != plan.cap:
-        raise ServeFailure(f"the EngineCore's scheduler reported cap {cap}, expected {plan.cap}: "
+    if cap != serve_spec.cap:
+        raise ServeFailure(f"the EngineCore's scheduler reported cap {cap}, expected {serve_spec.cap}: "
                            "the hotfix is not active in the served vLLM; refusing to serve",
                            tails(spec, server, state=None))
     return Ready(text, answer)

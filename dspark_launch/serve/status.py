@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from dspark_launch.agent.codec import to_data
 from dspark_launch.cluster import lifecycle
 from dspark_launch.errors import ClusterFailure
 from dspark_launch.cluster.parallel import Background
@@ -38,7 +39,7 @@ class ServerView:
     healthy: bool = False
     cap: int | None = None  # the cap the EngineCore's scheduler reported
     kv_cache_tokens: int | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: http.ServerMetrics = field(default_factory=http.ServerMetrics)
     drift: tuple[Drift, ...] = ()
     profile: str = ""
     decisions: tuple[str, ...] = ()  # the profile's decision lines at start
@@ -61,6 +62,12 @@ class ServiceStatus:
     fabric_warnings: tuple[str, ...] = ()  # per node at start, e.g. NCCL falls back to TCP
     warnings: tuple[str, ...] = ()  # about the settings now, e.g. an image named by a tag
 
+    def to_data(self) -> dict[str, Any]:
+        """The JSON document of `dspark status --json` (docs/cluster.md): the metrics by their gauge names."""
+        data: dict[str, Any] = to_data(self)
+        data["server"]["metrics"] = self.server.metrics.as_prometheus()
+        return data
+
     @property
     def deployed(self) -> bool:
         """A deployment record exists (a cluster or a server was started from this state folder)."""
@@ -76,7 +83,7 @@ def drift(started_with: dict[str, str], now: dict[str, str]) -> tuple[Drift, ...
 def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | None) -> ServerView:
     """The head's agent is asked only whether the recorded process lives (answered in this process when the head
     is this machine: agent/client.py); the rest comes from the API and the record."""
-    from dspark_launch.serve.plan import api_key
+    from dspark_launch.serve.serve_spec import api_key
 
     if server is None:
         return ServerView("down")
@@ -89,7 +96,7 @@ def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | N
         model=server.model, served_name=server.served_name,
         uptime_s=round(time.time() - server.started_at) if alive else None, healthy=healthy,
         cap=server.scheduler_cap if server.scheduler_cap is not None else server.cap,
-        kv_cache_tokens=server.kv_cache_tokens, metrics=http.metrics(server.url, probe) if healthy else {},
+        kv_cache_tokens=server.kv_cache_tokens, metrics=http.metrics(server.url, probe) if healthy else http.ServerMetrics(),
         drift=drift(server.running_settings, compared_values(settings, server.secrets)), profile=server.profile,
         decisions=tuple(server.decisions), live=dict(server.live), live_since=server.live_since,
         listener=foreign_line(server, holder) if holder.verdict == holder.FOREIGN else "")

@@ -16,7 +16,7 @@ from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import ServerRecord, load_state, lock_holder
 from dspark_launch.serve import logscan
 from dspark_launch.serve.logfollow import LogReader
-from dspark_launch.serve.server import server_alive
+from dspark_launch.serve.running_server import server_alive
 
 NODE_CHECK_S = 10  # how often Ray on every node is checked (the server: every 2 s)
 SERVER_CHECK_S = 2

@@ -32,7 +32,7 @@ def served(settings: Settings, spec: ClusterSpec) -> tuple[ServerRecord, Target]
 
     Nothing is sent, the key least of all, unless the head's agent finds the port among the recorded
     server's sockets (the check `smoke` makes: serve/api_holder.py)."""
-    from dspark_launch.serve.plan import api_key
+    from dspark_launch.serve.serve_spec import api_key
     from dspark_launch.serve.smoke import confirm_server
 
     state = load_state(spec.state_dir)
@@ -45,8 +45,7 @@ def served(settings: Settings, spec: ClusterSpec) -> tuple[ServerRecord, Target]
 
 def others_served(server: ServerRecord) -> float:
     """Requests the server is running or queueing now (its /metrics), other clients' by the time we ask."""
-    found = http.metrics(server.url, 10.0)
-    return found.get("vllm:num_requests_running", 0.0) + found.get("vllm:num_requests_waiting", 0.0)
+    return http.metrics(server.url, 10.0).in_engine
 
 
 def served_values(settings: Settings, server: ServerRecord) -> dict[str, str]:

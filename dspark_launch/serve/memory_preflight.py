@@ -4,7 +4,7 @@ against each node's (unified) memory x utilisation; each node's MemAvailable aga
 The weights' folder and size come in from the weights pre-flight (`model/onnodes.py`: the
 manifest every node was just checked against), never from a lookup of this module's own;
 the model's shape from config.json in that folder; the KV bytes from the profile
-(`profiles/memory.py`).
+(`profiles/memory_model.py`).
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from pathlib import Path
 from dspark_launch.agent.protocol import MemoryAnswer
 from dspark_launch.model.onnodes import ModelWeights
 from dspark_launch.profiles.catalog import profile_named
-from dspark_launch.profiles.memory import MemoryEstimate, NodeMemory, memory_preflight, read_model_shape
+from dspark_launch.profiles.memory_model import MemoryEstimate, NodeMemory, estimate_memory, read_model_shape
 
 CPU_KV_SIZE_VAR = "VLLM_CPU_KVCACHE_SPACE"  # vllm/platforms/cpu.py: fixes the KV size on the CPU backend
 KV_SIZE_FLAG = "--kv-cache-memory-bytes"
 
 
 def kv_size_fixed(serve_args: tuple[str, ...], env: dict[str, str]) -> str:
-    """What fixes the KV size of vLLM's CPU backend in this serve plan ("" when nothing): then that backend
+    """What fixes the KV size of vLLM's CPU backend in this serve spec ("" when nothing): then that backend
     checks no utilisation share of free memory (vllm/v1/worker/cpu_worker.py)."""
     if any(a == KV_SIZE_FLAG or a.startswith(KV_SIZE_FLAG + "=") for a in serve_args):
         return KV_SIZE_FLAG
@@ -36,7 +36,7 @@ def estimate(profile: str, weights: ModelWeights | None, kv_cache_dtype: str, ma
     leaves them to the profile's measured figure, if any; nodes whose memory is unknown are left out."""
     nodes = tuple(NodeMemory(node, answer.total_bytes, answer.available_bytes, answer.nvidia_gpu)
                   for node, answer in node_memory.items() if answer is not None and answer.total_bytes)
-    return memory_preflight(profile_named(profile), kv_cache_dtype, max_model_len, tp,
-                            weights.size_bytes if weights else None,
-                            read_model_shape(Path(weights.folder)) if weights else None,
-                            nodes, utilization, fixed_kv)
+    return estimate_memory(profile_named(profile), kv_cache_dtype, max_model_len, tp,
+                           weights.size_bytes if weights else None,
+                           read_model_shape(Path(weights.folder)) if weights else None,
+                           nodes, utilization, fixed_kv)

@@ -20,7 +20,9 @@ SECRET_ENV = ("VLLM_API_KEY", "DSPARK_API_KEYS", "RAY_AUTH_TOKEN")
 
 
 @dataclass(frozen=True)
-class ServePlan:
+class ServeSpec:
+    """What `vllm serve` on the head runs with: its argv, environment and the values the launcher records and
+    waits by. Not `dspark plan`'s report (serve/plan_report.py `Plan`), which shows one of these among the rest."""
     serve_args: tuple[str, ...]  # what follows `vllm serve`: the model first
     env: tuple[tuple[str, str], ...]  # public environment of the server
     secret_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
@@ -63,8 +65,8 @@ class ServePlan:
         return {**dict(self.env), **dict(self.secret_env)}
 
 
-def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], resolved: ResolvedProfile,
-               head_fabric: FabricEnv | None, model_env: tuple[tuple[str, str], ...] = ()) -> ServePlan:
+def build_serve_spec(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], resolved: ResolvedProfile,
+                     head_fabric: FabricEnv | None, model_env: tuple[tuple[str, str], ...] = ()) -> ServeSpec:
     """Built once per command from the profile resolved against the head's vLLM, plus the launcher's own
     flags; `ray_env`: RAY_AUTH_MODE (+ token) for the Ray driver in vLLM; `head_fabric`: the head's own;
     `model_env`: what serving the verified copy of the weights needs (the hub offline), over everything else."""
@@ -97,7 +99,7 @@ def serve_plan(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], r
         secret["VLLM_API_KEY"] = settings.vllm_api_key
     if settings.dspark_api_keys:
         secret["DSPARK_API_KEYS"] = settings.dspark_api_keys
-    return ServePlan(tuple(args), tuple(sorted(env.items())), tuple(sorted(secret.items())),
+    return ServeSpec(tuple(args), tuple(sorted(env.items())), tuple(sorted(secret.items())),
                      settings.vllm_host, settings.vllm_port, resolved.served_name, model, tp,
                      settings.dspark_max_inflight_prefills, spec.head.transport.python, api_key(settings),
                      settings.start_timeout_s, settings.health_timeout_s,

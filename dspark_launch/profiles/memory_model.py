@@ -1,4 +1,4 @@
-"""Memory pre-flight from the profile, per node: weights / TP, the measured non-KV overhead and the KV
+"""The memory model of a profile (`estimate_memory`), per node: weights / TP, the measured non-KV overhead and the KV
 cache of one MAX_MODEL_LEN sequence against memory x utilisation; and vLLM's own start-up gate, free
 memory >= utilisation x total, against the node's MemAvailable.
 
@@ -208,9 +208,9 @@ def _free_check(sizes: _Sizes, node: NodeMemory, budget: int, kv_size_fixed: str
                          f"GPU_MEMORY_UTILIZATION to {ceiling:.2f} or less")
 
 
-def memory_preflight(profile: Profile, kv_cache_dtype: str, context_tokens: int, tp: int, weights_bytes: int | None,
-                     shape: ModelShape | None, nodes: tuple[NodeMemory, ...], utilization: float,
-                     kv_size_fixed: str = "") -> MemoryEstimate:
+def estimate_memory(profile: Profile, kv_cache_dtype: str, context_tokens: int, tp: int, weights_bytes: int | None,
+                    shape: ModelShape | None, nodes: tuple[NodeMemory, ...], utilization: float,
+                    kv_size_fixed: str = "") -> MemoryEstimate:
     """Per node: weights / TP + the profile's measured non-KV overhead + KV for one `context_tokens` sequence,
     against memory x utilisation; and MemAvailable against vLLM's start-up gate. `kv_size_fixed`: what fixes
     the KV size on vLLM's CPU backend (its free-memory gate is off then), "" when nothing does."""

@@ -1,4 +1,4 @@
-"""The node end of the agent protocol: `python -m dspark_launch.agent.server`, one request per process.
+"""The node end of the agent protocol: `python -m dspark_launch.agent.node_end`, one request per process.
 
 It is the only command the launcher runs on a node (over SSH for workers, as a local
 child for the head); the request, secrets included, travels on stdin, never on argv.
