@@ -224,6 +224,8 @@ reload.__doc__ = (f"Apply live settings ({', '.join(DECLARED.live)}) to the runn
 def status(
     env_file: EnvFileOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema in docs/cluster.md).")] = False,
+    deep: Annotated[bool, typer.Option(
+        "--deep", help="Read Ray's node table (registered IPs, GPUs) even while the record answers it.")] = False,
 ) -> None:
     """Nodes, Ray, versions, hotfix, the server, its metrics, and drift from the env file."""
     from dspark_launch.cli.status_view import print_status
@@ -231,7 +233,7 @@ def status(
 
     settings, spec = settings_and_spec(env_file)
     try:
-        view = service_status(settings, spec)
+        view = service_status(settings, spec, deep)
     except DsparkError as error:
         raise fail(error) from None
     if as_json:

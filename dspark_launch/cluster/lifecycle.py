@@ -10,7 +10,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal
 
 from dspark_launch import __version__
 from dspark_launch.cluster import containers
@@ -18,11 +18,11 @@ from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.errors import ClusterFailure
 from dspark_launch.report import Reporter
 from dspark_launch.cluster.hotfix_rollout import NodeChecks, versions_and_hotfix
-from dspark_launch.agent.protocol import Hello
+from dspark_launch.agent.protocol import Hello, RayNode
 from dspark_launch.node.values import VersionRow
 from dspark_launch.cluster.parallel import Background, on_each, settle
 from dspark_launch.cluster.spec import ClusterSpec, Node
-from dspark_launch.cluster.state import (Deployment, HotfixRecord, VersionsRecord, clear_state, ensure_state_dir,
+from dspark_launch.cluster.state import (Deployment, HotfixRecord, RayRegistrationRecord, VersionsRecord, clear_state, ensure_state_dir,
                                          load_state, lock_holder, on_wire, recorded, save_state, state_lock)
 from dspark_launch.node.versions import matrix_lines
 from dspark_launch.errors import EXIT_ALREADY_RUNNING, DsparkError
@@ -212,7 +212,7 @@ def _bring_up(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None
                           if n.ip in {m.ip for m in workers})
         prepared.result()
         on_each(workers, bringup.start_ray)
-        bringup.checks(stale, existing.node(spec.head.name) if existing else None)
+        registered = bringup.checks(stale, existing.node(spec.head.name) if existing else None)
         checks = checked.result()
     except BaseException as exc:
         try:
@@ -228,9 +228,19 @@ def _bring_up(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None
     else:
         state = existing
         state.nodes = [bringup.records.get(n.name) or existing.node(n.name) for n in spec.nodes]
+    record_registrations(state, spec, registered.nodes)
     state.versions = {name: recorded(VersionsRecord, row) for name, row in checks.versions.items()}
     state.hotfix = {name: recorded(HotfixRecord, report) for name, report in checks.hotfix.items()}
     return UpResult(state, repair, matrix_lines({n.name: checks.versions[n.name] for n in spec.nodes}))
+
+
+def record_registrations(state: Deployment, spec: ClusterSpec, registered: tuple[RayNode, ...]) -> None:
+    """Each node's Ray registration as the checks found it (in the order of spec.nodes), kept in its record:
+    `status` answers registered IP and GPUs from it while the node's recorded Ray daemons live."""
+    for node, ray_node in zip(spec.nodes, registered):
+        record = state.node(node.name)
+        if record is not None:
+            record.ray = RayRegistrationRecord(ray_node.node_id, ray_node.ip, ray_node.gpus)
 
 
 def cluster_down(spec: ClusterSpec, reporter: Reporter) -> list[str]:
@@ -334,16 +344,45 @@ class ClusterView:
     nodes: tuple[NodeView, ...]
     problems: tuple[str, ...]
     checked_at: float
+    ray_source: str | None = None  # "record" | "ray": where the nodes' registered IP and GPUs came from
 
 
-def cluster_status(spec: ClusterSpec, state: Deployment | None) -> ClusterView:
-    """Every node asked at once; Ray's own view asked beside them."""
+RaySource = Literal["record", "ray"]
+
+
+def ray_source(state: Deployment | None, spec: ClusterSpec, deep: bool, health: dict[str, str] | None = None
+               ) -> RaySource | None:
+    """Where `status` takes each node's Ray registration (registered IP, GPUs) from: the record, when every
+    node's registration was recorded at start and (once `health` is known) every node's recorded Ray daemons
+    are still the same live processes; else Ray's node table ("ray", also for `--deep`); None without a record."""
+    if state is None:
+        return None
+    if deep:
+        return "ray"
+    records = [state.node(node.name) for node in spec.nodes]
+    if not all(record is not None and record.ray is not None for record in records):
+        return "ray"
+    if health is not None and not all(health.get(node.name) == "alive" for node in spec.nodes):
+        return "ray"
+    return "record"
+
+
+def _ask_ray(spec: ClusterSpec, state: Deployment) -> Background:
+    return Background(lambda: rc.ray_view(spec, state.node(spec.head.name), RAY_VIEW_TIMEOUT_S))
+
+
+def cluster_status(spec: ClusterSpec, state: Deployment | None, deep: bool = False) -> ClusterView:
+    """Every node asked at once; Ray's own view asked beside them unless the record answers it (`ray_source`)."""
     busy = lock_holder(spec.state_dir) is not None
     details: dict[str, str] = {}
-    # Ray's own view (the head's agent imports Ray: the slowest question) is asked while the nodes are.
-    ray_view = Background(lambda: rc.ray_view(spec, state.node(spec.head.name), RAY_VIEW_TIMEOUT_S)) if state else None
+    # Ray's own view (the head's agent imports Ray: the slowest question) is asked while the nodes are,
+    # unless every node's registration is on record: then only when a node's Ray daemons changed.
+    source = ray_source(state, spec, deep)
+    ray_view = _ask_ray(spec, state) if state and source == "ray" else None
     boxes = Background(lambda: containers.inspect(spec)) if spec.containers else None
     health = node_health(spec, state, details)
+    if state and source == "record" and ray_source(state, spec, deep, health) == "ray":
+        source, ray_view = "ray", _ask_ray(spec, state)
     nodes = []
     for node in spec.nodes:
         record = state.node(node.name) if state else None
@@ -357,6 +396,8 @@ def cluster_status(spec: ClusterSpec, state: Deployment | None) -> ClusterView:
             unreachable_reason=details.get(node.name) if health[node.name] == "unreachable" else None))
     if boxes is not None:
         nodes = _with_containers(boxes.result(), nodes)
+        if state and source == "record" and not all(n.ray_alive for n in nodes):
+            source, ray_view = "ray", _ask_ray(spec, state)  # a node's container is not running
     alive = [n for n in nodes if n.ray_alive]
     if busy:
         overall = "starting"
@@ -366,8 +407,11 @@ def cluster_status(spec: ClusterSpec, state: Deployment | None) -> ClusterView:
         overall = "up"
     else:
         overall = "degraded"
-    if alive and nodes[0].ray_alive and ray_view is not None:
-        nodes = _with_ray_view(ray_view, nodes)
+    if alive and nodes[0].ray_alive and state is not None:
+        if ray_view is not None:
+            nodes = _with_ray_view(ray_view, nodes)
+        elif all(n.ray_alive for n in nodes):
+            nodes = _with_record(state, nodes)
         if overall == "up" and any(n.registered_ip != n.ip for n in nodes):
             overall = "degraded"
     problems = [foreign] if (foreign := rc.foreign_ray_port(ray_view)) else []
@@ -385,7 +429,7 @@ def cluster_status(spec: ClusterSpec, state: Deployment | None) -> ClusterView:
             elif node.registered_ip not in (None, node.ip):
                 problems.append(f"{node.label}: Ray does not list this node at its fabric IP")
     return ClusterView(overall, spec.ray_address, state.config_digest if state else None,
-                       state.started_at if state else None, tuple(nodes), tuple(problems), time.time())
+                       state.started_at if state else None, tuple(nodes), tuple(problems), time.time(), source)
 
 
 RAY_VIEW_TIMEOUT_S = 20
@@ -396,6 +440,16 @@ def _with_containers(boxes: dict, nodes: list[NodeView]) -> list[NodeView]:
     return [replace(node, container=boxes[node.name].name, container_status=boxes[node.name].status,
                     image_id=boxes[node.name].image_id or None,
                     ray_alive=node.ray_alive and boxes[node.name].running) for node in nodes]
+
+
+def _with_record(state: Deployment, nodes: list[NodeView]) -> list[NodeView]:
+    """Registered IP and GPUs per node as recorded at start (every node's recorded Ray daemons still live)."""
+    out = []
+    for node in nodes:
+        record = state.node(node.name)
+        ray = record.ray if record else None
+        out.append(replace(node, registered_ip=ray.ip, gpus=ray.gpus) if ray else node)
+    return out
 
 
 def _with_ray_view(ray_view: Background, nodes: list[NodeView]) -> list[NodeView]:

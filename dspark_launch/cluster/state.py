@@ -102,6 +102,15 @@ class HotfixRecord:
     status: HotfixResultRecord
 
 
+@dataclass(frozen=True)
+class RayRegistrationRecord:
+    """How Ray registered a node when the start's checks passed (agent.protocol.RayNode): `status` answers the
+    node's registered IP and GPUs from it while the node's recorded Ray daemons are the same processes."""
+    node_id: str
+    ip: str
+    gpus: float
+
+
 def wire_sessions(sessions: list[SessionRecord]) -> tuple[Session, ...]:
     return tuple(on_wire(Session, session) for session in sessions)
 
@@ -125,6 +134,7 @@ class NodeRecord:
     container_name: str = ""
     container_runtime: str = ""
     container_image_id: str = ""
+    ray: RayRegistrationRecord | None = None  # Ray's registration at the start's checks (None: not recorded)
 
 
 @dataclass

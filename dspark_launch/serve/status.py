@@ -61,6 +61,7 @@ class ServiceStatus:
     server: ServerView
     fabric_warnings: tuple[str, ...] = ()  # per node at start, e.g. NCCL falls back to TCP
     warnings: tuple[str, ...] = ()  # about the settings now, e.g. an image named by a tag
+    ray_source: str | None = None  # "record" | "ray": where the nodes' registered IP and GPUs came from
 
     def to_data(self) -> dict[str, Any]:
         """The JSON document of `dspark status --json` (docs/cluster.md): the metrics by their gauge names."""
@@ -113,11 +114,12 @@ def _server_log(spec: ClusterSpec, server: ServerRecord) -> str:
         return ""  # the head's container is gone: its problem line says so
 
 
-def status(settings: Settings, spec: ClusterSpec) -> ServiceStatus:
-    """The record is read once, without the lock; the cluster and the server are asked at once."""
+def status(settings: Settings, spec: ClusterSpec, deep: bool = False) -> ServiceStatus:
+    """The record is read once, without the lock; the cluster and the server are asked at once. `deep`: Ray's
+    node table is read even when the record answers it (lifecycle.ray_source)."""
     state = load_state(spec.state_dir)
     server = state.server if state else None
-    cluster = Background(lambda: lifecycle.cluster_status(spec, state))
+    cluster = Background(lambda: lifecycle.cluster_status(spec, state, deep))
     view = _server_view(settings, spec, server)
     data = cluster.result()
     problems = list(data.problems)
@@ -136,7 +138,7 @@ def status(settings: Settings, spec: ClusterSpec) -> ServiceStatus:
     return ServiceStatus(overall, data.ray_address, data.config_digest, data.started_at, data.checked_at,
                          tuple(problems), data.nodes, view,
                          tuple(w for record in (state.nodes if state else ()) for w in record.fabric_warnings),
-                         image_warnings(settings))
+                         image_warnings(settings), data.ray_source)
 
 
 def image_warnings(settings: Settings) -> tuple[str, ...]:
