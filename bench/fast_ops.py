@@ -118,9 +118,51 @@ def dspark(tb: Testbed, env_file: Path, *args: str, watch: bool = False) -> dict
     if proc.returncode != 0:
         raise SystemExit(f"dspark {' '.join(args)} failed ({proc.returncode}): {proc.stderr[-3000:]}")
     row = {"seconds": round(took, 2), "load_1m": round(load, 1), "phases_s": phase_lines(proc.stderr)}
+    if args[0] == "status":
+        row["ray_source"] = json.loads(proc.stdout).get("ray_source")
     if watcher:
         row.update(watcher.result())
     return row
+
+
+# A restart's phases, each from its first line to the next phase's (the command's own timestamped lines; a
+# full restart's start part restarts its clock after the stop, so its times are shifted by the stop's end).
+PHASES = (("stop", r"vllm serve: draining"),
+          ("weights_check", r"checking the model weights"),
+          ("serve_flags_and_profile", r"resolving profile"),
+          ("argument_check", r"checking the vllm serve arguments"),
+          ("ray_and_node_checks", r"pre-flight head"),
+          ("stop", r"vllm serve: draining"),
+          ("vllm_start", r"launching vllm serve"),
+          ("first_answer", r"sending a one-token chat completion"))
+ENDS = {"argument_check": r"vllm serve arguments accepted", "ray_and_node_checks": r"Ray checks passed",
+        "stop": r"vllm serve: stopped|worker\d+ \(.*stopped \d+ process"}
+
+
+def phase_breakdown(phases: list[tuple[float, str]], total: float) -> dict[str, float]:
+    """Seconds per phase of one restart, on one clock (a full restart's start part shifted by its stop)."""
+    timeline, offset, last = [], 0.0, 0.0
+    for t, text in phases:
+        if t + offset < last - 0.05:  # the start part's clock began again at 0
+            offset = last
+        last = t + offset
+        timeline.append((last, text))
+    out: dict[str, float] = {}
+    for name, pattern in PHASES:
+        began = next((t for t, text in timeline if re.search(pattern, text)), None)
+        if began is None or name in out:
+            continue
+        if name in ENDS:
+            ended = max((t for t, text in timeline if t >= began and re.search(ENDS[name], text)), default=None)
+        else:
+            later = [t for t, text in timeline if t > began and any(re.search(p, text) for n, p in PHASES if n != name)]
+            ended = min(later, default=total)
+        if ended is not None:
+            out[name] = round(ended - began, 1)
+    launch = next((t for t, text in timeline if re.search(r"launching vllm serve", text)), None)
+    if launch is not None:
+        out["before_launch"] = round(launch, 1)
+    return out
 
 
 def stop_part(phases: list[tuple[float, str]]) -> float | None:
@@ -150,6 +192,8 @@ def spread(values: list[float]) -> dict | None:
 
 
 def main(argv: list[str]) -> int:
+    # The launcher in the head node is this checkout's when PYTHONPATH names it (the nodes' agents run the
+    # installed package either way: docs/operations.md says which numbers that affects).
     rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 2
     OUT[0] = REPO / "bench" / "results" / (argv[argv.index("--out") + 1] if "--out" in argv else "fast_ops.json")
     ok, why = requirements_met()
@@ -160,7 +204,7 @@ def main(argv: list[str]) -> int:
     model = build_tiny_model(WORK / "tiny-model")
     tb = Testbed(state_dir=str(WORK / "testbed"), nodes=2, venv=str(VENV_BIN.parent), prefix="dsbf")
     tb.up()
-    runs: dict[str, list] = {"status_s": [], "serve_only": [], "full": [], "idle_stop": []}
+    runs: dict = {"status_s": [], "status_deep_s": [], "serve_only": [], "full": [], "idle_stop": []}
     try:
         env = write_env_file(WORK / "dspark.env", {**cluster_values(tb, WORK / "state"), **serving_values(model),
                                                    "VLLM_API_KEY": KEY, "MAX_MODEL_LEN": "1024",
@@ -169,7 +213,13 @@ def main(argv: list[str]) -> int:
         print(f"start: {runs['first_start']['seconds']} s", flush=True)
         summary(runs, complete=False)
         for _ in range(5):
-            runs["status_s"].append(dspark(tb, env, "status", "--json")["seconds"])
+            status_row = dspark(tb, env, "status", "--json")
+            runs["status_s"].append(status_row["seconds"])
+        runs["status_ray_source"] = status_row["ray_source"]
+        for _ in range(3):
+            status_row = dspark(tb, env, "status", "--json", "--deep")
+            runs["status_deep_s"].append(status_row["seconds"])
+        runs["status_deep_ray_source"] = status_row["ray_source"]
         runs["status_trace"] = traced_status(tb, env)
         print(f"status: {runs['status_s']}", flush=True)
         summary(runs, complete=False)
@@ -182,6 +232,7 @@ def main(argv: list[str]) -> int:
                 row["ray_pids_kept"] = ray_pids() == before
                 if kind == "full":
                     row["stop_part_s"] = stop_part(row["phases_s"])
+                row["phase_breakdown_s"] = phase_breakdown(row["phases_s"], row["seconds"])
                 runs[kind].append(row)
                 print(f"{kind}: {row['seconds']} s (Ray kept: {row['ray_pids_kept']})", flush=True)
                 summary(runs, complete=False)
@@ -202,6 +253,12 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _median_phases(rows: list[dict]) -> dict[str, float]:
+    names = {name for row in rows for name in row.get("phase_breakdown_s", {})}
+    return {name: round(statistics.median(row["phase_breakdown_s"][name] for row in rows
+                                          if name in row.get("phase_breakdown_s", {})), 1) for name in sorted(names)}
+
+
 def summary(runs: dict, complete: bool) -> dict:
     """The report, written after every step (`complete` False until the end: a run cut short keeps its steps)."""
     git = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
@@ -218,10 +275,13 @@ def summary(runs: dict, complete: bool) -> dict:
         "summary": {
             "idle_stop_s": spread(stops), "idle_stop_target_s": 5.0,
             "status_s": spread(runs["status_s"]), "status_target_s": 1.5,
+            "status_deep_s": spread(runs.get("status_deep_s", [])),
+            "status_ray_source": runs.get("status_ray_source"), "status_deep_ray_source": runs.get("status_deep_ray_source"),
             "serve_only_restart_s": spread(serve_only), "full_restart_s": spread(full),
             "serve_only_over_full": round(statistics.median(serve_only) / statistics.median(full), 2)
             if serve_only and full else None,
             "serve_only_over_full_target": 0.7,
+            "phase_breakdown_median_s": {kind: _median_phases(runs[kind]) for kind in ("serve_only", "full")},
             "idle_stop_sources": "the plain `stop` at the end, and each full restart's stop (until Ray stopped)",
         },
         "runs": runs,
