@@ -139,6 +139,23 @@ def test_a_changed_install_is_described_again(agent, identity):
         os.utime(record, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
+def test_each_judged_config_keeps_its_own_offer(identity, tmp_path):
+    """Two models' config.json (a `plan` of one, a `start` of the other) do not evict each other's offer."""
+    config = tmp_path / "config.json"
+    config.write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
+    other = install_identity(str(config))
+    assert other is not None and other != identity and kept_file(other) != kept_file(identity)
+    recorded = VllmOffer.from_json((DATA / "vllm-0.25.0-offer.json").read_text())
+    forget(identity)
+    try:
+        remember(identity, recorded)
+        remember(other, recorded)
+        assert recall(identity) == recorded and recall(other) == recorded
+    finally:
+        forget(identity)
+        forget(other)
+
+
 def _garbled(path: Path, identity, tmp_path: Path) -> None:
     path.write_text('{"identity": {"package_dir": ')
 

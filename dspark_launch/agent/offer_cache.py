@@ -118,13 +118,16 @@ def install_identity(config_path: str = "") -> InstallIdentity | None:
 
 
 def kept_file(identity: InstallIdentity) -> Path | None:
-    """Where this install's offer is kept (one file per install and interpreter); None when this
+    """Where this install's offer is kept (one file per install, interpreter and config.json); None when this
     user's private folder is not safe to use."""
     try:
         root = make_private_root()
     except (UnsafePath, OSError):
         return None
-    which = _sha256(f"{identity.package_dir}\0{identity.python}".encode())[:16]
+    # One file per install, interpreter and judged config.json: a new install rewrites its file, while two
+    # models' configs (a `plan` of one, a `start` of another) no longer evict each other's kept offer.
+    config = identity.describer.rsplit(" config.json ", 1)[-1]
+    which = _sha256(f"{identity.package_dir}\0{identity.python}\0{config}".encode())[:16]
     return root / f"vllm-offer-{which}.json"
 
 
