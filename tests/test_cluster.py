@@ -22,8 +22,8 @@ from tests.support.processes import describe
 
 pytestmark = pytest.mark.testbed
 
-def status_json(tb, env_file: Path) -> tuple[int, dict]:
-    proc = dspark(tb, env_file, "status", "--json")
+def status_json(tb, env_file: Path, *extra: str) -> tuple[int, dict]:
+    proc = dspark(tb, env_file, "status", "--json", *extra)
     return proc.returncode, json.loads(proc.stdout)
 
 
@@ -49,6 +49,13 @@ def test_up_status_repair_down(testbed_clean, tmp_path, step):
     assert [(n["name"], n["ip"], n["registered_ip"], n["ray_alive"], n["gpus"]) for n in data["nodes"]] == [
         ("head", "10.213.0.1", "10.213.0.1", True, 1), ("worker1", "10.213.0.2", "10.213.0.2", True, 1)]
     assert all(n["hotfix"] == "applied" for n in data["nodes"])
+    # Registered IPs and GPUs from the record (each node's Ray daemons unchanged since the checks at start);
+    # `--deep` reads Ray's node table and finds the same.
+    assert data["ray_source"] == "record"
+    code, deep = status_json(tb, env, "--deep")
+    assert code == 0 and deep["ray_source"] == "ray"
+    assert [(n["registered_ip"], n["gpus"]) for n in deep["nodes"]] == [(n["registered_ip"], n["gpus"])
+                                                                         for n in data["nodes"]]
     state_dir = tmp_path / "state"
     assert oct(state_dir.stat().st_mode & 0o777) == "0o700"
     token = (state_dir / "ray-auth-token").read_text().strip()
@@ -68,11 +75,13 @@ def test_up_status_repair_down(testbed_clean, tmp_path, step):
     assert data["state"] == "degraded" and code == 1
     assert time.monotonic() - started < 30
     assert [n["ray_alive"] for n in data["nodes"]] == [True, False]
+    assert data["ray_source"] == "ray"  # a node's recorded daemons changed: the record proves nothing, Ray is asked
     repaired = dspark(tb, env, "cluster", "up")
     assert repaired.returncode == 0, repaired.stderr
     assert "repairing" in repaired.stderr
     code, data = status_json(tb, env)
     assert data["state"] == "up", data
+    assert data["ray_source"] == "record" and [n["registered_ip"] for n in data["nodes"]] == ["10.213.0.1", "10.213.0.2"]
 
     step("stop: nothing left")
     down = dspark(tb, env, "stop")
