@@ -228,7 +228,6 @@ def status(
         "--deep", help="Read Ray's node table (registered IPs, GPUs) even while the record answers it.")] = False,
 ) -> None:
     """Nodes, Ray, versions, hotfix, the server, its metrics, and drift from the env file."""
-    from dspark_launch.cli.status_view import print_status
     from dspark_launch.serve.status import status as service_status
 
     settings, spec = settings_and_spec(env_file)
@@ -239,6 +238,8 @@ def status(
     if as_json:
         emit_json(view.to_data())
     else:
+        from dspark_launch.cli.status_view import print_status  # Rich: only for the text view
+
         print_status(view, settings.env_file_shown)
     if view.state == "degraded":
         raise typer.Exit(EXIT_FAILED)
