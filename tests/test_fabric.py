@@ -13,7 +13,7 @@ import pytest
 from dspark_launch.node.fabric import (
     FIXED_ENV, NON_CARRY_OVER, FabricError, FabricRequest, fabric_env, write_non_carry_over,
 )
-from dspark_launch.cluster.spec import fabric_request
+from dspark_launch.config.node_fabric import fabric_request
 from dspark_launch.config.settings import resolve as load_settings
 from dspark_launch.errors import ConfigError
 from tests.support.paths import REPO

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+
+import pytest
 
 from dspark_launch.config.knobs import NumericKnobs, declared_aliases, declared_knobs
 from dspark_launch.config.registry import load_registry
-from dspark_launch.config.settings import resolve
+from dspark_launch.config.declared import DECLARED
+from dspark_launch.config.settings import recorded_value, resolve, setting_fields
 from dspark_launch.config.text_settings import TextSettings
 from tests.support.paths import REPO
 from tools import generate
@@ -78,3 +82,75 @@ def test_docs_block_is_rewritten_and_stray_end_markers_dropped():
     assert generate.render_docs(messy) == text
     stale = text.replace("| `HEALTH_TIMEOUT_S` |", "| `HEALTH_TIMEOUT` |") + "\n## After the block\n"
     assert generate.render_docs(stale) == text + "\n## After the block\n"
+
+
+def test_where_a_setting_came_from_is_read_by_its_attribute(tmp_path, clean_environ):
+    path = tmp_path / "e.env"
+    path.write_text("VLLM_EXTRA_ARGS=--enforce-eager\n")
+    s = resolve(env_file=str(path), environ={"HEALTH_TIMEOUT_S": "7"})
+    assert s.source_of("vllm_extra_args") == f"{path}:1" and s.source_of("health_timeout_s") == "environment"
+    assert s.entry("vllm_port").source == "default" and s.entry("vllm_port").name == "VLLM_PORT"
+    with pytest.raises(ValueError, match="no setting attribute"):
+        s.source_of("VLLM_EXTRA_ARGS")  # the environment name is not the accessor's key
+    recorded = s.public_values()
+    assert recorded_value(recorded, "vllm_extra_args") == "--enforce-eager"
+    assert recorded_value({}, "vllm_extra_args") == ""  # a record from before the setting existed
+    with pytest.raises(ValueError):
+        recorded_value(recorded, "VLLM_EXTRA_ARGS")
+
+
+# Outside config/, a setting is read through `Settings` attributes and its accessors (`entry`, `source_of`,
+# `every_entry`; `named` only for a name that arrives as data) and a record's values through `recorded_value`.
+# An environment name in a child process's env dict (`env["HF_TOKEN"] = ...`) names another program's
+# variable and is not a read of a setting: only receivers that hold settings are checked.
+_ACCESSORS = ("entry", "source_of", "recorded_value", "placeholder")
+
+
+def _settings_holder(node: ast.expr) -> bool:
+    """`settings`, `x.settings`, `server.running_settings`: something holding settings by environment name."""
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+    return name.endswith("settings")
+
+
+def reads_by_environment_name(source: str) -> list[str]:
+    """Each read of a setting by its environment name in `source`, as `line: code`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        const = None
+        if isinstance(node, ast.Attribute) and node.attr == "entries":
+            found.append(node)
+            continue
+        if isinstance(node, ast.Subscript) and _settings_holder(node.value):
+            const = node.slice
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            if node.func.attr == "get" and _settings_holder(node.func.value) or node.func.attr == "named":
+                const = node.args[0]
+        if isinstance(const, ast.Constant) and const.value in DECLARED.names:
+            found.append(node)
+        if isinstance(node, ast.Call) and node.args:  # a typo in an accessor's key fails only on its error path
+            callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            key = node.args[-1] if callee in ("recorded_value", "placeholder") else node.args[0]
+            if callee in _ACCESSORS and isinstance(key, ast.Constant) and key.value not in setting_fields():
+                found.append(node)
+    return sorted(f"{node.lineno}: {ast.unparse(node)}" for node in found)
+
+
+def test_no_setting_is_read_by_its_environment_name_outside_config():
+    package = REPO / "dspark_launch"
+    reads = {str(path.relative_to(REPO)): reads_by_environment_name(path.read_text())
+             for path in sorted(package.rglob("*.py")) if path.parent.relative_to(package).parts[:1] != ("config",)}
+    assert {path: found for path, found in reads.items() if found} == {}
+
+
+def test_the_guard_finds_each_kind_of_read_and_leaves_child_environments():
+    reads = reads_by_environment_name(
+        'a = settings.entries["VLLM_EXTRA_ARGS"].source\n'
+        'b = server.settings.get("VLLM_EXTRA_ARGS", "")\n'
+        'c = server.running_settings["MAX_NUM_SEQS"]\n'
+        'd = settings.named("DSPARK_IMAGE")\n'
+        'e = settings.source_of("VLLM_EXTRA_ARGS")\n'
+        'f = recorded_value(server.settings, "vllm_extra_arg")\n'
+        'env["HF_TOKEN"] = settings.hf_token\n'
+        'g = environ.get("HF_TOKEN", "")\n'
+        'h = settings.source_of("vllm_extra_args") + recorded_value(server.settings, "vllm_extra_args")\n')
+    assert [r.split(":")[0] for r in reads] == ["1", "2", "3", "4", "5", "6"]

@@ -47,7 +47,7 @@ def show(
         return v.value, f"profile {v.profile}", [f"the profile replaced the built-in {v.replaced or '(empty)'}",
                                                  *e.notes]
 
-    entries = list(settings.entries.values())
+    entries = settings.every_entry()
     if as_json:
         emit_json({
             "env_file": None if settings.env_file is None else str(settings.env_file),
@@ -80,7 +80,7 @@ def check(
     found = placeholders(settings)
     if found:
         raise fail(ConfigError(placeholder_error(found)))
-    say(f"configuration OK: {len(settings.entries)} settings, env file {settings.env_file_shown}")
+    say(f"configuration OK: {len(settings.every_entry())} settings, env file {settings.env_file_shown}")
 
 
 @app.command()
@@ -93,12 +93,13 @@ def get(
 
     canonical = load_registry().aliases.get(name, name)
     settings = load_settings(env_file)
-    if canonical not in settings.entries:
+    entry = settings.named(canonical)  # the name the operator typed
+    if entry is None:
         raise fail(ConfigError(f"{name}: no such setting; allowed: a name from `dspark config show`"))
     from dspark_launch.config.profile_resolve import profile_values
 
     replaced = {v.setting: v.value for v in profile_values(settings)}
-    say(replaced.get(canonical, settings.entries[canonical].shown))
+    say(replaced.get(canonical, entry.shown))
 
 
 @app.command()

@@ -16,6 +16,7 @@ from dspark_launch.agent.container_transport import ContainerTransport
 from dspark_launch.agent.host_shell import LocalHost, SSHHost
 from dspark_launch.node.fabric import FabricRequest
 from dspark_launch.agent.transport import LocalTransport, SSHTransport, Transport
+from dspark_launch.config.node_fabric import fabric_request
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError
 
@@ -93,24 +94,6 @@ class ClusterSpec:
 
 
 
-def fabric_request(settings: Settings, node: str, fabric_ip: str) -> FabricRequest:
-    """Launcher side: the request for one node, its DSPARK_NODE_FABRIC entries over the cluster-wide settings."""
-    # what DSPARK_NODE_FABRIC may set for one node (config/text_settings.py checks the same names)
-    values = {"DSPARK_FABRIC_IFNAME": settings.dspark_fabric_ifname, "NCCL_IB_HCA": settings.nccl_ib_hca,
-              "NCCL_IB_GID_INDEX": settings.nccl_ib_gid_index, "NCCL_SOCKET_IFNAME": settings.nccl_socket_ifname,
-              "GLOO_SOCKET_IFNAME": settings.gloo_socket_ifname, "TP_SOCKET_IFNAME": settings.tp_socket_ifname}
-    for entry in settings.dspark_node_fabric.split():
-        target, _, assignment = entry.partition(":")
-        name, _, value = assignment.partition("=")
-        if target == node:
-            values[name] = value
-    return FabricRequest(
-        node=node, ifname=values["DSPARK_FABRIC_IFNAME"], fabric_ip=fabric_ip,
-        hca_list=values["NCCL_IB_HCA"], gid_index=values["NCCL_IB_GID_INDEX"],
-        socket_ifnames=tuple((n, values[n]) for n in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
-                             if values[n]))
-
-
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "dspark"
@@ -120,13 +103,14 @@ def state_dir_of(settings: Settings) -> Path:
     return Path(settings.dspark_state_dir).expanduser() if settings.dspark_state_dir else default_state_dir()
 
 
-def placeholder(settings: Settings, name: str) -> bool:
-    """True when `name` still holds a placeholder: a documentation address, the example's interface beside one,
+def placeholder(settings: Settings, attr: str) -> bool:
+    """True when the setting in attribute `attr` still holds a placeholder: a documentation address, the example's interface beside one,
     or any value read from the example file itself (such an address is never dialled)."""
     from dspark_launch.config.placeholders import placeholders
 
-    from_example = settings.from_example and settings.entries[name].source.startswith(str(settings.env_file))
-    return from_example or any(p.name == name for p in placeholders(settings))
+    entry = settings.entry(attr)
+    from_example = settings.from_example and entry.source.startswith(str(settings.env_file))
+    return from_example or any(p.name == entry.name for p in placeholders(settings))
 
 
 def _require_real_hosts(settings: Settings, placeholders_ok: bool) -> None:
@@ -135,9 +119,10 @@ def _require_real_hosts(settings: Settings, placeholders_ok: bool) -> None:
     found = placeholders(settings)
     if found and not placeholders_ok:
         raise ConfigError(placeholder_error(found))
-    for name in ("DSPARK_HEAD_IP", "DSPARK_WORKER_HOSTS", "DSPARK_FABRIC_IFNAME"):
-        entry = settings.entries[name]
-        if placeholder(settings, name) and not placeholders_ok:
+    for attr in ("dspark_head_ip", "dspark_worker_hosts", "dspark_fabric_ifname"):
+        entry = settings.entry(attr)
+        name = entry.name
+        if placeholder(settings, attr) and not placeholders_ok:
             raise ConfigError(
                 f"{name}={entry.value} from {entry.source} is a placeholder from the example file; "
                 "allowed: your own hosts: run `dspark config init` and set them in .env.dspark")
@@ -163,8 +148,7 @@ def _refuse_the_token_folder(settings: Settings, cache: str) -> None:
     home = _hf_home()
     token = os.environ.get("HF_TOKEN_PATH") or os.path.join(home, "token")
     if within(os.path.abspath(os.path.expanduser(token)), os.path.abspath(os.path.expanduser(cache))):
-        entry = settings.entries["DSPARK_CONTAINER_MODEL_CACHE"]
-        raise ConfigError(f"DSPARK_CONTAINER_MODEL_CACHE={cache} ({entry.source}) holds the hub login token "
+        raise ConfigError(f"DSPARK_CONTAINER_MODEL_CACHE={cache} ({settings.source_of('dspark_container_model_cache')}) holds the hub login token "
                           f"({token}), which every serving container would then read; allowed: the hub cache "
                           f"({os.path.join(home, 'hub')}) or another folder of weights")
 
@@ -180,7 +164,7 @@ def cluster_spec(settings: Settings, placeholders_ok: bool = False) -> ClusterSp
             ipaddress.ip_address(ip)
         except ValueError:
             raise ConfigError(f"DSPARK_WORKER_IPS: worker {host} has no fabric IP "
-                              f"({settings.entries['DSPARK_WORKER_IPS'].source}); allowed: one IP per worker") from None
+                              f"({settings.source_of('dspark_worker_ips')}); allowed: one IP per worker") from None
     head_ip = settings.dspark_head_ip
     if head_ip in ips or len(set(ips)) != len(ips):
         raise ConfigError(f"DSPARK_WORKER_IPS={' '.join(ips)}: every node needs its own fabric IP "

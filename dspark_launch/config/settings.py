@@ -65,6 +65,25 @@ class Settings(NumericKnobs, TextSettings):
     def env_file_shown(self) -> str:
         return str(self.env_file) if self.env_file else "none (built-in defaults and the environment)"
 
+    def entry(self, field: str) -> Setting:
+        """The canonical text and origin of the setting held in attribute `field` (`settings.entry("vllm_port")`);
+        ValueError for a name that is no setting attribute (an environment name among them)."""
+        return self.entries[env_name(field)]
+
+    def source_of(self, field: str) -> str:
+        """Where the setting held in attribute `field` came from: "default", "environment", "CLI --port" or
+        "path:line"."""
+        return self.entry(field).source
+
+    def named(self, name: str) -> Setting | None:
+        """The entry of the setting whose environment name is `name`, None when none is: for a name that arrives
+        as data (typed by the operator, recorded, in a level table), never one spelled in the code."""
+        return self.entries.get(name)
+
+    def every_entry(self) -> tuple[Setting, ...]:
+        """Every setting's entry, in declaration order (what `config show` lists)."""
+        return tuple(self.entries.values())
+
     def public_values(self) -> dict[str, str]:
         """Every setting's value, secrets as set/unset: safe to print, store and compare."""
         return {name: entry.shown for name, entry in self.entries.items()}
@@ -72,6 +91,27 @@ class Settings(NumericKnobs, TextSettings):
     def digest(self) -> str:
         blob = json.dumps(self.public_values(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def setting_fields() -> frozenset[str]:
+    """The attribute names of the declared settings (`vllm_extra_args`, ...)."""
+    return _FIELDS
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(NumericKnobs) + dataclasses.fields(TextSettings))
+
+
+def env_name(field: str) -> str:
+    """The environment name of the setting held in attribute `field`; ValueError for any other name."""
+    if field not in _FIELDS:
+        raise ValueError(f"{field!r} is no setting attribute; allowed: a field of NumericKnobs or TextSettings")
+    return field.upper()
+
+
+def recorded_value(values: Mapping[str, str], field: str, default: str = "") -> str:
+    """A setting's public value in a recorded mapping by environment name (`ServerRecord.settings`, from
+    `Settings.public_values`), read by its attribute name: `recorded_value(server.settings, "vllm_extra_args")`."""
+    return values.get(env_name(field), default)
 
 
 _TYPED: dict[str, Callable[[str], object]] = {

@@ -113,13 +113,13 @@ def require_mounted(settings, spec) -> None:
     from dspark_launch.errors import ConfigError
 
     wanted = wanted_model(settings)
-    name = "DSPARK_MODEL" if wanted.local else "DSPARK_MODEL_CACHE"
+    field = "dspark_model" if wanted.local else "dspark_model_cache"
     served = os.path.abspath(os.path.expanduser(wanted.name if wanted.local else wanted.source.cache_dir))
     mounted = os.path.abspath(spec.containers.model_cache)
     if not within(served, mounted):
-        entry, mount = settings.entries[name], settings.entries["DSPARK_CONTAINER_MODEL_CACHE"]
-        raise ConfigError(f"{name}={served} ({entry.source}) is not inside DSPARK_CONTAINER_MODEL_CACHE={mounted} "
-                          f"({mount.source}), the host folder mounted into the containers; allowed: a path inside it")
+        entry, mount = settings.entry(field), settings.source_of("dspark_container_model_cache")
+        raise ConfigError(f"{entry.name}={served} ({entry.source}) is not inside DSPARK_CONTAINER_MODEL_CACHE={mounted} "
+                          f"({mount}), the host folder mounted into the containers; allowed: a path inside it")
 
 
 def node_ops(spec, reporter=None) -> list[AgentModelOps]:

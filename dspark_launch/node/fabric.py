@@ -155,13 +155,13 @@ def _operator_members(root: Path, request: FabricRequest, known: list[str]) -> l
     members: list[_Member] = []
     if wanted.exclude:
         for hca in known:
-            if not any(wanted.matches(e, hca) and not e.port for e in wanted.entries):
+            if not any(wanted.matches(e, hca) and not e.port for e in wanted.devices):
                 members += [_member(root, hca, port) for port in _ports(root, hca)
-                            if not any(wanted.matches(e, hca) and e.port == port for e in wanted.entries)]
+                            if not any(wanted.matches(e, hca) and e.port == port for e in wanted.devices)]
         if not members:
             raise ConfigError(f"{given}: excludes every RDMA device there; {allowed}")
         return members
-    for entry in wanted.entries:
+    for entry in wanted.devices:
         hcas = [h for h in known if wanted.matches(entry, h)]
         if not hcas:
             raise ConfigError(f"{given}: {entry.device} is no RDMA device there; {allowed}")

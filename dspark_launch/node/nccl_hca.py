@@ -23,7 +23,7 @@ class HcaEntry:
 
 @dataclass(frozen=True)
 class HcaList:
-    entries: tuple[HcaEntry, ...]
+    devices: tuple[HcaEntry, ...]  # each `device[:port]` as written
     exclude: bool = False  # `^`: every device but these
     exact: bool = False  # `=`: whole names, not prefixes
 
@@ -32,7 +32,7 @@ class HcaList:
 
     @property
     def text(self) -> str:
-        body = ",".join(e.device + (f":{e.port}" if e.port else "") for e in self.entries)
+        body = ",".join(e.device + (f":{e.port}" if e.port else "") for e in self.devices)
         return ("^" if self.exclude else "") + ("=" if self.exact else "") + body
 
 

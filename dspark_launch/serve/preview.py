@@ -74,7 +74,7 @@ def build_plan(settings: Settings, reporter: Reporter, forced: GpuTarget | None 
     """The plan; ConfigError (exit 2) for what start would refuse as configuration. `forced`: `dspark plan --gpu`,
     every node judged as if it reported that compute capability."""
     spec = cluster_spec(settings, placeholders_ok=True)
-    dialled = [n for n in spec.workers if not placeholder(settings, "DSPARK_WORKER_HOSTS")]
+    dialled = [n for n in spec.workers if not placeholder(settings, "dspark_worker_hosts")]
     reporter.phase(f"asking {', '.join(n.label for n in (spec.head, *dialled))}")
     probes = Background(lambda: on_each((spec.head, *dialled), lambda node: _probe(spec, node)))
     placed = placed_weights(wanted_model(settings))

@@ -25,7 +25,7 @@ from dspark_launch.cluster.state import ServerRecord, save_state
 from dspark_launch.config.declared import DECLARED
 from dspark_launch.config.levels import Levels
 from dspark_launch.config.secret_digest import compared_values
-from dspark_launch.config.settings import Settings
+from dspark_launch.config.settings import Settings, recorded_value
 from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.hotfix import contract
 from dspark_launch.node.engine_log import engine_lines
@@ -96,7 +96,7 @@ class ReloadRefused(ConfigError):
 
 def refusal(changes: ReloadChanges, settings: Settings, levels: Levels = DECLARED) -> ReloadRefused:
     def source(name: str) -> str:
-        entry = settings.entries.get(name)
+        entry = settings.named(name)  # a changed setting's recorded name
         return f" ({entry.source})" if entry is not None else ""
 
     need = ", ".join(f"{c.line}{source(c.name)}" for c in changes.restart)
@@ -140,7 +140,7 @@ def reload(settings: Settings, spec: ClusterSpec, reporter: Reporter, timeout_s:
                        + ", ".join(c.line for c in changes.live))
         began = time.monotonic()
         head.call(SchedulerControl(server.control_file, contract.control_text(values)))
-        engines = engine_count(server.settings.get("VLLM_EXTRA_ARGS", ""))
+        engines = engine_count(recorded_value(server.settings, "vllm_extra_args"))
         lines, woken = _wait_in_force(log, wanted, engines, server, settings, began, timeout_s, reporter)
         took = time.monotonic() - began
         server.live = {name: value for name, value in values.items() if server.settings.get(name) != value}

@@ -105,7 +105,7 @@ def check_arguments(settings: Settings, spec: ClusterSpec, serve_spec: ServeSpec
     vLLM's list of per-node variables in the server's config folder (vLLM reads it at import)."""
     reporter.phase("checking the vllm serve arguments with the installed vLLM")
     head = spec.head.agent(reporter)
-    check_serve_args(head, serve_spec.serve_args, settings.entries["VLLM_EXTRA_ARGS"].source)
+    check_serve_args(head, serve_spec.serve_args, settings.source_of("vllm_extra_args"))
     reporter.phase("vllm serve arguments accepted by the installed vLLM")
     head.call(NonCarryOver(serve_spec.config_root))
 

@@ -145,6 +145,6 @@ def image_warnings(settings: Settings) -> tuple[str, ...]:
     """`plan` and `status`: the container image should be pinned by digest."""
     from dspark_launch.config.container_args import unpinned_image_warning
 
-    entry = settings.entries["DSPARK_IMAGE"]
+    entry = settings.entry("dspark_image")
     line = unpinned_image_warning(settings.dspark_runtime, entry.value, entry.source)
     return (line,) if line else ()

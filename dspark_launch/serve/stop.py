@@ -8,6 +8,7 @@ from dspark_launch.report import Reporter
 from dspark_launch.agent.protocol import DrainEnd, Stop, StopAnswer
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import Deployment, ServerRecord, save_state, wire_sessions
+from dspark_launch.config.settings import recorded_value
 
 
 def stop_server(spec: ClusterSpec, server: ServerRecord, grace_s: float = 15.0, drain_s: float = 0.0,
@@ -32,7 +33,7 @@ def drain_server(spec: ClusterSpec, server: ServerRecord, reporter: Reporter) ->
         return stop_server(spec, server)
     reporter.phase(f"vllm serve: draining in-flight requests (up to {server.drain_s} s; new ones are refused; "
                    "`dspark stop --now` aborts them)")
-    end = drain_end(server.log, server.settings.get("VLLM_EXTRA_ARGS", ""))
+    end = drain_end(server.log, recorded_value(server.settings, "vllm_extra_args"))
     answer, report = drained_stop(lambda: stop_server(spec, server, drain_s=server.drain_s + DRAIN_TEARDOWN_S,
                                                       drain_end=end),
                                   server.url, server.drain_s, DRAIN_PROBE_S)

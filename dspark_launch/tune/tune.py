@@ -104,7 +104,7 @@ class Tuner:
             if self.settings.env_file is None:
                 raise DsparkError("--apply: no env file to write (no --env-file, DSPARK_ENV_FILE or ./.env.dspark)")
             for name in TUNED:
-                where_set(self.settings.env_file, name, self.settings.entries[name].source)
+                where_set(self.settings.env_file, name, self.settings.source_of(name.lower()))
 
     def _warm_up(self, target: Target) -> None:
         url, body = payload(target, [{"role": "user", "content": "Hello, warm up."}], 4)
@@ -227,7 +227,7 @@ class Tuner:
         from dspark_launch.config.env_write import set_values, where_set
 
         path = self.settings.env_file
-        changes = {name: (value, where_set(path, name, self.settings.entries[name].source))
+        changes = {name: (value, where_set(path, name, self.settings.source_of(name.lower())))
                    for name, value in rec.point.values().items()}
         set_values(path, changes, note="set by dspark tune --apply")
         self.reporter.phase(f"tune: wrote {rec.point.name} into {path}; reloading")
