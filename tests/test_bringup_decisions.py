@@ -27,12 +27,9 @@ from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster.spec import Node, cluster_spec
 from dspark_launch.config.settings import resolve
 from dspark_launch.errors import ConfigError
+from tests.support.fake_nodes import ROW, VERIFIED, healthy_answer
 
 HEAD_IP, WORKER_IP = "10.9.0.1", "10.9.0.2"
-ROW = p.VersionRow(python="3.11.7", vllm="0.32.0", ray="2.60.0", torch="2.13.0", dspark_launch="0.1",
-                   scheduler_sha256="a" * 64)
-APPLIED = p.HotfixResult("apply", 0, "applied", "applied")
-VERIFIED = p.HotfixResult("status", 0, "applied", "verified")
 
 
 class FakeNode:
@@ -43,29 +40,12 @@ class FakeNode:
         self.pid = 1000 if node.is_head else 2000
 
     def healthy(self, request):
-        node = self.node
-        if isinstance(request, p.Probe):
-            modules = {name: p.ModuleInfo(True, "1") for name in ("dspark_launch", "ray", "vllm")}
-            return p.ProbeAnswer(node.name, "/venv/bin/python", "3.11.7", modules)
-        if isinstance(request, p.PrepareLogDir):
-            return p.PrepareLogDirAnswer(None)
-        if isinstance(request, p.InterfaceQuery):
-            return p.InterfaceAnswer(True, (node.ip,), True)
-        if isinstance(request, p.PortQuery):
-            return p.PortAnswer(True)
-        if isinstance(request, p.FabricQuery):
-            return p.FabricAnswer(FabricEnv(node.name, (), ("mlx5_0",), "3", True, (), ()))
-        if isinstance(request, p.VersionQuery):
-            return dataclasses.replace(ROW, hostname=node.name)
-        if isinstance(request, p.HotfixApply):
-            return p.HotfixApplyAnswer(node.name, APPLIED, VERIFIED)
-        if isinstance(request, p.RayTempDir):
-            return p.RayTempDirAnswer(f"/run/dspark/{request.name}")
+        answer = healthy_answer(self.node, request)
+        if answer is not None:
+            return answer
         if isinstance(request, p.Run):
             self.pid += 1
             return p.RunAnswer(0, p.Session(self.pid, 1), (p.Process(self.pid, 1, self.pid, cmd="raylet"),))
-        if isinstance(request, p.RayChecks):
-            return p.RayChecksAnswer(tuple(p.RayNode(f"id-{n.name}", n.ip, True, 1.0) for n in request.nodes))
         if isinstance(request, p.Stop):
             return p.StopAnswer(tuple(proc.pid for proc in request.processes), ())
         if isinstance(request, p.Tail):

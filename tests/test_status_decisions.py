@@ -21,6 +21,7 @@ from dspark_launch.cluster.spec import Node, cluster_spec
 from dspark_launch.cluster.state import load_state, save_state, STATE_FILE
 from dspark_launch.config.settings import resolve
 from dspark_launch.report import SilentReporter
+from tests.support.fake_nodes import healthy_answer
 
 HEAD_IP, WORKER_IP = "10.9.0.1", "10.9.0.2"
 RAY_GPUS = 7.0  # what the fake Ray node table answers: never the recorded 1.0
@@ -35,31 +36,13 @@ class FakeNode:
     def call(self, request, step: str = "", timeout: float | None = None):
         self.sent.append((self.node.name, type(request).__name__))
         node = self.node
-        if isinstance(request, p.Probe):
-            modules = {name: p.ModuleInfo(True, "1") for name in ("dspark_launch", "ray", "vllm")}
-            return p.ProbeAnswer(node.name, "/venv/bin/python", "3.11.7", modules)
-        if isinstance(request, p.PrepareLogDir):
-            return p.PrepareLogDirAnswer(None)
-        if isinstance(request, p.InterfaceQuery):
-            return p.InterfaceAnswer(True, (node.ip,), True)
-        if isinstance(request, p.PortQuery):
-            return p.PortAnswer(True)
-        if isinstance(request, p.FabricQuery):
-            from dspark_launch.node.fabric import FabricEnv
-            return p.FabricAnswer(FabricEnv(node.name, (), ("mlx5_0",), "3", True, (), ()))
-        if isinstance(request, p.VersionQuery):
-            return p.VersionRow(python="3.11.7", vllm="0.32.0", ray="2.60.0", hostname=node.name)
-        if isinstance(request, p.HotfixApply):
-            result = p.HotfixResult("apply", 0, "applied", "applied")
-            return p.HotfixApplyAnswer(node.name, result, result)
-        if isinstance(request, p.RayTempDir):
-            return p.RayTempDirAnswer(f"/run/dspark/{request.name}")
+        answer = healthy_answer(node, request)
+        if answer is not None:
+            return answer
         if isinstance(request, p.Run):
             pid = 1000 if node.is_head else 2000
             return p.RunAnswer(0, p.Session(pid, 1), (p.Process(pid, 1, pid, cmd="raylet"),
                                                      p.Process(pid + 1, 1, pid, cmd="gcs_server")))
-        if isinstance(request, p.RayChecks):
-            return p.RayChecksAnswer(tuple(p.RayNode(f"id-{n.name}", n.ip, True, 1.0) for n in request.nodes))
         if isinstance(request, p.AliveQuery):
             return p.AliveAnswer(tuple(node.name not in self.changed for _ in request.processes))
         if isinstance(request, p.RayNodesQuery):
