@@ -334,6 +334,9 @@ class NodeView:
         return f"{self.name} ({self.ip})"
 
 
+RaySource = Literal["record", "ray"]
+
+
 @dataclass(frozen=True)
 class ClusterView:
     """The cluster half of `status` (JSON shape in docs/cluster.md)."""
@@ -344,10 +347,7 @@ class ClusterView:
     nodes: tuple[NodeView, ...]
     problems: tuple[str, ...]
     checked_at: float
-    ray_source: str | None = None  # "record" | "ray": where the nodes' registered IP and GPUs came from
-
-
-RaySource = Literal["record", "ray"]
+    ray_source: RaySource | None = None  # where the nodes' registered IP and GPUs came from
 
 
 def ray_source(state: Deployment | None, spec: ClusterSpec, deep: bool, health: dict[str, str] | None = None

@@ -61,7 +61,7 @@ class ServiceStatus:
     server: ServerView
     fabric_warnings: tuple[str, ...] = ()  # per node at start, e.g. NCCL falls back to TCP
     warnings: tuple[str, ...] = ()  # about the settings now, e.g. an image named by a tag
-    ray_source: str | None = None  # "record" | "ray": where the nodes' registered IP and GPUs came from
+    ray_source: lifecycle.RaySource | None = None  # where the nodes' registered IP and GPUs came from
 
     def to_data(self) -> dict[str, Any]:
         """The JSON document of `dspark status --json` (docs/cluster.md): the metrics by their gauge names."""
