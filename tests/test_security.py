@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ import pytest
 from dspark_launch.node import procfs
 from tests.support.on_testbed import (dspark, ours_left, popen, read_until_served, run, serving_env,
                                       spawn_lookalike, state, write_env)
-from tests.support.processes import cmdline, describe, survives, wait_until
+from tests.support.processes import cmdline, describe, kill_now, survives, wait_until
 
 pytestmark = pytest.mark.testbed
 
@@ -233,8 +232,7 @@ def test_start_exposure_secrets_and_worker_ray_loss(testbed_clean, tmp_path, tin
         # reports it in one line and exits 1 so a supervisor restarts it; everything is stopped.
         worker_ray = tb.pids_in("worker1", include_infra=False) - unrelated_pids
         assert worker_ray
-        for pid in worker_ray:
-            os.kill(pid, signal.SIGKILL)
+        kill_now(worker_ray)  # a pid may be gone already: a child of one killed before it
         rest, _ = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
