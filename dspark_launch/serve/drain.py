@@ -23,6 +23,7 @@ from typing import Callable
 
 from dspark_launch.agent.protocol import DrainEnd, StopAnswer
 from dspark_launch.serve import http
+from dspark_launch.serve.engines import engine_count
 
 # vLLM 0.32's EngineCore (v1/engine/core.py `_handle_shutdown`): out of work, and, before it, work left when
 # the SIGTERM came (logged only when there was some). A vLLM that logs neither drains by its processes' end.
@@ -61,8 +62,6 @@ class DrainReport:
 
 def drain_end(log: str, extra_args: str) -> DrainEnd:
     """What the head's agent reads in the server log to end a drain: one done line per EngineCore."""
-    from dspark_launch.serve.engines import engine_count
-
     return DrainEnd(log, DRAINED_LOG, BUSY_LOG, engine_count(extra_args))
 
 

@@ -71,10 +71,6 @@ class ReloadResult:
     woken: tuple[int, ...] = ()  # the ranks an idle engine was woken on by a one-token request
 
     @property
-    def woke_idle_engine(self) -> bool:
-        return bool(self.woken)
-
-    @property
     def lines(self) -> list[str]:
         if not self.changes.live:
             return ["reload: no live setting changed; nothing to do"]
