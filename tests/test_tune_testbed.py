@@ -12,8 +12,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,11 +21,11 @@ from dspark_launch.node import procfs
 from dspark_launch.hotfix import contract
 from tests.support.launcher_env import scratch
 from tests.support.on_testbed import API_KEY, our_pids, popen, run, serving_env, state
-from tests.support.processes import describe
+from tests.support.processes import describe, wait_until
+from tests.support.relay_streams import relayed_streams
 
 pytestmark = [pytest.mark.testbed, pytest.mark.serving]
 
-CLIENT = Path(__file__).parent / "support" / "stream_client.py"
 SPACE = "1:3:2 2:3:2 1:2"  # three points: the cap, then the gate mode, changed
 SMALL = ("--requests", "6", "--seconds", "90", "--max-reply-tokens", "8")
 LIVE = (contract.ENV_CAP, contract.ENV_GATE_MODE, contract.ENV_AGING)
@@ -116,18 +114,28 @@ def test_bench_streams_the_classes_and_the_operators_prompts(served, tmp_path, t
     print(done.stdout)
 
 
+def in_engine(served) -> float:
+    """Requests the server runs or queues now, from `status --json`'s metrics."""
+    view = json.loads(served.dspark("status", "--json").stdout)
+    metrics = view["server"]["metrics"]
+    return metrics.get("vllm:num_requests_running", 0) + metrics.get("vllm:num_requests_waiting", 0)
+
+
 def test_tune_refuses_while_other_clients_are_served(served, tmp_path):
-    client = served.tb.popen("head", [sys.executable, str(CLIENT), "http://127.0.0.1:8000", API_KEY, "tiny", "2",
-                                      "400"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A relay (one stream after another): a stream is in flight however long the tune command takes to start
+    # (two fixed streams could end first on loaded cores, and tune would rightly find nobody served).
+    client = relayed_streams(served.tb, 400)
     try:
-        assert client.stdout.readline().startswith("first "), client.stderr.read()[-2000:]
         before = state(served.folder)["server"]
         refused = served.dspark("tune", "--space", SPACE, "--out", str(tmp_path / "t"), *SMALL)
         assert refused.returncode == 3, refused.stderr[-3000:]
         assert "serving other clients" in refused.stderr and "--while-serving" in refused.stderr
         assert state(served.folder)["server"] == before and not (tmp_path / "t").exists()
     finally:
-        client.communicate(timeout=300)
+        client.kill()
+        client.communicate(timeout=60)
+    # The cut stream is aborted by the server: idle again before the next test's tune looks.
+    assert wait_until(lambda: in_engine(served) == 0, 120), "the server still runs the relay's stream"
 
 
 def test_tune_measures_three_points_in_force_and_restores_the_values(served, tmp_path):
