@@ -109,3 +109,26 @@ def test_the_engine_core_runs_without_rays_failure_signal_handler():
     assert proc.returncode == 0, proc.stderr[-3000:]
     # Ray's default is the handler; vLLM's own run_engine_core is called with it off, and with its arguments.
     assert proc.stdout.strip().splitlines()[-1] == "(False, True, {'dp_rank': 0})"
+
+
+def test_a_warm_server_serves_only_on_go_used_once_and_gives_up_without_one(tmp_path):
+    """serve_entry's go wait: `go` starts it (the file removed: never a second start from it), anything else or
+    nothing within the wait does not."""
+    from dspark_launch.node.serve_entry import go_said
+
+    class Clock:
+        now = 0.0
+
+        def __call__(self) -> float:
+            return self.now
+
+        def sleep(self, seconds: float) -> None:
+            self.now += seconds
+
+    go = tmp_path / "x.go"
+    clock = Clock()
+    assert not go_said(go, 2.0, clock, clock.sleep) and clock.now >= 2.0  # nobody said go: it gives up
+    go.write_text("go\n")
+    assert go_said(go, 2.0, clock, clock.sleep) and not go.exists()
+    go.write_text("stop\n")
+    assert not go_said(go, 2.0, clock, clock.sleep)

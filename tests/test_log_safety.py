@@ -230,3 +230,32 @@ def test_a_log_that_is_a_hard_link_is_refused(agent, tmp_path, in_container):
     assert never_started(owner, witness)
     assert victim.read_text() == "precious\n" and victim.stat().st_uid == 0
     assert not Path(f"{log}.1").exists()
+
+
+def test_serve_go_promotes_the_warm_log_keeps_the_old_and_says_go(agent, tmp_path):
+    """A warm server's log becomes the server log (the old one kept as .1, the writer writing on), then the go
+    file says go once, 0600."""
+    logs = tmp_path / "logs"
+    logs.mkdir(mode=0o700)
+    log, pending, go = logs / "vllm-serve.log", logs / "vllm-serve.next.log", tmp_path / "dspark-1-server.go"
+    log.write_text("old server\n")
+    with open(pending, "a") as writer:  # as the warm process holds it
+        writer.write("warm\n")
+        writer.flush()
+        assert agent.call(p.ServeGo(str(go), str(pending), str(log)), "vllm serve (go)").log == str(log)
+        writer.write("serving\n")
+    assert log.read_text() == "warm\nserving\n" and (logs / "vllm-serve.log.1").read_text() == "old server\n"
+    assert not pending.exists()
+    assert go.read_text().strip() == "go" and stat.S_IMODE(go.stat().st_mode) == 0o600
+
+
+def test_serve_go_refuses_a_linked_warm_log_and_says_nothing(agent, tmp_path):
+    logs, victim = tmp_path / "logs", victim_file(tmp_path)
+    logs.mkdir(mode=0o700)
+    log, pending, go = logs / "vllm-serve.log", logs / "vllm-serve.next.log", tmp_path / "dspark-2-server.go"
+    log.write_text("old server\n")
+    pending.symlink_to(victim)
+    with pytest.raises(ClusterFailure, match="is a symbolic link.*the new server was not told to serve"):
+        agent.call(p.ServeGo(str(go), str(pending), str(log)), "vllm serve (go)")
+    assert log.read_text() == "old server\n" and not (logs / "vllm-serve.log.1").exists()
+    assert not go.exists() and victim.read_text() == "precious\n"

@@ -60,6 +60,18 @@ def ray_pids(tmp_path: Path) -> dict[str, list[int]]:
     return {node["name"]: sorted(p["pid"] for p in node["processes"]) for node in state(tmp_path)["nodes"]}
 
 
+def serve_entries(tb) -> set[int]:
+    """The head's processes that run dspark's serve entry (a vllm serve's API server)."""
+    found = set()
+    for pid in tb.pids_in("head"):
+        try:
+            if "dspark_launch.node.serve_entry" in procfs.cmdline(pid):
+                found.add(pid)
+        except FileNotFoundError:
+            pass
+    return found
+
+
 def finished_all(results: list[dict]) -> bool:
     return all(r["finish_reason"] == "length" and r["error"] is None for r in results)
 
@@ -77,6 +89,22 @@ def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_n
     assert started.returncode == 0, started.stderr[-4000:]
     ray_before, server_before = ray_pids(tmp_path), state(tmp_path)["server"]["pid"]
     assert all(ray_before.values()), ray_before
+
+    # a serve-only restart whose new arguments vLLM refuses: exit 2 naming them, the old server untouched
+    # (its process, its log not rotated), the new one (started warm to check them) gone
+    log_path = tmp_path / "state" / "logs" / "vllm-serve.log"
+    served_log = log_path.read_bytes()
+    set_knob(env, "VLLM_EXTRA_ARGS", "--enforce-eager --no-such-flag-in-vllm")
+    bad = run(tb, tmp_path, env, "restart")
+    assert bad.returncode == 2, bad.stderr[-3000:]
+    refusal = [line for line in bad.stderr.splitlines() if "refused by the installed vLLM" in line]
+    assert refusal and "--no-such-flag-in-vllm" in refusal[0] and "VLLM_EXTRA_ARGS from " in refusal[0], bad.stderr
+    assert state(tmp_path)["server"]["pid"] == server_before and procfs.start_time(server_before)
+    assert log_path.read_bytes().startswith(served_log) and not (log_path.parent / "vllm-serve.log.1").exists()
+    warm_log = (log_path.parent / "vllm-serve.next.log").read_text(errors="replace")
+    assert "DSPARK-ARGCHECK " in warm_log and "no-such-flag-in-vllm" in warm_log
+    assert serve_entries(tb) == {server_before}, "the refused server is gone, the old one serves"
+    set_knob(env, "VLLM_EXTRA_ARGS", "--enforce-eager")
 
     # serve-only restart, drained: the streams finish, Ray's processes are the same ones
     set_knob(env, "MAX_NUM_SEQS", "4")
@@ -109,7 +137,6 @@ def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_n
 
     # `reload` under load: the cap 2 -> 3 on the running scheduler, no stream cut, the server kept
     server = state(tmp_path)["server"]
-    log_path = tmp_path / "state" / "logs" / "vllm-serve.log"
     control = tmp_path / "state" / "scheduler-control"
     client = streams_in_flight(tb)
     set_knob(env, "DSPARK_MAX_INFLIGHT_PREFILLS", "3")

@@ -120,7 +120,7 @@ def test_private_ray_folders_and_one_token_for_two_first_starts(testbed_clean, t
 @pytest.mark.serving
 def test_foreground_supervisor_leaves_an_operators_restart_and_stop_alone(testbed_clean, tmp_path, tiny_model):
     """The systemd unit's `start --foreground` acts only on its own run; the operator's restart beside it
-    drains a stream and skips the unchanged serve-argument check, the idle stop after it does not wait."""
+    drains a stream, its new server checking its arguments in its own process (started warm), the idle stop after it does not wait."""
     tb = testbed_clean
     env = serving_env(tb, tmp_path, tiny_model, MAX_MODEL_LEN="1024", MAX_NUM_BATCHED_TOKENS="1024",
                       DSPARK_DRAIN_TIMEOUT_S="600")
@@ -132,7 +132,7 @@ def test_foreground_supervisor_leaves_an_operators_restart_and_stop_alone(testbe
         first_pid = state(tmp_path)["server"]["pid"]
         # An operator's restart: the supervisor sees its server go, waits for the restart's lock, finds
         # another run in the record and exits 0 without stopping it.
-        # Nothing changed: a serve-only restart, its arguments accepted at the start and not checked again.
+        # Nothing changed: a serve-only restart, the new server started warm (no separate argument check).
         client = relayed_streams(tb, 900)
         restarted = run(tb, tmp_path, env, "restart")
         assert restarted.returncode == 0, restarted.stderr[-3000:]
@@ -143,7 +143,8 @@ def test_foreground_supervisor_leaves_an_operators_restart_and_stop_alone(testbe
         assert served and all((r["finish_reason"], r["error"]) == ("length", None) for r in served), (
             streamed + streamed_err)
         assert refused["error"] is not None and refused["tokens"] == 0, streamed + streamed_err
-        assert "not checked again" in restarted.stderr, restarted.stderr[-3000:]
+        assert "in the new server's own process" in restarted.stderr, restarted.stderr[-3000:]
+        assert "(warm: vLLM imported, arguments checked)" in restarted.stderr, restarted.stderr[-3000:]
         drained = [line for line in restarted.stderr.splitlines() if "vllm serve drained in" in line]
         counted = re.search(r"(\d+) request\(s\) finished, 0 cut$", drained[0]) if drained else None
         assert counted and 1 <= int(counted.group(1)) <= len(served), restarted.stderr[-3000:]

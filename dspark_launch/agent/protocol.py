@@ -271,6 +271,20 @@ class SpawnAnswer:
 
 
 @dataclass(frozen=True)
+class ServeGo(Request["ServeGoAnswer"]):
+    """A warm server (started with a go file, its log at `pending_log`) told to serve: its log becomes
+    `log` (the previous one kept as LOG.1), then `go_file` says go."""
+    go_file: str
+    pending_log: str
+    log: str
+
+
+@dataclass(frozen=True)
+class ServeGoAnswer:
+    log: str
+
+
+@dataclass(frozen=True)
 class AliveQuery(Request["AliveAnswer"]):
     processes: tuple[Process, ...]
 
@@ -587,6 +601,7 @@ _OPERATIONS = (
     Operation(MemoryQuery, MemoryAnswer, "processes", "memory"),
     Operation(Run, RunAnswer, "processes", "run"),
     Operation(Spawn, SpawnAnswer, "processes", "spawn"),
+    Operation(ServeGo, ServeGoAnswer, "processes", "serve go"),
     Operation(AliveQuery, AliveAnswer, "processes", "status", 30, in_process=True),
     Operation(Stop, StopAnswer, "processes", "stop", lambda req: 90 + req.drain_s),
     # files and logs (handlers/files.py)

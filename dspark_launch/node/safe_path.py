@@ -171,6 +171,25 @@ def open_log(path: Path, rotate: bool = False):
         os.close(folder)
 
 
+def promote_log(pending: Path, path: Path) -> None:
+    """`pending` (a log of this user in the same private folder) renamed to `path`, the old `path` kept as
+    `<path>.1`: a process writing `pending` goes on writing, now under `path`. UnsafePath as `open_log`."""
+    if pending.parent != path.parent:
+        raise UnsafePath(f"log {pending} is not in the folder of {path}")
+    owner = log_owner(path.parent)
+    folder = _open_folder(path.parent, owner)
+    try:
+        _check_log(pending, os.lstat(pending.name, dir_fd=folder), owner)
+        try:
+            _check_log(path, os.lstat(path.name, dir_fd=folder), owner)
+            os.replace(path.name, f"{path.name}.1", src_dir_fd=folder, dst_dir_fd=folder)
+        except FileNotFoundError:
+            pass
+        os.replace(pending.name, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+    finally:
+        os.close(folder)
+
+
 def _open_folder(path: Path, owner: LogOwner) -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)

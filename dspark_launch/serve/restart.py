@@ -13,8 +13,9 @@ from dspark_launch.config.secret_digest import compared_values
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import DsparkError
 from dspark_launch.serve.restart_kind import RestartKind
-from dspark_launch.serve.start import StartResult, checked_serve_spec, check_arguments, launch, preflight_memory
+from dspark_launch.serve.start import StartResult, checked_serve_spec, launch, preflight_memory
 from dspark_launch.serve.stop import abort_server, drain_server
+from dspark_launch.serve.warm_start import cancel_warm, start_warm
 
 
 def restart_kind_of(settings: Settings, spec: ClusterSpec, state: Deployment | None) -> RestartKind:
@@ -45,24 +46,27 @@ def _ray_up(spec: ClusterSpec, state: Deployment | None) -> bool:
 def restart_serve(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool = False,
                   verify: bool = False, now: bool = False, marker: str = "") -> StartResult:
     """Only `vllm serve` restarted, Ray (and the containers) kept, after `restart_kind_of` found it enough
-    for the server with `marker`: the new serve spec is resolved and its arguments checked while the old server
-    still serves, then the old one drains (unless `now`) and the new one starts. A failure leaves Ray up
+    for the server with `marker`: the new serve spec is resolved and the new server started warm (vLLM
+    imported, its arguments checked: serve/warm_start.py) while the old server still serves, then the old one
+    drains (unless `now`) and the new one serves. A failure leaves Ray up
     and no server (`dspark start` serves again)."""
     with lifecycle.locked_deployment(spec.state_dir) as state:
         if state is None or state.server is None or state.server.marker != marker:
             raise DsparkError("the deployment changed meanwhile (another dspark command); run `dspark restart` again")
         spec, serve_spec, weights, memory = checked_serve_spec(settings, spec, reporter, verify)
         preflight_memory(spec, serve_spec, weights, memory, reporter, force)
-        check_arguments(settings, spec, serve_spec, reporter)
-        stopped = abort_server(spec, state.server) if now else drain_server(spec, state.server, reporter)
-        reporter.phase(f"vllm serve: stopped {len(stopped.stopped)} process(es); Ray kept up on every node")
-        state.server = None
-        state.config_digest = spec.config_digest  # the settings this deployment now runs with
-        save_state(spec.state_dir, state)
+        warm = start_warm(spec, serve_spec, settings.source_of("vllm_extra_args"), reporter)
         try:
-            server, answer = launch(spec, serve_spec, state, reporter)
-        except DsparkError as error:
-            error.stopped = ("the running vllm serve, then the new one; Ray kept up",)
+            stopped = abort_server(spec, state.server) if now else drain_server(spec, state.server, reporter)
+            reporter.phase(f"vllm serve: stopped {len(stopped.stopped)} process(es); Ray kept up on every node")
+            state.server = None
+            state.config_digest = spec.config_digest  # the settings this deployment now runs with
+            save_state(spec.state_dir, state)
+            server, answer = launch(spec, serve_spec, state, reporter, warm)
+        except BaseException as error:
+            cancel_warm(spec, warm)  # already stopped when it was launched; never left waiting
+            if isinstance(error, DsparkError) and state.server is None:
+                error.stopped = ("the running vllm serve, then the new one; Ray kept up",)
             raise
         return StartResult(serve_spec, server, False, state.hotfix, answer)
 

@@ -9,7 +9,6 @@ second launcher fails at once naming the holder); the serve spec is built once.
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -32,6 +31,7 @@ from dspark_launch.serve.logfollow import LogReader
 from dspark_launch.serve.serve_spec import ServeSpec, api_key, build_serve_spec
 from dspark_launch.serve.running_server import SERVER_LOG, ServeFailure, server_alive, serving, tails
 from dspark_launch.serve.stop import stop_server
+from dspark_launch.serve.warm_start import WarmServer, new_marker, tell_to_serve
 
 
 @dataclass
@@ -235,13 +235,15 @@ def model_preflight(settings: Settings, spec: ClusterSpec, reporter: Reporter,
     return dataclasses.replace(spec, node_env=node_env), serving
 
 
-def launch(spec: ClusterSpec, serve_spec: ServeSpec, state: Deployment,
-           reporter: Reporter) -> tuple[ServerRecord, readiness.FirstAnswer]:
-    """`vllm serve` on the head (through its agent), recorded at once, then waited for."""
+def launch(spec: ClusterSpec, serve_spec: ServeSpec, state: Deployment, reporter: Reporter,
+           warm: WarmServer | None = None) -> tuple[ServerRecord, readiness.FirstAnswer]:
+    """`vllm serve` on the head (through its agent), or the `warm` one told to serve, recorded at once,
+    then waited for."""
     log = str(spec.state_dir / "logs" / SERVER_LOG)
     head = spec.head.agent(reporter)
-    marker = f"dspark-{secrets.token_hex(4)}-server"
-    reporter.phase(f"launching vllm serve on {spec.head.label}: {serve_spec.model} as {serve_spec.served_name}")
+    marker = warm.marker if warm else new_marker()
+    reporter.phase(f"launching vllm serve on {spec.head.label}: {serve_spec.model} as {serve_spec.served_name}"
+                   + (" (warm: vLLM imported, arguments checked)" if warm else ""))
     server = ServerRecord(marker=marker, log=log, url=serve_spec.base_url, served_name=serve_spec.served_name,
                           model=serve_spec.model, started_at=time.time(), settings=dict(serve_spec.settings),
                           digest=serve_spec.settings_digest, cap=serve_spec.cap, profile=serve_spec.profile,
@@ -255,10 +257,15 @@ def launch(spec: ClusterSpec, serve_spec: ServeSpec, state: Deployment,
         head.call(SchedulerControl(serve_spec.control_file, remove=True))
     try:
         # Inside the try: an interrupt while the agent spawns still stops the server (found by its marker).
-        answer = head.call(Spawn(tuple(serve_spec.argv), serve_spec.full_env(), marker, log, rotate_log=True),
-                           "vllm serve")
-        server.pid, server.start_time, server.boot_id = answer.process.pid, answer.process.start_time, answer.process.boot_id
-        server.sessions = [recorded(SessionRecord, answer.session)]
+        if warm:
+            tell_to_serve(spec, warm)
+            process, session = warm.process, warm.session
+        else:
+            answer = head.call(Spawn(tuple(serve_spec.argv), serve_spec.full_env(), marker, log, rotate_log=True),
+                               "vllm serve")
+            process, session = answer.process, answer.session
+        server.pid, server.start_time, server.boot_id = process.pid, process.start_time, process.boot_id
+        server.sessions = [recorded(SessionRecord, session)]
         state.server = server
         save_state(spec.state_dir, state)
         ready = wait_until_serving(spec, serve_spec, server, head, reporter)

@@ -179,6 +179,24 @@ def spawn(req: p.Spawn, report: Report) -> p.SpawnAnswer:
     return p.SpawnAnswer(p.Process(proc.pid, session.start_time, proc.pid, session.boot_id), session)
 
 
+def serve_go(req: p.ServeGo, report: Report) -> p.ServeGoAnswer:
+    """The warm server's log made the server log, then its go file written (0600, new: never through a link)."""
+    from dspark_launch.node.safe_path import UnsafePath, promote_log
+    from dspark_launch.node.serve_entry import GO
+
+    try:
+        promote_log(Path(req.pending_log), Path(req.log))
+    except (UnsafePath, OSError) as exc:
+        raise p.OperationFailed(p.Failure("log", f"{exc}; the new server was not told to serve")) from None
+    go = Path(req.go_file)
+    tmp = go.with_name(f".{go.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(GO + "\n")
+    os.replace(tmp, go)
+    return p.ServeGoAnswer(req.log)
+
+
 def alive_query(req: p.AliveQuery, report: Report) -> p.AliveAnswer:
     return p.AliveAnswer(tuple(_alive(proc) for proc in req.processes))
 

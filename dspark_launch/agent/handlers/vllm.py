@@ -12,8 +12,10 @@ import json
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from dspark_launch.agent import protocol as p
+from dspark_launch.node import serve_argcheck
 
 
 def describe_vllm(req: p.DescribeVllm, report: p.Report) -> p.DescribeVllmAnswer:
@@ -32,36 +34,8 @@ def describe_vllm(req: p.DescribeVllm, report: p.Report) -> p.DescribeVllmAnswer
     return p.DescribeVllmAnswer(offer)
 
 
-# The installed vLLM's own serve-argument check (moved from serve/argcheck.py, which keeps the launcher side).
-_CHECK = r"""
-import json, sys
-try:  # 0.33
-    from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
-except ImportError:
-    try:  # 0.31, 0.32
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
-    except ImportError:
-        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
-try:
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-except ImportError:
-    from vllm.utils import FlexibleArgumentParser
-
-class Refused(Exception):
-    pass
-
-class Parser(FlexibleArgumentParser):
-    def error(self, message):
-        raise Refused(message)
-
-argv = json.loads(sys.stdin.read())
-try:
-    validate_parsed_serve_args(make_arg_parser(Parser(prog="vllm serve")).parse_args(argv))
-except (Refused, ValueError, TypeError) as exc:
-    print("DSPARK-ARGCHECK " + json.dumps(str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
-    sys.exit(2)
-print("DSPARK-ARGCHECK ok")
-"""
+# The installed vLLM's own serve-argument check, as a script for a child of the head's interpreter.
+_CHECK = Path(serve_argcheck.__file__).read_text()
 
 
 def _die_with_parent() -> None:
@@ -76,10 +50,11 @@ def refusal(serve_args: list[str] | tuple[str, ...], python: str = sys.executabl
     """vLLM's reason for refusing `serve_args` (model first, as after `vllm serve`), or None when accepted."""
     proc = subprocess.run([python, "-c", _CHECK], input=json.dumps(["--model", *serve_args]), capture_output=True,
                           text=True, timeout=300, preexec_fn=_die_with_parent)
-    verdicts = [line for line in proc.stdout.splitlines() if line.startswith("DSPARK-ARGCHECK ")]
-    if proc.returncode == 0 and verdicts == ["DSPARK-ARGCHECK ok"]:
+    verdicts = [line for line in proc.stdout.splitlines() if line.startswith(serve_argcheck.VERDICT)]
+    accepted = serve_argcheck.verdict_line(None)
+    if proc.returncode == 0 and verdicts == [accepted]:
         return None
-    if verdicts and verdicts[-1] != "DSPARK-ARGCHECK ok":
+    if verdicts and verdicts[-1] != accepted:
         return json.loads(verdicts[-1].split(" ", 1)[1])
     detail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     raise RuntimeError(f"cannot check vllm serve arguments: {detail}; allowed: an importable vLLM")
