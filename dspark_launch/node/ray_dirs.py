@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 from pathlib import Path
 
 from dspark_launch.node.safe_path import PRIVATE, UnsafePath, make_dir, read_private, write_private, write_temp
@@ -91,6 +90,8 @@ def _kept_suffix(renew: bool = False) -> str:
             pass
         except OSError:
             renew = True  # a link or not a private file of this user: replaced, never followed
+    import secrets  # here: drawn once per user, and it pulls hashlib and random into every Ray agent process
+
     make_dir(path.parent)
     drawn = secrets.token_hex(4) + "\n"
     if renew:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -259,6 +258,8 @@ def read_private(path: Path, forbidden: int = WRITABLE_BY_OTHERS, limit: int | N
 
 def write_temp(path: Path, text: str) -> str:
     """`text` in a new 0600 file beside `path` with a unique name (O_EXCL: never an existing file or link)."""
+    import tempfile  # here: it pulls shutil and random into every node-agent process, and few write a file
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

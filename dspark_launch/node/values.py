@@ -6,7 +6,6 @@ Stdlib only; frozen dataclasses, each field a JSON value (agent/codec.py encodes
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass
 
@@ -47,6 +46,8 @@ class Manifest:
     @property
     def stamp(self) -> str:
         """Identifies this exact content: equal stamps mean equal paths, sizes and hashes."""
+        import hashlib  # here: every node-agent process imports these values, few compute a digest
+
         canonical = json.dumps([self.source, self.revision, [[f.path, f.size, f.sha256] for f in self.files]],
                                separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
