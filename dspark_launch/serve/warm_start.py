@@ -88,7 +88,7 @@ def _verdict(spec: ClusterSpec, warm: WarmServer, reporter: Reporter) -> str | N
         if time.monotonic() - start > VERDICT_TIMEOUT_S:
             raise ServeFailure(f"the new vllm serve did not check its arguments within {VERDICT_TIMEOUT_S:.0f} s; "
                                f"log {warm.pending_log}")
-        time.sleep(0.25)
+        time.sleep(0.1)
 
 
 def tell_to_serve(spec: ClusterSpec, warm: WarmServer) -> str:
