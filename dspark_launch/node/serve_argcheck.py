@@ -13,24 +13,37 @@ import sys
 VERDICT = "DSPARK-ARGCHECK "  # the line's prefix: "ok", or vLLM's reason as a JSON string
 
 
-def refusal_of(argv: list[str]) -> str | None:
-    """vLLM's reason for refusing `argv`, or None when its parser and its serve-argument checks accept it."""
+def vllm_serve_cli():
+    """The installed vLLM's `make_arg_parser`, `validate_parsed_serve_args` and `FlexibleArgumentParser`
+    (their modules moved between releases): the one place that knows where."""
     try:  # 0.33
         from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
     except ImportError:
         try:  # 0.31, 0.32
             from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
-        except ImportError:
+        except ImportError:  # before 0.31
             from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:
         from vllm.utils import FlexibleArgumentParser
+    return make_arg_parser, validate_parsed_serve_args, FlexibleArgumentParser
+
+
+def serve_parser():
+    """`vllm serve`'s own argument parser, as the installed vLLM builds it."""
+    make_arg_parser, _, flexible_parser = vllm_serve_cli()
+    return make_arg_parser(flexible_parser(prog="vllm serve"))
+
+
+def refusal_of(argv: list[str]) -> str | None:
+    """vLLM's reason for refusing `argv`, or None when its parser and its serve-argument checks accept it."""
+    make_arg_parser, validate_parsed_serve_args, flexible_parser = vllm_serve_cli()
 
     class Refused(Exception):
         pass
 
-    class Parser(FlexibleArgumentParser):
+    class Parser(flexible_parser):  # type: ignore[misc, valid-type]  # a class the installed vLLM gives
         def error(self, message):
             raise Refused(message)
 

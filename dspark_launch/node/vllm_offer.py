@@ -139,17 +139,8 @@ def describe_installed_vllm(config_path: str | None = None) -> VllmOffer:
     import vllm.envs
     from vllm.config.speculative import SpeculativeConfig, SpeculativeMethod
 
-    try:  # 0.33
-        from vllm.entrypoints.common.cli_args import make_arg_parser
-    except ImportError:
-        try:  # 0.31, 0.32
-            from vllm.entrypoints.launchers.cli_args import make_arg_parser
-        except ImportError:  # before 0.31
-            from vllm.entrypoints.openai.cli_args import make_arg_parser
-    try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-    except ImportError:
-        from vllm.utils import FlexibleArgumentParser
+
+    from dspark_launch.node.serve_argcheck import serve_parser
 
     # The tool and reasoning parsers are registries, not argparse choices: ask the registries.
     registries = {
@@ -158,7 +149,7 @@ def describe_installed_vllm(config_path: str | None = None) -> VllmOffer:
         "reasoning_parser": _registered("vllm.reasoning", "ReasoningParserManager"),
         **_static_choices(),
     }
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    parser = serve_parser()
     flags = []
     for action in parser._actions:
         if not action.option_strings or action.dest == "help":
