@@ -120,6 +120,13 @@ def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_n
     # (the new plan is checked before the old server drains: the streams may have ended by then)
     assert " 0 cut" in serve_only.stderr, serve_only.stderr[-3000:]
     assert ray_pids(tmp_path) == ray_before and state(tmp_path)["server"]["pid"] != server_before
+    # its EngineCore was forked from the fork server that imported vLLM's engine core during the warm wait,
+    # not spawned by the API server after go (a full start's is)
+    new_server = state(tmp_path)["server"]["pid"]
+    engine_core = int(re.findall(r"\(EngineCore(?:_DP0)? pid=(\d+)\)", log_path.read_text(errors="replace"))[-1])
+    fork_server = procfs.parent(engine_core)
+    assert fork_server != new_server and procfs.parent(fork_server) == new_server, describe({engine_core})
+    assert "multiprocessing.forkserver" in " ".join(procfs.cmdline(fork_server)), describe({engine_core, fork_server})
     assert all(pid in our_pids(tb, node) for node, pids in ray_before.items() for pid in pids)
     code, data = status(tb, tmp_path, env)
     assert code == 0 and data["state"] == "up" and data["server"]["cap"] == 2 and data["server"]["drift"] == [], data

@@ -21,6 +21,7 @@ old server has stopped) and serves; no `go` within DSPARK_SERVE_GO_WAIT_S (a lau
 from __future__ import annotations
 
 import importlib
+import multiprocessing.context
 import os
 import runpy
 import signal
@@ -37,6 +38,8 @@ NO_GO = "DSPARK-WARM no go"  # the log's last line when the wait ran out
 # What the API server imports only once it builds its engine config (vLLM 0.32, -X importtime: about 0.6 s
 # on the critical path after go); imported during the wait instead, where present.
 ENGINE_CONFIG_IMPORTS = ("vllm.v1.executor.abstract", "ray", "ray.dag.compiled_dag_node")
+# What a spawned EngineCore imports before it runs (this module: its entry, vLLM's engine core, its Ray executor).
+ENGINE_CORE_IMPORTS = ("dspark_launch.node.serve_entry", "vllm.v1.engine.core", "vllm.v1.executor.ray_executor")
 
 
 def keep_vllms_sigterm_handler() -> None:
@@ -97,6 +100,51 @@ def start_engine_core_through_this_module() -> None:
     EngineCoreProc.run_engine_core = staticmethod(run_engine_core)
 
 
+class EngineCoreProcess(multiprocessing.context.ForkServerProcess):
+    """An EngineCore forked from a server process that imported vLLM's engine core while the warm server
+    waited, in place of a spawned interpreter that imports it after go. It runs with the environment of
+    the moment it is started, as a spawned one would (vLLM sets variables around `start()`)."""
+
+    _environment: dict[str, str]
+
+    def start(self) -> None:
+        self._environment = dict(os.environ)
+        super().start()
+
+    def run(self) -> None:
+        os.environ.clear()
+        os.environ.update(self._environment)
+        super().run()
+
+
+class EngineCoreContext(multiprocessing.context.ForkServerContext):
+    Process = EngineCoreProcess  # type: ignore[assignment]
+
+
+def engine_core_imported_ahead() -> None:
+    """During the warm wait: the fork server (a fresh interpreter, never a copy of this one) imports
+    ENGINE_CORE_IMPORTS. Nothing secret reaches it: the keys left this environment before."""
+    from multiprocessing import forkserver
+
+    forkserver.set_forkserver_preload(list(ENGINE_CORE_IMPORTS))
+    forkserver.ensure_running()
+
+
+def start_engine_core_from_the_fork_server() -> None:
+    """After go: where vLLM would spawn its EngineCore (vllm/v1/engine/utils.py CoreEngineProcManager, through
+    `get_mp_context`), it starts an `EngineCoreProcess`; where vLLM asks for fork (an operator's
+    VLLM_WORKER_MULTIPROC_METHOD), it forks as asked."""
+    import vllm.v1.engine.utils as engine_utils
+
+    vllms_context = engine_utils.get_mp_context
+
+    def engine_core_context():
+        context = vllms_context()
+        return EngineCoreContext() if context.get_start_method() == "spawn" else context
+
+    engine_utils.get_mp_context = engine_core_context
+
+
 def go_said(go_file: Path, wait_s: float, clock=time.monotonic, sleep=time.sleep) -> bool:
     """Whether `go_file` said `go` within `wait_s` (read, then removed: a go is used once)."""
     deadline = clock() + wait_s
@@ -116,6 +164,7 @@ def warm_up(argv: list[str], go_file: Path, wait_s: float) -> None:
     2 when refused, 3 without a go."""
     from dspark_launch.node.serve_argcheck import refusal_of, verdict_line
 
+    engine_core_imported_ahead()  # beside this process's own import: another core's work on the critical path
     reason = refusal_of(argv)
     print(verdict_line(reason), flush=True)
     if reason is not None:
@@ -140,11 +189,16 @@ def main() -> None:
     wait_s = float(os.environ.pop(GO_WAIT_ENV, "0") or 0)
     if go_file:
         warm_up(sys.argv[1:], Path(go_file), wait_s)
+        entry_warm = True
+    else:
+        entry_warm = False
     sys.argv = [SERVER_MODULE, *sys.argv[1:]] + (["--api-key", *keys] if keys else [])
     # By its package name, not as __main__: the spawned EngineCore finds run_engine_core by module name.
     from dspark_launch.node import serve_entry as entry
 
     entry.start_engine_core_through_this_module()
+    if entry_warm:
+        entry.start_engine_core_from_the_fork_server()
     runpy.run_module(SERVER_MODULE, run_name="__main__", alter_sys=True)
 
 
