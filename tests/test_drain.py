@@ -72,6 +72,7 @@ def test_rays_sigterm_handler_leaves_vllms_in_place_only_through_the_entry_shim(
 ROUTED = """
 import pickle, sys
 from dspark_launch.node import serve_entry as entry
+entry.engine_core_imported_ahead()  # as the warm server: its fork server imports beside this process's import
 entry.start_engine_core_through_this_module()
 from vllm.v1.engine.core import EngineCoreProc
 import inspect, vllm.v1.engine.utils as engine_utils
@@ -82,12 +83,41 @@ target = EngineCoreProc.run_engine_core
 assert target is entry.run_engine_core and pickle.loads(pickle.dumps(target)) is entry.run_engine_core
 assert entry._VLLM_RUN_ENGINE_CORE.__module__ == "vllm.v1.engine.core"
 print("ok")
+
+# A warm server: its fork server imports vLLM's engine core during the wait; after go, vLLM's module hands out
+# the entry's context (vLLM takes the EngineCore's context from that module's name, when it starts it):
+import os, tempfile
+from pathlib import Path
+entry.start_engine_core_from_the_fork_server()
+assert "context = get_mp_context()" in inspect.getsource(engine_utils.CoreEngineProcManager.__init__)
+context = engine_utils.get_mp_context()
+assert isinstance(context, entry.EngineCoreContext), context
+os.environ["SET_AROUND_START"] = "yes"  # as vLLM sets variables around start()
+report = Path(tempfile.mkdtemp()) / "child"
+code = ("import os, sys; from pathlib import Path; "
+        "Path(%r).write_text(repr((os.environ.get('SET_AROUND_START'), 'vllm.v1.engine.core' in sys.modules, "
+        "os.getppid())))" % str(report))
+child = context.Process(target=exec, args=(code,))
+child.start(); child.join(60)
+said, imported, parent = eval(report.read_text())
+os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+print(said, imported, parent != os.getpid(), engine_utils.get_mp_context().get_start_method())
 """
 
 
-def test_the_engine_core_starts_through_the_entry_shim():
-    proc = subprocess.run([sys.executable, "-c", ROUTED], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+def test_the_engine_core_starts_through_the_entry_shim_and_a_warm_ones_comes_from_the_fork_server():
+    """The EngineCore runs the entry's run_engine_core. A warm server's fork server imports vLLM's engine core during
+    the wait; the EngineCore vLLM would spawn after go is forked from it (already imported: not this process's
+    child), with the variables of the moment vLLM starts it; an operator's VLLM_WORKER_MULTIPROC_METHOD=fork is
+    kept as vLLM's. (One interpreter for both: each imports vLLM.)"""
+    from dspark_launch.node.serve_entry import ENGINE_CORE_IMPORTS
+
+    for name in ENGINE_CORE_IMPORTS:
+        assert importlib.util.find_spec(name) is not None, name  # the fork server skips a missing one silently
+    env = {**os.environ, "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}  # as vLLM's CLI and its CPU platform set it
+    proc = subprocess.run([sys.executable, "-c", ROUTED], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-2:] == ["ok", "yes True True fork"], proc.stdout[-2000:]
 
 
 NO_ABORT = """
@@ -133,40 +163,3 @@ def test_a_warm_server_serves_only_on_go_used_once_and_gives_up_without_one(tmp_
     go.write_text("stop\n")
     assert not go_said(go, 2.0, clock, clock.sleep)
 
-
-FORKED = """
-import inspect, os, sys, tempfile
-from pathlib import Path
-from dspark_launch.node import serve_entry as entry
-entry.engine_core_imported_ahead()
-entry.start_engine_core_from_the_fork_server()
-import vllm.v1.engine.utils as engine_utils
-# vLLM takes its EngineCore's context from this module's name, when it starts it:
-assert "context = get_mp_context()" in inspect.getsource(engine_utils.CoreEngineProcManager.__init__)
-context = engine_utils.get_mp_context()
-assert isinstance(context, entry.EngineCoreContext), context
-os.environ["SET_AROUND_START"] = "yes"  # as vLLM sets variables around start()
-report = Path(tempfile.mkdtemp()) / "child"
-code = ("import os, sys; from pathlib import Path; "
-        "Path(%r).write_text(repr((os.environ.get('SET_AROUND_START'), 'vllm.v1.engine.core' in sys.modules, "
-        "os.getppid())))" % str(report))
-child = context.Process(target=exec, args=(code,))
-child.start(); child.join(60)
-said, imported, parent = eval(report.read_text())
-os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
-print(said, imported, parent != os.getpid(), engine_utils.get_mp_context().get_start_method())
-"""
-
-
-def test_a_warm_servers_engine_core_comes_imported_from_the_fork_server_with_the_environment_of_its_start():
-    """The warm entry's fork server imports vLLM's engine core during the wait; the EngineCore vLLM would spawn
-    after go is forked from it (already imported: not this process's child), with the variables of the moment
-    vLLM starts it; an operator's VLLM_WORKER_MULTIPROC_METHOD=fork is kept as vLLM's."""
-    from dspark_launch.node.serve_entry import ENGINE_CORE_IMPORTS
-
-    for name in ENGINE_CORE_IMPORTS:
-        assert importlib.util.find_spec(name) is not None, name  # the fork server skips a missing one silently
-    env = {**os.environ, "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}  # as vLLM's CLI and its CPU platform set it
-    proc = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1] == "yes True True fork"
