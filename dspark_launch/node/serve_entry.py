@@ -16,6 +16,8 @@ Started warm (DSPARK_SERVE_GO_FILE set: a serve-only restart), it imports vLLM's
 arguments with vLLM's own parser (`serve_argcheck`, the verdict as a line of its log) while the old
 server still serves and drains, then waits for its go file to say `go` (the launcher writes it once the
 old server has stopped) and serves; no `go` within DSPARK_SERVE_GO_WAIT_S (a launcher gone), it exits.
+Its EngineCore then comes from a fork server that imported vLLM's engine core during that wait, where vLLM
+would spawn one that imports vLLM again after go (`EngineCoreProcess`).
 """
 
 from __future__ import annotations
@@ -164,7 +166,7 @@ def warm_up(argv: list[str], go_file: Path, wait_s: float) -> None:
     2 when refused, 3 without a go."""
     from dspark_launch.node.serve_argcheck import refusal_of, verdict_line
 
-    engine_core_imported_ahead()  # beside this process's own import: another core's work on the critical path
+    engine_core_imported_ahead()  # first: its import runs beside this process's own (another core), not after go
     reason = refusal_of(argv)
     print(verdict_line(reason), flush=True)
     if reason is not None:
@@ -189,15 +191,12 @@ def main() -> None:
     wait_s = float(os.environ.pop(GO_WAIT_ENV, "0") or 0)
     if go_file:
         warm_up(sys.argv[1:], Path(go_file), wait_s)
-        entry_warm = True
-    else:
-        entry_warm = False
     sys.argv = [SERVER_MODULE, *sys.argv[1:]] + (["--api-key", *keys] if keys else [])
     # By its package name, not as __main__: the spawned EngineCore finds run_engine_core by module name.
     from dspark_launch.node import serve_entry as entry
 
     entry.start_engine_core_through_this_module()
-    if entry_warm:
+    if go_file:
         entry.start_engine_core_from_the_fork_server()
     runpy.run_module(SERVER_MODULE, run_name="__main__", alter_sys=True)
 
