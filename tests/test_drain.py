@@ -162,4 +162,3 @@ def test_a_warm_server_serves_only_on_go_used_once_and_gives_up_without_one(tmp_
     assert go_said(go, 2.0, clock, clock.sleep) and not go.exists()
     go.write_text("stop\n")
     assert not go_said(go, 2.0, clock, clock.sleep)
-

@@ -40,8 +40,11 @@ NO_GO = "DSPARK-WARM no go"  # the log's last line when the wait ran out
 # What the API server imports only once it builds its engine config (vLLM 0.32, -X importtime: about 0.6 s
 # on the critical path after go); imported during the wait instead, where present.
 ENGINE_CONFIG_IMPORTS = ("vllm.v1.executor.abstract", "ray", "ray.dag.compiled_dag_node")
-# What a spawned EngineCore imports before it runs (this module: its entry, vLLM's engine core, its Ray executor).
-ENGINE_CORE_IMPORTS = ("dspark_launch.node.serve_entry", "vllm.v1.engine.core", "vllm.v1.executor.ray_executor")
+# What a spawned EngineCore imports before it runs: this module (its entry), vLLM's engine core and its Ray
+# executors (vllm/v1/executor/abstract.py: RayExecutorV2 by default in 0.32, VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0
+# the first one).
+ENGINE_CORE_IMPORTS = ("dspark_launch.node.serve_entry", "vllm.v1.engine.core", "vllm.v1.executor.ray_executor_v2",
+                       "vllm.v1.executor.ray_executor")
 
 
 def keep_vllms_sigterm_handler() -> None:

@@ -139,7 +139,6 @@ def describe_installed_vllm(config_path: str | None = None) -> VllmOffer:
     import vllm.envs
     from vllm.config.speculative import SpeculativeConfig, SpeculativeMethod
 
-
     from dspark_launch.node.serve_argcheck import serve_parser
 
     # The tool and reasoning parsers are registries, not argparse choices: ask the registries.
