@@ -70,9 +70,17 @@ def test_rays_sigterm_handler_leaves_vllms_in_place_only_through_the_entry_shim(
 
 
 ROUTED = """
-import pickle, sys
+import os, pickle, sys, tempfile
+from pathlib import Path
 from dspark_launch.node import serve_entry as entry
-entry.engine_core_imported_ahead()  # as the warm server: its fork server imports beside this process's import
+# The warm server's own steps before go (its fork server's import, vLLM's parser on its arguments, vLLM's server
+# module), a go already said: none of it loads vLLM's scheduler module, the file the hotfix patches while a
+# starting server waits (a `start` applies the hotfix beside it).
+go = Path(tempfile.mkdtemp()) / "go"
+go.write_text(entry.GO)
+entry.warm_up(["--model", sys.argv[1], "--max-num-seqs", "4"], go, 5)
+SCHEDULER = "vllm.v1.core.sched.scheduler"
+assert SCHEDULER not in sys.modules and not go.exists()
 entry.start_engine_core_through_this_module()
 from vllm.v1.engine.core import EngineCoreProc
 import inspect, vllm.v1.engine.utils as engine_utils
@@ -86,8 +94,6 @@ print("ok")
 
 # A warm server: its fork server imports vLLM's engine core during the wait; after go, vLLM's module hands out
 # the entry's context (vLLM takes the EngineCore's context from that module's name, when it starts it):
-import os, tempfile
-from pathlib import Path
 entry.start_engine_core_from_the_fork_server()
 assert "context = get_mp_context()" in inspect.getsource(engine_utils.CoreEngineProcManager.__init__)
 context = engine_utils.get_mp_context()
@@ -96,28 +102,32 @@ os.environ["SET_AROUND_START"] = "yes"  # as vLLM sets variables around start()
 report = Path(tempfile.mkdtemp()) / "child"
 code = ("import os, sys; from pathlib import Path; "
         "Path(%r).write_text(repr((os.environ.get('SET_AROUND_START'), 'vllm.v1.engine.core' in sys.modules, "
-        "os.getppid())))" % str(report))
+        "%r in sys.modules, os.getppid())))" % (str(report), SCHEDULER))
 child = context.Process(target=exec, args=(code,))
 child.start(); child.join(60)
-said, imported, parent = eval(report.read_text())
+said, imported, scheduler_loaded, parent = eval(report.read_text())
+assert not scheduler_loaded  # the EngineCore imports it itself, after go: the hotfixed file
 os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
 print(said, imported, parent != os.getpid(), engine_utils.get_mp_context().get_start_method())
 """
 
 
-def test_the_engine_core_starts_through_the_entry_shim_and_a_warm_ones_comes_from_the_fork_server():
+def test_the_engine_core_starts_through_the_entry_shim_and_a_warm_ones_comes_from_the_fork_server(tiny_model):
     """The EngineCore runs the entry's run_engine_core. A warm server's fork server imports vLLM's engine core during
     the wait; the EngineCore vLLM would spawn after go is forked from it (already imported: not this process's
     child), with the variables of the moment vLLM starts it; an operator's VLLM_WORKER_MULTIPROC_METHOD=fork is
-    kept as vLLM's. (One interpreter for both: each imports vLLM.)"""
+    kept as vLLM's. Nothing before go loads vLLM's scheduler module (the hotfix's file, patched while a start's
+    server waits). (One interpreter for all of it: each imports vLLM.)"""
     from dspark_launch.node.serve_entry import ENGINE_CORE_IMPORTS
 
     for name in ENGINE_CORE_IMPORTS:
         assert importlib.util.find_spec(name) is not None, name  # the fork server skips a missing one silently
     env = {**os.environ, "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}  # as vLLM's CLI and its CPU platform set it
-    proc = subprocess.run([sys.executable, "-c", ROUTED], capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run([sys.executable, "-c", ROUTED, str(tiny_model)], capture_output=True, text=True,
+                          timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-2:] == ["ok", "yes True True fork"], proc.stdout[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert "DSPARK-ARGCHECK ok" in lines and lines[-2:] == ["ok", "yes True True fork"], proc.stdout[-2000:]
 
 
 NO_ABORT = """

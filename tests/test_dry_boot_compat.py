@@ -21,7 +21,6 @@ from unittest import mock
 
 import pytest
 
-from dspark_launch.agent.handlers.vllm import refusal
 from dspark_launch.node.vllm_offer import JUDGED_CAPABILITIES, VllmOffer, probe_installed_vllm
 from dspark_launch.config.profile_resolve import resolve
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
@@ -29,6 +28,7 @@ from dspark_launch.profiles.gpu import UNKNOWN
 from tests.support.compat_vllm import cannot_build, venv_for
 from tests.support.dry_boot_plan import STOCK, assert_gb10_boot_as_vllm_decides, WITH_B12X, line_of, plan_for, settings, value_of
 from tests.support.paths import REPO
+from tests.support.vllm_parser import refusal
 
 pytestmark = pytest.mark.compat
 
@@ -107,7 +107,7 @@ def test_every_judged_value_is_one_the_release_accepts_on_that_capability(releas
     assert kv_verdict is not None and not kv_verdict.refusal
     if capability != "12.1":
         assert "--moe-backend" not in resolved.serve_args and "--linear-backend" not in resolved.serve_args
-    # The whole argv through the release's own serve parser and its checks (the head agent's check_serve_args).
+    # The whole argv through the release's own serve parser and its checks (what a starting server runs).
     with mock.patch.dict(os.environ, _ENV):
         assert refusal(resolved.serve_args, python) is None
 

@@ -127,24 +127,6 @@ def test_the_drain_log_needs_every_engines_done_line_and_no_busy_one_before(tmp_
     assert two.done and two.busy  # the second engine had work in flight when the stop came
 
 
-def test_serve_arguments_accepted_once_are_not_checked_again_by_the_same_install(tmp_path):
-    """The head's agent keeps what its vLLM's parser accepted: the same argv is not parsed again (a restart
-    with unchanged arguments saves the ~10 s check); other arguments, and refused ones, are checked."""
-    recorder = Recorder()
-    agent = NodeAgent("here", LocalTransport(sys.executable), recorder)
-    name = f"tiny-{secrets.token_hex(4)}"  # never checked before on this machine
-    args = (str(tmp_path), "--served-model-name", name, "--max-num-seqs", "4")
-    assert agent.call(p.ServeArgsCheck(args)).refused is None
-    assert not any("accepted before" in line for line in recorder.phases)
-    assert agent.call(p.ServeArgsCheck(args)).refused is None
-    assert any("accepted before" in line and "not checked again" in line for line in recorder.phases)
-    recorder.phases.clear()
-    bad = (*args[:-1], "four")
-    assert "four" in agent.call(p.ServeArgsCheck(bad)).refused
-    assert "four" in agent.call(p.ServeArgsCheck(bad)).refused  # a refusal is never kept
-    assert not any("accepted before" in line for line in recorder.phases)
-
-
 def test_read_only_questions_to_this_machines_agent_are_answered_in_process(tmp_path, monkeypatch):
     """`status` asks the head's agent whether processes live: with the head's interpreter this one, no agent
     process starts (the answer is the handler's own); another interpreter (even one linking to the same base

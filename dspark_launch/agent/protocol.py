@@ -438,17 +438,6 @@ class RayChecksAnswer:
     nodes: tuple[RayNode, ...]  # as Ray registered them, in the order of the request's nodes
 
 
-@dataclass(frozen=True)
-class ServeArgsCheck(Request["ServeArgsCheckAnswer"]):
-    """The `vllm serve` arguments (model first) through the installed vLLM's own parser."""
-    serve_args: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class ServeArgsCheckAnswer:
-    refused: str | None  # vLLM's reason, or None when accepted
-
-
 # --- model weights: agent.model_files run on the node ----------------------------------------
 
 @dataclass(frozen=True)
@@ -615,9 +604,8 @@ _OPERATIONS = (
     Operation(RayTempDir, RayTempDirAnswer, "ray", "ray temp folder"),
     Operation(RayNodesQuery, RayNodesAnswer, "ray", "ray nodes", 20),
     Operation(RayChecks, RayChecksAnswer, "ray", "ray checks"),
-    # vLLM (handlers/vllm.py; imports vLLM, or runs it in a child, when called)
+    # vLLM (handlers/vllm.py; imports vLLM when called)
     Operation(DescribeVllm, DescribeVllmAnswer, "vllm", "installed vLLM", 300),
-    Operation(ServeArgsCheck, ServeArgsCheckAnswer, "vllm", "serve arguments", 300),
     # fabric (handlers/fabric.py)
     Operation(InterfaceQuery, InterfaceAnswer, "fabric", "fabric interface"),
     Operation(FabricQuery, FabricAnswer, "fabric", "fabric"),

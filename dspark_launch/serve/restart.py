@@ -15,7 +15,7 @@ from dspark_launch.errors import DsparkError
 from dspark_launch.serve.restart_kind import RestartKind
 from dspark_launch.serve.start import StartResult, checked_serve_spec, launch, preflight_memory
 from dspark_launch.serve.stop import abort_server, drain_server
-from dspark_launch.serve.warm_start import cancel_warm, start_warm
+from dspark_launch.serve.warm_start import GO_MARGIN_S, cancel_warm, start_warm
 
 
 def restart_kind_of(settings: Settings, spec: ClusterSpec, state: Deployment | None) -> RestartKind:
@@ -55,7 +55,8 @@ def restart_serve(settings: Settings, spec: ClusterSpec, reporter: Reporter, for
             raise DsparkError("the deployment changed meanwhile (another dspark command); run `dspark restart` again")
         spec, serve_spec, weights, memory = checked_serve_spec(settings, spec, reporter, verify)
         preflight_memory(spec, serve_spec, weights, memory, reporter, force)
-        warm = start_warm(spec, serve_spec, settings.source_of("vllm_extra_args"), reporter)
+        warm = start_warm(spec, serve_spec, settings.source_of("vllm_extra_args"), reporter,
+                          "the old server still serves", serve_spec.drain_timeout_s + GO_MARGIN_S)
         try:
             stopped = abort_server(spec, state.server) if now else drain_server(spec, state.server, reporter)
             reporter.phase(f"vllm serve: stopped {len(stopped.stopped)} process(es); Ray kept up on every node")

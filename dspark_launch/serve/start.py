@@ -8,6 +8,7 @@ second launcher fails at once naming the holder); the serve spec is built once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.agent.client import NodeAgent
 from dspark_launch.report import Reporter, report_measured
 from dspark_launch.cluster.parallel import Background, on_each, settle
-from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, NonCarryOver, PortHolderAnswer, SchedulerControl, Spawn
+from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, PortHolderAnswer, SchedulerControl
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import (Deployment, HotfixRecord, ServerRecord, SessionRecord, load_state, recorded,
                                          save_state)
@@ -26,12 +27,11 @@ from dspark_launch.errors import DsparkError
 from dspark_launch.model.onnodes import ModelWeights, ServingModel, pulled_config
 from dspark_launch.serve import http, logscan, readiness
 from dspark_launch.serve.api_holder import api_holder, foreign_line, healthy
-from dspark_launch.serve.argcheck import check_serve_args
 from dspark_launch.serve.logfollow import LogReader
 from dspark_launch.serve.serve_spec import ServeSpec, api_key, build_serve_spec
 from dspark_launch.serve.running_server import SERVER_LOG, ServeFailure, server_alive, serving, tails
 from dspark_launch.serve.stop import stop_server
-from dspark_launch.serve.warm_start import WarmServer, new_marker, tell_to_serve
+from dspark_launch.serve.warm_start import GO_MARGIN_S, WarmServer, cancel_warm, new_marker, start_warm, tell_to_serve
 
 
 @dataclass
@@ -100,20 +100,10 @@ def preflight_memory(spec: ClusterSpec, serve_spec: ServeSpec, weights: ModelWei
 
 
 
-def check_arguments(settings: Settings, spec: ClusterSpec, serve_spec: ServeSpec, reporter: Reporter) -> None:
-    """vLLM's own parser on the head (about 10 s: it runs while Ray starts); once it accepted them,
-    vLLM's list of per-node variables in the server's config folder (vLLM reads it at import)."""
-    reporter.phase("checking the vllm serve arguments with the installed vLLM")
-    head = spec.head.agent(reporter)
-    check_serve_args(head, serve_spec.serve_args, settings.source_of("vllm_extra_args"))
-    reporter.phase("vllm serve arguments accepted by the installed vLLM")
-    head.call(NonCarryOver(serve_spec.config_root))
-
-
-
 def start(settings: Settings, spec: ClusterSpec, reporter: Reporter, force: bool = False,
           verify: bool = False) -> StartResult:
-    """Ray on every node and the serve-argument check at once, then `vllm serve` on the head; one record saved."""
+    """Ray on every node and `vllm serve` started warm on the head at once (it imports vLLM and checks its
+    arguments meanwhile), then told to serve; one record saved."""
     with lifecycle.locked_deployment(spec.state_dir) as state:
         if state and state.server and serving(spec, state.server, api_key(settings), settings.health_timeout_s):
             raise lifecycle.AlreadyRunning(f"already running and healthy at {state.server.url}; "
@@ -132,12 +122,22 @@ def start_locked(settings: Settings, spec: ClusterSpec, reporter: Reporter, forc
         spec, serve_spec, weights, memory = checked_serve_spec(settings, spec, reporter, verify)
         runtime.clear_server(spec, previous)
         preflight_memory(spec, serve_spec, weights, memory, reporter, force)
-        checked = Background(lambda: check_arguments(settings, spec, serve_spec, reporter))
-        state = runtime.cluster_up(spec, reporter, previous)
-        save_state(spec.state_dir, state)
-        checked.result()
+        # The server's interpreter starts beside Ray: it cannot serve before go (after the hotfix is verified on
+        # every node), and nothing it imports before go loads vLLM's scheduler module (the hotfix's file).
+        marker = new_marker()
+        warm = Background(lambda: start_warm(spec, serve_spec, settings.source_of("vllm_extra_args"), reporter,
+                                             "Ray starts", serve_spec.start_timeout_s + GO_MARGIN_S, marker))
+        try:
+            state = runtime.cluster_up(spec, reporter, previous)
+            save_state(spec.state_dir, state)
+            ready = warm.result()
+        except BaseException as exc:
+            settle(warm, exc)
+            with contextlib.suppress(Exception):  # a head we cannot reach has no server of this run to stop
+                cancel_warm(spec, None, marker)
+            raise
         launching = True
-        server, answer = launch(spec, serve_spec, state, reporter)
+        server, answer = launch(spec, serve_spec, state, reporter, ready)
     except BaseException as exc:
         stopped = runtime.roll_back(spec, reporter)
         if isinstance(exc, DsparkError):
@@ -236,14 +236,13 @@ def model_preflight(settings: Settings, spec: ClusterSpec, reporter: Reporter,
 
 
 def launch(spec: ClusterSpec, serve_spec: ServeSpec, state: Deployment, reporter: Reporter,
-           warm: WarmServer | None = None) -> tuple[ServerRecord, readiness.FirstAnswer]:
-    """`vllm serve` on the head (through its agent), or the `warm` one told to serve, recorded at once,
-    then waited for."""
+           warm: WarmServer) -> tuple[ServerRecord, readiness.FirstAnswer]:
+    """The `warm` server on the head told to serve, recorded at once, then waited for."""
     log = str(spec.state_dir / "logs" / SERVER_LOG)
     head = spec.head.agent(reporter)
-    marker = warm.marker if warm else new_marker()
+    marker = warm.marker
     reporter.phase(f"launching vllm serve on {spec.head.label}: {serve_spec.model} as {serve_spec.served_name}"
-                   + (" (warm: vLLM imported, arguments checked)" if warm else ""))
+                   " (warm: vLLM imported, arguments checked)")
     server = ServerRecord(marker=marker, log=log, url=serve_spec.base_url, served_name=serve_spec.served_name,
                           model=serve_spec.model, started_at=time.time(), settings=dict(serve_spec.settings),
                           digest=serve_spec.settings_digest, cap=serve_spec.cap, profile=serve_spec.profile,
@@ -256,14 +255,9 @@ def launch(spec: ClusterSpec, serve_spec: ServeSpec, state: Deployment, reporter
     if serve_spec.control_file:  # a new scheduler starts from the serve spec's values, never a past reload's
         head.call(SchedulerControl(serve_spec.control_file, remove=True))
     try:
-        # Inside the try: an interrupt while the agent spawns still stops the server (found by its marker).
-        if warm:
-            tell_to_serve(spec, warm)
-            process, session = warm.process, warm.session
-        else:
-            answer = head.call(Spawn(tuple(serve_spec.argv), serve_spec.full_env(), marker, log, rotate_log=True),
-                               "vllm serve")
-            process, session = answer.process, answer.session
+        # Inside the try: an interrupt while the agent tells it to serve still stops the server (by its marker).
+        tell_to_serve(spec, warm)
+        process, session = warm.process, warm.session
         server.pid, server.start_time, server.boot_id = process.pid, process.start_time, process.boot_id
         server.sessions = [recorded(SessionRecord, session)]
         state.server = server
