@@ -13,7 +13,7 @@ from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, NONE, PROFILE_NAME
 from dspark_test_profiles import TINY_TEST
 from dspark_launch.node.vllm_offer import VllmOffer
 from dspark_launch.config.profile_resolve import SETTING_FLAGS, profile_value, resolve, resolve_selected
-from dspark_launch.agent.handlers.vllm import refusal
+from tests.support.vllm_parser import refusal
 from tests.support.paths import REPO
 
 DATA = Path(__file__).parent / "data"

@@ -18,7 +18,7 @@ from dspark_test_profiles import TINY_TEST
 from dspark_launch.profiles.gpu import Capability, gpu_target, parse_capability
 from dspark_launch.node.vllm_offer import KvVerdict, VllmOffer
 from dspark_launch.config.profile_resolve import resolve
-from dspark_launch.agent.handlers.vllm import refusal
+from tests.support.vllm_parser import refusal
 from tests.support.paths import DATA, REPO
 
 GB10 = gpu_target({"head": "12.1", "worker1": "12.1"})
