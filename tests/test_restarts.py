@@ -73,6 +73,14 @@ def serve_entries(tb) -> set[int]:
     return found
 
 
+def assert_engine_core_from_the_fork_server(log_path: Path, server: int) -> None:
+    """The served EngineCore (its pid from vLLM's log prefix) is a child of a fork server, the server's child."""
+    engine_core = int(re.findall(r"\(EngineCore(?:_DP0)? pid=(\d+)\)", log_path.read_text(errors="replace"))[-1])
+    fork_server = procfs.parent(engine_core)
+    assert fork_server != server and procfs.parent(fork_server) == server, describe({engine_core})
+    assert "multiprocessing.forkserver" in " ".join(procfs.cmdline(fork_server)), describe({engine_core, fork_server})
+
+
 def finished_all(results: list[dict]) -> bool:
     return all(r["finish_reason"] == "length" and r["error"] is None for r in results)
 
@@ -122,12 +130,8 @@ def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_n
     assert " 0 cut" in serve_only.stderr, serve_only.stderr[-3000:]
     assert ray_pids(tmp_path) == ray_before and state(tmp_path)["server"]["pid"] != server_before
     # its EngineCore was forked from the fork server that imported vLLM's engine core during the warm wait,
-    # not spawned by the API server after go (a full start's is)
-    new_server = state(tmp_path)["server"]["pid"]
-    engine_core = int(re.findall(r"\(EngineCore(?:_DP0)? pid=(\d+)\)", log_path.read_text(errors="replace"))[-1])
-    fork_server = procfs.parent(engine_core)
-    assert fork_server != new_server and procfs.parent(fork_server) == new_server, describe({engine_core})
-    assert "multiprocessing.forkserver" in " ".join(procfs.cmdline(fork_server)), describe({engine_core, fork_server})
+    # not spawned by the API server after go
+    assert_engine_core_from_the_fork_server(log_path, state(tmp_path)["server"]["pid"])
     assert all(pid in our_pids(tb, node) for node, pids in ray_before.items() for pid in pids)
     code, data = status(tb, tmp_path, env)
     assert code == 0 and data["state"] == "up" and data["server"]["cap"] == 2 and data["server"]["drift"] == [], data
@@ -194,6 +198,9 @@ def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_n
     assert "restart: full: cluster-level setting(s) changed: RAY_OBJECT_STORE_MB" in full.stderr
     assert "drained" not in full.stderr
     assert set(sum(ray_pids(tmp_path).values(), [])).isdisjoint(sum(ray_before.values(), []))
+    # a full restart's start: its server was started warm beside the new Ray, its EngineCore from its fork server
+    assert "(it imports vLLM while Ray starts)" in full.stderr and "(warm: vLLM imported" in full.stderr
+    assert_engine_core_from_the_fork_server(log_path, state(tmp_path)["server"]["pid"])
     print(f"restart times: serve-only {serve_only_s:.1f} s, full {full_s:.1f} s")  # reported, never asserted
 
     # a plain stop drains: the streams finish, nothing of ours is left
