@@ -28,7 +28,7 @@ from dspark_launch.serve.running_server import SERVER_LOG, ServeFailure
 from dspark_launch.serve.serve_spec import ServeSpec
 
 PENDING_LOG = "vllm-serve.next.log"
-VERDICT_TIMEOUT_S = 300.0  # as the cold check's
+VERDICT_TIMEOUT_S = 300.0  # vLLM's import and parser take seconds; one stuck this long is a failure
 GO_MARGIN_S = 300.0  # the go wait beyond the drain or the start's bound: the old server's teardown, this launcher
 
 
