@@ -112,7 +112,7 @@ print(said, imported, parent != os.getpid(), engine_utils.get_mp_context().get_s
 """
 
 
-def test_the_engine_core_starts_through_the_entry_shim_and_a_warm_ones_comes_from_the_fork_server(tiny_model):
+def test_the_engine_core_starts_through_the_entry_shim_and_a_warm_one_comes_from_the_fork_server(tiny_model):
     """The EngineCore runs the entry's run_engine_core. A warm server's fork server imports vLLM's engine core during
     the wait; the EngineCore vLLM would spawn after go is forked from it (already imported: not this process's
     child), with the variables of the moment vLLM starts it; an operator's VLLM_WORKER_MULTIPROC_METHOD=fork is

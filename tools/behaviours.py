@@ -2,6 +2,7 @@
 fails it), and its docstring's first line when it has one. Read from the source (no import, no collection).
 
     python -m tools.behaviours                 # the checkout's list
+    python -m tools.behaviours --at REF        # the list at git REF
     python -m tools.behaviours --diff REF      # tests at git REF that are gone now, and the new ones
 
 A test moved to another module counts as kept when its name is unchanged; a renamed or folded test shows as
@@ -47,8 +48,9 @@ def _sources_at(ref: str) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--diff", metavar="REF", help="compare with the tests at this git ref")
+    parser.add_argument("--at", metavar="REF", help="list the tests at this git ref instead of the checkout's")
     args = parser.parse_args(argv)
-    now = behaviours(_sources_now())
+    now = behaviours(_sources_at(args.at) if args.at else _sources_now())
     if not args.diff:
         print("\n".join(now.values()))
         print(f"{len(now)} tests", file=sys.stderr)

@@ -53,6 +53,14 @@ def _site_packages(root: Path) -> Path:
     return Path(where.stdout.strip())
 
 
+def _parallel_args(python: str) -> list[str]:
+    """make test's xdist arguments where the tree's venv has xdist; none (serial, as that tree's make test ran)
+    for a tree from before the suite ran on two workers."""
+    if subprocess.run([python, "-c", "import xdist"], capture_output=True).returncode:
+        return []
+    return ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]
+
+
 def run(root: Path, pytest_args: list[str]) -> int:
     python, work = _python(root), root / ".coverage-run"
     rc = work / "rc"
@@ -67,8 +75,8 @@ def run(root: Path, pytest_args: list[str]) -> int:
     (site / STARTER_NAME).write_text(_STARTER.format(rc=str(rc)))
     (site / PTH_NAME).write_text(f"import {STARTER_NAME[:-3]}\n")
     try:
-        return subprocess.run([python, "-m", "pytest", "-m", "not compat", "-n", "2", "--dist", "loadfile",
-                               "--no-loadscope-reorder", *pytest_args], cwd=root).returncode
+        return subprocess.run([python, "-m", "pytest", "-m", "not compat", *_parallel_args(python), *pytest_args],
+                              cwd=root).returncode
     finally:
         rc.unlink(missing_ok=True)  # new interpreters stop measuring at once
         (site / PTH_NAME).unlink(missing_ok=True)
