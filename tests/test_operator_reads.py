@@ -160,6 +160,18 @@ def test_every_documentation_range_is_a_placeholder_wherever_it_is_set(tmp_path)
     assert run_dspark(["config", "check", "--env-file", str(spark)]).returncode == 0
 
 
+def test_the_example_file_itself_is_refused_even_with_real_hosts_written_into_it(tmp_path):
+    # The shipped example edited in place: its values are never a deployment's, whatever they hold.
+    example = tmp_path / ".env.dspark.example"
+    example.write_text("DSPARK_HEAD_IP=10.1.0.1\nDSPARK_WORKER_HOSTS=10.1.0.2\nDSPARK_FABRIC_IFNAME=fab0\n")
+    example.chmod(0o600)
+    proc = run_dspark(["logs", "--env-file", str(example)])
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("dspark: error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr
+    assert f"DSPARK_HEAD_IP=10.1.0.1 from {example}:1 is a placeholder from the example file" in errors[0]
+    assert "`dspark config init`" in errors[0]
+
+
 def test_a_setting_not_set_names_dspark_config_init(tmp_path):
     env = _env(tmp_path, "DSPARK_HEAD_IP=\nDSPARK_WORKER_HOSTS=10.1.0.2\nDSPARK_FABRIC_IFNAME=fab0\n")
     proc = run_dspark(["logs", "--env-file", str(env)])

@@ -2,6 +2,7 @@
 
     python -m tools.suite_coverage run [--root TREE] [-- PYTEST_ARGS...]  # make test's pytest, under coverage
     python -m tools.suite_coverage report [--root TREE] [--json OUT]      # combine and report
+    python -m tools.suite_coverage compare BEFORE AFTER [--json OUT]      # lines the suite no longer runs
 
 TREE (default: this checkout) is the checkout whose suite runs and whose `dspark_launch/` is measured, with
 its own venv (`TREE/.venv`): a before/after pair measures two commits with one tool.
@@ -100,14 +101,77 @@ def report(root: Path, json_out: str | None) -> int:
         counts = packages.setdefault(package, [0, 0])
         counts[0] += len(statements)
         counts[1] += len(statements) - len(missing)
-    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    result = {"commit": commit.stdout.strip(), "processes": len(data_files), "percent": round(total, 1),
+    result = {"commit": _commit(root), "processes": len(data_files), "percent": round(total, 1),
               "packages": {name: {"statements": s, "covered": c, "percent": round(100 * c / s, 1) if s else 100.0}
                            for name, (s, c) in sorted(packages.items())}}
     print(json.dumps(result, indent=2))
     if json_out:
         Path(json_out).write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def _executed(root: Path) -> dict[str, tuple[list[str], set[int], set[int]]]:
+    """path under dspark_launch/ -> (its lines, its statements, the statements the suite ran), from `report`'s
+    combined data of TREE's last run."""
+    import coverage
+
+    package_root = root / "dspark_launch"
+    cov = coverage.Coverage(data_file=str(root / ".coverage-run" / "combined"), source=[str(package_root)])
+    cov.load()
+    files = {}
+    for path in cov.get_data().measured_files():
+        _, statements, _, missing, _ = cov.analysis2(path)
+        files[str(Path(path).relative_to(package_root))] = (
+            Path(path).read_text().splitlines(), set(statements), set(statements) - set(missing))
+    return files
+
+
+def compare(before_root: Path, after_root: Path, json_out: str | None) -> int:
+    """The statements BEFORE's suite ran that AFTER's does not, where the code is the same: a line of a module in
+    both trees (or moved: the same file name elsewhere, at least half the same), unchanged (difflib's matching
+    blocks map it), a statement in both, run before, not run after. A line edited or moved to another module is
+    not compared (the module totals are `report`'s). `gained`: the
+    reverse, unchanged statements run after and not before."""
+    import difflib
+
+    before, after = _executed(before_root), _executed(after_root)
+    lost: dict[str, list[str]] = {}
+    compared = 0
+    gained = 0
+    moved: dict[str, str] = {}
+    for name, (old_lines, old_statements, old_ran) in sorted(before.items()):
+        if name not in after:
+            # A module moved to another folder (issue 32's node/ package): the new module of the same file name
+            # most like it, when at least half of it is the same.
+            ratios = {new_name: difflib.SequenceMatcher(None, old_lines, after[new_name][0], autojunk=False).ratio()
+                      for new_name in after if new_name not in before and Path(new_name).name == Path(name).name}
+            if not ratios or max(ratios.values()) < 0.5:
+                continue
+            moved[name] = max(ratios, key=lambda new_name: ratios[new_name])
+        new_lines, new_statements, new_ran = after[moved.get(name, name)]
+        matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+        for block in matcher.get_matching_blocks():
+            for offset in range(block.size):
+                old_no, new_no = block.a + offset + 1, block.b + offset + 1
+                if old_no in old_ran and new_no in new_statements:
+                    compared += 1
+                    if new_no not in new_ran:
+                        lost.setdefault(moved.get(name, name), []).append(f"{new_no}: {new_lines[new_no - 1].strip()}")
+                elif new_no in new_ran and old_no in old_statements:
+                    gained += 1
+    result = {"before": _commit(before_root), "after": _commit(after_root), "compared_statements": compared,
+              "lost": sum(len(lines) for lines in lost.values()), "gained": gained, "moved": moved,
+              "modules_only_before": sorted(set(before) - set(after) - set(moved)),
+              "lost_by_module": lost}
+    print(json.dumps(result, indent=2))
+    if json_out:
+        Path(json_out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def _commit(root: Path) -> str:
+    return subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     report_parser = commands.add_parser("report")
     report_parser.add_argument("--root", type=Path, default=here)
     report_parser.add_argument("--json")
+    compare_parser = commands.add_parser("compare")
+    compare_parser.add_argument("before", type=Path)
+    compare_parser.add_argument("after", type=Path)
+    compare_parser.add_argument("--json")
     args = parser.parse_args(argv)
+    if args.command == "compare":
+        return compare(args.before.resolve(), args.after.resolve(), args.json)
     root = args.root.resolve()
     return run(root, args.pytest_args) if args.command == "run" else report(root, args.json)
 

@@ -46,9 +46,6 @@ class Background(Generic[T]):
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
 
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
     def join(self) -> None:
         """Wait until the work ended; its outcome stays for result()."""
         self._thread.join()
