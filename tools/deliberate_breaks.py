@@ -114,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the outcomes here")
     parser.add_argument("--only", nargs="*", default=(), help="break names to run (default: all)")
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout to break (a copy of it; default: this)")
-    parser.add_argument("--before", action="store_true", help=f"run each break's catchers in {BEFORE}'s suite")
+    parser.add_argument("--before", action="store_true",
+                        help=f"run each break's catchers as they were in {BEFORE}'s suite (with --root: a checkout of "
+                             "it; without: the same tests in this checkout)")
     args = parser.parse_args(argv)
     chosen = [b for b in BREAKS if not args.only or b.name in args.only]
     with tempfile.TemporaryDirectory(prefix="dspark-breaks-") as tmp:

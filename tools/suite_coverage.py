@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 PTH_NAME = "zz_dspark_suite_coverage.pth"
@@ -110,7 +111,10 @@ def report(root: Path, json_out: str | None) -> int:
     return 0
 
 
-def _executed(root: Path) -> dict[str, tuple[list[str], set[int], set[int]]]:
+Executed = dict[str, tuple[list[str], set[int], set[int]]]
+
+
+def _executed(root: Path) -> Executed:
     """path under dspark_launch/ -> (its lines, its statements, the statements the suite ran), from `report`'s
     combined data of TREE's last run."""
     import coverage
@@ -126,43 +130,57 @@ def _executed(root: Path) -> dict[str, tuple[list[str], set[int], set[int]]]:
     return files
 
 
-def compare(before_root: Path, after_root: Path, json_out: str | None) -> int:
-    """The statements BEFORE's suite ran that AFTER's does not, where the code is the same: a line of a module in
-    both trees (or moved: the same file name elsewhere, at least half the same), unchanged (difflib's matching
-    blocks map it), a statement in both, run before, not run after. A line edited or moved to another module is
-    not compared (the module totals are `report`'s). `gained`: the
-    reverse, unchanged statements run after and not before."""
+@dataclass(frozen=True)
+class LineChanges:
+    compared: int  # statements run before whose line is unchanged and still a statement
+    lost: dict[str, list[str]]  # module (after's name) -> "line: text" run before, not after
+    gained: int  # unchanged statements run after and not before
+    moved: dict[str, str]  # before's module -> after's module of the same file name
+
+
+def line_changes(before: Executed, after: Executed) -> LineChanges:
+    """Unchanged lines only (difflib's matching blocks map a line of BEFORE's module to AFTER's): a module in both
+    trees, or moved (the module of the same file name elsewhere most like it, at least half the same). A line
+    edited, or moved to another module, is not compared (the module totals are `report`'s)."""
     import difflib
 
-    before, after = _executed(before_root), _executed(after_root)
     lost: dict[str, list[str]] = {}
-    compared = 0
-    gained = 0
+    compared = gained = 0
     moved: dict[str, str] = {}
     for name, (old_lines, old_statements, old_ran) in sorted(before.items()):
-        if name not in after:
-            # A module moved to another folder (issue 32's node/ package): the new module of the same file name
-            # most like it, when at least half of it is the same.
-            ratios = {new_name: difflib.SequenceMatcher(None, old_lines, after[new_name][0], autojunk=False).ratio()
-                      for new_name in after if new_name not in before and Path(new_name).name == Path(name).name}
-            if not ratios or max(ratios.values()) < 0.5:
+        candidates = [name] if name in after else [
+            new_name for new_name in after if new_name not in before and Path(new_name).name == Path(name).name]
+        matchers = {new_name: difflib.SequenceMatcher(None, old_lines, after[new_name][0], autojunk=False)
+                    for new_name in candidates}
+        if not matchers:
+            continue
+        target = max(matchers, key=lambda new_name: matchers[new_name].ratio())
+        if target != name:
+            if matchers[target].ratio() < 0.5:
                 continue
-            moved[name] = max(ratios, key=lambda new_name: ratios[new_name])
-        new_lines, new_statements, new_ran = after[moved.get(name, name)]
-        matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
-        for block in matcher.get_matching_blocks():
+            moved[name] = target
+        new_lines, new_statements, new_ran = after[target]
+        for block in matchers[target].get_matching_blocks():
             for offset in range(block.size):
                 old_no, new_no = block.a + offset + 1, block.b + offset + 1
                 if old_no in old_ran and new_no in new_statements:
                     compared += 1
                     if new_no not in new_ran:
-                        lost.setdefault(moved.get(name, name), []).append(f"{new_no}: {new_lines[new_no - 1].strip()}")
+                        lost.setdefault(target, []).append(f"{new_no}: {new_lines[new_no - 1].strip()}")
                 elif new_no in new_ran and old_no in old_statements:
                     gained += 1
-    result = {"before": _commit(before_root), "after": _commit(after_root), "compared_statements": compared,
-              "lost": sum(len(lines) for lines in lost.values()), "gained": gained, "moved": moved,
-              "modules_only_before": sorted(set(before) - set(after) - set(moved)),
-              "lost_by_module": lost}
+    return LineChanges(compared, lost, gained, moved)
+
+
+def compare(before_root: Path, after_root: Path, json_out: str | None) -> int:
+    """The statements BEFORE's suite ran that AFTER's does not, where the code is the same (`line_changes`)."""
+    before, after = _executed(before_root), _executed(after_root)
+    changes = line_changes(before, after)
+    result = {"before": _commit(before_root), "after": _commit(after_root),
+              "compared_statements": changes.compared, "lost": sum(len(lines) for lines in changes.lost.values()),
+              "gained": changes.gained, "moved": changes.moved,
+              "modules_only_before": sorted(set(before) - set(after) - set(changes.moved)),
+              "lost_by_module": changes.lost}
     print(json.dumps(result, indent=2))
     if json_out:
         Path(json_out).write_text(json.dumps(result, indent=2) + "\n")
