@@ -22,7 +22,7 @@ from dspark_launch.node import procfs
 from dspark_launch.hotfix.contract import PATCH_VERSION
 from tests.support.on_testbed import API_KEY, our_pids, run, serving_env, set_knob, state, status
 from tests.support.processes import describe
-from tests.support.relay_streams import relayed_streams
+from tests.support.relay_streams import drained_relay, relayed_streams
 
 pytestmark = [pytest.mark.testbed, pytest.mark.serving]
 
@@ -203,14 +203,14 @@ def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_n
     assert_engine_core_from_the_fork_server(log_path, state(tmp_path)["server"]["pid"])
     print(f"restart times: serve-only {serve_only_s:.1f} s, full {full_s:.1f} s")  # reported, never asserted
 
-    # a plain stop drains: the streams finish, nothing of ours is left
-    client = streams_in_flight(tb)
+    # a plain stop drains: the stream in flight finishes, nothing of ours is left. A relay: four fixed streams
+    # could all end before the stop reached its drain (seen once on a fresh clone: "idle, 0 finished")
+    client = relayed_streams(tb, MAX_TOKENS)
     stopped = run(tb, tmp_path, env, "stop")
     assert stopped.returncode == 0, stopped.stderr[-4000:]
-    assert finished_all(outcomes(client))
-    assert f"{STREAMS} request(s) finished, 0 cut" in stopped.stderr, stopped.stderr[-3000:]
+    drained_relay(client, stopped.stderr)
     log = (tmp_path / "state" / "logs" / "vllm-serve.log").read_text(errors="replace")
-    assert f"draining in-flight requests count={STREAMS}" in log
+    assert "draining in-flight requests count=1" in log
     left = our_pids(tb, "head") | our_pids(tb, "worker1")
     assert left == set(), describe(left)
 

@@ -3,6 +3,8 @@ is in flight whenever the server takes requests, so a drain always has one to fi
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 import time
@@ -24,3 +26,19 @@ def relayed_streams(tb, max_tokens: int) -> subprocess.Popen:
             break
     assert client.poll() is None, client.stderr.read()[-2000:]
     return client
+
+
+def drained_relay(client: subprocess.Popen, command_stderr: str) -> list[dict]:
+    """The relay's outcome after a drained stop or restart: every stream the old server took ran to its length,
+    the one after them was refused before a token (none cut), and the command counted the one in flight as
+    finished, 0 cut. Returns the served streams."""
+    streamed, streamed_err = client.communicate(timeout=300)
+    results = [json.loads(line) for line in streamed.splitlines() if line.startswith("{")]
+    *served, refused = results
+    assert served and all((r["finish_reason"], r["error"]) == ("length", None) for r in served), (
+        streamed + streamed_err)
+    assert refused["error"] is not None and refused["tokens"] == 0, streamed + streamed_err
+    drained = [line for line in command_stderr.splitlines() if "vllm serve drained in" in line]
+    counted = re.search(r"(\d+) request\(s\) finished, 0 cut$", drained[0]) if drained else None
+    assert counted and 1 <= int(counted.group(1)) <= len(served), command_stderr[-3000:]
+    return served
