@@ -33,6 +33,12 @@ def record_environment() -> None:
         json.dump({"hostname": socket.gethostname(), "pid": os.getpid(), "env": seen}, handle)
 
 
+# Test speed only: VLLM_CPU_KVCACHE_SPACE counts whole GiB, and every worker zeroes its whole KV cache when it
+# starts (vllm/v1/worker/utils.py allocate_kv_cache): 1 GiB a worker, two or more workers in each of the suite's
+# serving lives. The tiny model's 256-token context fits this size many times over.
+TEST_KV_CACHE_BYTES = 64 << 20
+
+
 class RayCpuPlatform(CpuPlatform):
     # Each vLLM worker actor asks Ray for one "GPU"; the Ray nodes advertise
     # fake GPUs with `ray start --num-gpus N`. A custom resource name does not
@@ -43,3 +49,10 @@ class RayCpuPlatform(CpuPlatform):
     def get_device_communicator_cls(cls) -> str:
         record_environment()
         return "dspark_ray_cpu_platform.communicator.HostLocalCpuCommunicator"
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config) -> None:
+        super().check_and_update_config(vllm_config)
+        cache = vllm_config.cache_config
+        if cache.kv_cache_memory_bytes is not None and cache.kv_cache_memory_bytes > TEST_KV_CACHE_BYTES:
+            cache.kv_cache_memory_bytes = TEST_KV_CACHE_BYTES
