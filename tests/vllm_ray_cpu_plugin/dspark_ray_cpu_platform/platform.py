@@ -44,6 +44,11 @@ class RayCpuPlatform(CpuPlatform):
     # fake GPUs with `ray start --num-gpus N`. A custom resource name does not
     # work (measured, see shared testbed notes).
     ray_device_key: str = "GPU"
+    # Test speed only: vLLM's small torch.compile helpers (the masked embedding lookup of tensor parallel, the
+    # top-k/top-p sampler, ...) use this backend. Inductor first keys its cache by hashing torch's and triton's
+    # installed files, about 2.3 s of CPU in every worker process of every serving life (measured), for
+    # kernels the tiny model never needs; "eager" runs the same functions uncompiled. A GB10 keeps inductor.
+    simple_compile_backend: str = "eager"
 
     @classmethod
     def get_device_communicator_cls(cls) -> str:
