@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import pathlib
 import py_compile
-import shutil
 import stat
 import subprocess
 import sys
@@ -17,7 +16,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 PATCH = REPO / "patches" / "hotfix-dsv4-issue27-partial-prefill-concurrency.py"
 
 from dspark_launch.hotfix import patch_tool as patch  # noqa: E402
-from dspark_launch.hotfix.contract import EXIT_UNSUPPORTED  # noqa: E402
+from dspark_launch.hotfix.contract import EXIT_UNSUPPORTED, SUPPORTED_RANGE  # noqa: E402
 
 
 @pytest.fixture
@@ -138,12 +137,14 @@ def test_drifted_anchor_is_refused_and_the_file_left_alone(target, anchor, old, 
 
 
 def test_version_outside_the_supported_range_is_refused(target):
+    (major, minor) = SUPPORTED_RANGE[1]
+    newer = f"{major}.{minor + 1}.0"
     version_file = target.parents[3] / "_version.py"
-    version_file.write_text(version_file.read_text().replace("'0.32.0'", "'0.34.0'"))
+    version_file.write_text(version_file.read_text().replace("'0.32.0'", repr(newer)))
     data = target.read_bytes()
     result = patch.apply(target)
     assert (result.code, result.state) == (EXIT_UNSUPPORTED, "unsupported")
-    assert "0.34.0" in result.message
+    assert newer in result.message
     assert target.read_bytes() == data
 
 
@@ -272,12 +273,12 @@ def test_gate_without_its_marker_block_is_damaged_for_every_action(target):
     assert cli("revert", "--target", str(target))[0] == EXIT_UNSUPPORTED
 
 
-OLD_PATCHES = REPO / "tests" / "issue27_old_patches"  # the released v1 to v5 scripts, gzipped
+OLD_PATCHES = REPO / "tests" / "issue27_old_patches"  # every released script before this one, gzipped
 
 
-@pytest.mark.parametrize("old_version", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("old_version", range(1, patch.PATCH_VERSION))
 def test_upgrade_from_a_file_patched_by_an_older_release(target, tmp_path, old_version):
-    """A node patched by the released v1 to v5 script: status says outdated
+    """A node patched by each released script before this one: status says outdated
     (exit 3), apply re-patches from the stored original, revert restores it."""
     import gzip
 

@@ -142,7 +142,8 @@ def test_a_cached_turn_goes_ahead_by_its_uncached_tail(model_dir, config, async_
     long_done = prefill_done(v5, "long")
     first = first_step(v5, "turn-2")
     assert first == v5.arrival["turn-2"] < long_done
-    assert v5.steps[first].scheduled["turn-2"] == tail  # only its tail, whole, in one step
+    # only its tail (and the hit's last block where the drafter drops it), whole, in one step
+    assert v5.steps[first].scheduled["turn-2"] == tail + h.dropped_tail(base)
     assert v5.token_steps["turn-2"][0] < long_done
     assert max_prefill(v5) <= bound(base)
     assert first_step(runs[V4], "turn-2") >= prefill_done(runs[V4], "long")

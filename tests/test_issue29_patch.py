@@ -12,7 +12,7 @@ import pytest
 from dspark_launch.hotfix import layout
 from tools import hotfix_bundle as bundle
 from dspark_launch.hotfix import patch_tool as patch
-from dspark_launch.hotfix.contract import EXIT_UNSUPPORTED, PATCH_VERSION
+from dspark_launch.hotfix.contract import EXIT_UNSUPPORTED
 from tests.support.patched_overrides import first_chunk_overrides
 
 
@@ -27,10 +27,6 @@ UPSTREAM_LINES = (
     "        self._max_partial = self.scheduler_config.max_concurrent_prefills\n",
 )
 
-
-
-def test_patch_version_six():
-    assert PATCH_VERSION == 6
 
 
 @pytest.mark.parametrize("line", UPSTREAM_LINES, ids=["max_num_partial_prefills", "max_concurrent_prefills"])

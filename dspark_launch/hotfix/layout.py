@@ -42,13 +42,16 @@ def _step_budget(text: str) -> str:
     return "min(token_budget, input_budget - draft_slots)" if _INPUT_BUDGET in text else "token_budget"
 
 
-def _gate_code(skip: str) -> str:
+def _gate_code(skip: str, loads_only: bool = False) -> str:
     """The admission gate of modes 0 and 1, before the prefix-cache lookup;
     `skip` moves the peeked request out of this step's way in the layout's own
-    manner (it keeps its place in the queue)."""
+    manner (it keeps its place in the queue). `loads_only`: the layout's loop
+    goes on past a full batch or an empty budget to start async KV loads only
+    (0.34+), which take neither a seat nor budget: the gate stays out of it."""
     return (
         "                if (  " + _INJECT_TAG + "\n"
-        "                    self._dspark_gate_mode < 2\n"
+        + ("                    not loads_only\n                    and " if loads_only else "                    ")
+        + "self._dspark_gate_mode < 2\n"
         "                    and _dspark_partial >= self._dspark_max_inflight_prefills\n"
         "                    and _dspark_i27_gated(self, request_queue.peek_request(), " + _STEP_BUDGET + ")\n"
         "                ):\n"
@@ -77,20 +80,26 @@ def _admission_gate(condition: str, admit: str, skip: str) -> str:
     )
 
 
-def _cached_gate_code(skip: str) -> str:
+def _cached_gate_code(skip: str, loads_only: bool = False) -> str:
     """The admission gate of mode 2, after admission's own prefix-cache lookup
     (`num_computed_tokens` holds the hit): the request is judged by what it
     still has to compute; `_dspark_limit` caps its first chunk (0: no cap)."""
     return "                _dspark_limit = 0  " + _INJECT_TAG + "\n" + _admission_gate(
-        "                if self._dspark_gate_mode == 2 and not load_kv_async:\n", "_dspark_i27_admit", skip)
+        "                if self._dspark_gate_mode == 2 and not load_kv_async" + _LOADS_ONLY[loads_only] + ":\n",
+        "_dspark_i27_admit", skip)
 
 
-# vLLM 0.31 .. 0.33: the waiting loop's own `skip_request` helper.
+#: The condition the admission gates add where the waiting loop can run in loads-only mode (0.34+).
+_LOADS_ONLY = {False: "", True: " and not loads_only"}
+
+
+# vLLM 0.31 .. 0.34: the waiting loop's own `skip_request` helper.
 _SKIP_031 = "                    skip_request(request_queue)\n"
 # vLLM 0.25 .. 0.30: what the loop itself does to skip a request.
 _SKIP_025 = "                    step_skipped_waiting.prepend_request(request_queue.pop_request())\n"
-#: Text that tells the layouts apart (0.31+ has the helper).
+#: Text that tells the layouts apart (0.31+ has the helper; 0.34+ goes on in loads-only mode).
 _LAYOUT_031 = "            def skip_request(from_queue: RequestQueue) -> None:\n"
+_LAYOUT_034 = "                loads_only = (\n"
 _LAYOUT_025 = "                    step_skipped_waiting.prepend_request(request)\n"
 
 
@@ -110,11 +119,11 @@ class _Site:
     requires: tuple[str, ...] = ()  # per anchor alternative ("" = nothing)
 
 
-def _srpt_gate_code(skip: str) -> str:
+def _srpt_gate_code(skip: str, loads_only: bool = False) -> str:
     """Mode 3's admission gate, after admission's own prefix-cache lookup and
     mode 2's gate: `_dspark_limit` > 0 is the exact size of the first chunk."""
-    return _admission_gate("                if self._dspark_gate_mode == 3 and not load_kv_async:  " + _INJECT_TAG + "\n",
-                           "_dspark_i27_admit_srpt", skip)
+    return _admission_gate("                if self._dspark_gate_mode == 3 and not load_kv_async" + _LOADS_ONLY[loads_only]
+                           + ":  " + _INJECT_TAG + "\n", "_dspark_i27_admit_srpt", skip)
 
 
 #: The layouts (0.25+) that pad a waiting request with one token left to
@@ -125,6 +134,11 @@ _PADDED_RE = re.compile(r"^ +pad_spec_decode = True\n", re.M)
 _PADDING_RESET_RE = re.compile(r"^ +pad_spec_decode = False\n", re.M)
 #: The layouts (0.28+) with an input budget beside the token budget.
 _INPUT_BUDGET = "        input_budget = self.scheduler_config.max_num_batched_tokens\n"
+
+
+def _skip_of(text: str) -> str:
+    """How this layout's waiting loop skips a request."""
+    return _SKIP_031 if _LAYOUT_031 in text else _SKIP_025
 
 
 def pads(text: str) -> bool:
@@ -170,14 +184,22 @@ def _srpt_first_chunk_code(text: str) -> str:
     )
 
 
+#: The layouts (0.33+) whose model runner skips drafting in a step where no scheduled request can use the
+#: drafts, as `schedule()` decided request by request before the give-back.
+_DRAFTS_NEEDED = "        drafts_needed = not self.can_skip_drafts\n"
+
+
 def _give_back_code(text: str) -> str:
     budgets = "token_budget, input_budget" if _INPUT_BUDGET in text else "token_budget, _dspark_input"
     args = "token_budget, input_budget, draft_slots" if _INPUT_BUDGET in text else "token_budget, None, 0"
+    # Patch v7: a chunk the give-back grew into a prompt's last chunk samples a token whose drafts are used.
+    drafts = "            drafts_needed = drafts_needed or _dspark_drafts\n" if _DRAFTS_NEEDED in text else ""
     return (
         "        if _dspark_plan:  " + _INJECT_TAG + "\n"
-        "            " + budgets + " = _dspark_i27_give_back(\n"
+        "            " + budgets + ", _dspark_drafts = _dspark_i27_give_back(\n"
         "                self, num_scheduled_tokens, req_to_new_blocks, scheduled_running_reqs, " + args + "\n"
         "            )\n"
+        + drafts
     )
 
 
@@ -249,6 +271,11 @@ _SITES: tuple[_Site, ...] = (
     _Site(
         "admission-guard",
         (
+            # vLLM 0.34: the loop goes on in loads-only mode; the guard is the empty queue or input budget.
+            "                if not request_queue or (\n"
+            "                    not loads_only and input_budget <= draft_slots\n"
+            "                ):\n"
+            "                    break\n",
             # vLLM 0.31 .. 0.33: queue picked before the guard.
             "                if num_running >= self.max_num_active_reqs:\n"
             "                    break\n",
@@ -259,19 +286,19 @@ _SITES: tuple[_Site, ...] = (
             "                request_queue = self._select_waiting_queue_for_scheduling()\n"
             "                assert request_queue is not None\n",
         ),
-        (_gate_code(_SKIP_031), _gate_code(_SKIP_025)),
-        requires=(_LAYOUT_031, _LAYOUT_025),
+        (_gate_code(_SKIP_031, loads_only=True), _gate_code(_SKIP_031), _gate_code(_SKIP_025)),
+        requires=(_LAYOUT_034, _LAYOUT_031, _LAYOUT_025),
     ),
     _Site(
         "cached-gate",
         ("                encoder_inputs_to_schedule = None\n",),
-        (_cached_gate_code(_SKIP_031), _cached_gate_code(_SKIP_025)),
+        lambda text: _cached_gate_code(_skip_of(text), _LAYOUT_034 in text),
         before=True,
     ),
     _Site(
         "srpt-gate",
         ("                encoder_inputs_to_schedule = None\n",),
-        (_srpt_gate_code(_SKIP_031), _srpt_gate_code(_SKIP_025)),
+        lambda text: _srpt_gate_code(_skip_of(text), _LAYOUT_034 in text),
         before=True,
     ),
     _Site(

@@ -42,8 +42,13 @@ class LoadReport:
 
 
 def _lengths(rng: random.Random, spec: h.SchedulerSpec) -> int:
+    """A prompt length, every length vLLM can pad among them: a one-token prompt (one token to compute
+    under every drafter), and one token past a block boundary (a full hit leaves one token where the
+    drafter keeps the hit's trailing block: ngram, and DSpark from 0.34)."""
     block, threshold = spec.block_size, spec.long_prefill_token_threshold
     roll = rng.random()
+    if roll < 0.06:
+        return 1
     if roll < 0.35:  # one token past a block boundary: a full hit leaves one token
         return block * rng.randint(1, max(1, 4 * threshold // block)) + 1
     if roll < 0.7:
@@ -59,7 +64,7 @@ def run_random_load(spec: h.SchedulerSpec, model_dir, seed: int, steps: int, con
 
     rng = random.Random(seed)
     control.unlink(missing_ok=True)
-    patched = spec.policy == "patched"
+    patched = spec.policy != "stock"
     if patched:
         spec = dataclasses.replace(spec, extra_env=spec.extra_env + ((contract.ENV_CONTROL, str(control)),))
     sched = h.build_scheduler(spec, model_dir)
@@ -186,3 +191,57 @@ def run_random_load(spec: h.SchedulerSpec, model_dir, seed: int, steps: int, con
         raise InvariantError(f"seed {seed} ({spec.label}): outputs counted wrong (got, wanted): {wrong}")
     report.finished, report.aborted = len(finished), len(aborted)
     return report
+
+
+#: A patched scheduler without the padding guard (the hotfix's first-chunk overrides applied to a request
+#: vLLM padded for speculative decoding): what the check must catch.
+UNGUARDED = "unguarded"
+
+
+def _unguarded_classes(spec: h.SchedulerSpec) -> tuple[type, type]:
+    from unittest import mock
+
+    import vllm.v1.core.sched.scheduler as stock
+
+    from dspark_launch.hotfix import layout
+
+    original = pathlib.Path(stock.__file__).read_bytes()
+    with mock.patch.object(layout, "_unpadded", lambda text: ""):
+        text = layout.render_patched(original).decode()
+    assert "not pad_spec_decode" not in text
+    return h.classes_from_text("dspark_unguarded_scheduler", text)
+
+
+h.POLICY_PROVIDERS[UNGUARDED] = _unguarded_classes
+
+
+def main() -> None:
+    """`python -c 'from tests.support.invariants import main; main()' JOB` under another vLLM (a child
+    process, tests/support/newest_vllm.py): JOB is JSON {"specs": [SchedulerSpec fields, ...], "seeds",
+    "steps", "workdir"}; prints one JSON line per spec and seed: the report, or the first violation."""
+    import json
+    import sys
+    import traceback
+    from fractions import Fraction
+
+    import vllm
+
+    job = json.loads(sys.argv[1])
+    work = pathlib.Path(job["workdir"])
+    model_dir = h.prepare_environment(work)
+    for fields in job["specs"]:
+        fields = dict(fields)
+        scale = Fraction(fields.pop("scale", 1))
+        spec = h.recipe_spec(scale, **fields)
+        spec = dataclasses.replace(spec, num_blocks=18 * spec.long_prefill_token_threshold // spec.block_size)
+        for seed in job["seeds"]:
+            out = {"vllm": vllm.__version__, "label": spec.label, "policy": spec.policy, "seed": seed,
+                   "async": spec.async_scheduling, "drafter": spec.speculative_method}
+            try:
+                out["report"] = dataclasses.asdict(run_random_load(spec, model_dir, seed, job["steps"],
+                                                                  work / "control"))
+            except AssertionError as error:
+                frame = traceback.extract_tb(error.__traceback__)[-1]
+                out["error"] = {"type": type(error).__name__, "invariant": isinstance(error, InvariantError),
+                                "message": str(error)[:400], "statement": frame.line}
+            print(json.dumps(out), flush=True)
