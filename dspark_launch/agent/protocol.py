@@ -27,7 +27,7 @@ from typing import Any, Callable, Final, Generic, Literal, TypeVar
 
 from dspark_launch.node.values import FabricEnv, FabricRequest, Manifest, NodePlacement, VerifyReport, VersionRow, VllmOffer
 
-PROTOCOL_VERSION = 9  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
+PROTOCOL_VERSION = 10  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
 # 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
 # 3: FabricRequest.hca_list carries NCCL_IB_HCA as written (NCCL's ^ / = / dev:port forms), not split names
 # 4: model_verify hashes `only` the files a copy sent, with progress lines
@@ -38,6 +38,7 @@ PROTOCOL_VERSION = 9  # 2: ray_checks no longer runs the version rows and the ho
 #    scheduler_control writes (or removes) the patched scheduler's control file (`dspark reload`)
 # 8: Stop.drain_end: a drain is over when the server's log says so (an idle one at once); StopAnswer.drain says how
 # 9: port_holder_query (who holds a port, before a secret goes to it); Ray queries carry the recorded Ray processes
+# 10: hotfix_check (read-only: would start's apply go ahead; `dspark plan`), hotfix_revert (DSPARK_HOTFIX=off)
 # The longest line either side reads (the launcher refuses a longer agent reply line: one clear error, the
 # agent killed); a log is read in chunks whose JSON (at most 6 bytes a character, `\u001b`) stays below it.
 MAX_LINE = 1 << 20
@@ -407,6 +408,8 @@ class HotfixResult:
     message: str
     vllm_version: str = ""
     patch_version: int | None = None
+    applied_patch_version: int | None = None  # the patch version a marker in the file names (ours left there)
+    changed: bool = False  # the action wrote the file
 
 
 @dataclass(frozen=True)
@@ -418,6 +421,19 @@ class HotfixApplyAnswer:
     @property
     def failed(self) -> HotfixResult | None:
         return self.apply if self.apply.code != 0 else (self.status if self.status.code != 0 else None)
+
+
+@dataclass(frozen=True)
+class HotfixCheckAnswer:
+    hostname: str
+    check: HotfixResult  # code 0 (state not-applied, applied or outdated): start's apply would go ahead
+
+
+@dataclass(frozen=True)
+class HotfixRevertAnswer:
+    hostname: str
+    revert: HotfixResult  # code 0: reverted, or nothing of ours to revert
+    status: HotfixResult  # the file afterwards
 
 
 @dataclass(frozen=True)
@@ -533,6 +549,18 @@ class HotfixApply(Request["HotfixApplyAnswer"]):
     """Apply the scheduler hotfix to the vLLM this node's interpreter (Ray's) imports, then verify it."""
 
 
+@dataclass(frozen=True)
+class HotfixCheck(Request["HotfixCheckAnswer"]):
+    """Read-only: the hotfix tool's `check` on the scheduler this node's interpreter (Ray's) imports, the verdict
+    start's apply would reach (`dspark plan`)."""
+
+
+@dataclass(frozen=True)
+class HotfixRevert(Request["HotfixRevertAnswer"]):
+    """DSPARK_HOTFIX=off: our patch, where an earlier start left it, reverted from the original its marker keeps
+    (nothing else written), then the file's status: the node serves vLLM's own scheduler."""
+
+
 # --- the one registry ------------------------------------------------------------------------------
 
 AGENT_TIMEOUT_S = 60
@@ -618,6 +646,8 @@ _OPERATIONS = (
     # version row and scheduler hotfix (handlers/hotfix.py)
     Operation(VersionQuery, VersionRow, "hotfix", "versions"),
     Operation(HotfixApply, HotfixApplyAnswer, "hotfix", "hotfix", HOTFIX_TIMEOUT_S),
+    Operation(HotfixCheck, HotfixCheckAnswer, "hotfix", "hotfix check", HOTFIX_TIMEOUT_S),
+    Operation(HotfixRevert, HotfixRevertAnswer, "hotfix", "hotfix", HOTFIX_TIMEOUT_S),
     # the scheduler's live values (handlers/control.py)
     Operation(SchedulerControl, SchedulerControlAnswer, "control", "scheduler control file"),
 )

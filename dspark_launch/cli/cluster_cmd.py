@@ -82,4 +82,7 @@ def dashboard_hint(spec) -> str | None:
 
 def hotfix_line(name: str, report) -> str:
     status = report.status
+    if report.apply.action == "revert":  # DSPARK_HOTFIX=off (cluster/hotfix_rollout.hotfix_off)
+        done = "reverted the patch an earlier start left" if report.apply.changed else "nothing of ours to revert"
+        return f"hotfix {name}: OFF (DSPARK_HOTFIX=off): vLLM {status.vllm_version}'s own scheduler ({done})"
     return f"hotfix {name}: {status.state} (patch {status.patch_version}, vLLM {status.vllm_version})"

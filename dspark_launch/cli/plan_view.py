@@ -89,8 +89,11 @@ def render_plan(plan: Plan, width: int | None = None) -> str:
     lines = _wrapped(head, width, "")
     judged = [f"judged for: {plan.judged_for}"] if plan.judged_for else []
     judged += [f"CUDA graphs vLLM will run: {plan.cuda_graph_mode}"] if plan.cuda_graph_mode else []
+    judged += [plan.vllm_policy] if plan.vllm_policy else []
     for fact in judged:
         lines += _wrapped(fact, width, "")
+    for index, fact in enumerate(plan.hotfix):  # the setting, then each probed node's check
+        lines += _wrapped(f"check: {fact}" if index else fact, width, "  " if index else "")
     for line in summary_lines(plan):
         indent = line[:len(line) - len(line.lstrip())]
         lines += _wrapped(line.strip(), width, indent)

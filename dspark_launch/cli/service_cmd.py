@@ -80,8 +80,9 @@ def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False
 def _report_started(spec, result) -> None:
     server = result.server
     say(f"serving {server.model} as {server.served_name} at {server.url}/v1")
-    say(f"KV cache: {server.kv_cache_tokens or 'unknown'} tokens; "
-          f"in-flight prefill cap: {server.scheduler_cap} (from DSPARK_MAX_INFLIGHT_PREFILLS)")
+    cap = ("none: vLLM's own scheduler, the hotfix is off (DSPARK_HOTFIX=off)" if spec.hotfix == "off"
+           else f"{server.scheduler_cap} (from DSPARK_MAX_INFLIGHT_PREFILLS)")
+    say(f"KV cache: {server.kv_cache_tokens or 'unknown'} tokens; in-flight prefill cap: {cap}")
     answer = result.first_answer
     if answer is not None:
         kind = "chat completion" if result.serve_spec.chat else "completion"

@@ -16,7 +16,7 @@ from dspark_launch.cli.output import printable, say, table
 
 STATE_STYLE = {"up": "bold green", "alive": "green", "yes": "green", "applied": "green",
                "starting": "bold yellow", "down": "yellow", "unhealthy": "bold red", "dead": "bold red",
-               "degraded": "bold red", "NO": "bold red"}
+               "degraded": "bold red", "NO": "bold red", "off": "bold yellow"}
 NODE_COLUMNS = ("NODE", "IP", "REACHABLE", "RAY", "REGISTERED", "GPUS", "VLLM", "RAY VER", "HOTFIX")
 
 
@@ -101,7 +101,8 @@ def _server_lines(s, live_level, now: float) -> list[Text]:
     if s.state == "down" and not s.pid:
         return [line("server: not started")]
     uptime = f", up {human_duration(s.uptime_s)}" if s.uptime_s is not None else ""
-    out = [line("server: ", state_word(s.state), f" (pid {s.pid}{uptime}) {s.url}  cap {s.cap}  "
+    cap = s.cap if s.cap is not None else "none (hotfix off)"
+    out = [line("server: ", state_word(s.state), f" (pid {s.pid}{uptime}) {s.url}  cap {cap}  "
                 f"KV cache {s.kv_cache_tokens} tokens")]
     m = s.metrics
     if m.reported:

@@ -323,7 +323,7 @@ class NodeView:
     gpus: float | None
     pids: tuple[int, ...]  # the node's Ray daemons (raylet, gcs_server)
     versions: VersionsRecord | None
-    hotfix: str | None  # the hotfix state at start: applied, not-applied, ...
+    hotfix: str | None  # the hotfix state at start: applied, not-applied, ...; off: DSPARK_HOTFIX=off
     container: str | None = None  # DSPARK_RUNTIME=docker|podman: the node's container,
     container_status: str | None = None  # its state (running, exited, absent, ...)
     image_id: str | None = None  # and the image id it runs
@@ -392,7 +392,7 @@ def cluster_status(spec: ClusterSpec, state: Deployment | None, deep: bool = Fal
             ray_alive=health[node.name] == "alive", registered_ip=None, gpus=None,
             pids=tuple(proc.pid for proc in rc.core_processes(record)) if record else (),
             versions=state.versions.get(node.name) if state else None,
-            hotfix=hotfix.status.state if hotfix else None,
+            hotfix=("off" if hotfix.apply.action == "revert" else hotfix.status.state) if hotfix else None,
             unreachable_reason=details.get(node.name) if health[node.name] == "unreachable" else None))
     if boxes is not None:
         nodes = _with_containers(boxes.result(), nodes)

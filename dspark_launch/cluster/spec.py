@@ -77,6 +77,7 @@ class ClusterSpec:
     auth_token: str = field(default="", repr=False)  # configured RAY_AUTH_TOKEN; else generated
     containers: NodeContainers | None = None  # None: DSPARK_RUNTIME=host
     allow_tcp_fabric: bool = False  # DSPARK_ALLOW_TCP_FABRIC=1: a node without RoCE is a warning, not exit 2
+    hotfix: str = "required"  # DSPARK_HOTFIX: off serves vLLM's own scheduler (hotfix_rollout)
 
     @property
     def head(self) -> Node:
@@ -200,7 +201,7 @@ def cluster_spec(settings: Settings, placeholders_ok: bool = False) -> ClusterSp
         state_dir=state_dir_of(settings), join_timeout_s=settings.cluster_join_timeout_s,
         ssh_timeout_s=settings.ssh_connect_timeout_s, config_digest=settings.digest(),
         auth_token=settings.ray_auth_token, containers=containers,
-        allow_tcp_fabric=settings.dspark_allow_tcp_fabric)
+        allow_tcp_fabric=settings.dspark_allow_tcp_fabric, hotfix=settings.dspark_hotfix)
 
 
 def node_containers(settings: Settings) -> NodeContainers | None:

@@ -92,11 +92,13 @@ class HotfixResultRecord:
     message: str
     vllm_version: str = ""
     patch_version: int | None = None
+    changed: bool = False  # the action wrote the file
 
 
 @dataclass(frozen=True)
 class HotfixRecord:
-    """The hotfix applied and verified on one node at start (agent.protocol.HotfixApplyAnswer)."""
+    """The hotfix applied and verified on one node at start (agent.protocol.HotfixApplyAnswer); with DSPARK_HOTFIX=off
+    `apply` is the revert (action "revert") and `status` the file afterwards."""
     hostname: str
     apply: HotfixResultRecord
     status: HotfixResultRecord

@@ -290,6 +290,12 @@ class TextSettings:
     """Extra vllm serve arguments, split like a shell would (never run by one); the flags the launcher sets are
     refused (list below)"""
 
+    # ---- hotfix
+    dspark_hotfix: str = text("required", group="hotfix", check=_choice("required", "off"))
+    """The scheduler hotfix: required (default) applies and verifies it on every node, and start and plan refuse a
+    vLLM it cannot patch; off serves the installed vLLM's own scheduler on purpose (a patch an earlier start left is
+    reverted), without the in-flight prefill cap: long prompts can starve running streams (docs/operations.md)"""
+
     # ---- security
     vllm_api_key: str = text("", group="security", check=_api_key, secret=True, level="serve",
                          flag=owned("--api-key"))

@@ -60,6 +60,8 @@ class Plan:
         return bool(self.refusals)
     judged_for: str = ""  # the GPU the profile was judged for ("compute capability 12.1 given by --gpu ...")
     cuda_graph_mode: str = ""  # the CUDA-graph mode vLLM will really run (the dry boot); "" when not judged
+    hotfix: tuple[str, ...] = ()  # DSPARK_HOTFIX and what start does with it, then each probed node's check
+    vllm_policy: str = ""  # the tested releases and the recommended pin (node/vllm_releases.py)
 
     def to_json(self) -> str:
         body = asdict(self)

@@ -3,8 +3,10 @@
 The head's agent (a local child, never a network address) reads the installed vLLM
 and the head's sysfs and memory; each worker is asked for its fabric and memory,
 unless its address is the example file's placeholder or it cannot be reached: then
-it is in the plan as not probed. Nothing is written (a Ray token that start would
-generate shows as set).
+it is in the plan as not probed. Every probed node's scheduler gets the hotfix's own
+check (read-only, `hotfix_check`), so a node whose scheduler start's apply would refuse
+is a refusal here too. Nothing is written (a Ray token that start would generate shows
+as set).
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from dspark_launch.node.ray_dirs import shown_private_root
 from dspark_launch.report import Reporter
 from dspark_launch.node.fabric import FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
-from dspark_launch.agent.protocol import MemoryAnswer, MemoryQuery, VersionQuery
+from dspark_launch.agent.protocol import HotfixCheck, HotfixCheckAnswer, HotfixResult, MemoryAnswer, MemoryQuery, \
+    VersionQuery
+from dspark_launch.cluster.hotfix_rollout import OFF_LINE, what_to_do
+from dspark_launch.node.vllm_releases import policy_line, untested_note
 from dspark_launch.node.values import VersionRow
 from dspark_launch.node.versions import modules_of
 from dspark_launch.cluster.spec import ClusterSpec, Node, cluster_spec, placeholder
@@ -33,11 +38,12 @@ from dspark_launch.serve.status import image_warnings
 GENERATED = "generated at start"
 
 
-def _probe(spec: ClusterSpec, node: Node) -> tuple[FabricEnv, MemoryAnswer, VersionRow] | str:
-    """The node's fabric environment, memory and version row (GPU compute capability, driver, packages), or why
-    it was not probed."""
+def _probe(spec: ClusterSpec, node: Node) -> tuple[FabricEnv, MemoryAnswer, VersionRow, HotfixCheckAnswer] | str:
+    """The node's fabric environment, memory, version row (GPU compute capability, driver, packages) and the
+    hotfix's check of its scheduler, or why it was not probed."""
     try:
-        return rc.node_fabric(spec, node), node.agent().call(MemoryQuery()), node.agent().call(VersionQuery())
+        return (rc.node_fabric(spec, node), node.agent().call(MemoryQuery()), node.agent().call(VersionQuery()),
+                node.agent().call(HotfixCheck()))
     except ConfigError:
         raise
     except DsparkError as exc:
@@ -56,6 +62,34 @@ def _node_plan(spec: ClusterSpec, node: Node, fabric: FabricEnv, ray_env: dict[s
         commands.append(tuple(serve.argv))
         env += env_entries(sorted(serve.full_env().items()), "vllm serve")
     return NodePlan(node.name, node.ip, True, "probed", tuple(commands), env, fabric.notes, fabric.warnings)
+
+
+def hotfix_setting_line(settings: Settings) -> str:
+    source = settings.source_of("dspark_hotfix")
+    if settings.dspark_hotfix == "off":
+        return f"scheduler hotfix: OFF (DSPARK_HOTFIX=off from {source}): {OFF_LINE.split(': ', 1)[1]}"
+    return (f"scheduler hotfix: required (DSPARK_HOTFIX, {source}): start applies and verifies it on every node "
+            "and refuses a vLLM it cannot patch")
+
+
+def hotfix_verdict(mode: str, label: str, check: HotfixResult) -> tuple[str, str | None]:
+    """(the node's line, start's refusal or None) from the hotfix's read-only check of its scheduler: the verdict
+    start reaches with DSPARK_HOTFIX `mode` (cluster/hotfix_rollout.py)."""
+    version = check.vllm_version or "unknown"
+    if mode == "off":
+        if check.state == "damaged":
+            return (f"{label}: {check.state}", f"hotfix: {label}: vLLM {version}: DSPARK_HOTFIX=off, but its "
+                    f"scheduler keeps this hotfix's code ({check.message}); start refuses this: {what_to_do(check)}")
+        if check.applied_patch_version is not None:
+            return (f"{label}: start reverts the hotfix an earlier start left (patch v{check.applied_patch_version}) "
+                    f"and serves vLLM {version}'s own scheduler"), None
+        if check.state == "foreign":
+            return f"{label}: its scheduler carries another patch, served as it is: {check.message}", None
+        return f"{label}: vLLM {version}'s own scheduler, served as installed", None
+    if check.code == 0:
+        return f"{label}: {check.state}: start can apply patch v{check.patch_version} (vLLM {version})", None
+    return (f"{label}: refused ({check.state})",
+            f"hotfix: {label}: vLLM {version}: {check.message}; start refuses this (exit 1): {what_to_do(check)}")
 
 
 def _nodes_gpu(found: dict, forced: GpuTarget | None) -> GpuTarget:
@@ -89,6 +123,7 @@ def build_plan(settings: Settings, reporter: Reporter, forced: GpuTarget | None 
     ray_env = {"RAY_AUTH_MODE": spec.auth_mode, **({"RAY_AUTH_TOKEN": token} if spec.auth_mode == "token" else {})}
     serve = build_serve_spec(settings, spec, ray_env, resolved, head[0])
     nodes, memory, refusals = [], {}, []
+    hotfix = [hotfix_setting_line(settings)]
     for node in spec.nodes:
         probe = found.get(node.name, NOT_PROBED_EXAMPLE)
         if isinstance(probe, str):
@@ -101,6 +136,14 @@ def build_plan(settings: Settings, reporter: Reporter, forced: GpuTarget | None 
                        "DSPARK_ALLOW_TCP_FABRIC=1")
             refusals.append(refusal)
             nodes[-1] = replace(nodes[-1], refusals=(refusal,))
+        line, refused = hotfix_verdict(settings.dspark_hotfix, node.label, probe[3].check)
+        hotfix.append(line)
+        note = untested_note(node.label, probe[2].vllm or "")
+        if refused:
+            refusals.append(refused)
+            nodes[-1] = replace(nodes[-1], refusals=nodes[-1].refusals + (refused,))
+        if note:
+            nodes[-1] = replace(nodes[-1], warnings=nodes[-1].warnings + (note,))
     found_memory = estimate(serve.profile, placed, serve.kv_cache_dtype,
                             serve.max_model_len, serve.tensor_parallel_size, serve.gpu_memory_utilization, memory,
                             kv_size_fixed(serve.serve_args, serve.full_env()))
@@ -111,10 +154,11 @@ def build_plan(settings: Settings, reporter: Reporter, forced: GpuTarget | None 
              for n in nodes]
     warnings = [w for n in nodes for w in n.warnings] + refusals + list(too_big.values())
     warnings += image_warnings(settings)
+    warnings += [OFF_LINE] if settings.dspark_hotfix == "off" else []
     return Plan(resolved.profile, resolved.vllm_version, settings.env_file_shown, settings.from_example,
                 profile_decisions(resolved), tuple(nodes), found_memory, tuple(warnings),
                 (*_start_refusals(settings, nodes), *refusals, *too_big.values()), gpu.basis,
-                resolved.cuda_graph_mode)
+                resolved.cuda_graph_mode, tuple(hotfix), policy_line())
 
 
 def _start_refusals(settings: Settings, nodes: list[NodePlan]) -> list[str]:

@@ -118,6 +118,10 @@ def reload(settings: Settings, spec: ClusterSpec, reporter: Reporter, timeout_s:
             raise refusal(changes, settings)
         if not changes.live:
             return ReloadResult(changes)
+        if recorded_value(server.settings, "dspark_hotfix") == "off":
+            raise DsparkError("reload: the server runs vLLM's own scheduler (started with DSPARK_HOTFIX=off), which "
+                              "reads no live settings; nothing was changed; DSPARK_HOTFIX=required and "
+                              "`dspark restart` serve the hotfix")
         if not server.control_file:
             raise DsparkError("reload: the server was started without a scheduler control file (an older "
                               "launcher); `dspark restart` applies the change")

@@ -331,10 +331,16 @@ def wait_until_serving(spec: ClusterSpec, serve_spec: ServeSpec, server: ServerR
         raise ServeFailure(f"vllm serve not ready after {serve_spec.start_timeout_s} s: the API is up but the "
                            f"one-token {kind} got no answer in {answer.attempts} attempt(s) (the last: {last} after "
                            f"{answer.latency_s:.0f} s); log {server.log}", tails(spec, server, state=None))
-    reporter.phase(f"the one-token {kind} answered (attempt {answer.attempts}); checking that the served scheduler "
-                   "runs the hotfix")
     text = log.refresh()
     cap = logscan.hotfix_cap(text)
+    if spec.hotfix == "off":  # DSPARK_HOTFIX=off: vLLM's own scheduler, as cluster/hotfix_rollout.py left it
+        reporter.phase(f"the one-token {kind} answered (attempt {answer.attempts}); serving vLLM's own scheduler "
+                       "(DSPARK_HOTFIX=off)")
+        if cap is not None:
+            reporter.warn(f"DSPARK_HOTFIX=off, yet the EngineCore's scheduler reported the hotfix active (cap {cap})")
+        return Ready(text, answer)
+    reporter.phase(f"the one-token {kind} answered (attempt {answer.attempts}); checking that the served scheduler "
+                   "runs the hotfix")
     if cap != serve_spec.cap:
         raise ServeFailure(f"the EngineCore's scheduler reported cap {cap}, expected {serve_spec.cap}: "
                            "the hotfix is not active in the served vLLM; refusing to serve",

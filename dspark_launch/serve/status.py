@@ -11,9 +11,10 @@ from dspark_launch.cluster import lifecycle
 from dspark_launch.errors import ClusterFailure
 from dspark_launch.cluster.parallel import Background
 from dspark_launch.cluster.spec import ClusterSpec
-from dspark_launch.cluster.state import ServerRecord, load_state
+from dspark_launch.cluster.state import Deployment, ServerRecord, load_state
 from dspark_launch.config.secret_digest import compared_values
-from dspark_launch.config.settings import Settings
+from dspark_launch.config.settings import Settings, recorded_value
+from dspark_launch.node.vllm_releases import untested_note
 from dspark_launch.serve import http
 from dspark_launch.serve.api_holder import api_holder, foreign_line, healthy as api_healthy
 
@@ -62,6 +63,7 @@ class ServiceStatus:
     fabric_warnings: tuple[str, ...] = ()  # per node at start, e.g. NCCL falls back to TCP
     warnings: tuple[str, ...] = ()  # about the settings now, e.g. an image named by a tag
     ray_source: lifecycle.RaySource | None = None  # where the nodes' registered IP and GPUs came from
+    hotfix: str | None = None  # DSPARK_HOTFIX at start, from the record: "required", "off"; None without one
 
     def to_data(self) -> dict[str, Any]:
         """The JSON document of `dspark status --json` (docs/cluster.md): the metrics by their gauge names."""
@@ -92,11 +94,12 @@ def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | N
     holder = api_holder(spec, server)  # the key goes only to the recorded server's socket
     alive = holder.recorded_alive
     healthy = alive and api_healthy(holder, server.url, api_key(settings), server.served_name, probe)
+    hotfix_off = recorded_value(server.settings, "dspark_hotfix") == "off"  # vLLM's own scheduler: no cap
     return ServerView(
         state="up" if healthy else ("unhealthy" if alive else "dead"), pid=server.pid, url=server.url,
         model=server.model, served_name=server.served_name,
         uptime_s=round(time.time() - server.started_at) if alive else None, healthy=healthy,
-        cap=server.scheduler_cap if server.scheduler_cap is not None else server.cap,
+        cap=None if hotfix_off else (server.scheduler_cap if server.scheduler_cap is not None else server.cap),
         kv_cache_tokens=server.kv_cache_tokens, metrics=http.metrics(server.url, probe) if healthy else http.ServerMetrics(),
         drift=drift(server.running_settings, compared_values(settings, server.secrets)), profile=server.profile,
         decisions=tuple(server.decisions), live=dict(server.live), live_since=server.live_since,
@@ -135,10 +138,30 @@ def status(settings: Settings, spec: ClusterSpec, deep: bool = False) -> Service
         problems.append(f"vllm serve (pid {server.pid}) runs but {server.url}/health does not answer "
                         f"within {settings.health_timeout_s} s; log {server.log}")
     overall = "degraded" if server and data.state == "up" and view.state != "up" else data.state
+    mode = hotfix_mode(state)
     return ServiceStatus(overall, data.ray_address, data.config_digest, data.started_at, data.checked_at,
                          tuple(problems), data.nodes, view,
                          tuple(w for record in (state.nodes if state else ()) for w in record.fabric_warnings),
-                         image_warnings(settings), data.ray_source)
+                         (*record_notes(state, mode), *image_warnings(settings)), data.ray_source, mode)
+
+
+def hotfix_mode(state: Deployment | None) -> str | None:
+    """DSPARK_HOTFIX as the start applied it: "off" when it reverted instead of applying (hotfix_rollout.hotfix_off),
+    "required" when it applied; None without a record of it."""
+    if state is None or not state.hotfix:
+        return None
+    return "off" if any(record.apply.action == "revert" for record in state.hotfix.values()) else "required"
+
+
+def record_notes(state: Deployment | None, mode: str | None) -> tuple[str, ...]:
+    """What the record says an operator should know: the hotfix off, a node on an untested vLLM release."""
+    notes = ["the scheduler hotfix is OFF on every node (DSPARK_HOTFIX=off at start): vLLM's own scheduler, without "
+             "the in-flight prefill cap"] if mode == "off" else []
+    by_version: dict[str, list[str]] = {}
+    for name, versions in (state.versions.items() if state else ()):
+        by_version.setdefault(versions.vllm or "", []).append(name)
+    notes += [note for version, names in by_version.items() if (note := untested_note(", ".join(names), version))]
+    return tuple(notes)
 
 
 def image_warnings(settings: Settings) -> tuple[str, ...]:

@@ -1,5 +1,5 @@
 """What a node's agent answers about itself at launch: its version row, and the scheduler hotfix
-applied and verified.
+applied and verified (checked read-only for `dspark plan`; with DSPARK_HOTFIX=off, our patch reverted).
 
 They run in the agent, under the node's interpreter: the one its `ray start` runs, so the vLLM
 they read and patch is the one Ray's workers there import (PYTHON* variables are never forwarded
@@ -124,6 +124,40 @@ def hotfix_report() -> p.HotfixApplyAnswer:
     verified = hotfix.status(target)
     return from_data(p.HotfixApplyAnswer, {"hostname": socket.gethostname(), "apply": applied.to_dict(),
                                       "status": verified.to_dict()})
+
+
+def _missing(action: str, exc: FileNotFoundError) -> dict:
+    """The tool's own answer when this interpreter finds no vLLM (as its command line gives it)."""
+    from dspark_launch.hotfix.contract import EXIT_UNSUPPORTED, PATCH_VERSION
+
+    return {"action": action, "code": EXIT_UNSUPPORTED, "state": "missing", "message": str(exc),
+            "vllm_version": "unknown", "patch_version": PATCH_VERSION}
+
+
+def hotfix_check(req: p.HotfixCheck, report: p.Report) -> p.HotfixCheckAnswer:
+    """The tool's check: nothing written, nothing imported."""
+    from dspark_launch import hotfix
+
+    try:
+        checked = hotfix.check(hotfix.find_target()).to_dict()
+    except FileNotFoundError as exc:
+        checked = _missing("check", exc)
+    return from_data(p.HotfixCheckAnswer, {"hostname": socket.gethostname(), "check": checked})
+
+
+def hotfix_revert(req: p.HotfixRevert, report: p.Report) -> p.HotfixRevertAnswer:
+    """Our patch reverted where the file carries it (the tool's revert: from the original its marker keeps;
+    a file without our marker is left as it is), then the file's status."""
+    from dspark_launch import hotfix
+
+    try:
+        target = hotfix.find_target()
+    except FileNotFoundError as exc:
+        return from_data(p.HotfixRevertAnswer, {"hostname": socket.gethostname(), "revert": _missing("revert", exc),
+                                                "status": _missing("status", exc)})
+    reverted = hotfix.revert(target)
+    return from_data(p.HotfixRevertAnswer, {"hostname": socket.gethostname(), "revert": reverted.to_dict(),
+                                            "status": hotfix.status(target).to_dict()})
 
 
 def version_query(req: p.VersionQuery, report: p.Report) -> VersionRow:
