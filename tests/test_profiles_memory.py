@@ -1,5 +1,6 @@
 """Memory pre-flight from the profile: weights / TP + measured overhead + KV at MAX_MODEL_LEN in the chosen KV
-dtype against memory x utilisation, and MemAvailable against vLLM's start-up gate."""
+dtype against memory x utilisation, and MemAvailable against the installed vLLM release's rule: 0.32/0.33's
+start-up gate, 0.34's extensible KV cache (each release's own code: tests/test_memory_rules_vllm.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import pytest
 
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, DEEPSEEK_V4_ROW, NONE
 from dspark_test_profiles import TINY_TEST
-from dspark_launch.profiles.memory_model import GIB, NodeMemory, estimate_memory, model_shape, row_bytes
+from dspark_launch.profiles.memory_model import (
+    EXTENSIBLE_KV, EXTENSIBLE_KV_MARGIN, GIB, START_GATE, NodeMemory, estimate_memory, memory_rule, model_shape,
+    row_bytes,
+)
 from dspark_launch.profiles.model import KvRow
+from dspark_launch.serve.memory_preflight import extensible_off
 
 SPARKS = (NodeMemory("head", 128 * GIB), NodeMemory("worker1", 128 * GIB))
 V4_CONFIG = {"model_type": "deepseek_v4", "num_hidden_layers": 43, "head_dim": 512, "qk_rope_head_dim": 64,
@@ -72,9 +77,13 @@ GB10 = int(121.69 * GIB)
 MEASURED = int(2 * 81.34 * GIB)
 
 
-def gb10(utilization: float, available: float = 117.0, dtype: str = "fp8", tokens: int = 1048576):
+DIP = int((117 - 111.04) * GIB)
+
+
+def gb10(utilization: float, available: float = 117.0, dtype: str = "fp8", tokens: int = 1048576, version: str = ""):
     nodes = (NodeMemory("head", GB10, int(available * GIB)), NodeMemory("worker1", GB10, int(117.0 * GIB)))
-    return estimate_memory(DEEPSEEK_V4_FLASH, dtype, tokens, 2, MEASURED, None, nodes, utilization)
+    return estimate_memory(DEEPSEEK_V4_FLASH, dtype, tokens, 2, MEASURED, None, nodes, utilization,
+                           vllm_version=version)
 
 
 def test_the_measured_gb10_figures_reproduce_eugrs_result():
@@ -103,6 +112,98 @@ def test_a_too_small_memavailable_is_refused_naming_the_node():
                         "GPU_MEMORY_UTILIZATION to 0.77 or less")
 
 
+def test_the_installed_release_picks_the_memory_rule():
+    assert memory_rule("0.32.0").name == memory_rule("0.33.0").name == START_GATE
+    assert "request_memory" in memory_rule("0.32.0").why
+    for version in ("0.34.0", "0.34.0+cu130", "0.35.1"):
+        rule = memory_rule(version)
+        assert rule.name == EXTENSIBLE_KV and rule.extensible and "measure_kv_cache_bytes" in rule.why
+    assert memory_rule("not probed").name == START_GATE and "release not known" in memory_rule("").why
+    off = memory_rule("0.34.0", "--kv-cache-memory-bytes")
+    assert off.name == START_GATE and "with --kv-cache-memory-bytes: the extensible KV cache is off" in off.why
+    # What turns it off in the serve arguments, in the spellings vLLM's parser takes.
+    assert extensible_off(("m", "--num_gpu_blocks_override=64")) == "--num-gpu-blocks-override"
+    assert extensible_off(("m", "--no-enable-extensible-kv-cache")) == "--no-enable-extensible-kv-cache"
+    assert extensible_off(("m", "--kv-cache-memory-bytes", "1073741824")) == "--kv-cache-memory-bytes"
+    assert extensible_off(("m", "--enable-extensible-kv-cache", "--kv-cache-dtype", "fp8")) == ""
+
+
+def test_the_same_figures_on_034_make_utilization_a_cap_not_a_gate():
+    # eugr's 0.95, refused by 0.32's gate ("refused before allocating anything"), starts on 0.34: the KV cache is
+    # sized from the node's free memory and holds 1M context.
+    at_095 = gb10(0.95, version="0.34.0")
+    assert at_095.fits and at_095.rule == EXTENSIBLE_KV and not gb10(0.95, version="0.32.0").fits
+    head = at_095.findings[0]
+    assert head.rule == EXTENSIBLE_KV and head.share_fits and head.free_fits
+    assert head.free_line == ("head: MemAvailable 117.00 GiB less 5.96 GiB measured to go while weights load less "
+                              "vLLM's 1.00 GiB margin = 110.04 GiB >= 103.88 GiB needed (vLLM 0.34.0 sizes the KV "
+                              "cache after warmup from this, capped at utilization x total, and fails at start when "
+                              "it cannot hold one MAX_MODEL_LEN sequence; no start-up gate)")
+    assert at_095.notes[0].startswith("memory rule: vLLM 0.34.0, the extensible KV cache")
+    # The cap still bounds the KV cache: eugr's 0.85 at 1M is as short on 0.34; the fix stays within free memory.
+    at_085 = gb10(0.85, version="0.34.0").findings[0]
+    assert not at_085.fits and not at_085.share_fits and at_085.free_fits
+    assert "raise GPU_MEMORY_UTILIZATION to 0.86 (the node's free memory allows up to 0.90)" in at_085.fix
+    assert gb10(0.90, available=113.0, version="0.34.0").fits  # 0.32's gate refuses this one
+    assert not gb10(0.90, available=113.0, version="0.32.0").fits
+
+
+def test_on_034_free_memory_short_of_the_share_fails_after_warmup_and_utilization_cannot_fix_it():
+    estimate = gb10(0.87, available=100.0, version="0.34.0")
+    head, worker = estimate.findings
+    assert not estimate.fits and head.share_fits and head.free_fits is False and worker.fits
+    assert head.problem == ("head: MemAvailable 100.00 GiB less 5.96 GiB measured to go while weights load less "
+                            "vLLM's 1.00 GiB margin = 93.04 GiB < 103.88 GiB needed (vLLM 0.34.0 sizes the KV cache "
+                            "after warmup from this, capped at utilization x total, and fails at start when it cannot "
+                            "hold one MAX_MODEL_LEN sequence; no start-up gate)")
+    assert head.fix == ("free memory on head (other processes, page cache held by them) or lower MAX_MODEL_LEN to "
+                        "18432 or less (a higher GPU_MEMORY_UTILIZATION does not help: the node's free memory, not "
+                        "the cap, limits the KV cache here)")
+    assert gb10(0.87, available=100.0, version="0.34.0", tokens=18432).fits
+    # Should vLLM find no virtual memory management on a node, 0.33's gate applies there: the note says where.
+    fallback = next(n for n in estimate.notes if "Disabling the extensible KV cache" in n)
+    assert "it would refuse here (head: MemAvailable 100.00 GiB" in fallback and "worker1" not in fallback
+    # A flag that turns the extensible KV cache off gives the gate back.
+    nodes = (NodeMemory("head", GB10, int(113 * GIB)),)
+    off = estimate_memory(DEEPSEEK_V4_FLASH, "fp8", 1048576, 2, MEASURED, None, nodes, 0.90,
+                          vllm_version="0.34.0", extensible_off="--num-gpu-blocks-override")
+    assert off.rule == START_GATE and off.findings[0].free_fits is False
+
+
+def test_the_default_utilization_per_release_with_its_reason():
+    default = next(d for d in DEEPSEEK_V4_FLASH.settings if d.setting == "GPU_MEMORY_UTILIZATION")
+    gate, cap = default.for_release("0.33.0"), default.for_release("0.34.0")
+    assert default.for_release("") == default == gate and gate.value == cap.value == 0.87
+    assert "request_memory" in gate.why
+    assert "measure_kv_cache_bytes" in cap.why and "_resolve_extensible_kv_cache" in cap.why
+    # 0.32/0.33: the largest value whose gate a fresh headless node at 113 GiB passes, with 1M context.
+    assert gb10(0.87, available=113.0, version="0.32.0").fits and not gb10(0.88, available=113.0, version="0.32.0").fits
+    # 0.34: the largest cap below that node's free memory less the margin (the cap, not the host's memory, bounds
+    # the KV cache), with 1M context.
+    free_side = int(113 * GIB) - DIP - EXTENSIBLE_KV_MARGIN
+    at_087, at_088 = (gb10(u, available=113.0, version="0.34.0").findings[0] for u in (0.87, 0.88))
+    assert at_087.fits and at_087.budget_bytes <= free_side < at_088.budget_bytes
+
+
+def test_the_resolution_gives_the_reason_of_the_installed_release(clean_environ):
+    from dataclasses import replace
+
+    from dspark_launch.config.profile_resolve import resolve
+    from dspark_launch.config.settings import resolve as load_settings
+    from dspark_launch.node.vllm_offer import VllmOffer
+    from tests.support.paths import DATA, REPO
+
+    settings = load_settings(env_file=str(REPO / ".env.dspark.example"), environ=clean_environ)
+    offer = VllmOffer.from_json((DATA / "vllm-0.25.0-offer.json").read_text())
+    reasons = {}
+    for version in ("0.32.0", "0.34.0"):
+        resolved = resolve(DEEPSEEK_V4_FLASH, replace(offer, version=version), settings)
+        assert resolved.gpu_memory_utilization == 0.87
+        reasons[version] = next(d.reason for d in resolved.decisions if d.subject == "GPU_MEMORY_UTILIZATION")
+    assert "request_memory" in reasons["0.32.0"] and "measure_kv_cache_bytes" not in reasons["0.32.0"]
+    assert "measure_kv_cache_bytes" in reasons["0.34.0"]
+
+
 def test_the_free_memory_gate_on_vllms_cpu_backend():
     # A node without an NVIDIA GPU runs vLLM's CPU backend: no gate once VLLM_CPU_KVCACHE_SPACE fixes the KV size
     # (the CPU testbed), the same gate as on a GPU without it (vllm/v1/worker/cpu_worker.py).
@@ -112,6 +213,11 @@ def test_the_free_memory_gate_on_vllms_cpu_backend():
     assert "VLLM_CPU_KVCACHE_SPACE" in fixed.findings[0].free_line
     unfixed = estimate_memory(TINY_TEST, "auto", 256, 2, 1 << 20, None, cpu, 0.835)
     assert not unfixed.fits and unfixed.findings[0].free_fits is False
+    # 0.34 has no extensible KV cache on its CPU backend (config/vllm.py): the same rule there, no rule note.
+    on_034 = estimate_memory(TINY_TEST, "auto", 256, 2, 1 << 20, None, cpu, 0.835, "VLLM_CPU_KVCACHE_SPACE",
+                             vllm_version="0.34.0")
+    assert on_034.fits and on_034.findings[0].rule == START_GATE and on_034.findings[0].free_fits is None
+    assert not any(n.startswith("memory rule:") for n in on_034.notes)
 
 
 def test_unplaced_weights_count_the_measured_figure_and_say_so():

@@ -494,7 +494,7 @@ class _Resolution:
         """The effective value of a setting, with a decision when the profile has a say.
         `model`: for the revision, the model in use: the profile's pin belongs to the profile's model only."""
         entry = self.settings.entries[name]
-        default = next((d for d in self.profile.settings if d.setting == name), None)
+        default = next((d.for_release(self.version) for d in self.profile.settings if d.setting == name), None)
         profile_model = next((profile_value(self.profile, d) for d in self.profile.settings
                               if d.setting == "DSPARK_MODEL"), "")
         if default is None:

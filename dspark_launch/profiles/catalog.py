@@ -10,7 +10,7 @@ import functools
 from typing import Any
 
 from dspark_launch.profiles.model import (
-    EnvVar, KvAnchor, KvRow, MeasuredMemory, Preference, Profile, SettingDefault, Switch,
+    EnvVar, KvAnchor, KvRow, MeasuredMemory, Preference, Profile, ReleaseDefault, SettingDefault, Switch,
 )
 
 GIB = 1 << 30
@@ -35,10 +35,23 @@ DEEPSEEK_V4_FLASH = Profile(
         SettingDefault("MAX_NUM_BATCHED_TOKENS", 8192, "the recipe's step budget"),
         SettingDefault("LONG_PREFILL_TOKEN_THRESHOLD", 1024, "a long prompt takes at most 1024 tokens a step"),
         SettingDefault("GPU_MEMORY_UTILIZATION", 0.87,
-                       "a freshly booted headless GB10 shows 113-117 GiB MemAvailable; vLLM's free-memory gate reads "
-                       "about 6 GiB less while weights load (eugr: 111.04 of 117), so 0.87 x 121.69 = 105.9 GiB passes "
-                       "it at 113 (0.90's 109.5 GiB does not); 1M context still fits: eugr measured 0.85 failing by "
-                       "0.7 GiB of KV (10.33 free for 11.04), 0.87 gives 2.4 GiB more"),
+                       "vLLM 0.32/0.33 refuse to start when free memory is below utilization x total (v1/worker/"
+                       "utils.py request_memory); a freshly booted headless GB10 shows 113-117 GiB MemAvailable and "
+                       "the gate reads about 6 GiB less (eugr: 111.04 of 117), so 0.87 x 121.69 = 105.9 GiB passes it "
+                       "at 113 (eugr's 0.90, 109.5 GiB, does not); 1M context still fits: eugr's 1M recipe measured "
+                       "the vLLM recipe's 0.85 failing by 0.7 GiB of KV (10.33 for 11.04), 0.87 gives 2.4 GiB more",
+                       releases=(ReleaseDefault(
+                           "0.34.0", 0.87,
+                           "vLLM 0.34 has no start-up gate (v1/worker/utils.py request_memory skips it with the "
+                           "extensible KV cache, on by default on CUDA: config/vllm.py "
+                           "VllmConfig._resolve_extensible_kv_cache); utilization caps what it takes: after warmup "
+                           "the KV cache gets min(utilization x total, free memory less a 1 GiB margin) less the "
+                           "engine's use (v1/worker/extensible_kv_cache.py measure_kv_cache_bytes). 0.87 x 121.69 = "
+                           "105.9 GiB is the largest cap under a freshly booted headless GB10's free memory at 113 "
+                           "GiB (less the 6 GiB read at start and the margin: 106.0), so the cap binds and the host "
+                           "keeps 1.2-5.2 GiB on 113-117 GiB nodes (eugr's 0.90: 1.0-1.5; unset, vLLM takes 1.0, "
+                           "which CacheConfig.gpu_memory_utilization's docstring advises against on unified memory); "
+                           "1M context fits with 2.0 GiB of KV to spare on eugr's figures"),)),
     ),
     switches=(
         Switch("--trust-remote-code", "the checkpoint ships its own configuration code",

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dspark_launch.node.vllm_releases import release_key
+
 
 @dataclass(frozen=True)
 class Switch:
@@ -78,6 +80,18 @@ class EnvVar:
 
 
 @dataclass(frozen=True)
+class ReleaseDefault:
+    """A profile's value for a setting from one vLLM release on, where that release changes the value or its reason
+    (`GPU_MEMORY_UTILIZATION`: a start-up gate up to 0.33, a cap from 0.34)."""
+
+    release: str
+    """The first vLLM release it applies to ("0.34.0")."""
+    value: str | int | float
+    """Typed as `SettingDefault.value`."""
+    why: str
+
+
+@dataclass(frozen=True)
 class SettingDefault:
     """A profile's value for a launcher setting (model, context length ...): a default the operator can override."""
 
@@ -86,6 +100,18 @@ class SettingDefault:
     value: str | int | float
     """Typed as the setting is declared (config/knobs.py, config/text_settings.py): `int` for an int setting (`MAX_MODEL_LEN`), `float` for a float one, `str` for text; the resolution refuses any other type."""
     why: str
+    releases: tuple[ReleaseDefault, ...] = ()
+    """Values for later vLLM releases, oldest first; `value` and `why` hold below the first and when the
+    installed vLLM's version is not known."""
+
+    def for_release(self, vllm_version: str) -> SettingDefault:
+        """This default as it applies on vLLM `vllm_version`: the newest of `releases` that version has reached."""
+        installed = release_key(vllm_version)
+        reached = [r for r in self.releases
+                   if installed is not None and (key := release_key(r.release)) is not None and key <= installed]
+        if not reached:
+            return self
+        return SettingDefault(self.setting, reached[-1].value, reached[-1].why)
 
 
 @dataclass(frozen=True)

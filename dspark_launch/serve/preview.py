@@ -146,7 +146,7 @@ def build_plan(settings: Settings, reporter: Reporter, forced: GpuTarget | None 
             nodes[-1] = replace(nodes[-1], warnings=nodes[-1].warnings + (note,))
     found_memory = estimate(serve.profile, placed, serve.kv_cache_dtype,
                             serve.max_model_len, serve.tensor_parallel_size, serve.gpu_memory_utilization, memory,
-                            kv_size_fixed(serve.serve_args, serve.full_env()))
+                            kv_size_fixed(serve.serve_args, serve.full_env()), serve.vllm_version, serve.serve_args)
     by_node = {f.node: f for f in found_memory.findings}
     too_big = {f.node: f"memory: {f.problem}: start refuses this without --force; {f.fix}"
                for f in found_memory.findings if not f.fits}

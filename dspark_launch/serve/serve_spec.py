@@ -50,6 +50,7 @@ class ServeSpec:
     drain_timeout_s: int = 0  # the --shutdown-timeout passed (0: none, stop aborts in-flight requests)
     control_file: str = ""  # the scheduler's control file (ENV_CONTROL), written by `dspark reload`
     secret_digests: tuple[tuple[str, str], ...] = ()  # salted, recorded so a rotated key is drift
+    vllm_version: str = ""  # the head's installed vLLM (the memory pre-flight applies its release's rule)
 
     @property
     def argv(self) -> list[str]:
@@ -107,7 +108,7 @@ def build_serve_spec(settings: Settings, spec: ClusterSpec, ray_env: dict[str, s
                      resolved.decisions, resolved.chat, resolved.kv_cache.layout, resolved.kv_cache,
                      resolved.max_model_len, resolved.gpu_memory_utilization, resolved.revision, str(config_root),
                      resolved.drain_timeout_s, str(spec.state_dir / CONTROL_FILE),
-                     tuple(sorted(secret_digests(settings).items())))
+                     tuple(sorted(secret_digests(settings).items())), vllm_version=resolved.vllm_version)
 
 
 def api_key(settings: Settings) -> str:

@@ -77,14 +77,16 @@ def node_memory(spec: ClusterSpec) -> dict[str, MemoryAnswer]:
 def preflight_memory(spec: ClusterSpec, serve_spec: ServeSpec, weights: ModelWeights, memory: dict[str, MemoryAnswer],
                      reporter: Reporter, force: bool) -> None:
     """Weights ÷ TP + overhead + KV at MAX_MODEL_LEN against every node's `memory` (node_memory), and each node's
-    free memory against vLLM's start-up gate, before anything starts: unified memory that runs out freezes the
-    host, and a node below the gate fails vLLM's start. Refused unless `force`. `weights`: what the weights
-    pre-flight just verified on every node."""
+    free memory against the installed vLLM release's rule (0.32/0.33's start-up gate, 0.34's KV cache sized after
+    warmup), before anything starts: unified memory that runs out freezes the host, and a node that fails the
+    rule fails vLLM's start. Refused unless `force`. `weights`: what the weights pre-flight just verified on every
+    node."""
     from dspark_launch.serve.memory_preflight import estimate, kv_size_fixed
 
     found = estimate(serve_spec.profile, weights, serve_spec.kv_cache_dtype, serve_spec.max_model_len,
                      serve_spec.tensor_parallel_size, serve_spec.gpu_memory_utilization, memory,
-                     kv_size_fixed(serve_spec.serve_args, serve_spec.full_env()))
+                     kv_size_fixed(serve_spec.serve_args, serve_spec.full_env()), serve_spec.vllm_version,
+                     serve_spec.serve_args)
     for finding in found.findings:
         reporter.phase(f"memory pre-flight: {finding.line}")
         if finding.free_line:
