@@ -39,11 +39,14 @@ testbed-deps:
 # testbed life waits on sockets, SSH and process starts much of the time, the others fill it (measured on 2 cores:
 # pytest 1,715 s on two workers, 1,456 s on three, memory never the limit).
 # --durations: the 25 slowest tests at the end of every run; the seconds per module follow.
+# The newest vLLM release's own Python (its CUDA wheel, ~240 MB once into ~/.cache/dspark-compat, unpacked beside it):
+# the hotfix and the dry boot run on its scheduler and config code too (tests/support/newest_vllm.py).
 test: $(STAMP) testbed-deps
 	$(PY) -m mypy
+	$(PY) -m tests.support.newest_vllm
 	$(PY) -m pytest -m "not compat" -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
-# Downloaded vLLM releases (not in `make test`): the hotfix against the wheels 0.25 to 0.33 ($DSPARK_COMPAT_CACHE,
+# Downloaded vLLM releases (not in `make test`): the hotfix against the wheels 0.25 to 0.34 ($DSPARK_COMPAT_CACHE,
 # default ~/.cache/dspark-compat, ~330 MB each), and the dry boot on 0.33 in a venv built once outside the checkout
 # ($DSPARK_COMPAT_VENVS, default /var/tmp/dspark-compat, ~3.7 GB; tests/support/compat_vllm.py).
 test-compat: $(STAMP)

@@ -21,8 +21,9 @@ from tests.support.patched_overrides import first_chunk_overrides
 
 pytestmark = pytest.mark.compat
 
-# Every release from 0.25 to 0.33 (pip index versions vllm, December 2026).
-VERSIONS = ["0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"]
+# Every release from 0.25 to 0.34 (pip index versions vllm, December 2026).
+VERSIONS = ["0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0",
+            "0.34.0"]
 MEMBERS = ("vllm/v1/core/sched/scheduler.py", "vllm/_version.py")
 
 
@@ -51,7 +52,8 @@ def test_patch_applies_to_release(version, tmp_path, capsys):
     text = patched.decode()
     guard = "max_num_active_reqs" if version >= "0.31" else "max_num_running_reqs"
     gate_at = text.index("                if (  # dspark-issue27\n")
-    assert guard in text[gate_at - 400 : gate_at]
+    # The seat guard right before the gate; from 0.34 the loop's loads-only switch reads it a few lines up.
+    assert guard in text[gate_at - (1400 if version >= "0.34" else 400) : gate_at]
     assert patch.revert(target).code == 0
     assert target.read_bytes() == original
 

@@ -108,6 +108,9 @@ class SchedulerSpec:
     # A released patch script (path) to patch the copy with instead of the
     # current hotfix: the tests show what an older version does.
     patch_script: str | None = None
+    # Further SchedulerConfig fields of the installed vLLM (name, value), e.g.
+    # (("prefill_schedule_interval", 2),): its own knobs beside the hotfix.
+    scheduler_options: tuple[tuple[str, object], ...] = ()
 
     @property
     def label(self) -> str:
@@ -536,6 +539,7 @@ def build_vllm_config(spec: SchedulerSpec, model_dir: str | os.PathLike):
         is_encoder_decoder=False,
         async_scheduling=spec.async_scheduling,
         policy=spec.scheduling_policy,
+        **dict(spec.scheduler_options),
     )
     cache_config = CacheConfig(
         block_size=spec.block_size,

@@ -232,6 +232,7 @@ def main() -> None:
     for fields in job["specs"]:
         fields = dict(fields)
         scale = Fraction(fields.pop("scale", 1))
+        fields["scheduler_options"] = tuple(tuple(pair) for pair in fields.get("scheduler_options", ()))
         spec = h.recipe_spec(scale, **fields)
         spec = dataclasses.replace(spec, num_blocks=18 * spec.long_prefill_token_threshold // spec.block_size)
         for seed in job["seeds"]:

@@ -67,3 +67,7 @@ def run_python(version: str, code: str, *args: str, timeout: float = 900, env: d
     full["PYTHONPATH"] = os.pathsep.join((full["PYTHONPATH"], str(repo)))
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
                           env=full, cwd=cwd or repo)
+
+
+if __name__ == "__main__":  # `make test` unpacks the release before the workers start (one download, no race)
+    print(overlay_for(newest()))
