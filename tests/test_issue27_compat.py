@@ -8,6 +8,7 @@ there. Run with: pytest -m compat tests/test_issue27_compat.py -s
 
 from __future__ import annotations
 
+import os
 import pathlib
 import zipfile
 
@@ -17,6 +18,7 @@ from dspark_launch.hotfix import layout
 from dspark_launch.hotfix import patch_tool as patch
 from dspark_launch.hotfix.contract import EXIT_UNSUPPORTED
 from tests.support.compat_vllm import wheel_for
+from tests.support.newest_vllm import UNDER_TEST_ENV
 from tests.support.patched_overrides import first_chunk_overrides
 
 pytestmark = pytest.mark.compat
@@ -24,6 +26,9 @@ pytestmark = pytest.mark.compat
 # Every release from 0.25 to 0.34 (pip index versions vllm, December 2026).
 VERSIONS = ["0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0",
             "0.34.0"]
+# A candidate release `tools/qualify_vllm.py` adds to the list (the same checks before it is declared).
+if os.environ.get(UNDER_TEST_ENV) and os.environ[UNDER_TEST_ENV] not in VERSIONS:
+    VERSIONS.append(os.environ[UNDER_TEST_ENV])
 MEMBERS = ("vllm/v1/core/sched/scheduler.py", "vllm/_version.py")
 
 

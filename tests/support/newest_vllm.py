@@ -26,10 +26,15 @@ OVERLAYS = pathlib.Path(os.environ.get("DSPARK_COMPAT_OVERLAYS", WHEELS / "overl
 _STAMP = ".dspark-overlay-ready"
 
 
+#: Set by `tools/qualify_vllm.py` to run these tests on a candidate release instead of the recommended one.
+UNDER_TEST_ENV = "DSPARK_VLLM_UNDER_TEST"
+
+
 def newest() -> str:
+    """The release these tests run: the recommended one, or the candidate `tools/qualify_vllm.py` names."""
     from dspark_launch.node.vllm_releases import RECOMMENDED
 
-    return RECOMMENDED
+    return os.environ.get(UNDER_TEST_ENV) or RECOMMENDED
 
 
 def overlay_for(version: str) -> pathlib.Path:
