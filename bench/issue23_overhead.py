@@ -31,11 +31,11 @@ def plan_us(model_dir, running: int = 256, waiting: int = 1024, calls: int = 200
     module = sys.modules[type(sched).__module__]
     sched.max_num_running_reqs += 1  # a free seat: the plan looks at the waiting queue too
     try:
-        module._dspark_i27_plan(sched)  # first sight: one prefix-cache lookup per request looked at
+        module._dspark_hotfix_plan(sched)  # first sight: one prefix-cache lookup per request looked at
         gc.disable()
         started = time.perf_counter_ns()
         for _ in range(calls):
-            plan = module._dspark_i27_plan(sched)
+            plan = module._dspark_hotfix_plan(sched)
         elapsed = time.perf_counter_ns() - started
     finally:
         gc.enable()

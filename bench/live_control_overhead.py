@@ -29,7 +29,7 @@ from dspark_launch.hotfix import contract  # noqa: E402
 
 def _check_us(sched, due: bool, calls: int = 20000) -> float:
     module = sys.modules[h.PATCHED_MODULE_NAME]
-    check = module._dspark_i27_live_check
+    check = module._dspark_hotfix_live_check
     gc.disable()
     try:
         started = time.perf_counter_ns()

@@ -73,7 +73,7 @@ _VARIANT_PREAMBLE = (
     "                _bench_need = _bench_req.num_tokens - _bench_req.num_computed_tokens\n"
     "                _bench_chunk = min(_bench_need, _bench_thr if _bench_thr > 0 else token_budget)\n"
     "                _bench_partial_after = _bench_chunk < _bench_need\n"
-    "                _bench_free = _dspark_i27_holds_kv(_bench_req)\n"
+    "                _bench_free = _dspark_hotfix_holds_kv(_bench_req)\n"
 )
 
 VARIANT_GATES: dict[str, tuple[str, str]] = {
@@ -150,7 +150,7 @@ def variant_text(original: str, name: str) -> str:
     start = text.index(_HOTFIX_GATE_PREFIX)
     end = text.index(_HOTFIX_GATE_END, start) + len(_HOTFIX_GATE_END)
     text = text[:start] + VARIANT_GATES[name][1] + text[end:]
-    site = "        _dspark_partial, _dspark_spent = _dspark_i27_running_partials(  # dspark-issue27\n"
+    site = "        _dspark_partial, _dspark_spent = _dspark_hotfix_running_partials(  # dspark-issue27\n"
     assert text.count(site) == 1
     text = text.replace(
         site,
@@ -252,7 +252,7 @@ def _tokens_to_compute(sched, request) -> int:
 
 def _candidate_admit(shipped, holds_kv):
     """The shipped mode 2 decision (`shipped`, the patched module's own
-    `_dspark_i27_admit`) widened by the scheduler's `_bench_room`; the uncached
+    `_dspark_hotfix_admit`) widened by the scheduler's `_bench_room`; the uncached
     room is the scheduler's `_dspark_short_room`, which the candidate's class
     sets. Same arguments and results as the shipped function."""
 
@@ -294,8 +294,8 @@ def _candidate_classes() -> tuple[type, type]:
     sync_cls, async_cls = p.classes_from_text(_CANDIDATE_MODULE, _hotfix_text(p.installed_text()))
     module = sys.modules[_CANDIDATE_MODULE]
     if not hasattr(module, "_bench_shipped_admit"):
-        module._bench_shipped_admit = module._dspark_i27_admit
-        module._dspark_i27_admit = _candidate_admit(module._bench_shipped_admit, module._dspark_i27_holds_kv)
+        module._bench_shipped_admit = module._dspark_hotfix_admit
+        module._dspark_hotfix_admit = _candidate_admit(module._bench_shipped_admit, module._dspark_hotfix_holds_kv)
     return sync_cls, async_cls
 
 

@@ -51,7 +51,7 @@ class CountingOs:
 def clock(monkeypatch, model_dir):
     h.patched_scheduler_classes()  # loads the patched module
     fake = Clock()
-    monkeypatch.setattr(sys.modules[h.PATCHED_MODULE_NAME], "_dspark_i27_time", fake)
+    monkeypatch.setattr(sys.modules[h.PATCHED_MODULE_NAME], "_dspark_hotfix_time", fake)
     return fake
 
 
@@ -253,7 +253,7 @@ def test_at_most_one_stat_per_period(model_dir, clock, tmp_path, monkeypatch, co
     base = spec(control, config=config)
     sched = h.build_scheduler(base, model_dir)
     counting = CountingOs()
-    monkeypatch.setattr(sys.modules[h.PATCHED_MODULE_NAME], "_dspark_i27_os", counting)
+    monkeypatch.setattr(sys.modules[h.PATCHED_MODULE_NAME], "_dspark_hotfix_os", counting)
     steps = 0
 
     def step(_sched, _index):
@@ -271,7 +271,7 @@ def test_without_the_variable_no_file_is_ever_looked_at(model_dir, clock, monkey
     unset = spec(None, config=config)
     sched = h.build_scheduler(unset, model_dir)
     counting = CountingOs()
-    monkeypatch.setattr(sys.modules[h.PATCHED_MODULE_NAME], "_dspark_i27_os", counting)
+    monkeypatch.setattr(sys.modules[h.PATCHED_MODULE_NAME], "_dspark_hotfix_os", counting)
     clock.now += 10
     h.run_workload(unset, wave(unset, n_wave=2), model_dir, scheduler=sched)
     assert counting.stats == 0

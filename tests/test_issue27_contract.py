@@ -52,7 +52,7 @@ CAPS = [(None, 1, (1, False)), ("", 1, (1, False)), (" 2 ", 1, (2, False)), ("+2
 
 @pytest.mark.parametrize(("raw", "fallback", "expected"), CAPS)
 def test_injected_cap_parser(raw, fallback, expected):
-    assert injected._dspark_i27_parse_cap(raw, fallback) == expected
+    assert injected._dspark_hotfix_parse_cap(raw, fallback) == expected
 
 
 def test_injected_body_names_are_all_defined_in_the_patched_module():
@@ -157,8 +157,8 @@ def _request(num_tokens, computed=0):
     ],
 )
 def test_injected_mode_two_admission_rule(num_tokens, hit, partial, spent, expected):
-    assert injected._dspark_i27_admit(_sched(), _request(num_tokens), hit, 2048, partial, spent) == expected
+    assert injected._dspark_hotfix_admit(_sched(), _request(num_tokens), hit, 2048, partial, spent) == expected
 
 
 def test_injected_mode_two_never_holds_a_request_with_kv_blocks():
-    assert injected._dspark_i27_admit(_sched(), _request(4000, computed=100), 100, 2048, 3, 10_000) == 0
+    assert injected._dspark_hotfix_admit(_sched(), _request(4000, computed=100), 100, 2048, 3, 10_000) == 0

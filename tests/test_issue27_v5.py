@@ -79,7 +79,7 @@ AGING_TABLE = [(None, contract.DEFAULT_AGING, False), ("", contract.DEFAULT_AGIN
 
 @pytest.mark.parametrize(("raw", "value", "bad"), AGING_TABLE, ids=[repr(a[0]) for a in AGING_TABLE])
 def test_aging_parse_table(raw, value, bad):
-    assert injected._dspark_i27_parse_aging(raw) == (value, bad)
+    assert injected._dspark_hotfix_parse_aging(raw) == (value, bad)
 
 
 def short_beside_long_load(base: h.SchedulerSpec) -> list[h.RequestSpec]:

@@ -86,9 +86,9 @@ def test_the_first_waiting_requests_come_from_the_heap_in_its_order_without_a_co
     heapq.heapify(heap)
     before = list(heap)
     queue = type("PriorityQueue", (), {"_heap": heap})()
-    assert injected._dspark_i27_first_waiting(queue, 8) == sorted(values)[:8]
+    assert injected._dspark_hotfix_first_waiting(queue, 8) == sorted(values)[:8]
     assert queue._heap is heap and heap == before  # walked, not popped or copied
-    assert injected._dspark_i27_first_waiting([5, 3, 9], 2) == [5, 3]  # FCFS: the queue's own order
+    assert injected._dspark_hotfix_first_waiting([5, 3, 9], 2) == [5, 3]  # FCFS: the queue's own order
 
 
 def test_aging_is_bounded_in_steps_whatever_k():
@@ -98,10 +98,10 @@ def test_aging_is_bounded_in_steps_whatever_k():
 
     sched = SimpleNamespace(_dspark_aging=contract.AGING_MAX)
     prompt = SimpleNamespace(_dspark_seen=0, _dspark_solo=1024)  # a 1M-token prompt at threshold 1024
-    assert not injected._dspark_i27_aged(sched, prompt, contract.AGING_MAX_WAIT_STEPS)
-    assert injected._dspark_i27_aged(sched, prompt, contract.AGING_MAX_WAIT_STEPS + 1)
+    assert not injected._dspark_hotfix_aged(sched, prompt, contract.AGING_MAX_WAIT_STEPS)
+    assert injected._dspark_hotfix_aged(sched, prompt, contract.AGING_MAX_WAIT_STEPS + 1)
     short = SimpleNamespace(_dspark_seen=0, _dspark_solo=1)
-    assert injected._dspark_i27_aged(SimpleNamespace(_dspark_aging=2.0), short, 3)
+    assert injected._dspark_hotfix_aged(SimpleNamespace(_dspark_aging=2.0), short, 3)
 
 
 def test_a_failing_close_of_the_control_file_stays_out_of_schedule(tmp_path, monkeypatch):
@@ -124,6 +124,6 @@ def test_a_failing_close_of_the_control_file_stays_out_of_schedule(tmp_path, mon
     proxy = types.ModuleType("os_with_a_failing_close")
     proxy.__dict__.update({name: getattr(os, name) for name in dir(os) if not name.startswith("__")})
     proxy.close = failing_close
-    monkeypatch.setattr(injected, "_dspark_i27_os", proxy)
-    assert injected._dspark_i27_live_read(str(control)) == ({contract.ENV_CAP: "2"}, None)
+    monkeypatch.setattr(injected, "_dspark_hotfix_os", proxy)
+    assert injected._dspark_hotfix_live_read(str(control)) == ({contract.ENV_CAP: "2"}, None)
     assert closed

@@ -131,11 +131,11 @@ def _helper_us(sched, calls: int = 2000) -> float | None:
     module = sys.modules.get(type(sched).__module__)
     for klass in type(sched).__mro__:
         module = sys.modules.get(klass.__module__)
-        if module is not None and hasattr(module, "_dspark_i27_running_partials"):
+        if module is not None and hasattr(module, "_dspark_hotfix_running_partials"):
             break
     else:
         return None
-    count = module._dspark_i27_running_partials
+    count = module._dspark_hotfix_running_partials
     scheduled = {r.request_id: 1 for r in sched.running}
     gc.disable()
     try:

@@ -2,7 +2,7 @@
 
 Everything below the `INJECTED BODY` marker is copied, as text, into the
 patched scheduler module (by `dspark_launch.hotfix.layout`), after a block of
-`_DSPARK_I27_*` constants rendered from `contract.injected_constants()`. There
+`_DSPARK_HOTFIX_*` constants rendered from `contract.injected_constants()`. There
 the helpers are module-level functions of vLLM's scheduler module: they use its
 `logger` and nothing outside the standard library. The header above the marker
 gives this module the same names so that the helpers can be linted and tested
@@ -15,40 +15,40 @@ from dspark_launch.hotfix import contract
 
 logger = logging.getLogger("vllm.v1.core.sched.scheduler")
 
-_DSPARK_I27_PATCH_VERSION = contract.PATCH_VERSION
-_DSPARK_I27_MAX_CAP = contract.CAP_MAX
-_DSPARK_I27_ENV = contract.ENV_CAP
-_DSPARK_I27_DIAG_ENV = contract.ENV_DIAG
-_DSPARK_I27_MODE_ENV = contract.ENV_GATE_MODE
-_DSPARK_I27_MODES = contract.GATE_MODES
-_DSPARK_I27_DEFAULT_MODE = contract.DEFAULT_GATE_MODE
-_DSPARK_I27_MAX_SKIPS = contract.MAX_SKIPS
-_DSPARK_I27_SHORT_ROOM_SHARE = contract.SHORT_ROOM_SHARE
-_DSPARK_I27_ACTIVE_LOG = contract.ACTIVE_LOG_FORMAT
-_DSPARK_I27_AGING_ENV = contract.ENV_AGING
-_DSPARK_I27_AGING = (contract.AGING_MIN, contract.DEFAULT_AGING, contract.AGING_MAX)
-_DSPARK_I27_AGING_MAX_WAIT = contract.AGING_MAX_WAIT_STEPS
-_DSPARK_I27_CONTROL_ENV = contract.ENV_CONTROL
-_DSPARK_I27_LIVE_PERIOD_S = contract.LIVE_CHECK_PERIOD_S
-_DSPARK_I27_CONTROL_MAX_BYTES = contract.CONTROL_MAX_BYTES
-_DSPARK_I27_LIVE_LOG = contract.LIVE_LOG_FORMAT
-_DSPARK_I27_LIVE_WARNING = contract.LIVE_WARNING_FORMAT
+_DSPARK_HOTFIX_PATCH_VERSION = contract.PATCH_VERSION
+_DSPARK_HOTFIX_MAX_CAP = contract.CAP_MAX
+_DSPARK_HOTFIX_ENV = contract.ENV_CAP
+_DSPARK_HOTFIX_DIAG_ENV = contract.ENV_DIAG
+_DSPARK_HOTFIX_MODE_ENV = contract.ENV_GATE_MODE
+_DSPARK_HOTFIX_MODES = contract.GATE_MODES
+_DSPARK_HOTFIX_DEFAULT_MODE = contract.DEFAULT_GATE_MODE
+_DSPARK_HOTFIX_MAX_SKIPS = contract.MAX_SKIPS
+_DSPARK_HOTFIX_SHORT_ROOM_SHARE = contract.SHORT_ROOM_SHARE
+_DSPARK_HOTFIX_ACTIVE_LOG = contract.ACTIVE_LOG_FORMAT
+_DSPARK_HOTFIX_AGING_ENV = contract.ENV_AGING
+_DSPARK_HOTFIX_AGING = (contract.AGING_MIN, contract.DEFAULT_AGING, contract.AGING_MAX)
+_DSPARK_HOTFIX_AGING_MAX_WAIT = contract.AGING_MAX_WAIT_STEPS
+_DSPARK_HOTFIX_CONTROL_ENV = contract.ENV_CONTROL
+_DSPARK_HOTFIX_LIVE_PERIOD_S = contract.LIVE_CHECK_PERIOD_S
+_DSPARK_HOTFIX_CONTROL_MAX_BYTES = contract.CONTROL_MAX_BYTES
+_DSPARK_HOTFIX_LIVE_LOG = contract.LIVE_LOG_FORMAT
+_DSPARK_HOTFIX_LIVE_WARNING = contract.LIVE_WARNING_FORMAT
 
 # ---- INJECTED BODY (everything below goes into scheduler.py) ----
 
-import os as _dspark_i27_os  # noqa: E402
-import stat as _dspark_i27_stat  # noqa: E402
-import time as _dspark_i27_time  # noqa: E402
+import os as _dspark_hotfix_os  # noqa: E402
+import stat as _dspark_hotfix_stat  # noqa: E402
+import time as _dspark_hotfix_time  # noqa: E402
 
 
-def _dspark_i27_parse_cap(raw, fallback):
+def _dspark_hotfix_parse_cap(raw, fallback):
     """Return (cap, malformed) for a raw DSPARK_MAX_INFLIGHT_PREFILLS value.
 
     Only ASCII base-10 integers with an optional sign are accepted. Unset,
     blank and values <= 0 mean "use the fallback"; so do malformed values,
     which the caller reports. The result is never above the hard cap.
     """
-    fallback = min(max(int(fallback), 1), _DSPARK_I27_MAX_CAP)
+    fallback = min(max(int(fallback), 1), _DSPARK_HOTFIX_MAX_CAP)
     if raw is None:
         return fallback, False
     text = raw.strip()
@@ -60,10 +60,10 @@ def _dspark_i27_parse_cap(raw, fallback):
     value = int(text)
     if value <= 0:
         return fallback, False
-    return min(value, _DSPARK_I27_MAX_CAP), False
+    return min(value, _DSPARK_HOTFIX_MAX_CAP), False
 
 
-def _dspark_i27_parse_mode(raw):
+def _dspark_hotfix_parse_mode(raw):
     """Return (mode, bad) for a raw DSPARK_PREFILL_GATE_MODE value.
 
     Unset or blank means the default mode; a base-10 integer that is not a
@@ -71,47 +71,47 @@ def _dspark_i27_parse_mode(raw):
     the default.
     """
     if raw is None or not raw.strip():
-        return _DSPARK_I27_DEFAULT_MODE, False
+        return _DSPARK_HOTFIX_DEFAULT_MODE, False
     text = raw.strip()
     digits = text[1:] if text[0] in "+-" else text
     if not digits or any(c not in "0123456789" for c in digits):
-        return _DSPARK_I27_DEFAULT_MODE, True
+        return _DSPARK_HOTFIX_DEFAULT_MODE, True
     value = int(text)
-    if value not in _DSPARK_I27_MODES:
-        return _DSPARK_I27_DEFAULT_MODE, True
+    if value not in _DSPARK_HOTFIX_MODES:
+        return _DSPARK_HOTFIX_DEFAULT_MODE, True
     return value, False
 
 
-def _dspark_i27_init(sched):
+def _dspark_hotfix_init(sched):
     # The environment is read here, once per scheduler, never in schedule().
     fallback = getattr(sched.scheduler_config, "max_num_partial_prefills", None) or 1
-    raw = _dspark_i27_os.environ.get(_DSPARK_I27_ENV)
-    cap, malformed = _dspark_i27_parse_cap(raw, fallback)
+    raw = _dspark_hotfix_os.environ.get(_DSPARK_HOTFIX_ENV)
+    cap, malformed = _dspark_hotfix_parse_cap(raw, fallback)
     if malformed:
         logger.warning(
             "dspark-issue27: ignoring malformed %s=%r (expected a base-10 "
             "integer); using %d in-flight partial prefills",
-            _DSPARK_I27_ENV, raw, cap,
+            _DSPARK_HOTFIX_ENV, raw, cap,
         )
-    raw_mode = _dspark_i27_os.environ.get(_DSPARK_I27_MODE_ENV)
-    mode, bad_mode = _dspark_i27_parse_mode(raw_mode)
+    raw_mode = _dspark_hotfix_os.environ.get(_DSPARK_HOTFIX_MODE_ENV)
+    mode, bad_mode = _dspark_hotfix_parse_mode(raw_mode)
     if bad_mode:
         logger.warning(
             "dspark-issue27: ignoring %s=%r (expected one of %s); using gate mode %d",
-            _DSPARK_I27_MODE_ENV, raw_mode, "/".join(map(str, _DSPARK_I27_MODES)), mode,
+            _DSPARK_HOTFIX_MODE_ENV, raw_mode, "/".join(map(str, _DSPARK_HOTFIX_MODES)), mode,
         )
-    _dspark_i27_limits(sched, cap, mode)
-    sched._dspark_diag = _dspark_i27_parse_diag(_dspark_i27_os.environ.get(_DSPARK_I27_DIAG_ENV))
+    _dspark_hotfix_limits(sched, cap, mode)
+    sched._dspark_diag = _dspark_hotfix_parse_diag(_dspark_hotfix_os.environ.get(_DSPARK_HOTFIX_DIAG_ENV))
     sched._dspark_diag_step = 0
     logger.info(
-        _DSPARK_I27_ACTIVE_LOG,
-        _DSPARK_I27_PATCH_VERSION, cap, mode, sched._dspark_step_bound or "none",
+        _DSPARK_HOTFIX_ACTIVE_LOG,
+        _DSPARK_HOTFIX_PATCH_VERSION, cap, mode, sched._dspark_step_bound or "none",
     )
-    _dspark_i27_init_srpt(sched)
-    _dspark_i27_live_init(sched, fallback)
+    _dspark_hotfix_init_srpt(sched)
+    _dspark_hotfix_live_init(sched, fallback)
 
 
-def _dspark_i27_limits(sched, cap, mode):
+def _dspark_hotfix_limits(sched, cap, mode):
     """The cap, the gate mode and what follows from them: at start and at each live change."""
     sched._dspark_max_inflight_prefills = cap
     sched._dspark_gate_mode = mode
@@ -128,15 +128,15 @@ def _dspark_i27_limits(sched, cap, mode):
         sched._dspark_step_bound = 0
     # Mode 2: room beyond the step bound for prompts with no prefix-cache hit
     # that finish in the step.
-    sched._dspark_short_room = int(_DSPARK_I27_SHORT_ROOM_SHARE * sched._dspark_chunk)
+    sched._dspark_short_room = int(_DSPARK_HOTFIX_SHORT_ROOM_SHARE * sched._dspark_chunk)
 
 
-def _dspark_i27_parse_diag(raw):
+def _dspark_hotfix_parse_diag(raw):
     """DSPARK_ISSUE43_SCHED_DIAG: on for 1/true/yes/on (any case), off for anything else."""
     return (raw or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _dspark_i27_stays_partial(request, num_scheduled):
+def _dspark_hotfix_stays_partial(request, num_scheduled):
     """Whether `request` is still prefilling after this step.
 
     Same predicate as vLLM's own `is_prefill_chunk`, which
@@ -150,7 +150,7 @@ def _dspark_i27_stays_partial(request, num_scheduled):
     )
 
 
-def _dspark_i27_running_partials(sched, num_scheduled_tokens):
+def _dspark_hotfix_running_partials(sched, num_scheduled_tokens):
     """(partial prefills, prefill tokens claimed) in `running` once the
     running loop's tokens are done.
 
@@ -180,21 +180,21 @@ def _dspark_i27_running_partials(sched, num_scheduled_tokens):
     return count, spent
 
 
-def _dspark_i27_gated(sched, request, token_budget):
+def _dspark_hotfix_gated(sched, request, token_budget):
     """Whether the gate holds `request` back once the count reached the cap.
 
     Requests holding KV blocks never are. Mode 0 holds back every other one;
     mode 1 only those that would still be prefilling after this step (a
     prompt that finishes within the step's room passes).
     """
-    if _dspark_i27_holds_kv(request):
+    if _dspark_hotfix_holds_kv(request):
         return False
     if not sched._dspark_gate_mode:
         return True
-    return _dspark_i27_stays_partial_if_admitted(sched, request, token_budget)
+    return _dspark_hotfix_stays_partial_if_admitted(sched, request, token_budget)
 
 
-def _dspark_i27_stays_partial_if_admitted(sched, request, token_budget):
+def _dspark_hotfix_stays_partial_if_admitted(sched, request, token_budget):
     """Whether `request` would still be prefilling after a first chunk now.
 
     An upper bound on its tokens (prefix-cache hits are not known yet): a
@@ -206,7 +206,7 @@ def _dspark_i27_stays_partial_if_admitted(sched, request, token_budget):
     return need > room
 
 
-def _dspark_i27_admit(sched, request, computed, token_budget, partial, spent):
+def _dspark_hotfix_admit(sched, request, computed, token_budget, partial, spent):
     """Mode 2: -1 holds `request` back; 0 admits it as vLLM would; n > 0 admits
     it with a first chunk of at most n tokens.
 
@@ -219,7 +219,7 @@ def _dspark_i27_admit(sched, request, computed, token_budget, partial, spent):
     a prompt with no prefix hit; any other needs a free in-flight slot and
     gets what is left of the bound.
     """
-    if _dspark_i27_holds_kv(request):
+    if _dspark_hotfix_holds_kv(request):
         return 0
     need = request.num_tokens - computed
     chunk = sched._dspark_chunk
@@ -240,7 +240,7 @@ def _dspark_i27_admit(sched, request, computed, token_budget, partial, spent):
     return room
 
 
-def _dspark_i27_holds_kv(request):
+def _dspark_hotfix_holds_kv(request):
     # Requests that already hold KV blocks (finished async KV loads, paused
     # streaming sessions) bypass the gate: holding them back would pin their
     # blocks without progress, and the queue that drains them first could
@@ -250,7 +250,7 @@ def _dspark_i27_holds_kv(request):
     )
 
 
-def _dspark_i27_diag(sched, num_scheduled_tokens, inflight, spent=0):
+def _dspark_hotfix_diag(sched, num_scheduled_tokens, inflight, spent=0):
     sched._dspark_diag_step += 1
     prefill_tokens = decode_tokens = decode_reqs = 0
     prefill_parts = []
@@ -280,7 +280,7 @@ def _dspark_i27_diag(sched, num_scheduled_tokens, inflight, spent=0):
             for r in legacy
             if not (
                 num_scheduled_tokens.get(r.request_id, 0)
-                and not _dspark_i27_stays_partial(
+                and not _dspark_hotfix_stays_partial(
                     r, num_scheduled_tokens[r.request_id]
                 )
             )
@@ -309,14 +309,14 @@ def _dspark_i27_diag(sched, num_scheduled_tokens, inflight, spent=0):
 # ---- gate mode 3 (patch v5): shortest remaining work first, with aging ----
 
 
-def _dspark_i27_parse_aging(raw):
+def _dspark_hotfix_parse_aging(raw):
     """Return (k, bad) for a raw DSPARK_PREFILL_AGING value.
 
     Unset or blank means the default; a plain decimal (digits with at most
     one '.') inside the bounds is taken; anything else is `bad` (the caller
     warns) and gives the default.
     """
-    low, default, high = _DSPARK_I27_AGING
+    low, default, high = _DSPARK_HOTFIX_AGING
     if raw is None or not raw.strip():
         return default, False
     text = raw.strip()
@@ -330,15 +330,15 @@ def _dspark_i27_parse_aging(raw):
     return value, False
 
 
-def _dspark_i27_init_srpt(sched):
+def _dspark_hotfix_init_srpt(sched):
     """Mode 3's state; set for every mode so that nothing depends on the order
     in which the other `__init__` helpers ran."""
-    raw = _dspark_i27_os.environ.get(_DSPARK_I27_AGING_ENV)
-    aging, bad = _dspark_i27_parse_aging(raw)
+    raw = _dspark_hotfix_os.environ.get(_DSPARK_HOTFIX_AGING_ENV)
+    aging, bad = _dspark_hotfix_parse_aging(raw)
     if bad:
         logger.warning(
             "dspark-issue27: ignoring %s=%r (expected a decimal in %g..%g); using %g",
-            _DSPARK_I27_AGING_ENV, raw, _DSPARK_I27_AGING[0], _DSPARK_I27_AGING[2], aging,
+            _DSPARK_HOTFIX_AGING_ENV, raw, _DSPARK_HOTFIX_AGING[0], _DSPARK_HOTFIX_AGING[2], aging,
         )
     sched._dspark_aging = aging
     sched._dspark_srpt_step = 0
@@ -349,19 +349,19 @@ def _dspark_i27_init_srpt(sched):
     sched._dspark_chunk_now = 0
 
 
-def _dspark_i27_srpt_ok(sched):
+def _dspark_hotfix_srpt_ok(sched):
     # Mamba-aligned chunks cannot be cut to an arbitrary size: mode 3 then
     # leaves the running loop alone and gates like mode 2.
     return not getattr(sched, "need_mamba_block_aligned_split", False)
 
 
-def _dspark_i27_arrived(sched, request):
+def _dspark_hotfix_arrived(sched, request):
     """At `add_request` (patch v6): aging counts from arrival, not from the
     step mode 3 first looked at the request."""
     request._dspark_seen = sched._dspark_srpt_step
 
 
-def _dspark_i27_first_sight(sched, request):
+def _dspark_hotfix_first_sight(sched, request):
     """Remember a request's uncached need the first time mode 3 sees it: one
     prefix-cache lookup per request, stopping at the first missed block (the
     cache's own walk); later admissions' lookups refresh it."""
@@ -372,7 +372,7 @@ def _dspark_i27_first_sight(sched, request):
     if request.num_computed_tokens:
         hit = request.num_computed_tokens
     elif sched.cache_config.enable_prefix_caching and request.block_hashes:
-        longest = _dspark_i27_readable_prefix(request)
+        longest = _dspark_hotfix_readable_prefix(request)
         if longest:
             hit = sched.kv_cache_manager.coordinator.find_longest_cache_hit(request.block_hashes, longest)[1]
     need = max(1, request.num_tokens - hit)
@@ -383,7 +383,7 @@ def _dspark_i27_first_sight(sched, request):
     return need
 
 
-def _dspark_i27_readable_prefix(request):
+def _dspark_hotfix_readable_prefix(request):
     """The longest prefix-cache hit admission may read for `request` (0: it reads none), as vLLM bounds it:
     from 0.34 the request's own `get_max_cache_hit_length` (its `prefix_cache_hit_limit`: 0 when it skips
     reading the cache, a prompt-logprobs start, or none); before, `skip_reading_prefix_cache` or the whole
@@ -395,14 +395,14 @@ def _dspark_i27_readable_prefix(request):
     return 0 if getattr(request, "skip_reading_prefix_cache", False) else request.num_tokens - 1  # < 0.25.x: no flag
 
 
-def _dspark_i27_aged(sched, request, now):
+def _dspark_hotfix_aged(sched, request, now):
     """Waited more than k times its solo prefill steps, or the step bound on
     any wait (whatever k the control file set): it goes first, oldest first."""
     waited = now - request._dspark_seen
-    return waited > min(sched._dspark_aging * request._dspark_solo, _DSPARK_I27_AGING_MAX_WAIT)
+    return waited > min(sched._dspark_aging * request._dspark_solo, _DSPARK_HOTFIX_AGING_MAX_WAIT)
 
 
-def _dspark_i27_first_waiting(queue, count):
+def _dspark_hotfix_first_waiting(queue, count):
     """The first `count` requests of a waiting queue in its own order. A
     priority queue's heap is walked from its root (a frontier of at most
     `count` nodes), never copied; a FIFO queue is iterated."""
@@ -427,17 +427,17 @@ def _dspark_i27_first_waiting(queue, count):
     return out
 
 
-def _dspark_i27_waiting_heads(sched):
+def _dspark_hotfix_waiting_heads(sched):
     """The first requests of each queue admission takes new requests from: `waiting`, and from 0.34
     `async_kv_waiting` (requests a KV connector may load; admission takes whichever head goes first)."""
-    out = _dspark_i27_first_waiting(sched.waiting, _DSPARK_I27_MAX_SKIPS)
+    out = _dspark_hotfix_first_waiting(sched.waiting, _DSPARK_HOTFIX_MAX_SKIPS)
     loads = getattr(sched, "async_kv_waiting", None)
     if loads:
-        out = out + _dspark_i27_first_waiting(loads, _DSPARK_I27_MAX_SKIPS)
+        out = out + _dspark_hotfix_first_waiting(loads, _DSPARK_HOTFIX_MAX_SKIPS)
     return out
 
 
-def _dspark_i27_free_tokens(sched):
+def _dspark_hotfix_free_tokens(sched):
     """Tokens the free KV blocks hold (None: not known on this layout)."""
     pool = getattr(sched.kv_cache_manager, "block_pool", None)
     if pool is None or not hasattr(pool, "get_num_free_blocks"):
@@ -445,7 +445,7 @@ def _dspark_i27_free_tokens(sched):
     return pool.get_num_free_blocks() * sched.block_size
 
 
-def _dspark_i27_admissible(sched, request):
+def _dspark_hotfix_admissible(sched, request):
     """Whether admission can take `request` this step as far as the plan can
     tell (its status ready, no LoRA cap in play): only then is room reserved."""
     status = getattr(request.status, "name", "")
@@ -456,7 +456,7 @@ def _dspark_i27_admissible(sched, request):
     return not getattr(request, "num_stale_output_tokens", 0)
 
 
-def _dspark_i27_plan(sched):
+def _dspark_hotfix_plan(sched):
     """Mode 3: split this step's prefill room among running prompts
     mid-prefill and the first waiting requests, least uncached work left
     first; requests that waited past their aging bound go first, oldest
@@ -476,7 +476,7 @@ def _dspark_i27_plan(sched):
     sched._dspark_cut = {}
     sched._dspark_reserved = {}
     sched._dspark_reserved_total = 0
-    if sched._dspark_gate_mode != 3 or not sched._dspark_step_bound or not _dspark_i27_srpt_ok(sched):
+    if sched._dspark_gate_mode != 3 or not sched._dspark_step_bound or not _dspark_hotfix_srpt_ok(sched):
         return None
     sched._dspark_srpt_step += 1
     now = sched._dspark_srpt_step
@@ -499,25 +499,25 @@ def _dspark_i27_plan(sched):
     for request in sched.running:
         if request.is_prefill_chunk:
             partials += 1
-            _dspark_i27_first_sight(sched, request)
+            _dspark_hotfix_first_sight(sched, request)
             left = request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
-            aged = _dspark_i27_aged(sched, request, now)
+            aged = _dspark_hotfix_aged(sched, request, now)
             rank = request.priority if by_priority else 0
             candidates.append((rank, not aged, request._dspark_seen if aged else left, request._dspark_seen,
                                len(candidates), True, left, request))
     active = getattr(sched, "max_num_active_reqs", sched.max_num_running_reqs)
     seats = active - len(sched.running) - getattr(sched, "num_waiting_for_streaming_input", 0)
     if seats > 0:
-        for request in _dspark_i27_waiting_heads(sched):
-            if _dspark_i27_holds_kv(request) or not _dspark_i27_admissible(sched, request):
+        for request in _dspark_hotfix_waiting_heads(sched):
+            if _dspark_hotfix_holds_kv(request) or not _dspark_hotfix_admissible(sched, request):
                 continue
-            need = _dspark_i27_first_sight(sched, request)
-            aged = _dspark_i27_aged(sched, request, now)
+            need = _dspark_hotfix_first_sight(sched, request)
+            aged = _dspark_hotfix_aged(sched, request, now)
             rank = request.priority if by_priority else 0
             candidates.append((rank, not aged, request._dspark_seen if aged else need, request._dspark_seen,
                                len(candidates), False, need, request))
     slots = sched._dspark_max_inflight_prefills - partials
-    free = _dspark_i27_free_tokens(sched)
+    free = _dspark_hotfix_free_tokens(sched)
     if free is not None:
         free -= getattr(sched, "num_lookahead_tokens", 0) * seats
     plan = {}
@@ -546,7 +546,7 @@ def _dspark_i27_plan(sched):
     return plan
 
 
-def _dspark_i27_planned_chunk(sched, request, num_new_tokens, plan):
+def _dspark_hotfix_planned_chunk(sched, request, num_new_tokens, plan):
     """The running loop's chunk for a prompt mid-prefill under mode 3's plan:
     never above vLLM's own chunk, except beyond its threshold when no decoding
     request runs (the plan's chunk is then the step budget); what the plan cut
@@ -563,14 +563,14 @@ def _dspark_i27_planned_chunk(sched, request, num_new_tokens, plan):
     return wanted
 
 
-def _dspark_i27_planned_spent(sched, num_scheduled_tokens):
+def _dspark_hotfix_planned_spent(sched, num_scheduled_tokens):
     """Mode 3: the prefill tokens the running loop actually gave prompts
     mid-prefill (a prompt the plan skipped claims nothing)."""
     get = num_scheduled_tokens.get
     return sum(get(r.request_id, 0) for r in sched.running if r.is_prefill_chunk)
 
 
-def _dspark_i27_admit_srpt(sched, request, computed, token_budget, partial, spent):
+def _dspark_hotfix_admit_srpt(sched, request, computed, token_budget, partial, spent):
     """Mode 3's admission, after admission's own prefix-cache lookup: -1 holds
     `request` back; 0 admits it as vLLM would; n > 0 admits it with at most n
     tokens this step, past vLLM's threshold (its budget still applies):
@@ -583,10 +583,10 @@ def _dspark_i27_admit_srpt(sched, request, computed, token_budget, partial, spen
     sizes the chunk vLLM computes; the patched site never applies it to a
     request vLLM padded for speculative decoding.
     """
-    if _dspark_i27_holds_kv(request):
+    if _dspark_hotfix_holds_kv(request):
         return 0
-    if not sched._dspark_chunk or not _dspark_i27_srpt_ok(sched):
-        return _dspark_i27_admit(sched, request, computed, token_budget, partial, spent)
+    if not sched._dspark_chunk or not _dspark_hotfix_srpt_ok(sched):
+        return _dspark_hotfix_admit(sched, request, computed, token_budget, partial, spent)
     need = request.num_tokens - computed
     request._dspark_need = max(1, need)
     if getattr(request, "_dspark_seen", None) is None:
@@ -605,7 +605,7 @@ def _dspark_i27_admit_srpt(sched, request, computed, token_budget, partial, spen
     return min(room, sched._dspark_chunk_now)
 
 
-def _dspark_i27_give_back(sched, num_scheduled_tokens, req_to_new_blocks, scheduled_running_reqs,
+def _dspark_hotfix_give_back(sched, num_scheduled_tokens, req_to_new_blocks, scheduled_running_reqs,
                           token_budget, input_budget, draft_slots):
     """Mode 3, after admission (patch v6): room the plan cut from running
     prompts for waiting requests that admission did not take goes back to
@@ -623,7 +623,7 @@ def _dspark_i27_give_back(sched, num_scheduled_tokens, req_to_new_blocks, schedu
     spent = 0
     for rid, n in num_scheduled_tokens.items():
         request = requests.get(rid)
-        if request is not None and _dspark_i27_prefilling(request):
+        if request is not None and _dspark_hotfix_prefilling(request):
             spent += n
     room = sched._dspark_room_now - spent
     for request in list(sched.running):
@@ -667,7 +667,7 @@ def _dspark_i27_give_back(sched, num_scheduled_tokens, req_to_new_blocks, schedu
     return token_budget, input_budget, drafts
 
 
-def _dspark_i27_prefilling(request):
+def _dspark_hotfix_prefilling(request):
     """Prefilling in the step being scheduled (its position is not yet moved)."""
     return request.num_computed_tokens + 1 < request.num_tokens + request.num_output_placeholders
 
@@ -675,9 +675,9 @@ def _dspark_i27_prefilling(request):
 # ---- live changes (patch v5): the control file of `dspark reload` ----
 
 
-def _dspark_i27_live_init(sched, cap_fallback):
+def _dspark_hotfix_live_init(sched, cap_fallback):
     """Remember the start values; a control file already there is applied now."""
-    sched._dspark_live_path = _dspark_i27_os.environ.get(_DSPARK_I27_CONTROL_ENV, "").strip()
+    sched._dspark_live_path = _dspark_hotfix_os.environ.get(_DSPARK_HOTFIX_CONTROL_ENV, "").strip()
     sched._dspark_live_start = (
         sched._dspark_max_inflight_prefills, sched._dspark_gate_mode, sched._dspark_aging, sched._dspark_diag,
     )
@@ -685,22 +685,22 @@ def _dspark_i27_live_init(sched, cap_fallback):
     sched._dspark_live_seen = None  # (inode, size, mtime) of the file last read; None: no file
     sched._dspark_live_bad = None  # the problem last warned about (one warning per bad content)
     sched._dspark_live_next = 0.0
-    _dspark_i27_live_check(sched)
+    _dspark_hotfix_live_check(sched)
 
 
-def _dspark_i27_live_check(sched):
+def _dspark_hotfix_live_check(sched):
     """At the top of every `schedule()`: a monotonic-clock test; at most once a
     period one `stat` of the control file, read only when its inode, size or
     mtime changed."""
     path = sched._dspark_live_path
     if not path:
         return
-    now = _dspark_i27_time.monotonic()
+    now = _dspark_hotfix_time.monotonic()
     if now < sched._dspark_live_next:
         return
-    sched._dspark_live_next = now + _DSPARK_I27_LIVE_PERIOD_S
+    sched._dspark_live_next = now + _DSPARK_HOTFIX_LIVE_PERIOD_S
     try:
-        st = _dspark_i27_os.stat(path, follow_symlinks=False)
+        st = _dspark_hotfix_os.stat(path, follow_symlinks=False)
         seen = (st.st_ino, st.st_size, st.st_mtime_ns)
     except FileNotFoundError:
         seen = None
@@ -709,33 +709,33 @@ def _dspark_i27_live_check(sched):
     if seen == sched._dspark_live_seen:
         return
     sched._dspark_live_seen = seen
-    _dspark_i27_live_apply(sched, path, seen is not None)
+    _dspark_hotfix_live_apply(sched, path, seen is not None)
 
 
-def _dspark_i27_live_apply(sched, path, exists):
+def _dspark_hotfix_live_apply(sched, path, exists):
     """The file's values through the start parsers, over the start values (no
     file: the start values); any bad value keeps every current one."""
-    values, problem = _dspark_i27_live_read(path) if exists else ({}, None)
+    values, problem = _dspark_hotfix_live_read(path) if exists else ({}, None)
     cap, mode, aging, diag = sched._dspark_live_start
-    if problem is None and _DSPARK_I27_ENV in values:
-        raw = values[_DSPARK_I27_ENV]
-        cap, malformed = _dspark_i27_parse_cap(raw, sched._dspark_live_fallback)
+    if problem is None and _DSPARK_HOTFIX_ENV in values:
+        raw = values[_DSPARK_HOTFIX_ENV]
+        cap, malformed = _dspark_hotfix_parse_cap(raw, sched._dspark_live_fallback)
         if malformed:
-            problem = "%s=%r (expected a base-10 integer)" % (_DSPARK_I27_ENV, raw)
-    if problem is None and _DSPARK_I27_MODE_ENV in values:
-        raw = values[_DSPARK_I27_MODE_ENV]
-        mode, bad = _dspark_i27_parse_mode(raw)
+            problem = "%s=%r (expected a base-10 integer)" % (_DSPARK_HOTFIX_ENV, raw)
+    if problem is None and _DSPARK_HOTFIX_MODE_ENV in values:
+        raw = values[_DSPARK_HOTFIX_MODE_ENV]
+        mode, bad = _dspark_hotfix_parse_mode(raw)
         if bad:
             problem = "%s=%r (expected one of %s)" % (
-                _DSPARK_I27_MODE_ENV, raw, "/".join(map(str, _DSPARK_I27_MODES)))
-    if problem is None and _DSPARK_I27_AGING_ENV in values:
-        raw = values[_DSPARK_I27_AGING_ENV]
-        aging, bad = _dspark_i27_parse_aging(raw)
+                _DSPARK_HOTFIX_MODE_ENV, raw, "/".join(map(str, _DSPARK_HOTFIX_MODES)))
+    if problem is None and _DSPARK_HOTFIX_AGING_ENV in values:
+        raw = values[_DSPARK_HOTFIX_AGING_ENV]
+        aging, bad = _dspark_hotfix_parse_aging(raw)
         if bad:
             problem = "%s=%r (expected a decimal in %g..%g)" % (
-                _DSPARK_I27_AGING_ENV, raw, _DSPARK_I27_AGING[0], _DSPARK_I27_AGING[2])
-    if problem is None and _DSPARK_I27_DIAG_ENV in values:
-        diag = _dspark_i27_parse_diag(values[_DSPARK_I27_DIAG_ENV])
+                _DSPARK_HOTFIX_AGING_ENV, raw, _DSPARK_HOTFIX_AGING[0], _DSPARK_HOTFIX_AGING[2])
+    if problem is None and _DSPARK_HOTFIX_DIAG_ENV in values:
+        diag = _dspark_hotfix_parse_diag(values[_DSPARK_HOTFIX_DIAG_ENV])
     now_cap, now_mode, now_aging, now_diag = (
         sched._dspark_max_inflight_prefills, sched._dspark_gate_mode, sched._dspark_aging, sched._dspark_diag,
     )
@@ -743,7 +743,7 @@ def _dspark_i27_live_apply(sched, path, exists):
         if problem != sched._dspark_live_bad:
             sched._dspark_live_bad = problem
             logger.warning(
-                _DSPARK_I27_LIVE_WARNING, _DSPARK_I27_PATCH_VERSION, path, problem,
+                _DSPARK_HOTFIX_LIVE_WARNING, _DSPARK_HOTFIX_PATCH_VERSION, path, problem,
                 now_cap, now_mode, "on" if now_diag else "off",
             )
         return
@@ -757,30 +757,30 @@ def _dspark_i27_live_apply(sched, path, exists):
         changes.append("aging %g -> %g" % (now_aging, aging))
     if diag != now_diag:
         changes.append("diagnostics %s -> %s" % ("on" if now_diag else "off", "on" if diag else "off"))
-    _dspark_i27_limits(sched, cap, mode)
+    _dspark_hotfix_limits(sched, cap, mode)
     sched._dspark_aging = aging
     sched._dspark_diag = diag
     logger.info(
-        _DSPARK_I27_LIVE_LOG, _DSPARK_I27_PATCH_VERSION, ", ".join(changes) or "no change",
+        _DSPARK_HOTFIX_LIVE_LOG, _DSPARK_HOTFIX_PATCH_VERSION, ", ".join(changes) or "no change",
         cap, mode, sched._dspark_step_bound or "none", aging, "on" if diag else "off",
     )
 
 
-def _dspark_i27_live_read(path):
+def _dspark_hotfix_live_read(path):
     """(values by name, problem): `NAME=VALUE` lines of the live names (blank
     lines and `#` comments skipped) from a small plain file of this user that
     only it can write, opened without following a link."""
-    os_ = _dspark_i27_os
+    os_ = _dspark_hotfix_os
     try:
         fd = os_.open(path, os_.O_RDONLY | os_.O_NOFOLLOW | os_.O_NONBLOCK | os_.O_CLOEXEC)
     except OSError as exc:
         return {}, "cannot open it (%s)" % (exc.strerror or exc)
     try:
         st = os_.fstat(fd)
-        if not _dspark_i27_stat.S_ISREG(st.st_mode) or st.st_uid != os_.geteuid() or st.st_mode & 0o022:
+        if not _dspark_hotfix_stat.S_ISREG(st.st_mode) or st.st_uid != os_.geteuid() or st.st_mode & 0o022:
             return {}, "not a plain file of this user that only it can write (uid %d, mode %04o)" % (
-                st.st_uid, _dspark_i27_stat.S_IMODE(st.st_mode))
-        data = os_.read(fd, _DSPARK_I27_CONTROL_MAX_BYTES + 1)
+                st.st_uid, _dspark_hotfix_stat.S_IMODE(st.st_mode))
+        data = os_.read(fd, _DSPARK_HOTFIX_CONTROL_MAX_BYTES + 1)
     except OSError as exc:
         return {}, "cannot read it (%s)" % (exc.strerror or exc)
     finally:
@@ -788,13 +788,13 @@ def _dspark_i27_live_read(path):
             os_.close(fd)
         except OSError:  # never into schedule(): the values read stand
             pass
-    if len(data) > _DSPARK_I27_CONTROL_MAX_BYTES:
-        return {}, "larger than %d bytes" % _DSPARK_I27_CONTROL_MAX_BYTES
+    if len(data) > _DSPARK_HOTFIX_CONTROL_MAX_BYTES:
+        return {}, "larger than %d bytes" % _DSPARK_HOTFIX_CONTROL_MAX_BYTES
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return {}, "not UTF-8 text"
-    names = (_DSPARK_I27_ENV, _DSPARK_I27_MODE_ENV, _DSPARK_I27_AGING_ENV, _DSPARK_I27_DIAG_ENV)
+    names = (_DSPARK_HOTFIX_ENV, _DSPARK_HOTFIX_MODE_ENV, _DSPARK_HOTFIX_AGING_ENV, _DSPARK_HOTFIX_DIAG_ENV)
     values = {}
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()

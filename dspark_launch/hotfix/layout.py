@@ -53,9 +53,9 @@ def _gate_code(skip: str, loads_only: bool = False) -> str:
         + ("                    not loads_only\n                    and " if loads_only else "                    ")
         + "self._dspark_gate_mode < 2\n"
         "                    and _dspark_partial >= self._dspark_max_inflight_prefills\n"
-        "                    and _dspark_i27_gated(self, request_queue.peek_request(), " + _STEP_BUDGET + ")\n"
+        "                    and _dspark_hotfix_gated(self, request_queue.peek_request(), " + _STEP_BUDGET + ")\n"
         "                ):\n"
-        "                    if not self._dspark_gate_mode or _dspark_skips >= _DSPARK_I27_MAX_SKIPS:\n"
+        "                    if not self._dspark_gate_mode or _dspark_skips >= _DSPARK_HOTFIX_MAX_SKIPS:\n"
         "                        break\n"
         "                    _dspark_skips += 1\n"
         + skip
@@ -65,14 +65,14 @@ def _gate_code(skip: str, loads_only: bool = False) -> str:
 
 def _admission_gate(condition: str, admit: str, skip: str) -> str:
     """An admission gate after admission's own prefix-cache lookup: under `condition`, `admit` decides;
-    below 0 the request is skipped (at most _DSPARK_I27_MAX_SKIPS a step), else `_dspark_limit` is kept."""
+    below 0 the request is skipped (at most _DSPARK_HOTFIX_MAX_SKIPS a step), else `_dspark_limit` is kept."""
     return (
         condition
         + "                    _dspark_limit = " + admit + "(\n"
         "                        self, request, num_computed_tokens, " + _STEP_BUDGET + ", _dspark_partial, _dspark_spent\n"
         "                    )\n"
         "                    if _dspark_limit < 0:\n"
-        "                        if _dspark_skips >= _DSPARK_I27_MAX_SKIPS:\n"
+        "                        if _dspark_skips >= _DSPARK_HOTFIX_MAX_SKIPS:\n"
         "                            break\n"
         "                        _dspark_skips += 1\n"
         + skip.replace("                    ", "                        ", 1)
@@ -86,7 +86,7 @@ def _cached_gate_code(skip: str, loads_only: bool = False) -> str:
     still has to compute; `_dspark_limit` caps its first chunk (0: no cap)."""
     return "                _dspark_limit = 0  " + _INJECT_TAG + "\n" + _admission_gate(
         "                if self._dspark_gate_mode == 2 and not load_kv_async" + _LOADS_ONLY[loads_only] + ":\n",
-        "_dspark_i27_admit", skip)
+        "_dspark_hotfix_admit", skip)
 
 
 #: The condition the admission gates add where the waiting loop can run in loads-only mode (0.34+).
@@ -123,7 +123,7 @@ def _srpt_gate_code(skip: str, loads_only: bool = False) -> str:
     """Mode 3's admission gate, after admission's own prefix-cache lookup and
     mode 2's gate: `_dspark_limit` > 0 is the exact size of the first chunk."""
     return _admission_gate("                if self._dspark_gate_mode == 3 and not load_kv_async" + _LOADS_ONLY[loads_only]
-                           + ":  " + _INJECT_TAG + "\n", "_dspark_i27_admit_srpt", skip)
+                           + ":  " + _INJECT_TAG + "\n", "_dspark_hotfix_admit_srpt", skip)
 
 
 #: The layouts (0.25+) that pad a waiting request with one token left to
@@ -196,7 +196,7 @@ def _give_back_code(text: str) -> str:
     drafts = "            drafts_needed = drafts_needed or _dspark_drafts\n" if _DRAFTS_NEEDED in text else ""
     return (
         "        if _dspark_plan:  " + _INJECT_TAG + "\n"
-        "            " + budgets + ", _dspark_drafts = _dspark_i27_give_back(\n"
+        "            " + budgets + ", _dspark_drafts = _dspark_hotfix_give_back(\n"
         "                self, num_scheduled_tokens, req_to_new_blocks, scheduled_running_reqs, " + args + "\n"
         "            )\n"
         + drafts
@@ -217,12 +217,12 @@ _SITES: tuple[_Site, ...] = (
     _Site(
         "init",
         ("        self.scheduler_config = vllm_config.scheduler_config\n",),
-        "        _dspark_i27_init(self)  " + _INJECT_TAG + "\n",
+        "        _dspark_hotfix_init(self)  " + _INJECT_TAG + "\n",
     ),
     _Site(
         "running-plan",
         ("        # First, schedule the RUNNING requests.\n",),
-        "        _dspark_plan = _dspark_i27_plan(self)  " + _INJECT_TAG + "\n",
+        "        _dspark_plan = _dspark_hotfix_plan(self)  " + _INJECT_TAG + "\n",
         before=True,
     ),
     _Site(
@@ -238,7 +238,7 @@ _SITES: tuple[_Site, ...] = (
         # Mode 3's plan may shrink a running prompt's chunk, or skip it this
         # step; decoding requests are never in the plan.
         "            if _dspark_plan and request.request_id in _dspark_plan:  " + _INJECT_TAG + "\n"
-        "                num_new_tokens = _dspark_i27_planned_chunk(self, request, num_new_tokens, _dspark_plan)\n"
+        "                num_new_tokens = _dspark_hotfix_planned_chunk(self, request, num_new_tokens, _dspark_plan)\n"
         "                if not num_new_tokens:\n"
         "                    req_index += 1\n"
         "                    continue\n",
@@ -246,13 +246,13 @@ _SITES: tuple[_Site, ...] = (
     _Site(
         "live-control",  # patch v5: the control file, at the top of schedule()
         ("        num_scheduled_tokens: dict[str, int] = {}\n",),
-        "        _dspark_i27_live_check(self)  " + _INJECT_TAG + "\n",
+        "        _dspark_hotfix_live_check(self)  " + _INJECT_TAG + "\n",
         before=True,
     ),
     _Site(
         "waiting-section",
         ("        # Next, schedule the WAITING requests.\n",),
-        "        _dspark_partial, _dspark_spent = _dspark_i27_running_partials(  " + _INJECT_TAG + "\n"
+        "        _dspark_partial, _dspark_spent = _dspark_hotfix_running_partials(  " + _INJECT_TAG + "\n"
         "            self, num_scheduled_tokens\n"
         "        )\n"
         "        if self._dspark_step_bound and self._dspark_gate_mode == 1:  " + _INJECT_TAG + "\n"
@@ -265,7 +265,7 @@ _SITES: tuple[_Site, ...] = (
         "srpt-spent",
         ("        # Next, schedule the WAITING requests.\n",),
         "        if _dspark_plan is not None:  " + _INJECT_TAG + "\n"
-        "            _dspark_spent = _dspark_i27_planned_spent(self, num_scheduled_tokens)\n",
+        "            _dspark_spent = _dspark_hotfix_planned_spent(self, num_scheduled_tokens)\n",
         before=True,
     ),
     _Site(
@@ -341,13 +341,13 @@ _SITES: tuple[_Site, ...] = (
     _Site(
         "arrival",  # patch v6: mode 3's aging counts from arrival
         ("            self.requests[request.request_id] = request\n",),
-        "            _dspark_i27_arrived(self, request)  " + _INJECT_TAG + "\n",
+        "            _dspark_hotfix_arrived(self, request)  " + _INJECT_TAG + "\n",
     ),
     _Site(
         "constraints-check",
         ("        # Check if the scheduling constraints are satisfied.\n",),
         "        if self._dspark_diag:  " + _INJECT_TAG + "\n"
-        "            _dspark_i27_diag(self, num_scheduled_tokens, _dspark_partial, _dspark_spent)\n",
+        "            _dspark_hotfix_diag(self, num_scheduled_tokens, _dspark_partial, _dspark_spent)\n",
         before=True,
     ),
 )

@@ -48,13 +48,13 @@ class InForce:
 
     @classmethod
     def of(cls, values: dict[str, str]) -> "InForce":
-        from dspark_launch.hotfix.injected import (_dspark_i27_parse_aging, _dspark_i27_parse_cap,
-                                                   _dspark_i27_parse_diag, _dspark_i27_parse_mode)
+        from dspark_launch.hotfix.injected import (_dspark_hotfix_parse_aging, _dspark_hotfix_parse_cap,
+                                                   _dspark_hotfix_parse_diag, _dspark_hotfix_parse_mode)
 
-        return cls(_dspark_i27_parse_cap(values.get(contract.ENV_CAP), 1)[0],
-                   _dspark_i27_parse_mode(values.get(contract.ENV_GATE_MODE))[0],
-                   _dspark_i27_parse_aging(values.get(contract.ENV_AGING))[0],
-                   _dspark_i27_parse_diag(values.get(contract.ENV_DIAG)))
+        return cls(_dspark_hotfix_parse_cap(values.get(contract.ENV_CAP), 1)[0],
+                   _dspark_hotfix_parse_mode(values.get(contract.ENV_GATE_MODE))[0],
+                   _dspark_hotfix_parse_aging(values.get(contract.ENV_AGING))[0],
+                   _dspark_hotfix_parse_diag(values.get(contract.ENV_DIAG)))
 
     def shown_by(self, line: contract.LiveLine) -> bool:
         # the log shows aging with %g (6 significant digits): compared the same way
