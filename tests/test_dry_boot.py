@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 
@@ -14,6 +16,7 @@ from dspark_launch.node.versions import differing_rows, modules_of, package_row
 from dspark_launch.node.vllm_dryboot import SHIPPED_CONFIG
 from dspark_launch.node.vllm_offer import VllmOffer, probe_installed_vllm
 from dspark_launch.config.profile_resolve import resolve
+from dspark_launch.config.settings import resolve as load_settings
 from dspark_launch.errors import DsparkError
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
 from dspark_launch.profiles.gpu import UNKNOWN, gpu_target
@@ -34,15 +37,16 @@ def test_the_dry_boot_runs_on_the_checkpoints_own_config(installed):
 
 
 def test_gb10_stock_install_gets_an_moe_backend_the_mxfp4_oracle_accepts(installed):
-    """Stock `pip install vllm` (FlashInfer, no b12x): the old fallback flashinfer_b12x died at model init."""
+    """Stock `pip install vllm` (FlashInfer, no b12x): the old fallback flashinfer_b12x died at model init; `auto`
+    picks DeepGEMM where the build ships it (tests/test_dry_boot_newest.py), so marlin, with DeepGEMM off."""
     resolved = plan_for(installed, "12.1", STOCK)
     chosen = value_of(resolved.serve_args, "--moe-backend")
-    assert chosen == "auto"
-    verdict = installed.boot("12.1").verdict("moe", chosen)
+    assert chosen == "marlin" and dict(resolved.env)["VLLM_USE_DEEP_GEMM"] == "0"
+    verdict = installed.boot("12.1").verdict("moe", chosen, "0")
     assert verdict.chosen and not verdict.refusal
     line = line_of(resolved, "moe-backend")
     assert "b12x needs the b12x package, not installed beside the vLLM 0.32.0" in line
-    assert "MoE oracle for the checkpoint's experts (Mxfp4MoEMethod) selects MARLIN" in line
+    assert "MoE oracle for the checkpoint's experts (Mxfp4MoEMethod) selects MARLIN with VLLM_USE_DEEP_GEMM=0" in line
     assert "--linear-backend" not in resolved.serve_args
     assert "flashinfer_b12x" not in " ".join(resolved.serve_args)
 
@@ -120,7 +124,7 @@ def test_a_worker_without_b12x_while_the_head_has_it_is_decided_for_the_cluster(
     cluster = gpu_target({"head": "12.1", "worker1": "12.1"}, packages={"head": modules_of(head.packages),
                                                                         "worker1": modules_of(worker.packages)})
     resolved = resolve(DEEPSEEK_V4_FLASH, dataclasses.replace(installed, modules=WITH_B12X), settings(), cluster)
-    assert value_of(resolved.serve_args, "--moe-backend") == "auto"
+    assert value_of(resolved.serve_args, "--moe-backend") == "marlin"
     assert "b12x needs the b12x package on every node, not installed on worker1 (decided for the cluster)" in (
         line_of(resolved, "moe-backend"))
     assert "--linear-backend" not in resolved.serve_args
@@ -173,3 +177,97 @@ def test_another_models_config_gets_no_dry_boot_and_resolution_says_not_judged(t
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
     boots, why = dry_boot(("12.1",), str(tmp_path / "config.json"))
     assert boots == () and why.startswith("no dry boot: the pulled model's config.json") and "'llama'" in why
+
+
+def test_a_decision_the_dry_boot_cannot_judge_is_a_named_refusal_in_plan(installed, monkeypatch, tmp_path):
+    """vLLM's code failing under the dry boot (a TypeError patched into the MoE oracle's call; a
+    resolve_cudagraph_mode_and_sizes without the keyword the graph judgement needs, as a release could ship) is
+    recorded for that decision, never swallowed: the plan for 12.1 leaves the flag out and refuses, one line naming
+    the decision and the vLLM version, `dspark plan` exits 1 on it and start refuses it."""
+    from typer.testing import CliRunner
+    from vllm.config.compilation import CompilationConfig, CUDAGraphMode
+
+    from dspark_launch.agent import protocol as p
+    from dspark_launch.cli.main import app
+    from dspark_launch.cluster.spec import Node
+    from dspark_launch.node import vllm_dryboot
+    from dspark_launch.profiles.gpu import given_target
+    from dspark_launch.report import SilentReporter
+    from dspark_launch.serve.preview import build_plan
+    from tests.support.fake_nodes import healthy_answer
+
+    def without_piecewise(self, min_cg_support, min_cg_attn_backend, uniform_decode_query_len=1):
+        return CUDAGraphMode.FULL_AND_PIECEWISE
+
+    without_piecewise.__qualname__ = "CompilationConfig.resolve_cudagraph_mode_and_sizes"
+    moved = TypeError("FusedMoEConfig.__init__() got an unexpected keyword argument 'moe_backend'")
+    with mock.patch.object(vllm_dryboot, "_moe_verdicts", side_effect=moved), \
+            mock.patch.object(CompilationConfig, "resolve_cudagraph_mode_and_sizes", without_piecewise):
+        boots, booted_by = vllm_dryboot.dry_boot(("12.1",))
+    assert boots[0].unjudged == (
+        ("moe", f"TypeError: {moved}"),
+        ("graphs", "Unjudgeable: CompilationConfig.resolve_cudagraph_mode_and_sizes takes no "
+                   "piecewise_capture_available in this vLLM"))
+    assert boots[0].linear and boots[0].attention  # the other decisions are still vLLM's answers
+    assert "not judged: graphs, moe" in booted_by
+    offer = dataclasses.replace(installed, boot_judgements=boots)
+    resolved = plan_for(offer, "12.1", WITH_B12X)
+    assert "--moe-backend" not in resolved.serve_args and resolved.cuda_graph_mode == ""
+    assert value_of(resolved.serve_args, "--linear-backend") == "b12x"
+    assert resolved.unjudged == (
+        f"moe-backend: not judged for 12.1 by the installed vLLM 0.32.0: TypeError: {moved}; start refuses a "
+        "decision its dry boot could not judge (choose it yourself in VLLM_EXTRA_ARGS, --moe-backend ..., or run a "
+        "vLLM the dry boot can ask)",
+        "cuda-graphs: not judged for 12.1 by the installed vLLM 0.32.0: Unjudgeable: "
+        "CompilationConfig.resolve_cudagraph_mode_and_sizes takes no piecewise_capture_available in this vLLM; start "
+        "refuses a decision its dry boot could not judge (choose it yourself in VLLM_EXTRA_ARGS, or run a vLLM the "
+        "dry boot can ask)")
+    assert line_of(resolved, "moe-backend").startswith("moe-backend omitted: b12x not judged for 12.1 by the "
+                                                        "installed vLLM 0.32.0 (TypeError: ")
+    assert "judged:" not in line_of(resolved, "VLLM_USE_BREAKABLE_CUDAGRAPH")  # no mode stated unjudged
+    # The operator's own value is not the dry boot's to judge: no refusal.
+    chosen = plan_for(offer, "12.1", WITH_B12X, {"VLLM_EXTRA_ARGS": "--moe-backend marlin"})
+    assert [r.split(":")[0] for r in chosen.unjudged] == ["cuda-graphs"]
+
+    # `dspark plan --gpu 12.1`, its nodes' agents faked (healthy, b12x installed), the head's offer this one.
+    class Agent:
+        def __init__(self, node):
+            self.node = node
+
+        def call(self, request, step="", timeout=None):
+            if isinstance(request, p.MemoryQuery):
+                return p.MemoryAnswer(128 << 30, 120 << 30, False)
+            if isinstance(request, p.HotfixCheck):
+                return p.HotfixCheckAnswer(self.node.name, p.HotfixResult("check", 0, "not-applied", "can apply",
+                                                                          "0.32.0", 7))
+            if isinstance(request, p.VersionQuery):
+                return dataclasses.replace(healthy_answer(self.node, request), packages=package_line,
+                                           compute_capability=capability)
+            return healthy_answer(self.node, request)
+
+        def describe_vllm(self, config_path=""):
+            return offer
+
+    capability = None  # plan: --gpu gives it; start: the nodes report it
+    package_line = "b12x 0.4.1; flashinfer-python 0.6.2; instanttensor 0.1; fastsafetensors 0.1; nvidia-cutlass-dsl 4.4"
+    monkeypatch.setattr(Node, "agent", lambda node, reporter=None: Agent(node))
+    (tmp_path / "state").mkdir(mode=0o700)
+    (tmp_path / "hub").mkdir()
+    env_file = tmp_path / "dspark.env"
+    env_file.write_text(f"DSPARK_HEAD_IP=10.9.0.1\nDSPARK_WORKER_HOSTS=root@10.9.0.2\nDSPARK_FABRIC_IFNAME=fab0\n"
+                        f"DSPARK_STATE_DIR={tmp_path / 'state'}\nDSPARK_MODEL_CACHE={tmp_path / 'hub'}\n")
+    given = load_settings(env_file=str(env_file), environ={})
+    plan = build_plan(given, SilentReporter(), given_target("12.1"))
+    assert plan.refusals == resolved.unjudged and plan.start_would_refuse  # the only reasons start would refuse
+    result = CliRunner().invoke(app, ["plan", "--gpu", "12.1", "--env-file", str(env_file)])
+    assert result.exit_code == 1, result.output
+    assert "moe-backend: not judged for 12.1 by the installed vLLM 0.32.0: TypeError" in " ".join(result.output.split())
+    # start, its nodes reporting 12.1: refused before anything starts, on the same line.
+    from dspark_launch.cluster.spec import cluster_spec
+    from dspark_launch.serve.start import resolved_serve_spec
+
+    capability = "12.1"
+    model = SimpleNamespace(location=SimpleNamespace(folder=None), revision="", env=())
+    with pytest.raises(DsparkError) as refused:
+        resolved_serve_spec(given, cluster_spec(given), SilentReporter(), {}, model)
+    assert str(refused.value) == resolved.unjudged[0]

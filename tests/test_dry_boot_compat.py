@@ -75,12 +75,12 @@ def test_gb10_stock_install_gets_an_moe_backend_the_mxfp4_oracle_accepts(release
     _, offer = release
     resolved = plan_for(offer, "12.1", STOCK)
     chosen = value_of(resolved.serve_args, "--moe-backend")
-    assert chosen == "auto"
-    verdict = offer.boot("12.1").verdict("moe", chosen)
+    assert chosen == "marlin" and dict(resolved.env)["VLLM_USE_DEEP_GEMM"] == "0"
+    verdict = offer.boot("12.1").verdict("moe", chosen, "0")
     assert verdict.chosen and not verdict.refusal
     line = line_of(resolved, "moe-backend")
     assert f"b12x needs the b12x package, not installed beside the vLLM {offer.version}" in line
-    assert "MoE oracle for the checkpoint's experts (Mxfp4MoEMethod) selects MARLIN" in line
+    assert "MoE oracle for the checkpoint's experts (Mxfp4MoEMethod) selects MARLIN with VLLM_USE_DEEP_GEMM=0" in line
     assert "--linear-backend" not in resolved.serve_args
     assert "flashinfer_b12x" not in " ".join(resolved.serve_args)
 

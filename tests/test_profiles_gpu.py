@@ -146,7 +146,8 @@ def test_gb10_speed_settings_kept_where_032_has_them_each_with_its_recipe(instal
     assert json.loads(value_of(args, "--speculative-config"))["draft_sample_method"] == "probabilistic"
     assert env == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800",
                    "VLLM_USE_BREAKABLE_CUDAGRAPH": "0", "VLLM_USE_FLASHINFER_SAMPLER": "1", "CUTE_DSL_ARCH": "sm_121a",
-                   "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "256"}
+                   "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "256",
+                   "VLLM_USE_DEEP_GEMM": "0"}
     assert "vLLM recipe dgx_spark_gb10 and eugr 0731-1m: b12x" in line_of(resolved, "moe-backend")
     assert ("on 12.1 the installed vLLM's MoE oracle for the checkpoint's experts (Mxfp4MoEMethod) selects "
             "B12X_MXFP4_MXFP8") in line_of(resolved, "moe-backend")
@@ -160,9 +161,9 @@ def test_gb10_speed_settings_kept_where_032_has_them_each_with_its_recipe(instal
 def test_a_library_the_node_lacks_drops_its_value_and_falls_back(installed):
     resolved = resolve(DEEPSEEK_V4_FLASH, dataclasses.replace(installed, modules=("flashinfer", "fastsafetensors")),
                        settings(), GB10)
-    assert value_of(resolved.serve_args, "--moe-backend") == "auto"  # vLLM's MXFP4 oracle picks (MARLIN)
+    assert value_of(resolved.serve_args, "--moe-backend") == "marlin"  # not auto: DeepGEMM where the build has it
     assert line_of(resolved, "moe-backend").startswith(
-        "moe-backend auto: b12x needs the b12x package, not installed beside the vLLM 0.32.0")
+        "moe-backend marlin: b12x needs the b12x package, not installed beside the vLLM 0.32.0")
     assert value_of(resolved.serve_args, "--load-format") == "fastsafetensors"
     assert "--linear-backend" not in resolved.serve_args and "CUTE_DSL_ARCH" not in dict(resolved.env)
     assert line_of(resolved, "CUTE_DSL_ARCH") == (

@@ -55,13 +55,19 @@ def test_plan_json_on_the_example_file_shows_every_flag_and_variable_with_its_so
     from dataclasses import replace
 
     from dspark_launch.profiles.gpu import gpu_target
-    from dspark_launch.node.vllm_offer import KvJudgement, KvVerdict
+    from dspark_launch.node.vllm_offer import BootJudgement, KvJudgement, KvVerdict
+    from dspark_launch.node.values import BackendVerdict
 
     settings = load_settings(env_file=str(REPO / ".env.dspark.example"), environ={})
+    attention = "DeepseekV4FlashInferSM120Attention (FLASHINFER_MLA_SPARSE_DSV4)"
     offer = replace(VllmOffer.from_json((DATA / "vllm-0.25.0-offer.json").read_text()),
-                    kv_judgements=(KvJudgement("12.1", "DeepseekV4FlashInferSM120Attention (FLASHINFER_MLA_SPARSE_DSV4)",
+                    kv_judgements=(KvJudgement("12.1", attention,
                                                (KvVerdict("nvfp4_ds_mla", "", "fp8_ds_mla layout only supports fp8"),
                                                 KvVerdict("fp8", "fp8_ds_mla"))),),
+                    # The dry boot's verdicts for the chosen values (without one, the plan refuses the decision).
+                    boot_judgements=(BootJudgement("12.1", attention, "Mxfp4MoEMethod",
+                                                   (BackendVerdict("b12x", "B12X_MXFP4_MXFP8"),),
+                                                   (BackendVerdict("b12x", "B12xFp8BlockScaledMMKernel"),), ()),),
                     modules=("b12x", "instanttensor", "cutlass"), env_names=("VLLM_USE_BREAKABLE_CUDAGRAPH",))
     resolved = resolve(DEEPSEEK_V4_FLASH, offer, settings, gpu_target({"head": "12.1", "worker1": "12.1"}))
     plan = Plan(resolved.profile, resolved.vllm_version, str(settings.env_file), settings.from_example,

@@ -13,7 +13,9 @@ A profile variable's value: `DSPARK_PROFILE_ENV` (`NAME=VALUE`, `NAME=` leaves i
 GPU: each GPU-specific value is judged for the nodes' compute capability (`GpuTarget`, from their version
 rows): the KV cache dtype by the installed build's DeepSeek-V4 attention (`VllmOffer.kv_judgements`), the
 GB10 settings by `gpus`. With no capability reported (CPU nodes) the parser's verdict stands, and the line
-says it was not judged for a GPU.
+says it was not judged for a GPU. With a capability, a decision the dry boot could not judge there (its code
+failed, or no judgement for that capability) is never emitted: it is a named refusal (`ResolvedProfile.unjudged`:
+`plan` exits 1 on it, `start` refuses), naming the decision and the vLLM version.
 """
 
 from __future__ import annotations
@@ -79,6 +81,9 @@ class ResolvedProfile:
     chat: bool  # readiness and smoke use /v1/chat/completions
     drain_timeout_s: int = 0  # vllm --shutdown-timeout as passed; 0: stop aborts in-flight requests
     cuda_graph_mode: str = ""  # the mode vLLM will really run (dry boot); "" when not judged
+    # A decision the dry boot could not judge for the nodes' GPU, one line each naming it and the vLLM version:
+    # `plan` lists them as refusals (exit 1) and `start` refuses on the first.
+    unjudged: tuple[str, ...] = ()
 
 
 # A declared setting's type (the field's annotation) -> the Python type a profile's value of it has.
@@ -177,6 +182,10 @@ def profile_env_values(settings: Settings) -> dict[str, str]:
     return dict(word.split("=", 1) for word in settings.dspark_profile_env)
 
 
+class _NotJudged(Exception):
+    """The dry boot holds no verdict for a value on the nodes' capability: why (a refusal, never a guess)."""
+
+
 class _Resolution:
     def __init__(self, profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN):
         self.profile = profile
@@ -192,6 +201,7 @@ class _Resolution:
         self.flags: list[str] = []
         self.omitted: set[str] = set()
         self.chosen: dict[str, str] = {}
+        self.unjudged: list[str] = []
 
     def missing(self, subject: str, wanted: str, why: str, builds: str, offered: tuple[str, ...]) -> ConfigError:
         entry = self.settings.entries["DSPARK_PROFILE"]
@@ -298,16 +308,55 @@ class _Resolution:
                     f"({', '.join(judged)}): {verdicts[-1].refusal}")
         return None
 
+    @functools.cached_property
+    def deep_gemm(self) -> str:
+        """VLLM_USE_DEEP_GEMM as the plan sets it, as the dry boot's verdicts are keyed: "0" off, "" on (unset, or
+        any other value: vLLM's default is on). The operator's DSPARK_PROFILE_ENV over the profile's variable, which
+        applies on its GPUs where the installed vLLM reads it (as `variable` decides)."""
+        name = "VLLM_USE_DEEP_GEMM"
+        given = profile_env_values(self.settings)
+        var = next((v for v in self.profile.env if v.name == name), None)
+        if name in given:
+            value = given[name]
+        elif var is None or self.off_gpu(var.gpus) or (
+                var.read_by == "vllm" and self.offer.env_names is not None and name not in self.offer.env_names):
+            value = ""
+        else:
+            value = var.value
+        return "0" if value.strip().lstrip("0") == "" and value.strip() else ""
+
     def boot_refusal(self, kind: str, value: str) -> str | None:
+        """Why the dry boot refuses `value` on the nodes' capability, or None; _NotJudged when it holds no verdict
+        there (its code failed for this decision, or no judgement for this capability)."""
         cap = self.gpu.capability
         if cap is None:
             boots = self.offer.boot_judgements
-            return self.everywhere_refused([b.verdict(kind, value) for b in boots], tuple(b.capability for b in boots))
+            return self.everywhere_refused([b.verdict(kind, value, self.deep_gemm) for b in boots],
+                                           tuple(b.capability for b in boots))
         boot = self.offer.boot(str(cap))
-        verdict = boot.verdict(kind, value) if boot else None
-        if verdict is None or not verdict.refusal:
+        verdict = boot.verdict(kind, value, self.deep_gemm) if boot else None
+        if verdict is None:
+            raise _NotJudged(self.not_judged_why(kind, value, boot))
+        if not verdict.refusal:
             return None
         return f"refused on {cap} by the installed vLLM {self.version}'s {self.judge_name(kind, boot)}: {verdict.refusal}"
+
+    def not_judged_why(self, kind: str, value: str, boot) -> str:
+        if boot is None:
+            return (self.offer.booted_by or "the offer holds no dry boot") + (
+                "" if not self.offer.boot_judgements else f" (capability {self.gpu.capability} not among those judged)")
+        setting = f" with VLLM_USE_DEEP_GEMM={self.deep_gemm}" if self.deep_gemm else ""
+        return boot.unjudged_why(kind) or f"the dry boot holds no verdict for {value}{setting}"
+
+    def refuse_unjudged(self, subject: str, flag: str, why: str) -> str:
+        """A decision the dry boot could not judge on the nodes' capability: a refusal naming it (plan exit 1, start
+        refuses), the flag never emitted. Returns the decision's reason."""
+        cap = self.gpu.capability
+        self.unjudged.append(f"{subject}: not judged for {cap} by the installed vLLM {self.version}: {why}; start "
+                             f"refuses a decision its dry boot could not judge (choose it yourself in "
+                             f"VLLM_EXTRA_ARGS{', ' + flag + ' ...' if flag else ''}, or run a vLLM the dry boot can "
+                             f"ask)")
+        return f"not judged for {cap} by the installed vLLM {self.version} ({why}): plan and start refuse"
 
     @staticmethod
     def judge_name(kind: str, boot) -> str:
@@ -317,11 +366,12 @@ class _Resolution:
     def boot_clause(self, kind: str, value: str) -> str:
         cap = self.gpu.capability
         boot = self.offer.boot(str(cap)) if cap is not None else None
-        verdict = boot.verdict(kind, value) if boot else None
-        if verdict is None:
+        verdict = boot.verdict(kind, value, self.deep_gemm) if boot else None
+        if verdict is None:  # only with no capability: with one, boot_refusal raised _NotJudged first
             return (f"not judged for a GPU: {self.gpu.basis}" if cap is None
-                    else f"not judged for {cap}: {self.offer.booted_by or 'the offer holds no dry boot'}")
-        return f"on {cap} the installed vLLM's {self.judge_name(kind, boot)} selects {verdict.chosen}"
+                    else f"not judged for {cap}: {self.not_judged_why(kind, value, boot)}")
+        setting = " with VLLM_USE_DEEP_GEMM=0" if self.deep_gemm else ""
+        return f"on {cap} the installed vLLM's {self.judge_name(kind, boot)} selects {verdict.chosen}{setting}"
 
     def kv_layout(self, value: str) -> KvCacheChoice:
         cap = self.gpu.capability
@@ -359,7 +409,11 @@ class _Resolution:
         skipped: list[str] = []
         value = None
         for candidate in pref.values:
-            why_not = self.value_refusal(pref, flag, candidate)
+            try:
+                why_not = self.value_refusal(pref, flag, candidate)
+            except _NotJudged as exc:
+                self.omit(pref.flag, f"{candidate} {self.refuse_unjudged(subject, pref.flag, str(exc))}{source}")
+                return
             if why_not is None:
                 value = candidate
                 break
@@ -473,21 +527,36 @@ class _Resolution:
             requested = str(json.loads(flag).get("cudagraph_mode", "")) if flag else ""
         except (ValueError, AttributeError):
             requested = ""
-        if not requested or not self.offer.boot_judgements:
+        cap = self.gpu.capability
+        if not requested or (cap is None and not self.offer.boot_judgements):
             return ""
         breakable = dict(self.env).get("VLLM_USE_BREAKABLE_CUDAGRAPH", "")
-        cap = self.gpu.capability
         boots = [self.offer.boot(str(cap))] if cap is not None else list(self.offer.boot_judgements)
         verdicts = [b.graph(requested, breakable) for b in boots if b is not None]
-        modes = {v.effective for v in verdicts if v is not None}
-        if not verdicts or len(modes) != 1 or not next(iter(modes)):
+        if cap is not None and (not verdicts or verdicts[0] is None):
+            boot = boots[0]
+            if boot is None:
+                why = self.not_judged_why("graphs", requested, None)
+            else:
+                why = boot.unjudged_why("graphs") or (f"the dry boot holds no verdict for {requested} with "
+                                                      f"VLLM_USE_BREAKABLE_CUDAGRAPH={breakable or '(unset)'}")
+            self.decisions.append(Decision("cuda-graphs (effective)", "",
+                                           f"{requested} requested: {self.refuse_unjudged('cuda-graphs', '', why)}"))
             return ""
-        verdict = verdicts[0]
+        found = [v for v in verdicts if v is not None]
+        modes = {v.effective for v in found}
+        if not found or len(found) != len(verdicts) or len(modes) != 1 or not next(iter(modes)):
+            return ""
+        verdict = found[0]
         where = f"on {cap}" if cap is not None else "on every capability judged"
         setting = f"VLLM_USE_BREAKABLE_CUDAGRAPH={breakable}" if breakable else "VLLM_USE_BREAKABLE_CUDAGRAPH unset"
         self.decisions.append(Decision("cuda-graphs (effective)", verdict.effective,
                                        f"{requested} requested, {setting}: {where} {verdict.why} (the installed "
                                        f"vLLM {self.version}'s resolve_cudagraph_mode_and_sizes)"))
+        # The variable's own line says what vLLM runs with it, as judged (the profile's text names no mode).
+        self.decisions = [dataclasses.replace(d, reason=f"{d.reason}; judged: vLLM {self.version} then runs {requested} as "
+                                            f"{verdict.effective} {where} (cuda-graphs (effective))")
+                          if d.subject == "VLLM_USE_BREAKABLE_CUDAGRAPH" and d.value else d for d in self.decisions]
         return verdict.effective
 
     def setting(self, name: str, model: str = "") -> str:
@@ -569,7 +638,7 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarg
         max_model_len=int(values["MAX_MODEL_LEN"]), gpu_memory_utilization=float(values["GPU_MEMORY_UTILIZATION"]),
         kv_cache_dtype=kv_value, kv_cache=run.kv or KvCacheChoice(kv_value, kv_value, False), serve_args=tuple(args),
         env=tuple(run.env), decisions=tuple(run.decisions), chat=profile.chat, drain_timeout_s=drain_s,
-        cuda_graph_mode=graph_mode)
+        cuda_graph_mode=graph_mode, unjudged=tuple(run.unjudged))
 
 
 def resolve_selected(offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN,

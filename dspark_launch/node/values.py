@@ -203,6 +203,7 @@ class BackendVerdict:
     value: str
     chosen: str = ""  # what vLLM's selection lands on ("B12X_MXFP4_MXFP8", "MARLIN"); "" when refused
     refusal: str = ""  # vLLM's own words when refused
+    deep_gemm: str = ""  # VLLM_USE_DEEP_GEMM as judged: "" unset (vLLM's default, on), "0" off
 
 
 @dataclass(frozen=True)
@@ -225,9 +226,16 @@ class BootJudgement:
     moe: tuple[BackendVerdict, ...]  # every --moe-backend value
     linear: tuple[BackendVerdict, ...]  # every --linear-backend value
     graphs: tuple[GraphVerdict, ...]
+    # Decisions vLLM's code could not be asked for here ("moe", "linear", "graphs", "attention") and why: never
+    # a verdict, so a plan that needs one refuses (config/profile_resolve.py), naming the decision.
+    unjudged: tuple[tuple[str, str], ...] = ()
 
-    def verdict(self, kind: str, value: str) -> BackendVerdict | None:
-        return next((v for v in getattr(self, kind) if v.value == value), None)
+    def verdict(self, kind: str, value: str, deep_gemm: str = "") -> BackendVerdict | None:
+        return next((v for v in getattr(self, kind) if v.value == value and v.deep_gemm == deep_gemm), None)
+
+    def unjudged_why(self, kind: str) -> str:
+        """Why decision `kind` could not be judged here; "" when it was."""
+        return next((why for name, why in self.unjudged if name == kind), "")
 
     def graph(self, requested: str, breakable: str) -> GraphVerdict | None:
         return next((g for g in self.graphs if g.requested == requested and g.breakable == breakable), None)
@@ -275,11 +283,13 @@ class VllmOffer:
                            for j in data.get("kv_judgements", ()))
         optional = {name: (None if data.get(name) is None else tuple(data[name])) for name in ("env_names", "modules")}
         def backends(found: list[dict[str, str]]) -> tuple[BackendVerdict, ...]:
-            return tuple(BackendVerdict(v["value"], v.get("chosen", ""), v.get("refusal", "")) for v in found)
+            return tuple(BackendVerdict(v["value"], v.get("chosen", ""), v.get("refusal", ""), v.get("deep_gemm", ""))
+                         for v in found)
 
         boots = tuple(BootJudgement(
             b["capability"], b["attention"], b["moe_method"], backends(b["moe"]), backends(b["linear"]),
-            tuple(GraphVerdict(g["requested"], g["breakable"], g["effective"], g["why"]) for g in b["graphs"]))
+            tuple(GraphVerdict(g["requested"], g["breakable"], g["effective"], g["why"]) for g in b["graphs"]),
+            tuple((str(name), str(why)) for name, why in b.get("unjudged", ())))
             for b in data.get("boot_judgements", ()))
         return cls(str(data["version"]), flags, tuple(data["speculative_methods"]),
                    data.get("source", "a recorded description"), judgements, data.get("kv_judged_by", ""),

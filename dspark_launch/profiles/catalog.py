@@ -85,21 +85,24 @@ DEEPSEEK_V4_FLASH = Profile(
                    "0.32.0; not 0.25.0, 0.10.1.1",
                    source="MiaAI and hazyumps (<think>, </think>); the vLLM recipe and eugr pass empty strings"),
         # The GB10 speed settings (docs/deepseek-v4-flash.md "Speed settings"): each judged for the nodes' GPU.
-        Preference("--moe-backend", ("b12x", "auto"),
-                   "SM12x MXFP4 MoE kernels: b12x where every node has the b12x package (`vllm[b12x]`), else vLLM's "
-                   "MXFP4 oracle picks (MARLIN on 12.1); flashinfer_b12x is not a choice: the MXFP4 oracle refuses "
-                   "it (only the NVFP4 oracle of MiaAI's patched image has it)",
-                   "b12x: 0.32.0 (needs the b12x package on every node); auto: every vLLM",
-                   source="vLLM recipe dgx_spark_gb10 and eugr 0731-1m: b12x; auto: vLLM's own selection",
+        Preference("--moe-backend", ("b12x", "marlin"),
+                   "SM12x MXFP4 MoE kernels: b12x where every node has the b12x package (`vllm[b12x]`), else marlin, "
+                   "which the MXFP4 oracle takes without DeepGEMM's JIT (not auto: with the CUDA wheel's DeepGEMM the "
+                   "oracle picks DEEPGEMM_MXFP4 on 12.x, which fails on GB10 in its scale packing: "
+                   "timothystewart6/vllm-gb10#27); not flashinfer_b12x: the MXFP4 oracle refuses it (only the NVFP4 "
+                   "oracle of MiaAI's patched image has it)",
+                   "b12x and marlin: judged on 0.32.0 and 0.34.0 (b12x needs the b12x package on every node)",
+                   source="vLLM recipe dgx_spark_gb10 and eugr 0731-1m: b12x; marlin: what GB10 serves with DeepGEMM "
+                          "off (timothystewart6/vllm-gb10#26: `Using 'MARLIN' Mxfp4 MoE backend`)",
                    gpus=("12",), needs_module=(("b12x", "b12x"),), judge="moe"),
         Preference("--linear-backend", ("b12x",), "SM12x block-FP8 linear kernels (b12x)",
-                   "b12x: 0.32.0 (needs the b12x package on every node)",
+                   "b12x: judged on 0.32.0 and 0.34.0 (needs the b12x package on every node)",
                    source="vLLM recipe dgx_spark_gb10, eugr 0731-1m", gpus=("12",), needs_module=(("b12x", "b12x"),),
                    judge="linear"),
         Preference("--attention-backend", ("B12X_MLA_SPARSE",),
                    "b12x sparse MLA attention for DeepSeek-V4 on SM12x",
-                   "not in 0.32.0's AttentionBackendEnum (the recipes' eugr/spark-vllm-b12x image has it); 0.32.0 "
-                   "picks DeepseekV4FlashInferSM120Attention on 12.x itself",
+                   "not in 0.32.0's or 0.34.0's AttentionBackendEnum (the recipes' eugr/spark-vllm-b12x image has "
+                   "it); both pick DeepseekV4FlashInferSM120Attention on 12.x themselves (the dry boot's attention)",
                    source="vLLM recipe dgx_spark_gb10, eugr 0731-1m", gpus=("12",)),
         Preference("--load-format", ("instanttensor", "fastsafetensors"),
                    "weights read with direct I/O instead of mmap, which is reported very slow on Spark",
@@ -127,10 +130,20 @@ DEEPSEEK_V4_FLASH = Profile(
                "a first step JIT-compiles sm_121 kernels and a 1M prefill step is long: 300 s (default) kills it",
                source="MiaAI", read_by="vllm"),
         EnvVar("VLLM_USE_BREAKABLE_CUDAGRAPH", "0",
-               "breakable CUDA graphs off (vLLM 0.32 turns them on for DeepSeek-V4 when unset): vLLM then runs "
-               "FULL_DECODE_ONLY (decode steps on full graphs, mixed steps eager; the plan's cuda-graphs line), "
-               "the mode MiaAI measured +28.6 % decode in (74.55 -> 95.9 tok/s)",
+               "breakable CUDA graphs off (vLLM turns them on for DeepSeek-V4 when unset; judged on 0.32.0 and "
+               "0.34.0): the NVIDIA DeepSeek-V4 model then gives no piecewise capture, so mixed steps run eager "
+               "(the mode vLLM resolves is the dry boot's, on this line and the plan's cuda-graphs line); MiaAI "
+               "measured +28.6 % decode with it (74.55 -> 95.9 tok/s)",
                source="MiaAI, vLLM recipe dgx_spark_gb10, eugr", read_by="vllm"),
+        EnvVar("VLLM_USE_DEEP_GEMM", "0",
+               "DeepGEMM off for vLLM's block-FP8 linear selection and the MXFP4 MoE oracle: with it on, `auto` picks "
+               "DeepGEMM on GB10 (judged on 0.34.0, whose CUDA wheel ships it), whose JIT fails there "
+               "(CUDA_ERROR_INVALID_IMAGE in its scale-layout transform); DeepSeek-V4's attention still calls "
+               "DeepGEMM's fp8_einsum whatever it says (nvcc is checked on every GPU node)",
+               source="eugr/spark-vllm-docker recipes/deepseek-v4-flash.yaml (VLLM_USE_DEEP_GEMM: 0, \"FP8 linear "
+                      "DeepGEMM scale-layout JIT currently fails on GB10 with CUDA_ERROR_INVALID_IMAGE\"); "
+                      "timothystewart6/vllm-gb10#26 and #27; vLLM issue 54125",
+               gpus=("12.1",), read_by="vllm"),
         EnvVar("VLLM_USE_FLASHINFER_SAMPLER", "1", "FlashInfer's top-k/top-p sampler (0.32.0's default on CUDA)",
                source="MiaAI, vLLM recipe dgx_spark_gb10, eugr", read_by="vllm"),
         EnvVar("CUTE_DSL_ARCH", "sm_121a",

@@ -122,7 +122,7 @@ def build_plan(settings: Settings, reporter: Reporter, forced: GpuTarget | None 
     token = spec.auth_token or GENERATED
     ray_env = {"RAY_AUTH_MODE": spec.auth_mode, **({"RAY_AUTH_TOKEN": token} if spec.auth_mode == "token" else {})}
     serve = build_serve_spec(settings, spec, ray_env, resolved, head[0])
-    nodes, memory, refusals = [], {}, []
+    nodes, memory, refusals = [], {}, list(resolved.unjudged)  # a decision the dry boot could not judge
     hotfix = [hotfix_setting_line(settings)]
     for node in spec.nodes:
         probe = found.get(node.name, NOT_PROBED_EXAMPLE)

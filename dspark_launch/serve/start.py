@@ -58,6 +58,8 @@ def resolved_serve_spec(settings: Settings, spec: ClusterSpec, reporter: Reporte
     gpus = Background(lambda: node_gpus(spec, reporter))
     offer = spec.head.agent(reporter).describe_vllm(pulled_config(model.location.folder))
     resolved = resolve_selected(offer, settings, gpus.result(), revision=model.revision)
+    if resolved.unjudged:  # as `dspark plan` refuses: never a flag the dry boot could not judge
+        raise DsparkError(resolved.unjudged[0])
     serve_spec = build_serve_spec(settings, spec, ray_env, resolved, head_fabric.result(), model.env)
     reporter.phase(f"profile {serve_spec.profile} on vLLM {resolved.vllm_version}: "
                    f"{len(serve_spec.decisions)} decision(s)")

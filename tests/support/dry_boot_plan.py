@@ -20,7 +20,9 @@ WITH_B12X = ("b12x", *STOCK)
 
 def assert_gb10_boot_as_vllm_decides(offer: VllmOffer) -> None:
     """What vLLM's own code decides for DeepSeek-V4-Flash's config.json (fp4 experts): Mxfp4MoEMethod judged by
-    the MXFP4 oracle on 12.1 (flashinfer_b12x refused, b12x and auto chosen), each capability's attention."""
+    the MXFP4 oracle on 12.1 (flashinfer_b12x refused, b12x, marlin and auto chosen), each capability's attention.
+    `auto` is MARLIN with DeepGEMM off (VLLM_USE_DEEP_GEMM=0, the profile's) and in a build without DeepGEMM; a
+    build that ships it (the CUDA wheels) picks DeepGEMM there with it on (tests/test_dry_boot_newest.py)."""
     assert "deepseek-v4-flash-0731.config.json" in offer.booted_by
     gb10 = offer.boot("12.1")
     assert gb10.moe_method == "Mxfp4MoEMethod"
@@ -28,8 +30,15 @@ def assert_gb10_boot_as_vllm_decides(offer: VllmOffer) -> None:
     assert offer.boot("9.0").attention == "DeepseekV4FlashMLAAttention (FLASHMLA_SPARSE_DSV4)"
     refused = gb10.verdict("moe", "flashinfer_b12x")
     assert refused.refusal.startswith("ValueError: moe_backend='flashinfer_b12x' is not supported for MXFP4 MoE")
-    assert gb10.verdict("moe", "b12x").chosen == "B12X_MXFP4_MXFP8"
-    assert gb10.verdict("moe", "auto").chosen == "MARLIN"
+    assert gb10.verdict("moe", "b12x").chosen == gb10.verdict("moe", "b12x", "0").chosen == "B12X_MXFP4_MXFP8"
+    assert gb10.verdict("moe", "marlin").chosen == gb10.verdict("moe", "marlin", "0").chosen == "MARLIN"
+    assert gb10.verdict("moe", "auto", "0").chosen == "MARLIN"
+    auto = gb10.verdict("moe", "auto").chosen
+    if "DeepGEMM shipped with this build" in offer.booted_by:
+        assert auto, gb10.verdict("moe", "auto")  # a release's own pick with DeepGEMM on (0.34: DEEPGEMM_MXFP4)
+    else:
+        assert auto == "MARLIN"
+    assert not gb10.unjudged, gb10.unjudged
 
 
 def settings(environ: dict[str, str] | None = None):
