@@ -8,8 +8,8 @@ from dspark_launch.hotfix import contract
 from dspark_launch.serve.drain import DRAINED_LOG
 from dspark_launch.node.engine_log import EngineMessage, engine_lines
 
-LIVE = ("dspark-issue27 hotfix v6: cap 1 -> 2 (live); in force: cap=2, gate mode 1, step bound 640 prefill tokens, "
-        "aging 2, diagnostics off")
+LIVE = ("dspark-issue27 hotfix v6: cap 1 -> 2 (live); in force: cap 2, gate mode 1, aging 2, diagnostics off; "
+        "step bound 640 prefill tokens")
 ENGINE = "(EngineCore pid=599) INFO 12-02 01:14:25"
 API = "(APIServer pid=512) INFO 12-02 01:14:26 [logger.py:49] Received request chatcmpl-1: prompt: 'x"
 

@@ -143,7 +143,7 @@ def test_a_malformed_value_is_ignored_with_one_warning(model_dir, clock, tmp_pat
     assert (sched._dspark_max_inflight_prefills, sched._dspark_gate_mode) == (1, contract.DEFAULT_GATE_MODE)
     warnings = control_warnings(caplog)
     assert len(warnings) == 1, warnings
-    assert "DSPARK_MAX_INFLIGHT_PREFILLS='two'" in warnings[0] and "keeping cap=1" in warnings[0]
+    assert "DSPARK_MAX_INFLIGHT_PREFILLS='two'" in warnings[0] and "keeping cap 1," in warnings[0]
     assert live_lines(caplog) == []
 
     write(control, DSPARK_MAX_INFLIGHT_PREFILLS="3")  # a good file afterwards applies

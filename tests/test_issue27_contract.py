@@ -14,6 +14,7 @@ import pytest
 from dspark_launch.config.registry import load_registry
 from dspark_launch.errors import EXIT_BAD_CONFIG
 from dspark_launch.hotfix import contract, injected, layout
+from tests.support.live_rows import live_row
 from tools import hotfix_bundle as bundle
 from dspark_launch.hotfix.injected_source import injected_body
 from dspark_launch.serve import logscan
@@ -52,7 +53,7 @@ CAPS = [(None, 1, (1, False)), ("", 1, (1, False)), (" 2 ", 1, (2, False)), ("+2
 
 @pytest.mark.parametrize(("raw", "fallback", "expected"), CAPS)
 def test_injected_cap_parser(raw, fallback, expected):
-    assert injected._dspark_hotfix_parse_cap(raw, fallback) == expected
+    assert injected._dspark_hotfix_parse(live_row(contract.ENV_CAP), raw, fallback) == expected
 
 
 def test_injected_body_names_are_all_defined_in_the_patched_module():

@@ -19,7 +19,8 @@ import pytest
 from tests.support import sched_configs as sc
 from tests.support.sched_configs import CONFIGS, TOY, tokens
 from tools import scheduler_harness as h
-from dspark_launch.hotfix import injected
+from dspark_launch.hotfix import contract, injected
+from tests.support.live_rows import live_row
 
 MODE_ENV = h.GATE_MODE_ENV_VAR
 
@@ -67,7 +68,7 @@ def test_gate_mode_parse_table(model_dir, caplog, raw, mode, warns):
     caplog.set_level(logging.INFO)
     sched = h.build_scheduler(spec(1, raw), model_dir)
     assert sched._dspark_gate_mode == mode
-    assert injected._dspark_hotfix_parse_mode(raw) == (mode, bool(warns))
+    assert injected._dspark_hotfix_parse(live_row(contract.ENV_GATE_MODE), raw) == (mode, bool(warns))
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and MODE_ENV in r.getMessage()]
     assert len(warnings) == warns, warnings
     assert sched._dspark_step_bound == (bound(1, sc.spec(TOY)) if mode >= 1 else 0)

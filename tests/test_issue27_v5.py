@@ -18,6 +18,7 @@ from tests.support import sched_configs as sc
 from tests.support.sched_configs import CONFIGS, tokens
 from tools import scheduler_harness as h
 from dspark_launch.hotfix import contract, injected
+from tests.support.live_rows import live_row
 
 V4, V5 = 2, 3
 SCHEDULERS = pytest.mark.parametrize("async_scheduling", [False, True], ids=["Scheduler", "AsyncScheduler"])
@@ -79,7 +80,7 @@ AGING_TABLE = [(None, contract.DEFAULT_AGING, False), ("", contract.DEFAULT_AGIN
 
 @pytest.mark.parametrize(("raw", "value", "bad"), AGING_TABLE, ids=[repr(a[0]) for a in AGING_TABLE])
 def test_aging_parse_table(raw, value, bad):
-    assert injected._dspark_hotfix_parse_aging(raw) == (value, bad)
+    assert injected._dspark_hotfix_parse(live_row(contract.ENV_AGING), raw) == (value, bad)
 
 
 def short_beside_long_load(base: h.SchedulerSpec) -> list[h.RequestSpec]:

@@ -96,18 +96,22 @@ def test_the_control_file_is_never_written_where_others_could_set_it(tmp_path, c
     assert list(folder.iterdir()) == []
 
 
+def in_force(cap, gate_mode, aging, diagnostics) -> InForce:
+    return InForce({"cap": cap, "gate_mode": gate_mode, "aging": aging, "diagnostics": diagnostics})
+
+
 def test_the_values_waited_for_are_the_schedulers_parse_of_the_settings():
     assert InForce.of({contract.ENV_CAP: "2", contract.ENV_GATE_MODE: "1", contract.ENV_AGING: "4",
-                       contract.ENV_DIAG: "1"}) == InForce(2, 1, 4.0, True)
+                       contract.ENV_DIAG: "1"}) == in_force(2, 1, 4.0, True)
     assert InForce.of({contract.ENV_CAP: "9", contract.ENV_GATE_MODE: "", contract.ENV_AGING: "x",
-                       contract.ENV_DIAG: "0"}) == InForce(contract.CAP_MAX, contract.DEFAULT_GATE_MODE,
-                                                           contract.DEFAULT_AGING, False)
+                       contract.ENV_DIAG: "0"}) == in_force(contract.CAP_MAX, contract.DEFAULT_GATE_MODE,
+                                                            contract.DEFAULT_AGING, False)
     line = contract.parse_live_lines(
-        "INFO dspark-issue27 hotfix v5: cap 1 -> 2 (live); in force: cap=2, gate mode 1, step bound 640 "
-        "prefill tokens, aging 0.333333, diagnostics on\n")[0]
-    assert line.changes == "cap 1 -> 2" and InForce(2, 1, 1 / 3, True).shown_by(line)
-    assert not InForce(2, 1, 0.5, True).shown_by(line)
-    assert not InForce(2, 2, 1 / 3, True).shown_by(line)
+        "INFO dspark-issue27 hotfix v7: cap 1 -> 2 (live); in force: cap 2, gate mode 1, aging 0.333333, "
+        "diagnostics on; step bound 640 prefill tokens\n")[0]
+    assert line.changes == "cap 1 -> 2" and in_force(2, 1, 1 / 3, True).shown_by(line)
+    assert not in_force(2, 1, 0.5, True).shown_by(line)
+    assert not in_force(2, 2, 1 / 3, True).shown_by(line)
 
 
 def test_a_reloaded_value_is_not_drift_and_restart_sees_it_as_running(tmp_path):
@@ -134,8 +138,7 @@ WANTED = InForce.of({contract.ENV_CAP: "2"})
 
 
 def _live(cap: int) -> str:
-    return contract.LIVE_LOG_FORMAT % (contract.PATCH_VERSION, f"cap 1 -> {cap}", cap, WANTED.gate_mode, "640",
-                                       WANTED.aging, "on" if WANTED.diagnostics else "off")
+    return contract.live_line(contract.PATCH_VERSION, f"cap 1 -> {cap}", {**WANTED.values, "cap": cap}, 640)
 
 
 class _IdleEngines:
@@ -155,7 +158,7 @@ class _IdleEngines:
                 rank = self.headers.get("X-data-parallel-rank")
                 outer.ranks.append(rank)
                 if rank is not None:
-                    said = (contract.LIVE_WARNING_FORMAT % (contract.PATCH_VERSION, "/s/control", "bad", 1, 1, "off")
+                    said = (contract.LIVE_WARNING_FORMAT % (contract.PATCH_VERSION, "/s/control", "bad", "cap 1, gate mode 1")
                             if int(rank) == refuse_rank else _live(cap))
                     with open(log, "a") as out:
                         out.write(_engine_line(int(rank), said, "WARNING" if int(rank) == refuse_rank else "INFO") + "\n")

@@ -158,7 +158,7 @@ def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_n
     print(reloaded.stdout)  # the time to the cap in force: reported, never asserted
     assert finished_all(outcomes(client))
     log = log_path.read_text(errors="replace")
-    live = log.index(f"dspark-issue27 hotfix v{PATCH_VERSION}: cap 2 -> 3 (live); in force: cap=3")
+    live = log.index(f"dspark-issue27 hotfix v{PATCH_VERSION}: cap 2 -> 3 (live); in force: cap 3,")
     after = re.search(r"dspark-issue27 step=\d+ cap=(\d+) inflight=\d+ prefill_tokens=\d+ decode_tokens=\d+ "
                       r"decode_reqs=(\d+)", log[live:])
     assert after and after.group(1) == "3" and int(after.group(2)) > 0, "the change landed while streams decoded"

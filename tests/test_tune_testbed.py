@@ -169,7 +169,7 @@ def test_tune_measures_three_points_in_force_and_restores_the_values(served, tmp
     original = (1, 3, 2.0)
     ran = [original, *(point_of(key) for _, _, key in order), original]
     assert dedupe([original, *in_force_in_log(log)]) == dedupe(ran), (in_force_in_log(log), ran)
-    pieces = re.split(r"\(live\); in force: cap=(\d+), gate mode (\d+)", log)
+    pieces = re.split(r"\(live\); in force: cap (\d+), gate mode (\d+)", log)
     for cap, mode, text in zip(pieces[1::3], pieces[2::3], pieces[3::3]):
         steps = re.findall(r"dspark-issue27 step=\d+ cap=(\d+) .*? mode=(\d+) ", text)
         assert all(s == (cap, mode) for s in steps), (cap, mode, set(steps))

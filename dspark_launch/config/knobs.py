@@ -23,6 +23,7 @@ from dspark_launch.config import numbers
 from dspark_launch.config.field_docs import declared_docs
 from dspark_launch.config.levels import Level, ServeFlag, nature_metadata, owned
 from dspark_launch.config.registry import Knob
+from dspark_launch.hotfix.contract import LIVE
 
 
 @dataclass(frozen=True)
@@ -47,23 +48,31 @@ def switch(default: bool, *, group: str, level: Level = "cluster", flag: str | S
     return knob(default, ge=0, le=1, group=group, level=level, flag=flag)
 
 
+def live(name: str, *, alias: str = "") -> Any:
+    """A setting the patched scheduler takes live: default and bounds are its row of the hotfix's table
+    (`hotfix.contract.LIVE_SETTINGS`), the one place they are written; a count is soft (above the
+    maximum: the maximum, as the scheduler clamps it)."""
+    setting = LIVE[name]
+    return knob(setting.default, ge=setting.minimum, le=setting.maximum, group="hotfix",
+                soft=setting.kind == "count", alias=alias, level="live")
+
+
 @dataclass(frozen=True, kw_only=True)
 class NumericKnobs:
     """The numeric settings, each typed as the code uses it."""
 
     # ---- hotfix
-    dspark_max_inflight_prefills: int = knob(1, ge=1, le=3, group="hotfix", soft=True,
-                                             alias="DSPARKMAXINFLIGHTPREFILLS", level="live")
+    dspark_max_inflight_prefills: int = live("DSPARK_MAX_INFLIGHT_PREFILLS", alias="DSPARKMAXINFLIGHTPREFILLS")
     """Requests allowed mid-prefill (partial prefill) at once; the scheduler hotfix caps it at 3"""
-    dspark_prefill_gate_mode: int = knob(3, ge=0, le=3, group="hotfix", level="live")
+    dspark_prefill_gate_mode: int = live("DSPARK_PREFILL_GATE_MODE")
     """Scheduler hotfix gate: 0 counts in-flight prefills only; 1 also bounds a step's prefill tokens at
     (cap + 1/2) x threshold; 2 judges prompts after their prefix-cache hit and gives uncached prompts that finish
     in the step a quarter threshold of extra room; 3 (default) gives the step's bounded prefill room, running
     prompts included, to the least uncached work left first"""
-    dspark_prefill_aging: float = knob(2.0, ge=0.0, le=64.0, group="hotfix", level="live")
+    dspark_prefill_aging: float = live("DSPARK_PREFILL_AGING")
     """Gate mode 3: a prompt that has waited more than this many times its own solo prefill steps goes first
     (aging: nothing starves; 0 = oldest first)"""
-    dspark_issue43_sched_diag: bool = switch(False, group="hotfix", level="live")
+    dspark_issue43_sched_diag: bool = live("DSPARK_ISSUE43_SCHED_DIAG")
     """1 logs one scheduler diagnostics line per step (prefill/decode tokens, in-flight prefills)"""
 
     # ---- serving

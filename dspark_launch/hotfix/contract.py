@@ -16,38 +16,66 @@ import re
 #: version reports `outdated` and `apply` re-patches it from its stored original.
 PATCH_VERSION = 7
 
-#: Environment variables the patched scheduler reads, once, in `__init__`
-#: (from patch v5 the control file, ENV_CONTROL, may change them while it runs).
-ENV_CAP = "DSPARK_MAX_INFLIGHT_PREFILLS"
-ENV_GATE_MODE = "DSPARK_PREFILL_GATE_MODE"
-ENV_DIAG = "DSPARK_ISSUE43_SCHED_DIAG"
-ENV_AGING = "DSPARK_PREFILL_AGING"
-
 #: Patch v5 (`dspark reload`): the path of the control file a patched scheduler reads
 #: while it runs, given in the server's environment (unset: no live changes).
 #: Lines `NAME=VALUE` of LIVE_NAMES, parsed as the environment is at start; a
 #: name the file does not set keeps its start value, no file = start values.
 ENV_CONTROL = "DSPARK_SCHEDULER_CONTROL_FILE"
-LIVE_NAMES = (ENV_CAP, ENV_GATE_MODE, ENV_AGING, ENV_DIAG)
 #: At most one stat of the control file per this many seconds (monotonic clock,
 #: checked at the top of each `schedule()`).
 LIVE_CHECK_PERIOD_S = 1.0
 #: A larger control file is refused (the current values kept).
 CONTROL_MAX_BYTES = 4096
 
-#: Bounds of DSPARK_MAX_INFLIGHT_PREFILLS (values above CAP_MAX are clamped to it).
-CAP_MIN = 1
-CAP_MAX = 3
-DEFAULT_CAP = 1
 
-#: DSPARK_PREFILL_GATE_MODE: 0 the plain count of patch v1; 1 the count plus
-#: a per-step prefill token bound (patch v2); 2 (patch v3) mode 1 judged after
-#: the prefix-cache lookup by the tokens a prompt still has to compute, prompts
-#: that finish in the step given extra room, requests holding KV blocks never
-#: starved of budget; 3 (patch v5) the step's prefill room, running prompts'
-#: chunks included, goes to the least uncached work left first, with aging.
-GATE_MODES = (0, 1, 2, 3)
-DEFAULT_GATE_MODE = 3
+@dataclasses.dataclass(frozen=True)
+class LiveSetting:
+    """A setting the patched scheduler reads from its environment in `__init__` and takes live from the
+    control file. Everything else is derived from these rows: the injected parsers and constants, the
+    live log line and its parser (`LiveLine`), the launcher's knob declaration (config/knobs.py: bounds and
+    default), the server's environment (serve/serve_spec.py) and what `reload` expects in force."""
+
+    name: str  # the environment variable (and the knob's name)
+    key: str  # the short name: LiveLine / InForce attribute
+    kind: str  # "count" | "choice" | "decimal" | "switch" (how a raw value parses: `parse_rule`)
+    default: int | float | bool
+    minimum: int | float
+    maximum: int | float
+    label: str  # how the live log line names it
+    attribute: str  # the scheduler's attribute that holds it
+    #: A count: the scheduler_config attribute whose value stands in for the default where vLLM has it
+    #: (0.25/0.26's `max_num_partial_prefills`).
+    config_default: str = ""
+
+
+#: The live settings, in the order the live log line shows them. Kinds: "count" an ASCII base-10 integer,
+#: blank or <= 0 the default, above the maximum clamped to it; "choice" a base-10 integer in
+#: minimum..maximum; "decimal" a plain decimal in minimum..maximum; "switch" on for 1/true/yes/on (any case).
+#: Anything else keeps the default (at start, with a warning) or every current value (live, with a warning).
+LIVE_SETTINGS = (
+    LiveSetting("DSPARK_MAX_INFLIGHT_PREFILLS", "cap", "count", 1, 1, 3, "cap", "_dspark_max_inflight_prefills",
+                config_default="max_num_partial_prefills"),
+    #: 0 the plain count of patch v1; 1 the count plus a per-step prefill token bound (patch v2); 2 (patch
+    #: v3) mode 1 judged after the prefix-cache lookup by the tokens a prompt still has to compute, prompts
+    #: that finish in the step given extra room, requests holding KV blocks never starved of budget; 3
+    #: (patch v5) the step's prefill room, running prompts' chunks included, goes to the least uncached work
+    #: left first, with aging.
+    LiveSetting("DSPARK_PREFILL_GATE_MODE", "gate_mode", "choice", 3, 0, 3, "gate mode", "_dspark_gate_mode"),
+    #: Mode 3's aging knob k: a prompt that has waited more than k times its own solo prefill time (its
+    #: uncached tokens in threshold-sized steps) goes first (0: every request is aged at once, i.e. oldest
+    #: first inside the bound); the default is picked in docs/hotfix-issue27.md.
+    LiveSetting("DSPARK_PREFILL_AGING", "aging", "decimal", 2.0, 0.0, 64.0, "aging", "_dspark_aging"),
+    LiveSetting("DSPARK_ISSUE43_SCHED_DIAG", "diagnostics", "switch", False, 0, 1, "diagnostics", "_dspark_diag"),
+)
+LIVE = {setting.name: setting for setting in LIVE_SETTINGS}
+LIVE_NAMES = tuple(LIVE)
+
+ENV_CAP, ENV_GATE_MODE, ENV_AGING, ENV_DIAG = LIVE_NAMES
+CAP_MIN, CAP_MAX, DEFAULT_CAP = LIVE[ENV_CAP].minimum, LIVE[ENV_CAP].maximum, LIVE[ENV_CAP].default
+GATE_MODES = tuple(range(int(LIVE[ENV_GATE_MODE].minimum), int(LIVE[ENV_GATE_MODE].maximum) + 1))
+DEFAULT_GATE_MODE = LIVE[ENV_GATE_MODE].default
+AGING_MIN, AGING_MAX, DEFAULT_AGING = LIVE[ENV_AGING].minimum, LIVE[ENV_AGING].maximum, LIVE[ENV_AGING].default
+
 #: Mode 2: prefill tokens beyond the step bound that prompts finishing within
 #: the step may use when they have no prefix-cache hit (a cached turn's tail
 #: gets only what is left of the bound), as a share of the threshold
@@ -58,14 +86,6 @@ SHORT_ROOM_SHARE = 0.25
 #: Long prompts a gate steps over in one step, at most; mode 3 also looks at
 #: no more than this many waiting requests per step when it plans the step.
 MAX_SKIPS = 8
-#: Mode 3's aging knob k (DSPARK_PREFILL_AGING): a prompt that has waited
-#: more than k times its own solo prefill time (its uncached tokens in
-#: threshold-sized steps) goes first (0: every request is aged at once,
-#: i.e. oldest first inside the bound). Bounds and default equal the registry's
-#: (dspark-numeric-knobs.sh); the default is picked in docs/hotfix-issue27.md.
-AGING_MIN = 0.0
-AGING_MAX = 64.0
-DEFAULT_AGING = 2.0
 #: Patch v6: whatever k is, a request that has waited this many steps since
 #: its arrival is aged (goes first, oldest first): at k = 64 a 1M-token prompt
 #: (1,024 solo steps at threshold 1024) would otherwise wait 65,536 steps.
@@ -108,46 +128,71 @@ ACTIVE_LOG_RE = re.compile(
 )
 
 
+_SHOWN = {"count": "%d", "choice": "%d", "decimal": "%g", "switch": "%s"}
+_SHOWN_RE = {"count": r"(\d+)", "choice": r"(\d+)", "decimal": r"([0-9.e+-]+)", "switch": r"(on|off)"}
+
 #: The INFO line a patched scheduler logs each time it read a changed control
 #: file with valid values: what changed (`cap 1 -> 2`, `gate mode 2 -> 1`,
-#: `aging 2 -> 4`, `diagnostics off -> on`, or `no change`), then every value now in force.
-LIVE_LOG_FORMAT = (
-    "dspark-issue27 hotfix v%d: %s (live); in force: cap=%d, gate mode %d, "
-    "step bound %s prefill tokens, aging %g, diagnostics %s"
-)
-LIVE_LOG_RE = re.compile(
-    r"dspark-issue27 hotfix v(\d+): (.*?) \(live\); in force: cap=(\d+), gate mode (\d+), "
-    r"step bound (\d+|none) prefill tokens, aging ([0-9.e+-]+), diagnostics (on|off)"
-)
+#: `aging 2 -> 4`, `diagnostics off -> on`, or `no change`), then every live value now in
+#: force (LIVE_SETTINGS' order) and the step bound that follows from them.
+LIVE_LOG_FORMAT = ("dspark-issue27 hotfix v%d: %s (live); in force: "
+                   + ", ".join(f"{s.label} {_SHOWN[s.kind]}" for s in LIVE_SETTINGS) + "; step bound %s prefill tokens")
+LIVE_LOG_RE = re.compile(r"dspark-issue27 hotfix v(\d+): (.*?) \(live\); in force: "
+                         + ", ".join(f"{re.escape(s.label)} {_SHOWN_RE[s.kind]}" for s in LIVE_SETTINGS)
+                         + r"; step bound (\d+|none) prefill tokens")
 #: The WARNING a patched scheduler logs, once per bad content, when it keeps its
 #: values because the control file is not one it accepts.
-LIVE_WARNING_FORMAT = (
-    "dspark-issue27 hotfix v%d: ignoring the control file %s: %s; keeping cap=%d, "
-    "gate mode %d, diagnostics %s"
-)
+LIVE_WARNING_FORMAT = "dspark-issue27 hotfix v%d: ignoring the control file %s: %s; keeping %s"
 #: group 1: the file and the problem ("PATH: why").
-LIVE_WARNING_RE = re.compile(r"dspark-issue27 hotfix v\d+: ignoring the control file (.*?); keeping cap=")
+LIVE_WARNING_RE = re.compile(r"dspark-issue27 hotfix v\d+: ignoring the control file (.*?); keeping ")
+
+
+def shown(setting: LiveSetting, value: int | float | bool) -> str:
+    """A value as the live log line shows it."""
+    if setting.kind == "switch":
+        return "on" if value else "off"
+    return _SHOWN[setting.kind] % value
+
+
+def _value_of(setting: LiveSetting, text: str) -> int | float | bool:
+    if setting.kind == "switch":
+        return text == "on"
+    return float(text) if setting.kind == "decimal" else int(text)
 
 
 @dataclasses.dataclass(frozen=True)
 class LiveLine:
-    """What a patched scheduler said when it applied a control file."""
+    """What a patched scheduler said when it applied a control file: `values` by LiveSetting key, also
+    read as attributes (`line.cap`, `line.gate_mode`, ...)."""
 
     patch_version: int
     changes: str  # "cap 1 -> 2, gate mode 2 -> 1" or "no change"
-    cap: int
-    gate_mode: int
+    values: dict[str, int | float | bool]
     step_bound: int | None
-    aging: float
-    diagnostics: bool
+
+    def __getattr__(self, key: str) -> int | float | bool:
+        values = self.__dict__.get("values", {})
+        if key in values:
+            return values[key]
+        raise AttributeError(key)
+
+
+def live_line(patch_version: int, changes: str, values: dict[str, int | float | bool], step_bound: int | None) -> str:
+    """The live log line for these values by key (the injected code logs the same text)."""
+    shown_values = tuple(shown(s, values[s.key]) for s in LIVE_SETTINGS)
+    return LIVE_LOG_FORMAT.replace("%d", "%s").replace("%g", "%s") % (
+        patch_version, changes, *shown_values, step_bound or "none")
 
 
 def parse_live_lines(text: str) -> list[LiveLine]:
     """Every `(live)` line in a log, in order."""
-    return [
-        LiveLine(int(v), changes, int(c), int(m), None if b == "none" else int(b), float(k), d == "on")
-        for v, changes, c, m, b, k, d in LIVE_LOG_RE.findall(text)
-    ]
+    lines = []
+    for found in LIVE_LOG_RE.finditer(text):
+        groups = found.groups()
+        values = {s.key: _value_of(s, groups[2 + i]) for i, s in enumerate(LIVE_SETTINGS)}
+        bound = groups[-1]
+        lines.append(LiveLine(int(groups[0]), groups[1], values, None if bound == "none" else int(bound)))
+    return lines
 
 
 def control_text(values: dict[str, str]) -> str:
@@ -181,6 +226,12 @@ def parse_active_lines(text: str) -> list[ActiveLine]:
     ]
 
 
+def live_row(setting: LiveSetting) -> tuple[object, ...]:
+    """A live setting as the injected code holds it (a plain tuple: the patched module has no dataclasses)."""
+    return (setting.name, setting.kind, setting.default, setting.minimum, setting.maximum, setting.label,
+            setting.attribute, setting.config_default)
+
+
 def injected_constants(patch_version: int = PATCH_VERSION) -> dict[str, object]:
     """The `_DSPARK_HOTFIX_*` constants the injected helpers read, by name.
 
@@ -189,17 +240,10 @@ def injected_constants(patch_version: int = PATCH_VERSION) -> dict[str, object]:
     """
     return {
         "_DSPARK_HOTFIX_PATCH_VERSION": patch_version,
-        "_DSPARK_HOTFIX_MAX_CAP": CAP_MAX,
-        "_DSPARK_HOTFIX_ENV": ENV_CAP,
-        "_DSPARK_HOTFIX_DIAG_ENV": ENV_DIAG,
-        "_DSPARK_HOTFIX_MODE_ENV": ENV_GATE_MODE,
-        "_DSPARK_HOTFIX_MODES": GATE_MODES,
-        "_DSPARK_HOTFIX_DEFAULT_MODE": DEFAULT_GATE_MODE,
+        "_DSPARK_HOTFIX_LIVE": tuple(live_row(s) for s in LIVE_SETTINGS),
         "_DSPARK_HOTFIX_MAX_SKIPS": MAX_SKIPS,
         "_DSPARK_HOTFIX_SHORT_ROOM_SHARE": SHORT_ROOM_SHARE,
         "_DSPARK_HOTFIX_ACTIVE_LOG": ACTIVE_LOG_FORMAT,
-        "_DSPARK_HOTFIX_AGING_ENV": ENV_AGING,
-        "_DSPARK_HOTFIX_AGING": (AGING_MIN, DEFAULT_AGING, AGING_MAX),
         "_DSPARK_HOTFIX_AGING_MAX_WAIT": AGING_MAX_WAIT_STEPS,
         "_DSPARK_HOTFIX_CONTROL_ENV": ENV_CONTROL,
         "_DSPARK_HOTFIX_LIVE_PERIOD_S": LIVE_CHECK_PERIOD_S,

@@ -16,17 +16,10 @@ from dspark_launch.hotfix import contract
 logger = logging.getLogger("vllm.v1.core.sched.scheduler")
 
 _DSPARK_HOTFIX_PATCH_VERSION = contract.PATCH_VERSION
-_DSPARK_HOTFIX_MAX_CAP = contract.CAP_MAX
-_DSPARK_HOTFIX_ENV = contract.ENV_CAP
-_DSPARK_HOTFIX_DIAG_ENV = contract.ENV_DIAG
-_DSPARK_HOTFIX_MODE_ENV = contract.ENV_GATE_MODE
-_DSPARK_HOTFIX_MODES = contract.GATE_MODES
-_DSPARK_HOTFIX_DEFAULT_MODE = contract.DEFAULT_GATE_MODE
+_DSPARK_HOTFIX_LIVE = contract.injected_constants()["_DSPARK_HOTFIX_LIVE"]
 _DSPARK_HOTFIX_MAX_SKIPS = contract.MAX_SKIPS
 _DSPARK_HOTFIX_SHORT_ROOM_SHARE = contract.SHORT_ROOM_SHARE
 _DSPARK_HOTFIX_ACTIVE_LOG = contract.ACTIVE_LOG_FORMAT
-_DSPARK_HOTFIX_AGING_ENV = contract.ENV_AGING
-_DSPARK_HOTFIX_AGING = (contract.AGING_MIN, contract.DEFAULT_AGING, contract.AGING_MAX)
 _DSPARK_HOTFIX_AGING_MAX_WAIT = contract.AGING_MAX_WAIT_STEPS
 _DSPARK_HOTFIX_CONTROL_ENV = contract.ENV_CONTROL
 _DSPARK_HOTFIX_LIVE_PERIOD_S = contract.LIVE_CHECK_PERIOD_S
@@ -41,80 +34,93 @@ import stat as _dspark_hotfix_stat  # noqa: E402
 import time as _dspark_hotfix_time  # noqa: E402
 
 
-def _dspark_hotfix_parse_cap(raw, fallback):
-    """Return (cap, malformed) for a raw DSPARK_MAX_INFLIGHT_PREFILLS value.
+def _dspark_hotfix_parse(setting, raw, default=None):
+    """Return (value, bad) for a raw value of a live setting (a row of _DSPARK_HOTFIX_LIVE: name, kind,
+    default, minimum, maximum, label, attribute, config default).
 
-    Only ASCII base-10 integers with an optional sign are accepted. Unset,
-    blank and values <= 0 mean "use the fallback"; so do malformed values,
-    which the caller reports. The result is never above the hard cap.
+    Unset or blank gives `default` (the row's own when None). "count": an ASCII base-10 integer with an
+    optional sign; <= 0 gives the default, above the maximum the maximum. "choice": a base-10 integer in
+    minimum..maximum. "decimal": digits with at most one '.' (a leading '+' allowed) in minimum..maximum.
+    "switch": on for 1/true/yes/on in any case, off for anything else (never bad). Anything else is `bad`
+    (the caller warns) and gives the default; nothing here raises on a value.
     """
-    fallback = min(max(int(fallback), 1), _DSPARK_HOTFIX_MAX_CAP)
-    if raw is None:
-        return fallback, False
-    text = raw.strip()
-    if not text:
-        return fallback, False
-    digits = text[1:] if text[0] in "+-" else text
-    if not digits or any(c not in "0123456789" for c in digits):
-        return fallback, True
-    value = int(text)
-    if value <= 0:
-        return fallback, False
-    return min(value, _DSPARK_HOTFIX_MAX_CAP), False
-
-
-def _dspark_hotfix_parse_mode(raw):
-    """Return (mode, bad) for a raw DSPARK_PREFILL_GATE_MODE value.
-
-    Unset or blank means the default mode; a base-10 integer that is not a
-    known mode, or anything else, is `bad` (the caller warns) and also gives
-    the default.
-    """
+    kind, low, high = setting[1], setting[3], setting[4]
+    if default is None:
+        default = setting[2]
+    if kind == "count":
+        default = min(max(int(default), low), high)
     if raw is None or not raw.strip():
-        return _DSPARK_HOTFIX_DEFAULT_MODE, False
+        return default, False
     text = raw.strip()
+    if kind == "switch":
+        return text.lower() in ("1", "true", "yes", "on"), False
+    if kind == "decimal":
+        if text[0] == "+":
+            text = text[1:]
+        if not text or text.count(".") > 1 or any(c not in "0123456789." for c in text) or text == ".":
+            return default, True
+        value = float(text)
+        return (value, False) if low <= value <= high else (default, True)
     digits = text[1:] if text[0] in "+-" else text
     if not digits or any(c not in "0123456789" for c in digits):
-        return _DSPARK_HOTFIX_DEFAULT_MODE, True
+        return default, True
     value = int(text)
-    if value not in _DSPARK_HOTFIX_MODES:
-        return _DSPARK_HOTFIX_DEFAULT_MODE, True
-    return value, False
+    if kind == "count":
+        return (default, False) if value <= 0 else (min(value, high), False)
+    return (value, False) if low <= value <= high else (default, True)
+
+
+def _dspark_hotfix_expected(setting):
+    """What a live setting accepts, for a warning."""
+    kind, low, high = setting[1], setting[3], setting[4]
+    if kind == "count":
+        return "a base-10 integer"
+    if kind == "choice":
+        return "one of %s" % "/".join(str(v) for v in range(int(low), int(high) + 1))
+    if kind == "decimal":
+        return "a decimal in %g..%g" % (low, high)
+    return "1/true/yes/on or anything else for off"
+
+
+def _dspark_hotfix_defaults(sched):
+    """Each live setting's default by name: the row's, or the scheduler config's value of its `config
+    default` where this vLLM has one (a count is clamped to its bounds when parsed)."""
+    defaults = {}
+    for setting in _DSPARK_HOTFIX_LIVE:
+        configured = getattr(sched.scheduler_config, setting[7], None) if setting[7] else None
+        defaults[setting[0]] = configured or setting[2]
+    return defaults
 
 
 def _dspark_hotfix_init(sched):
     # The environment is read here, once per scheduler, never in schedule().
-    fallback = getattr(sched.scheduler_config, "max_num_partial_prefills", None) or 1
-    raw = _dspark_hotfix_os.environ.get(_DSPARK_HOTFIX_ENV)
-    cap, malformed = _dspark_hotfix_parse_cap(raw, fallback)
-    if malformed:
-        logger.warning(
-            "dspark-issue27: ignoring malformed %s=%r (expected a base-10 "
-            "integer); using %d in-flight partial prefills",
-            _DSPARK_HOTFIX_ENV, raw, cap,
-        )
-    raw_mode = _dspark_hotfix_os.environ.get(_DSPARK_HOTFIX_MODE_ENV)
-    mode, bad_mode = _dspark_hotfix_parse_mode(raw_mode)
-    if bad_mode:
-        logger.warning(
-            "dspark-issue27: ignoring %s=%r (expected one of %s); using gate mode %d",
-            _DSPARK_HOTFIX_MODE_ENV, raw_mode, "/".join(map(str, _DSPARK_HOTFIX_MODES)), mode,
-        )
-    _dspark_hotfix_limits(sched, cap, mode)
-    sched._dspark_diag = _dspark_hotfix_parse_diag(_dspark_hotfix_os.environ.get(_DSPARK_HOTFIX_DIAG_ENV))
+    defaults = _dspark_hotfix_defaults(sched)
+    values = {}
+    for setting in _DSPARK_HOTFIX_LIVE:
+        raw = _dspark_hotfix_os.environ.get(setting[0])
+        values[setting[0]], bad = _dspark_hotfix_parse(setting, raw, defaults[setting[0]])
+        if bad:
+            logger.warning(
+                "dspark-issue27: ignoring %s=%r (expected %s); using %s",
+                setting[0], raw, _dspark_hotfix_expected(setting), values[setting[0]],
+            )
+    _dspark_hotfix_set(sched, values)
     sched._dspark_diag_step = 0
     logger.info(
         _DSPARK_HOTFIX_ACTIVE_LOG,
-        _DSPARK_HOTFIX_PATCH_VERSION, cap, mode, sched._dspark_step_bound or "none",
+        _DSPARK_HOTFIX_PATCH_VERSION, sched._dspark_max_inflight_prefills, sched._dspark_gate_mode,
+        sched._dspark_step_bound or "none",
     )
     _dspark_hotfix_init_srpt(sched)
-    _dspark_hotfix_live_init(sched, fallback)
+    _dspark_hotfix_live_init(sched, values, defaults)
 
 
-def _dspark_hotfix_limits(sched, cap, mode):
-    """The cap, the gate mode and what follows from them: at start and at each live change."""
-    sched._dspark_max_inflight_prefills = cap
-    sched._dspark_gate_mode = mode
+def _dspark_hotfix_set(sched, values):
+    """The live values (by name) onto the scheduler, and what follows from them: at start and at each
+    live change."""
+    for setting in _DSPARK_HOTFIX_LIVE:
+        setattr(sched, setting[6], values[setting[0]])
+    cap, mode = sched._dspark_max_inflight_prefills, sched._dspark_gate_mode
     # Mode 1 bounds the prefill tokens of a step at (cap + 1/2) chunks. It
     # needs a chunk size (long_prefill_token_threshold > 0) and chunked
     # prefill (without it a prompt longer than the bound could never start).
@@ -129,11 +135,6 @@ def _dspark_hotfix_limits(sched, cap, mode):
     # Mode 2: room beyond the step bound for prompts with no prefix-cache hit
     # that finish in the step.
     sched._dspark_short_room = int(_DSPARK_HOTFIX_SHORT_ROOM_SHARE * sched._dspark_chunk)
-
-
-def _dspark_hotfix_parse_diag(raw):
-    """DSPARK_ISSUE43_SCHED_DIAG: on for 1/true/yes/on (any case), off for anything else."""
-    return (raw or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _dspark_hotfix_stays_partial(request, num_scheduled):
@@ -309,38 +310,9 @@ def _dspark_hotfix_diag(sched, num_scheduled_tokens, inflight, spent=0):
 # ---- gate mode 3 (patch v5): shortest remaining work first, with aging ----
 
 
-def _dspark_hotfix_parse_aging(raw):
-    """Return (k, bad) for a raw DSPARK_PREFILL_AGING value.
-
-    Unset or blank means the default; a plain decimal (digits with at most
-    one '.') inside the bounds is taken; anything else is `bad` (the caller
-    warns) and gives the default.
-    """
-    low, default, high = _DSPARK_HOTFIX_AGING
-    if raw is None or not raw.strip():
-        return default, False
-    text = raw.strip()
-    if text[0] == "+":
-        text = text[1:]
-    if not text or text.count(".") > 1 or any(c not in "0123456789." for c in text) or text == ".":
-        return default, True
-    value = float(text)
-    if not low <= value <= high:
-        return default, True
-    return value, False
-
-
 def _dspark_hotfix_init_srpt(sched):
     """Mode 3's state; set for every mode so that nothing depends on the order
     in which the other `__init__` helpers ran."""
-    raw = _dspark_hotfix_os.environ.get(_DSPARK_HOTFIX_AGING_ENV)
-    aging, bad = _dspark_hotfix_parse_aging(raw)
-    if bad:
-        logger.warning(
-            "dspark-issue27: ignoring %s=%r (expected a decimal in %g..%g); using %g",
-            _DSPARK_HOTFIX_AGING_ENV, raw, _DSPARK_HOTFIX_AGING[0], _DSPARK_HOTFIX_AGING[2], aging,
-        )
-    sched._dspark_aging = aging
     sched._dspark_srpt_step = 0
     sched._dspark_reserved = {}
     sched._dspark_reserved_total = 0
@@ -675,13 +647,11 @@ def _dspark_hotfix_prefilling(request):
 # ---- live changes (patch v5): the control file of `dspark reload` ----
 
 
-def _dspark_hotfix_live_init(sched, cap_fallback):
+def _dspark_hotfix_live_init(sched, values, defaults):
     """Remember the start values; a control file already there is applied now."""
     sched._dspark_live_path = _dspark_hotfix_os.environ.get(_DSPARK_HOTFIX_CONTROL_ENV, "").strip()
-    sched._dspark_live_start = (
-        sched._dspark_max_inflight_prefills, sched._dspark_gate_mode, sched._dspark_aging, sched._dspark_diag,
-    )
-    sched._dspark_live_fallback = cap_fallback
+    sched._dspark_live_start = dict(values)
+    sched._dspark_live_defaults = defaults
     sched._dspark_live_seen = None  # (inode, size, mtime) of the file last read; None: no file
     sched._dspark_live_bad = None  # the problem last warned about (one warning per bad content)
     sched._dspark_live_next = 0.0
@@ -712,57 +682,47 @@ def _dspark_hotfix_live_check(sched):
     _dspark_hotfix_live_apply(sched, path, seen is not None)
 
 
+def _dspark_hotfix_shown(setting, value):
+    """A value as the live log line's format takes it (a switch as on/off)."""
+    return ("on" if value else "off") if setting[1] == "switch" else value
+
+
+def _dspark_hotfix_text(setting, value):
+    """A value as text, the way the live log line shows it."""
+    if setting[1] == "decimal":
+        return "%g" % value
+    return str(_dspark_hotfix_shown(setting, value))
+
+
 def _dspark_hotfix_live_apply(sched, path, exists):
     """The file's values through the start parsers, over the start values (no
     file: the start values); any bad value keeps every current one."""
     values, problem = _dspark_hotfix_live_read(path) if exists else ({}, None)
-    cap, mode, aging, diag = sched._dspark_live_start
-    if problem is None and _DSPARK_HOTFIX_ENV in values:
-        raw = values[_DSPARK_HOTFIX_ENV]
-        cap, malformed = _dspark_hotfix_parse_cap(raw, sched._dspark_live_fallback)
-        if malformed:
-            problem = "%s=%r (expected a base-10 integer)" % (_DSPARK_HOTFIX_ENV, raw)
-    if problem is None and _DSPARK_HOTFIX_MODE_ENV in values:
-        raw = values[_DSPARK_HOTFIX_MODE_ENV]
-        mode, bad = _dspark_hotfix_parse_mode(raw)
-        if bad:
-            problem = "%s=%r (expected one of %s)" % (
-                _DSPARK_HOTFIX_MODE_ENV, raw, "/".join(map(str, _DSPARK_HOTFIX_MODES)))
-    if problem is None and _DSPARK_HOTFIX_AGING_ENV in values:
-        raw = values[_DSPARK_HOTFIX_AGING_ENV]
-        aging, bad = _dspark_hotfix_parse_aging(raw)
-        if bad:
-            problem = "%s=%r (expected a decimal in %g..%g)" % (
-                _DSPARK_HOTFIX_AGING_ENV, raw, _DSPARK_HOTFIX_AGING[0], _DSPARK_HOTFIX_AGING[2])
-    if problem is None and _DSPARK_HOTFIX_DIAG_ENV in values:
-        diag = _dspark_hotfix_parse_diag(values[_DSPARK_HOTFIX_DIAG_ENV])
-    now_cap, now_mode, now_aging, now_diag = (
-        sched._dspark_max_inflight_prefills, sched._dspark_gate_mode, sched._dspark_aging, sched._dspark_diag,
-    )
+    wanted = dict(sched._dspark_live_start)
+    for setting in _DSPARK_HOTFIX_LIVE:
+        if problem is None and setting[0] in values:
+            raw = values[setting[0]]
+            wanted[setting[0]], bad = _dspark_hotfix_parse(setting, raw, sched._dspark_live_defaults[setting[0]])
+            if bad:
+                problem = "%s=%r (expected %s)" % (setting[0], raw, _dspark_hotfix_expected(setting))
+    now = {setting[0]: getattr(sched, setting[6]) for setting in _DSPARK_HOTFIX_LIVE}
     if problem is not None:
         if problem != sched._dspark_live_bad:
             sched._dspark_live_bad = problem
-            logger.warning(
-                _DSPARK_HOTFIX_LIVE_WARNING, _DSPARK_HOTFIX_PATCH_VERSION, path, problem,
-                now_cap, now_mode, "on" if now_diag else "off",
-            )
+            keeping = ", ".join("%s %s" % (s[5], _dspark_hotfix_text(s, now[s[0]])) for s in _DSPARK_HOTFIX_LIVE)
+            logger.warning(_DSPARK_HOTFIX_LIVE_WARNING, _DSPARK_HOTFIX_PATCH_VERSION, path, problem, keeping)
         return
     sched._dspark_live_bad = None
     changes = []
-    if cap != now_cap:
-        changes.append("cap %d -> %d" % (now_cap, cap))
-    if mode != now_mode:
-        changes.append("gate mode %d -> %d" % (now_mode, mode))
-    if aging != now_aging:
-        changes.append("aging %g -> %g" % (now_aging, aging))
-    if diag != now_diag:
-        changes.append("diagnostics %s -> %s" % ("on" if now_diag else "off", "on" if diag else "off"))
-    _dspark_hotfix_limits(sched, cap, mode)
-    sched._dspark_aging = aging
-    sched._dspark_diag = diag
+    for setting in _DSPARK_HOTFIX_LIVE:
+        before, after = now[setting[0]], wanted[setting[0]]
+        if before != after:
+            changes.append("%s %s -> %s" % (setting[5], _dspark_hotfix_text(setting, before),
+                                            _dspark_hotfix_text(setting, after)))
+    _dspark_hotfix_set(sched, wanted)
     logger.info(
         _DSPARK_HOTFIX_LIVE_LOG, _DSPARK_HOTFIX_PATCH_VERSION, ", ".join(changes) or "no change",
-        cap, mode, sched._dspark_step_bound or "none", aging, "on" if diag else "off",
+        *[_dspark_hotfix_shown(s, wanted[s[0]]) for s in _DSPARK_HOTFIX_LIVE], sched._dspark_step_bound or "none",
     )
 
 
@@ -794,7 +754,7 @@ def _dspark_hotfix_live_read(path):
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return {}, "not UTF-8 text"
-    names = (_DSPARK_HOTFIX_ENV, _DSPARK_HOTFIX_MODE_ENV, _DSPARK_HOTFIX_AGING_ENV, _DSPARK_HOTFIX_DIAG_ENV)
+    names = tuple(setting[0] for setting in _DSPARK_HOTFIX_LIVE)
     values = {}
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()

@@ -40,26 +40,27 @@ NUDGE_AFTER_S = contract.LIVE_CHECK_PERIOD_S + 0.25
 
 @dataclass(frozen=True)
 class InForce:
-    """The scheduler's live values, as the patched scheduler parses them."""
-    cap: int
-    gate_mode: int
-    aging: float
-    diagnostics: bool
+    """The scheduler's live values by LiveSetting key (`cap`, `gate_mode`, ...: also read as attributes),
+    as the patched scheduler parses them (its own parser, from the injected code)."""
+    values: dict[str, int | float | bool]
 
     @classmethod
     def of(cls, values: dict[str, str]) -> "InForce":
-        from dspark_launch.hotfix.injected import (_dspark_hotfix_parse_aging, _dspark_hotfix_parse_cap,
-                                                   _dspark_hotfix_parse_diag, _dspark_hotfix_parse_mode)
+        from dspark_launch.hotfix.injected import _dspark_hotfix_parse
 
-        return cls(_dspark_hotfix_parse_cap(values.get(contract.ENV_CAP), 1)[0],
-                   _dspark_hotfix_parse_mode(values.get(contract.ENV_GATE_MODE))[0],
-                   _dspark_hotfix_parse_aging(values.get(contract.ENV_AGING))[0],
-                   _dspark_hotfix_parse_diag(values.get(contract.ENV_DIAG)))
+        return cls({setting.key: _dspark_hotfix_parse(contract.live_row(setting), values.get(setting.name))[0]
+                    for setting in contract.LIVE_SETTINGS})
+
+    def __getattr__(self, key: str) -> int | float | bool:
+        values = self.__dict__.get("values", {})
+        if key in values:
+            return values[key]
+        raise AttributeError(key)
 
     def shown_by(self, line: contract.LiveLine) -> bool:
-        # the log shows aging with %g (6 significant digits): compared the same way
-        return ((line.cap, line.gate_mode, line.diagnostics) == (self.cap, self.gate_mode, self.diagnostics)
-                and float(f"{self.aging:g}") == line.aging)
+        # the log shows a decimal with %g (6 significant digits): compared the same way
+        return all(contract.shown(s, self.values[s.key]) == contract.shown(s, line.values[s.key])
+                   for s in contract.LIVE_SETTINGS)
 
 
 @dataclass(frozen=True)

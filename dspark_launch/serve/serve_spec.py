@@ -10,7 +10,7 @@ from dspark_launch.node.fabric import FabricEnv
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.config.secret_digest import secret_digests
 from dspark_launch.config.settings import Settings
-from dspark_launch.hotfix.contract import ENV_AGING, ENV_CAP, ENV_CONTROL, ENV_DIAG, ENV_GATE_MODE
+from dspark_launch.hotfix.contract import ENV_CONTROL, LIVE_SETTINGS
 from dspark_launch.config.profile_resolve import Decision, KvCacheChoice, ResolvedProfile
 
 ENTRY_MODULE = "dspark_launch.node.serve_entry"
@@ -66,6 +66,13 @@ class ServeSpec:
         return {**dict(self.env), **dict(self.secret_env)}
 
 
+
+def live_environment(settings: Settings) -> dict[str, str]:
+    """The live settings as the patched scheduler reads them from its environment at start (each knob is
+    named after its setting: `DSPARK_PREFILL_AGING` is `settings.dspark_prefill_aging`)."""
+    values = {s.name: getattr(settings, s.name.lower()) for s in LIVE_SETTINGS}
+    return {name: str(int(v)) if isinstance(v, bool) else str(v) for name, v in values.items()}
+
 def build_serve_spec(settings: Settings, spec: ClusterSpec, ray_env: dict[str, str], resolved: ResolvedProfile,
                      head_fabric: FabricEnv | None, model_env: tuple[tuple[str, str], ...] = ()) -> ServeSpec:
     """Built once per command from the profile resolved against the head's vLLM, plus the launcher's own
@@ -82,10 +89,7 @@ def build_serve_spec(settings: Settings, spec: ClusterSpec, ray_env: dict[str, s
     env.update(resolved.env)
     env["VLLM_CONFIG_ROOT"] = str(config_root)
     env.update({
-        ENV_CAP: str(settings.dspark_max_inflight_prefills),
-        ENV_GATE_MODE: str(settings.dspark_prefill_gate_mode),
-        ENV_AGING: str(settings.dspark_prefill_aging),
-        ENV_DIAG: str(int(settings.dspark_issue43_sched_diag)),
+        **live_environment(settings),
         ENV_CONTROL: str(spec.state_dir / CONTROL_FILE),
         "RAY_ADDRESS": spec.ray_address,
         "VLLM_HOST_IP": spec.head.ip,

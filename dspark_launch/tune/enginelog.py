@@ -60,7 +60,7 @@ class EngineLog:
         for line in lines:
             live = contract.parse_live_lines(line)
             if live:
-                self.in_force = Point(live[0].cap, live[0].gate_mode, live[0].aging)
+                self.in_force = Point(int(live[0].cap), int(live[0].gate_mode), float(live[0].aging))
                 said.append(line[line.find("dspark-issue27"):][:160])
                 continue
             active = contract.parse_active_lines(line)
