@@ -332,7 +332,9 @@ def test_every_variable_set_has_its_reason_in_the_docs():
     from dspark_launch.profiles.catalog import PROFILES
 
     docs = (REPO / "docs" / "deepseek-v4-flash.md").read_text()
-    for name, value in (*FIXED_ENV, *ROCE_ENV, *((v.name, v.value) for p in PROFILES for v in p.env)):
+    from dspark_launch.node.fabric import CGRAPH_ENV
+
+    for name, value in (*FIXED_ENV, *ROCE_ENV, *CGRAPH_ENV, *((v.name, v.value) for p in PROFILES for v in p.env)):
         assert f"`{name}={value}`" in docs, name
     for name in NON_CARRY_OVER:
         assert f"`{name}" in docs, name

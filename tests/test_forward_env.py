@@ -42,7 +42,7 @@ def _every_launcher_env(tmp_path: Path, forwarded: tuple[str, ...], profile) -> 
     spec = dataclasses.replace(spec, node_env=spec.node_env + MODEL_ENV,
                                forwarded=tuple((name, FORWARDED_VALUE) for name in forwarded))
     own_fabric = FabricEnv("head", tuple((n, "node-value") for n in fabric.NON_CARRY_OVER if n != "VLLM_CONFIG_ROOT")
-                           + fabric.ROCE_ENV + fabric.FIXED_ENV, ("mlx5_0",), "3", True, (), ())
+                           + fabric.ROCE_ENV + fabric.FIXED_ENV + fabric.CGRAPH_ENV, ("mlx5_0",), "3", True, (), ())
     token = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "t" * 32}
     offer = VllmOffer.from_json((DATA / "vllm-0.25.0-offer.json").read_text())
     serve_spec = build_serve_spec(settings, spec, token, resolve_profile(profile, offer, settings), own_fabric)

@@ -233,7 +233,7 @@ class _Resolution:
             self.omit(switch.flag, f"the installed vLLM {self.version} has no {switch.flag} ({switch.builds})")
         else:
             self.flags.append(switch.flag)
-            self.decisions.append(Decision(subject, "on", switch.why))
+            self.decisions.append(Decision(subject, "on", switch.why_on(self.version)))
 
     def drain(self, seconds: int) -> int:
         """vLLM's own drain on SIGTERM (`--shutdown-timeout`, vllm/engine/arg_utils.py; EngineCore._handle_shutdown

@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_launch.node.module_lookup import installed
 from dspark_launch.node.nccl_hca import parse_hca_list
 from dspark_launch.node.values import FabricEnv, FabricRequest
 from dspark_launch.errors import ConfigError, DsparkError
@@ -30,8 +31,15 @@ FIXED_ENV: tuple[tuple[str, str], ...] = (
     ("NCCL_CUMEM_ENABLE", "0"),
     ("NCCL_IGNORE_CPU_AFFINITY", "1"),
     ("RAY_memory_monitor_refresh_ms", "0"),
-    ("RAY_CGRAPH_get_timeout", "1800"),
 )
+# Only where this node's vLLM reads it: vLLM's compiled-graph Ray executor (RayDistributedExecutor,
+# vllm/v1/executor/ray_executor.py) sets 300 s when it is unset, and a first request that JIT-compiles kernels runs
+# past that. vLLM 0.32 has that executor beside its default RayExecutorV2 (VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0 picks
+# it); 0.33 removed both it and the variable (0.34 too): only RayExecutorV2, which reads no RAY_CGRAPH_* variable
+# and times a step out at VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (the profile's 1800). Decided by the node's own
+# install (the executor's module present), as each node's agent computes its environment.
+CGRAPH_ENV: tuple[tuple[str, str], ...] = (("RAY_CGRAPH_get_timeout", "1800"),)
+CGRAPH_EXECUTOR = "vllm.v1.executor.ray_executor"
 ROCE_ENV: tuple[tuple[str, str], ...] = (("NCCL_NET", "IB"), ("NCCL_IB_DISABLE", "0"), ("NCCL_IB_ROCE_VERSION_NUM", "2"))
 
 # Names whose value is a node's own: vLLM must not copy the head's over them.
@@ -183,6 +191,15 @@ def _mtu_warnings(root: Path, node: str, members: list[_Member]) -> list[str]:
     return warnings
 
 
+def executor_env() -> tuple[tuple[tuple[str, str], ...], str]:
+    """The Ray executor's variables this node's vLLM reads (CGRAPH_ENV or none), and the note saying why."""
+    if installed(CGRAPH_EXECUTOR):
+        return CGRAPH_ENV, (f"RAY_CGRAPH_get_timeout=1800: this vLLM has the compiled-graph Ray executor "
+                            f"({CGRAPH_EXECUTOR}, VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0), which reads it (300 s unset)")
+    return (), (f"RAY_CGRAPH_get_timeout not set: this vLLM has no {CGRAPH_EXECUTOR} (removed in 0.33), so nothing "
+                "reads it; its RayExecutorV2 times a step out at VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS")
+
+
 def fabric_env(request: FabricRequest, root: Path | None = None) -> FabricEnv:
     """Node side: this node's fabric variables; FabricError/ConfigError (one line) when NCCL could not use them.
     No usable RoCE behind the fabric interface: `roce` False with `missing` saying what (the launcher refuses to
@@ -285,16 +302,18 @@ def _tcp_only(request: FabricRequest, socket_env, missing: str) -> FabricEnv:
     warning = (f"{request.node}: {missing}: NCCL falls back to TCP sockets (hazyumps measured ~12 against 30+ tok/s); "
                "see docs/cluster.md")
     # NCCL_IB_DISABLE=1: NCCL goes straight to sockets instead of probing IB devices that cannot carry the fabric.
-    env = socket_env + [("NCCL_IB_DISABLE", "1"), *FIXED_ENV]
-    return FabricEnv(request.node, tuple(env), (), "", False, (), (warning,), missing)
+    executor, note = executor_env()
+    env = socket_env + [("NCCL_IB_DISABLE", "1"), *FIXED_ENV, *executor]
+    return FabricEnv(request.node, tuple(env), (), "", False, (note,), (warning,), missing)
 
 
 def _roce_env(request: FabricRequest, socket_env, members: list[_Member], gid_index: str, notes: list[str],
               warnings: list[str], hca_value: str = "") -> FabricEnv:
     hcas = tuple(dict.fromkeys(m.hca for m in members))
     value = hca_value or ",".join(hcas)
-    env = socket_env + [("NCCL_IB_HCA", value), ("NCCL_IB_GID_INDEX", gid_index), *ROCE_ENV, *FIXED_ENV]
-    return FabricEnv(request.node, tuple(env), hcas, gid_index, True, tuple(notes), tuple(warnings))
+    executor, note = executor_env()
+    env = socket_env + [("NCCL_IB_HCA", value), ("NCCL_IB_GID_INDEX", gid_index), *ROCE_ENV, *FIXED_ENV, *executor]
+    return FabricEnv(request.node, tuple(env), hcas, gid_index, True, (*notes, note), tuple(warnings))
 
 
 def write_non_carry_over(config_root: Path, names: tuple[str, ...] = NON_CARRY_OVER) -> Path:

@@ -41,10 +41,12 @@ NO_GO = "DSPARK-WARM no go"  # the log's last line when the wait ran out
 # on the critical path after go); imported during the wait instead, where present.
 ENGINE_CONFIG_IMPORTS = ("vllm.v1.executor.abstract", "ray", "ray.dag.compiled_dag_node")
 # What a spawned EngineCore imports before it runs: this module (its entry), vLLM's engine core and its Ray
-# executors (vllm/v1/executor/abstract.py: RayExecutorV2 by default in 0.32, VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0
-# the first one).
+# executors (vllm/v1/executor/abstract.py Executor.get_class): RayExecutorV2 (0.32's default, from 0.33 the only
+# one) and 0.32's compiled-graph RayDistributedExecutor (VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0; removed in 0.33).
+# Preloaded where the installed vLLM has them (`engine_core_preload`).
 ENGINE_CORE_IMPORTS = ("dspark_launch.node.serve_entry", "vllm.v1.engine.core", "vllm.v1.executor.ray_executor_v2",
                        "vllm.v1.executor.ray_executor")
+NOT_PRELOADED = "DSPARK-WARM not preloaded, not in this vLLM:"  # the log line naming what the install lacks
 
 
 def keep_vllms_sigterm_handler() -> None:
@@ -126,13 +128,28 @@ class EngineCoreContext(multiprocessing.context.ForkServerContext):
     Process = EngineCoreProcess  # type: ignore[assignment]
 
 
-def engine_core_imported_ahead() -> None:
-    """During the warm wait: the fork server (a fresh interpreter, never a copy of this one) imports
-    ENGINE_CORE_IMPORTS. Nothing secret reaches it: the keys left this environment before."""
+def engine_core_preload() -> tuple[list[str], list[str]]:
+    """(ENGINE_CORE_IMPORTS this interpreter has, those it lacks). Looked up before the fork server is told to
+    import them, because it skips a module it cannot import without a word (multiprocessing/forkserver.py `main`:
+    `except ImportError: pass`): a module a vLLM release removed would pass for preloaded. Looked up without
+    importing (`module_lookup.installed`): find_spec on a dotted name imports vLLM's packages here, seconds before
+    the fork server could start."""
+    from dspark_launch.node.module_lookup import installed
+
+    present = [name for name in ENGINE_CORE_IMPORTS if installed(name)]
+    return present, [name for name in ENGINE_CORE_IMPORTS if name not in present]
+
+
+def engine_core_imported_ahead() -> list[str]:
+    """During the warm wait: the fork server (a fresh interpreter, never a copy of this one) imports those of
+    ENGINE_CORE_IMPORTS the installed vLLM has; returns those it lacks. Nothing secret reaches it: the keys left
+    this environment before."""
     from multiprocessing import forkserver
 
-    forkserver.set_forkserver_preload(list(ENGINE_CORE_IMPORTS))
+    present, absent = engine_core_preload()
+    forkserver.set_forkserver_preload(present)
     forkserver.ensure_running()
+    return absent
 
 
 def start_engine_core_from_the_fork_server() -> None:
@@ -169,7 +186,10 @@ def warm_up(argv: list[str], go_file: Path, wait_s: float) -> None:
     2 when refused, 3 without a go."""
     from dspark_launch.node.serve_argcheck import refusal_of, verdict_line
 
-    engine_core_imported_ahead()  # first: its import runs beside this process's own (another core), not after go
+    # First: its import runs beside this process's own (another core), not after go.
+    absent = engine_core_imported_ahead()
+    if absent:
+        print(f"{NOT_PRELOADED} {', '.join(absent)}", flush=True)
     reason = refusal_of(argv)
     print(verdict_line(reason), flush=True)
     if reason is not None:

