@@ -273,18 +273,16 @@ def test_gate_without_its_marker_block_is_damaged_for_every_action(target):
     assert cli("revert", "--target", str(target))[0] == EXIT_UNSUPPORTED
 
 
-OLD_PATCHES = REPO / "tests" / "issue27_old_patches"  # every released script before this one, gzipped
 
 
 @pytest.mark.parametrize("old_version", range(1, patch.PATCH_VERSION))
 def test_upgrade_from_a_file_patched_by_an_older_release(target, tmp_path, old_version):
     """A node patched by each released script before this one: status says outdated
     (exit 3), apply re-patches from the stored original, revert restores it."""
-    import gzip
+    from tools.scheduler_harness import released_patch
 
     original = target.read_bytes()
-    old_script = tmp_path / f"patch_v{old_version}.py"
-    old_script.write_bytes(gzip.decompress((OLD_PATCHES / f"patch_v{old_version}.py.gz").read_bytes()))
+    old_script = released_patch(old_version, tmp_path)
     proc = subprocess.run([sys.executable, "-I", "-S", str(old_script), "apply", "--target", str(target), "--json"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and json.loads(proc.stdout)["patch_version"] == old_version, proc.stderr

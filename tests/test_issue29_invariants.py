@@ -7,7 +7,7 @@ block 256, prefix caching, budget 8192, threshold 1024, 6 sequences) and at
 Invariants (tests/support/invariants.py): no exception, caps held, no chunk
 of 0 tokens, no decoding request skipped while budget remains, every request
 finishes, outputs counted right. Patch v6 keeps them; patch v5 (the released
-script, tests/issue27_old_patches) stops the EngineCore on vLLM's
+script, tests/data/released-hotfix-scripts.tar.gz) stops the EngineCore on vLLM's
 `pad_spec_decode` assert; stock vLLM keeps them (the check itself is sound).
 """
 

@@ -495,16 +495,20 @@ def classes_from_text(module_name: str, text: str) -> tuple[type, type]:
     return module.Scheduler, async_module.AsyncScheduler
 
 
-#: The released patch scripts, gzipped (v1 to v5).
-OLD_PATCHES = pathlib.Path(__file__).resolve().parents[1] / "tests" / "issue27_old_patches"
+#: Every released patch script before the current one (patch_v1.py ... in one archive).
+RELEASED_SCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "tests" / "data" / "released-hotfix-scripts.tar.gz"
 
 
 def released_patch(version: int, directory: pathlib.Path) -> str:
     """The released v`version` patch script, unpacked into `directory` (its path)."""
-    import gzip
+    import tarfile
 
     script = pathlib.Path(directory) / f"patch_v{version}.py"
-    script.write_bytes(gzip.decompress((OLD_PATCHES / f"patch_v{version}.py.gz").read_bytes()))
+    with tarfile.open(RELEASED_SCRIPTS) as archive:
+        member = archive.extractfile(f"patch_v{version}.py")
+        if member is None:
+            raise FileNotFoundError(f"no released patch v{version} in {RELEASED_SCRIPTS}")
+        script.write_bytes(member.read())
     return str(script)
 
 
