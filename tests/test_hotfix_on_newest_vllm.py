@@ -19,20 +19,13 @@ import pytest
 from dspark_launch.hotfix import patch_tool as patch
 from tests.support import invariants
 from tests.support import newest_vllm
+from tests.support.newest_vllm import SCHEDULER_OPTIONS as OPTIONS
 from tests.support.paths import REPO
 
 SEEDS = (1, 2, 3)
 STEPS = 300
 SCALES = ("1", "1/16")
-#: vLLM's own scheduler knobs of the newest release, each run beside the hotfix (docs/hotfix-issue27.md).
-OPTIONS = {
-    "prefill_schedule_interval": [["prefill_schedule_interval", 2]],
-    "long_prefill_token_threshold_adaptive": [["long_prefill_token_threshold_adaptive", True]],
-    "cache_aware_admission_window": [["cache_aware_admission_window", 8]],
-    "watermark": [["watermark", 0.1]],
-    "max_num_active_seqs": [["max_num_active_seqs", 4]],
-    "max_num_queued_reqs/tokens": [["max_num_queued_reqs", 64], ["max_num_queued_tokens", 200000]],
-}
+
 
 
 @pytest.fixture(scope="module")
@@ -123,12 +116,12 @@ def test_vllms_own_scheduler_options_work_beside_the_hotfix(loads, option):
 
 
 def test_the_recipe_configuration_tests_pass_on_the_newest_release(release):
-    """tests/test_issue29_recipe_configs.py (caps, step bounds, shortest first, cached turns, aging), run
+    """tests/test_hotfix_recipe_config.py (caps, step bounds, shortest first, cached turns, aging), run
     whole by pytest under the newest release."""
     env = newest_vllm.environ(release)
     env["PYTHONPATH"] = env["PYTHONPATH"] + ":" + str(REPO)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           "tests/test_issue29_recipe_configs.py", "-o", "addopts="],
+                           "tests/test_hotfix_recipe_config.py", "-o", "addopts="],
                           env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert " passed" in proc.stdout.splitlines()[-1] and "failed" not in proc.stdout.splitlines()[-1]

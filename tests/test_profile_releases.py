@@ -18,7 +18,6 @@ import shlex
 import subprocess
 import sys
 import time
-from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -31,7 +30,7 @@ from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
 from tests.support import newest_vllm
 from tests.support.compat_vllm import cannot_build
 from tests.support.paths import REPO
-from tests.test_hotfix_on_newest_vllm import OPTIONS
+from tests.support.newest_vllm import SCHEDULER_OPTIONS as OPTIONS
 
 EXAMPLE = str(REPO / ".env.dspark.example")
 
@@ -233,7 +232,7 @@ def test_every_flag_and_value_the_profile_names_is_in_both_parsers(offers):
 
 
 def test_vllms_scheduler_options_pass_vllm_extra_args_and_the_newest_parser(facts, offers):
-    """Every option the hotfix's randomized check runs beside it (tests/test_hotfix_on_newest_vllm.py OPTIONS) is a
+    """Every option the hotfix's randomized check runs beside it (tests/support/newest_vllm.py SCHEDULER_OPTIONS) is a
     flag of 0.34's parser, is not refused in VLLM_EXTRA_ARGS, reaches the argv, and 0.34's own parser and serve
     checks take the whole profile with all of them; docs/configuration.md's table lists each with its test."""
     newest = offers["newest"]

@@ -32,7 +32,7 @@ _HEADER = '''#!/usr/bin/env python3
 """Hotfix for DeepSeek-V4 issue 27: cap concurrent partial prefills in vLLM's v1 scheduler.
 
 Standalone: standard library only, never imports vLLM. Run it with the Python
-of the vLLM install to patch (docs/hotfix-issue27.md):
+of the vLLM install to patch (docs/hotfix.md):
 
     python hotfix-dsv4-issue27-partial-prefill-concurrency.py \\
         {apply,check,status,revert} [--target PATH] [--json]

@@ -7,7 +7,7 @@ Python (tests/support/newest_vllm.py), then runs, on that release's own code on 
 
 1. the hotfix's check and apply on its `scheduler.py` (a copy), then the compat tests (check, apply, compile,
    status, byte-identical revert, the padding guard on both first-chunk overrides, the step-aside and the
-   unknown-padding refusals: tests/test_issue27_compat.py);
+   unknown-padding refusals: tests/test_hotfix_releases_compat.py);
 2. the randomized invariant check on its scheduler with the profile's drafter, the recipe-configuration
    tests and vLLM's own scheduler options beside the hotfix (tests/test_hotfix_on_newest_vllm.py);
 3. the dry boot on its config code: every decision judged for every compute capability, `dspark plan`'s
@@ -37,7 +37,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 #: (step, pytest arguments) run under the candidate; each is one row of the verdict.
 TEST_STEPS = (
-    ("compat tests (patch on the release's text)", ["-m", "compat", "tests/test_issue27_compat.py", "-k", "{version}"]),
+    ("compat tests (patch on the release's text)", ["-m", "compat", "tests/test_hotfix_releases_compat.py", "-k", "{version}"]),
     ("randomized check, recipe tests, vLLM's options", ["-m", "not compat", "tests/test_hotfix_on_newest_vllm.py"]),
     ("dry boot (every decision judged)", ["-m", "not compat", "tests/test_dry_boot_newest.py"]),
     ("memory rules", ["-m", "not compat", "tests/test_memory_rules_vllm.py"]),

@@ -346,7 +346,7 @@ def recipe_spec(scale: Fraction = Fraction(1), **overrides) -> SchedulerSpec:
     budget, threshold, block size and the KV pool, which holds one full
     context); `overrides` replace fields (e.g. `policy`, `num_blocks`,
     `async_scheduling` for the sync Scheduler). The hotfix's knobs are left to
-    its defaults, which the launcher's equal (tests/test_issue27_contract.py)."""
+    its defaults, which the launcher's equal (tests/test_hotfix_contract.py)."""
     rc = recipe_config()
 
     def scaled(tokens: int) -> int:

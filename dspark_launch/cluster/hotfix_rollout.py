@@ -26,7 +26,7 @@ from dspark_launch.profiles.gpu import GpuTarget, gpu_target
 OURS = ("applied", "outdated", "modified", "damaged")
 OFF_LINE = ("DSPARK_HOTFIX=off: the scheduler hotfix is NOT applied; every node serves the installed vLLM's own "
             "scheduler, without the in-flight prefill cap (long prompts can starve running streams: "
-            "docs/hotfix-issue27.md)")
+            "docs/hotfix.md)")
 
 
 def what_to_do(result: HotfixResult) -> str:

@@ -63,7 +63,7 @@ LIVE_SETTINGS = (
     LiveSetting("DSPARK_PREFILL_GATE_MODE", "gate_mode", "choice", 3, 0, 3, "gate mode", "_dspark_gate_mode"),
     #: Mode 3's aging knob k: a prompt that has waited more than k times its own solo prefill time (its
     #: uncached tokens in threshold-sized steps) goes first (0: every request is aged at once, i.e. oldest
-    #: first inside the bound); the default is picked in docs/hotfix-issue27.md.
+    #: first inside the bound); the default is picked in docs/hotfix.md.
     LiveSetting("DSPARK_PREFILL_AGING", "aging", "decimal", 2.0, 0.0, 64.0, "aging", "_dspark_aging"),
     LiveSetting("DSPARK_ISSUE43_SCHED_DIAG", "diagnostics", "switch", False, 0, 1, "diagnostics", "_dspark_diag"),
 )

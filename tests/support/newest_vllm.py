@@ -21,6 +21,16 @@ import zipfile
 
 from tests.support.compat_vllm import WHEELS, wheel_for
 
+#: vLLM's own scheduler knobs of the newest release, each run beside the hotfix (tests/test_hotfix_on_newest_vllm.py)
+#: and passed through VLLM_EXTRA_ARGS (tests/test_profile_releases.py): name -> SchedulerConfig (field, value) pairs.
+SCHEDULER_OPTIONS = {
+    "prefill_schedule_interval": [["prefill_schedule_interval", 2]],
+    "long_prefill_token_threshold_adaptive": [["long_prefill_token_threshold_adaptive", True]],
+    "cache_aware_admission_window": [["cache_aware_admission_window", 8]],
+    "watermark": [["watermark", 0.1]],
+    "max_num_active_seqs": [["max_num_active_seqs", 4]],
+    "max_num_queued_reqs/tokens": [["max_num_queued_reqs", 64], ["max_num_queued_tokens", 200000]],
+}
 #: Where unpacked releases are kept, reused while their stamp (the wheel's name) matches.
 OVERLAYS = pathlib.Path(os.environ.get("DSPARK_COMPAT_OVERLAYS", WHEELS / "overlays"))
 _STAMP = ".dspark-overlay-ready"

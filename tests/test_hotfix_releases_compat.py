@@ -3,7 +3,7 @@
 Not in the default run (`-m "not compat"`): it downloads one vLLM wheel per
 version (about 330 MB each) with `pip download --no-deps` into
 $DSPARK_COMPAT_CACHE (default ~/.cache/dspark-compat), reusing wheels found
-there. Run with: pytest -m compat tests/test_issue27_compat.py -s
+there. Run with: pytest -m compat tests/test_hotfix_releases_compat.py -s
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ copy controls of bench/scheduler/overhead.py, plus the per-step plan of
 mode 3 timed directly with a free seat (so that it also looks at the first
 waiting requests, which the scenario's full `max_num_seqs` skips).
 
-    python bench/issue23_overhead.py [--reps 400] [--out bench/results/issue23-overhead.json]
+    python bench/srpt_overhead.py [--reps 400] [--out bench/results/srpt-overhead.json]
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ def plan_us(model_dir, running: int = 256, waiting: int = 1024, calls: int = 200
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=400)
-    ap.add_argument("--out", type=pathlib.Path, default=REPO / "bench" / "results" / "issue23-overhead.json")
+    ap.add_argument("--out", type=pathlib.Path, default=REPO / "bench" / "results" / "srpt-overhead.json")
     args = ap.parse_args(argv)
     model_dir = scheduler_bench.prepare()
     pols = p.overhead_policies(1, 3)[:3] + [p.hotfix(1, 2), p.hotfix(1, 3)]
     result = {
-        "command": "python bench/issue23_overhead.py " + " ".join(argv or sys.argv[1:]),
+        "command": "python bench/srpt_overhead.py " + " ".join(argv or sys.argv[1:]),
         "versions": scheduler_bench.versions(),
         "schedule": overhead.measure(model_dir, pols, reps_small=max(args.reps, 1000), reps_large=args.reps),
         "plan": plan_us(model_dir),

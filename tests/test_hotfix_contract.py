@@ -118,7 +118,7 @@ def test_standalone_script_runs_where_dspark_launch_cannot_be_imported(tmp_path)
 def test_docs_claim_only_what_holds():
     """Issue 14.13: the step bound is the waiting section's, the count has the
     bypass exception, and the deferred marking is stated."""
-    doc = (bundle.REPO / "docs" / "hotfix-issue27.md").read_text(encoding="utf-8")
+    doc = (bundle.REPO / "docs" / "hotfix.md").read_text(encoding="utf-8")
     assert "at most `cap` running requests have `is_prefill_chunk` set." not in doc
     assert "never more than `(cap + ½) × threshold` in all" not in doc
     holds = doc[doc.index("## What holds"):]

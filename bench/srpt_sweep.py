@@ -3,8 +3,8 @@
 step bound, with aging k) against stock+thr, patch v2 (mode 1) and v3/v4
 (mode 2), under both step-time fits, on the real vLLM Scheduler.
 
-    python bench/issue23_srpt.py [--scale 1/16] [--fit mixed|solo|both] [--out bench/results/issue23-srpt.json]
-    python bench/issue23_srpt.py --report bench/results/issue23-srpt.json   # tables + targets + curve
+    python bench/srpt_sweep.py [--scale 1/16] [--fit mixed|solo|both] [--out bench/results/srpt-srpt.json]
+    python bench/srpt_sweep.py --report bench/results/srpt-srpt.json   # tables + targets + curve
 
 Arrivals are timed with the same fit the numbers are reported in (a solo-fit
 run is a different run, not a re-costing). Token counts are scaled by
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", default="", help="comma-separated policy names to keep (default: all)")
     ap.add_argument("--only-mode3", action="store_true", help="only mode 3 (to add k values to an earlier run)")
     ap.add_argument("--aging", default=",".join(f"{k:g}" for k in AGINGS))
-    ap.add_argument("--out", type=pathlib.Path, default=REPO / "bench" / "results" / "issue23-srpt.json")
+    ap.add_argument("--out", type=pathlib.Path, default=REPO / "bench" / "results" / "srpt-srpt.json")
     args = ap.parse_args(argv)
     scale = scheduler_bench.parse_scale(args.scale)
     model_dir = scheduler_bench.prepare()
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
                       f"cls={row['class_mean_ms']} unf={len(row['unfinished'])} {row['wall_s']}s", file=sys.stderr, flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"scale": str(scale), "fits": [f.describe() for f in fits],
-                                    "command": "python bench/issue23_srpt.py " + " ".join(argv or sys.argv[1:]),
+                                    "command": "python bench/srpt_sweep.py " + " ".join(argv or sys.argv[1:]),
                                     "versions": scheduler_bench.versions(), "rows": rows}, indent=1) + "\n")
     return 0 if not any(r["unfinished"] for r in rows) else 1
 

@@ -3,7 +3,7 @@
 
 Runs the real vLLM v1 scheduler (installed vllm, no model) through
 tools.scheduler_harness on two loads and prints JSON (default) or the
-Markdown table used in docs/hotfix-issue27.md:
+Markdown table used in docs/hotfix.md:
 
 * wave: 4 decode streams (48-token prompts, 120 tokens each), then 8 prompts
   of 1500 tokens arriving at step 4; KV pool of 4096 blocks (no pressure).
@@ -13,7 +13,7 @@ Markdown table used in docs/hotfix-issue27.md:
 Scheduler: max_num_seqs 16, max_num_batched_tokens 2048,
 long_prefill_token_threshold 256, block size 16, chunked prefill.
 
-    python bench/issue27_table.py [--markdown] [--async-scheduling] [--out FILE]
+    python bench/stock_vs_patched_table.py [--markdown] [--async-scheduling] [--out FILE]
 """
 
 from __future__ import annotations

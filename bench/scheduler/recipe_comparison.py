@@ -1,7 +1,7 @@
 """Issue 29: patch v6 against stock vLLM, patch v2's gate (mode 1) and patch v5,
 per request class, at the recipe's scale with MTP and at 1/16 scale.
 
-    .venv/bin/python -m bench.scheduler.issue29 [--out bench/results/issue29.json]
+    .venv/bin/python -m bench.scheduler.recipe_comparison [--out bench/results/recipe-comparison.json]
 
 Real vLLM 0.32 `Scheduler` and `AsyncScheduler` (tools/scheduler_harness.py),
 the recipe's scheduler configuration derived from the default profile
@@ -122,7 +122,7 @@ def _ratio(a, b):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/issue29.json"))
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/recipe-comparison.json"))
     args = parser.parse_args(argv)
     work = pathlib.Path(tempfile.mkdtemp(prefix="dspark-i29-bench-"))
     model_dir = h.prepare_environment(work)
