@@ -1,6 +1,5 @@
 """Container mode ships the launcher's package into each worker's state folder: the folder is checked
-first with host mode's rules, and a copy is used only for its content, never its name (docs/security.md,
-issue 22 point 5). Runs the real host half (`python3 -c`) through a LocalHost; no container started."""
+first with host mode's rules, and a copy is used only for its content, never its name (docs/security.md). Runs the real host half (`python3 -c`) through a LocalHost; no container started."""
 
 from __future__ import annotations
 

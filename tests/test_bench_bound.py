@@ -1,4 +1,4 @@
-"""Issue 15's lower bounds (`bench/scheduler_bound.py`) hold for real schedules:
+"""The lower bounds (`bench/scheduler_bound.py`) hold for real schedules:
 no run of the real vLLM 0.32 `Scheduler`, under any policy, gives a prompt of
 the bounded class a first token sooner than the bound allows with that run's
 own long-prompt times as the deadlines. Modelled time, deterministic; CI size."""

@@ -1,4 +1,4 @@
-"""Container mode's host folders (issue 30, risks 3, 4 and 7): the JIT cache checked without following a
+"""Container mode's host folders: the JIT cache checked without following a
 link, with the folders above it; the folders above the container model cache checked on the host (the
 bind mount hides them from the container's agent); never the hub token's folder as the model cache."""
 

@@ -1,4 +1,4 @@
-"""The copy's cipher preference only when the operator set no cipher list (issue 30, notes): prepending
+"""The copy's cipher preference only when the operator set no cipher list: prepending
 AES-GCM to a hardened list would bring back ssh's whole default list. Read from the real `ssh -G`."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Drained stops (issue 24), the parts that need no server: what /metrics says, what the stop reports,
+"""Drained stops, the parts that need no server: what /metrics says, what the stop reports,
 and the entry shim keeping vLLM's SIGTERM handler when Ray starts in the same process."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The reload confirmation and the drain line are the EngineCore's own (issue 30, notes): matched by vLLM's
+"""The reload confirmation and the drain line are the EngineCore's own: matched by vLLM's
 logger prefix and position, so a client whose prompt lands in the server log (request logging) cannot
 forge them."""
 

@@ -1,5 +1,5 @@
 """The env file decides which programs run: read only when nobody but this user or root could have
-written it (docs/security.md, issue 22 point 1); the example is never read from the working directory."""
+written it (docs/security.md); the example is never read from the working directory."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fast day-to-day commands (issue 35), the parts that need no server: an idle drain ends when the server's log
+"""Fast day-to-day commands, the parts that need no server: an idle drain ends when the server's log
 says its engine had nothing in flight (its own teardown is cut short), a drain with work in flight still waits
 for the server's own end; the launcher's drain report and its reading of the engine count.
 

@@ -1,4 +1,4 @@
-"""The fault matrix of issue 7 on the two-namespace testbed (docs/security.md lists the observed behaviour).
+"""The fault matrix on the two-namespace testbed (docs/security.md lists the observed behaviour).
 
 Covered here: head "reboot" with a stale state folder, a worker's network cut while
 serving (then `restart`, with the env file edited during that start), a start

@@ -1,4 +1,4 @@
-"""DSPARK_FORWARD_ENV never replaces a value the launcher sets on a node (docs/security.md, issue 22
+"""DSPARK_FORWARD_ENV never replaces a value the launcher sets on a node (docs/security.md
 point 8): every such name is refused when the settings are read, and the cluster layer applies the
 forwarded values first, so even a name that slipped through loses to the launcher's."""
 

@@ -1,4 +1,4 @@
-"""Issue 27, patch v2: the gate modes (DSPARK_PREFILL_GATE_MODE) on the real vLLM scheduler.
+"""The gate modes (DSPARK_PREFILL_GATE_MODE) on the real vLLM scheduler.
 
 Mode 0 is the plain count of patch v1. Mode 1 (the default) also bounds the
 prefill tokens of every step at (cap + 1/2) x long_prefill_token_threshold,

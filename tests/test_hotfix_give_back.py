@@ -1,4 +1,4 @@
-"""Issue 29, patch v6's gate mode 3 in the recipe's configuration (derived
+"""Gate mode 3 in the recipe's configuration (derived
 from the default profile, `scheduler_harness.recipe_spec`) and at 1/16 of its
 token counts, on the real vLLM 0.32 `Scheduler` and `AsyncScheduler`: a lone
 prompt runs at vLLM's own speed, and under KV pressure mode 3 is never slower

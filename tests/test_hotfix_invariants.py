@@ -1,4 +1,4 @@
-"""Issue 29: a seeded random load on the real vLLM 0.32 `Scheduler` and
+"""A seeded random load on the real vLLM 0.32 `Scheduler` and
 `AsyncScheduler` in the recipe's scheduler configuration, derived from the
 default profile (speculative decoding with its MTP margins, async scheduling,
 block 256, prefix caching, budget 8192, threshold 1024, 6 sequences) and at

@@ -1,4 +1,4 @@
-"""Issue 24, patch v5: the control file changes the hotfix's values while the real vLLM 0.32
+"""The control file changes the hotfix's values while the real vLLM 0.32
 `Scheduler` / `AsyncScheduler` runs (a patched copy of the installed scheduler.py).
 
 The patched module's clock is replaced by one the test advances per step, so "at most one stat a

@@ -1,4 +1,4 @@
-"""Issue 29, patch v6 as a file: it steps aside where vLLM enforces a
+"""The patch file steps aside where vLLM enforces a
 partial-prefill cap of its own, and it never touches a request vLLM padded
 for speculative decoding (the v5 crash), on the installed 0.32 text."""
 

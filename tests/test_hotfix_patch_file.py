@@ -1,4 +1,4 @@
-"""Issue 27 patch file: apply / check / status / revert on a copy of the real
+"""The patch file: apply, check, status and revert on a copy of the real
 installed vLLM scheduler.py (never on the installed file itself)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The vLLM version policy and DSPARK_HOTFIX (issue 50, points 4 and 5), over fake node agents (the one
+"""The vLLM version policy and DSPARK_HOTFIX, over fake node agents (the one
 `NodeAgent.call(request)` seam; the same code as on the testbed, only the nodes' answers given).
 
 `dspark plan` runs the hotfix's own check on every node's scheduler (read-only, `hotfix_check`), so a node whose

@@ -1,4 +1,4 @@
-"""Issue 29: the hotfix's structural tests (tests/test_hotfix_shortest_first.py,
+"""The hotfix's structural tests (tests/test_hotfix_shortest_first.py,
 tests/test_issue27_inflight_cap.py) again in the recipe's scheduler
 configuration, derived from the default profile (`recipe_spec`: speculative
 decoding with the MTP margins, block 256, prefix caching, budget 8192,

@@ -1,4 +1,4 @@
-"""Issue 27 patch against the scheduler.py of every vLLM release it supports.
+"""The hotfix against the scheduler.py of every vLLM release it supports.
 
 Not in the default run (`-m "not compat"`): it downloads one vLLM wheel per
 version (about 330 MB each) with `pip download --no-deps` into

@@ -1,4 +1,4 @@
-"""Issue 23, patch v5: gate mode 3 (the default) on the real vLLM 0.32
+"""Gate mode 3 (the default) on the real vLLM 0.32
 `Scheduler` and `AsyncScheduler`: the step's prefill room, running prompts'
 chunks included, goes to the least uncached work left first, within cap 1's
 step bound, with aging. The tests that say "fails on v4" run mode 2 (patch

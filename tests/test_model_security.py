@@ -1,4 +1,4 @@
-"""Security review, third round (issue 22), the model points: names from the hub, a manifest or a
+"""The model files' security: names from the hub, a manifest or a
 verify request (2), files written into folders others may write (3), the hub token and proxies (4).
 The real huggingface_hub client against the project's loopback hub; no testbed."""
 

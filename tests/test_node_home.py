@@ -1,4 +1,4 @@
-"""HOME for Ray and vllm serve is the node user's own (issue 30, risk 6): from its passwd entry, never the
+"""HOME for Ray and vllm serve is the node user's own: from its passwd entry, never the
 caller's shell. With `sudo -E` the shell keeps another account's HOME, and root's vLLM, Triton, compile and
 remote-code module caches would sit there, in a folder that account controls."""
 

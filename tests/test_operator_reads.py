@@ -1,4 +1,4 @@
-"""What an operator reads (issue 33): status, plan and progress on an 80-column terminal (Rich's own recorder),
+"""What an operator reads: status, plan and progress on an 80-column terminal (Rich's own recorder),
 placeholders refused with the lines to edit, help texts, and the README's layout table against the tree."""
 
 from __future__ import annotations

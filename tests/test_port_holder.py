@@ -1,4 +1,4 @@
-"""Never talk to a port before knowing who holds it (issue 30, exploitable points 1 and 2).
+"""Never talk to a port before knowing who holds it.
 
 The head's agent reads the listening sockets a connection would reach (`/proc/net/tcp*`) and finds
 their inodes among the recorded process's descriptors (`agent/port_holder.py`). Here, on loopback

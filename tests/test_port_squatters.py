@@ -1,4 +1,4 @@
-"""The two exploitable holes of issue 30 reproduced on the testbed: another local user (`nobody`) listens
+"""Two exploitable holes reproduced on the testbed: another local user (`nobody`) listens
 on the head's Ray port and on the API port after our processes are gone (a reboot, a crash).
 
 Before the fix, `status` and `restart` sent the Ray token on file to the Ray port (Ray's GCS client does,

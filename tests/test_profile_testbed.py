@@ -1,4 +1,4 @@
-"""Issue 11 end to end: `dspark plan` with no network at all, and each node's own fabric values in vLLM's
+"""`dspark plan` with no network at all, and each node's own fabric values in vLLM's
 Ray workers on the two-node testbed (real SSH, Ray, vLLM CPU; the tiny-test profile).
 
 Heavy (one serve, about 3 min on 2 cores): run under the shared lock.

@@ -1,4 +1,4 @@
-"""Start's readiness survives a slow first request (issue 24, point 5).
+"""Start's readiness survives a slow first request.
 
 A real loopback server (tests/support/fake_api.py) stands in for vLLM's API, started through the head's
 real agent as `launch` starts `vllm serve`; `serve.start.wait_until_serving` waits for it as it waits for vLLM:

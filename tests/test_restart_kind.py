@@ -1,4 +1,4 @@
-"""Which restart a settings change needs (issue 24): serve-only keeps Ray, full takes it down."""
+"""Which restart a settings change needs: serve-only keeps Ray, full takes it down."""
 
 from __future__ import annotations
 

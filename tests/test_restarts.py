@@ -1,9 +1,9 @@
-"""Operator restarts without downtime (issue 24) on the two-namespace testbed: real SSH, Ray, vLLM (CPU).
+"""Operator restarts without downtime on the two-namespace testbed: real SSH, Ray, vLLM (CPU).
 
 A drained `stop` or `restart` lets in-flight streams finish (vLLM's --shutdown-timeout), `--now` cuts
 them; a serve-only `restart` keeps the Ray processes, a cluster-level change restarts them; `reload` changes
 the cap of the running scheduler under load and refuses a change that needs a restart. One server life
-for all of it (the suite's time budget, issue 31).
+for all of it (the suite's time budget).
 """
 
 from __future__ import annotations

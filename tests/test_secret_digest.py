@@ -1,4 +1,4 @@
-"""A rotated key is drift (issue 30, risk 2): the deployment record keeps a salted digest of each secret
+"""A rotated key is drift: the deployment record keeps a salted digest of each secret
 (never the secret), so `status`, `restart` and `reload` see a new VLLM_API_KEY where the set/unset public
 values could not."""
 

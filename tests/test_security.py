@@ -1,4 +1,4 @@
-"""Issue 7 on the two-namespace testbed: what listens where, secrets, Ray token auth, the dashboard.
+"""What listens where, secrets, Ray token auth, the dashboard.
 
 One full `dspark start --foreground` carries most assertions (listening sockets with the
 API on 0.0.0.0, two API keys, no secret anywhere it should not be, a client without the

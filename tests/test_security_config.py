@@ -1,4 +1,4 @@
-"""Issue 14, the config half: settings that would weaken the cluster are exit 2 at `config check`.
+"""Settings that would weaken the cluster are exit 2 at `config check`.
 
 ssh options outside the allowlist (point 3), secret and loader names in DSPARK_FORWARD_ENV
 (point 4), launcher-owned flags in VLLM_EXTRA_ARGS and an API opened without a key (point 5).

@@ -1,4 +1,4 @@
-"""Issue 30, the config half: secrets in VLLM_EXTRA_ARGS (risk 1) and the forwarded names that still
+"""Secrets in VLLM_EXTRA_ARGS (risk 1) and the forwarded names that still
 passed (risk 5), refused at `config check` with one line that never shows a secret.
 
 The lists are checked against vLLM itself: its own set of sensitive serve arguments

@@ -1,8 +1,8 @@
-"""Issue 14 on the two-namespace testbed: Ray's private temp folders and the first token of two
+"""Ray's private temp folders and the first token of two
 first starts at once (points 1 and 7), and a `start --foreground` supervisor beside an operator's
 `restart` and `stop` (point 8). Heavy: run under the shared lock.
 
-The supervisor's life also carries the fast day-to-day commands of issue 35 (one server life, not two):
+The supervisor's life also carries the fast day-to-day commands (one server life, not two):
 with a drain limit of 600 s, the operator's serve-only `restart` while a stream is in flight drains it (the
 stream ends with its finish reason, the stop counts it finished; the client relays one stream after another,
 so one is in flight when the drain begins however long the restart's checks take) and, its arguments

@@ -1,4 +1,4 @@
-"""A setting's level and `vllm serve` flag are in its declaration (issue 32 point 1): the restart kind, reload,
+"""A setting's level and `vllm serve` flag are in its declaration: the restart kind, reload,
 the plan's flags, the `VLLM_EXTRA_ARGS` refusals and the docs table all follow it, with nothing else to edit."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 14, points 1, 6, 7, 9 (state half) and 10 without the testbed: the state folder, its files,
+"""The state folder, its files,
 the first Ray token, records of other launcher versions, Ray's private temp folders, the systemd unit.
 
 Real code throughout: the real CLI in a subprocess, the real agent operation in process

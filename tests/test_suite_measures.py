@@ -1,4 +1,4 @@
-"""The tools that prove the suite's coverage kept (issue 31): the before/after line comparison and the deliberate
+"""The tools that prove the suite's coverage kept: the before/after line comparison and the deliberate
 breaks, against the tree they measure."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What nodes send never reaches the terminal raw, and an agent's reply line is bounded
-(docs/security.md, issue 22 point 10)."""
+(docs/security.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`dspark bench` and `dspark tune` (issue 34) against a real server on the two-namespace testbed: the tiny
+"""`dspark bench` and `dspark tune` against a real server on the two-namespace testbed: the tiny
 model served with tensor parallel 2 over Ray, the patched scheduler, per-step diagnostics on.
 
 One server for the whole module (a `vllm serve` life costs about 1.5 min here); the tests run in file order
