@@ -22,6 +22,8 @@ from dspark_launch.serve import http
 from tests.support.launcher_env import run_dspark
 
 KEY = "sk-direct-only-0123456789"
+# The key with a port check that lets every request go (the check itself: tests/test_keyed_requests.py).
+KEYED = http.Keyed(KEY, lambda ip, port: True)
 PROXY_VARIABLES = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
 
 
@@ -106,9 +108,9 @@ def test_the_proxy_variables_are_in_force(proxied, api, proxy):
 
 
 def test_health_models_completion_and_metrics_go_direct(proxied, api, proxy):
-    assert http.request(f"{api.url}/health", KEY).status == 200
-    assert http.served_models(api.url, KEY, 5) == ["tiny"]
-    assert http.complete(api.url, KEY, "tiny", "Hello", 1, 5).status == 200
+    assert http.request(f"{api.url}/health", KEYED).status == 200
+    assert http.served_models(api.url, KEYED, 5) == ["tiny"]
+    assert http.complete(api.url, KEYED, "tiny", "Hello", 1, 5).status == 200
     assert http.metrics(api.url, 5) == http.ServerMetrics(running=2.0, waiting=1.0)
     assert proxy.seen == []
     assert api.seen == [("GET", "/health", f"Bearer {KEY}"), ("GET", "/v1/models", f"Bearer {KEY}"),
@@ -117,7 +119,7 @@ def test_health_models_completion_and_metrics_go_direct(proxied, api, proxy):
 
 def test_a_redirect_is_not_followed_with_the_key(proxied, api, proxy):
     api.redirect_to = f"{proxy.url}/elsewhere"
-    assert http.request(f"{api.url}/redirect", KEY).status == 302
+    assert http.request(f"{api.url}/redirect", KEYED).status == 302
     assert proxy.seen == [] and api.seen == [("GET", "/redirect", f"Bearer {KEY}")]
 
 

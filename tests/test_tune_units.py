@@ -12,6 +12,7 @@ import pytest
 from dspark_launch.config.env_write import set_values, where_set
 from dspark_launch.config.settings import resolve
 from dspark_launch.errors import ConfigError
+from dspark_launch.serve import http
 from dspark_launch.tune import workload as wl
 from dspark_launch.tune.loadgen import Outcome
 from dspark_launch.tune.plot import svg
@@ -19,6 +20,9 @@ from dspark_launch.tune.points import DEFAULT_SPACE, Point, parse_space
 from dspark_launch.tune.recommend import recommend, spread
 from dspark_launch.tune.stats import class_stats, percentile, run_stats
 from tests.support.launcher_env import run_dspark
+
+# The key with a port check that lets every request go (the check itself: tests/test_keyed_requests.py).
+KEYED = http.Keyed("k-123", lambda ip, port: True)
 
 
 def test_the_default_space_has_six_points_over_the_three_caps():
@@ -214,7 +218,7 @@ def test_the_load_generator_streams_every_class_and_stays_in_its_bounds():
     fake = _Streaming("k-123", gap=0.01)
     try:
         work = wl.build(wl.Profile(1024, 256, 32, 4), max_reply=5)
-        run = Run(Target(fake.url, "m", True, "k-123"), work, tokens_per_word=1.0, seconds=60)
+        run = Run(Target(fake.url, "m", True, KEYED), work, tokens_per_word=1.0, seconds=60)
         outcomes = run.run()
         stats = run_stats(work.names, outcomes, run.ended - run.began)
         assert {o.klass for o in outcomes} == {"chat", "document", "agent"} and all(o.ok for o in outcomes)
@@ -229,7 +233,7 @@ def test_the_load_generator_streams_every_class_and_stays_in_its_bounds():
 
         slow = _Streaming("k-123", gap=0.5)
         try:
-            cut = Run(Target(slow.url, "m", True, "k-123"), wl.build(wl.Profile(1024, 256, 32, 4), max_reply=50),
+            cut = Run(Target(slow.url, "m", True, KEYED), wl.build(wl.Profile(1024, 256, 32, 4), max_reply=50),
                       tokens_per_word=1.0, seconds=1.5)
             timed = cut.run()
             assert cut.ended - cut.began < 10 and timed and all(o.cut and not o.error for o in timed)

@@ -187,7 +187,7 @@ class PortAnswer:
 
 @dataclass(frozen=True)
 class PortHolderQuery(Request["PortHolderAnswer"]):
-    """Who holds the listening sockets a connection to ip:port would reach (agent/port_holder.py): asked
+    """Who holds the listening sockets a connection to ip:port lands on (agent/port_holder.py): asked
     before anything that carries the Ray token or an API key is sent there."""
     ip: str
     port: int
@@ -213,6 +213,7 @@ class PortHolderAnswer:
     verdict: str
     recorded_alive: bool
     listeners: tuple[PortListener, ...] = ()  # the foreign ones
+    sockets: tuple[int, ...] = ()  # OURS: the inodes of the listening sockets a connection lands on
 
     @property
     def ours(self) -> bool:

@@ -78,7 +78,7 @@ def bench(
             limits = b.Limits(requests, seconds, max_reply, prompts, seed)
             server, target = b.served(settings, spec)
             workload = b.workload_for(settings, server, limits)
-            busy = b.others_served(server)
+            busy = b.others_served(server, target)
             if busy:
                 reporter.warn(f"the server is serving {busy:g} other request(s): they share the steps measured")
             reporter.phase(f"bench: {workload.requests} requests in {len(workload.classes)} classes, at most "

@@ -4,6 +4,16 @@ Every request goes straight to the server: no proxy from `http_proxy`/`all_proxy
 (`127.0.0.1` is not exempt unless `no_proxy` says so, and the proxy would read the
 key in clear text), and no redirect is followed (urllib would carry the
 Authorization header to wherever a redirect points).
+
+Every request goes to one literal address: a host name in the URL (`localhost` from an older record) is
+resolved once, as the server bound it (`agent/port_holder.bind_address`: vLLM binds IPv4 for a name), and
+the connection made to that address only; urllib would otherwise try each address the resolver gives,
+`::1` first where /etc/hosts maps localhost to it, where any local user may listen.
+
+The key travels only as a `Keyed`: the key with its port check, which `_prepared`, the one place a request
+is built, runs right before each request (not once per command: a readiness retry, `smoke -c N`, each
+request of a bench or a tune) against the address the connection is then made to. A bare string is
+refused (TypeError), so no caller can send the key unchecked.
 """
 
 from __future__ import annotations
@@ -12,9 +22,12 @@ import json
 import re
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Callable
+
+from dspark_launch.agent.port_holder import bind_address
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -34,18 +47,53 @@ class Reply:
         return json.loads(self.body)
 
 
-def _request(url: str, key: str, payload: dict | None, extra_headers: dict[str, str] | None = None
-             ) -> urllib.request.Request:
+@dataclass(frozen=True)
+class Keyed:
+    """An API key ("" when the API is open) and the check each request carrying it passes first:
+    `check(ip, port)`, the literal address the connection is then made to; True when the recorded server holds
+    that port, False when nothing of it listens there (nothing is sent); it raises when another process holds
+    it (serve/api_holder.py `ServerPort`). `unkeyed()`: the same check for a request without the key (/metrics)."""
+    key: str = field(repr=False)
+    check: Callable[[str, int], bool]
+
+    def unkeyed(self) -> Keyed:
+        return Keyed("", self.check)
+
+
+def pinned(url: str) -> tuple[str, str, int]:
+    """`url` with its host as the literal address the connection goes to, that address, and the port."""
+    parts = urllib.parse.urlsplit(url)
+    ip = bind_address(parts.hostname or "")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = f"[{ip}]" if ":" in ip else ip
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{host}:{port}")), ip, port
+
+
+def _prepared(url: str, key: Keyed | None, payload: dict | None, extra_headers: dict[str, str] | None = None
+              ) -> urllib.request.Request | None:
+    """The one place a request is built: to the literal address, after the key's check of that address;
+    None when the check found nothing of the server's listening there (nothing is sent)."""
+    if key is not None and not isinstance(key, Keyed):
+        raise TypeError("an API key is sent only with its port check: pass an http.Keyed, not a string")
+    url, ip, port = pinned(url)
+    if key is not None and not key.check(ip, port):
+        return None
     headers = {"Content-Type": "application/json", **(extra_headers or {})}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
+    if key is not None and key.key:
+        headers["Authorization"] = f"Bearer {key.key}"
     data = json.dumps(payload).encode() if payload is not None else None
     return urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
 
 
-def request(url: str, key: str = "", payload: dict | None = None, timeout: float = 5.0,
+def request(url: str, key: Keyed | None = None, payload: dict | None = None, timeout: float = 5.0,
             headers: dict[str, str] | None = None) -> Reply:
-    req = _request(url, key, payload, headers)
+    """One request (no key when `key` is None); status 0 when nothing answered or nothing was sent."""
+    try:
+        req = _prepared(url, key, payload, headers)
+    except OSError:  # a name that does not resolve
+        return Reply(0, "")
+    if req is None:
+        return Reply(0, "")
     try:
         with _DIRECT.open(req, timeout=timeout) as resp:
             return Reply(resp.status, resp.read().decode(errors="replace"))
@@ -55,7 +103,7 @@ def request(url: str, key: str = "", payload: dict | None = None, timeout: float
         return Reply(0, "")
 
 
-def served_models(base_url: str, key: str, timeout: float) -> list[str]:
+def served_models(base_url: str, key: Keyed | None, timeout: float) -> list[str]:
     reply = request(f"{base_url}/v1/models", key, timeout=timeout)
     if reply.status != 200:
         return []
@@ -65,13 +113,13 @@ def served_models(base_url: str, key: str, timeout: float) -> list[str]:
         return []
 
 
-def complete(base_url: str, key: str, model: str, prompt: str, max_tokens: int, timeout: float,
+def complete(base_url: str, key: Keyed | None, model: str, prompt: str, max_tokens: int, timeout: float,
              headers: dict[str, str] | None = None) -> Reply:
     return request(f"{base_url}/v1/completions", key,
                    {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}, timeout, headers)
 
 
-def chat(base_url: str, key: str, model: str, text: str, max_tokens: int, timeout: float,
+def chat(base_url: str, key: Keyed | None, model: str, text: str, max_tokens: int, timeout: float,
          headers: dict[str, str] | None = None) -> Reply:
     return request(f"{base_url}/v1/chat/completions", key,
                    {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
@@ -90,12 +138,19 @@ class Streamed:
     error: str = ""  # why the stream ended without a usage chunk or a [DONE], "" when it ended well
 
 
-def stream(url: str, key: str, payload: dict, timeout: float, stop: Callable[[], bool] = lambda: False) -> Streamed:
+def stream(url: str, key: Keyed | None, payload: dict, timeout: float,
+           stop: Callable[[], bool] = lambda: False) -> Streamed:
     """A streamed (`"stream": true`) completion or chat completion, read as server-sent events through the
     same direct opener as `request`; `stop()` ends the read early (checked at each event)."""
-    result = Streamed(sent=time.monotonic())
-    req = _request(url, key, {**payload, "stream": True, "stream_options": {"include_usage": True}})
     parts: list[str] = []
+    try:
+        req = _prepared(url, key, {**payload, "stream": True, "stream_options": {"include_usage": True}})
+    except OSError:
+        req = None
+    result = Streamed(sent=time.monotonic())
+    if req is None:
+        result.error = "the server does not hold its port: nothing was sent"
+        return result
     try:
         with _DIRECT.open(req, timeout=timeout) as resp:
             result.status = resp.status
@@ -173,6 +228,7 @@ class ServerMetrics:
         return {gauge: value for name, gauge in _GAUGES.items() if (value := getattr(self, name)) is not None}
 
 
-def metrics(base_url: str, timeout: float) -> ServerMetrics:
-    reply = request(f"{base_url}/metrics", timeout=timeout)
+def metrics(base_url: str, timeout: float, check: Keyed | None = None) -> ServerMetrics:
+    """The server's /metrics (vLLM serves it without a key); `check`: the port check of the key it would go with."""
+    reply = request(f"{base_url}/metrics", check.unkeyed() if check else None, timeout=timeout)
     return ServerMetrics.from_prometheus(reply.body) if reply.status == 200 else ServerMetrics()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dspark_launch.cluster import lifecycle
 from dspark_launch.report import Reporter
@@ -31,6 +32,9 @@ from dspark_launch.hotfix import contract
 from dspark_launch.node.engine_log import engine_lines
 from dspark_launch.serve.engines import engine_count
 from dspark_launch.serve.restart_kind import ReloadChanges, reload_changes
+
+if TYPE_CHECKING:
+    from dspark_launch.serve import http
 
 RELOAD_TIMEOUT_S = 30.0
 POLL_S = 0.1
@@ -107,7 +111,8 @@ def reload(settings: Settings, spec: ClusterSpec, reporter: Reporter, timeout_s:
     """Under the state lock: compare, then (live changes only) write the control file on the head and wait
     for the scheduler's log line; the record gets the values in force and since when."""
     from dspark_launch.serve.logfollow import END, LogReader
-    from dspark_launch.serve.api_holder import require_ours
+    from dspark_launch.serve.api_holder import keyed, require_ours
+    from dspark_launch.serve.serve_spec import api_key
 
     with lifecycle.locked_deployment(spec.state_dir) as state:
         server = state.server if state else None
@@ -142,7 +147,8 @@ def reload(settings: Settings, spec: ClusterSpec, reporter: Reporter, timeout_s:
         began = time.monotonic()
         head.call(SchedulerControl(server.control_file, contract.control_text(values)))
         engines = engine_count(recorded_value(server.settings, "vllm_extra_args"))
-        lines, woken = _wait_in_force(log, wanted, engines, server, settings, began, timeout_s, reporter)
+        lines, woken = _wait_in_force(log, wanted, engines, server, settings, began, timeout_s, reporter,
+                                      key=keyed(spec, server, api_key(settings), holder))
         took = time.monotonic() - began
         server.live = {name: value for name, value in values.items() if server.settings.get(name) != value}
         server.live_since = time.time() if server.live else None
@@ -152,12 +158,15 @@ def reload(settings: Settings, spec: ClusterSpec, reporter: Reporter, timeout_s:
 
 
 def _wait_in_force(log, wanted: InForce, engines: int, server: ServerRecord, settings: Settings, began: float,
-                   timeout_s: float, reporter: Reporter) -> tuple[list[contract.LiveLine], tuple[int, ...]]:
+                   timeout_s: float, reporter: Reporter, key: http.Keyed
+                   ) -> tuple[list[contract.LiveLine], tuple[int, ...]]:
     """For each of the `engines` ranks, the first `(live)` line after the write that shows `wanted`, and the
-    ranks woken; a refusal of the file by any engine's scheduler, or `timeout_s` without every rank's line,
-    is a failure (the file stays: the schedulers may still take it)."""
+    ranks woken (with `key`, its port checked before each nudge); a refusal of the file by any engine's
+    scheduler, a nudge refused for a port another process holds, or `timeout_s` without every rank's line, is a
+    failure (the file stays: the schedulers may still take it)."""
     shown: dict[int, contract.LiveLine] = {}
     woken: list[int] = []
+    nudges_refused: list[DsparkError] = []  # a nudge's port check: another process holds the port, nothing was sent
     text = ""
     while True:
         text += log.new_text()  # whole lines: a read may end inside one
@@ -173,6 +182,8 @@ def _wait_in_force(log, wanted: InForce, engines: int, server: ServerRecord, set
                     shown[said.rank] = found
         if len(shown) == engines:
             return [shown[rank] for rank in range(engines)], tuple(woken)
+        if nudges_refused:
+            raise nudges_refused[0]
         elapsed = time.monotonic() - began
         missing = [rank for rank in range(engines) if rank not in shown]
         if elapsed > timeout_s:
@@ -183,18 +194,21 @@ def _wait_in_force(log, wanted: InForce, engines: int, server: ServerRecord, set
         if not woken and elapsed > NUDGE_AFTER_S:
             woken = missing
             for rank in missing:
-                threading.Thread(target=_one_token, args=(server, settings, rank if engines > 1 else None),
+                threading.Thread(target=_one_token, args=(server, key, rank if engines > 1 else None, nudges_refused),
                                  daemon=True).start()
         reporter.waiting("waiting for the scheduler to take the new values", elapsed, timeout_s)
         time.sleep(POLL_S)
 
 
-def _one_token(server: ServerRecord, settings: Settings, rank: int | None) -> None:
+def _one_token(server: ServerRecord, key: http.Keyed, rank: int | None, refused: list[DsparkError]) -> None:
     """A one-token request: an idle EngineCore waits on its input queue and never calls `schedule()`;
-    with data parallel, routed to engine `rank` by vLLM's `X-data-parallel-rank` header."""
+    with data parallel, routed to engine `rank` by vLLM's `X-data-parallel-rank` header. The key's port check
+    is made as it is sent (>= NUDGE_AFTER_S after reload's own); another process there lands in `refused`."""
     from dspark_launch.serve import http
-    from dspark_launch.serve.serve_spec import api_key
 
     ask = http.chat if server.chat else http.complete
     headers = {} if rank is None else {"X-data-parallel-rank": str(rank)}
-    ask(server.url, api_key(settings), server.served_name, "Hello", 1, RELOAD_TIMEOUT_S, headers)
+    try:
+        ask(server.url, key, server.served_name, "Hello", 1, RELOAD_TIMEOUT_S, headers)
+    except DsparkError as exc:
+        refused.append(exc)

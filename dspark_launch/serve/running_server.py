@@ -8,7 +8,7 @@ from dspark_launch.agent.protocol import AliveQuery, Tail
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import Deployment, ServerRecord, load_state
 from dspark_launch.errors import DsparkError
-from dspark_launch.serve.api_holder import api_holder, healthy
+from dspark_launch.serve.api_holder import api_holder, healthy, keyed
 
 SERVER_LOG = "vllm-serve.log"
 
@@ -30,7 +30,8 @@ def server_alive(spec: ClusterSpec, server: ServerRecord) -> bool:
 def serving(spec: ClusterSpec, server: ServerRecord, client_key: str, timeout: float) -> bool:
     """The recorded server alive, holding its port (the key goes nowhere else), and answering."""
     holder = api_holder(spec, server)
-    return holder.recorded_alive and healthy(holder, server.url, client_key, server.served_name, timeout)
+    return holder.recorded_alive and healthy(holder, server.url, keyed(spec, server, client_key, holder),
+                                             server.served_name, timeout)
 
 
 

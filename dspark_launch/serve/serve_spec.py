@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import ipaddress
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dspark_launch.agent.port_holder import bind_address
 from dspark_launch.node.fabric import FabricEnv
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.config.secret_digest import secret_digests
 from dspark_launch.config.settings import Settings
 from dspark_launch.hotfix.contract import ENV_CONTROL, LIVE_SETTINGS
 from dspark_launch.config.profile_resolve import Decision, KvCacheChoice, ResolvedProfile
+from dspark_launch.errors import ConfigError
 
 ENTRY_MODULE = "dspark_launch.node.serve_entry"
 VLLM_CONFIG_DIR = "vllm-config"  # in the state folder: VLLM_CONFIG_ROOT of vllm serve (its non-carry-over list)
@@ -26,7 +29,7 @@ class ServeSpec:
     serve_args: tuple[str, ...]  # what follows `vllm serve`: the model first
     env: tuple[tuple[str, str], ...]  # public environment of the server
     secret_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # `--host`: a literal address (VLLM_HOST=localhost resolved as vLLM would bind it)
     port: int = 8888
     served_name: str = ""
     model: str = ""
@@ -58,7 +61,9 @@ class ServeSpec:
 
     @property
     def base_url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        """Where the launcher's own requests go: the literal address vLLM binds (`host`), loopback of its family
+        for a wildcard; never a name, so the port check and the connection are about one address."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}"
 
@@ -80,7 +85,10 @@ def build_serve_spec(settings: Settings, spec: ClusterSpec, ray_env: dict[str, s
     `model_env`: what serving the verified copy of the weights needs (the hub offline), over everything else."""
     tp = spec.gpus_per_node * len(spec.nodes)
     model, *rest = resolved.serve_args
-    args = [model, "--host", settings.vllm_host, "--port", str(settings.vllm_port),
+    # VLLM_HOST=localhost resolved here, once, as vLLM's own bind would (its first IPv4 address), and vLLM given
+    # that address: the URL the launcher records, checks and connects to is the very address the server binds.
+    host = api_address(settings)
+    args = [model, "--host", host, "--port", str(settings.vllm_port),
             "--distributed-executor-backend", "ray", "--tensor-parallel-size", str(tp), *rest]
     config_root = spec.state_dir / VLLM_CONFIG_DIR
     env = dict(spec.forwarded)  # first: the launcher's own values below always win over a forwarded name
@@ -105,7 +113,7 @@ def build_serve_spec(settings: Settings, spec: ClusterSpec, ray_env: dict[str, s
     if settings.dspark_api_keys:
         secret["DSPARK_API_KEYS"] = settings.dspark_api_keys
     return ServeSpec(tuple(args), tuple(sorted(env.items())), tuple(sorted(secret.items())),
-                     settings.vllm_host, settings.vllm_port, resolved.served_name, model, tp,
+                     host, settings.vllm_port, resolved.served_name, model, tp,
                      settings.dspark_max_inflight_prefills, spec.head.transport.python, api_key(settings),
                      settings.start_timeout_s, settings.health_timeout_s,
                      tuple(settings.public_values().items()), settings.digest(), resolved.profile,
@@ -113,6 +121,19 @@ def build_serve_spec(settings: Settings, spec: ClusterSpec, ray_env: dict[str, s
                      resolved.max_model_len, resolved.gpu_memory_utilization, resolved.revision, str(config_root),
                      resolved.drain_timeout_s, str(spec.state_dir / CONTROL_FILE),
                      tuple(sorted(secret_digests(settings).items())), vllm_version=resolved.vllm_version)
+
+
+def api_address(settings: Settings) -> str:
+    """VLLM_HOST as the literal address vLLM binds (agent/port_holder.bind_address); `localhost` must resolve
+    to loopback (the settings let it go without a key as loopback)."""
+    try:
+        host = bind_address(settings.vllm_host)
+    except OSError as exc:
+        raise ConfigError(f"VLLM_HOST={settings.vllm_host}: does not resolve on this machine ({exc}); "
+                          "set an address (127.0.0.1)") from None
+    if settings.vllm_host == "localhost" and not ipaddress.ip_address(host).is_loopback:
+        raise ConfigError(f"VLLM_HOST=localhost resolves to {host} here, not to loopback; set VLLM_HOST=127.0.0.1")
+    return host
 
 
 def api_key(settings: Settings) -> str:

@@ -11,7 +11,7 @@ from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import ServerRecord
 from dspark_launch.errors import DsparkError
 from dspark_launch.serve import http
-from dspark_launch.serve.api_holder import require_ours
+from dspark_launch.serve.api_holder import keyed, require_ours
 
 
 @dataclass(frozen=True)
@@ -33,16 +33,20 @@ class SmokeReply:
         return f"request {self.index}: FAILED HTTP {self.status or 'unreachable'} after {self.seconds:.2f} s"
 
 
-def confirm_server(spec: ClusterSpec, server: ServerRecord) -> None:
-    """Nothing is sent (the key least of all) unless the recorded server holds its port."""
+def confirm_server(spec: ClusterSpec, server: ServerRecord, key: str) -> http.Keyed:
+    """Nothing is sent (the key least of all) unless the recorded server holds its port; the key for its
+    requests, each checked again before it is sent (serve/api_holder.py `ServerPort`)."""
     holder = require_ours(spec, server)
     if not holder.ours:
         state = "is not running" if not holder.recorded_alive else f"does not listen on {server.url} yet"
         raise DsparkError(f"vllm serve (pid {server.pid}) {state}; nothing was sent; `dspark status` shows it")
+    return keyed(spec, server, key, holder)
 
 
-def smoke(server: ServerRecord, key: str, concurrency: int, max_tokens: int, timeout: float) -> Iterator[SmokeReply]:
-    """`concurrency` requests sent at once (chat when the server serves a chat model), in order as they answer."""
+def smoke(server: ServerRecord, key: http.Keyed, concurrency: int, max_tokens: int,
+          timeout: float) -> Iterator[SmokeReply]:
+    """`concurrency` requests sent at once (chat when the server serves a chat model), in order as they answer;
+    each request's port check is made as it is sent (a foreign listener: ForeignApiListener, nothing sent)."""
     ask = http.chat if server.chat else http.complete
 
     def one(index: int) -> SmokeReply:

@@ -26,7 +26,7 @@ from dspark_launch.config.settings import Settings
 from dspark_launch.errors import DsparkError
 from dspark_launch.model.onnodes import ModelWeights, ServingModel, pulled_config
 from dspark_launch.serve import http, logscan, readiness
-from dspark_launch.serve.api_holder import api_holder, foreign_line, healthy
+from dspark_launch.serve.api_holder import api_holder, foreign_line, healthy, keyed
 from dspark_launch.serve.logfollow import LogReader
 from dspark_launch.serve.serve_spec import ServeSpec, api_key, build_serve_spec
 from dspark_launch.serve.running_server import SERVER_LOG, ServeFailure, server_alive, serving, tails
@@ -304,8 +304,8 @@ def wait_until_serving(spec: ClusterSpec, serve_spec: ServeSpec, server: ServerR
             raise ServeFailure(foreign_line(server, holder), tails(spec, server, state=None))
         if not holder.recorded_alive:
             raise exited()
-        if healthy(holder, serve_spec.base_url, serve_spec.client_key, serve_spec.served_name,
-                   serve_spec.health_timeout_s):
+        key = keyed(spec, server, serve_spec.client_key, holder)  # checked again before each request
+        if healthy(holder, serve_spec.base_url, key, serve_spec.served_name, serve_spec.health_timeout_s):
             break
         if elapsed > serve_spec.start_timeout_s:
             raise ServeFailure(f"vllm serve not ready after {serve_spec.start_timeout_s} s "
@@ -322,7 +322,7 @@ def wait_until_serving(spec: ClusterSpec, serve_spec: ServeSpec, server: ServerR
     reporter.phase(f"sending a one-token {kind}")
     ask = http.chat if serve_spec.chat else http.complete
     answer = readiness.first_answer(
-        lambda timeout: ask(serve_spec.base_url, serve_spec.client_key, serve_spec.served_name, "Hello", 1, timeout),
+        lambda timeout: ask(serve_spec.base_url, key, serve_spec.served_name, "Hello", 1, timeout),
         lambda: server_alive(spec, server), f"the one-token {kind}", start, serve_spec.start_timeout_s, reporter,
         backoff or readiness.Backoff(first_timeout_s=max(30, serve_spec.health_timeout_s)))
     if answer.outcome == readiness.DIED:

@@ -16,7 +16,7 @@ from dspark_launch.config.secret_digest import compared_values
 from dspark_launch.config.settings import Settings, recorded_value
 from dspark_launch.node.vllm_releases import untested_note
 from dspark_launch.serve import http
-from dspark_launch.serve.api_holder import api_holder, foreign_line, healthy as api_healthy
+from dspark_launch.serve.api_holder import api_holder, foreign_line, healthy as api_healthy, keyed
 
 
 @dataclass(frozen=True)
@@ -93,14 +93,15 @@ def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | N
     probe = settings.health_timeout_s
     holder = api_holder(spec, server)  # the key goes only to the recorded server's socket
     alive = holder.recorded_alive
-    healthy = alive and api_healthy(holder, server.url, api_key(settings), server.served_name, probe)
+    key = keyed(spec, server, api_key(settings), holder)  # checked again before each request it goes with
+    healthy = alive and api_healthy(holder, server.url, key, server.served_name, probe)
     hotfix_off = recorded_value(server.settings, "dspark_hotfix") == "off"  # vLLM's own scheduler: no cap
     return ServerView(
         state="up" if healthy else ("unhealthy" if alive else "dead"), pid=server.pid, url=server.url,
         model=server.model, served_name=server.served_name,
         uptime_s=round(time.time() - server.started_at) if alive else None, healthy=healthy,
         cap=None if hotfix_off else (server.scheduler_cap if server.scheduler_cap is not None else server.cap),
-        kv_cache_tokens=server.kv_cache_tokens, metrics=http.metrics(server.url, probe) if healthy else http.ServerMetrics(),
+        kv_cache_tokens=server.kv_cache_tokens, metrics=http.metrics(server.url, probe, key) if healthy else http.ServerMetrics(),
         drift=drift(server.running_settings, compared_values(settings, server.secrets)), profile=server.profile,
         decisions=tuple(server.decisions), live=dict(server.live), live_since=server.live_since,
         listener=foreign_line(server, holder) if holder.verdict == holder.FOREIGN else "")

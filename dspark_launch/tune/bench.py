@@ -31,7 +31,7 @@ def served(settings: Settings, spec: ClusterSpec) -> tuple[ServerRecord, Target]
     """The recorded server, holding its port, and how to reach it (the key from the settings, never from argv).
 
     Nothing is sent, the key least of all, unless the head's agent finds the port among the recorded
-    server's sockets (the check `smoke` makes: serve/api_holder.py)."""
+    server's sockets (the check `smoke` makes: serve/api_holder.py), and each request checks it again."""
     from dspark_launch.serve.serve_spec import api_key
     from dspark_launch.serve.smoke import confirm_server
 
@@ -39,13 +39,14 @@ def served(settings: Settings, spec: ClusterSpec) -> tuple[ServerRecord, Target]
     server = state.server if state else None
     if server is None:
         raise DsparkError("no server started from this state folder; `dspark start` serves")
-    confirm_server(spec, server)
-    return server, Target(server.url, server.served_name, server.chat, api_key(settings))
+    key = confirm_server(spec, server, api_key(settings))  # and again before each request (http.Keyed)
+    return server, Target(server.url, server.served_name, server.chat, key)
 
 
-def others_served(server: ServerRecord) -> float:
-    """Requests the server is running or queueing now (its /metrics), other clients' by the time we ask."""
-    return http.metrics(server.url, 10.0).in_engine
+def others_served(server: ServerRecord, target: Target) -> float:
+    """Requests the server is running or queueing now (its /metrics, from the port the key's check found the
+    server's), other clients' by the time we ask."""
+    return http.metrics(server.url, 10.0, target.key).in_engine
 
 
 def served_values(settings: Settings, server: ServerRecord) -> dict[str, str]:

@@ -16,17 +16,19 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
+from dspark_launch.errors import DsparkError
 from dspark_launch.serve import http
 from dspark_launch.tune.workload import Request, RequestClass, Workload, words
 
 
 @dataclass(frozen=True)
 class Target:
-    """Where and how to ask: the recorded server's URL, served name and API kind; the key stays in memory."""
+    """Where and how to ask: the recorded server's URL, served name and API kind; the key stays in memory, with
+    the port check each request passes before it is sent (`http.Keyed`; None: no key, no check)."""
     url: str
     model: str
     chat: bool
-    key: str = field(repr=False, default="")
+    key: http.Keyed | None = field(repr=False, default=None)
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class Run:
         self.nonce = uuid.uuid4().hex[:12]  # cold prompts are cold in every run
         self._stopped = threading.Event()
         self._lock = threading.Lock()
+        self._refused: list[DsparkError] = []  # a lane's port check found another process on the port
         self.outcomes: list[Outcome] = []
         self.began = self.ended = 0.0
 
@@ -114,8 +117,14 @@ class Run:
             messages = self._messages(request, rng, history)
             url, body = payload(self.target, messages, request.max_tokens)
             timed_out = lambda: self._stopped.is_set() or time.monotonic() >= deadline  # noqa: E731
-            got = http.stream(url, self.target.key, body, min(self.request_timeout, max(1.0, deadline - time.monotonic())),
-                              stop=timed_out)
+            try:
+                got = http.stream(url, self.target.key, body,
+                                  min(self.request_timeout, max(1.0, deadline - time.monotonic())), stop=timed_out)
+            except DsparkError as exc:  # the port is someone else's now: nothing was sent; the run ends
+                with self._lock:
+                    self._refused.append(exc)
+                self.stop()
+                return
             cut = got.error == "stopped" or (bool(got.error) and timed_out())
             outcome = Outcome(klass.name, request.index, got.status, got.sent, tuple(got.chunks), got.prompt_tokens,
                               got.completion_tokens, "" if cut else got.error, cut)
@@ -144,4 +153,6 @@ class Run:
         finally:
             self._stopped.set()  # an interrupt: the lanes stop at their next event
         self.ended = time.monotonic()
+        if self._refused:
+            raise self._refused[0]
         return sorted(self.outcomes, key=lambda o: (o.klass, o.index))

@@ -115,7 +115,7 @@ class Tuner:
         server, target = bench.served(self.settings, self.spec)
         options = self.options
         if not options.while_serving:
-            busy = bench.others_served(server)
+            busy = bench.others_served(server, target)
             if busy:
                 raise Busy(f"tune: the server is serving other clients ({busy:g} request(s) running or waiting); "
                            "tune would add load to theirs and measure theirs; --while-serving runs anyway")

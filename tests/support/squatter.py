@@ -1,6 +1,7 @@
 """A port squatter: another local user's listener on a port the launcher talks to (issue 30's attacks).
 
-Run as a file, as an unprivileged user: `python squatter.py HOST PORT`. It binds HOST:PORT, writes
+Run as a file, as an unprivileged user: `python squatter.py HOST PORT [v6only]` (`v6only`: an IPv6 socket with
+IPV6_V6ONLY, which Linux lets bind `[::]:PORT` beside another user's 127.0.0.1:PORT). It binds HOST:PORT, writes
 `listening on HOST:PORT`, then for every connection `connection N: BYTES` (what the client sent in
 its first two seconds, repr-ed), and answers like a healthy server would (HTTP 200 with a model list),
 so a launcher that trusted whoever answers would go on and send its secrets.
@@ -48,6 +49,8 @@ def main() -> None:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if sys.argv[3:] == ["v6only"]:
+        listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
     listener.bind((host, port))
     listener.listen(16)
     say(f"listening on {host}:{listener.getsockname()[1]}")
@@ -67,9 +70,9 @@ if __name__ == "__main__":
 NOBODY = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
 
 
-def argv(python: str, host: str, port: int) -> list[str]:
+def argv(python: str, host: str, port: int, v6only: bool = False) -> list[str]:
     """The squatter as user nobody (`-I`: nothing of the caller's environment or folder imported)."""
-    return [*NOBODY, python, "-I", __file__, host, str(port)]
+    return [*NOBODY, python, "-I", __file__, host, str(port), *(["v6only"] if v6only else [])]
 
 
 def wait_listening(log, timeout: float = 30) -> int:
