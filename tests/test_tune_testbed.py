@@ -88,7 +88,7 @@ def test_bench_streams_the_classes_and_the_operators_prompts(served, tmp_path, t
     prompts.write_text("".join(json.dumps({"prompt": t, "max_tokens": 5}) + "\n" for t in texts))
     out = tmp_path / "bench.json"
     # the JSONL and the JSON out live in this test's folder, which the head node sees at the same path
-    done = served.dspark("bench", "--prompts", str(prompts), "--json", str(out), "--requests", "20",
+    done = served.dspark("bench", "--prompts", str(prompts), "--out", str(out), "--requests", "20",
                          "--seconds", "120", "--max-reply-tokens", "6")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     data = json.loads(out.read_text())

@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from dspark_launch.cli.config_cmd import EnvFileOption
+from dspark_launch.cli.options import EnvFileOption
 from dspark_launch.cli.loading import settings_and_spec
 from dspark_launch.cli.output import fail, say
 from dspark_launch.cli.reporter import ConsoleReporter

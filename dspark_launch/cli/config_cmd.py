@@ -5,21 +5,16 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
+from dspark_launch.cli.options import EnvFileOption, JsonOption, StrictOption
 from dspark_launch.cli.output import emit_json, fail, say, table
 from dspark_launch.errors import ConfigError, DsparkError
 
 app = typer.Typer(help="Show, check and initialise the configuration.", no_args_is_help=True)
 
-EnvFileOption = Annotated[
-    Optional[str],
-    typer.Option("--env-file", metavar="PATH", show_default=False,
-                 help="Env file to read (default: $DSPARK_ENV_FILE, else ./.env.dspark, else none: the built-in "
-                      "defaults and the environment; the example is read only when named)."),
-]
 
 
 def load_settings(env_file: str | None, strict: bool = False):
@@ -31,7 +26,7 @@ def load_settings(env_file: str | None, strict: bool = False):
 @app.command()
 def show(
     env_file: EnvFileOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Every setting with its effective value, where it came from, and notes."""
     from dspark_launch.config.profile_resolve import profile_values
@@ -71,7 +66,7 @@ def show(
 @app.command()
 def check(
     env_file: EnvFileOption = None,
-    strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as errors.")] = False,
+    strict: StrictOption = False,
 ) -> None:
     """Exit 0 when the configuration is valid, 2 when it is not (one line naming the setting, its value, file:line and what is allowed; the example's placeholder hosts and interface included)."""
     from dspark_launch.config.placeholders import placeholder_error, placeholders

@@ -12,7 +12,8 @@ from dspark_launch.cli import cluster_cmd, config_cmd, model_cmd, service_cmd, t
 def _readable_metavars() -> None:
     """Typer 0.29 shows a `<bool>` beside every flag and `<str>`/`<int>` beside every value: a flag takes no
     value, so it shows none; a value without its own metavar shows its name (`--gpu` -> `GPU`); an argument shows
-    its name once."""
+    its name once. Typer has no setting for this, so its `display_type_rich` hook (read by typer/rich_utils.py) is
+    replaced; tests/test_cli_help.py fails when Typer stops calling it or the help shows `<bool>` again."""
     from typer.core import TyperArgument, TyperOption
 
     def option_type(self, ctx):

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from dspark_launch.cli.config_cmd import EnvFileOption
+from dspark_launch.cli.options import EnvFileOption, JsonOption
 from dspark_launch.cli.loading import settings_and_spec
 from dspark_launch.cli.output import emit_json, fail, say
 from dspark_launch.cli.reporter import ConsoleReporter
@@ -17,7 +17,6 @@ from dspark_launch.cli.signals import interruptible
 from dspark_launch.errors import EXIT_FAILED, DsparkError
 
 app = typer.Typer(help="Model weights on every node: pull once, copy over the fabric, verify.", no_args_is_help=True)
-JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 GIB = 1 << 30
 
 

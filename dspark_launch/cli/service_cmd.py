@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from dspark_launch.cli.cluster_cmd import dashboard_hint, hotfix_line
-from dspark_launch.cli.config_cmd import EnvFileOption
+from dspark_launch.cli.options import EnvFileOption, JsonOption, StrictOption
 from dspark_launch.cli.loading import settings_and_spec, settings_or_exit
 from dspark_launch.cli.output import emit_json, fail, say
 from dspark_launch.cli.reporter import ConsoleReporter
@@ -37,7 +37,6 @@ def _report_failure(error: DsparkError, spec) -> None:
 
 ForceOption = Annotated[bool, typer.Option(
     "--force", help="Start even when the memory pre-flight says it won't fit (an overrun freezes the host).")]
-StrictOption = Annotated[bool, typer.Option("--strict", help="Treat configuration warnings as errors.")]
 
 
 def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False, begin=None) -> None:
@@ -224,7 +223,7 @@ reload.__doc__ = (f"Apply live settings ({', '.join(DECLARED.live)}) to the runn
 
 def status(
     env_file: EnvFileOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema in docs/cluster.md).")] = False,
+    as_json: JsonOption = False,
     deep: Annotated[bool, typer.Option(
         "--deep", help="Read Ray's node table (registered IPs, GPUs) even while the record answers it.")] = False,
 ) -> None:
@@ -309,8 +308,7 @@ def plan(
     env_file: EnvFileOption = None,
     host: HostOption = None,
     port: PortOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable (schema dspark-plan/1, "
-                                          "docs/operations.md).")] = False,
+    as_json: JsonOption = False,
     gpu: Annotated[Optional[str], typer.Option(
         "--gpu", metavar="CAP", help="Judge the plan as if every node reported this GPU compute capability "
         "(12.1: GB10), by the installed vLLM's own code: to prepare on a laptop or in CI.")] = None,

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dspark_launch.cli.config_cmd import EnvFileOption
+from dspark_launch.cli.options import EnvFileOption
 from dspark_launch.cli.loading import settings_and_spec
 from dspark_launch.cli.output import fail, printable, say
 from dspark_launch.cli.reporter import ConsoleReporter
@@ -57,8 +57,8 @@ def bench(
     seconds: SecondsOption = 300.0,
     max_reply: ReplyOption = 0,
     seed: SeedOption = 0,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the result here (schema "
-                                                     "dspark-bench/1).")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--out", metavar="FILE", help="Also write the result here as "
+                                                     "JSON (schema dspark-bench/1).")] = None,
 ) -> None:
     """Stream a workload of request classes (short chats, a long cold document, cached agent turns, and your prompts with --prompts) at the running server; per class: first token, inter-token time, decode rate, errors (docs/tune.md)."""
     from dspark_launch.tune import bench as b

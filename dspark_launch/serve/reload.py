@@ -152,7 +152,7 @@ def reload(settings: Settings, spec: ClusterSpec, reporter: Reporter, timeout_s:
         took = time.monotonic() - began
         server.live = {name: value for name, value in values.items() if server.settings.get(name) != value}
         server.live_since = time.time() if server.live else None
-        server.scheduler_cap = lines[0].cap
+        server.scheduler_cap = int(lines[0].cap)
         save_state(spec.state_dir, state)
         return ReloadResult(changes, took, lines[0].changes, engines, woken)
 

@@ -46,7 +46,7 @@ class Point:
         from dspark_launch.serve.reload import InForce
 
         force = InForce.of(values)
-        return cls(force.cap, force.gate_mode, force.aging)
+        return cls(int(force.cap), int(force.gate_mode), float(force.aging))
 
 
 _POINT = re.compile(r"^(\d+):(\d+)(?::([0-9]*\.?[0-9]+))?$")
