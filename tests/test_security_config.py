@@ -175,8 +175,9 @@ def test_positional_model_and_harmless_flags(clean_environ):
 
 
 # The table's spellings of another release than the installed 0.32: 0.33 lists a switch's negative as
-# --disable-X (--no-enable-X up to 0.32, still parsed by 0.33).
-OTHER_RELEASE_SPELLINGS = {"--disable-prefix-caching", "--disable-chunked-prefill"}
+# --disable-X (--no-enable-X up to 0.32, still parsed by 0.33); 0.34 turns the access log back on with
+# --enable-uvicorn-access-log (tests/test_forged_log_lines.py asks 0.34's parser).
+OTHER_RELEASE_SPELLINGS = {"--disable-prefix-caching", "--disable-chunked-prefill", "--enable-uvicorn-access-log"}
 
 _PARSE = PARSER_PREAMBLE + r"""
 dests = {o: a.dest for a in parser._actions for o in a.option_strings}

@@ -110,7 +110,7 @@ def test_apply_keeps_comments_order_and_mode_and_config_check_reads_the_new_valu
     changes = {name: (value, where_set(path, name, sources[name]))
                for name, value in (("DSPARK_MAX_INFLIGHT_PREFILLS", "2"), ("DSPARK_PREFILL_GATE_MODE", "2"))}
     inode = path.stat().st_ino
-    set_values(path, changes, note="set by dspark tune --apply")
+    set_values(path, changes, read_sha256=settings.env_file_sha256, note="set by dspark tune --apply")
     assert path.read_text() == text.replace('"1"', '"2"') + "# set by dspark tune --apply\nDSPARK_PREFILL_GATE_MODE=2\n"
     assert stat.S_IMODE(path.stat().st_mode) == 0o640 and path.stat().st_ino != inode
     path.chmod(0o600)  # the loader's trust rule; the writer kept what it found

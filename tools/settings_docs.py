@@ -75,10 +75,18 @@ def _refusal_tables(levels: Levels) -> list[str]:
         lines.append(f"| {spelled} | {instead} |")
     secret = ", ".join(f"`{s}` ({flag.why})" for flag in serve_flags.SECRET_FLAGS for s in flag.spellings)
     lines += ["", f"Refused too, in the same spellings, because their value is a secret: {secret}."]
-    lines += ["", "### Names refused in `DSPARK_FORWARD_ENV`", "",
-              f"Any name that looks like a secret (contains {', '.join(SECRET_WORDS)}, in any case), "
-              "and every name matching one of these patterns:", "",
-              "| pattern (whole name) | why |", "|---|---|"]
+    lines += ["", "### Names DSPARK_FORWARD_ENV accepts", "",
+              "Only these (an allow-list, by family; the name exactly, case included); every other name is refused "
+              "with one line, exit 2, nothing started:", "",
+              "| family | names | why each is safe |", "|---|---|---|"]
+    for family in forward_env.ALLOWED:
+        names = ", ".join(f"`{name}`" for name in family.shown.split(", "))
+        lines.append(f"| {family.title} | {names} | {family.why} |")
+    lines += ["", "### Names refused in `DSPARK_FORWARD_ENV`, and why", "",
+              "Not on the list above, and never added to it: any name that looks like a secret (contains "
+              f"{', '.join(SECRET_WORDS)}, in any case), and every name matching one of these patterns (checked "
+              "first: the error names the reason):", "",
+              "| pattern (whole name, in upper case) | why |", "|---|---|"]
     for pattern, why in forward_env.REFUSED_NAMES:
         escaped = pattern.replace("|", " \\| ")  # a pipe inside a table cell
         lines.append(f"| `{escaped}` | {why} |")

@@ -3,7 +3,7 @@
 The file decides which programs run (`DSPARK_HEAD_PYTHON`, ...), so it is read only when nobody
 but this user or root could have written it: the file and the folder holding it owned by this
 user or root and not writable by group or others, the folders above as for the state folder
-(docs/security.md, third round, point 1). The example is a template (`config init` copies it), never
+(docs/security.md, "The code root runs on the nodes"). The example is a template (`config init` copies it), never
 read from the working directory: without `--env-file`, `DSPARK_ENV_FILE` or `./.env.dspark`
 the settings are the built-in defaults and the environment.
 """
@@ -11,6 +11,7 @@ the settings are the built-in defaults and the environment.
 from __future__ import annotations
 
 import errno
+import hashlib
 import io
 import os
 import re
@@ -32,6 +33,7 @@ class EnvFile:
     values: Mapping[str, str]
     lines: Mapping[str, int]  # the line of the assignment that wins
     is_example: bool
+    sha256: str = ""  # of the bytes read: a later write checks the file is still what was read (config/env_write.py)
 
     @staticmethod
     def none() -> "EnvFile":
@@ -95,7 +97,7 @@ def read_env_file(path: Path, is_example: bool) -> EnvFile:
         match = _ASSIGNMENT.match(line)
         if match:
             lines[match.group(1)] = number
-    return EnvFile(path=path, values=values, lines=lines, is_example=is_example)
+    return EnvFile(path=path, values=values, lines=lines, is_example=is_example, sha256=hashlib.sha256(raw).hexdigest())
 
 
 def group_or_world_readable(path: Path) -> bool:

@@ -37,6 +37,9 @@ UNSET_FLAGS: tuple[LauncherFlag, ...] = (
     LauncherFlag(("--enable-chunked-prefill", "--no-enable-chunked-prefill", "--disable-chunked-prefill"), "",
                  "the scheduler hotfix needs chunked prefill on"),
     LauncherFlag(("--config",), "", "a vLLM config file can set every flag of this table"),
+    LauncherFlag(("--disable-uvicorn-access-log", "--no-disable-uvicorn-access-log", "--enable-uvicorn-access-log"), "",
+                 "the launcher turns uvicorn's access log off: its lines carry no vLLM prefix and the client "
+                 "address a local client sends as X-Forwarded-For, which would let it write the server log's lines"),
     LauncherFlag(("--data-parallel-size-local", "--data-parallel-rank", "--data-parallel-start-rank",
                   "--data-parallel-address", "--data-parallel-rpc-port", "--data-parallel-backend",
                   "--data-parallel-hybrid-lb", "--no-data-parallel-hybrid-lb", "--data-parallel-external-lb",

@@ -60,6 +60,7 @@ class Settings(NumericKnobs, TextSettings):
     env_file: Path | None
     from_example: bool
     warnings: tuple[str, ...] = ()
+    env_file_sha256: str = ""  # the env file's bytes as read (config/env_write.py refuses a file changed since)
 
     @property
     def env_file_shown(self) -> str:
@@ -372,4 +373,4 @@ def resolve(
     if path is not None and secret_in_file and group_or_world_readable(path):
         warnings.append(f"{path} holds a secret and is readable by group or others; run: chmod 600 {path}")
     return Settings(**_typed_values(entries), entries=MappingProxyType(entries), env_file=path,  # type: ignore[arg-type]
-                    from_example=is_example, warnings=tuple(dict.fromkeys(warnings)))
+                    from_example=is_example, warnings=tuple(dict.fromkeys(warnings)), env_file_sha256=loaded.sha256)

@@ -244,8 +244,8 @@ class TextSettings:
     dspark_ssh_host_key_check: str = text("yes", group="cluster", check=_choice("yes", "accept-new"))
     """StrictHostKeyChecking for workers: yes, or accept-new to trust a first-seen key"""
     dspark_forward_env: str = text("", group="cluster", check=_env_names)
-    """Names of variables passed from the launcher's environment to every node's Ray and to vllm serve; secrets and
-    loader/interpreter names are refused (list below)"""
+    """Names of variables passed from the launcher's environment to every node's Ray and to vllm serve; only the
+    reviewed names are accepted (an allow-list by family, below), any other is refused"""
     dspark_state_dir: str = text("", group="cluster", check=single_line)
     """State folder (pids, logs, Ray token); default $XDG_STATE_HOME/dspark"""
 

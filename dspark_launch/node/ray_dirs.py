@@ -7,7 +7,7 @@ link there, write Ray's folders or reach its sockets), made here with mkdir and 
 without following links; a folder there that is a link, of another user or open to others
 is refused with one line, never repaired.
 
-Where that private folder is (docs/security.md, third round, point 7): a place no other user can
+Where that private folder is (docs/security.md, "The nodes' files"): a place no other user can
 create first, or else a name they cannot know. Root: `/run/dspark-0` (`/run` is root's and
 closed to others). Any other user: `/tmp/dspark-<8 random hex>`, the random part kept in
 `$XDG_STATE_HOME/dspark/private-tmp-name` (default `~/.local/state`, a private file); should a

@@ -9,7 +9,7 @@ and only when it is a plain file of this user with no other name (no hard link).
 Inside a node container of a rootful runtime the agent is root while the mounted state folder
 belongs to the operator on the host: there (CONTAINER_STATE_VAR set, euid 0) a log folder inside
 the state folder may also belong to that folder's owner, and what the agent creates there is given
-to them (docs/security.md, point 11).
+to them (docs/security.md, "The nodes' files").
 """
 
 from __future__ import annotations

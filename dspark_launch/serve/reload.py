@@ -169,8 +169,10 @@ def _wait_in_force(log, wanted: InForce, engines: int, server: ServerRecord, set
     nudges_refused: list[DsparkError] = []  # a nudge's port check: another process holds the port, nothing was sent
     text = ""
     while True:
-        text += log.new_text()  # whole lines: a read may end inside one
-        for said in engine_lines(text, "scheduler.py"):  # the schedulers' own lines only, never a client's prompt
+        text += log.new_text()  # a read may end inside a line: only the lines ended by "\n" so far are read
+        # The schedulers' own lines only (vLLM's EngineCore prefix at the line's start), never a client's prompt
+        # or an access-log line; split at "\n" only (a request id may hold U+2028 or U+0085 unescaped).
+        for said in engine_lines(text[:text.rfind("\n") + 1], "scheduler.py"):
             refused = contract.LIVE_WARNING_RE.search(said.message)
             if refused:
                 engine = f" of data-parallel rank {said.rank}" if engines > 1 else ""

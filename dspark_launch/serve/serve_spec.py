@@ -20,6 +20,7 @@ ENTRY_MODULE = "dspark_launch.node.serve_entry"
 VLLM_CONFIG_DIR = "vllm-config"  # in the state folder: VLLM_CONFIG_ROOT of vllm serve (its non-carry-over list)
 CONTROL_FILE = "scheduler-control"  # in the state folder: the scheduler's live values (`dspark reload`)
 SECRET_ENV = ("VLLM_API_KEY", "DSPARK_API_KEYS", "RAY_AUTH_TOKEN")
+ACCESS_LOG_OFF = "--disable-uvicorn-access-log"  # vLLM 0.32 to 0.34 (vllm/entrypoints/.../cli_args.py FrontendArgs)
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,11 @@ def build_serve_spec(settings: Settings, spec: ClusterSpec, ray_env: dict[str, s
     # VLLM_HOST=localhost resolved here, once, as vLLM's own bind would (its first IPv4 address), and vLLM given
     # that address: the URL the launcher records, checks and connects to is the very address the server binds.
     host = api_address(settings)
+    # uvicorn's access log off: its lines carry no vLLM prefix and the client address in them is whatever a
+    # client on 127.0.0.1 sends as X-Forwarded-For (uvicorn trusts 127.0.0.1 by default), so any local user
+    # could write a line of their choosing into the log the launcher reads (node/engine_log.py).
     args = [model, "--host", host, "--port", str(settings.vllm_port),
-            "--distributed-executor-backend", "ray", "--tensor-parallel-size", str(tp), *rest]
+            "--distributed-executor-backend", "ray", "--tensor-parallel-size", str(tp), ACCESS_LOG_OFF, *rest]
     config_root = spec.state_dir / VLLM_CONFIG_DIR
     env = dict(spec.forwarded)  # first: the launcher's own values below always win over a forwarded name
     env.update(spec.node_env)

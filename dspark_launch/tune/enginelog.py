@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from dspark_launch.hotfix import contract
+from dspark_launch.node.engine_log import engine_lines
 from dspark_launch.tune.points import Point
 
 STEP_RE = re.compile(r"dspark-issue27 step=\d+ cap=(\d+) .*? mode=(\d+) ")
@@ -50,9 +51,11 @@ class EngineLog:
         self._advance(self._new_lines())
 
     def _new_lines(self) -> list[str]:
+        """The messages the EngineCores' schedulers logged since the last call (by vLLM's prefix at the start of
+        a line, node/engine_log.py): a client's prompt or request id holding a `(live)` line is not one."""
         text = self._partial + self.reader.new_text()
         whole, _, self._partial = text.rpartition("\n")
-        return whole.split("\n") if whole else []
+        return [said.message for said in engine_lines(whole, "scheduler.py")] if whole else []
 
     def _advance(self, lines: list[str]) -> list[str]:
         """Follow `lines` in order; returns the lines that set values."""

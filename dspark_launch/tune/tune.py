@@ -229,7 +229,8 @@ class Tuner:
         path = self.settings.env_file
         changes = {name: (value, where_set(path, name, self.settings.source_of(name.lower())))
                    for name, value in rec.point.values().items()}
-        set_values(path, changes, note="set by dspark tune --apply")
+        # the line numbers are those read when tune began: written only if the file is still what was read then
+        set_values(path, changes, read_sha256=self.settings.env_file_sha256, note="set by dspark tune --apply")
         self.reporter.phase(f"tune: wrote {rec.point.name} into {path}; reloading")
         self._reload({})  # the env file as it is now
         self.outcome.applied = True

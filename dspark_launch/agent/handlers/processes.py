@@ -249,7 +249,8 @@ def drain(targets: dict[int, p.Process], leaders: tuple[p.Process, ...], drain_s
     EngineCore at once then). With requests in flight it is left to end by itself: its last outputs are
     still on their way to the clients when `done` is written.
     """
-    log = _DrainLog(end) if end else None  # read from its end now: only what the stop makes the server write
+    # read from its end now: only what the stop makes the server write, and only lines the run's processes logged
+    log = _DrainLog(end, frozenset(targets)) if end else None
     for proc in [proc for proc in leaders if _alive(proc)] or list(targets.values()):
         if _alive(proc):
             try:
@@ -270,10 +271,12 @@ def drain(targets: dict[int, p.Process], leaders: tuple[p.Process, ...], drain_s
 
 class _DrainLog:
     """The server log as a drain writes it, line by line from where it ended when this was made: whether a
-    `busy` line came before every engine's `done` (`end.engines` of them, one per data-parallel rank) did."""
+    `busy` line came before every engine's `done` (`end.engines` of them, one per data-parallel rank) did.
+    With `pids`, only lines whose prefix names one of those processes count (the run's, found before the
+    signal: the EngineCore among them)."""
 
-    def __init__(self, end: p.DrainEnd):
-        self.end, self.busy, self.partial = end, False, ""
+    def __init__(self, end: p.DrainEnd, pids: frozenset[int] | None = None):
+        self.end, self.pids, self.busy, self.partial = end, pids, False, ""
         self.done_ranks: set[int] = set()
         try:
             self.offset = os.stat(end.log).st_size
@@ -300,9 +303,10 @@ class _DrainLog:
             for line in lines:
                 if self.done:
                     break
-                # Only the EngineCore's own lines (by its logger's prefix): a prompt logged by the API server
-                # that holds the done line must not end a drain that has requests in flight.
-                said = engine_line(line, self.end.source_file)
+                # Only the EngineCore's own lines (by its logger's prefix at the line's start, split at "\n"
+                # only): a prompt or a forged access-log line holding the done line must not end a drain that
+                # has requests in flight.
+                said = engine_line(line.removesuffix("\r"), self.end.source_file, self.pids)
                 if said is not None:
                     self.busy = self.busy or said.message.startswith(self.end.busy)
                     if said.message.startswith(self.end.done):
