@@ -1,5 +1,5 @@
-"""Secrets in VLLM_EXTRA_ARGS (risk 1) and the forwarded names that still
-passed (risk 5), refused at `config check` with one line that never shows a secret.
+"""Secrets in VLLM_EXTRA_ARGS and the forwarded names that once
+passed, refused at `config check` with one line that never shows a secret.
 
 The lists are checked against vLLM itself: its own set of sensitive serve arguments
 (`_SENSITIVE_ARG_FIELDS`, which it redacts in its log) through its real parser, and every path-like
