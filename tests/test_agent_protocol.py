@@ -217,7 +217,7 @@ def test_the_deployment_record_holds_its_own_types_not_wire_types():
 
 def test_state_from_another_launcher_version_loads_and_corrupt_state_is_named(tmp_path):
     record = Deployment("10.0.0.1:6379", "d", 1.0, __version__,
-                        [NodeRecord("head", "10.0.0.1", None, "dspark-x-head",
+                        [NodeRecord(name="head", ip="10.0.0.1", ssh_host=None, marker="dspark-x-head",
                                     processes=[ProcessRecord(1, 2, 1, "b", "raylet")])])
     save_state(tmp_path, record)
     data = json.loads((tmp_path / "state.json").read_text())

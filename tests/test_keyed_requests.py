@@ -150,8 +150,8 @@ def test_vllm_host_localhost_is_bound_recorded_and_checked_as_its_ipv4_address(t
     assert serve_spec.host == "127.0.0.1" and serve_spec.base_url == "http://127.0.0.1:8123"
     args = list(serve_spec.serve_args)
     assert args[args.index("--host") + 1] == "127.0.0.1" and "localhost" not in args
-    assert ServeSpec((), (), host="::", port=1).base_url == "http://[::1]:1"  # the wildcard's own family
-    assert ServeSpec((), (), host="0.0.0.0", port=1).base_url == "http://127.0.0.1:1"
+    assert ServeSpec(serve_args=(), env=(), host="::", port=1).base_url == "http://[::1]:1"  # the wildcard's own family
+    assert ServeSpec(serve_args=(), env=(), host="0.0.0.0", port=1).base_url == "http://127.0.0.1:1"
     assert http.pinned("http://localhost:8123/v1/models") == ("http://127.0.0.1:8123/v1/models", "127.0.0.1", 8123)
     assert http.pinned("http://[::1]:8123/health")[1:] == ("::1", 8123)
 

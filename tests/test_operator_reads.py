@@ -225,14 +225,14 @@ def _plan(tmp_path, refusals: tuple[str, ...] = ()):
     resolved = resolve(DEEPSEEK_V4_FLASH, VllmOffer.from_json((DATA / "vllm-0.25.0-offer.json").read_text()), settings)
     add_port(tmp_path, "0000:01:00.1", "enp1s0f1np1", "rocep1s0f1", {3: (ipv4_gid("10.1.0.1"), "RoCE v2")})
     fabric = fabric_env(FabricRequest("head", "enp1s0f1np1", "10.1.0.1"), tmp_path)
-    head = NodePlan("head", "10.1.0.1", True, "probed", (("/venv/bin/python", "-m", "ray.scripts.scripts", "start",
+    head = NodePlan(node="head", address="10.1.0.1", probed=True, status="probed", commands=(("/venv/bin/python", "-m", "ray.scripts.scripts", "start",
                                                           "--head"), ("/venv/bin/python", "-m",
                                                                       "dspark_launch.node.serve_entry", *resolved.serve_args)),
-                    env_entries(resolved.env, "profile") + env_entries(fabric.env, "fabric (sysfs)"),
-                    fabric.notes, ("head: MTU 1500 on fabric member enp1s0f1np1, below 9000",), None, refusals)
-    return Plan(resolved.profile, resolved.vllm_version, ".env.dspark", False, profile_decisions(resolved),
-                (head, not_probed("worker1", "10.1.0.2", "not probed: worker1 (10.1.0.2): unreachable")), None,
-                head.warnings + refusals, refusals + ("worker1 (10.1.0.2): not probed: unreachable",))
+                    env=env_entries(resolved.env, "profile") + env_entries(fabric.env, "fabric (sysfs)"),
+                    fabric_notes=fabric.notes, warnings=("head: MTU 1500 on fabric member enp1s0f1np1, below 9000",), memory=None, refusals=refusals)
+    return Plan(profile=resolved.profile, vllm_version=resolved.vllm_version, env_file=".env.dspark", from_example=False, decisions=profile_decisions(resolved),
+                nodes=(head, not_probed("worker1", "10.1.0.2", "not probed: worker1 (10.1.0.2): unreachable")), memory=None,
+                warnings=head.warnings + refusals, refusals=refusals + ("worker1 (10.1.0.2): not probed: unreachable",))
 
 
 def test_plan_on_80_columns_starts_with_a_summary_and_wraps_every_line(tmp_path):

@@ -34,8 +34,8 @@ def stale_record(tb, state_dir) -> None:
     """A deployment whose every process is gone: pid 1 with another start time is nobody of ours."""
     gone = [ProcessRecord(1, 1, cmd="/venv/lib/ray/core/src/ray/gcs/gcs_server"),
             ProcessRecord(1, 2, cmd="/venv/lib/ray/core/src/ray/raylet/raylet")]
-    nodes = [NodeRecord("head", tb.head.ip, None, "dspark-0badcafe-head", list(gone)),
-             *(NodeRecord(f"worker{i}", w.ip, f"root@{w.ip}", f"dspark-0badcafe-worker{i}", list(gone))
+    nodes = [NodeRecord(name="head", ip=tb.head.ip, ssh_host=None, marker="dspark-0badcafe-head", processes=list(gone)),
+             *(NodeRecord(name=f"worker{i}", ip=w.ip, ssh_host=f"root@{w.ip}", marker=f"dspark-0badcafe-worker{i}", processes=list(gone))
                for i, w in enumerate(tb.workers, 1))]
     server = ServerRecord(marker="dspark-0badcafe-server", log=str(state_dir / "logs" / "vllm-serve.log"),
                           url=f"http://127.0.0.1:{API_PORT}", served_name="tiny", model="tiny",

@@ -26,12 +26,12 @@ def test_plan_on_the_example_file_marks_workers_not_probed_and_hides_secrets(tmp
     head_fabric = fabric_env(FabricRequest("head", "enp1s0f1np1", "192.0.2.1"), tmp_path)
     memory = estimate_memory(DEEPSEEK_V4_FLASH, resolved.kv_cache_dtype, resolved.max_model_len, 2, None, None,
                              (NodeMemory("head", 128 * GIB),), resolved.gpu_memory_utilization)
-    head = NodePlan("head", "192.0.2.1", True, "probed", (("vllm", "serve", *resolved.serve_args),),
-                    env_entries(resolved.env, "profile") + env_entries(head_fabric.env, "fabric (sysfs)")
+    head = NodePlan(node="head", address="192.0.2.1", probed=True, status="probed", commands=(("vllm", "serve", *resolved.serve_args),),
+                    env=env_entries(resolved.env, "profile") + env_entries(head_fabric.env, "fabric (sysfs)")
                     + env_entries((("VLLM_API_KEY", SECRET), ("RAY_AUTH_TOKEN", "")), "settings"),
-                    head_fabric.notes, head_fabric.warnings, memory.findings[0])
-    plan = Plan(resolved.profile, resolved.vllm_version, str(settings.env_file), settings.from_example,
-                profile_decisions(resolved), (head, not_probed("worker1", "192.0.2.2")), memory)
+                    fabric_notes=head_fabric.notes, warnings=head_fabric.warnings, memory=memory.findings[0])
+    plan = Plan(profile=resolved.profile, vllm_version=resolved.vllm_version, env_file=str(settings.env_file), from_example=settings.from_example,
+                decisions=profile_decisions(resolved), nodes=(head, not_probed("worker1", "192.0.2.2")), memory=memory)
     text = plan.to_json()
     assert SECRET not in text
     body = json.loads(text)
@@ -70,8 +70,8 @@ def test_plan_json_on_the_example_file_shows_every_flag_and_variable_with_its_so
                                                    (BackendVerdict("b12x", "B12xFp8BlockScaledMMKernel"),), ()),),
                     modules=("b12x", "instanttensor", "cutlass"), env_names=("VLLM_USE_BREAKABLE_CUDAGRAPH",))
     resolved = resolve(DEEPSEEK_V4_FLASH, offer, settings, gpu_target({"head": "12.1", "worker1": "12.1"}))
-    plan = Plan(resolved.profile, resolved.vllm_version, str(settings.env_file), settings.from_example,
-                profile_decisions(resolved), (not_probed("worker1", "192.0.2.2"),), None)
+    plan = Plan(profile=resolved.profile, vllm_version=resolved.vllm_version, env_file=str(settings.env_file), from_example=settings.from_example,
+                decisions=profile_decisions(resolved), nodes=(not_probed("worker1", "192.0.2.2"),), memory=None)
     decisions = {d["subject"]: d for d in json.loads(plan.to_json())["decisions"]}
     profile = DEEPSEEK_V4_FLASH
     for pref in profile.preferences:

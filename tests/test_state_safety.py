@@ -56,7 +56,7 @@ def one_error_line(proc: subprocess.CompletedProcess) -> str:
 
 def head_only_record(server: ServerRecord | None = None) -> Deployment:
     return Deployment(ray_address="127.0.0.1:6379", config_digest="x", started_at=time.time(),
-                      launcher_version="0.0-test", nodes=[NodeRecord("head", "127.0.0.1", None, "dspark-test-head")],
+                      launcher_version="0.0-test", nodes=[NodeRecord(name="head", ip="127.0.0.1", ssh_host=None, marker="dspark-test-head")],
                       server=server)
 
 

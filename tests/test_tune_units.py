@@ -48,12 +48,12 @@ def test_aging_outside_mode_3_is_the_running_one_and_values_are_what_reload_writ
 
 def outcome(klass, index, sent, first, gap, tokens, status=200):
     chunks = tuple(first + i * gap for i in range(tokens))
-    return Outcome(klass, index, status, sent, chunks, 10, tokens)
+    return Outcome(klass=klass, index=index, status=status, sent=sent, chunks=chunks, prompt_tokens=10, completion_tokens=tokens)
 
 
 def test_class_statistics_are_measured_from_the_chunk_times():
     runs = [outcome("chat", 0, 0.0, 1.0, 0.1, 11), outcome("chat", 1, 0.0, 3.0, 0.2, 6),
-            Outcome("chat", 2, 500, 0.0, (), None, None, "HTTP 500")]
+            Outcome(klass="chat", index=2, status=500, sent=0.0, chunks=(), prompt_tokens=None, completion_tokens=None, error="HTTP 500")]
     s = class_stats(runs)
     assert (s.requests, s.ok, s.errors, s.cut) == (3, 2, 1, 0)
     assert s.ttft_mean_s == pytest.approx(2.0) and s.ttft_p90_s == pytest.approx(2.8)
@@ -68,7 +68,7 @@ def stats_with(chat_ttft: float, itl_p99: float, rate: float):
     tokens = 5
     o = outcome("chat", 0, 0.0, chat_ttft, itl_p99, tokens)
     span = chat_ttft + (tokens - 1) * itl_p99
-    doc = Outcome("document", 0, 200, 0.0, (span,) * 1, 100, max(1, int(rate * span) - tokens))
+    doc = Outcome(klass="document", index=0, status=200, sent=0.0, chunks=(span,) * 1, prompt_tokens=100, completion_tokens=max(1, int(rate * span) - tokens))
     return run_stats(["chat", "document"], [o, doc], span)
 
 

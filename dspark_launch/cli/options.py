@@ -13,6 +13,6 @@ EnvFileOption = Annotated[
                       "defaults and the environment; the example is read only when named)."),
 ]
 #: `--json` is always this switch: the command's answer as JSON on stdout (a file a command writes is `--out`).
-JsonOption = Annotated[bool, typer.Option("--json", help="Print the answer as JSON (the schemas: docs/cluster.md "
-                                          "for status, docs/operations.md for plan).")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the answer as JSON (status: schema in docs/cluster.md; "
+                                          "plan: schema dspark-plan/1 in docs/operations.md).")]
 StrictOption = Annotated[bool, typer.Option("--strict", help="Treat configuration warnings as errors.")]

@@ -73,7 +73,7 @@ class ImageMismatch(DsparkError):
     """The nodes would run different images (or one lacks it): nothing is started."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ContainerSpec:
     """What one node's container is made of (the same on every node but the host paths' owner)."""
 

@@ -312,7 +312,7 @@ def _stop_in_containers(spec: ClusterSpec, reporter: Reporter, state: Deployment
     return [name for name, ok in results.items() if not ok]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NodeView:
     name: str
     ip: str

@@ -58,7 +58,7 @@ class NodeContainers:
         return f"{self.marker}-{node}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ClusterSpec:
     nodes: tuple[Node, ...]
     ray_port: int

@@ -67,7 +67,7 @@ class ProcessRecord:
     cmd: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class VersionsRecord:
     """One node's row of the version matrix at start (node.values.VersionRow)."""
     python: str | None = None
@@ -121,7 +121,7 @@ def wire_processes(processes: list[ProcessRecord]) -> tuple[Process, ...]:
     return tuple(on_wire(Process, process) for process in processes)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class NodeRecord:
     name: str
     ip: str
@@ -139,7 +139,7 @@ class NodeRecord:
     ray: RayRegistrationRecord | None = None  # Ray's registration at the start's checks (None: not recorded)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ServerRecord:
     """`vllm serve` on the head: who it is, where it answers, what it was started with."""
     marker: str
@@ -189,6 +189,8 @@ class Deployment:
     hotfix: dict[str, HotfixRecord] = field(default_factory=dict)  # node name -> report
     versions: dict[str, VersionsRecord] = field(default_factory=dict)  # node name -> version matrix row
     server: ServerRecord | None = None
+    # node name -> the platform facts at start (node/platform.compared: kernel, CmaTotal, driver, firmware, ...)
+    platform: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def node(self, name: str) -> NodeRecord | None:
         return next((n for n in self.nodes if n.name == name), None)

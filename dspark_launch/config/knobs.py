@@ -159,9 +159,9 @@ def declared_knobs(cls: type = NumericKnobs) -> tuple[Knob, ...]:
             raise ValueError(f"{cls.__name__}.{field.name} has no docstring")
         if field.default is dataclasses.MISSING:
             raise ValueError(f"{cls.__name__}.{field.name} has no default")
-        knobs.append(Knob(field.name.upper(), kind, _canonical(kind, field.default), _canonical(kind, rule.minimum),
-                          _canonical(kind, rule.maximum), "soft" if rule.soft else "hard", docs[field.name],
-                          rule.group, 0))
+        knobs.append(Knob(name=field.name.upper(), type=kind, default=_canonical(kind, field.default), minimum=_canonical(kind, rule.minimum),
+                          maximum=_canonical(kind, rule.maximum), range_policy="soft" if rule.soft else "hard", description=docs[field.name],
+                          group=rule.group, line=0))
     return tuple(knobs)
 
 

@@ -62,7 +62,7 @@ class KvCacheChoice:
     judged: bool  # True: the layout is the installed build's own answer for the nodes' compute capability
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ResolvedProfile:
     """What `vllm serve` runs with, apart from the launcher's own flags (host, port, TP, Ray backend, API key)."""
 

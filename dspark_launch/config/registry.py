@@ -17,7 +17,7 @@ from dspark_launch.config import numbers
 REGISTRY_FILENAME = "dspark-numeric-knobs.sh"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Knob:
     name: str
     type: str  # "int" or "float"
@@ -96,4 +96,4 @@ def _make_knob(fields: list[str], group: str, path: Path, line: int) -> Knob:
         raise ValueError(f"{where}: {name}: minimum must not be negative")
     if not numbers.compare(minimum, default) <= 0 <= numbers.compare(maximum, default):
         raise ValueError(f"{where}: {name}: default outside min..max")
-    return Knob(name, type_, default, minimum, maximum, policy, description, group, line)
+    return Knob(name=name, type=type_, default=default, minimum=minimum, maximum=maximum, range_policy=policy, description=description, group=group, line=line)

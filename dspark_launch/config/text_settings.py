@@ -183,7 +183,7 @@ def _ray_token(value: str) -> str:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TextSetting:
     name: str
     default: str
@@ -366,8 +366,8 @@ def text_settings_of(cls: type) -> tuple[TextSetting, ...]:
             raise ValueError(f"{cls.__name__}.{field.name} has no docstring")
         if field.default is dataclasses.MISSING:
             raise ValueError(f"{cls.__name__}.{field.name} has no default")
-        specs.append(TextSetting(field.name.upper(), as_text(field.default), rule.group, docs[field.name], rule.check,
-                                 rule.secret, rule.required_for_cluster, rule.quiet, rule.vllm_flags))
+        specs.append(TextSetting(name=field.name.upper(), default=as_text(field.default), group=rule.group, description=docs[field.name], check=rule.check,
+                                 secret=rule.secret, required_for_cluster=rule.required_for_cluster, quiet=rule.quiet, vllm_flags=rule.vllm_flags))
     return tuple(specs)
 
 

@@ -32,7 +32,7 @@ from dspark_launch.hotfix.locate import find_target, version_supported, vllm_ver
 __all__ = ["Result", "apply", "check", "find_target", "main", "revert", "status", "vllm_version"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Result:
     action: str
     code: int

@@ -80,62 +80,62 @@ DEEPSEEK_V4_FLASH = Profile(
                "0.10.1.1, 0.25.0, 0.32.0, 0.34.0; needs --tool-call-parser", needs="--tool-call-parser"),
     ),
     preferences=(
-        Preference("--kv-cache-dtype", ("nvfp4_ds_mla", "fp8"),
-                   "1M tokens of KV only fit compressed: nvfp4_ds_mla (about half the bytes) where the installed "
+        Preference(flag="--kv-cache-dtype", values=("nvfp4_ds_mla", "fp8"),
+                   why="1M tokens of KV only fit compressed: nvfp4_ds_mla (about half the bytes) where the installed "
                    "build takes it on this GPU, else fp8, which DeepSeek-V4's attention stores as fp8_ds_mla "
                    "(11.04 GiB per node at 1M)",
-                   "nvfp4_ds_mla: in 0.32.0's and 0.34.0's parsers, but no stock DeepSeek-V4 attention takes it "
+                   builds="nvfp4_ds_mla: in 0.32.0's and 0.34.0's parsers, but no stock DeepSeek-V4 attention takes it "
                    "(judged on both; MiaAI runs a patched image); fp8: every vLLM",
                    source="MiaAI: nvfp4_ds_mla (patched image); vLLM recipe dgx_spark_gb10, eugr, hazyumps: fp8",
                    judge_kv=True),
-        Preference("--block-size", ("256",), "the DeepSeek sparse-attention kernels work in 256-token blocks",
-                   "every vLLM"),
-        Preference("--tokenizer-mode", ("deepseek_v4",),
-                   "the 0731 checkpoint ships no chat template: without this mode chat fails",
-                   "0.25.0, 0.32.0, 0.34.0; not 0.10.1.1", required=True),
-        Preference("--tool-call-parser", ("deepseek_v4",), "parses DeepSeek-V4 tool calls into OpenAI tool_calls",
-                   "0.25.0, 0.32.0, 0.34.0; not 0.10.1.1"),
-        Preference("--reasoning-parser", ("deepseek_v4",), "splits thinking from the answer (reasoning_content)",
-                   "0.25.0, 0.32.0, 0.34.0; not 0.10.1.1"),
-        Preference("--reasoning-config", (REASONING_CONFIG,),
-                   "the strings that open and close thinking, written out (vLLM fills empty ones from the "
+        Preference(flag="--block-size", values=("256",), why="the DeepSeek sparse-attention kernels work in 256-token blocks",
+                   builds="every vLLM"),
+        Preference(flag="--tokenizer-mode", values=("deepseek_v4",),
+                   why="the 0731 checkpoint ships no chat template: without this mode chat fails",
+                   builds="0.25.0, 0.32.0, 0.34.0; not 0.10.1.1", required=True),
+        Preference(flag="--tool-call-parser", values=("deepseek_v4",), why="parses DeepSeek-V4 tool calls into OpenAI tool_calls",
+                   builds="0.25.0, 0.32.0, 0.34.0; not 0.10.1.1"),
+        Preference(flag="--reasoning-parser", values=("deepseek_v4",), why="splits thinking from the answer (reasoning_content)",
+                   builds="0.25.0, 0.32.0, 0.34.0; not 0.10.1.1"),
+        Preference(flag="--reasoning-config", values=(REASONING_CONFIG,),
+                   why="the strings that open and close thinking, written out (vLLM fills empty ones from the "
                    "deepseek_v4 reasoning parser: the same strings), so the plan shows what a thinking budget uses",
-                   "0.32.0, 0.34.0; not 0.25.0, 0.10.1.1",
+                   builds="0.32.0, 0.34.0; not 0.25.0, 0.10.1.1",
                    source="MiaAI and hazyumps (<think>, </think>); the vLLM recipe and eugr pass empty strings"),
         # The GB10 speed settings (docs/deepseek-v4-flash.md "Speed settings"): each judged for the nodes' GPU.
-        Preference("--moe-backend", ("b12x", "marlin"),
-                   "SM12x MXFP4 MoE kernels: b12x where every node has the b12x package (`vllm[b12x]`), else marlin, "
+        Preference(flag="--moe-backend", values=("b12x", "marlin"),
+                   why="SM12x MXFP4 MoE kernels: b12x where every node has the b12x package (`vllm[b12x]`), else marlin, "
                    "which the MXFP4 oracle takes without DeepGEMM's JIT (not auto: with the CUDA wheel's DeepGEMM the "
                    "oracle picks DEEPGEMM_MXFP4 on 12.x, which fails on GB10 in its scale packing: "
                    "timothystewart6/vllm-gb10#27); not flashinfer_b12x: the MXFP4 oracle refuses it (only the NVFP4 "
                    "oracle of MiaAI's patched image has it)",
-                   "b12x and marlin: judged on 0.32.0 and 0.34.0 (b12x needs the b12x package on every node)",
+                   builds="b12x and marlin: judged on 0.32.0 and 0.34.0 (b12x needs the b12x package on every node)",
                    source="vLLM recipe dgx_spark_gb10 and eugr 0731-1m: b12x; marlin: what GB10 serves with DeepGEMM "
                           "off (timothystewart6/vllm-gb10#26: `Using 'MARLIN' Mxfp4 MoE backend`)",
                    gpus=("12",), needs_module=(("b12x", "b12x"),), judge="moe"),
-        Preference("--linear-backend", ("b12x",), "SM12x block-FP8 linear kernels (b12x)",
-                   "b12x: judged on 0.32.0 and 0.34.0 (needs the b12x package on every node)",
+        Preference(flag="--linear-backend", values=("b12x",), why="SM12x block-FP8 linear kernels (b12x)",
+                   builds="b12x: judged on 0.32.0 and 0.34.0 (needs the b12x package on every node)",
                    source="vLLM recipe dgx_spark_gb10, eugr 0731-1m", gpus=("12",), needs_module=(("b12x", "b12x"),),
                    judge="linear"),
-        Preference("--attention-backend", ("B12X_MLA_SPARSE",),
-                   "b12x sparse MLA attention for DeepSeek-V4 on SM12x",
-                   "not in 0.32.0's or 0.34.0's AttentionBackendEnum (the recipes' eugr/spark-vllm-b12x image has "
+        Preference(flag="--attention-backend", values=("B12X_MLA_SPARSE",),
+                   why="b12x sparse MLA attention for DeepSeek-V4 on SM12x",
+                   builds="not in 0.32.0's or 0.34.0's AttentionBackendEnum (the recipes' eugr/spark-vllm-b12x image has "
                    "it); both pick DeepseekV4FlashInferSM120Attention on 12.x themselves (the dry boot's attention)",
                    source="vLLM recipe dgx_spark_gb10, eugr 0731-1m", gpus=("12",)),
-        Preference("--load-format", ("instanttensor", "fastsafetensors"),
-                   "weights read with direct I/O instead of mmap, which is reported very slow on Spark",
-                   "instanttensor and fastsafetensors: 0.32.0, 0.34.0 (each needs its package)",
+        Preference(flag="--load-format", values=("instanttensor", "fastsafetensors"),
+                   why="weights read with direct I/O instead of mmap, which is reported very slow on Spark",
+                   builds="instanttensor and fastsafetensors: 0.32.0, 0.34.0 (each needs its package)",
                    source="vLLM recipe dgx_spark_gb10 and eugr: instanttensor; NVIDIA playbook nvidia/vllm: "
                           "fastsafetensors",
                    needs_module=(("instanttensor", "instanttensor"), ("fastsafetensors", "fastsafetensors"))),
-        Preference("--compilation-config", (COMPILATION_CONFIG,),
-                   "full CUDA graphs for decode, piecewise for the rest, vLLM's custom ops on",
-                   "0.10.1.1, 0.25.0, 0.32.0, 0.34.0",
+        Preference(flag="--compilation-config", values=(COMPILATION_CONFIG,),
+                   why="full CUDA graphs for decode, piecewise for the rest, vLLM's custom ops on",
+                   builds="0.10.1.1, 0.25.0, 0.32.0, 0.34.0",
                    source="vLLM recipe dgx_spark_gb10, eugr 0731-1m, hazyumps; MiaAI leaves vLLM's default mode"),
     ),
-    speculative=Preference("--speculative-config", ("dspark",), "DeepSeek's MTP head drafts 5 tokens; peers accept "
+    speculative=Preference(flag="--speculative-config", values=("dspark",), why="DeepSeek's MTP head drafts 5 tokens; peers accept "
                            "2.5 to 5.6 a step, most of the single-stream decode speed",
-                           "dspark: 0.25.0, 0.32.0, 0.34.0; not 0.10.1.1"),
+                           builds="dspark: 0.25.0, 0.32.0, 0.34.0; not 0.10.1.1"),
     speculative_tokens=5,
     draft_sample_method="probabilistic",
     capture_from_lanes=True,

@@ -159,7 +159,7 @@ def memory_rule(vllm_version: str, extensible_off: str = "") -> MemoryRule:
                       "hold one MAX_MODEL_LEN sequence (v1/core/kv_cache_planning.py shrink_kv_cache_configs)")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MemoryFinding:
     node: str
     need_bytes: int
@@ -178,7 +178,7 @@ class MemoryFinding:
         return "; ".join([self.line] * (not self.share_fits) + [self.free_line] * (self.free_fits is False))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MemoryEstimate:
     weights_per_node: int | None
     kv_per_node: int | None
@@ -354,13 +354,13 @@ def estimate_memory(profile: Profile, kv_cache_dtype: str, context_tokens: int, 
             free_fits, free_line, free_fix = _free_check(sizes, node, budget, kv_size_fixed)
         fix = "" if share_fits else _share_fix(sizes, node, need, budget, EXTENSIBLE_KV_MARGIN if extensible else 0)
         fix = "; ".join(f for f in (fix, free_fix) if f)
-        findings.append(MemoryFinding(node.node, need, budget, share_fits and free_fits is not False, line,
-                                      free_line, fix, share_fits, free_fits,
-                                      EXTENSIBLE_KV if extensible else START_GATE))
+        findings.append(MemoryFinding(node=node.node, need_bytes=need, budget_bytes=budget, fits=share_fits and free_fits is not False, line=line,
+                                      free_line=free_line, fix=fix, share_fits=share_fits, free_fits=free_fits,
+                                      rule=EXTENSIBLE_KV if extensible else START_GATE))
     if rule.extensible and gpus:
         notes.append(_fallback_note(sizes, gpus, utilization))
-    return MemoryEstimate(weights, kv, kv_cache_dtype, context_tokens, basis, tuple(findings), tuple(notes),
-                          overhead, rule.name)
+    return MemoryEstimate(weights_per_node=weights, kv_per_node=kv, kv_cache_dtype=kv_cache_dtype, context_tokens=context_tokens, basis=basis, findings=tuple(findings), notes=tuple(notes),
+                          non_kv_bytes=overhead, rule=rule.name)
 
 
 def _fallback_note(sizes: _Sizes, gpus: list[NodeMemory], utilization: float) -> str:

@@ -41,7 +41,7 @@ class Switch:
         return reached[-1] if reached else self.why
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Preference:
     """A flag with a value; several values in order of preference where vLLM builds differ."""
 
@@ -166,7 +166,7 @@ class KvRow:
     fp8_is_ds_mla: bool = False  # any fp8 KV dtype is stored in the fp8_ds_mla layout (vLLM 0.32, DeepSeek-V4)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Profile:
     """Everything `vllm serve` needs for one model, beyond what the launcher owns (host, port, TP, Ray)."""
 

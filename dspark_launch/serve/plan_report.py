@@ -28,7 +28,7 @@ class EnvEntry:
     origin: str  # "settings", "profile", "fabric (sysfs)", "launcher"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NodePlan:
     node: str  # "head", "worker1"
     address: str  # fabric IP as configured
@@ -42,7 +42,7 @@ class NodePlan:
     refusals: tuple[str, ...] = ()  # what `start` would refuse on this node (its fabric, its memory)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     profile: str
     vllm_version: str  # the head's, or "not probed"
@@ -58,6 +58,11 @@ class Plan:
     def start_would_refuse(self) -> bool:
         """`dspark plan`'s exit code 1: `start` with these settings would refuse or fail before serving."""
         return bool(self.refusals)
+
+    @property
+    def platform_refused(self) -> bool:
+        """`dspark plan`'s exit code 2: a node's platform has a fact start refuses (node/platform.py)."""
+        return any(line.startswith("platform: ") for line in self.refusals)
     judged_for: str = ""  # the GPU the profile was judged for ("compute capability 12.1 given by --gpu ...")
     cuda_graph_mode: str = ""  # the CUDA-graph mode vLLM will really run (the dry boot); "" when not judged
     hotfix: tuple[str, ...] = ()  # DSPARK_HOTFIX and what start does with it, then each probed node's check
@@ -89,4 +94,4 @@ def profile_decisions(resolved: ResolvedProfile) -> tuple[Decision, ...]:
 
 def not_probed(node: str, address: str, reason: str = NOT_PROBED_EXAMPLE) -> NodePlan:
     """A node the plan could not ask (placeholder, unreachable): what would run there is unknown in detail."""
-    return NodePlan(node, address, False, reason, (), ())
+    return NodePlan(node=node, address=address, probed=False, status=reason, commands=(), env=())

@@ -22,7 +22,9 @@ from dspark_launch.agent.protocol import HotfixCheck, HotfixCheckAnswer, HotfixR
     VersionQuery
 from dspark_launch.cluster.hotfix_rollout import OFF_LINE, what_to_do
 from dspark_launch.node.vllm_releases import policy_line, untested_note
-from dspark_launch.node.values import VersionRow
+from dspark_launch.node.values import PlatformFacts, VersionRow
+from dspark_launch.node.platform import judge
+from dspark_launch.cluster import platform_check
 from dspark_launch.node.versions import modules_of
 from dspark_launch.cluster.spec import ClusterSpec, Node, cluster_spec, placeholder
 from dspark_launch.config.settings import Settings
@@ -38,12 +40,13 @@ from dspark_launch.serve.status import image_warnings
 GENERATED = "generated at start"
 
 
-def _probe(spec: ClusterSpec, node: Node) -> tuple[FabricEnv, MemoryAnswer, VersionRow, HotfixCheckAnswer] | str:
-    """The node's fabric environment, memory, version row (GPU compute capability, driver, packages) and the
-    hotfix's check of its scheduler, or why it was not probed."""
+def _probe(spec: ClusterSpec, node: Node
+           ) -> tuple[FabricEnv, MemoryAnswer, VersionRow, HotfixCheckAnswer, PlatformFacts] | str:
+    """The node's fabric environment, memory, version row (GPU compute capability, driver, packages), the
+    hotfix's check of its scheduler and its platform (kernel, driver, firmware), or why it was not probed."""
     try:
         return (rc.node_fabric(spec, node), node.agent().call(MemoryQuery()), node.agent().call(VersionQuery()),
-                node.agent().call(HotfixCheck()))
+                node.agent().call(HotfixCheck()), platform_check.node_platform(spec, node))
     except ConfigError:
         raise
     except DsparkError as exc:
@@ -61,7 +64,7 @@ def _node_plan(spec: ClusterSpec, node: Node, fabric: FabricEnv, ray_env: dict[s
     if serve is not None:
         commands.append(tuple(serve.argv))
         env += env_entries(sorted(serve.full_env().items()), "vllm serve")
-    return NodePlan(node.name, node.ip, True, "probed", tuple(commands), env, fabric.notes, fabric.warnings)
+    return NodePlan(node=node.name, address=node.ip, probed=True, status="probed", commands=tuple(commands), env=env, fabric_notes=fabric.notes, warnings=fabric.warnings)
 
 
 def hotfix_setting_line(settings: Settings) -> str:
@@ -155,10 +158,14 @@ def build_plan(settings: Settings, reporter: Reporter, forced: GpuTarget | None 
     warnings = [w for n in nodes for w in n.warnings] + refusals + list(too_big.values())
     warnings += image_warnings(settings)
     warnings += [OFF_LINE] if settings.dspark_hotfix == "off" else []
-    return Plan(resolved.profile, resolved.vllm_version, settings.env_file_shown, settings.from_example,
-                profile_decisions(resolved), tuple(nodes), found_memory, tuple(warnings),
-                (*_start_refusals(settings, nodes), *refusals, *too_big.values()), gpu.basis,
-                resolved.cuda_graph_mode, tuple(hotfix), policy_line())
+    platform = judge(platform_check.labelled(spec, {name: probe[4] for name, probe in found.items()
+                                                    if not isinstance(probe, str)}))
+    refusals += platform.refusals  # start refuses them with exit 2, and so does plan (Plan.platform_refused)
+    warnings += platform.lines()
+    return Plan(profile=resolved.profile, vllm_version=resolved.vllm_version, env_file=settings.env_file_shown, from_example=settings.from_example,
+                decisions=profile_decisions(resolved), nodes=tuple(nodes), memory=found_memory, warnings=tuple(warnings),
+                refusals=(*_start_refusals(settings, nodes), *refusals, *too_big.values()), judged_for=gpu.basis,
+                cuda_graph_mode=resolved.cuda_graph_mode, hotfix=tuple(hotfix), vllm_policy=policy_line())
 
 
 def _start_refusals(settings: Settings, nodes: list[NodePlan]) -> list[str]:

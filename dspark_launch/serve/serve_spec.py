@@ -23,7 +23,7 @@ SECRET_ENV = ("VLLM_API_KEY", "DSPARK_API_KEYS", "RAY_AUTH_TOKEN")
 ACCESS_LOG_OFF = "--disable-uvicorn-access-log"  # vLLM 0.32 to 0.34 (vllm/entrypoints/.../cli_args.py FrontendArgs)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ServeSpec:
     """What `vllm serve` on the head runs with: its argv, environment and the values the launcher records and
     waits by. Not `dspark plan`'s report (serve/plan_report.py `Plan`), which shows one of these among the rest."""
@@ -116,15 +116,15 @@ def build_serve_spec(settings: Settings, spec: ClusterSpec, ray_env: dict[str, s
         secret["VLLM_API_KEY"] = settings.vllm_api_key
     if settings.dspark_api_keys:
         secret["DSPARK_API_KEYS"] = settings.dspark_api_keys
-    return ServeSpec(tuple(args), tuple(sorted(env.items())), tuple(sorted(secret.items())),
-                     host, settings.vllm_port, resolved.served_name, model, tp,
-                     settings.dspark_max_inflight_prefills, spec.head.transport.python, api_key(settings),
-                     settings.start_timeout_s, settings.health_timeout_s,
-                     tuple(settings.public_values().items()), settings.digest(), resolved.profile,
-                     resolved.decisions, resolved.chat, resolved.kv_cache.layout, resolved.kv_cache,
-                     resolved.max_model_len, resolved.gpu_memory_utilization, resolved.revision, str(config_root),
-                     resolved.drain_timeout_s, str(spec.state_dir / CONTROL_FILE),
-                     tuple(sorted(secret_digests(settings).items())), vllm_version=resolved.vllm_version)
+    return ServeSpec(serve_args=tuple(args), env=tuple(sorted(env.items())), secret_env=tuple(sorted(secret.items())),
+                     host=host, port=settings.vllm_port, served_name=resolved.served_name, model=model, tensor_parallel_size=tp,
+                     cap=settings.dspark_max_inflight_prefills, python=spec.head.transport.python, client_key=api_key(settings),
+                     start_timeout_s=settings.start_timeout_s, health_timeout_s=settings.health_timeout_s,
+                     settings=tuple(settings.public_values().items()), settings_digest=settings.digest(), profile=resolved.profile,
+                     decisions=resolved.decisions, chat=resolved.chat, kv_cache_dtype=resolved.kv_cache.layout, kv_cache=resolved.kv_cache,
+                     max_model_len=resolved.max_model_len, gpu_memory_utilization=resolved.gpu_memory_utilization, revision=resolved.revision, config_root=str(config_root),
+                     drain_timeout_s=resolved.drain_timeout_s, control_file=str(spec.state_dir / CONTROL_FILE),
+                     secret_digests=tuple(sorted(secret_digests(settings).items())), vllm_version=resolved.vllm_version)
 
 
 def api_address(settings: Settings) -> str:

@@ -31,7 +31,7 @@ class Target:
     key: http.Keyed | None = field(repr=False, default=None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Outcome:
     """One request as measured by the client (monotonic seconds)."""
     klass: str
@@ -126,8 +126,8 @@ class Run:
                 self.stop()
                 return
             cut = got.error == "stopped" or (bool(got.error) and timed_out())
-            outcome = Outcome(klass.name, request.index, got.status, got.sent, tuple(got.chunks), got.prompt_tokens,
-                              got.completion_tokens, "" if cut else got.error, cut)
+            outcome = Outcome(klass=klass.name, index=request.index, status=got.status, sent=got.sent, chunks=tuple(got.chunks), prompt_tokens=got.prompt_tokens,
+                              completion_tokens=got.completion_tokens, error="" if cut else got.error, cut=cut)
             with self._lock:
                 self.outcomes.append(outcome)
                 self.progress(len(self.outcomes), self.workload.requests)

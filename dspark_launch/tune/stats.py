@@ -23,7 +23,7 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ClassStats:
     """One class of one run. Seconds; None where no request of the class got that far."""
     requests: int  # sent

@@ -19,11 +19,11 @@ TINY_TEST = Profile(
                needs="--tool-call-parser"),
     ),
     preferences=(
-        Preference("--kv-cache-dtype", ("no_such_dtype", "auto"),
-                   "proves the fallback: the first value is offered by no build", "auto: every vLLM"),
-        Preference("--tokenizer-mode", ("auto",), "required and offered everywhere", "every vLLM", required=True),
-        Preference("--tool-call-parser", ("no_such_parser",), "proves an optional flag with no offered value is "
-                   "left out (and --enable-auto-tool-choice with it)", "none"),
+        Preference(flag="--kv-cache-dtype", values=("no_such_dtype", "auto"),
+                   why="proves the fallback: the first value is offered by no build", builds="auto: every vLLM"),
+        Preference(flag="--tokenizer-mode", values=("auto",), why="required and offered everywhere", builds="every vLLM", required=True),
+        Preference(flag="--tool-call-parser", values=("no_such_parser",), why="proves an optional flag with no offered value is "
+                   "left out (and --enable-auto-tool-choice with it)", builds="none"),
     ),
     env=(EnvVar("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1", "as the DeepSeek profile; harmless here"),),
     chat=True,
