@@ -50,10 +50,9 @@ class InForce:
 
     @classmethod
     def of(cls, values: dict[str, str]) -> "InForce":
-        from dspark_launch.hotfix.injected import _dspark_hotfix_parse
+        from dspark_launch.hotfix.live_values import scheduler_value
 
-        return cls({setting.key: _dspark_hotfix_parse(contract.live_row(setting), values.get(setting.name))[0]
-                    for setting in contract.LIVE_SETTINGS})
+        return cls({setting.key: scheduler_value(setting, values.get(setting.name)) for setting in contract.LIVE_SETTINGS})
 
     def __getattr__(self, key: str) -> int | float | bool:
         values = self.__dict__.get("values", {})
