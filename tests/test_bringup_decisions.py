@@ -50,7 +50,7 @@ class FakeNode:
             return p.StopAnswer(tuple(proc.pid for proc in request.processes), ())
         if isinstance(request, p.Tail):
             return p.TailAnswer(())
-        raise AssertionError(f"{node.name}: the bring-up sent an unexpected {type(request).__name__}")
+        raise AssertionError(f"{self.node.name}: the bring-up sent an unexpected {type(request).__name__}")
 
     def call(self, request, step: str = "", timeout: float | None = None):
         self.sent.append((self.node.name, request))

@@ -20,7 +20,6 @@ from dspark_launch.agent import protocol as p
 from dspark_launch.agent.client import NodeAgent
 from dspark_launch.agent.transport import LocalTransport
 from dspark_launch.serve.drain import BUSY_LOG, DRAINED_LOG, RequestCounts, drain_end, report
-from tests.support.phase_recorder import Recorder
 
 SERVER = textwrap.dedent("""
     import os, signal, sys, time

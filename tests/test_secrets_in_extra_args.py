@@ -51,7 +51,7 @@ def test_the_cli_refuses_a_hub_token_in_extra_args_in_one_line(tmp_path):
     proc = run_dspark(["config", "check", "--env-file", str(env_file)])
     errors = [line for line in proc.stderr.splitlines() if line.startswith("dspark: error:")]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr
-    assert f"VLLM_EXTRA_ARGS" in errors[0] and f"{env_file}:1" in errors[0] and "--hf-token" in errors[0]
+    assert "VLLM_EXTRA_ARGS" in errors[0] and f"{env_file}:1" in errors[0] and "--hf-token" in errors[0]
     assert SECRET not in proc.stdout + proc.stderr
     proc = run_dspark(["config", "show", "--env-file", str(env_file)])
     assert SECRET not in proc.stdout + proc.stderr
