@@ -25,9 +25,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Final, Generic, Literal, TypeVar
 
-from dspark_launch.node.values import FabricEnv, FabricRequest, Manifest, NodePlacement, VerifyReport, VersionRow, VllmOffer
+from dspark_launch.node.values import (FabricEnv, FabricRequest, Manifest, NodePlacement, PlatformFacts, VerifyReport,
+                                       VersionRow, VllmOffer)
 
-PROTOCOL_VERSION = 10  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
+PROTOCOL_VERSION = 11  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
 # 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
 # 3: FabricRequest.hca_list carries NCCL_IB_HCA as written (NCCL's ^ / = / dev:port forms), not split names
 # 4: model_verify hashes `only` the files a copy sent, with progress lines
@@ -39,6 +40,8 @@ PROTOCOL_VERSION = 10  # 2: ray_checks no longer runs the version rows and the h
 # 8: Stop.drain_end: a drain is over when the server's log says so (an idle one at once); StopAnswer.drain says how
 # 9: port_holder_query (who holds a port, before a secret goes to it); Ray queries carry the recorded Ray processes
 # 10: hotfix_check (read-only: would start's apply go ahead; `dspark plan`), hotfix_revert (DSPARK_HOTFIX=off)
+# 11: platform_query (kernel, CmaTotal, NVIDIA driver and modules, ConnectX firmware and ports, memlock: the platform
+#     pre-flight); memory_query reads a given procfs root and answers the memory pressure (PSI)
 # The longest line either side reads (the launcher refuses a longer agent reply line: one clear error, the
 # agent killed); a log is read in chunks whose JSON (at most 6 bytes a character, `\u001b`) stays below it.
 MAX_LINE = 1 << 20
@@ -227,7 +230,7 @@ class PortHolderAnswer:
 
 @dataclass(frozen=True)
 class MemoryQuery(Request["MemoryAnswer"]):
-    pass
+    procfs_root: str = ""  # tests only (DSPARK_TEST_PROCFS_ROOT forwarded by the launcher): a fake /proc tree
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,17 @@ class MemoryAnswer:
     total_bytes: int | None  # MemTotal
     available_bytes: int | None = None  # MemAvailable: what vLLM's start-up gate reads on a GB10
     nvidia_gpu: bool = False  # an NVIDIA GPU is visible (/dev/nvidia0 ...): vLLM runs its CUDA platform
+    pressure_some: float | None = None  # PSI memory "some" avg10 (%): None where the kernel has no PSI
+    pressure_full: float | None = None  # PSI memory "full" avg10 (%)
+
+
+@dataclass(frozen=True)
+class PlatformQuery(Request["PlatformFacts"]):
+    """The node's kernel, CmaTotal, NVIDIA driver and modules, RDMA devices' firmware and ports, memlock
+    (node/platform.py); the roots: tests only (DSPARK_TEST_* forwarded by the launcher), fake trees."""
+    procfs_root: str = ""
+    sysfs_root: str = ""
+    modules_root: str = ""
 
 
 @dataclass(frozen=True)
@@ -617,6 +631,7 @@ _OPERATIONS = (
     Operation(Hello, HelloAnswer, "processes", "agent", 30),
     Operation(Probe, ProbeAnswer, "processes", "agent"),
     Operation(MemoryQuery, MemoryAnswer, "processes", "memory"),
+    Operation(PlatformQuery, PlatformFacts, "platform", "platform", in_process=True),
     Operation(Run, RunAnswer, "processes", "run"),
     Operation(Spawn, SpawnAnswer, "processes", "spawn"),
     Operation(ServeGo, ServeGoAnswer, "processes", "serve go"),

@@ -18,7 +18,7 @@ from dspark_launch.cli.output import emit_json, fail, say
 from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.cli.signals import interruptible
 from dspark_launch.config.declared import DECLARED
-from dspark_launch.errors import EXIT_FAILED, ConfigError, DsparkError
+from dspark_launch.errors import EXIT_BAD_CONFIG, EXIT_FAILED, ConfigError, DsparkError
 
 HostOption = Annotated[Optional[str], typer.Option("--host", metavar="ADDRESS", help="API bind address (beats VLLM_HOST).")]
 PortOption = Annotated[Optional[str], typer.Option("--port", metavar="PORT", help="API port (beats VLLM_PORT).")]
@@ -337,6 +337,8 @@ def plan(
     say(built.to_json() if as_json else render_plan(built, width))
     if not as_json:
         _print_restart_kind(settings)
+    if built.platform_refused:
+        raise typer.Exit(EXIT_BAD_CONFIG)  # as start: exit 2, one line per refusal among the plan's
     if built.start_would_refuse:
         raise typer.Exit(EXIT_FAILED)
 

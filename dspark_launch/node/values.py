@@ -317,3 +317,29 @@ class VersionRow:
     scheduler_sha256: str | None = None
     hostname: str | None = None  # shown, not compared
     image: str | None = None  # the node container's image id (DSPARK_RUNTIME=docker|podman); None on a host
+
+
+@dataclass(frozen=True)
+class FabricPortFacts:
+    """One RDMA device port as its sysfs shows it (node/platform.py): the ConnectX firmware, the port's state,
+    and its network interface's MTU and link speed."""
+    hca: str
+    port: str
+    firmware: str  # fw_ver ("28.45.1020"); "" unreadable
+    state: str  # "4: ACTIVE"
+    netdev: str = ""  # the device's network interface ("" when sysfs names none)
+    mtu: int | None = None
+    speed_mbps: int | None = None  # the interface's link speed (None: down or unreadable)
+
+
+@dataclass(frozen=True)
+class PlatformFacts:
+    """What a node's kernel, driver and fabric are, read from its procfs and sysfs (node/platform.py): the facts
+    the platform pre-flight judges and compares across nodes, and `status` compares with those at start."""
+    kernel: str  # /proc/sys/kernel/osrelease ("" unreadable)
+    cma_total_kb: int | None  # CmaTotal of /proc/meminfo (None: the kernel shows none)
+    nvidia_driver: str | None  # /proc/driver/nvidia/version, else /sys/module/nvidia/version (None: no driver loaded)
+    nvidia_loaded: bool  # the nvidia kernel module is loaded (/sys/module/nvidia)
+    nvidia_module_kernels: tuple[str, ...]  # the kernel releases under /lib/modules that hold an nvidia module
+    ports: tuple[FabricPortFacts, ...]
+    memlock: str  # RLIMIT_MEMLOCK of the node's agent ("unlimited" or bytes)

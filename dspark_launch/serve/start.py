@@ -120,10 +120,19 @@ def start_locked(settings: Settings, spec: ClusterSpec, reporter: Reporter, forc
                  previous: Deployment | None, runtime: HostRuntime | ContainerRuntime) -> StartResult:
     """The start sequence, for a caller that holds the lock; `runtime` adds its own steps. A failure undoes
     what `runtime` says this run brought up."""
+    from dspark_launch.cluster import platform_check
+
     runtime.prepare(settings, spec, reporter, previous)
     launching = False
     try:
-        spec, serve_spec, weights, memory = checked_serve_spec(settings, spec, reporter, verify)
+        platform = Background(lambda: platform_check.node_platforms(spec))  # asked beside the weights and the profile
+        try:
+            spec, serve_spec, weights, memory = checked_serve_spec(settings, spec, reporter, verify)
+        except BaseException as exc:
+            settle(platform, exc)
+            raise
+        facts = platform.result()
+        platform_check.preflight(spec, facts, reporter)  # a refusal: exit 2, before anything is stopped or started
         runtime.clear_server(spec, previous)
         preflight_memory(spec, serve_spec, weights, memory, reporter, force)
         # The server's interpreter starts beside Ray: it cannot serve before go (after the hotfix is verified on
@@ -133,6 +142,7 @@ def start_locked(settings: Settings, spec: ClusterSpec, reporter: Reporter, forc
                                              "Ray starts", serve_spec.start_timeout_s + GO_MARGIN_S, marker))
         try:
             state = runtime.cluster_up(spec, reporter, previous)
+            state.platform = platform_check.recorded(facts)  # what `status` compares the nodes with later
             save_state(spec.state_dir, state)
             ready = warm.result()
         except BaseException as exc:

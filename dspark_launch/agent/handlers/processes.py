@@ -102,14 +102,18 @@ def probe(req: p.Probe, report: Report) -> p.ProbeAnswer:
 
 
 def memory_query(req: p.MemoryQuery, report: Report) -> p.MemoryAnswer:
-    """MemTotal and MemAvailable (bytes), and whether an NVIDIA GPU is visible here."""
-    found: dict[str, int] = {}
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        name, _, rest = line.partition(":")
-        if name in ("MemTotal", "MemAvailable") and rest.split():
-            found[name] = int(rest.split()[0]) * 1024
-    gpu = bool(list(Path("/dev").glob("nvidia[0-9]*"))) or bool(list(Path("/proc/driver/nvidia/gpus").glob("*")))
-    return p.MemoryAnswer(found.get("MemTotal"), found.get("MemAvailable"), gpu)
+    """MemTotal and MemAvailable (bytes), whether an NVIDIA GPU is visible here, and the memory pressure (PSI)."""
+    from dspark_launch.node.platform import PlatformRoots, meminfo, memory_pressure
+
+    roots = PlatformRoots.given(req.procfs_root)
+    found = meminfo(roots)
+    gpu = bool(list(Path("/dev").glob("nvidia[0-9]*"))) or bool(list((roots.proc / "driver/nvidia/gpus").glob("*")))
+    pressure = memory_pressure(roots)
+
+    def kb(name: str) -> int | None:
+        return found[name] * 1024 if name in found else None
+    return p.MemoryAnswer(kb("MemTotal"), kb("MemAvailable"), gpu, pressure.some_avg10 if pressure else None,
+                          pressure.full_avg10 if pressure else None)
 
 
 def login_identity() -> dict[str, str]:
