@@ -27,9 +27,10 @@ _dspark_registry() {
 # Hotfix
 dspark_knob DSPARK_MAX_INFLIGHT_PREFILLS   int   1        1    3        soft "Requests allowed mid-prefill (partial prefill) at once; the scheduler hotfix caps it at 3"
 dspark_knob_alias DSPARKMAXINFLIGHTPREFILLS DSPARK_MAX_INFLIGHT_PREFILLS
-dspark_knob DSPARK_PREFILL_GATE_MODE       int   3        0    3        hard "Scheduler hotfix gate: 0 counts in-flight prefills only; 1 also bounds a step's prefill tokens at (cap + 1/2) x threshold; 2 judges prompts after their prefix-cache hit and gives uncached prompts that finish in the step a quarter threshold of extra room; 3 (default) gives the step's bounded prefill room, running prompts included, to the least uncached work left first"
+dspark_knob DSPARK_PREFILL_GATE_MODE       int   3        0    4        hard "Scheduler hotfix gate: 0 counts in-flight prefills only; 1 also bounds a step's prefill tokens at (cap + 1/2) x threshold; 2 judges prompts after their prefix-cache hit and gives uncached prompts that finish in the step a quarter threshold of extra room; 3 (default) gives the step's bounded prefill room, running prompts included, to the least uncached work left first; 4 is mode 3 with the room sized in time (DSPARK_TARGET_STEP_MS)"
 dspark_knob DSPARK_PREFILL_AGING           float 2.0      0.0  64.0     hard "Gate mode 3: a prompt that has waited more than this many times its own solo prefill steps goes first (aging: nothing starves; 0 = oldest first)"
 dspark_knob DSPARK_ISSUE43_SCHED_DIAG      int   0        0    1        hard "1 logs one scheduler diagnostics line per step (prefill/decode tokens, in-flight prefills)"
+dspark_knob DSPARK_TARGET_STEP_MS          float 250.0    20.0 5000.0   hard "Gate mode 4: the predicted time in ms of a step that carries prefill beside decoding requests (per-token costs fitted from the engine's own step times; mode 3's bound until the fit holds)"
 # Serving
 dspark_knob MAX_NUM_SEQS                   int   6        1    1024     hard "vllm --max-num-seqs: requests running at once"
 dspark_knob MAX_NUM_BATCHED_TOKENS         int   8192     16   1048576  hard "vllm --max-num-batched-tokens: token budget of one scheduler step"

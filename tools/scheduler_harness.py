@@ -146,6 +146,10 @@ class StepRecord:
     finished: frozenset[str] = frozenset()
     # req_id -> tokens already computed before this step's chunk (its position).
     start: dict[str, int] = dataclasses.field(default_factory=dict)
+    # With a ModelledClock: when the modelled engine called `schedule()` for this step, and when the step's
+    # model run ended (its outputs, first tokens included, exist from then on), in modelled ms.
+    scheduled_ms: float | None = None
+    end_ms: float | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -760,6 +764,58 @@ def _model_output(sched_output, sampled: dict[str, list[int]]):
     return ModelRunnerOutput(**fields)
 
 
+class ModelledClock:
+    """Modelled time for a run: the fake model runner advances it by a step-cost function, as an engine's
+    clock would move. A step starts when it is scheduled and the previous step has ended (one model run at a
+    time), and lasts `step_time(record)` ms; processing a step's output waits for its end. With sync scheduling
+    the time between two `schedule()` calls is then the step in between; with async scheduling (two steps in
+    flight) it is the step scheduled two calls before, as in vLLM's engine core.
+
+    `run_workload(..., clock=...)` hands the patched scheduler this clock through its one time function
+    (`_dspark_hotfix_now`, in seconds), so gate mode 4's controller sees the modelled step times."""
+
+    def __init__(self) -> None:
+        self.ms = 0.0
+        self.busy_until = 0.0
+
+    def seconds(self) -> float:
+        return self.ms / 1000.0
+
+    def run(self, cost_ms: float) -> tuple[float, float]:
+        """A step scheduled now: (scheduled at, ends at)."""
+        start = max(self.ms, self.busy_until)
+        self.busy_until = start + max(0.0, cost_ms)
+        return self.ms, self.busy_until
+
+    def wait_for(self, end_ms: float) -> None:
+        self.ms = max(self.ms, end_ms)
+
+
+def hotfix_module(sched) -> types.ModuleType | None:
+    """The module whose helpers a patched scheduler calls (None: not patched by this hotfix)."""
+    for cls in type(sched).__mro__:
+        module = sys.modules.get(cls.__module__)
+        if module is not None and hasattr(module, "_dspark_hotfix_now"):
+            return module
+    return None
+
+
+@contextlib.contextmanager
+def clock_installed(sched, clock: ModelledClock | None) -> Iterator[None]:
+    """While the block runs, the patched scheduler's `_dspark_hotfix_now` reads `clock` (nothing on a stock
+    scheduler or without a clock)."""
+    module = hotfix_module(sched) if clock is not None else None
+    if module is None:
+        yield
+        return
+    real = module._dspark_hotfix_now
+    module._dspark_hotfix_now = clock.seconds
+    try:
+        yield
+    finally:
+        module._dspark_hotfix_now = real
+
+
 def settle(in_flight: deque, depth: int, scheduled: bool, process_oldest: Callable[[], None]) -> None:
     """Process step outputs as EngineCore does: once `depth` steps are in
     flight (2 with async scheduling), or at once after a step that scheduled
@@ -779,6 +835,7 @@ def run_workload(
     scheduler=None,
     before_schedule: Callable[[object, int], None] | None = None,
     step_time: Callable[[StepRecord], float] | None = None,
+    clock: ModelledClock | None = None,
 ) -> RunResult:
     """Run `workload` to completion (or `max_steps`) and record every step.
 
@@ -789,8 +846,27 @@ def run_workload(
     Requests with `arrival_ms` arrive once the modelled time, the sum of
     `step_time(record)` over the steps so far, reaches it (an idle scheduler
     jumps to the next arrival); `step_time` is required for them.
+
+    With a `clock` (and a `step_time`), time is the ModelledClock's: steps run one after the other, the
+    outputs of a step wait for its end, arrivals come by that clock, each record gets `scheduled_ms` and
+    `end_ms`, and a patched scheduler's controller reads the clock (`clock_installed`).
     """
     sched = scheduler if scheduler is not None else build_scheduler(spec, model_dir)
+    if clock is not None and step_time is None:
+        raise ValueError("a modelled clock needs a step_time model")
+    with clock_installed(sched, clock):
+        return _run(spec, workload, sched, max_steps, before_schedule, step_time, clock)
+
+
+def _run(
+    spec: SchedulerSpec,
+    workload: Sequence[RequestSpec],
+    sched,
+    max_steps: int,
+    before_schedule: Callable[[object, int], None] | None,
+    step_time: Callable[[StepRecord], float] | None,
+    clock: ModelledClock | None,
+) -> RunResult:
     hasher = _block_hasher(spec, sched.vllm_config)
     arrivals: dict[int, list[RequestSpec]] = {}
     timed = deque(sorted((r for r in workload if r.arrival_ms is not None), key=lambda r: r.arrival_ms))
@@ -812,6 +888,8 @@ def run_workload(
 
     def process_oldest() -> None:
         sched_output, sampled, record = in_flight.popleft()
+        if clock is not None:
+            clock.wait_for(record.end_ms)
         outputs = sched.update_from_output(sched_output, _model_output(sched_output, sampled))
         if not spec.async_scheduling:
             hand_back_drafts(sched, sched_output, False)
@@ -829,8 +907,12 @@ def run_workload(
     for step in range(max_steps):
         for req in arrivals.get(step, ()):
             sched.add_request(make_request(req, hasher))
+        if clock is not None:
+            clock_ms = clock.ms
         if timed and not sched.has_requests() and not in_flight:
             clock_ms = max(clock_ms, timed[0].arrival_ms)  # idle until the next arrival
+            if clock is not None:
+                clock.wait_for(clock_ms)
         while timed and timed[0].arrival_ms <= clock_ms:
             req = timed.popleft()
             timed_arrivals[req.req_id] = step
@@ -857,7 +939,9 @@ def run_workload(
             start={rid: requests[rid].num_computed_tokens - n for rid, n in scheduled.items()},
         )
         steps.append(record)
-        if step_time is not None:
+        if clock is not None:
+            record.scheduled_ms, record.end_ms = clock.run(step_time(record))
+        elif step_time is not None:
             clock_ms += step_time(record)
         in_flight.append((sched_output, sampled, record))
         settle(in_flight, depth, bool(scheduled), process_oldest)

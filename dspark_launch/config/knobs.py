@@ -68,12 +68,16 @@ class NumericKnobs:
     """Scheduler hotfix gate: 0 counts in-flight prefills only; 1 also bounds a step's prefill tokens at
     (cap + 1/2) x threshold; 2 judges prompts after their prefix-cache hit and gives uncached prompts that finish
     in the step a quarter threshold of extra room; 3 (default) gives the step's bounded prefill room, running
-    prompts included, to the least uncached work left first"""
+    prompts included, to the least uncached work left first; 4 is mode 3 with the room sized in time
+    (DSPARK_TARGET_STEP_MS)"""
     dspark_prefill_aging: float = live("DSPARK_PREFILL_AGING")
     """Gate mode 3: a prompt that has waited more than this many times its own solo prefill steps goes first
     (aging: nothing starves; 0 = oldest first)"""
     dspark_issue43_sched_diag: bool = live("DSPARK_ISSUE43_SCHED_DIAG")
     """1 logs one scheduler diagnostics line per step (prefill/decode tokens, in-flight prefills)"""
+    dspark_target_step_ms: float = live("DSPARK_TARGET_STEP_MS")
+    """Gate mode 4: the predicted time in ms of a step that carries prefill beside decoding requests (per-token
+    costs fitted from the engine's own step times; mode 3's bound until the fit holds)"""
 
     # ---- serving
     max_num_seqs: int = knob(6, ge=1, le=1024, group="serving", level="serve", flag="--max-num-seqs")

@@ -59,22 +59,48 @@ LIVE_SETTINGS = (
     #: v3) mode 1 judged after the prefix-cache lookup by the tokens a prompt still has to compute, prompts
     #: that finish in the step given extra room, requests holding KV blocks never starved of budget; 3
     #: (patch v5) the step's prefill room, running prompts' chunks included, goes to the least uncached work
-    #: left first, with aging.
-    LiveSetting("DSPARK_PREFILL_GATE_MODE", "gate_mode", "choice", 3, 0, 3, "gate mode", "_dspark_gate_mode"),
+    #: left first, with aging; 4 (patch v7) mode 3 with the room sized in time: while requests decode, the
+    #: prefill tokens whose predicted step time (per-token costs fitted online from the engine's own step
+    #: times) stays within DSPARK_TARGET_STEP_MS, mode 3's bound until the fit holds.
+    LiveSetting("DSPARK_PREFILL_GATE_MODE", "gate_mode", "choice", 3, 0, 4, "gate mode", "_dspark_gate_mode"),
     #: Mode 3's aging knob k: a prompt that has waited more than k times its own solo prefill time (its
     #: uncached tokens in threshold-sized steps) goes first (0: every request is aged at once, i.e. oldest
     #: first inside the bound); the default is picked in docs/hotfix.md.
     LiveSetting("DSPARK_PREFILL_AGING", "aging", "decimal", 2.0, 0.0, 64.0, "aging", "_dspark_aging"),
     LiveSetting("DSPARK_ISSUE43_SCHED_DIAG", "diagnostics", "switch", False, 0, 1, "diagnostics", "_dspark_diag"),
+    #: Gate mode 4's target: the predicted time of a step that carries prefill beside decoding requests, in
+    #: milliseconds. Default 250: on the modelled GB10 step cost at the recipe's scale it keeps p99 inter-token
+    #: time at or below half of stock vLLM's with every class's mean first token within 1.1x stock's
+    #: (docs/hotfix.md, "Gate mode 4"); 20 (a decode step with MTP is 12 to 31 ms on two GB10s) to 5000 (a
+    #: whole 8192-token step at 400K context is about 4.5 s).
+    LiveSetting("DSPARK_TARGET_STEP_MS", "target_ms", "decimal", 250.0, 20.0, 5000.0, "target step ms",
+                "_dspark_target_ms"),
 )
 LIVE = {setting.name: setting for setting in LIVE_SETTINGS}
 LIVE_NAMES = tuple(LIVE)
 
-ENV_CAP, ENV_GATE_MODE, ENV_AGING, ENV_DIAG = LIVE_NAMES
+ENV_CAP, ENV_GATE_MODE, ENV_AGING = "DSPARK_MAX_INFLIGHT_PREFILLS", "DSPARK_PREFILL_GATE_MODE", "DSPARK_PREFILL_AGING"
+ENV_DIAG, ENV_TARGET_STEP_MS = "DSPARK_ISSUE43_SCHED_DIAG", "DSPARK_TARGET_STEP_MS"
 CAP_MIN, CAP_MAX, DEFAULT_CAP = LIVE[ENV_CAP].minimum, LIVE[ENV_CAP].maximum, LIVE[ENV_CAP].default
 GATE_MODES = tuple(range(int(LIVE[ENV_GATE_MODE].minimum), int(LIVE[ENV_GATE_MODE].maximum) + 1))
 DEFAULT_GATE_MODE = LIVE[ENV_GATE_MODE].default
 AGING_MIN, AGING_MAX, DEFAULT_AGING = LIVE[ENV_AGING].minimum, LIVE[ENV_AGING].maximum, LIVE[ENV_AGING].default
+DEFAULT_TARGET_STEP_MS = LIVE[ENV_TARGET_STEP_MS].default
+#: The gate modes whose step plan gives the room to the least uncached work first (3, and 4 in time).
+PLANNED_MODES = (3, 4)
+#: Gate mode 4 (time-bounded): the step-time fit. Samples: the time between consecutive `schedule()` calls,
+#: given to the step that call's engine loop waited for (the one before with sync scheduling, the one two
+#: before with async: two steps in flight), against what that step carried (prefill tokens, prefill
+#: token-context products, decode and draft tokens, requests). Least squares over the last TIME_FIT_WINDOW
+#: samples; no fit below TIME_FIT_MIN_SAMPLES, or when it is implausible: a prefill token costing nothing or
+#: more than TIME_FIT_MAX_TOKEN_MS, a threshold's chunk predicted below TIME_FIT_MIN_CHUNK_MS (step times that
+#: do not grow with prefill), a prediction of the step being planned without prefill <= 0, or residuals above
+#: TIME_FIT_MAX_ERROR of the mean step time. Mode 3's bound applies then.
+TIME_FIT_WINDOW = 64
+TIME_FIT_MIN_SAMPLES = 16
+TIME_FIT_MAX_TOKEN_MS = 50.0
+TIME_FIT_MAX_ERROR = 0.5
+TIME_FIT_MIN_CHUNK_MS = 0.01
 
 #: Mode 2: prefill tokens beyond the step bound that prompts finishing within
 #: the step may use when they have no prefix-cache hit (a cached turn's tail
@@ -250,4 +276,9 @@ def injected_constants(patch_version: int = PATCH_VERSION) -> dict[str, object]:
         "_DSPARK_HOTFIX_CONTROL_MAX_BYTES": CONTROL_MAX_BYTES,
         "_DSPARK_HOTFIX_LIVE_LOG": LIVE_LOG_FORMAT,
         "_DSPARK_HOTFIX_LIVE_WARNING": LIVE_WARNING_FORMAT,
+        "_DSPARK_HOTFIX_FIT_WINDOW": TIME_FIT_WINDOW,
+        "_DSPARK_HOTFIX_FIT_MIN": TIME_FIT_MIN_SAMPLES,
+        "_DSPARK_HOTFIX_FIT_MAX_TOKEN_MS": TIME_FIT_MAX_TOKEN_MS,
+        "_DSPARK_HOTFIX_FIT_MAX_ERROR": TIME_FIT_MAX_ERROR,
+        "_DSPARK_HOTFIX_FIT_MIN_CHUNK_MS": TIME_FIT_MIN_CHUNK_MS,
     }

@@ -26,6 +26,11 @@ _DSPARK_HOTFIX_LIVE_PERIOD_S = contract.LIVE_CHECK_PERIOD_S
 _DSPARK_HOTFIX_CONTROL_MAX_BYTES = contract.CONTROL_MAX_BYTES
 _DSPARK_HOTFIX_LIVE_LOG = contract.LIVE_LOG_FORMAT
 _DSPARK_HOTFIX_LIVE_WARNING = contract.LIVE_WARNING_FORMAT
+_DSPARK_HOTFIX_FIT_WINDOW = contract.TIME_FIT_WINDOW
+_DSPARK_HOTFIX_FIT_MIN = contract.TIME_FIT_MIN_SAMPLES
+_DSPARK_HOTFIX_FIT_MAX_TOKEN_MS = contract.TIME_FIT_MAX_TOKEN_MS
+_DSPARK_HOTFIX_FIT_MAX_ERROR = contract.TIME_FIT_MAX_ERROR
+_DSPARK_HOTFIX_FIT_MIN_CHUNK_MS = contract.TIME_FIT_MIN_CHUNK_MS
 
 # ---- INJECTED BODY (everything below goes into scheduler.py) ----
 
@@ -135,6 +140,9 @@ def _dspark_hotfix_set(sched, values):
     # Mode 2: room beyond the step bound for prompts with no prefix-cache hit
     # that finish in the step.
     sched._dspark_short_room = int(_DSPARK_HOTFIX_SHORT_ROOM_SHARE * sched._dspark_chunk)
+    # Mode 4: an interval that spans a change of mode is no step time.
+    sched._dspark_last_call = None
+    sched._dspark_carried = []
 
 
 def _dspark_hotfix_stays_partial(request, num_scheduled):
@@ -289,12 +297,15 @@ def _dspark_hotfix_diag(sched, num_scheduled_tokens, inflight, spent=0):
     logger.info(
         "dspark-issue27 step=%d cap=%d inflight=%d prefill_tokens=%d "
         "decode_tokens=%d decode_reqs=%d decode_skipped=%d legacy_inflight=%s "
-        "mode=%d bound=%s claimed=%d prefill=[%s] skipped=[%s]",
+        "mode=%d bound=%s claimed=%d prefill=[%s] skipped=[%s] room=%s target_ms=%s fit=[%s]",
         sched._dspark_diag_step, sched._dspark_max_inflight_prefills, inflight,
         prefill_tokens, decode_tokens, decode_reqs, len(skipped),
         "-" if legacy_after is None else legacy_after,
         sched._dspark_gate_mode, sched._dspark_step_bound or "-", spent,
         ",".join(prefill_parts), ",".join(skipped),
+        sched._dspark_room_now if sched._dspark_gate_mode >= 3 and sched._dspark_step_bound else "-",
+        "%g" % sched._dspark_target_ms if sched._dspark_gate_mode == 4 else "-",
+        sched._dspark_fit_note if sched._dspark_gate_mode == 4 else "-",
     )
     if legacy_after is not None and legacy_after != inflight:
         logger.warning(
@@ -319,6 +330,7 @@ def _dspark_hotfix_init_srpt(sched):
     sched._dspark_cut = {}
     sched._dspark_room_now = 0
     sched._dspark_chunk_now = 0
+    _dspark_hotfix_init_time(sched)
 
 
 def _dspark_hotfix_srpt_ok(sched):
@@ -448,22 +460,23 @@ def _dspark_hotfix_plan(sched):
     sched._dspark_cut = {}
     sched._dspark_reserved = {}
     sched._dspark_reserved_total = 0
-    if sched._dspark_gate_mode != 3 or not sched._dspark_step_bound or not _dspark_hotfix_srpt_ok(sched):
+    if sched._dspark_gate_mode < 3 or not sched._dspark_step_bound or not _dspark_hotfix_srpt_ok(sched):
         return None
+    timed = sched._dspark_gate_mode == 4
+    if timed:
+        _dspark_hotfix_tick(sched)
     sched._dspark_srpt_step += 1
     now = sched._dspark_srpt_step
-    protect = False
+    decoders = 0
     for request in sched.running:
         if not request.is_prefill_chunk:
-            protect = True
-            break
+            decoders += 1
+    protect = decoders > 0
     if protect:
         room = sched._dspark_step_bound
         chunk = sched._dspark_chunk
     else:
         room = chunk = sched.max_num_scheduled_tokens
-    sched._dspark_room_now = room
-    sched._dspark_chunk_now = chunk
     # Read here: `__init__` sets the policy after the hotfix's init site.
     by_priority = getattr(getattr(sched, "policy", None), "name", "") == "PRIORITY"
     candidates = []
@@ -495,6 +508,10 @@ def _dspark_hotfix_plan(sched):
     plan = {}
     reserved = {}
     candidates.sort()  # unique 5th field: requests are never compared
+    if timed and protect:
+        room, chunk = _dspark_hotfix_timed_room(sched, candidates, decoders, room)
+    sched._dspark_room_now = room
+    sched._dspark_chunk_now = chunk
     for candidate in candidates:
         running, need, request = candidate[5], candidate[6], candidate[7]
         if running:
@@ -540,6 +557,221 @@ def _dspark_hotfix_planned_spent(sched, num_scheduled_tokens):
     mid-prefill (a prompt the plan skipped claims nothing)."""
     get = num_scheduled_tokens.get
     return sum(get(r.request_id, 0) for r in sched.running if r.is_prefill_chunk)
+
+
+# ---- gate mode 4 (patch v7): mode 3's room sized in time, from the engine's own step times ----
+
+
+def _dspark_hotfix_now():
+    """The clock gate mode 4 reads, in seconds. The controller reads time through this one module-level function
+    of the patched scheduler module and nothing else, so that a harness can drive it with a modelled clock by
+    replacing it there (tools/scheduler_harness.py `ModelledClock`)."""
+    return _dspark_hotfix_time.monotonic()
+
+
+def _dspark_hotfix_init_time(sched):
+    """Mode 4's state, set for every mode. `_dspark_lag`: how many `schedule()` calls back the step lies whose
+    end a call waited for: 1 with sync scheduling, 2 with async (two steps in flight: the engine schedules the
+    next step while one runs, then waits for the older one)."""
+    asynchronous = bool(getattr(sched.scheduler_config, "async_scheduling", False))
+    sched._dspark_lag = 2 if asynchronous or type(sched).__name__ == "AsyncScheduler" else 1
+    sched._dspark_last_call = None
+    sched._dspark_carried = []  # features of the last steps scheduled, oldest first
+    sched._dspark_samples = []  # (features, ms), oldest first, at most _DSPARK_HOTFIX_FIT_WINDOW
+    sched._dspark_sums = None  # (X'X, X'y, y'y) over the samples
+    sched._dspark_sums_age = 0
+    sched._dspark_fit = None  # ms per unit of each feature, or None: mode 3's bound
+    sched._dspark_fit_dirty = False
+    sched._dspark_fit_note = "warming 0/%d" % _DSPARK_HOTFIX_FIT_MIN
+    sched._dspark_fit_text = "none"  # the last fit computed, as the diagnostics line shows it
+    sched._dspark_time_room = None
+    sched._dspark_fit_top = 0.0  # the most prefill tokens a step of the window carried
+
+
+def _dspark_hotfix_carried(sched, num_scheduled_tokens):
+    """Mode 4, at the end of `schedule()`: what the step carries, as the fit's features (1, prefill tokens /
+    1000, prefill token-context products / 1e7, decode and draft tokens / 10, requests). A step that schedules
+    nothing ends the chain: the engine then finishes every step in flight before the next call."""
+    if not num_scheduled_tokens:
+        sched._dspark_carried = []
+        return
+    prefill = context = decode = 0
+    requests = sched.requests
+    for rid, n in num_scheduled_tokens.items():
+        request = requests.get(rid)
+        if request is not None and _dspark_hotfix_prefilling(request):
+            prefill += n
+            context += n * (request.num_computed_tokens + n * 0.5)
+        else:
+            decode += n
+    carried = sched._dspark_carried
+    carried.append((1.0, prefill * 1e-3, context * 1e-7, decode * 0.1, float(len(num_scheduled_tokens))))
+    if len(carried) > sched._dspark_lag:
+        del carried[0]
+
+
+def _dspark_hotfix_tick(sched):
+    """Mode 4, at the top of `schedule()`: the time since the previous call is the step time of the step that
+    call's engine loop waited for (`_dspark_lag` calls back); with what it carried it becomes a sample. No
+    sample across a mode change, an empty step, or a gap far beyond the fit's prediction (an idle engine)."""
+    now = _dspark_hotfix_now()
+    last = sched._dspark_last_call
+    sched._dspark_last_call = now
+    carried = sched._dspark_carried
+    lag = sched._dspark_lag
+    if last is None or len(carried) < lag:
+        return
+    x = carried[-lag]
+    del carried[:len(carried) - lag + 1]
+    ms = (now - last) * 1000.0
+    if ms <= 0.0:
+        return
+    fit = sched._dspark_fit
+    if fit is not None and ms > 8.0 * max(1e-3, sum(a * b for a, b in zip(fit, x))):
+        return
+    _dspark_hotfix_sample(sched, x, ms)
+
+
+def _dspark_hotfix_sample(sched, x, ms):
+    """One (features, ms) sample into the window; the normal equations' sums follow it (rebuilt from the
+    window once a window of samples went by, so that rounding never accumulates)."""
+    samples = sched._dspark_samples
+    samples.append((x, ms))
+    old = samples.pop(0) if len(samples) > _DSPARK_HOTFIX_FIT_WINDOW else None
+    sched._dspark_sums_age += 1
+    if sched._dspark_sums is None or sched._dspark_sums_age >= _DSPARK_HOTFIX_FIT_WINDOW:
+        size = len(x)
+        xtx = [[0.0] * size for _ in range(size)]
+        xty = [0.0] * size
+        yy = 0.0
+        for sx, sy in samples:
+            for i in range(size):
+                xi = sx[i]
+                row = xtx[i]
+                for j in range(size):
+                    row[j] += xi * sx[j]
+                xty[i] += xi * sy
+            yy += sy * sy
+        sched._dspark_sums = (xtx, xty, yy)
+        sched._dspark_sums_age = 0
+    else:
+        xtx, xty, yy = sched._dspark_sums
+        for sign, (sx, sy) in ((1.0, (x, ms)),) + (((-1.0, old),) if old is not None else ()):
+            for i in range(len(sx)):
+                xi = sign * sx[i]
+                row = xtx[i]
+                for j in range(len(sx)):
+                    row[j] += xi * sx[j]
+                xty[i] += xi * sy
+            yy += sign * sy * sy
+        sched._dspark_sums = (xtx, xty, yy)
+    sched._dspark_fit_dirty = True
+
+
+def _dspark_hotfix_fit(sched):
+    """Least squares over the window (a ridge of 1e-5 of each feature's own square sum on every feature but the
+    constant: decode tokens and requests move together): ms per unit of each feature, or None while there are too few samples or the fit
+    is implausible (a prefill token costing nothing or more than the contract's maximum, a threshold's chunk
+    costing less than its minimum, residuals above its share of the mean step time). `_dspark_fit_note` says which, for the diagnostics line."""
+    if not sched._dspark_fit_dirty:
+        return sched._dspark_fit
+    sched._dspark_fit_dirty = False
+    n = len(sched._dspark_samples)
+    if n < _DSPARK_HOTFIX_FIT_MIN:
+        sched._dspark_fit = None
+        sched._dspark_fit_note = "warming %d/%d" % (n, _DSPARK_HOTFIX_FIT_MIN)
+        return None
+    top = 0.0
+    for x, _ in sched._dspark_samples:
+        if x[1] > top:
+            top = x[1]
+    if not top:  # no prefill in the window: its cost cannot be fitted; the last fit stands
+        sched._dspark_fit_note = "kept (no prefill in the window) " + sched._dspark_fit_text
+        return sched._dspark_fit
+    sched._dspark_fit_top = top * 1000.0
+    xtx, xty, yy = sched._dspark_sums
+    size = len(xty)
+    a = [xtx[i][:] + [xty[i]] for i in range(size)]
+    for i in range(1, size):  # relative: the features' scales differ by orders of magnitude between setups
+        a[i][i] += 1e-5 * xtx[i][i] + 1e-12
+    for col in range(size):  # Gauss-Jordan with partial pivoting
+        pivot = max(range(col, size), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-12:
+            sched._dspark_fit = None
+            sched._dspark_fit_note = "singular n=%d" % n
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        head = a[col]
+        inv = 1.0 / head[col]
+        for r in range(size):
+            if r != col and a[r][col]:
+                f = a[r][col] * inv
+                row = a[r]
+                for c in range(col, size + 1):
+                    row[c] -= f * head[c]
+    beta = [a[i][size] / a[i][i] for i in range(size)]
+    sse = yy - 2.0 * sum(beta[i] * xty[i] for i in range(size)) + sum(
+        beta[i] * beta[j] * xtx[i][j] for i in range(size) for j in range(size))
+    mean = xty[0] / n
+    error = (max(sse, 0.0) / n) ** 0.5 / mean if mean > 0 else float("inf")
+    per_token = beta[1] * 1e-3
+    sched._dspark_fit_note = sched._dspark_fit_text = (
+        "n=%d base=%.1fms prefill=%.4gms/tok context=%.3gms/Mtok^2 decode=%.3gms/tok req=%.3gms err=%.2f"
+        % (n, beta[0], per_token, beta[2] * 0.1, beta[3] * 0.1, beta[4], error))
+    chunk = sched._dspark_chunk or sched.max_num_scheduled_tokens
+    chunk_ms = per_token * chunk + max(beta[2], 0.0) * 1e-7 * chunk * chunk * 0.5
+    if (not 0.0 < per_token <= _DSPARK_HOTFIX_FIT_MAX_TOKEN_MS or chunk_ms < _DSPARK_HOTFIX_FIT_MIN_CHUNK_MS
+            or error > _DSPARK_HOTFIX_FIT_MAX_ERROR):
+        sched._dspark_fit = None
+        sched._dspark_fit_note = sched._dspark_fit_text = "implausible " + sched._dspark_fit_text
+        return None
+    sched._dspark_fit = beta
+    return beta
+
+
+def _dspark_hotfix_timed_room(sched, candidates, decoders, bound):
+    """Mode 4 while requests decode: (room, chunk) of this step. The room is the prefill tokens whose predicted
+    cost, beside the decoders' tokens and requests, keeps the step within the target, at the context of the
+    work that takes the room (the plan's first candidates); never less than a block (a waiting prompt always
+    progresses), never more than the budget, and never more than twice the most prefill a step of the fit's
+    window carried, nor than the bound before that (the fit is not trusted far outside what it saw: the room
+    grows by doublings). A chunk may then go past vLLM's threshold up to the room. No fit: mode 3's bound and
+    chunk."""
+    fit = _dspark_hotfix_fit(sched)
+    if fit is None:
+        sched._dspark_time_room = None
+        return bound, sched._dspark_chunk
+    spec = getattr(sched, "num_spec_tokens", 0) or 0
+    base = fit[0] + fit[3] * 0.1 * decoders * (1 + spec) + fit[4] * (decoders + 1)
+    left = sched._dspark_target_ms - base
+    per_token = fit[1] * 1e-3
+    per_context = max(fit[2] * 1e-7, 0.0)
+    if base <= 0.0:
+        sched._dspark_time_room = None
+        sched._dspark_fit_note = "implausible base %.1fms " % base + sched._dspark_fit_note
+        return bound, sched._dspark_chunk
+    # The context the room's tokens attend over: the deepest among the candidates that take it.
+    estimate = left / per_token if left > 0 else 0.0
+    context = taken = 0
+    for candidate in candidates:
+        request, need = candidate[7], candidate[6]
+        at = request.num_computed_tokens if candidate[5] else max(0, request.num_tokens - need)
+        context = max(context, at)
+        taken += need
+        if taken >= estimate:
+            break
+    tokens = 0.0
+    if left > 0:
+        b = per_token + per_context * context
+        if per_context > 0:
+            tokens = (-b + (b * b + 2.0 * per_context * left) ** 0.5) / per_context
+        else:
+            tokens = left / b
+    block = getattr(sched, "block_size", 16) or 16
+    trusted = max(bound, 2.0 * sched._dspark_fit_top)
+    room = int(max(block, min(tokens, trusted, sched.max_num_scheduled_tokens)))
+    sched._dspark_time_room = room
+    return room, max(room, sched._dspark_chunk)
 
 
 def _dspark_hotfix_admit_srpt(sched, request, computed, token_budget, partial, spent):

@@ -122,7 +122,7 @@ class _Site:
 def _srpt_gate_code(skip: str, loads_only: bool = False) -> str:
     """Mode 3's admission gate, after admission's own prefix-cache lookup and
     mode 2's gate: `_dspark_limit` > 0 is the exact size of the first chunk."""
-    return _admission_gate("                if self._dspark_gate_mode == 3 and not load_kv_async" + _LOADS_ONLY[loads_only]
+    return _admission_gate("                if self._dspark_gate_mode >= 3 and not load_kv_async" + _LOADS_ONLY[loads_only]
                            + ":  " + _INJECT_TAG + "\n", "_dspark_hotfix_admit_srpt", skip)
 
 
@@ -178,7 +178,7 @@ def _srpt_first_chunk_code(text: str) -> str:
     # Mode 3 sizes the first chunk itself, possibly the whole prompt beyond
     # the threshold; vLLM's budget clamp and its later rules follow.
     return (
-        "                    if _dspark_limit > 0 and self._dspark_gate_mode == 3" + _unpadded(text) + ":  "
+        "                    if _dspark_limit > 0 and self._dspark_gate_mode >= 3" + _unpadded(text) + ":  "
         + _INJECT_TAG + "\n"
         "                        num_new_tokens = min(request.num_tokens - num_computed_tokens, _dspark_limit)\n"
     )
@@ -346,6 +346,9 @@ _SITES: tuple[_Site, ...] = (
     _Site(
         "constraints-check",
         ("        # Check if the scheduling constraints are satisfied.\n",),
+        # Gate mode 4 (patch v7): what the step carries, for the step-time fit.
+        "        if self._dspark_gate_mode == 4:  " + _INJECT_TAG + "\n"
+        "            _dspark_hotfix_carried(self, num_scheduled_tokens)\n"
         "        if self._dspark_diag:  " + _INJECT_TAG + "\n"
         "            _dspark_hotfix_diag(self, num_scheduled_tokens, _dspark_partial, _dspark_spent)\n",
         before=True,
