@@ -35,7 +35,7 @@ from tools import scheduler_harness as h
 
 BUDGETS = (8192, 4096, 2048, 1024)
 THRESHOLDS = (1024, 512)
-TARGETS = (100.0, 150.0, 200.0, 250.0, 300.0, 400.0, 600.0)
+TARGETS = (60.0, 80.0, 100.0, 150.0, 200.0, 250.0, 300.0, 400.0, 600.0)
 CLASSES = ("stream", "short", "cached", "document")
 #: How much worse a class's mean first token may be for a point of ours to still dominate a stock point.
 SLACK = 1.05

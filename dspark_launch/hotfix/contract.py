@@ -69,11 +69,12 @@ LIVE_SETTINGS = (
     LiveSetting("DSPARK_PREFILL_AGING", "aging", "decimal", 2.0, 0.0, 64.0, "aging", "_dspark_aging"),
     LiveSetting("DSPARK_ISSUE43_SCHED_DIAG", "diagnostics", "switch", False, 0, 1, "diagnostics", "_dspark_diag"),
     #: Gate mode 4's target: the predicted time of a step that carries prefill beside decoding requests, in
-    #: milliseconds. Default 250: on the modelled GB10 step cost at the recipe's scale it keeps p99 inter-token
-    #: time at or below half of stock vLLM's with every class's mean first token within 1.1x stock's
-    #: (docs/hotfix.md, "Gate mode 4"); 20 (a decode step with MTP is 12 to 31 ms on two GB10s) to 5000 (a
-    #: whole 8192-token step at 400K context is about 4.5 s).
-    LiveSetting("DSPARK_TARGET_STEP_MS", "target_ms", "decimal", 250.0, 20.0, 5000.0, "target step ms",
+    #: milliseconds. Default 100: the best point of the measured frontier at the recipe's scale with MTP
+    #: (bench/results/frontier-recipe.json, modelled GB10 step cost): streams' p99 inter-token time 0.64x to
+    #: 0.68x stock vLLM's, short prompts' and cached turns' mean first token 0.67x to 0.98x, cold documents'
+    #: 1.08x to 1.25x (docs/hotfix.md, "Gate mode 4"); 20 (a decode step with MTP is 12 to 31 ms on two GB10s)
+    #: to 5000 (a whole 8192-token step at 400K context is about 4.5 s).
+    LiveSetting("DSPARK_TARGET_STEP_MS", "target_ms", "decimal", 100.0, 20.0, 5000.0, "target step ms",
                 "_dspark_target_ms"),
 )
 LIVE = {setting.name: setting for setting in LIVE_SETTINGS}
