@@ -27,27 +27,27 @@ class LauncherFlag:
     why: str = ""  # why there is none
 
 
-_MULTI_NODE = "the Ray launch replaces vLLM's multiprocessing multi-node mode"
+_MULTI_NODE = "Ray replaces vLLM's multi-node mode"
 # The flags no setting gives (a setting's own flag is in its declaration: config/knobs.py, config/text_settings.py).
 UNSET_FLAGS: tuple[LauncherFlag, ...] = (
-    LauncherFlag(("--pipeline-parallel-size", "-pp"), "", "the launcher runs tensor parallel across the nodes"),
-    LauncherFlag(("--distributed-executor-backend",), "", "the launcher always uses Ray"),
+    LauncherFlag(("--pipeline-parallel-size", "-pp"), "", "tensor parallel across the nodes"),
+    LauncherFlag(("--distributed-executor-backend",), "", "always Ray"),
     LauncherFlag(("--headless", "--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port"), "",
                  _MULTI_NODE),
     LauncherFlag(("--enable-chunked-prefill", "--no-enable-chunked-prefill", "--disable-chunked-prefill"), "",
-                 "the scheduler hotfix needs chunked prefill on"),
-    LauncherFlag(("--config",), "", "a vLLM config file can set every flag of this table"),
+                 "the hotfix needs chunked prefill on"),
+    LauncherFlag(("--config",), "", "a config file could set any flag here"),
     LauncherFlag(("--disable-uvicorn-access-log", "--no-disable-uvicorn-access-log", "--enable-uvicorn-access-log"), "",
-                 "the launcher turns uvicorn's access log off: its lines carry no vLLM prefix and the client "
-                 "address a local client sends as X-Forwarded-For, which would let it write the server log's lines"),
+                 "the access log is off: its lines have no vLLM prefix and a client-chosen X-Forwarded-For, so a "
+                 "local client could write log lines"),
     LauncherFlag(("--data-parallel-size-local", "--data-parallel-rank", "--data-parallel-start-rank",
                   "--data-parallel-address", "--data-parallel-rpc-port", "--data-parallel-backend",
                   "--data-parallel-hybrid-lb", "--no-data-parallel-hybrid-lb", "--data-parallel-external-lb",
                   "--no-data-parallel-external-lb", "--data-parallel-multi-port-external-lb",
                   "--data-parallel-supervisor-port", "-dpl", "-dpn", "-dpr", "-dpa", "-dpp", "-dpb", "-dph", "-dpe",
                   "-dpm"), "",
-                 "every data-parallel engine runs on the head behind its one API server (`--data-parallel-size` "
-                 "alone), where `reload` and `stop` reach each engine"),
+                 "data-parallel engines run on the head behind one API server (`--data-parallel-size` only), "
+                 "where `reload` and `stop` reach them"),
 )
 
 
@@ -63,8 +63,8 @@ LAUNCHER_FLAGS: tuple[LauncherFlag, ...] = launcher_flags(DECLARED)
 # vllm/entrypoints/serve/utils/api_utils.py, redacted in its log): on the `vllm serve` argv a secret is
 # world-readable in /proc, and VLLM_EXTRA_ARGS is kept in the state and shown by `config show`.
 SECRET_FLAGS: tuple[LauncherFlag, ...] = (
-    LauncherFlag(("--hf-token",), "", "the served weights are local; `dspark model pull` uses the hub login"),
-    LauncherFlag(("--watermark-config",), "", "its key is a secret; no launcher setting carries it"),
+    LauncherFlag(("--hf-token",), "", "weights are local; `dspark model pull` uses the hub login"),
+    LauncherFlag(("--watermark-config",), "", "a secret key no setting carries"),
 )
 
 # vLLM options that are prefixes of a refused flag but name a flag of their own: argparse takes an exact

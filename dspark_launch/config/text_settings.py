@@ -226,32 +226,32 @@ class TextSettings:
 
     # ---- cluster
     dspark_head_ip: str = text("", group="cluster", check=_optional_ip, required_for_cluster=True)
-    """Fabric IP of the head node (this machine); Ray and vLLM bind to it"""
+    """Head's fabric IP (this machine); Ray and vLLM bind to it"""
     dspark_worker_hosts: str = text("", group="cluster", check=_host_list, required_for_cluster=True)
-    """SSH address of each worker node, space-separated ([user@]host)"""
+    """Workers' SSH addresses, space-separated ([user@]host)"""
     dspark_worker_ips: str = text("", group="cluster", check=_ip_list)
-    """Fabric IP of each worker, same order as DSPARK_WORKER_HOSTS (default: the host itself)"""
+    """Workers' fabric IPs, in DSPARK_WORKER_HOSTS order (default: the host itself)"""
     dspark_head_python: str = text("", group="cluster", check=single_line)
-    """Python interpreter that runs the head's agent, Ray and vllm serve (default: the launcher's own)"""
+    """Python for the head's agent, Ray and vllm serve (default: the launcher's own)"""
     dspark_worker_python: str = text("", group="cluster", check=single_line)
-    """Python interpreter on the workers (default: the head's interpreter path)"""
+    """Python on the workers (default: the head's interpreter path)"""
     dspark_ssh_user: str = text("", group="cluster", check=user_name)
     """SSH user for the workers (default: ssh's own)"""
     dspark_ssh_key: str = text("", group="cluster", check=single_line)
     """SSH private key file (default: ssh's own)"""
     dspark_ssh_options: tuple[str, ...] = text((), group="cluster", check=check_ssh_options)
-    """Extra ssh options, split like a shell would (never run by one); only those listed under "ssh options" below"""
+    """Extra ssh options, split like a shell (never run by one); only those listed below"""
     dspark_ssh_host_key_check: str = text("yes", group="cluster", check=_choice("yes", "accept-new"))
-    """StrictHostKeyChecking for workers: yes, or accept-new to trust a first-seen key"""
+    """StrictHostKeyChecking for workers: yes, or accept-new (trust a first-seen key)"""
     dspark_forward_env: str = text("", group="cluster", check=_env_names)
-    """Names of variables passed from the launcher's environment to every node's Ray and to vllm serve; only the
-    reviewed names are accepted (an allow-list by family, below), any other is refused"""
+    """Variables passed from the launcher's environment to every node's Ray and vllm serve; only the reviewed names
+    below"""
     dspark_state_dir: str = text("", group="cluster", check=single_line)
     """State folder (pids, logs, Ray token); default $XDG_STATE_HOME/dspark"""
 
     # ---- fabric
     dspark_fabric_ifname: str = text("", group="fabric", check=_ifname, required_for_cluster=True)
-    """Fabric interface (same name on every node); default for the *_SOCKET_IFNAME below"""
+    """Fabric interface, same name on every node; default of the *_SOCKET_IFNAME below"""
     nccl_socket_ifname: str = text("", group="fabric", check=_ifname_list)
     """NCCL bootstrap interface(s)"""
     gloo_socket_ifname: str = text("", group="fabric", check=_ifname_list)
@@ -259,14 +259,12 @@ class TextSettings:
     tp_socket_ifname: str = text("", group="fabric", check=_ifname_list)
     """TensorPipe interface(s)"""
     nccl_ib_hca: str = text("", group="fabric", check=_hca_list)
-    """RoCE HCA(s) NCCL uses, in NCCL's form ([^][=]device[:port],...), e.g. =rocep1s0f1,roceP2p1s0f1; default: each
-    node's device behind the fabric interface and its twin port, read from its sysfs; every device it selects is
-    checked on its node"""
+    """NCCL's RoCE HCA(s), in NCCL's form ([^][=]device[:port],...); default: the device behind each node's fabric
+    interface and its twin port (sysfs); each one checked on its node"""
     nccl_ib_gid_index: str = text("", group="fabric", check=_gid_index)
-    """GID index NCCL uses; default: each node's RoCE v2 GID of its fabric IP, read from its sysfs"""
+    """NCCL's GID index; default: each node's RoCE v2 GID of its fabric IP (sysfs)"""
     dspark_node_fabric: str = text("", group="fabric", check=_node_fabric)
-    """Per-node fabric values for sites whose nodes differ: NODE:NAME=VALUE, e.g.
-    worker1:NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0"""
+    """Per-node fabric values where nodes differ: NODE:NAME=VALUE, e.g. worker1:NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0"""
 
     # ---- serving
     dspark_model: str = text("deepseek-ai/DeepSeek-V4-Flash", group="serving", check=not_an_option, level="serve",
@@ -278,23 +276,20 @@ class TextSettings:
                                          flag=owned("--served-model-name"))
     """Model name clients ask for"""
     vllm_host: str = text("127.0.0.1", group="serving", check=_bind_host, level="serve", flag=owned("--host"))
-    """Address the API binds to; an address other than loopback needs an API key (or DSPARK_TRUSTED_NETWORK=1)"""
+    """API bind address; other than loopback needs an API key (or DSPARK_TRUSTED_NETWORK=1)"""
     dspark_profile: str = text(DEFAULT_PROFILE, group="serving", check=_profile, level="serve")
-    """Model profile: the recipe's vllm serve flags and variables, checked against the installed vLLM
-    (docs/deepseek-v4-flash.md); none: only the settings' flags"""
+    """Model profile: the recipe's flags and variables, checked against the installed vLLM (docs/deepseek-v4-flash.md);
+    none: the settings' flags only"""
     dspark_profile_env: tuple[str, ...] = text((), group="serving", check=_profile_env, level="serve")
-    """The profile's vllm serve variables set otherwise: NAME=VALUE (NAME= leaves it unset), only names the profile
-    sets (docs/deepseek-v4-flash.md)"""
+    """Override the profile's variables: NAME=VALUE (NAME= unsets); only names the profile sets"""
     vllm_extra_args: tuple[str, ...] = text((), group="serving", check=_serve_args, quiet=True, level="serve",
                                           vllm_flags=True)
-    """Extra vllm serve arguments, split like a shell would (never run by one); the flags the launcher sets are
-    refused (list below)"""
+    """Extra vllm serve arguments, split like a shell (never run by one); the launcher's flags (below) are refused"""
 
     # ---- hotfix
     dspark_hotfix: str = text("required", group="hotfix", check=_choice("required", "off"))
-    """The scheduler hotfix: required (default) applies and verifies it on every node, and start and plan refuse a
-    vLLM it cannot patch; off serves the installed vLLM's own scheduler on purpose (a patch an earlier start left is
-    reverted), without the in-flight prefill cap: long prompts can starve running streams (docs/operations.md)"""
+    """required: patch and verify the scheduler on every node, refuse a vLLM it cannot patch; off: vLLM's own scheduler
+    (an earlier patch reverted), no in-flight prefill cap, so long prompts can starve streams"""
 
     # ---- security
     vllm_api_key: str = text("", group="security", check=_api_key, secret=True, level="serve",
@@ -304,46 +299,43 @@ class TextSettings:
                             flag=owned("--api-key"))
     """Several API keys, space-separated (instead of VLLM_API_KEY, never both)"""
     ray_auth_mode: str = text("token", group="security", check=_choice("token", "disabled"))
-    """Ray authentication: token (default) or disabled (isolated fabric only)"""
+    """Ray authentication: token, or disabled (isolated fabric only)"""
     ray_auth_token: str = text("", group="security", check=_ray_token, secret=True)
-    """Ray token shared by all nodes (at least 32 printable ASCII characters); generated into the state folder when
-    empty"""
+    """Ray token for all nodes (32+ printable ASCII); empty: generated into the state folder"""
     dspark_ray_dashboard: str = text("off", group="security", check=_choice("off", "local"))
-    """Ray dashboard: off, or local (127.0.0.1 only; reach it through an SSH tunnel)"""
+    """Ray dashboard: off, or local (127.0.0.1 only, via an SSH tunnel)"""
     dspark_hub_trusted_http_endpoint: str = text("", group="security", check=single_line)
-    """An http:// HF_ENDPOINT, exactly as HF_ENDPOINT spells it, that may get the hub token in clear text (a mirror
-    you run on a machine and port you trust); any other plain-http endpoint, loopback included, never gets it"""
+    """The one http:// HF_ENDPOINT (spelled exactly) that may get the hub token in clear text; no other plain-http
+    endpoint, loopback included"""
 
     # ---- container
     dspark_runtime: str = text("host", group="container", check=_choice("host", "docker", "podman"))
-    """Where Ray and vLLM run on each node: host (a venv), or one docker or podman container per node"""
+    """Where Ray and vLLM run: host (a venv), or one docker or podman container per node"""
     dspark_image: str = text("", group="container", check=check_image)
-    """Node image for docker/podman (tag or name@sha256:digest); the same image id on every node"""
+    """Node image (tag or name@sha256:digest); the same image id on every node"""
     dspark_container_args: tuple[str, ...] = text((), group="container", check=check_container_args)
-    """Extra arguments for the node container's run, split like a shell would; none that replace the launcher's own
-    (network, ipc, pid, name, label, ...)"""
+    """Extra container run arguments, split like a shell; none replacing the launcher's (network, ipc, pid, name, label,
+    ...)"""
     dspark_container_python: str = text("python3", group="container")
-    """Python inside the image (the one vLLM and Ray are installed for)"""
+    """Python inside the image (the one with vLLM and Ray)"""
     dspark_container_model_cache: str = text("", group="container")
-    """Folder of the weights on every node, mounted read-only at the same path in the containers; default the hub
-    cache $HF_HOME/hub (never HF_HOME itself: it holds the hub login token)"""
+    """Weights folder, mounted read-only at the same path; default $HF_HOME/hub (never HF_HOME: it holds the hub login
+    token)"""
     dspark_container_jit_cache: str = text("", group="container", check=single_line)
-    """Host folder of the JIT compile caches (vLLM, FlashInfer, Triton, TileLang, CuTe DSL), mounted at the same path
-    so a recreated container does not compile again; default <state dir>/jit-cache; ours and not group- or
-    other-writable"""
+    """Host folder of the JIT caches (vLLM, FlashInfer, Triton, TileLang, CuTe DSL), kept across containers; default
+    <state dir>/jit-cache; ours, not group/other-writable"""
 
     # ---- model
     dspark_model_cache: str = text("", group="model")
-    """Hub cache folder for the weights, same path on every node (default: HF_HUB_CACHE, else $HF_HOME/hub); vllm
-    serve reads the weights there"""
+    """Hub cache of the weights, same path on every node; default HF_HUB_CACHE, else $HF_HOME/hub"""
     dspark_model_copy_streams: int = text(4, group="model", check=_choice(*(str(n) for n in range(1, 17))),
                                           level="serve")
-    """Parallel rsync streams per worker for the model copy (one stream is bound by one SSH cipher core)"""
+    """rsync streams per worker for the model copy (one SSH cipher core each)"""
     dspark_model_copy_hosts: str = text("", group="model", check=_host_list)
-    """Address the model copy reaches each worker at, same order as DSPARK_WORKER_HOSTS ([user@]host; default: the
-    worker's fabric IP, with the SSH settings of the agent)"""
+    """Workers' addresses for the model copy, in DSPARK_WORKER_HOSTS order ([user@]host; default: the fabric IP, the
+    agent's SSH settings)"""
     hf_token: str = text("", group="model", secret=True, level="serve")
-    """Hugging Face token for gated models (default: the hub's token file from `hf auth login`)"""
+    """Hugging Face token for gated models (default: the `hf auth login` token file)"""
 
 
 def as_text(value: str | int | tuple[str, ...]) -> str:
