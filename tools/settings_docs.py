@@ -88,7 +88,7 @@ def _refusal_tables(levels: Levels) -> list[str]:
               "first: the error names the reason):", "",
               "| pattern (whole name, in upper case) | why |", "|---|---|"]
     for pattern, why in forward_env.REFUSED_NAMES:
-        escaped = pattern.replace("|", " \\| ")  # a pipe inside a table cell
+        escaped = pattern.replace("|", "\\|")  # a pipe inside a table cell
         lines.append(f"| `{escaped}` | {why} |")
     names = ", ".join(f"`{name}`" for name in sorted(forward_env.profile_env_names()))
     lines += ["", f"Also refused: {forward_env.PROFILE_ENV_WHY}: {names}."]
