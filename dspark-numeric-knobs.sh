@@ -31,6 +31,7 @@ dspark_knob DSPARK_PREFILL_GATE_MODE       int   3        0    4        hard "Sc
 dspark_knob DSPARK_PREFILL_AGING           float 2.0      0.0  64.0     hard "Gate mode 3: a prompt that has waited more than this many times its own solo prefill steps goes first (aging: nothing starves; 0 = oldest first)"
 dspark_knob DSPARK_ISSUE43_SCHED_DIAG      int   0        0    1        hard "1 logs one scheduler diagnostics line per step (prefill/decode tokens, in-flight prefills)"
 dspark_knob DSPARK_TARGET_STEP_MS          float 100.0    20.0 5000.0   hard "Gate mode 4: the predicted time in ms of a step that carries prefill beside decoding requests (per-token costs fitted from the engine's own step times; mode 3's bound until the fit holds)"
+dspark_knob DSPARK_ADMISSION_CLOSED        int   0        0    1        hard "1 closes admission of new prompts (running streams go on decoding; new prompts wait in vLLM's queue); the supervisor's memory guard (DSPARK_MEMORY_GUARD=pause) sets it on its own while memory is short"
 # Serving
 dspark_knob MAX_NUM_SEQS                   int   6        1    1024     hard "vllm --max-num-seqs: requests running at once"
 dspark_knob MAX_NUM_BATCHED_TOKENS         int   8192     16   1048576  hard "vllm --max-num-batched-tokens: token budget of one scheduler step"
@@ -43,6 +44,12 @@ dspark_knob VLLM_PORT                      int   8888     1    65535    hard "TC
 dspark_knob START_TIMEOUT_S                int   1800     10   86400    hard "seconds to wait for vllm serve to answer after launch"
 dspark_knob HEALTH_TIMEOUT_S               int   5        1    600      hard "seconds one health or status probe may take"
 dspark_knob DSPARK_DRAIN_TIMEOUT_S         int   60       0    3600     hard "seconds dspark stop and restart let vllm serve finish in-flight requests (vllm --shutdown-timeout); 0 aborts them at once"
+# Supervision
+dspark_knob DSPARK_STALL_TIMEOUT_S         int   600      0    86400    hard "seconds the engine may report running requests while none of its generated tokens, completed prompt tokens or KV cache use moves before it counts as stalled (start --foreground then restarts vllm serve); 0 = never judged stalled. 600: longer than a DeepSeek-V4 JIT compile mid-serving (over 300 s reported), as long as NCCL's own collective timeout, a third of the profile's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=1800"
+dspark_knob DSPARK_RECOVERY_LIMIT          int   3        0    60       hard "recoveries (vllm serve restarted after a stall or its exit; everything restarted after a node's Ray was lost) start --foreground makes within any hour; one more failure ends supervision (exit 4, the run stopped); 0 = no recovery: exit 1 at the first failure"
+dspark_knob DSPARK_RECOVERY_BACKOFF_S      int   30       0    3600     hard "seconds start --foreground waits before the first recovery within an hour; each next one waits twice as long"
+dspark_knob DSPARK_MEMORY_FLOOR_MIB        int   4096     256  1048576  hard "DSPARK_MEMORY_GUARD=pause: admission of new prompts closes when a node's MemAvailable falls below this many MiB, and opens again above 1.5 times it"
+dspark_knob DSPARK_MEMORY_PRESSURE_PCT     float 10.0     1.0  100.0    hard "DSPARK_MEMORY_GUARD=pause: admission also closes when a node's memory pressure (PSI some avg10, % of time some task waited for memory) reaches this, and opens again below half of it"
 # Cluster
 dspark_knob RAY_PORT                       int   6379     1    65535    hard "TCP port of the Ray head (GCS) on the fabric IP"
 dspark_knob RAY_OBJECT_STORE_MB            int   2048     80   1048576  hard "Ray object store per node, MiB (else Ray claims 30% of RAM)"

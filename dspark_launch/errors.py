@@ -6,6 +6,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_CONFIG = 2
 EXIT_ALREADY_RUNNING = 3
+EXIT_GAVE_UP = 4  # `start --foreground`: the hourly recovery limit reached, this run stopped (the unit stays down)
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 

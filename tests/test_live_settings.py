@@ -69,7 +69,7 @@ def test_the_start_environment_and_reloads_expectation_come_from_the_table(monke
 
 
 def test_the_live_line_round_trips_every_setting():
-    values = {"cap": 2, "gate_mode": 1, "aging": 0.5, "diagnostics": True, "target_ms": 180.5}
+    values = {"cap": 2, "gate_mode": 1, "aging": 0.5, "diagnostics": True, "target_ms": 180.5, "admission_closed": True}
     assert set(values) == {s.key for s in contract.LIVE_SETTINGS}
     line = contract.parse_live_lines(contract.live_line(7, "cap 1 -> 2", values, 2560))[0]
     assert (line.patch_version, line.changes, line.values, line.step_bound) == (7, "cap 1 -> 2", values, 2560)

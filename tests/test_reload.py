@@ -97,7 +97,9 @@ def test_the_control_file_is_never_written_where_others_could_set_it(tmp_path, c
 
 
 def in_force(cap, gate_mode, aging, diagnostics) -> InForce:
-    return InForce({"cap": cap, "gate_mode": gate_mode, "aging": aging, "diagnostics": diagnostics})
+    """These four, the other live settings at their defaults (the scheduler's parse of an unset value)."""
+    return InForce({**InForce.of({}).values, "cap": cap, "gate_mode": gate_mode, "aging": aging,
+                    "diagnostics": diagnostics})
 
 
 def test_the_values_waited_for_are_the_schedulers_parse_of_the_settings():
@@ -106,9 +108,8 @@ def test_the_values_waited_for_are_the_schedulers_parse_of_the_settings():
     assert InForce.of({contract.ENV_CAP: "9", contract.ENV_GATE_MODE: "", contract.ENV_AGING: "x",
                        contract.ENV_DIAG: "0"}) == in_force(contract.CAP_MAX, contract.DEFAULT_GATE_MODE,
                                                             contract.DEFAULT_AGING, False)
-    line = contract.parse_live_lines(
-        "INFO dspark-issue27 hotfix v7: cap 1 -> 2 (live); in force: cap 2, gate mode 1, aging 0.333333, "
-        "diagnostics on; step bound 640 prefill tokens\n")[0]
+    line = contract.parse_live_lines(  # the line as the scheduler logs it (aging shown with %g: 0.333333)
+        "INFO " + contract.live_line(7, "cap 1 -> 2", in_force(2, 1, 1 / 3, True).values, 640) + "\n")[0]
     assert line.changes == "cap 1 -> 2" and in_force(2, 1, 1 / 3, True).shown_by(line)
     assert not in_force(2, 1, 0.5, True).shown_by(line)
     assert not in_force(2, 2, 1 / 3, True).shown_by(line)

@@ -140,7 +140,7 @@ def http_from(tb, node: str, url: str, key: str | None = None, payload: dict | N
 def test_start_exposure_secrets_and_worker_ray_loss(testbed_clean, tmp_path, tiny_model):
     tb = testbed_clean
     env = serving_env(tb, tmp_path, tiny_model, VLLM_HOST="0.0.0.0", VLLM_API_KEY="",
-                      DSPARK_API_KEYS=f"{KEY1} {KEY2}")
+                      DSPARK_API_KEYS=f"{KEY1} {KEY2}", DSPARK_RECOVERY_LIMIT="0")  # the first loss ends supervision
     # Processes we did not start, dressed like Ray: they must survive everything below.
     unrelated = {"head": spawn_lookalike(tb, "head", "ray::IDLE", sys.executable, "-c", "import time; time.sleep(900)"),
                  "worker1": spawn_lookalike(tb, "worker1", "/opt/ray/core/src/ray/raylet/raylet --node_ip_address=x",

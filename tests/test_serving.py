@@ -163,7 +163,8 @@ def test_the_cli_needs_neither_vllm_nor_ray_and_foreground_exits_nonzero_when_th
     for name in ("vllm", "ray", "torch"):
         (blocked / name).mkdir(parents=True)
         (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} is not for the launcher')\n")
-    env_file = serving_env(tb, tmp_path, tiny_model, DSPARK_PROFILE="none")  # the generic serve
+    # the generic serve; recovery off: the supervisor ends at the first loss (its recoveries: tests/test_watchdog*.py)
+    env_file = serving_env(tb, tmp_path, tiny_model, DSPARK_PROFILE="none", DSPARK_RECOVERY_LIMIT="0")
     cli_env = {**launcher_env(scratch(tmp_path)), "PYTHONPATH": str(blocked)}
     probe = tb.exec("head", [str(VENV_BIN / "python"), "-c", "import vllm"], env=cli_env)
     assert probe.returncode != 0 and "not for the launcher" in probe.stderr

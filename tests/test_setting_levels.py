@@ -35,7 +35,7 @@ OLD_SERVE_LEVEL = frozenset({
     "START_TIMEOUT_S", "HEALTH_TIMEOUT_S", "DSPARK_DRAIN_TIMEOUT_S", "DSPARK_MODEL_COPY_STREAMS",
 })
 # Live settings declared after that list (each a row of hotfix.contract.LIVE_SETTINGS, live hence serve level).
-LATER_LIVE = frozenset({"DSPARK_TARGET_STEP_MS"})
+LATER_LIVE = frozenset({"DSPARK_TARGET_STEP_MS", "DSPARK_ADMISSION_CLOSED"})
 # profile_resolve.SETTING_FLAGS as it was written by hand (the argv order of the plan's settings run).
 OLD_SETTING_FLAGS = (
     ("MAX_NUM_SEQS", "--max-num-seqs"),

@@ -18,7 +18,7 @@ from dspark_launch.cli.output import emit_json, fail, say
 from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.cli.signals import interruptible
 from dspark_launch.config.declared import DECLARED
-from dspark_launch.errors import EXIT_BAD_CONFIG, EXIT_FAILED, ConfigError, DsparkError
+from dspark_launch.errors import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_GAVE_UP, ConfigError, DsparkError
 
 HostOption = Annotated[Optional[str], typer.Option("--host", metavar="ADDRESS", help="API bind address (beats VLLM_HOST).")]
 PortOption = Annotated[Optional[str], typer.Option("--port", metavar="PORT", help="API port (beats VLLM_PORT).")]
@@ -56,7 +56,8 @@ def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False
         if running and foreground and _stop_own_run(spec, running[0]):
             running.clear()
         if running:
-            say(f"dspark: interrupted after the start had completed; {running[0].url} keeps serving; "
+            serving = running[0].url if running[0] is not None else "what a recovery had started"
+            say(f"dspark: interrupted after the start had completed; {serving} keeps serving; "
                   f"`dspark stop` stops it (exit {code})", file=sys.stderr)
             return
         say(f"dspark: interrupted; everything this run started was stopped (exit {code}); "
@@ -73,7 +74,7 @@ def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False
         reporter.close()
         _report_started(spec, result)
         if foreground:
-            _stay_attached(spec, result.server)
+            _stay_attached(settings, spec, result.server, force, running)
 
 
 def _report_started(spec, result) -> None:
@@ -99,12 +100,14 @@ TAKEN_OVER_LINE = ("dspark: this run was stopped or replaced by another dspark c
                    "the supervisor leaves the deployment alone")
 
 
-def _stop_own_run(spec, server) -> bool:
-    """Stop this run (only while the record still holds it); one line, never a traceback, when it cannot."""
-    from dspark_launch.serve.stop import stop_run
+def _stop_own_run(spec, server, now: bool = False) -> bool:
+    """Stop this run (only while the record still holds it; `server` None: a supervisor's run between two servers,
+    while the record holds none; `now`: in-flight requests cut, not drained); one line, never a traceback, when it
+    cannot."""
+    from dspark_launch.serve.recovery import stop_own
 
     try:
-        if stop_run(spec, ConsoleReporter(quiet=True), server.marker):
+        if stop_own(spec, ConsoleReporter(quiet=True), server.marker if server else None, now):
             return True
         say(TAKEN_OVER_LINE, file=sys.stderr)
     except DsparkError as error:
@@ -112,23 +115,39 @@ def _stop_own_run(spec, server) -> bool:
     return False
 
 
-def _stay_attached(spec, server) -> None:
-    """For a supervisor: exit 1 when the server or a node's Ray dies, 0 when an operator's command took
-    the run over. SIGTERM/SIGINT: `do_start`'s `interrupted` stops this run (only this one)."""
-    from dspark_launch.serve import supervise
+def _stay_attached(settings, spec, server, force: bool, running: list) -> None:
+    """For a supervisor: the server, its engine and every node's Ray watched, each loss recovered within
+    DSPARK_RECOVERY_LIMIT an hour (serve/recovery.py); exit 4 past the limit, 1 with recovery off, both with this
+    run stopped; 0 when an operator's command took the run over. SIGTERM/SIGINT: `do_start`'s `interrupted` stops
+    this run (only this one: `running[0]` follows the server each recovery starts)."""
+    from dspark_launch.serve.recovery import Ended, supervise
     from dspark_launch.serve.running_server import tails
 
+    def watched(now) -> None:
+        running[0] = now
+
     try:
-        cause = supervise.watch(spec, server)
+        ended = supervise(settings, spec, server, force, ConsoleReporter(),
+                          lambda text: say(f"dspark: supervisor: {text}", file=sys.stderr), watched)
     except DsparkError as error:  # the record became unreadable, say: still one line, and this run stopped
-        cause = f"supervision failed: {error}"
-    if cause is supervise.TAKEN_OVER:
+        ended = Ended(f"supervision failed: {error}", False, running[0])
+    if ended is None:
         say(f"{TAKEN_OVER_LINE}; exit 0 (a unit with Restart=on-failure stays stopped)", file=sys.stderr)
         raise typer.Exit(0)
-    for line in tails(spec, server, state=None):
-        say(line, file=sys.stderr)
-    say(f"dspark: error: {cause}; log {server.log}; node logs: `dspark logs --node NAME`", file=sys.stderr)
-    if _stop_own_run(spec, server):
+    last = ended.server
+    if last is not None:
+        for line in tails(spec, last, state=None):
+            say(line, file=sys.stderr)
+    where = f"; log {last.log}" if last is not None else ""
+    say(f"dspark: error: {ended.cause}{where}; node logs: `dspark logs --node NAME`", file=sys.stderr)
+    stopped = _stop_own_run(spec, last, now=ended.stalled)  # a hung engine cannot drain
+    running.clear()
+    if ended.gave_up:
+        if stopped:
+            say("dspark: stopped everything this run started; exit 4: the unit does not restart it "
+                "(RestartPreventExitStatus=4); `dspark status` shows the recoveries", file=sys.stderr)
+        raise typer.Exit(EXIT_GAVE_UP)
+    if stopped:
         say("dspark: stopped everything this run started; exit 1 so a supervisor restarts it", file=sys.stderr)
     raise typer.Exit(EXIT_FAILED)
 

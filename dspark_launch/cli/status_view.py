@@ -16,7 +16,8 @@ from dspark_launch.cli.output import printable, say, table
 
 STATE_STYLE = {"up": "bold green", "alive": "green", "yes": "green", "applied": "green",
                "starting": "bold yellow", "down": "yellow", "unhealthy": "bold red", "dead": "bold red",
-               "degraded": "bold red", "NO": "bold red", "off": "bold yellow"}
+               "degraded": "bold red", "NO": "bold red", "off": "bold yellow",
+               "stalled": "bold red", "closed": "bold yellow"}
 NODE_COLUMNS = ("NODE", "IP", "REACHABLE", "RAY", "REGISTERED", "GPUS", "VLLM", "RAY VER", "HOTFIX")
 
 
@@ -92,6 +93,20 @@ def status_renderables(view, env_file: str, rich: bool, now: float | None = None
         if boxes:
             out.append(_table(("NODE", "CONTAINER", "STATE", "IMAGE"), boxes, rich, styled=()))
         out += _server_lines(view.server, LIVE_LEVEL, now)
+        if view.memory is not None:
+            memory = view.memory
+            out.append(line(f"memory (the supervisor's, {human_duration(now - memory.at)} ago): "
+                            + "; ".join(f"{label} {node.line}" for label, node in memory.nodes.items())))
+            guard = memory.guard
+            if guard.mode == "pause":
+                since = f" since {time.strftime('%H:%M:%S', time.localtime(guard.since))}" if guard.since else ""
+                out.append(line("  memory guard (DSPARK_MEMORY_GUARD=pause): admission ",
+                                state_word("closed") if guard.closed else "open", since,
+                                f": {guard.reason}" if guard.reason else ""))
+        if view.recoveries:
+            last = view.recoveries[-1]
+            out.append(line(f"supervisor: {len(view.recoveries)} recovery(ies) within the last hour; the last "
+                            f"{human_duration(now - last.at)} ago, {last.kind}: {last.cause}"))
     out += [line(f"warning: {w}") for w in (*view.fabric_warnings, *view.warnings)]
     out += [line(f"problem: {p}") for p in view.problems]
     return out
@@ -108,6 +123,10 @@ def _server_lines(s, live_level, now: float) -> list[Text]:
     if m.reported:
         out.append(line(f"  running {m.running or 0:g}  waiting {m.waiting or 0:g}  "
                         f"KV cache used {100 * (m.kv_cache_usage or 0):.1f}%"))
+    if s.engine is not None:
+        said = s.engine.line
+        out.append(line("  engine: ", state_word("stalled"), said[len("engine: stalled"):]) if s.engine.stalled
+                   else line(f"  {said}"))
     if s.live:
         since = (f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(s.live_since))}, "
                  f"{human_duration(now - s.live_since)} ago") if s.live_since else "?"

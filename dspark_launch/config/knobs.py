@@ -78,6 +78,9 @@ class NumericKnobs:
     dspark_target_step_ms: float = live("DSPARK_TARGET_STEP_MS")
     """Gate mode 4: the predicted time in ms of a step that carries prefill beside decoding requests (per-token
     costs fitted from the engine's own step times; mode 3's bound until the fit holds)"""
+    dspark_admission_closed: bool = live("DSPARK_ADMISSION_CLOSED")
+    """1 closes admission of new prompts (running streams go on decoding; new prompts wait in vLLM's queue); the
+    supervisor's memory guard (DSPARK_MEMORY_GUARD=pause) sets it on its own while memory is short"""
 
     # ---- serving
     max_num_seqs: int = knob(6, ge=1, le=1024, group="serving", level="serve", flag="--max-num-seqs")
@@ -110,6 +113,25 @@ class NumericKnobs:
                                        flag=owned("--shutdown-timeout"))
     """seconds dspark stop and restart let vllm serve finish in-flight requests (vllm --shutdown-timeout);
     0 aborts them at once"""
+
+    # ---- supervision
+    dspark_stall_timeout_s: int = knob(600, ge=0, le=86400, group="supervision")
+    """seconds the engine may report running requests while none of its generated tokens, completed prompt tokens
+    or KV cache use moves before it counts as stalled (start --foreground then restarts vllm serve); 0 = never
+    judged stalled. 600: longer than a DeepSeek-V4 JIT compile mid-serving (over 300 s reported), as long as NCCL's
+    own collective timeout, a third of the profile's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=1800"""
+    dspark_recovery_limit: int = knob(3, ge=0, le=60, group="supervision")
+    """recoveries (vllm serve restarted after a stall or its exit; everything restarted after a node's Ray was lost)
+    start --foreground makes within any hour; one more failure ends supervision (exit 4, the run stopped);
+    0 = no recovery: exit 1 at the first failure"""
+    dspark_recovery_backoff_s: int = knob(30, ge=0, le=3600, group="supervision")
+    """seconds start --foreground waits before the first recovery within an hour; each next one waits twice as long"""
+    dspark_memory_floor_mib: int = knob(4096, ge=256, le=1048576, group="supervision")
+    """DSPARK_MEMORY_GUARD=pause: admission of new prompts closes when a node's MemAvailable falls below this many
+    MiB, and opens again above 1.5 times it"""
+    dspark_memory_pressure_pct: float = knob(10.0, ge=1.0, le=100.0, group="supervision")
+    """DSPARK_MEMORY_GUARD=pause: admission also closes when a node's memory pressure (PSI some avg10, % of time some
+    task waited for memory) reaches this, and opens again below half of it"""
 
     # ---- cluster
     ray_port: int = knob(6379, ge=1, le=65535, group="cluster")

@@ -291,6 +291,12 @@ class TextSettings:
     """required: patch and verify the scheduler on every node, refuse a vLLM it cannot patch; off: vLLM's own scheduler
     (an earlier patch reverted), no in-flight prefill cap, so long prompts can starve streams"""
 
+    # ---- supervision
+    dspark_memory_guard: str = text("off", group="supervision", check=_choice("off", "pause"))
+    """off (default): start --foreground only samples every node's memory (status shows it); pause: it closes
+    admission of new prompts while a node's memory is short (DSPARK_MEMORY_FLOOR_MIB,
+    DSPARK_MEMORY_PRESSURE_PCT), running streams going on, and opens it again once memory is back"""
+
     # ---- security
     vllm_api_key: str = text("", group="security", check=_api_key, secret=True, level="serve",
                          flag=owned("--api-key"))

@@ -76,12 +76,18 @@ LIVE_SETTINGS = (
     #: to 5000 (a whole 8192-token step at 400K context is about 4.5 s).
     LiveSetting("DSPARK_TARGET_STEP_MS", "target_ms", "decimal", 100.0, 20.0, 5000.0, "target step ms",
                 "_dspark_target_ms"),
+    #: Admission of new prompts closed (the supervisor's memory guard, serve/memory_guard.py, or an operator's
+    #: `dspark reload`): the waiting loop admits no request that holds no KV blocks and was not preempted (a
+    #: resumed stream still comes back), so running streams go on decoding and new prompts wait in vLLM's queue.
+    LiveSetting("DSPARK_ADMISSION_CLOSED", "admission_closed", "switch", False, 0, 1, "admission closed",
+                "_dspark_admission_closed"),
 )
 LIVE = {setting.name: setting for setting in LIVE_SETTINGS}
 LIVE_NAMES = tuple(LIVE)
 
 ENV_CAP, ENV_GATE_MODE, ENV_AGING = "DSPARK_MAX_INFLIGHT_PREFILLS", "DSPARK_PREFILL_GATE_MODE", "DSPARK_PREFILL_AGING"
 ENV_DIAG, ENV_TARGET_STEP_MS = "DSPARK_ISSUE43_SCHED_DIAG", "DSPARK_TARGET_STEP_MS"
+ENV_ADMISSION = "DSPARK_ADMISSION_CLOSED"
 CAP_MIN, CAP_MAX, DEFAULT_CAP = LIVE[ENV_CAP].minimum, LIVE[ENV_CAP].maximum, LIVE[ENV_CAP].default
 GATE_MODES = tuple(range(int(LIVE[ENV_GATE_MODE].minimum), int(LIVE[ENV_GATE_MODE].maximum) + 1))
 DEFAULT_GATE_MODE = LIVE[ENV_GATE_MODE].default

@@ -249,6 +249,12 @@ def _dspark_hotfix_admit(sched, request, computed, token_budget, partial, spent)
     return room
 
 
+def _dspark_hotfix_new_prompt(request):
+    """A waiting request that admission closed (DSPARK_ADMISSION_CLOSED) holds back: one that holds no KV blocks
+    and that vLLM did not preempt (a preempted stream resumes: it was running when admission closed)."""
+    return not _dspark_hotfix_holds_kv(request) and getattr(request.status, "name", "") != "PREEMPTED"
+
+
 def _dspark_hotfix_holds_kv(request):
     # Requests that already hold KV blocks (finished async KV loads, paused
     # streaming sessions) bypass the gate: holding them back would pin their

@@ -47,8 +47,16 @@ def _gate_code(skip: str, loads_only: bool = False) -> str:
     `skip` moves the peeked request out of this step's way in the layout's own
     manner (it keeps its place in the queue). `loads_only`: the layout's loop
     goes on past a full batch or an empty budget to start async KV loads only
-    (0.34+), which take neither a seat nor budget: the gate stays out of it."""
+    (0.34+), which take neither a seat nor budget: the gate stays out of it.
+    First, with admission closed (DSPARK_ADMISSION_CLOSED), a new prompt is stepped over (async loads too)."""
     return (
+        "                if self._dspark_admission_closed and _dspark_hotfix_new_prompt(request_queue.peek_request()):  "
+        + _INJECT_TAG + "\n"
+        "                    if _dspark_skips >= _DSPARK_HOTFIX_MAX_SKIPS:\n"
+        "                        break\n"
+        "                    _dspark_skips += 1\n"
+        + skip
+        + "                    continue\n"
         "                if (  " + _INJECT_TAG + "\n"
         + ("                    not loads_only\n                    and " if loads_only else "                    ")
         + "self._dspark_gate_mode < 2\n"

@@ -111,6 +111,7 @@ def reload(settings: Settings, spec: ClusterSpec, reporter: Reporter, timeout_s:
     for the scheduler's log line; the record gets the values in force and since when."""
     from dspark_launch.serve.logfollow import END, LogReader
     from dspark_launch.serve.api_holder import keyed, require_ours
+    from dspark_launch.serve.memory_guard import held_values as guard_held
     from dspark_launch.serve.serve_spec import api_key
 
     with lifecycle.locked_deployment(spec.state_dir) as state:
@@ -137,14 +138,15 @@ def reload(settings: Settings, spec: ClusterSpec, reporter: Reporter, timeout_s:
             raise DsparkError(f"reload: vllm serve (pid {server.pid}) does not listen on {server.url} yet; "
                               "`dspark reload` again once `dspark status` says up")
         values = {name: now[name] for name in contract.LIVE_NAMES if name in now}
-        wanted = InForce.of(values)
+        written = {**values, **guard_held(spec.state_dir, server.marker)}  # the memory guard's closed admission stays
+        wanted = InForce.of(written)
         head = spec.head.agent(reporter)
         log = LogReader(head, server.log)
         log.offset = head.call(ReadLog(server.log, END)).offset
         reporter.phase(f"writing the scheduler's control file {server.control_file} on {spec.head.label}: "
                        + ", ".join(c.line for c in changes.live))
         began = time.monotonic()
-        head.call(SchedulerControl(server.control_file, contract.control_text(values)))
+        head.call(SchedulerControl(server.control_file, contract.control_text(written)))
         engines = engine_count(recorded_value(server.settings, "vllm_extra_args"))
         lines, woken = _wait_in_force(log, wanted, engines, server, settings, began, timeout_s, reporter,
                                       key=keyed(spec, server, api_key(settings), holder))

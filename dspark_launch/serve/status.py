@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dspark_launch.agent.codec import to_data
-from dspark_launch.cluster import lifecycle
+from dspark_launch.cluster import lifecycle, platform_check
 from dspark_launch.errors import ClusterFailure
 from dspark_launch.cluster.parallel import Background
 from dspark_launch.cluster.spec import ClusterSpec
@@ -15,8 +15,10 @@ from dspark_launch.cluster.state import Deployment, ServerRecord, load_state
 from dspark_launch.config.secret_digest import compared_values
 from dspark_launch.config.settings import Settings, recorded_value
 from dspark_launch.node.vllm_releases import untested_note
-from dspark_launch.serve import http
+from dspark_launch.serve import http, stall
 from dspark_launch.serve.api_holder import api_holder, foreign_line, healthy as api_healthy, keyed
+from dspark_launch.serve.memory_guard import MemoryWatch
+from dspark_launch.serve.recovery import Recovery, recent_recoveries
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class ServerView:
     live: dict[str, str] = field(default_factory=dict)  # live settings `dspark reload` changed since the start
     live_since: float | None = None  # when they were in force
     listener: str = ""  # another process holds the API port (never sent the key)
+    engine: stall.EngineWatch | None = None  # is the engine producing (serve/stall.py); None: not asked
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class ServiceStatus:
     warnings: tuple[str, ...] = ()  # about the settings now, e.g. an image named by a tag
     ray_source: lifecycle.RaySource | None = None  # where the nodes' registered IP and GPUs came from
     hotfix: str | None = None  # DSPARK_HOTFIX at start, from the record: "required", "off"; None without one
+    recoveries: tuple[Recovery, ...] = ()  # the supervisor's recoveries within the last hour (serve/recovery.py)
+    memory: MemoryWatch | None = None  # every node's memory as the supervisor sampled it last, and its guard
 
     def to_data(self) -> dict[str, Any]:
         """The JSON document of `dspark status --json` (docs/cluster.md): the metrics by their gauge names."""
@@ -104,7 +109,15 @@ def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | N
         kv_cache_tokens=server.kv_cache_tokens, metrics=http.metrics(server.url, probe, key) if healthy else http.ServerMetrics(),
         drift=drift(server.running_settings, compared_values(settings, server.secrets)), profile=server.profile,
         decisions=tuple(server.decisions), live=dict(server.live), live_since=server.live_since,
-        listener=foreign_line(server, holder) if holder.verdict == holder.FOREIGN else "")
+        listener=foreign_line(server, holder) if holder.verdict == holder.FOREIGN else "",
+        engine=_engine(spec, server, key, probe, settings.dspark_stall_timeout_s) if healthy else None)
+
+
+def _engine(spec: ClusterSpec, server: ServerRecord, key: http.Keyed, probe: float, now_s: int) -> stall.EngineWatch:
+    """The engine judged from /metrics against the progress point the supervisor (or an earlier status) kept, with the
+    stall timeout the server runs with (`now_s`, the env file's, for a record that has none)."""
+    timeout = int(recorded_value(server.settings, "dspark_stall_timeout_s", str(now_s)))
+    return stall.look(spec.state_dir, server.marker, stall.metrics_text(server.url, probe, key), timeout)
 
 
 def _server_log(spec: ClusterSpec, server: ServerRecord) -> str:
@@ -124,6 +137,8 @@ def status(settings: Settings, spec: ClusterSpec, deep: bool = False) -> Service
     state = load_state(spec.state_dir)
     server = state.server if state else None
     cluster = Background(lambda: lifecycle.cluster_status(spec, state, deep))
+    at_start = state.platform if state else {}
+    platform = Background(lambda: platform_check.drift_lines(spec, at_start) if at_start else [])  # since start
     view = _server_view(settings, spec, server)
     data = cluster.result()
     problems = list(data.problems)
@@ -138,12 +153,29 @@ def status(settings: Settings, spec: ClusterSpec, deep: bool = False) -> Service
     elif server and view.state == "unhealthy":
         problems.append(f"vllm serve (pid {server.pid}) runs but {server.url}/health does not answer "
                         f"within {settings.health_timeout_s} s; log {server.log}")
-    overall = "degraded" if server and data.state == "up" and view.state != "up" else data.state
+    engine = view.engine
+    stalled = engine is not None and engine.stalled
+    if server and engine is not None and engine.stalled:
+        problems.append(f"vllm serve (pid {server.pid}) answers but its {engine.line}; the supervisor (`start "
+                        "--foreground`, the systemd unit) restarts it; by hand: `dspark restart --now`")
+    overall = "degraded" if server and data.state == "up" and (view.state != "up" or stalled) else data.state
     mode = hotfix_mode(state)
     return ServiceStatus(overall, data.ray_address, data.config_digest, data.started_at, data.checked_at,
                          tuple(problems), data.nodes, view,
                          tuple(w for record in (state.nodes if state else ()) for w in record.fabric_warnings),
-                         (*record_notes(state, mode), *image_warnings(settings)), data.ray_source, mode)
+                         (*record_notes(state, mode), *image_warnings(settings), *platform.result()), data.ray_source, mode,
+                         tuple(recent_recoveries(spec.state_dir)), _memory(spec, server))
+
+
+def _memory(spec: ClusterSpec, server: ServerRecord | None) -> MemoryWatch | None:
+    """The supervisor's last memory sample of this server, when it is recent (a supervisor samples every few
+    seconds; an older one is of a supervisor no longer running)."""
+    from dspark_launch.serve.memory_guard import MEMORY_CHECK_S, load
+
+    watch = load(spec.state_dir)
+    if watch is None or server is None or watch.marker != server.marker or time.time() - watch.at > 6 * MEMORY_CHECK_S:
+        return None
+    return watch
 
 
 def hotfix_mode(state: Deployment | None) -> str | None:

@@ -55,13 +55,13 @@ def stop(spec: ClusterSpec, reporter: Reporter, now: bool = False, remove: bool 
         return stop_locked(spec, reporter, state, now, remove)
 
 
-def stop_run(spec: ClusterSpec, reporter: Reporter, marker: str) -> bool:
-    """Stop everything, but only while the record still holds the run whose server has `marker` (a
-    supervisor's own run); False, and nothing touched, when an operator's command replaced it."""
+def stop_run(spec: ClusterSpec, reporter: Reporter, marker: str, now: bool = False) -> bool:
+    """Stop everything (the server drained unless `now`), but only while the record still holds the run whose server
+    has `marker` (a supervisor's own run); False, and nothing touched, when an operator's command replaced it."""
     with lifecycle.locked_deployment(spec.state_dir) as state:
         if state is None or state.server is None or state.server.marker != marker:
             return False
-        stop_locked(spec, reporter, state)
+        stop_locked(spec, reporter, state, now)
         return True
 
 

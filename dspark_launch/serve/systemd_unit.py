@@ -4,7 +4,10 @@
 Every path is quoted for systemd (a folder with spaces, `%` or `$` stays one literal
 argument). Exit codes the unit relies on: 0 = the operator's own `stop`/`restart` took
 the run over (not restarted: `Restart=on-failure`), 3 = already running and healthy,
-143 = stopped by SIGTERM (both success); 1 = the server or a node's Ray was lost (restarted).
+143 = stopped by SIGTERM (both success); 1 = the server or a node's Ray was lost with recovery off
+(DSPARK_RECOVERY_LIMIT=0), or supervision itself failed (restarted, at most START_LIMIT_BURST starts an hour);
+4 = the supervisor's own recoveries reached DSPARK_RECOVERY_LIMIT within an hour (serve/recovery.py): the run is
+stopped and the unit stays down (`RestartPreventExitStatus=4`) for an operator to look.
 TimeoutStopSec covers `dspark stop`'s drain (DSPARK_DRAIN_TIMEOUT_S) on top of its own bounded waits.
 """
 
@@ -13,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dspark_launch.config.checks import hidden_character
-from dspark_launch.errors import ConfigError
+from dspark_launch.errors import EXIT_GAVE_UP, ConfigError
 
 
 def _specifiers(text: str) -> str:
@@ -35,6 +38,8 @@ def command_line(argv: list[str]) -> str:
 
 # `dspark stop` without a drain: the server, then Ray on every node (SIGKILL after bounded waits).
 STOP_WITHOUT_DRAIN_S = 120
+# systemd's own bound on restarting the unit after an exit 1: at most this many starts within an hour.
+START_LIMIT_BURST = 5
 
 
 def _one_line(label: str, text: str) -> None:
@@ -60,6 +65,9 @@ def unit_text(launcher: list[str], env_file: Path, user: str, drain_s: int = 0) 
 Description=DeepSeek-V4-Flash on DGX Spark (dspark-launch: Ray across the nodes + vLLM)
 Wants=network-online.target
 After=network-online.target
+# At most {START_LIMIT_BURST} starts within an hour (Restart=on-failure after an exit 1); then the unit stays failed.
+StartLimitIntervalSec=3600
+StartLimitBurst={START_LIMIT_BURST}
 
 [Service]
 Type=simple
@@ -73,6 +81,9 @@ ExecReload={reload}
 # 3 = already running and healthy (e.g. started by hand before the unit); 143 = stopped by SIGTERM.
 # 0 = an operator's `dspark stop` or `dspark restart` took the run over: not restarted.
 SuccessExitStatus=3 143
+# {EXIT_GAVE_UP} = the supervisor recovered DSPARK_RECOVERY_LIMIT times within an hour and the next loss came: it stopped the
+# run; not restarted (`dspark status` and the journal say why). 1 (recovery off, or supervision failed): restarted.
+RestartPreventExitStatus={EXIT_GAVE_UP}
 Restart=on-failure
 RestartSec=30
 TimeoutStartSec=infinity
