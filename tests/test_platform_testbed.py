@@ -46,25 +46,40 @@ def engine_counters(dspark, wanted, timeout: float = 120) -> dict:
 
 
 def test_platform_refusals_stop_plan_and_start_the_memory_guard_pauses_admission_and_status_shows_what_changed(
-        testbed_clean, tmp_path, tiny_model):
+    testbed_clean, tmp_path, tiny_model
+):
     tb = testbed_clean
-    trees = {"head": spark_tree(tmp_path / "head-tree", ip=tb.head.ip, cma_kb=0),
-             "worker1": spark_tree(tmp_path / "worker-tree", ip=tb.node("worker1").ip, kernel=NEW_KERNEL,
-                                   module_kernels=(KERNEL,), loaded=False, firmware="28.44.1036")}
+    trees = {
+        "head": spark_tree(tmp_path / "head-tree", ip=tb.head.ip, cma_kb=0),
+        "worker1": spark_tree(
+            tmp_path / "worker-tree",
+            ip=tb.node("worker1").ip,
+            kernel=NEW_KERNEL,
+            module_kernels=(KERNEL,),
+            loaded=False,
+            firmware="28.44.1036",
+        ),
+    }
     mounted = {name: tmp_path / name for name in ROOTS}
     for folder in mounted.values():
         folder.mkdir()
     for node, tree in trees.items():  # one path, each node's own tree
         for name, folder in mounted.items():
             tb.exec(node, ["mount", "--bind", str(tree / name), str(folder)], check=True)
-    env_file = serving_env(tb, tmp_path, tiny_model, DSPARK_FORWARD_ENV=" ".join((*FORWARDED, *ROOTS.values())),
-                           MAX_MODEL_LEN="1024", DSPARK_MEMORY_GUARD="pause", DSPARK_MEMORY_FLOOR_MIB="2048",
-                           DSPARK_RECOVERY_LIMIT="0")
+    env_file = serving_env(
+        tb,
+        tmp_path,
+        tiny_model,
+        DSPARK_FORWARD_ENV=" ".join((*FORWARDED, *ROOTS.values())),
+        MAX_MODEL_LEN="1024",
+        DSPARK_MEMORY_GUARD="pause",
+        DSPARK_MEMORY_FLOOR_MIB="2048",
+        DSPARK_RECOVERY_LIMIT="0",
+    )
     cli_env = {**launcher_env(scratch(tmp_path)), **{var: str(mounted[name]) for name, var in ROOTS.items()}}
 
     def dspark(*args: str):
-        return tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], env=cli_env,
-                       timeout=600)
+        return tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], env=cli_env, timeout=600)
 
     head, worker = f"head ({tb.head.ip})", f"worker1 ({tb.node('worker1').ip})"
     supervisor = None
@@ -73,16 +88,19 @@ def test_platform_refusals_stop_plan_and_start_the_memory_guard_pauses_admission
         assert planned.returncode == 2, planned.stderr[-3000:]
         refusals = [r for r in json.loads(planned.stdout)["refusals"] if r.startswith("platform: ")]
         assert refusals[0].startswith(f"platform: {head}: CmaTotal 0 kB (kernel {KERNEL})") and "#389" in refusals[0]
-        assert refusals[1].startswith(f"platform: {worker}: the NVIDIA driver's kernel module is NOT built for the "
-                                      f"running kernel {NEW_KERNEL} (built for {KERNEL})")
+        assert refusals[1].startswith(
+            f"platform: {worker}: the NVIDIA driver's kernel module is NOT built for the "
+            f"running kernel {NEW_KERNEL} (built for {KERNEL})"
+        )
         warnings = json.loads(planned.stdout)["warnings"]
         assert any(w.startswith("platform: ConnectX firmware differs between the nodes") for w in warnings)
 
         refused = dspark("start")
         assert refused.returncode == 2, refused.stderr[-3000:]
         errors = [line for line in refused.stderr.splitlines() if line.startswith("dspark: error: ")]
-        assert errors[0].startswith(f"dspark: error: platform: {worker}: the NVIDIA driver's kernel module") or \
-            errors[0].startswith(f"dspark: error: platform: {head}: CmaTotal 0 kB"), refused.stderr[-3000:]
+        assert errors[0].startswith(f"dspark: error: platform: {worker}: the NVIDIA driver's kernel module") or errors[
+            0
+        ].startswith(f"dspark: error: platform: {head}: CmaTotal 0 kB"), refused.stderr[-3000:]
         assert len(errors) == 2 and "nothing was started" in refused.stderr, refused.stderr[-3000:]
         assert "starting Ray" not in refused.stderr and not (tmp_path / "state" / "state.json").exists()
         assert our_pids(tb, "head") | our_pids(tb, "worker1") == set()
@@ -91,8 +109,14 @@ def test_platform_refusals_stop_plan_and_start_the_memory_guard_pauses_admission
         # Served under the supervisor with the memory guard on.
         write(trees["head"] / "proc" / "meminfo", meminfo(AMPLE_KB))
         write(trees["worker1"] / "modules" / NEW_KERNEL / "modules.dep", "updates/dkms/nvidia.ko.zst:\n")
-        supervisor = tb.popen("head", [str(VENV_BIN / "dspark"), "start", "--foreground", "--env-file", str(env_file)],
-                              env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        supervisor = tb.popen(
+            "head",
+            [str(VENV_BIN / "dspark"), "start", "--foreground", "--env-file", str(env_file)],
+            env=cli_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         seen = read_until_served(supervisor)
         journal = Journal(supervisor)
         assert "platform: ConnectX firmware differs between the nodes" in "".join(seen)
@@ -102,11 +126,15 @@ def test_platform_refusals_stop_plan_and_start_the_memory_guard_pauses_admission
         stream = one_stream(tb)
         log = state_log(tmp_path)
         write(trees["worker1"] / "proc" / "meminfo", meminfo(1 << 20))  # 1 GiB
-        journal.wait_for(rf"memory guard: admission closed: {re.escape(worker)}: MemAvailable 1024 MiB below "
-                         r"DSPARK_MEMORY_FLOOR_MIB 2048: in force", 120)
+        journal.wait_for(
+            rf"memory guard: admission closed: {re.escape(worker)}: MemAvailable 1024 MiB below "
+            r"DSPARK_MEMORY_FLOOR_MIB 2048: in force",
+            120,
+        )
         assert "admission closed off -> on (live)" in log.read_text(errors="replace")
-        waiting = tb.popen("head", completion_argv(4), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+        waiting = tb.popen(
+            "head", completion_argv(4), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         waiting.stdin.write("Hello there")
         waiting.stdin.close()
         held = engine_counters(dspark, lambda c: c["waiting"] >= 1 and c["running"] >= 1)
@@ -116,14 +144,16 @@ def test_platform_refusals_stop_plan_and_start_the_memory_guard_pauses_admission
         assert "memory guard (DSPARK_MEMORY_GUARD=pause): admission closed since" in shown.stdout, shown.stdout
         write(trees["worker1"] / "proc" / "meminfo", meminfo(AMPLE_KB))
         journal.wait_for(r"memory guard: admission open again: every node above 3072 MiB available", 120)
-        out, err = waiting.communicate(timeout=300)
-        assert json.loads(out)["status"] == 200, err[-2000:]
+        waiting.wait(timeout=300)
+        assert json.loads(waiting.stdout.read())["status"] == 200, waiting.stderr.read()[-2000:]
         stream.kill()
 
         write(trees["worker1"] / "proc" / "sys" / "kernel" / "osrelease", "7.0.0-1020-nvidia\n")
         shown = dspark("status", "--json")
-        assert f"platform: {worker} changed since start: kernel {NEW_KERNEL} -> 7.0.0-1020-nvidia; NVIDIA module " \
-               "built for the running kernel -> NOT built for the running kernel" in json.loads(shown.stdout)["warnings"]
+        assert (
+            f"platform: {worker} changed since start: kernel {NEW_KERNEL} -> 7.0.0-1020-nvidia; NVIDIA module "
+            "built for the running kernel -> NOT built for the running kernel" in json.loads(shown.stdout)["warnings"]
+        )
         text = dspark("status")
         assert f"warning: platform: {worker} changed since start: kernel" in text.stdout
 
