@@ -42,6 +42,8 @@ testbed-deps:
 # The newest vLLM release's own Python (its CUDA wheel, ~240 MB once into ~/.cache/dspark-compat, unpacked beside it):
 # the hotfix and the dry boot run on its scheduler and config code too (tests/support/newest_vllm.py).
 test: $(STAMP) testbed-deps
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	$(PY) -m tests.support.newest_vllm
 	$(PY) -m pytest -m "not compat" -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)

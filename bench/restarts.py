@@ -41,8 +41,12 @@ IN_FORCE = re.compile(r"in force on the running scheduler after ([0-9.]+) s")
 
 def dspark(tb: Testbed, env_file: Path, *args: str, out: list | None = None) -> float:
     began = time.monotonic()
-    proc = tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
-                   env=launcher_env(WORK / "scratch"), timeout=900)
+    proc = tb.exec(
+        "head",
+        [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
+        env=launcher_env(WORK / "scratch"),
+        timeout=900,
+    )
     took = time.monotonic() - began
     if proc.returncode != 0:
         raise SystemExit(f"dspark {' '.join(args)} failed ({proc.returncode}): {proc.stderr[-3000:]}")
@@ -54,8 +58,13 @@ def dspark(tb: Testbed, env_file: Path, *args: str, out: list | None = None) -> 
 def streams_in_flight(tb: Testbed) -> subprocess.Popen:
     """STREAMS streaming chats from inside the head node, returned once each has its first token."""
     key = "sk-dspark-bench-restarts"
-    client = tb.popen("head", [sys.executable, str(CLIENT), "http://127.0.0.1:8000", key, "tiny", str(STREAMS),
-                               str(STREAM_TOKENS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = tb.popen(
+        "head",
+        [sys.executable, str(CLIENT), "http://127.0.0.1:8000", key, "tiny", str(STREAMS), str(STREAM_TOKENS)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     started = 0
     while started < STREAMS:
         line = client.stdout.readline()
@@ -106,9 +115,16 @@ def main(argv: list[str]) -> int:
     runs: dict[str, list[dict]] = {"serve_only": [], "full": []}
     loaded: dict[str, list[dict]] = {"reload": [], "restart": [], "full": []}
     try:
-        env = write_env_file(WORK / "dspark.env", {**cluster_values(tb, WORK / "state"), **serving_values(model),
-                                                   "VLLM_API_KEY": "sk-dspark-bench-restarts",
-                                                   "MAX_MODEL_LEN": "1024", "MAX_NUM_BATCHED_TOKENS": "1024"})
+        env = write_env_file(
+            WORK / "dspark.env",
+            {
+                **cluster_values(tb, WORK / "state"),
+                **serving_values(model),
+                "VLLM_API_KEY": "sk-dspark-bench-restarts",
+                "MAX_MODEL_LEN": "1024",
+                "MAX_NUM_BATCHED_TOKENS": "1024",
+            },
+        )
         dspark(tb, env, "start")
         for index in range(rounds):
             # The cap is 1 before each round: reload takes it to 2, restart back to 1.
@@ -116,8 +132,10 @@ def main(argv: list[str]) -> int:
                 loaded[kind].append(under_load(tb, env, kind, values[index % 2]))
                 print(f"under load, {kind}: {loaded[kind][-1]}", flush=True)
         for index in range(0 if "--under-load-only" in argv else rounds):
-            for kind, (name, values) in (("serve_only", ("MAX_NUM_SEQS", ("4", "6"))),
-                                         ("full", ("RAY_OBJECT_STORE_MB", ("160", "128")))):
+            for kind, (name, values) in (
+                ("serve_only", ("MAX_NUM_SEQS", ("4", "6"))),
+                ("full", ("RAY_OBJECT_STORE_MB", ("160", "128"))),
+            ):
                 before = ray_pids()
                 set_knob(env, name, values[index % 2])
                 took = dspark(tb, env, "restart")
@@ -131,22 +149,32 @@ def main(argv: list[str]) -> int:
     if runs["serve_only"]:
         serve_only = statistics.median(r["seconds"] for r in runs["serve_only"])
         full = statistics.median(r["seconds"] for r in runs["full"])
-        result.update({"rounds": rounds, "runs": runs, "median_serve_only_s": serve_only, "median_full_s": full,
-                       "ratio": round(serve_only / full, 2), "target_ratio": 0.7})
+        result.update(
+            {
+                "rounds": rounds,
+                "runs": runs,
+                "median_serve_only_s": serve_only,
+                "median_full_s": full,
+                "ratio": round(serve_only / full, 2),
+                "target_ratio": 0.7,
+            }
+        )
     result.update({"host": platform.node(), "cpus": __import__("os").cpu_count()})
     result["cap_change_under_load"] = {
         "method": f"{STREAMS} streaming chats of {STREAM_TOKENS} tokens in flight (inside the head node), then "
-                  "DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2 applied by `dspark reload`, 2 -> 1 by `dspark restart` "
-                  "(serve-only, drained), or RAY_OBJECT_STORE_MB changed and `dspark restart` (full); "
-                  "write_to_in_force_s: the launcher's time from writing the control file to the engine's "
-                  "(live) line; command_s: the command's wall time",
+        "DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2 applied by `dspark reload`, 2 -> 1 by `dspark restart` "
+        "(serve-only, drained), or RAY_OBJECT_STORE_MB changed and `dspark restart` (full); "
+        "write_to_in_force_s: the launcher's time from writing the control file to the engine's "
+        "(live) line; command_s: the command's wall time",
         "runs": loaded,
         "median_reload_in_force_s": statistics.median(r["write_to_in_force_s"] for r in loaded["reload"]),
         "median_reload_command_s": statistics.median(r["command_s"] for r in loaded["reload"]),
         "median_restart_command_s": statistics.median(r["command_s"] for r in loaded["restart"]),
         "median_full_restart_command_s": statistics.median(r["command_s"] for r in loaded["full"]),
         "streams_cut": {kind: sum(r["streams_cut"] for r in rows) for kind, rows in loaded.items()},
-        "target_in_force_s": 2.0, "target_streams_cut": 0}
+        "target_in_force_s": 2.0,
+        "target_streams_cut": 0,
+    }
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0

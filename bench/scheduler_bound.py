@@ -79,8 +79,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tools import scheduler_harness as h  # noqa: E402
 from bench.scheduler import metrics, policies, report, scheduler_bench, workloads  # noqa: E402
+from tools import scheduler_harness as h  # noqa: E402
 
 MODEL = metrics.MIXED_FIT
 
@@ -101,8 +101,9 @@ def short_mean_lower_bound(load: workloads.Workload, long_ttft_ms: float) -> flo
     size = long.prompt_len * inv
     base = math.ceil(size / thr) * step_floor + _prefill_ms(size)
     shorts = [by_id[rid] for rid in dict(load.classes)["short"]]
-    ideal = {r.req_id: math.ceil(r.prompt_len * inv / thr) * step_floor + _prefill_ms(r.prompt_len * inv)
-             for r in shorts}
+    ideal = {
+        r.req_id: math.ceil(r.prompt_len * inv / thr) * step_floor + _prefill_ms(r.prompt_len * inv) for r in shorts
+    }
     best = math.inf
     steps = 400
     for k in range(steps + 1):
@@ -115,9 +116,12 @@ def short_mean_lower_bound(load: workloads.Workload, long_ttft_ms: float) -> flo
         # deferring one costs (end - arrival + a step) of its TTFT.
         window = [r for r in shorts if long.arrival_ms <= r.arrival_ms < end]
         items = sorted(
-            ((max(0.0, end - r.arrival_ms + step_floor - ideal[r.req_id]), _prefill_ms(r.prompt_len * inv))
-             for r in window),
-            key=lambda item: item[0] / item[1], reverse=True,
+            (
+                (max(0.0, end - r.arrival_ms + step_floor - ideal[r.req_id]), _prefill_ms(r.prompt_len * inv))
+                for r in window
+            ),
+            key=lambda item: item[0] / item[1],
+            reverse=True,
         )
         room = length - base
         for gain, cost in items:
@@ -194,13 +198,23 @@ def relaxed_jobs(load: workloads.Workload) -> tuple[Machine, list[Job]]:
             r, before = by_id[rid], after.get(rid)
             depth = before.prompt_len * inv if before else 0.0
             tokens = r.prompt_len * inv - depth
-            jobs.append(Job(rid, cls, float(r.arrival_ms or 0.0), tokens, _prefill_ms(tokens, depth),
-                            math.ceil(tokens / thr), before.req_id if before else None))
+            jobs.append(
+                Job(
+                    rid,
+                    cls,
+                    float(r.arrival_ms or 0.0),
+                    tokens,
+                    _prefill_ms(tokens, depth),
+                    math.ceil(tokens / thr),
+                    before.req_id if before else None,
+                )
+            )
     return machine, jobs
 
 
-def earliest_first_token(machine: Machine, job: Job, deadlines: Sequence[tuple[Job, float]],
-                         not_before: float = 0.0) -> float:
+def earliest_first_token(
+    machine: Machine, job: Job, deadlines: Sequence[tuple[Job, float]], not_before: float = 0.0
+) -> float:
     """Least completion time of `job` (released at its arrival) in any schedule
     where each job of `deadlines` completes by its deadline, and not before
     `not_before`.
@@ -238,8 +252,9 @@ def deadlines_feasible(machine: Machine, deadlines: Sequence[tuple[Job, float]])
     )
 
 
-def class_ttft_with_long_deadlines(load: workloads.Workload, cls: str, long_ttft: dict[str, float],
-                                   factor: float = 1.0) -> dict[str, float]:
+def class_ttft_with_long_deadlines(
+    load: workloads.Workload, cls: str, long_ttft: dict[str, float], factor: float = 1.0
+) -> dict[str, float]:
     """Per prompt of class `cls`: the lowest TTFT (modelled ms) any rule could
     give it while every long prompt's TTFT is at most `factor` times
     `long_ttft` (per prompt); infinite where those deadlines cannot all hold.
@@ -268,8 +283,9 @@ def class_ttft_with_long_deadlines(load: workloads.Workload, cls: str, long_ttft
     return {j.req_id: earliest(j) - j.arrival for j in mine}
 
 
-def class_mean_with_long_deadlines(load: workloads.Workload, cls: str, long_ttft: dict[str, float],
-                                   factor: float = 1.0) -> float:
+def class_mean_with_long_deadlines(
+    load: workloads.Workload, cls: str, long_ttft: dict[str, float], factor: float = 1.0
+) -> float:
     """The mean of `class_ttft_with_long_deadlines`."""
     bounds = class_ttft_with_long_deadlines(load, cls, long_ttft, factor)
     return sum(bounds.values()) / len(bounds)
@@ -357,8 +373,10 @@ def bounds_at(load: workloads.Workload, cls: str, v2_long: dict[str, float], fac
     """Every lower bound that applies, with each long prompt's TTFT at most
     `factor` times its v2 value (and so their mean at most `factor` times v2's)."""
     v2_mean = sum(v2_long.values()) / len(v2_long)
-    out = {"per-prompt deadlines": class_mean_with_long_deadlines(load, cls, v2_long, factor),
-           "mean busy time": class_mean_lower_bound(load, cls, factor * v2_mean)}
+    out = {
+        "per-prompt deadlines": class_mean_with_long_deadlines(load, cls, v2_long, factor),
+        "mean busy time": class_mean_lower_bound(load, cls, factor * v2_mean),
+    }
     if len(v2_long) == 1 and cls == "short":
         out["single window"] = short_mean_lower_bound(load, factor * v2_mean)
     return out
@@ -392,8 +410,9 @@ def main(argv: list[str] | None = None) -> int:
         ttft = {}
         for pol in (stock_thr, v2):
             step_time = functools.partial(MODEL.record_ms, scale=float(load.scale))
-            run = h.run_workload(pol.spec(**load.scheduler_kwargs()), load.requests, model_dir, max_steps=50_000,
-                                 step_time=step_time)
+            run = h.run_workload(
+                pol.spec(**load.scheduler_kwargs()), load.requests, model_dir, max_steps=50_000, step_time=step_time
+            )
             ttft[pol.name] = metrics.ttft_ms_by_request(run, load)
         ids = dict(load.classes)
         stock_mean = sum(ttft[stock_thr.name][r] for r in ids[cls]) / len(ids[cls])
@@ -402,22 +421,25 @@ def main(argv: list[str] | None = None) -> int:
         target = report.CLASS_TTFT_VS_STOCK * stock_mean
         at_v2 = bounds_at(load, cls, v2_long, 1.0)
         bound = max(at_v2.values())
-        out.append({
-            "workload": load.name,
-            "class": cls,
-            "stock_thr_mean_ms": round(stock_mean, 1),
-            "target_ms": round(target, 1),
-            "v2_long_mean_ms": round(v2_long_mean, 1),
-            "lower_bound_ms_with_long_at_v2": round(bound, 1),
-            "lower_bound_vs_stock_thr": round(bound / stock_mean, 3),
-            "bounds_ms_with_long_at_v2": {name: round(v, 1) for name, v in at_v2.items()},
-            "target_excluded_with_long_at_v2": bound > target,
-            "long_vs_v2_needed_for_target": round(smallest_factor(load, cls, v2_long, target), 3),
-        })
+        out.append(
+            {
+                "workload": load.name,
+                "class": cls,
+                "stock_thr_mean_ms": round(stock_mean, 1),
+                "target_ms": round(target, 1),
+                "v2_long_mean_ms": round(v2_long_mean, 1),
+                "lower_bound_ms_with_long_at_v2": round(bound, 1),
+                "lower_bound_vs_stock_thr": round(bound / stock_mean, 3),
+                "bounds_ms_with_long_at_v2": {name: round(v, 1) for name, v in at_v2.items()},
+                "target_excluded_with_long_at_v2": bound > target,
+                "long_vs_v2_needed_for_target": round(smallest_factor(load, cls, v2_long, target), 3),
+            }
+        )
         print(json.dumps(out[-1]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"scale": str(scale), "model": MODEL.describe(), "bounds": out}, indent=1) + "\n",
-                        encoding="utf-8")
+    args.out.write_text(
+        json.dumps({"scale": str(scale), "model": MODEL.describe(), "bounds": out}, indent=1) + "\n", encoding="utf-8"
+    )
     return 0
 
 

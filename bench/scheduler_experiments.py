@@ -28,11 +28,11 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tools import scheduler_harness as h  # noqa: E402
 from bench.scheduler import policies as p  # noqa: E402
 from bench.scheduler import report, scheduler_bench  # noqa: E402
 from dspark_launch.hotfix.contract import ENV_GATE_MODE, GATE_MODES  # noqa: E402
 from dspark_launch.hotfix.layout import render_patched  # noqa: E402
+from tools import scheduler_harness as h  # noqa: E402
 
 #: Plain cap 1 of patch v1: the reference of the experiment tables.
 CAP1 = p.hotfix_name(1, 0)
@@ -83,8 +83,7 @@ VARIANT_GATES: dict[str, tuple[str, str]] = {
     # prompt queued behind it is not held back.
     "lane-skip": (
         "count gate for prompts that stay partial, prompts finishing in the step pass while prefill tokens <= (cap+1) x threshold, up to 8 blocked long prompts per step stepped over",
-        _VARIANT_PREAMBLE
-        + "                if not _bench_free and (\n"
+        _VARIANT_PREAMBLE + "                if not _bench_free and (\n"
         "                    (_bench_partial_after and _dspark_partial >= self._dspark_max_inflight_prefills)\n"
         "                    or (_bench_thr > 0 and _bench_spent and _bench_spent + _bench_chunk\n"
         "                        > (self._dspark_max_inflight_prefills + 1) * _bench_thr)\n"
@@ -100,8 +99,7 @@ VARIANT_GATES: dict[str, tuple[str, str]] = {
     # previous prompt's last chunk left (the step never exceeds K).
     "budget": (
         "count gate + the waiting section's token budget cut to cap x threshold minus running prefills' chunks",
-        _VARIANT_PREAMBLE
-        + "                if (\n"
+        _VARIANT_PREAMBLE + "                if (\n"
         "                    _dspark_partial >= self._dspark_max_inflight_prefills\n"
         "                    and not _bench_free\n"
         "                ):\n"
@@ -112,8 +110,7 @@ VARIANT_GATES: dict[str, tuple[str, str]] = {
     # step's prefill tokens stay <= (cap + 1/2) x threshold.
     "shortlane": (
         "count gate for prompts that stay partial (blocked ones stepped over, 8 per step); prompts finishing within the step pass while prefill tokens <= (cap + 1/2) x threshold",
-        _VARIANT_PREAMBLE
-        + "                if not _bench_free:\n"
+        _VARIANT_PREAMBLE + "                if not _bench_free:\n"
         "                    if _bench_partial_after:\n"
         "                        if _dspark_partial >= self._dspark_max_inflight_prefills:\n"
         "                            if _bench_skips >= 8:\n"
@@ -129,8 +126,7 @@ VARIANT_GATES: dict[str, tuple[str, str]] = {
     # Gate only while a decode-active request runs (idle: admit like stock).
     "decode-aware": (
         "cap applies only while a decode-active request is running",
-        _VARIANT_PREAMBLE
-        + "                if (\n"
+        _VARIANT_PREAMBLE + "                if (\n"
         "                    _bench_decoding_now\n"
         "                    and _dspark_partial >= self._dspark_max_inflight_prefills\n"
         "                    and not _bench_free\n"
@@ -168,8 +164,7 @@ def variant_text(original: str, name: str) -> str:
             "        _bench_thr_cfg = self.scheduler_config.long_prefill_token_threshold\n"
             "        if _bench_thr_cfg > 0:\n"
             "            _bench_k = int((self._dspark_max_inflight_prefills + " + share + ") * _bench_thr_cfg)\n"
-            "            token_budget = min(token_budget, max(0, _bench_k - _bench_spent))\n"
-            + section,
+            "            token_budget = min(token_budget, max(0, _bench_k - _bench_spent))\n" + section,
             1,
         )
     admit = "                    _dspark_partial += 1\n"
@@ -177,7 +172,6 @@ def variant_text(original: str, name: str) -> str:
     text = text.replace(admit, admit + "                _bench_spent += num_new_tokens\n", 1)
     block = "# >>> dspark-issue27 hotfix >>>\n"
     return text.replace(block, block + _SPENT_HELPER.lstrip("\n") + "\n", 1)
-
 
 
 def _variant_provider(name: str):
@@ -228,18 +222,28 @@ def _same(half_chunks: float | None, split_chunks: int = 0) -> CandidateRoom:
 
 #: The candidates of the docs' table. The shipped one is m2-fresh-quarter
 #: (contract.SHORT_ROOM_SHARE, uncached prompts only).
-SHORT_ROOMS = {"m2-room0": _same(0), "m2-room-eighth": _same(0.25), "m2-room-quarter": _same(0.5),
-               "m2-room-half": _same(1), "m2-room-chunk": _same(2), "m2-room-budget": _same(None),
-               "m2-split2-half": _same(1, 2), "m2-split2-chunk": _same(2, 2), "m2-split2-quarter": _same(0.5, 2),
-               "m2-split1-half": _same(1, 1), "m2-fresh-eighth": CandidateRoom(0.25, 0, 0),
-               "m2-fresh-quarter": CandidateRoom(0.5, 0, 0), "m2-fresh-half": CandidateRoom(1, 0, 0),
-               # Issue 15's lower bound leaves the cached target open on the agent workload (docs:
-               # "Hotfix v3"): cached tails that finish within the step always pass; cached tails
-               # weighted by their depth; shortest first among prompts that need the slot; both.
-               "m2-fresh-quarter-cached-budget": CandidateRoom(0.5, 0, None),
-               "m2-weighted": CandidateRoom(0.5, 0, 0, False, 66_000.0),
-               "m2-spt": CandidateRoom(0.5, 0, 0, True),
-               "m2-spt-weighted": CandidateRoom(0.5, 0, 0, True, 66_000.0)}
+SHORT_ROOMS = {
+    "m2-room0": _same(0),
+    "m2-room-eighth": _same(0.25),
+    "m2-room-quarter": _same(0.5),
+    "m2-room-half": _same(1),
+    "m2-room-chunk": _same(2),
+    "m2-room-budget": _same(None),
+    "m2-split2-half": _same(1, 2),
+    "m2-split2-chunk": _same(2, 2),
+    "m2-split2-quarter": _same(0.5, 2),
+    "m2-split1-half": _same(1, 1),
+    "m2-fresh-eighth": CandidateRoom(0.25, 0, 0),
+    "m2-fresh-quarter": CandidateRoom(0.5, 0, 0),
+    "m2-fresh-half": CandidateRoom(1, 0, 0),
+    # Issue 15's lower bound leaves the cached target open on the agent workload (docs:
+    # "Hotfix v3"): cached tails that finish within the step always pass; cached tails
+    # weighted by their depth; shortest first among prompts that need the slot; both.
+    "m2-fresh-quarter-cached-budget": CandidateRoom(0.5, 0, None),
+    "m2-weighted": CandidateRoom(0.5, 0, 0, False, 66_000.0),
+    "m2-spt": CandidateRoom(0.5, 0, 0, True),
+    "m2-spt-weighted": CandidateRoom(0.5, 0, 0, True, 66_000.0),
+}
 
 _CANDIDATE_MODULE = "dspark_bench_mode2_candidates"
 
@@ -277,9 +281,13 @@ def _candidate_admit(shipped, holds_kv):
         # Nonzero: it does not finish within the bound (and room) this step.
         if decision and need <= room.split_chunks * chunk and left + sched._dspark_short_room > 0:
             return left + sched._dspark_short_room
-        if decision > 0 and room.shortest_first and any(
-            other is not request and not holds_kv(other) and _tokens_to_compute(sched, other) < need
-            for other in sched.waiting
+        if (
+            decision > 0
+            and room.shortest_first
+            and any(
+                other is not request and not holds_kv(other) and _tokens_to_compute(sched, other) < need
+                for other in sched.waiting
+            )
         ):
             return -1
         return decision
@@ -327,13 +335,23 @@ def register() -> None:
 def candidate_policies() -> list[p.Policy]:
     """Gate mode 2 with each short-prompt room, at cap 1."""
     return [
-        p.Policy(f"{name}:1", "variant", cap=1, mode=name, provider=f"bench-{name}", env=((ENV_GATE_MODE, "2"),),
-                 description=f"gate mode 2, short-prompt room "
-                             f"{'the budget' if r.half_chunks is None else f'{r.half_chunks} x threshold/2'}"
-                             + ("" if r.cached_half_chunks == r.half_chunks else
-                                f", cached tails {'the budget' if r.cached_half_chunks is None else f'{r.cached_half_chunks} x threshold/2'}")
-                             + (f"; prompts up to {r.split_chunks} chunks exempt from the count" if r.split_chunks else "")
-                             + ("; shortest first among prompts that need the slot" if r.shortest_first else ""))
+        p.Policy(
+            f"{name}:1",
+            "variant",
+            cap=1,
+            mode=name,
+            provider=f"bench-{name}",
+            env=((ENV_GATE_MODE, "2"),),
+            description=f"gate mode 2, short-prompt room "
+            f"{'the budget' if r.half_chunks is None else f'{r.half_chunks} x threshold/2'}"
+            + (
+                ""
+                if r.cached_half_chunks == r.half_chunks
+                else f", cached tails {'the budget' if r.cached_half_chunks is None else f'{r.cached_half_chunks} x threshold/2'}"
+            )
+            + (f"; prompts up to {r.split_chunks} chunks exempt from the count" if r.split_chunks else "")
+            + ("; shortest first among prompts that need the slot" if r.shortest_first else ""),
+        )
         for name, r in SHORT_ROOMS.items()
     ]
 
@@ -345,8 +363,15 @@ def experiment_policies(variants: bool = True) -> list[p.Policy]:
     pols += candidate_policies()
     if variants:
         pols += [
-            p.Policy(f"{name}:1", "variant", cap=1, mode=name, description=desc,
-                     provider=f"bench-variant-{name}", env=((ENV_GATE_MODE, "0"),))
+            p.Policy(
+                f"{name}:1",
+                "variant",
+                cap=1,
+                mode=name,
+                description=desc,
+                provider=f"bench-variant-{name}",
+                env=((ENV_GATE_MODE, "0"),),
+            )
             for name, (desc, _) in VARIANT_GATES.items()
         ]
     return pols
@@ -358,23 +383,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid", default="full", choices=("full", "ci"))
     parser.add_argument("--scheduler", action="append", choices=scheduler_bench.SCHEDULERS)
     parser.add_argument("--no-variants", action="store_true")
-    parser.add_argument("--candidates", action="store_true",
-                        help="only stock+thr, patch v2's gate and the gate mode 2 candidates (issue 15)")
+    parser.add_argument(
+        "--candidates",
+        action="store_true",
+        help="only stock+thr, patch v2's gate and the gate mode 2 candidates (issue 15)",
+    )
     parser.add_argument("--no-overhead", action="store_true")
     parser.add_argument("--out", type=pathlib.Path, default=REPO / "bench" / "results" / "scheduler.json")
-    parser.add_argument("--plot", type=pathlib.Path, default=REPO / "bench" / "results" / "scheduler-tokens-per-step.png")
+    parser.add_argument(
+        "--plot", type=pathlib.Path, default=REPO / "bench" / "results" / "scheduler-tokens-per-step.png"
+    )
     args = parser.parse_args(argv)
     register()
     result = scheduler_bench.run(
         scheduler_bench.parse_scale(args.scale),
-        compared=([p.stock_policies()[1], p.hotfix(1, 1), p.hotfix(1, 2)] + candidate_policies()) if args.candidates
+        compared=([p.stock_policies()[1], p.hotfix(1, 1), p.hotfix(1, 2)] + candidate_policies())
+        if args.candidates
         else experiment_policies(not args.no_variants),
         reference=p.hotfix_name(1, 1) if args.candidates else CAP1,
         grid=args.grid,
         schedulers=tuple(args.scheduler or scheduler_bench.SCHEDULERS),
         overhead_reps=None if args.no_overhead else (2000, 400),
-        overhead_compared=None if args.no_overhead else p.overhead_policies()[:3] + [p.hotfix(1, 0)]
-        + [p.hotfix(1, m) for m in GATE_MODES if m],
+        overhead_compared=None
+        if args.no_overhead
+        else p.overhead_policies()[:3] + [p.hotfix(1, 0)] + [p.hotfix(1, m) for m in GATE_MODES if m],
         plot_path=args.plot if importlib.util.find_spec("matplotlib") else None,
         plot_policies=(p.STOCK_THR, CAP1, p.SHIPPED),
         progress=lambda line: print(line, file=sys.stderr, flush=True),

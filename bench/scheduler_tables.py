@@ -33,25 +33,34 @@ from bench.scheduler.report import CAP1  # noqa: E402
 
 def m0_vs_m1(result: dict) -> str:
     runs = {(r["workload"], r["policy"]): r for r in result["runs"] if r["scheduler"] == "Scheduler"}
-    head = ("workload", "p99 proxy m0 / m1", "p99 ITL model ms m0 / m1", "TTFT steps m0 / m1",
-            "TTFT model ms m0 / m1 (ratio)", "stock / stock+thr TTFT model ms", "preemptions m0 / m1",
-            "longest gap m0 / m1")
+    head = (
+        "workload",
+        "p99 proxy m0 / m1",
+        "p99 ITL model ms m0 / m1",
+        "TTFT steps m0 / m1",
+        "TTFT model ms m0 / m1 (ratio)",
+        "stock / stock+thr TTFT model ms",
+        "preemptions m0 / m1",
+        "longest gap m0 / m1",
+    )
     rows = []
     for w in result["workloads"]:
         name = w["name"]
         a, b = runs[(name, CAP1)], runs[(name, result["shipped_default"])]
         s, st = runs[(name, "stock")], runs[(name, "stock+thr")]
         ratio = b["ttft_model_ms"]["mean"] / a["ttft_model_ms"]["mean"]
-        rows.append([
-            name,
-            f"{a['latency_proxy_tokens']['p99']:.0f} / {b['latency_proxy_tokens']['p99']:.0f}",
-            f"{a['itl_model_ms']['p99']:.0f} / {b['itl_model_ms']['p99']:.0f}",
-            f"{a['ttft_steps']['mean']:.1f} / {b['ttft_steps']['mean']:.1f}",
-            f"{a['ttft_model_ms']['mean']:.0f} / {b['ttft_model_ms']['mean']:.0f} ({ratio:.3f})",
-            f"{s['ttft_model_ms']['mean']:.0f} / {st['ttft_model_ms']['mean']:.0f}",
-            f"{a['preemptions']} / {b['preemptions']}",
-            f"{a['longest_gap_steps']} / {b['longest_gap_steps']}",
-        ])
+        rows.append(
+            [
+                name,
+                f"{a['latency_proxy_tokens']['p99']:.0f} / {b['latency_proxy_tokens']['p99']:.0f}",
+                f"{a['itl_model_ms']['p99']:.0f} / {b['itl_model_ms']['p99']:.0f}",
+                f"{a['ttft_steps']['mean']:.1f} / {b['ttft_steps']['mean']:.1f}",
+                f"{a['ttft_model_ms']['mean']:.0f} / {b['ttft_model_ms']['mean']:.0f} ({ratio:.3f})",
+                f"{s['ttft_model_ms']['mean']:.0f} / {st['ttft_model_ms']['mean']:.0f}",
+                f"{a['preemptions']} / {b['preemptions']}",
+                f"{a['longest_gap_steps']} / {b['longest_gap_steps']}",
+            ]
+        )
     return report.table(rows, head, markdown=True)
 
 
@@ -68,8 +77,15 @@ def v3_classes(result: dict, scheduler: str = "Scheduler") -> str:
     inter-token time, stock+thr / patch v2 (mode 1) / shipped."""
     runs = {(r["workload"], r["policy"]): r for r in result["runs"] if r["scheduler"] == scheduler}
     shipped = result["shipped_default"]
-    head = ("workload", "class (n)", "TTFT ms stock+thr / v2 / v3", "v3 / stock+thr", "v3 / v2",
-            "p99 ITL ms stock+thr / v2 / v3", "p99 ITL v3 / v2")
+    head = (
+        "workload",
+        "class (n)",
+        "TTFT ms stock+thr / v2 / v3",
+        "v3 / stock+thr",
+        "v3 / v2",
+        "p99 ITL ms stock+thr / v2 / v3",
+        "p99 ITL v3 / v2",
+    )
     rows = []
     for w in result["workloads"]:
         name = w["name"]
@@ -82,11 +98,17 @@ def v3_classes(result: dict, scheduler: str = "Scheduler") -> str:
             if cls not in b["ttft_by_class"]:
                 continue
             m = [report.class_mean(r, cls) for r in (s, a, b)]
-            rows.append([
-                name if first else "", f"{cls} ({b['ttft_by_class'][cls]['n']})",
-                " / ".join(_fmt(x) for x in m), _fmt(report._ratio(m[2], m[0]), 2), _fmt(report._ratio(m[2], m[1]), 2),
-                " / ".join(_fmt(x) for x in itl) if first else "", _fmt(itl[2] / itl[1], 2) if first else "",
-            ])
+            rows.append(
+                [
+                    name if first else "",
+                    f"{cls} ({b['ttft_by_class'][cls]['n']})",
+                    " / ".join(_fmt(x) for x in m),
+                    _fmt(report._ratio(m[2], m[0]), 2),
+                    _fmt(report._ratio(m[2], m[1]), 2),
+                    " / ".join(_fmt(x) for x in itl) if first else "",
+                    _fmt(itl[2] / itl[1], 2) if first else "",
+                ]
+            )
             first = False
     return report.table(rows, head, markdown=True)
 
@@ -97,8 +119,13 @@ def v3_candidates(result: dict, scheduler: str = "Scheduler") -> str:
     loads = [w["name"] for w in result["workloads"]]
     new = [w["name"] for w in result["workloads"] if w["kind"] in ("agent", "short-stream")]
     names = [p["name"] for p in result["policies"] if p["name"].startswith("m2-") or p["name"] in (V2, "hotfix-m2:1")]
-    head = ("policy", "p99 ITL / v2, worst (workload)", "cached TTFT / stock+thr (agent)",
-            "short TTFT / stock+thr, worst", "long TTFT / v2, worst (workload)")
+    head = (
+        "policy",
+        "p99 ITL / v2, worst (workload)",
+        "cached TTFT / stock+thr (agent)",
+        "short TTFT / stock+thr, worst",
+        "long TTFT / v2, worst (workload)",
+    )
     rows = []
     for pol in names:
         itl = {w: runs[(w, pol)]["itl_model_ms"]["p99"] / runs[(w, V2)]["itl_model_ms"]["p99"] for w in loads}
@@ -107,21 +134,24 @@ def v3_candidates(result: dict, scheduler: str = "Scheduler") -> str:
         short = {w: v for w, v in report.class_ratios(result, pol, "stock+thr", "short", scheduler).items() if w in new}
         long = report.class_ratios(result, pol, V2, "long", scheduler)
         wl = max(long, key=long.get)
-        rows.append([
-            pol + (" *" if pol == result["shipped_default"] else ""),
-            f"{itl[wi]:.2f} ({wi})",
-            " ".join(f"{v:.2f}" for v in cached.values()),
-            f"{max(short.values()):.2f}" if short else "-",
-            f"{long[wl]:.2f} ({wl})",
-        ])
+        rows.append(
+            [
+                pol + (" *" if pol == result["shipped_default"] else ""),
+                f"{itl[wi]:.2f} ({wi})",
+                " ".join(f"{v:.2f}" for v in cached.values()),
+                f"{max(short.values()):.2f}" if short else "-",
+                f"{long[wl]:.2f} ({wl})",
+            ]
+        )
     return report.table(rows, head, markdown=True)
 
 
 def targets(result: dict) -> str:
     lines = []
     for t in result["targets"]:
-        lines.append(f"- **{'Met' if t['met'] else 'Not met'}**: {t['text']}. "
-                     f"`{json.dumps(t['numbers'], sort_keys=True)}`")
+        lines.append(
+            f"- **{'Met' if t['met'] else 'Not met'}**: {t['text']}. `{json.dumps(t['numbers'], sort_keys=True)}`"
+        )
     return "\n".join(lines)
 
 
@@ -129,24 +159,47 @@ def v3_bound(bound: dict) -> str:
     """The lower bounds of `bench/scheduler_bound.py`, per workload with a
     cached or short class: the highest bound with every long prompt at most
     as slow as under patch v2, and the long TTFT the class target needs."""
-    head = ("workload", "class", "stock+thr TTFT ms (target: 1.2x)", "v2 long TTFT ms",
-            "lower bound ms with long <= v2 (x stock+thr)", "from", "target excluded",
-            "long TTFT needed for the target (x v2)")
+    head = (
+        "workload",
+        "class",
+        "stock+thr TTFT ms (target: 1.2x)",
+        "v2 long TTFT ms",
+        "lower bound ms with long <= v2 (x stock+thr)",
+        "from",
+        "target excluded",
+        "long TTFT needed for the target (x v2)",
+    )
     rows = []
     for b in bound["bounds"]:
         which = max(b["bounds_ms_with_long_at_v2"], key=b["bounds_ms_with_long_at_v2"].get)
         needed = b["long_vs_v2_needed_for_target"]
-        rows.append([b["workload"], b["class"], f"{b['stock_thr_mean_ms']:.0f} ({b['target_ms']:.0f})",
-                     f"{b['v2_long_mean_ms']:.0f}",
-                     f"{b['lower_bound_ms_with_long_at_v2']:.0f} ({b['lower_bound_vs_stock_thr']:.2f})", which,
-                     "yes" if b["target_excluded_with_long_at_v2"] else "no",
-                     f"{needed:.2f}" if needed > 1 else "<= 1.00 (not excluded)"])
+        rows.append(
+            [
+                b["workload"],
+                b["class"],
+                f"{b['stock_thr_mean_ms']:.0f} ({b['target_ms']:.0f})",
+                f"{b['v2_long_mean_ms']:.0f}",
+                f"{b['lower_bound_ms_with_long_at_v2']:.0f} ({b['lower_bound_vs_stock_thr']:.2f})",
+                which,
+                "yes" if b["target_excluded_with_long_at_v2"] else "no",
+                f"{needed:.2f}" if needed > 1 else "<= 1.00 (not excluded)",
+            ]
+        )
     return report.table(rows, head, markdown=True)
 
 
 #: Every generated block of the research log, in its order there.
-BLOCKS = ("summary", "m0-vs-m1", "overhead", "targets", "v3-candidates", "v3-bound", "v3-classes",
-          "v3-classes-async", "runs")
+BLOCKS = (
+    "summary",
+    "m0-vs-m1",
+    "overhead",
+    "targets",
+    "v3-candidates",
+    "v3-bound",
+    "v3-classes",
+    "v3-classes-async",
+    "runs",
+)
 
 
 def blocks(result: dict, bound: dict | None = None, only: Sequence[str] | None = None) -> dict[str, str]:
@@ -173,7 +226,11 @@ def blocks(result: dict, bound: dict | None = None, only: Sequence[str] | None =
 def fill(text: str, parts: dict[str, str]) -> str:
     for name, body in parts.items():
         pattern = re.compile(
-            r"(<!-- BEGIN GENERATED: " + re.escape(name) + r" -->\n).*?(<!-- END GENERATED: " + re.escape(name) + r" -->)",
+            r"(<!-- BEGIN GENERATED: "
+            + re.escape(name)
+            + r" -->\n).*?(<!-- END GENERATED: "
+            + re.escape(name)
+            + r" -->)",
             re.S,
         )
         if not pattern.search(text):
@@ -186,8 +243,12 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("result", nargs="?", type=pathlib.Path, default=REPO / "bench" / "results" / "scheduler.json")
     parser.add_argument("doc", nargs="?", type=pathlib.Path, default=REPO / "bench" / "results" / "scheduler.md")
-    parser.add_argument("--only", action="append", metavar="BLOCK",
-                        help="fill only this generated block (repeatable), e.g. v3-candidates from a --candidates run")
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="BLOCK",
+        help="fill only this generated block (repeatable), e.g. v3-candidates from a --candidates run",
+    )
     args = parser.parse_args(argv)
     result = json.loads(args.result.read_text(encoding="utf-8"))
     # bench/scheduler_bound.py's result, when it sits next to the grid's.

@@ -40,8 +40,13 @@ def plan_us(model_dir, running: int = 256, waiting: int = 1024, calls: int = 200
     finally:
         gc.enable()
         sched.max_num_running_reqs -= 1
-    return {"running": running, "waiting": waiting, "plan_us": round(elapsed / calls / 1000.0, 3),
-            "reserved_for_waiting": len(sched._dspark_reserved), "running_in_plan": len(plan)}
+    return {
+        "running": running,
+        "waiting": waiting,
+        "plan_us": round(elapsed / calls / 1000.0, 3),
+        "reserved_for_waiting": len(sched._dspark_reserved),
+        "running_in_plan": len(plan),
+    }
 
 
 def main(argv=None) -> int:

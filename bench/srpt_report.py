@@ -46,26 +46,57 @@ def targets(rows, shipped: str) -> list[dict]:
             kind = m3["kind"]
             checks = []
             if kind == "short-stream":
-                checks += [("short mean TTFT / stock+thr", _ratio(m3["class_mean_ms"].get("short"), thr["class_mean_ms"].get("short")), 1.2),
-                           ("long TTFT / stock+thr", _ratio(m3["class_mean_ms"].get("long"), thr["class_mean_ms"].get("long")), 1.0),
-                           ("p99 ITL / v2", _ratio(m3["itl_p99_ms"], v2["itl_p99_ms"]), 1.1),
-                           ("long TTFT / v2", _ratio(m3["class_mean_ms"].get("long"), v2["class_mean_ms"].get("long")), None)]
+                checks += [
+                    (
+                        "short mean TTFT / stock+thr",
+                        _ratio(m3["class_mean_ms"].get("short"), thr["class_mean_ms"].get("short")),
+                        1.2,
+                    ),
+                    (
+                        "long TTFT / stock+thr",
+                        _ratio(m3["class_mean_ms"].get("long"), thr["class_mean_ms"].get("long")),
+                        1.0,
+                    ),
+                    ("p99 ITL / v2", _ratio(m3["itl_p99_ms"], v2["itl_p99_ms"]), 1.1),
+                    ("long TTFT / v2", _ratio(m3["class_mean_ms"].get("long"), v2["class_mean_ms"].get("long")), None),
+                ]
             elif kind == "agent":
                 worst = max((_ratio(ms, v2["long_ttft_ms"].get(rid)) or 0) for rid, ms in m3["long_ttft_ms"].items())
-                checks += [("cached mean TTFT / stock+thr", _ratio(m3["class_mean_ms"].get("cached"), thr["class_mean_ms"].get("cached")), 1.2),
-                           ("long class mean / v2", _ratio(m3["class_mean_ms"].get("long"), v2["class_mean_ms"].get("long")), 1.05),
-                           ("worst long prompt / its v2 TTFT", round(worst, 3), 1.5),
-                           ("p99 ITL / v2", _ratio(m3["itl_p99_ms"], v2["itl_p99_ms"]), None)]
+                checks += [
+                    (
+                        "cached mean TTFT / stock+thr",
+                        _ratio(m3["class_mean_ms"].get("cached"), thr["class_mean_ms"].get("cached")),
+                        1.2,
+                    ),
+                    (
+                        "long class mean / v2",
+                        _ratio(m3["class_mean_ms"].get("long"), v2["class_mean_ms"].get("long")),
+                        1.05,
+                    ),
+                    ("worst long prompt / its v2 TTFT", round(worst, 3), 1.5),
+                    ("p99 ITL / v2", _ratio(m3["itl_p99_ms"], v2["itl_p99_ms"]), None),
+                ]
             else:
-                checks += [("p99 ITL / v2", _ratio(m3["itl_p99_ms"], v2["itl_p99_ms"]), 1.1),
-                           ("mean TTFT / v2", _ratio(m3["ttft_mean_ms"], v2["ttft_mean_ms"]), 1.05),
-                           ("preemptions - v2", m3["preemptions"] - v2["preemptions"], 0)]
+                checks += [
+                    ("p99 ITL / v2", _ratio(m3["itl_p99_ms"], v2["itl_p99_ms"]), 1.1),
+                    ("mean TTFT / v2", _ratio(m3["ttft_mean_ms"], v2["ttft_mean_ms"]), 1.05),
+                    ("preemptions - v2", m3["preemptions"] - v2["preemptions"], 0),
+                ]
             if m3["long_ttft_ms"] and kind != "agent":
                 worst = max((_ratio(ms, v2["long_ttft_ms"].get(rid)) or 0) for rid, ms in m3["long_ttft_ms"].items())
                 checks.append(("worst long prompt / its v2 TTFT", round(worst, 3), None))
             for name, value, limit in checks:
-                out.append({"fit": fit, "workload": load, "kind": kind, "target": name, "value": value,
-                            "limit": limit, "met": None if limit is None or value is None else value <= limit})
+                out.append(
+                    {
+                        "fit": fit,
+                        "workload": load,
+                        "kind": kind,
+                        "target": name,
+                        "value": value,
+                        "limit": limit,
+                        "met": None if limit is None or value is None else value <= limit,
+                    }
+                )
     return out
 
 
@@ -82,15 +113,23 @@ def curve(rows) -> list[dict]:
             points = [r for r in rows if r["fit"] == fit and r["workload"] == load]
             for family in FAMILIES:
                 fam = [r for r in points if r["family"] == family]
-                scatter = [{"policy": r["policy"], "long_over_v2": _ratio(r["class_mean_ms"]["long"], v2["class_mean_ms"]["long"]),
-                            "short_ms": r["class_mean_ms"]["short"], "itl_over_v2": _ratio(r["itl_p99_ms"], v2["itl_p99_ms"])}
-                           for r in fam]
+                scatter = [
+                    {
+                        "policy": r["policy"],
+                        "long_over_v2": _ratio(r["class_mean_ms"]["long"], v2["class_mean_ms"]["long"]),
+                        "short_ms": r["class_mean_ms"]["short"],
+                        "itl_over_v2": _ratio(r["itl_p99_ms"], v2["itl_p99_ms"]),
+                    }
+                    for r in fam
+                ]
                 best = {}
                 for f in FACTORS:
                     ok = [p for p in scatter if p["long_over_v2"] <= f + 1e-9 and p["itl_over_v2"] <= 1.1 + 1e-9]
                     pick = min(ok, key=lambda p: p["short_ms"]) if ok else None
                     best[str(f)] = None if pick is None else {"short_ms": pick["short_ms"], "policy": pick["policy"]}
-                out.append({"fit": fit, "workload": load, "family": family, "best_at_long_factor": best, "points": scatter})
+                out.append(
+                    {"fit": fit, "workload": load, "family": family, "best_at_long_factor": best, "points": scatter}
+                )
     return out
 
 
@@ -99,9 +138,11 @@ def svg(curves: list[dict]) -> str:
     prompt's TTFT as a factor of v2's, best point per factor and family."""
     panels = sorted({(c["fit"], c["workload"]) for c in curves})
     w, h, pad = 420, 300, 50
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w * 2}" height="{h * ((len(panels) + 1) // 2) + 30}" '
-             'font-family="sans-serif" font-size="11">',
-             '<rect width="100%" height="100%" fill="white"/>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w * 2}" height="{h * ((len(panels) + 1) // 2) + 30}" '
+        'font-family="sans-serif" font-size="11">',
+        '<rect width="100%" height="100%" fill="white"/>',
+    ]
     for n, (fit, load) in enumerate(panels):
         ox, oy = (n % 2) * w, (n // 2) * h + 30
         mine = [c for c in curves if c["fit"] == fit and c["workload"] == load]
@@ -128,35 +169,52 @@ def svg(curves: list[dict]) -> str:
             color = COLORS[c["family"]]
             pts = [(px(float(f)), py(b["short_ms"])) for f, b in c["best_at_long_factor"].items() if b]
             if len(pts) > 1:
-                parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="'
-                             + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
+                parts.append(
+                    f'<polyline fill="none" stroke="{color}" stroke-width="2" points="'
+                    + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
+                    + '"/>'
+                )
             for x, y in pts:
                 parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>')
             parts.append(f'<text x="{ox + w - 95}" y="{oy + 30 + 13 * i}" fill="{color}">{c["family"]}</text>')
-    parts.append('<text x="10" y="18">short-prompt mean TTFT (modelled) vs long prompt TTFT as a factor of v2; '
-                 'missing point: no setting of that family meets it</text>')
+    parts.append(
+        '<text x="10" y="18">short-prompt mean TTFT (modelled) vs long prompt TTFT as a factor of v2; '
+        "missing point: no setting of that family meets it</text>"
+    )
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
 
 def tables(rows, tgt, shipped: str) -> str:
-    lines = ["# Issue 23: gate mode 3 against stock+thr, v2 and v3 (generated)", "",
-             "Generated by `python bench/srpt_report.py` from `bench/srpt_sweep.py` output; "
-             f"shipped point `{shipped}`. Modelled milliseconds; real vLLM 0.32 `Scheduler`.", ""]
+    lines = [
+        "# Issue 23: gate mode 3 against stock+thr, v2 and v3 (generated)",
+        "",
+        "Generated by `python bench/srpt_report.py` from `bench/srpt_sweep.py` output; "
+        f"shipped point `{shipped}`. Modelled milliseconds; real vLLM 0.32 `Scheduler`.",
+        "",
+    ]
     for fit in sorted({r["fit"] for r in rows}):
         lines += [f"## Targets, {fit}", "", "| workload | target | value | limit | met |", "|---|---|---|---|---|"]
         for t in tgt:
             if t["fit"] == fit:
                 met = "-" if t["met"] is None else ("yes" if t["met"] else "**no**")
-                lines.append(f"| {t['workload']} | {t['target']} | {t['value']} | {t['limit'] if t['limit'] is not None else '-'} | {met} |")
-        lines += ["", f"## Every run, {fit}", "",
-                  "| workload | policy | p99 ITL ms | mean TTFT ms | class means ms | preemptions | max prefill tokens in a step |",
-                  "|---|---|---|---|---|---|---|"]
+                lines.append(
+                    f"| {t['workload']} | {t['target']} | {t['value']} | {t['limit'] if t['limit'] is not None else '-'} | {met} |"
+                )
+        lines += [
+            "",
+            f"## Every run, {fit}",
+            "",
+            "| workload | policy | p99 ITL ms | mean TTFT ms | class means ms | preemptions | max prefill tokens in a step |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in rows:
             if r["fit"] == fit:
                 cls = ", ".join(f"{k} {v}" for k, v in r["class_mean_ms"].items())
-                lines.append(f"| {r['workload']} | {r['policy']} | {r['itl_p99_ms']} | {r['ttft_mean_ms']} | {cls} | "
-                             f"{r['preemptions']} | {r['max_prefill_tokens_in_decode_step']} |")
+                lines.append(
+                    f"| {r['workload']} | {r['policy']} | {r['itl_p99_ms']} | {r['ttft_mean_ms']} | {cls} | "
+                    f"{r['preemptions']} | {r['max_prefill_tokens_in_decode_step']} |"
+                )
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -171,12 +229,16 @@ def main(argv=None) -> int:
     tgt = targets(rows, args.shipped)
     curves = curve(rows)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "srpt-targets.json").write_text(json.dumps({"shipped": args.shipped, "targets": tgt}, indent=1) + "\n")
+    (args.out_dir / "srpt-targets.json").write_text(
+        json.dumps({"shipped": args.shipped, "targets": tgt}, indent=1) + "\n"
+    )
     (args.out_dir / "srpt-curve.json").write_text(json.dumps({"factors": FACTORS, "curves": curves}, indent=1) + "\n")
     (args.out_dir / "srpt-curve.svg").write_text(svg(curves))
     (args.out_dir / "srpt-tables.md").write_text(tables(rows, tgt, args.shipped))
     for t in tgt:
-        print(f"{t['fit']:9s} {t['workload'][:40]:40s} {t['target']:34s} {t['value']!s:>8s} <= {t['limit']!s:5s} {t['met']}")
+        print(
+            f"{t['fit']:9s} {t['workload'][:40]:40s} {t['target']:34s} {t['value']!s:>8s} <= {t['limit']!s:5s} {t['met']}"
+        )
     return 0
 
 

@@ -25,9 +25,9 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tools import scheduler_harness as h  # noqa: E402
 from bench.scheduler import metrics, scheduler_bench, workloads  # noqa: E402
 from dspark_launch.hotfix.contract import ENV_AGING, ENV_GATE_MODE  # noqa: E402
+from tools import scheduler_harness as h  # noqa: E402
 
 FITS = {"mixed": metrics.MIXED_FIT, "solo": metrics.SOLO_FIT}
 AGINGS = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 8.0)
@@ -37,17 +37,37 @@ THRESHOLD_SHARES = (0.25, 0.5, 1.0)
 
 def policies(k_values=AGINGS, curve: bool = False, only_mode3: bool = False) -> list[dict]:
     """Every (name, policy spec overrides) the run compares."""
-    out = [] if only_mode3 else [{"name": "stock+thr", "family": "stock+thr", "policy": "stock", "threshold_share": 1.0}]
+    out = (
+        [] if only_mode3 else [{"name": "stock+thr", "family": "stock+thr", "policy": "stock", "threshold_share": 1.0}]
+    )
     if curve and not only_mode3:
-        out += [{"name": f"stock+thr@{s:g}", "family": "stock+thr", "policy": "stock", "threshold_share": s}
-                for s in THRESHOLD_SHARES if s != 1.0]
-    for mode, family in (() if only_mode3 else ((1, "v2"), (2, "v3"))):
-        for cap in ((1, 2, 3) if curve else (1,)):
-            out.append({"name": f"{family}" + (f"@cap{cap}" if cap != 1 else ""), "family": family,
-                        "policy": "patched", "cap": cap, "env": [[ENV_GATE_MODE, str(mode)]]})
+        out += [
+            {"name": f"stock+thr@{s:g}", "family": "stock+thr", "policy": "stock", "threshold_share": s}
+            for s in THRESHOLD_SHARES
+            if s != 1.0
+        ]
+    for mode, family in () if only_mode3 else ((1, "v2"), (2, "v3")):
+        for cap in (1, 2, 3) if curve else (1,):
+            out.append(
+                {
+                    "name": f"{family}" + (f"@cap{cap}" if cap != 1 else ""),
+                    "family": family,
+                    "policy": "patched",
+                    "cap": cap,
+                    "env": [[ENV_GATE_MODE, str(mode)]],
+                }
+            )
     for k in k_values:
-        out.append({"name": f"m3-k{k:g}", "family": "mode3", "policy": "patched", "cap": 1,
-                    "env": [[ENV_GATE_MODE, "3"], [ENV_AGING, str(k)]], "aging": k})
+        out.append(
+            {
+                "name": f"m3-k{k:g}",
+                "family": "mode3",
+                "policy": "patched",
+                "cap": 1,
+                "env": [[ENV_GATE_MODE, "3"], [ENV_AGING, str(k)]],
+                "aging": k,
+            }
+        )
     return out
 
 
@@ -91,11 +111,19 @@ def run_one(pol: dict, load: workloads.Workload, fit: metrics.StepTimeModel, mod
     classes = {name: m["ttft_by_class"][name]["model_ms"]["mean"] for name in m["ttft_by_class"]}
     longs = dict(load.classes).get("long", ())
     return {
-        "workload": load.name, "kind": load.kind, "policy": pol["name"], "family": pol["family"], "fit": fit.name,
-        "aging": pol.get("aging"), "wall_s": round(time.perf_counter() - started, 2),
-        "unfinished": m["unfinished"], "preemptions": m["preemptions"],
-        "itl_p99_ms": m["itl_model_ms"]["p99"], "itl_mean_ms": m["itl_model_ms"]["mean"],
-        "ttft_mean_ms": m["ttft_model_ms"]["mean"], "class_mean_ms": classes,
+        "workload": load.name,
+        "kind": load.kind,
+        "policy": pol["name"],
+        "family": pol["family"],
+        "fit": fit.name,
+        "aging": pol.get("aging"),
+        "wall_s": round(time.perf_counter() - started, 2),
+        "unfinished": m["unfinished"],
+        "preemptions": m["preemptions"],
+        "itl_p99_ms": m["itl_model_ms"]["p99"],
+        "itl_mean_ms": m["itl_model_ms"]["mean"],
+        "ttft_mean_ms": m["ttft_model_ms"]["mean"],
+        "class_mean_ms": classes,
         "long_ttft_ms": {rid: round(by_request[rid], 1) for rid in longs if rid in by_request},
         "max_prefill_tokens_in_decode_step": m["max_prefill_tokens_in_decode_step"],
         "max_mid_prefill": m["max_mid_prefill"],
@@ -107,7 +135,9 @@ def main(argv=None) -> int:
     ap.add_argument("--scale", default="1/16")
     ap.add_argument("--fit", default="both", choices=("mixed", "solo", "both"))
     ap.add_argument("--workloads", default="all", choices=("all", "curve", "targets"))
-    ap.add_argument("--curve", action="store_true", help="also the knob sweeps of stock+thr (threshold) and v2/v3 (cap)")
+    ap.add_argument(
+        "--curve", action="store_true", help="also the knob sweeps of stock+thr (threshold) and v2/v3 (cap)"
+    )
     ap.add_argument("--async-scheduling", action="store_true", help="drive AsyncScheduler instead of Scheduler")
     ap.add_argument("--policies", default="", help="comma-separated policy names to keep (default: all)")
     ap.add_argument("--only-mode3", action="store_true", help="only mode 3 (to add k values to an earlier run)")
@@ -128,12 +158,26 @@ def main(argv=None) -> int:
                 row = run_one(pol, load, fit, model_dir, args.async_scheduling)
                 row["scheduler"] = "AsyncScheduler" if args.async_scheduling else "Scheduler"
                 rows.append(row)
-                print(f"{fit.name:9s} {load.name[:36]:36s} {pol['name']:14s} itl99={row['itl_p99_ms']} "
-                      f"cls={row['class_mean_ms']} unf={len(row['unfinished'])} {row['wall_s']}s", file=sys.stderr, flush=True)
+                print(
+                    f"{fit.name:9s} {load.name[:36]:36s} {pol['name']:14s} itl99={row['itl_p99_ms']} "
+                    f"cls={row['class_mean_ms']} unf={len(row['unfinished'])} {row['wall_s']}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"scale": str(scale), "fits": [f.describe() for f in fits],
-                                    "command": "python bench/srpt_sweep.py " + " ".join(argv or sys.argv[1:]),
-                                    "versions": scheduler_bench.versions(), "rows": rows}, indent=1) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "scale": str(scale),
+                "fits": [f.describe() for f in fits],
+                "command": "python bench/srpt_sweep.py " + " ".join(argv or sys.argv[1:]),
+                "versions": scheduler_bench.versions(),
+                "rows": rows,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     return 0 if not any(r["unfinished"] for r in rows) else 1
 
 

@@ -38,10 +38,12 @@ def main(env_file: str) -> None:
             finally:
                 with lock:
                     spans.append({"what": name(*args), "from_s": began, "to_s": since()})
+
         return wrapper
 
-    NodeAgent.call = traced(lambda self, request, *rest: f"agent {self.label.split(' ')[0]}: {type(request).__name__}",
-                            NodeAgent.call)
+    NodeAgent.call = traced(
+        lambda self, request, *rest: f"agent {self.label.split(' ')[0]}: {type(request).__name__}", NodeAgent.call
+    )
     http.request = traced(lambda url, *rest: f"http {url.rsplit('/', 1)[-1]}", http.request)
     out = sys.stdout
     sys.stdout = open("/dev/null", "w")
@@ -53,8 +55,16 @@ def main(env_file: str) -> None:
     finally:
         sys.stdout = out
     ended = since()
-    print(json.dumps({"imports_to_cli_app_s": imported, "command_from_s": command_began, "command_to_s": ended,
-                      "calls": sorted(spans, key=lambda s: s["from_s"])}))
+    print(
+        json.dumps(
+            {
+                "imports_to_cli_app_s": imported,
+                "command_from_s": command_began,
+                "command_to_s": ended,
+                "calls": sorted(spans, key=lambda s: s["from_s"]),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

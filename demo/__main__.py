@@ -37,7 +37,9 @@ def testbed() -> Testbed:
 
 def write_env(tb: Testbed, model: Path) -> Path:
     values = {**cluster_values(tb, WORK / "state"), **serving_values(model), "VLLM_PORT": str(PORT)}
-    return write_env_file(WORK / "dspark.env", values, "# Written by `make demo`: the two namespace nodes of this machine.\n")
+    return write_env_file(
+        WORK / "dspark.env", values, "# Written by `make demo`: the two namespace nodes of this machine.\n"
+    )
 
 
 def dspark(tb: Testbed, env_file: Path, *args: str) -> int:
@@ -48,8 +50,11 @@ def dspark(tb: Testbed, env_file: Path, *args: str) -> int:
 def up() -> int:
     ok, why = requirements_met()
     if not ok:
-        print(f"demo: the two-node testbed cannot run here: {why}.\n"
-              "demo: it needs root (network namespaces, overlayfs, sshd). Run `sudo make demo`.", file=sys.stderr)
+        print(
+            f"demo: the two-node testbed cannot run here: {why}.\n"
+            "demo: it needs root (network namespaces, overlayfs, sshd). Run `sudo make demo`.",
+            file=sys.stderr,
+        )
         return 1
     WORK.mkdir(exist_ok=True)
     print("demo: building a tiny random Llama locally (no hub) ...")
@@ -68,8 +73,19 @@ def up() -> int:
     dspark(tb, env_file, "smoke", "--concurrency", "4")
     dspark(tb, env_file, "status")
     payload = '{"model": "tiny", "prompt": "Hello", "max_tokens": 8}'
-    curl = ["ip", "netns", "exec", tb.head.netns, "curl", "-s", f"http://127.0.0.1:{PORT}/v1/completions",
-            "-H", "Content-Type: application/json", "-d", payload]
+    curl = [
+        "ip",
+        "netns",
+        "exec",
+        tb.head.netns,
+        "curl",
+        "-s",
+        f"http://127.0.0.1:{PORT}/v1/completions",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        payload,
+    ]
     print("\ndemo: the service is running. Try it (the API listens inside the head node):")
     print("  " + shlex.join(curl))
     print("demo: `make demo-down` (or dspark stop in the head node) ends it.")
@@ -90,6 +106,8 @@ if __name__ == "__main__":
     actions = {"up": up, "down": down}
     action = sys.argv[1] if len(sys.argv) > 1 else "up"
     if action not in actions or len(sys.argv) > 2:
-        print(f"demo: unknown arguments {shlex.join(sys.argv[1:])!r} (command line): use `up` or `down`", file=sys.stderr)
+        print(
+            f"demo: unknown arguments {shlex.join(sys.argv[1:])!r} (command line): use `up` or `down`", file=sys.stderr
+        )
         sys.exit(2)
     sys.exit(actions[action]())

@@ -19,8 +19,9 @@ class Reporter(Protocol):
     def warn(self, message: str) -> None: ...
 
 
-def report_measured(reporter: Reporter, message: str, done: float, total: float, unit: str,
-                    elapsed: float = 0.0, timeout: float = 0.0) -> None:
+def report_measured(
+    reporter: Reporter, message: str, done: float, total: float, unit: str, elapsed: float = 0.0, timeout: float = 0.0
+) -> None:
     """`reporter.measured`, or its `waiting` (with `done/total` in the message) for a reporter without it."""
     measured = getattr(reporter, "measured", None)
     if measured is not None:

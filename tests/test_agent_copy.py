@@ -81,8 +81,12 @@ def test_an_unsafe_state_folder_is_refused_before_anything_is_shipped(tmp_path, 
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "target")
     (tmp_path / "target").mkdir(mode=0o700)
-    for state, why in ((theirs, f"owned by uid {NOBODY}"), (open_folder, "mode 0777"),
-                       (above / "state", "could replace"), (link, "symbolic link")):
+    for state, why in (
+        (theirs, f"owned by uid {NOBODY}"),
+        (open_folder, "mode 0777"),
+        (above / "state", "could replace"),
+        (link, "symbolic link"),
+    ):
         with pytest.raises(ContainerError) as caught:
             ship_package(LocalHost(), str(package), str(state))
         message = str(caught.value)

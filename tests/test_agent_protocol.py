@@ -16,14 +16,13 @@ from pathlib import Path
 import pytest
 
 from dspark_launch import __version__
-from dspark_launch.node import procfs
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.client import NodeAgent
-from dspark_launch.errors import ClusterFailure, VersionMismatch
 from dspark_launch.agent.codec import DecodeError, from_data, to_data
-from dspark_launch.cluster.state import (Deployment, NodeRecord, ProcessRecord, StateUnreadable, load_state,
-                                         save_state)
 from dspark_launch.agent.transport import LOGIN_ENV, LocalTransport
+from dspark_launch.cluster.state import Deployment, NodeRecord, ProcessRecord, StateUnreadable, load_state, save_state
+from dspark_launch.errors import ClusterFailure, VersionMismatch
+from dspark_launch.node import procfs
 from tests.support.processes import never_started
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,8 +53,10 @@ def test_every_operation_has_a_handler_and_frozen_types():
         found = handler(name)
         assert callable(found) and found.__name__ == name, (name, found)
         answer = operation.answer
-        assert (answer.__name__ == re.sub("Query$", "", operation.request.__name__) + "Answer"
-                or answer.__module__ == "dspark_launch.node.values"), (name, answer.__name__)
+        assert (
+            answer.__name__ == re.sub("Query$", "", operation.request.__name__) + "Answer"
+            or answer.__module__ == "dspark_launch.node.values"
+        ), (name, answer.__name__)
         assert operation.request.__dataclass_params__.frozen and operation.answer.__dataclass_params__.frozen
     assert p.OPERATIONS["read_log"].request is p.ReadLog and p.OPERATIONS["memory_query"].request is p.MemoryQuery
 
@@ -72,7 +73,7 @@ def test_a_node_with_a_launcher_from_before_the_agent_module_is_a_version_mismat
         (old / "agent" / name).write_text("" if name == "__init__.py" else "raise SystemExit('never run')\n")
     python = tmp_path / "python"
     # -S: no site-packages, so the interpreter finds only that old package (as on a node that has only it)
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'old'} exec {sys.executable} -S \"$@\"\n")
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={tmp_path / "old"} exec {sys.executable} -S "$@"\n')
     python.chmod(0o755)
     with pytest.raises(VersionMismatch) as caught:
         NodeAgent("worker1", LocalTransport(str(python))).call(p.Hello())
@@ -81,10 +82,12 @@ def test_a_node_with_a_launcher_from_before_the_agent_module_is_a_version_mismat
 
 def test_the_launcher_imports_no_handler():
     """Handlers are the agent's, imported by its server one at a time: none in the launcher's process."""
-    code = ("import sys, dspark_launch.cli.main, dspark_launch.serve.start, dspark_launch.serve.stop, dspark_launch.serve.restart, "
-            "dspark_launch.serve.status, dspark_launch.serve.reload, dspark_launch.model.workflow; "
-            "loaded = [m for m in sys.modules if m.startswith('dspark_launch.agent.handlers.')]; "
-            "assert not loaded, loaded")
+    code = (
+        "import sys, dspark_launch.cli.main, dspark_launch.serve.start, dspark_launch.serve.stop, dspark_launch.serve.restart, "
+        "dspark_launch.serve.status, dspark_launch.serve.reload, dspark_launch.model.workflow; "
+        "loaded = [m for m in sys.modules if m.startswith('dspark_launch.agent.handlers.')]; "
+        "assert not loaded, loaded"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
 
@@ -101,9 +104,12 @@ def test_probe_is_read_only_and_the_log_folder_is_its_own_operation(tmp_path):
 def test_decoding_ignores_unknown_fields_and_rebuilds_nested_types():
     data = {"stopped": [1, 2], "left": [], "added_by_a_newer_agent": {"x": 1}}
     assert from_data(p.StopAnswer, data) == p.StopAnswer((1, 2), ())
-    report = {"hostname": "h", "future": 1, "apply": {"action": "apply", "code": 0, "state": "applied", "message": "",
-                                                    "sha256_after": "ab"},
-              "status": {"action": "status", "code": 0, "state": "applied", "message": "ok", "patch_version": 2}}
+    report = {
+        "hostname": "h",
+        "future": 1,
+        "apply": {"action": "apply", "code": 0, "state": "applied", "message": "", "sha256_after": "ab"},
+        "status": {"action": "status", "code": 0, "state": "applied", "message": "ok", "patch_version": 2},
+    }
     decoded = from_data(p.HotfixApplyAnswer, report)
     assert decoded.status.patch_version == 2 and decoded.failed is None
     with pytest.raises(DecodeError):
@@ -116,15 +122,27 @@ def test_agent_answers_typed_over_a_real_process():
     assert hello.protocol == p.PROTOCOL_VERSION and hello.launcher == __version__
     probe = agent.call(p.Probe())
     assert probe.modules["dspark_launch"].found and probe.python_version.count(".") == 2
-    assert agent.call(p.AliveQuery((p.Process(os.getpid(), procfs.start_time(os.getpid()), boot_id=procfs.boot_id()),))).alive == (True,)
-    assert agent.call(p.AliveQuery((p.Process(os.getpid(), 1),))).alive == (False,)  # same pid, other start time: not ours
+    assert agent.call(
+        p.AliveQuery((p.Process(os.getpid(), procfs.start_time(os.getpid()), boot_id=procfs.boot_id()),))
+    ).alive == (True,)
+    assert agent.call(p.AliveQuery((p.Process(os.getpid(), 1),))).alive == (
+        False,
+    )  # same pid, other start time: not ours
 
 
 # What an operator's shell may hold that no node process (the head's Ray and vllm serve included) may see.
-OPERATOR_SHELL = {"HF_TOKEN": "hf_operator_shell_secret", "AWS_SECRET_ACCESS_KEY": "aws-secret",
-                  "AWS_PROFILE": "prod", "GOOGLE_APPLICATION_CREDENTIALS": "/root/gcp.json",
-                  "AZURE_CLIENT_SECRET": "az", "VLLM_API_KEY": "sk-shell", "LD_PRELOAD": "/tmp/evil.so",
-                  "SSH_AUTH_SOCK": "/tmp/agent.sock", "RAY_ADDRESS": "10.0.0.9:6379", "KUBECONFIG": "/root/k"}
+OPERATOR_SHELL = {
+    "HF_TOKEN": "hf_operator_shell_secret",
+    "AWS_SECRET_ACCESS_KEY": "aws-secret",
+    "AWS_PROFILE": "prod",
+    "GOOGLE_APPLICATION_CREDENTIALS": "/root/gcp.json",
+    "AZURE_CLIENT_SECRET": "az",
+    "VLLM_API_KEY": "sk-shell",
+    "LD_PRELOAD": "/tmp/evil.so",
+    "SSH_AUTH_SOCK": "/tmp/agent.sock",
+    "RAY_ADDRESS": "10.0.0.9:6379",
+    "KUBECONFIG": "/root/k",
+}
 
 
 def test_run_and_stop_use_only_the_declared_environment(tmp_path, monkeypatch):
@@ -161,8 +179,9 @@ def test_a_start_that_arrives_after_its_runs_stop_starts_nothing(tmp_path):
     with pytest.raises(ClusterFailure, match="was stopped on this node; nothing started"):
         agent.call(p.Run((sys.executable, "-c", f"open({str(witness)!r}, 'w')"), {}, marker, "", 30), "ray start", 60)
     with pytest.raises(ClusterFailure, match="was stopped on this node; nothing started"):
-        agent.call(p.Spawn((sys.executable, "-c", f"open({str(witness)!r}, 'w')"), {}, marker,
-                            str(tmp_path / "log")), "spawn")
+        agent.call(
+            p.Spawn((sys.executable, "-c", f"open({str(witness)!r}, 'w')"), {}, marker, str(tmp_path / "log")), "spawn"
+        )
     assert never_started(marker, witness)
 
 
@@ -182,7 +201,7 @@ def _other_version_python(tmp_path: Path) -> str:
     init.write_text(init.read_text().replace(f'"{__version__}"', '"0.0.0-other"'))
     wrapper = tmp_path / "python-other"
     # -S: no site-packages, so the editable install of this checkout cannot shadow the copy.
-    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} -S \"$@\"\n")
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} -S "$@"\n')
     wrapper.chmod(0o755)
     return str(wrapper)
 
@@ -215,9 +234,21 @@ def test_the_deployment_record_holds_its_own_types_not_wire_types():
 
 
 def test_state_from_another_launcher_version_loads_and_corrupt_state_is_named(tmp_path):
-    record = Deployment("10.0.0.1:6379", "d", 1.0, __version__,
-                        [NodeRecord(name="head", ip="10.0.0.1", ssh_host=None, marker="dspark-x-head",
-                                    processes=[ProcessRecord(1, 2, 1, "b", "raylet")])])
+    record = Deployment(
+        "10.0.0.1:6379",
+        "d",
+        1.0,
+        __version__,
+        [
+            NodeRecord(
+                name="head",
+                ip="10.0.0.1",
+                ssh_host=None,
+                marker="dspark-x-head",
+                processes=[ProcessRecord(1, 2, 1, "b", "raylet")],
+            )
+        ],
+    )
     save_state(tmp_path, record)
     data = json.loads((tmp_path / "state.json").read_text())
     data["field_from_the_future"] = [1]
@@ -237,10 +268,15 @@ def test_stop_with_a_corrupt_state_file_is_one_line_exit_1(tmp_path):
     state.mkdir(mode=0o700)
     (state / "state.json").write_text('{"nodes": 3}')
     env_file = tmp_path / "env"
-    env_file.write_text(f"DSPARK_HEAD_IP=127.0.0.1\nDSPARK_WORKER_HOSTS=127.0.0.2\nDSPARK_FABRIC_IFNAME=lo\n"
-                        f"DSPARK_STATE_DIR={state}\n")
-    proc = subprocess.run([sys.executable, "-m", "dspark_launch", "stop", "--env-file", str(env_file)],
-                          capture_output=True, text=True, timeout=60)
+    env_file.write_text(
+        f"DSPARK_HEAD_IP=127.0.0.1\nDSPARK_WORKER_HOSTS=127.0.0.2\nDSPARK_FABRIC_IFNAME=lo\nDSPARK_STATE_DIR={state}\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "dspark_launch", "stop", "--env-file", str(env_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("dspark: error:")]
     assert len(errors) == 1 and str(state / "state.json") in errors[0] and "Traceback" not in proc.stderr
@@ -263,10 +299,13 @@ def test_the_version_row_comes_from_the_node_agent_without_importing_vllm():
     row = NodeAgent("here", LocalTransport(sys.executable)).call(p.VersionQuery())
     target = hotfix.find_target()
     assert row.python == platform.python_version() and row.vllm == "0.32.0" and row.ray and row.torch
-    assert row.scheduler_sha256 == (hotfix.status(target).original_sha256
-                                    or hashlib.sha256(target.read_bytes()).hexdigest())
-    probe = ("import sys, dspark_launch.agent.handlers.hotfix as t; t.version_row(); "
-             "assert 'vllm' not in sys.modules and 'torch' not in sys.modules, 'imported'")
+    assert row.scheduler_sha256 == (
+        hotfix.status(target).original_sha256 or hashlib.sha256(target.read_bytes()).hexdigest()
+    )
+    probe = (
+        "import sys, dspark_launch.agent.handlers.hotfix as t; t.version_row(); "
+        "assert 'vllm' not in sys.modules and 'torch' not in sys.modules, 'imported'"
+    )
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
 
 
@@ -289,8 +328,9 @@ def test_the_version_row_names_the_nccl_vllm_will_load(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_NCCL_SO_PATH", str(tmp_path / "custom.so"))
     assert node_tasks.nccl_version() == f"VLLM_NCCL_SO_PATH={tmp_path / 'custom.so'}"
     monkeypatch.delenv("VLLM_NCCL_SO_PATH")  # else the wheel torch loads it from
-    monkeypatch.setattr(node_tasks, "installed_version",
-                        lambda *dists: "2.28.3" if dists[0] == "nvidia-nccl-cu13" else None)
+    monkeypatch.setattr(
+        node_tasks, "installed_version", lambda *dists: "2.28.3" if dists[0] == "nvidia-nccl-cu13" else None
+    )
     assert node_tasks.nccl_version() == "2.28.3"
     from dspark_launch.node.versions import COMPARED_ROWS
 

@@ -11,19 +11,24 @@ from fractions import Fraction
 import pytest
 
 from bench import scheduler_bound as bound  # bench/, outside the package
-from tools import scheduler_harness as h
 from bench.scheduler import metrics, policies, workloads
+from tools import scheduler_harness as h
 
 SCALE = Fraction(1, 64)
-POLICIES = (policies.stock_policies()[1], policies.hotfix(1, policies.V2_MODE), policies.hotfix(1, 2),
-            policies.hotfix(2, 2))
+POLICIES = (
+    policies.stock_policies()[1],
+    policies.hotfix(1, policies.V2_MODE),
+    policies.hotfix(1, 2),
+    policies.hotfix(2, 2),
+)
 LOADS = [load for load in workloads.suite(SCALE, "ci") if load.kind in bound.BOUNDED_CLASS]
 
 
 def measured(load: workloads.Workload, policy: policies.Policy, model_dir) -> dict[str, float]:
     step_time = functools.partial(metrics.MIXED_FIT.record_ms, scale=float(load.scale))
-    run = h.run_workload(policy.spec(**load.scheduler_kwargs()), load.requests, model_dir, max_steps=50_000,
-                         step_time=step_time)
+    run = h.run_workload(
+        policy.spec(**load.scheduler_kwargs()), load.requests, model_dir, max_steps=50_000, step_time=step_time
+    )
     assert not run.unfinished
     return metrics.ttft_ms_by_request(run, load)
 

@@ -11,11 +11,11 @@ from fractions import Fraction
 
 import pytest
 
+from bench import scheduler_experiments as experiments  # bench/, outside the package
 from bench.scheduler import policies, report, scheduler_bench, workloads
 from dspark_launch.hotfix import contract
 from tests.support.launcher_env import vllm_dirs_restored
 from tests.support.paths import REPO
-from bench import scheduler_experiments as experiments  # bench/, outside the package
 
 SCALE = Fraction(1, 64)
 
@@ -33,14 +33,22 @@ def result(tmp_path_factory):
         for var in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH"):  # vLLM's caches and sockets under the test folder
             os.environ[var] = str(base / var.lower())
         experiments.register()
-        yield scheduler_bench.run(SCALE, compared=experiments.experiment_policies(), reference=experiments.CAP1,
-                                  grid="ci", overhead_reps=(30, 5), plot_path=plot, command=["pytest", "ci-sized"])
+        yield scheduler_bench.run(
+            SCALE,
+            compared=experiments.experiment_policies(),
+            reference=experiments.CAP1,
+            grid="ci",
+            overhead_reps=(30, 5),
+            plot_path=plot,
+            command=["pytest", "ci-sized"],
+        )
 
 
 def runs(result, policy=None, workload=None, kind=None):
     kinds = {w["name"]: w["kind"] for w in result["workloads"]}
     return [
-        r for r in result["runs"]
+        r
+        for r in result["runs"]
         if (policy is None or r["policy"] == policy)
         and (workload is None or r["workload"] == workload)
         and (kind is None or kinds[r["workload"]] == kind)
@@ -49,8 +57,19 @@ def runs(result, policy=None, workload=None, kind=None):
 
 def test_every_policy_ran_every_workload_under_both_schedulers(result):
     names = {p["name"] for p in result["policies"]}
-    assert {"stock", "stock+thr", "community:1", "community:2", "community:3", "hotfix-m0:1", "hotfix-m0:2",
-            "hotfix-m0:3", "hotfix-m1:1", "hotfix-m1:2", "hotfix-m1:3"} <= names
+    assert {
+        "stock",
+        "stock+thr",
+        "community:1",
+        "community:2",
+        "community:3",
+        "hotfix-m0:1",
+        "hotfix-m0:2",
+        "hotfix-m0:3",
+        "hotfix-m1:1",
+        "hotfix-m1:2",
+        "hotfix-m1:3",
+    } <= names
     assert len(result["runs"]) == len(names) * len(result["workloads"]) * 2
     assert {r["scheduler"] for r in result["runs"]} == {"Scheduler", "AsyncScheduler"}
     assert [w["kind"] for w in result["workloads"]].count("wave") >= 1
@@ -94,7 +113,9 @@ def test_cached_turns_and_short_prompts_start_sooner_than_under_patch_v2(result)
                 old = next(x for x in runs(result, v2, r["workload"]) if x["scheduler"] == scheduler)
                 assert r["ttft_by_class"][cls]["n"] > 0
                 assert r["ttft_by_class"][cls]["model_ms"]["mean"] <= old["ttft_by_class"][cls]["model_ms"]["mean"], (
-                    r["workload"], scheduler)
+                    r["workload"],
+                    scheduler,
+                )
 
 
 def test_stock_exceeds_the_cap_on_the_wave_load(result):
@@ -102,7 +123,10 @@ def test_stock_exceeds_the_cap_on_the_wave_load(result):
     for r in runs(result, "stock+thr", kind="wave"):
         if r["workload"].endswith("seqs16"):
             assert r["max_mid_prefill"] > 3, r["workload"]
-            assert r["latency_proxy_tokens"]["p99"] > runs(result, "hotfix-m0:1", r["workload"])[0]["latency_proxy_tokens"]["p99"]
+            assert (
+                r["latency_proxy_tokens"]["p99"]
+                > runs(result, "hotfix-m0:1", r["workload"])[0]["latency_proxy_tokens"]["p99"]
+            )
 
 
 def test_kv_pressure_preempts_less_with_cap_one(result):
@@ -138,8 +162,14 @@ def test_json_carries_the_exact_workload_versions_and_targets(result):
             for r in built.requests
         ]
     assert {t["id"] for t in result["targets"]} == {
-        "p99-proxy-vs-cap1", "ttft-model-vs-stock-waves", "kv-stall-vs-cap1", "overhead-256-1024",
-        "community-over-admission", "ttft-cached-vs-stock", "ttft-short-vs-stock", "p99-itl-vs-v2",
+        "p99-proxy-vs-cap1",
+        "ttft-model-vs-stock-waves",
+        "kv-stall-vs-cap1",
+        "overhead-256-1024",
+        "community-over-admission",
+        "ttft-cached-vs-stock",
+        "ttft-short-vs-stock",
+        "p99-itl-vs-v2",
         "ttft-long-vs-v2",
     }
     assert result["shipped_default"] == policies.SHIPPED
@@ -158,8 +188,9 @@ def test_tables_and_plot(result):
 
 
 def test_cli_rejects_a_bad_scale_without_running():
-    proc = subprocess.run([sys.executable, "-m", "bench.scheduler", "--scale", "2"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.scheduler", "--scale", "2"], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert proc.returncode == 2
     assert "scale must be in (0, 1]" in proc.stderr
 
@@ -168,8 +199,13 @@ def test_the_operator_comparison_holds_only_what_an_operator_runs():
     """Prototypes and the experiment grid live in bench/scheduler_experiments.py;
     `python -m bench.scheduler` compares stock, the community baseline and the
     hotfix at the given settings, and nothing of it is in the package."""
-    assert [p.name for p in policies.operator_policies(2, 0)] == ["stock", "stock+thr", "community:2", "hotfix-m1:2",
-                                                                   "hotfix-m0:2"]
+    assert [p.name for p in policies.operator_policies(2, 0)] == [
+        "stock",
+        "stock+thr",
+        "community:2",
+        "hotfix-m1:2",
+        "hotfix-m0:2",
+    ]
     assert [p.name for p in policies.operator_policies()][-2:] == ["hotfix-m1:1", policies.SHIPPED]
     assert not list((REPO / "dspark_launch").glob("bench/*.py"))
     for source in (REPO / "bench" / "scheduler").glob("*.py"):
@@ -185,8 +221,8 @@ def test_time_to_first_token_counts_from_the_arrival_not_the_next_step(model_dir
     make it longer, so leaving it out flattered stock)."""
     import functools
 
-    from tools import scheduler_harness as harness
     from bench.scheduler import metrics
+    from tools import scheduler_harness as harness
 
     load = workloads.short_stream(SCALE, n_prompts=12)
     spec = policies.stock_policies()[1].spec(**load.scheduler_kwargs())

@@ -18,15 +18,14 @@ from pathlib import Path
 import pytest
 
 from dspark_launch.agent import protocol as p
-from dspark_launch.errors import ClusterFailure
-from dspark_launch.report import SilentReporter
-from dspark_launch.node.fabric import FabricEnv
 from dspark_launch.agent.handlers.fabric import interface_query
 from dspark_launch.agent.handlers.processes import probe
 from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster.spec import Node, cluster_spec
 from dspark_launch.config.settings import resolve
-from dspark_launch.errors import ConfigError
+from dspark_launch.errors import ClusterFailure, ConfigError
+from dspark_launch.node.fabric import FabricEnv
+from dspark_launch.report import SilentReporter
 from tests.support.fake_nodes import ROW, VERIFIED, healthy_answer
 
 HEAD_IP, WORKER_IP = "10.9.0.1", "10.9.0.2"
@@ -65,52 +64,130 @@ def on(node_name: str, answer):
 
 
 def missing_vllm(node):
-    return p.ProbeAnswer(node.name, "/venv/bin/python", "3.11.7",
-                         {"dspark_launch": p.ModuleInfo(True), "ray": p.ModuleInfo(True), "vllm": p.ModuleInfo(False)})
+    return p.ProbeAnswer(
+        node.name,
+        "/venv/bin/python",
+        "3.11.7",
+        {"dspark_launch": p.ModuleInfo(True), "ray": p.ModuleInfo(True), "vllm": p.ModuleInfo(False)},
+    )
 
 
 def no_roce(node):
-    return p.FabricAnswer(FabricEnv(node.name, (), (), "", False, (), (f"{node.name}: no RDMA device behind fab0",),
-                                    missing="no RDMA device behind fab0"))
+    return p.FabricAnswer(
+        FabricEnv(
+            node.name,
+            (),
+            (),
+            "",
+            False,
+            (),
+            (f"{node.name}: no RDMA device behind fab0",),
+            missing="no RDMA device behind fab0",
+        )
+    )
 
 
 NOTHING_STARTED, ROLLED_BACK = "nothing started", "rolled back"
 
 # (row id, settings beyond the base file, {request type: override}, exception, fragments of its line, outcome)
 REFUSALS = [
-    ("worker without vllm", {}, {p.Probe: lambda n: missing_vllm(n) if n.name == "worker1" else None},
-     ClusterFailure, [f"worker1 ({WORKER_IP}): python: /venv/bin/python cannot import vllm"], NOTHING_STARTED),
-    ("misconfigured worker ip", {}, {p.InterfaceQuery: on("worker1", p.InterfaceAnswer(True, ("10.9.0.7",), False))},
-     ClusterFailure, [f"worker1 ({WORKER_IP}): fabric interface: fab0 carries 10.9.0.7, not VLLM_HOST_IP {WORKER_IP}"],
-     NOTHING_STARTED),
-    ("no fabric interface", {}, {p.InterfaceQuery: on("head", p.InterfaceAnswer(False, (), False))},
-     ClusterFailure, [f"head ({HEAD_IP}): fabric interface: no interface fab0"], NOTHING_STARTED),
-    ("unwritable log folder", {}, {p.PrepareLogDir: on("worker1", p.PrepareLogDirAnswer("/s/logs is not writable there"))},
-     ClusterFailure, [f"worker1 ({WORKER_IP}): log folder: /s/logs is not writable there; nothing was started"],
-     NOTHING_STARTED),
-    ("ray port taken", {}, {p.PortQuery: on("head", p.PortAnswer(False, "in use by pid 77"))},
-     ClusterFailure, [f"head ({HEAD_IP}): ray port: {HEAD_IP}:6379 is taken (in use by pid 77)"], NOTHING_STARTED),
-    ("dashboard packages missing", {"DSPARK_RAY_DASHBOARD": "local"},
-     {p.Probe: lambda n: dataclasses.replace(FakeNode(n, {}, []).healthy(p.Probe()), dashboard_missing=("aiohttp",))
-      if n.is_head else None},
-     ClusterFailure, ["dashboard: DSPARK_RAY_DASHBOARD=local needs Ray's dashboard packages, missing aiohttp"],
-     NOTHING_STARTED),
-    ("no roce refused", {"DSPARK_ALLOW_TCP_FABRIC": "0"}, {p.FabricQuery: no_roce},
-     ConfigError, ["no RDMA device behind fab0", "nothing started", "DSPARK_ALLOW_TCP_FABRIC=1"], NOTHING_STARTED),
-    ("version mismatch", {}, {p.VersionQuery: on("worker1", dataclasses.replace(ROW, scheduler_sha256="b" * 64))},
-     ClusterFailure, ["version matrix: nodes differ in scheduler_sha256"], ROLLED_BACK),
-    ("hotfix refused on one node", {},
-     {p.HotfixApply: on("worker1", p.HotfixApplyAnswer("worker1", p.HotfixResult("apply", 3, "refused", "anchor not found"),
-                                                  VERIFIED))},
-     ClusterFailure, [f"worker1 ({WORKER_IP}): hotfix: anchor not found"], ROLLED_BACK),
+    (
+        "worker without vllm",
+        {},
+        {p.Probe: lambda n: missing_vllm(n) if n.name == "worker1" else None},
+        ClusterFailure,
+        [f"worker1 ({WORKER_IP}): python: /venv/bin/python cannot import vllm"],
+        NOTHING_STARTED,
+    ),
+    (
+        "misconfigured worker ip",
+        {},
+        {p.InterfaceQuery: on("worker1", p.InterfaceAnswer(True, ("10.9.0.7",), False))},
+        ClusterFailure,
+        [f"worker1 ({WORKER_IP}): fabric interface: fab0 carries 10.9.0.7, not VLLM_HOST_IP {WORKER_IP}"],
+        NOTHING_STARTED,
+    ),
+    (
+        "no fabric interface",
+        {},
+        {p.InterfaceQuery: on("head", p.InterfaceAnswer(False, (), False))},
+        ClusterFailure,
+        [f"head ({HEAD_IP}): fabric interface: no interface fab0"],
+        NOTHING_STARTED,
+    ),
+    (
+        "unwritable log folder",
+        {},
+        {p.PrepareLogDir: on("worker1", p.PrepareLogDirAnswer("/s/logs is not writable there"))},
+        ClusterFailure,
+        [f"worker1 ({WORKER_IP}): log folder: /s/logs is not writable there; nothing was started"],
+        NOTHING_STARTED,
+    ),
+    (
+        "ray port taken",
+        {},
+        {p.PortQuery: on("head", p.PortAnswer(False, "in use by pid 77"))},
+        ClusterFailure,
+        [f"head ({HEAD_IP}): ray port: {HEAD_IP}:6379 is taken (in use by pid 77)"],
+        NOTHING_STARTED,
+    ),
+    (
+        "dashboard packages missing",
+        {"DSPARK_RAY_DASHBOARD": "local"},
+        {
+            p.Probe: lambda n: (
+                dataclasses.replace(FakeNode(n, {}, []).healthy(p.Probe()), dashboard_missing=("aiohttp",))
+                if n.is_head
+                else None
+            )
+        },
+        ClusterFailure,
+        ["dashboard: DSPARK_RAY_DASHBOARD=local needs Ray's dashboard packages, missing aiohttp"],
+        NOTHING_STARTED,
+    ),
+    (
+        "no roce refused",
+        {"DSPARK_ALLOW_TCP_FABRIC": "0"},
+        {p.FabricQuery: no_roce},
+        ConfigError,
+        ["no RDMA device behind fab0", "nothing started", "DSPARK_ALLOW_TCP_FABRIC=1"],
+        NOTHING_STARTED,
+    ),
+    (
+        "version mismatch",
+        {},
+        {p.VersionQuery: on("worker1", dataclasses.replace(ROW, scheduler_sha256="b" * 64))},
+        ClusterFailure,
+        ["version matrix: nodes differ in scheduler_sha256"],
+        ROLLED_BACK,
+    ),
+    (
+        "hotfix refused on one node",
+        {},
+        {
+            p.HotfixApply: on(
+                "worker1",
+                p.HotfixApplyAnswer("worker1", p.HotfixResult("apply", 3, "refused", "anchor not found"), VERIFIED),
+            )
+        },
+        ClusterFailure,
+        [f"worker1 ({WORKER_IP}): hotfix: anchor not found"],
+        ROLLED_BACK,
+    ),
 ]
 
 
 def spec_for(tmp_path: Path, extra: dict[str, str]):
     state = tmp_path / "state"
     state.mkdir(mode=0o700)  # the CLI makes it (private) before `cluster up`
-    lines = {"DSPARK_HEAD_IP": HEAD_IP, "DSPARK_WORKER_HOSTS": f"root@{WORKER_IP}", "DSPARK_FABRIC_IFNAME": "fab0",
-             "DSPARK_STATE_DIR": str(state), "DSPARK_ALLOW_TCP_FABRIC": "1", **extra}
+    lines = {
+        "DSPARK_HEAD_IP": HEAD_IP,
+        "DSPARK_WORKER_HOSTS": f"root@{WORKER_IP}",
+        "DSPARK_FABRIC_IFNAME": "fab0",
+        "DSPARK_STATE_DIR": str(state),
+        "DSPARK_ALLOW_TCP_FABRIC": "1",
+        **extra,
+    }
     env_file = tmp_path / "dspark.env"
     env_file.write_text("".join(f"{k}={v}\n" for k, v in lines.items()))
     return cluster_spec(resolve(env_file=str(env_file), environ={}))
@@ -137,8 +214,9 @@ def test_the_fake_nodes_answer_a_whole_bring_up(monkeypatch, tmp_path):
     assert not [req for _, req in sent if isinstance(req, p.Stop)]
 
 
-@pytest.mark.parametrize("extra, overrides, error, fragments, outcome",
-                         [row[1:] for row in REFUSALS], ids=[row[0] for row in REFUSALS])
+@pytest.mark.parametrize(
+    "extra, overrides, error, fragments, outcome", [row[1:] for row in REFUSALS], ids=[row[0] for row in REFUSALS]
+)
 def test_a_refusing_answer_stops_the_bring_up(monkeypatch, tmp_path, extra, overrides, error, fragments, outcome):
     result, sent = bring_up(monkeypatch, tmp_path, extra, overrides)
     assert isinstance(result, error), result
@@ -153,8 +231,7 @@ def test_a_refusing_answer_stops_the_bring_up(monkeypatch, tmp_path, extra, over
         assert len(stopped) == len(runs)
 
 
-def test_a_version_mismatch_prints_the_matrix_with_the_differing_row_marked_and_exits_1(monkeypatch, tmp_path,
-                                                                                         capsys):
+def test_a_version_mismatch_prints_the_matrix_with_the_differing_row_marked_and_exits_1(monkeypatch, tmp_path, capsys):
     """Through the CLI's own `cluster up` (cli/cluster_cmd.run_up): one error line, the matrix after it."""
     import typer
 

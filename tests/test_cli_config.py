@@ -32,17 +32,23 @@ def show_json(env_file) -> dict[str, dict]:
 def test_show_marks_the_values_the_profile_replaced_and_keeps_the_operators_lines(tmp_path):
     from_example = show_json(REPO / ".env.dspark.example")
     assert from_example["DSPARK_MODEL"] == {
-        "name": "DSPARK_MODEL", "value": "deepseek-ai/DeepSeek-V4-Flash-0731",
-        "source": "profile deepseek-v4-flash-0731", "group": "serving", "secret": False,
-        "notes": ["the profile replaced the built-in deepseek-ai/DeepSeek-V4-Flash"]}
+        "name": "DSPARK_MODEL",
+        "value": "deepseek-ai/DeepSeek-V4-Flash-0731",
+        "source": "profile deepseek-v4-flash-0731",
+        "group": "serving",
+        "secret": False,
+        "notes": ["the profile replaced the built-in deepseek-ai/DeepSeek-V4-Flash"],
+    }
     assert from_example["GPU_MEMORY_UTILIZATION"]["value"] == "0.87"
     assert from_example["VLLM_PORT"]["source"].startswith(str(REPO / ".env.dspark.example"))
     env = tmp_path / "mine.env"
     env.write_text("DSPARK_MODEL=deepseek-ai/DeepSeek-V4-Flash\n")  # written on purpose, equal to the built-in
     env.chmod(0o600)
     mine = show_json(env)
-    assert (mine["DSPARK_MODEL"]["value"], mine["DSPARK_MODEL"]["source"]) == ("deepseek-ai/DeepSeek-V4-Flash",
-                                                                               f"{env}:1")
+    assert (mine["DSPARK_MODEL"]["value"], mine["DSPARK_MODEL"]["source"]) == (
+        "deepseek-ai/DeepSeek-V4-Flash",
+        f"{env}:1",
+    )
     # The profile's revision pins its own checkpoint only: with another model nothing replaces the empty default.
     assert mine["DSPARK_MODEL_REVISION"]["value"] == "" and mine["DSPARK_MODEL_REVISION"]["source"] == "default"
     got = run_dspark(["config", "get", "MAX_MODEL_LEN", "--env-file", str(env)])
@@ -61,8 +67,13 @@ def test_show_json_and_secrets(tmp_path):
     by_name = {s["name"]: s for s in data["settings"]}
     assert by_name["VLLM_API_KEY"]["value"] == "set"
     assert by_name["DSPARK_MAX_INFLIGHT_PREFILLS"] == {
-        "name": "DSPARK_MAX_INFLIGHT_PREFILLS", "value": "3", "source": f"{env}:2", "group": "hotfix",
-        "secret": False, "notes": ["clamped"]}
+        "name": "DSPARK_MAX_INFLIGHT_PREFILLS",
+        "value": "3",
+        "source": f"{env}:2",
+        "group": "hotfix",
+        "secret": False,
+        "notes": ["clamped"],
+    }
     assert "sk-abc123" not in proc.stdout + proc.stderr
 
 
@@ -152,9 +163,15 @@ def test_check_env_file_dev_null_and_non_regular_files(tmp_path):
 
 def test_check_bad_characters_in_env_file_are_one_line(tmp_path):
     """Values that used to pass `config check` and crash later (issue 14, point 9)."""
-    for text in (b"DSPARK_MODEL=/m\x00x\n", b"VLLM_API_KEY=sk-\xc3\xa9\n", b"RAY_AUTH_TOKEN=x\n",
-                 "DSPARK_API_KEYS=sk-aaaa\u00a0sk-bbbb\n".encode(), b"DSPARK_SSH_OPTIONS=-A\n",
-                 b"DSPARK_FORWARD_ENV=LD_PRELOAD\n", b"VLLM_EXTRA_ARGS=--port 9\n"):
+    for text in (
+        b"DSPARK_MODEL=/m\x00x\n",
+        b"VLLM_API_KEY=sk-\xc3\xa9\n",
+        b"RAY_AUTH_TOKEN=x\n",
+        "DSPARK_API_KEYS=sk-aaaa\u00a0sk-bbbb\n".encode(),
+        b"DSPARK_SSH_OPTIONS=-A\n",
+        b"DSPARK_FORWARD_ENV=LD_PRELOAD\n",
+        b"VLLM_EXTRA_ARGS=--port 9\n",
+    ):
         env = tmp_path / "bad.env"
         env.write_bytes(text)
         env.chmod(0o600)

@@ -17,10 +17,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.on_testbed import SCHEDULER_REL, VENV_BIN, dspark, interrupt_after, our_pids, scheduler_sha, write_env
+from tests.support.on_testbed import (
+    SCHEDULER_REL,
+    VENV_BIN,
+    dspark,
+    interrupt_after,
+    our_pids,
+    scheduler_sha,
+    write_env,
+)
 from tests.support.processes import describe
 
 pytestmark = pytest.mark.testbed
+
 
 def status_json(tb, env_file: Path, *extra: str) -> tuple[int, dict]:
     proc = dspark(tb, env_file, "status", "--json", *extra)
@@ -41,21 +50,26 @@ def test_up_status_repair_down(testbed_clean, tmp_path, step):
     assert "hotfix head: applied" in up.stdout and "hotfix worker1: applied" in up.stdout
     # Each node patched its own copy; the host's venv is untouched.
     assert scheduler_sha(tb, "head") != host_sha and scheduler_sha(tb, "worker1") != host_sha
-    assert "dspark-issue27" in tb.exec("worker1", ["cat", str(Path(sys.executable).parent.parent / SCHEDULER_REL)]).stdout
+    assert (
+        "dspark-issue27" in tb.exec("worker1", ["cat", str(Path(sys.executable).parent.parent / SCHEDULER_REL)]).stdout
+    )
 
     step("status: up, both nodes, the token kept private")
     code, data = status_json(tb, env)
     assert code == 0 and data["state"] == "up"
     assert [(n["name"], n["ip"], n["registered_ip"], n["ray_alive"], n["gpus"]) for n in data["nodes"]] == [
-        ("head", "10.213.0.1", "10.213.0.1", True, 1), ("worker1", "10.213.0.2", "10.213.0.2", True, 1)]
+        ("head", "10.213.0.1", "10.213.0.1", True, 1),
+        ("worker1", "10.213.0.2", "10.213.0.2", True, 1),
+    ]
     assert all(n["hotfix"] == "applied" for n in data["nodes"])
     # Registered IPs and GPUs from the record (each node's Ray daemons unchanged since the checks at start);
     # `--deep` reads Ray's node table and finds the same.
     assert data["ray_source"] == "record"
     code, deep = status_json(tb, env, "--deep")
     assert code == 0 and deep["ray_source"] == "ray"
-    assert [(n["registered_ip"], n["gpus"]) for n in deep["nodes"]] == [(n["registered_ip"], n["gpus"])
-                                                                         for n in data["nodes"]]
+    assert [(n["registered_ip"], n["gpus"]) for n in deep["nodes"]] == [
+        (n["registered_ip"], n["gpus"]) for n in data["nodes"]
+    ]
     state_dir = tmp_path / "state"
     assert oct(state_dir.stat().st_mode & 0o777) == "0o700"
     token = (state_dir / "ray-auth-token").read_text().strip()
@@ -81,7 +95,10 @@ def test_up_status_repair_down(testbed_clean, tmp_path, step):
     assert "repairing" in repaired.stderr
     code, data = status_json(tb, env)
     assert data["state"] == "up", data
-    assert data["ray_source"] == "record" and [n["registered_ip"] for n in data["nodes"]] == ["10.213.0.1", "10.213.0.2"]
+    assert data["ray_source"] == "record" and [n["registered_ip"] for n in data["nodes"]] == [
+        "10.213.0.1",
+        "10.213.0.2",
+    ]
 
     step("stop: nothing left")
     down = dspark(tb, env, "stop")
@@ -149,8 +166,13 @@ def test_hotfix_failing_on_one_node_while_ray_starts_rolls_back_both(testbed_cle
 def test_two_launchers_one_wins(testbed_clean, tmp_path):
     tb = testbed_clean
     env = write_env(tb, tmp_path)
-    first = tb.popen("head", [str(VENV_BIN / "dspark"), "cluster", "up", "--env-file", str(env)],
-                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = tb.popen(
+        "head",
+        [str(VENV_BIN / "dspark"), "cluster", "up", "--env-file", str(env)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         lock = tmp_path / "state" / "lock"
         deadline = time.monotonic() + 120  # the first launcher's start-up is slow on a busy host
@@ -172,8 +194,13 @@ def test_two_launchers_one_wins(testbed_clean, tmp_path):
 def test_interrupt_during_bring_up_rolls_back(testbed_clean, tmp_path, sig, code):
     tb = testbed_clean
     env = write_env(tb, tmp_path)
-    proc = tb.popen("head", [str(VENV_BIN / "dspark"), "cluster", "up", "--env-file", str(env)],
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = tb.popen(
+        "head",
+        [str(VENV_BIN / "dspark"), "cluster", "up", "--env-file", str(env)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen, err = interrupt_after(proc, "starting Ray on worker1", 2, sig, timeout=120)
     assert proc.returncode == code, "".join(seen) + err
     assert "interrupted" in err
@@ -203,7 +230,10 @@ def test_three_nodes(testbed, tmp_path):
         code, data = status_json(tb, env)
         assert code == 0 and data["state"] == "up"
         assert [(n["name"], n["registered_ip"]) for n in data["nodes"]] == [
-            ("head", "10.213.0.1"), ("worker1", "10.213.0.2"), ("worker2", "10.213.0.3")]
+            ("head", "10.213.0.1"),
+            ("worker1", "10.213.0.2"),
+            ("worker2", "10.213.0.3"),
+        ]
         logs = dspark(tb, env, "logs", "--node", "worker2", "--tail", "5")
         assert logs.returncode == 0 and "ray-start-worker2.log" in logs.stdout and "raylet.out" in logs.stdout
         assert dspark(tb, env, "stop").returncode == 0

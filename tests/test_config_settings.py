@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from dspark_launch.config.checks import hidden_character
@@ -40,8 +41,11 @@ def test_environment_overriding_the_file_warns_once(tmp_path, clean_environ):
 
 
 def test_bom_crlf_quotes_and_export(tmp_path, clean_environ):
-    path = write(tmp_path, b'\xef\xbb\xbfexport VLLM_PORT=9001\r\nMAX_NUM_SEQS="7"\r\n'
-                           b"DSPARK_SERVED_MODEL_NAME='tiny'\r\n# comment\r\nDSPARK_MAX_INFLIGHT_PREFILLS= 2 \r\n")
+    path = write(
+        tmp_path,
+        b'\xef\xbb\xbfexport VLLM_PORT=9001\r\nMAX_NUM_SEQS="7"\r\n'
+        b"DSPARK_SERVED_MODEL_NAME='tiny'\r\n# comment\r\nDSPARK_MAX_INFLIGHT_PREFILLS= 2 \r\n",
+    )
     s = resolve(env_file=str(path), environ=clean_environ)
     assert (str(s.vllm_port), str(s.max_num_seqs), s.dspark_served_model_name) == ("9001", "7", "tiny")
     assert str(s.dspark_max_inflight_prefills) == "2"
@@ -121,10 +125,12 @@ def test_cross_knob_checks(tmp_path, clean_environ):
     assert any("starve decode" in w for w in s.warnings)
     s = resolve(env_file=str(write(tmp_path, "LONG_PREFILL_TOKEN_THRESHOLD=1024\n")), environ=clean_environ)
     assert not any("starve decode" in w for w in s.warnings)
-    for text, fragment in (("VLLM_PORT=7000\nRAY_PORT=7000\n", "collides with RAY_PORT"),
-                           ("MAX_NUM_SEQS=64\nMAX_NUM_BATCHED_TOKENS=32\n", "below MAX_NUM_SEQS"),
-                           ("VLLM_API_KEY=a\nDSPARK_API_KEYS=b c\n", "both set"),
-                           ("DSPARK_WORKER_HOSTS=a b\nDSPARK_WORKER_IPS=10.0.0.2\n", "one fabric IP per worker")):
+    for text, fragment in (
+        ("VLLM_PORT=7000\nRAY_PORT=7000\n", "collides with RAY_PORT"),
+        ("MAX_NUM_SEQS=64\nMAX_NUM_BATCHED_TOKENS=32\n", "below MAX_NUM_SEQS"),
+        ("VLLM_API_KEY=a\nDSPARK_API_KEYS=b c\n", "both set"),
+        ("DSPARK_WORKER_HOSTS=a b\nDSPARK_WORKER_IPS=10.0.0.2\n", "one fabric IP per worker"),
+    ):
         with pytest.raises(ConfigError, match=fragment):
             resolve(env_file=str(write(tmp_path, text)), environ=clean_environ)
 
@@ -149,12 +155,28 @@ def test_env_file_choice(tmp_path, clean_environ):
 
 
 _LINE = st.one_of(
-    st.tuples(st.sampled_from([k.name for k in load_registry().knobs] + ["DSPARKMAXINFLIGHTPREFILLS",
-              "VLLM_HOST", "RAY_AUTH_MODE", "VLLM_API_KEY", "DSPARK_WORKER_IPS", "DSPARK_NOPE", "DSPARK_API_KEYS",
-              "RAY_AUTH_TOKEN", "DSPARK_MODEL", "DSPARK_SSH_USER", "DSPARK_SSH_OPTIONS", "VLLM_EXTRA_ARGS",
-              "DSPARK_FORWARD_ENV", "DSPARK_TRUSTED_NETWORK"]),
-              st.text(alphabet=" \t+-.0123456789abx\u0663'\"\\$#=\x00\x1b\u00a0\u00e9\u2003\u2028", max_size=10)
-              ).map(lambda kv: f"{kv[0]}={kv[1]}"),
+    st.tuples(
+        st.sampled_from(
+            [k.name for k in load_registry().knobs]
+            + [
+                "DSPARKMAXINFLIGHTPREFILLS",
+                "VLLM_HOST",
+                "RAY_AUTH_MODE",
+                "VLLM_API_KEY",
+                "DSPARK_WORKER_IPS",
+                "DSPARK_NOPE",
+                "DSPARK_API_KEYS",
+                "RAY_AUTH_TOKEN",
+                "DSPARK_MODEL",
+                "DSPARK_SSH_USER",
+                "DSPARK_SSH_OPTIONS",
+                "VLLM_EXTRA_ARGS",
+                "DSPARK_FORWARD_ENV",
+                "DSPARK_TRUSTED_NETWORK",
+            ]
+        ),
+        st.text(alphabet=" \t+-.0123456789abx\u0663'\"\\$#=\x00\x1b\u00a0\u00e9\u2003\u2028", max_size=10),
+    ).map(lambda kv: f"{kv[0]}={kv[1]}"),
     st.text(max_size=20),
 )
 
@@ -177,27 +199,52 @@ def test_random_env_files_give_settings_or_a_clean_config_error(tmp_path, clean_
 
 # Values `config check` once accepted that failed later with a traceback (issue 14, point 9).
 BAD_TEXT_VALUES = [
-    ("DSPARK_MODEL", "/models/a\x00b"), ("DSPARK_MODEL", "deepseek\x1b[31m"), ("DSPARK_MODEL", "a\u2028b"),
-    ("DSPARK_MODEL", "--host=0.0.0.0"), ("DSPARK_STATE_DIR", "/srv/state\x00"), ("DSPARK_STATE_DIR", "/srv/a\nb"),
-    ("DSPARK_SSH_KEY", "/k\x7f"), ("DSPARK_SSH_KEY", "/k\tx"), ("DSPARK_WORKER_PYTHON", "/usr/bin/python3\r\nid"),
-    ("DSPARK_SSH_USER", "ro\x00ot"), ("DSPARK_SSH_USER", "-oProxyCommand=id"), ("DSPARK_SSH_USER", "r\u00f6ot"),
-    ("DSPARK_WORKER_HOSTS", "host\x00b"), ("DSPARK_HEAD_IP", "10.0.0.1\x00"), ("DSPARK_MODEL_REVISION", "main\x00"),
-    ("DSPARK_MODEL_REVISION", "-x"), ("DSPARK_SERVED_MODEL_NAME", "-tiny"), ("DSPARK_SERVED_MODEL_NAME", "ti\u200bny"),
-    ("VLLM_API_KEY", "sk-\u00e9t\u00e9"), ("VLLM_API_KEY", "sk-\u20ac"), ("VLLM_API_KEY", "sk\x00x"),
-    ("VLLM_API_KEY", "sk\u200bx"), ("VLLM_API_KEY", "sk\u00a0x"),
-    ("DSPARK_API_KEYS", "sk-aaaa\u00a0sk-bbbb"), ("DSPARK_API_KEYS", "sk-aaaa\u3000sk-bbbb"),
-    ("DSPARK_API_KEYS", "sk-aaaa\u2003sk-bbbb"), ("DSPARK_API_KEYS", "sk-a\x0bsk-b"), ("DSPARK_API_KEYS", "sk-\u00e9 sk-b"),
-    ("RAY_AUTH_TOKEN", "x"), ("RAY_AUTH_TOKEN", "0123456789abcdef0123456789abcde"), ("RAY_AUTH_TOKEN", "t" * 31 + "\u00e9"),
-    ("RAY_AUTH_TOKEN", "t" * 20 + " " + "t" * 20), ("RAY_AUTH_TOKEN", "t" * 40 + "\x00"),
-    ("DSPARK_SSH_OPTIONS", "-o UserKnownHostsFile=/kh\x00"), ("VLLM_EXTRA_ARGS", "--enforce-eager\x00"),
-    ("DSPARK_FORWARD_ENV", "NCCL_DEBUG\x00"), ("NCCL_IB_HCA", "rocep1s0f1\x1b"),
+    ("DSPARK_MODEL", "/models/a\x00b"),
+    ("DSPARK_MODEL", "deepseek\x1b[31m"),
+    ("DSPARK_MODEL", "a\u2028b"),
+    ("DSPARK_MODEL", "--host=0.0.0.0"),
+    ("DSPARK_STATE_DIR", "/srv/state\x00"),
+    ("DSPARK_STATE_DIR", "/srv/a\nb"),
+    ("DSPARK_SSH_KEY", "/k\x7f"),
+    ("DSPARK_SSH_KEY", "/k\tx"),
+    ("DSPARK_WORKER_PYTHON", "/usr/bin/python3\r\nid"),
+    ("DSPARK_SSH_USER", "ro\x00ot"),
+    ("DSPARK_SSH_USER", "-oProxyCommand=id"),
+    ("DSPARK_SSH_USER", "r\u00f6ot"),
+    ("DSPARK_WORKER_HOSTS", "host\x00b"),
+    ("DSPARK_HEAD_IP", "10.0.0.1\x00"),
+    ("DSPARK_MODEL_REVISION", "main\x00"),
+    ("DSPARK_MODEL_REVISION", "-x"),
+    ("DSPARK_SERVED_MODEL_NAME", "-tiny"),
+    ("DSPARK_SERVED_MODEL_NAME", "ti\u200bny"),
+    ("VLLM_API_KEY", "sk-\u00e9t\u00e9"),
+    ("VLLM_API_KEY", "sk-\u20ac"),
+    ("VLLM_API_KEY", "sk\x00x"),
+    ("VLLM_API_KEY", "sk\u200bx"),
+    ("VLLM_API_KEY", "sk\u00a0x"),
+    ("DSPARK_API_KEYS", "sk-aaaa\u00a0sk-bbbb"),
+    ("DSPARK_API_KEYS", "sk-aaaa\u3000sk-bbbb"),
+    ("DSPARK_API_KEYS", "sk-aaaa\u2003sk-bbbb"),
+    ("DSPARK_API_KEYS", "sk-a\x0bsk-b"),
+    ("DSPARK_API_KEYS", "sk-\u00e9 sk-b"),
+    ("RAY_AUTH_TOKEN", "x"),
+    ("RAY_AUTH_TOKEN", "0123456789abcdef0123456789abcde"),
+    ("RAY_AUTH_TOKEN", "t" * 31 + "\u00e9"),
+    ("RAY_AUTH_TOKEN", "t" * 20 + " " + "t" * 20),
+    ("RAY_AUTH_TOKEN", "t" * 40 + "\x00"),
+    ("DSPARK_SSH_OPTIONS", "-o UserKnownHostsFile=/kh\x00"),
+    ("VLLM_EXTRA_ARGS", "--enforce-eager\x00"),
+    ("DSPARK_FORWARD_ENV", "NCCL_DEBUG\x00"),
+    ("NCCL_IB_HCA", "rocep1s0f1\x1b"),
 ]
 
 
 @pytest.mark.parametrize("name,value", BAD_TEXT_VALUES, ids=repr)
 def test_bad_text_values_are_one_clean_line(tmp_path, clean_environ, name, value):
-    for environ, env_file in (({**clean_environ, name: value}, "/dev/null"),
-                              (clean_environ, str(write(tmp_path, f'{name}="{value}"\n'.encode("utf-8"))))):
+    for environ, env_file in (
+        ({**clean_environ, name: value}, "/dev/null"),
+        (clean_environ, str(write(tmp_path, f'{name}="{value}"\n'.encode("utf-8")))),
+    ):
         if "\x00" in value and environ is not clean_environ:
             continue  # an environment cannot hold NUL; the env file can
         with pytest.raises(ConfigError) as err:
@@ -228,12 +275,28 @@ def test_env_file_that_is_not_a_regular_file(tmp_path, clean_environ):
         resolve(environ={**clean_environ, "DSPARK_ENV_FILE": str(tmp_path)})
 
 
-_TEXT_NAMES = ["DSPARK_MODEL", "DSPARK_STATE_DIR", "DSPARK_SSH_USER", "DSPARK_SSH_KEY", "VLLM_API_KEY",
-               "DSPARK_API_KEYS", "RAY_AUTH_TOKEN", "DSPARK_SSH_OPTIONS", "VLLM_EXTRA_ARGS", "DSPARK_FORWARD_ENV",
-               "VLLM_HOST", "DSPARK_WORKER_HOSTS", "DSPARK_SERVED_MODEL_NAME"]
-_ODD_TEXT = st.lists(st.sampled_from(list("ab-=/ .\t\x00\x01\x1b\x7f\x85\u00a0\u00e9\u2003\u2028\u200b\u3000\u20ac")
-                                     + ["-A", "--host", "-oProxyCommand=x", "LD_PRELOAD", "0.0.0.0", "x" * 32]),
-                     max_size=12).map("".join)
+_TEXT_NAMES = [
+    "DSPARK_MODEL",
+    "DSPARK_STATE_DIR",
+    "DSPARK_SSH_USER",
+    "DSPARK_SSH_KEY",
+    "VLLM_API_KEY",
+    "DSPARK_API_KEYS",
+    "RAY_AUTH_TOKEN",
+    "DSPARK_SSH_OPTIONS",
+    "VLLM_EXTRA_ARGS",
+    "DSPARK_FORWARD_ENV",
+    "VLLM_HOST",
+    "DSPARK_WORKER_HOSTS",
+    "DSPARK_SERVED_MODEL_NAME",
+]
+_ODD_TEXT = st.lists(
+    st.sampled_from(
+        list("ab-=/ .\t\x00\x01\x1b\x7f\x85\u00a0\u00e9\u2003\u2028\u200b\u3000\u20ac")
+        + ["-A", "--host", "-oProxyCommand=x", "LD_PRELOAD", "0.0.0.0", "x" * 32]
+    ),
+    max_size=12,
+).map("".join)
 
 
 @hsettings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

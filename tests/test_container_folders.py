@@ -61,8 +61,13 @@ def test_a_folder_above_that_another_user_owns_or_can_write_is_refused(tmp_path)
     assert good.is_dir()
 
 
-CLUSTER = {"DSPARK_HEAD_IP": "10.213.9.1", "DSPARK_WORKER_HOSTS": "root@10.213.9.2", "DSPARK_FABRIC_IFNAME": "lo",
-           "DSPARK_RUNTIME": "podman", "DSPARK_IMAGE": "localhost/vllm@sha256:" + "a" * 64}
+CLUSTER = {
+    "DSPARK_HEAD_IP": "10.213.9.1",
+    "DSPARK_WORKER_HOSTS": "root@10.213.9.2",
+    "DSPARK_FABRIC_IFNAME": "lo",
+    "DSPARK_RUNTIME": "podman",
+    "DSPARK_IMAGE": "localhost/vllm@sha256:" + "a" * 64,
+}
 
 
 def test_the_default_model_cache_is_the_hub_cache_and_never_the_token_folder(clean_environ, tmp_path, monkeypatch):
@@ -70,8 +75,9 @@ def test_the_default_model_cache_is_the_hub_cache_and_never_the_token_folder(cle
     settings = resolve(env_file="/dev/null", environ={**clean_environ, **CLUSTER})
     assert cluster_spec(settings).containers.model_cache == str(tmp_path / "hf" / "hub")
     for cache in (tmp_path / "hf", tmp_path):
-        settings = resolve(env_file="/dev/null", environ={**clean_environ, **CLUSTER,
-                                                          "DSPARK_CONTAINER_MODEL_CACHE": str(cache)})
+        settings = resolve(
+            env_file="/dev/null", environ={**clean_environ, **CLUSTER, "DSPARK_CONTAINER_MODEL_CACHE": str(cache)}
+        )
         with pytest.raises(ConfigError) as err:
             cluster_spec(settings)
         message = str(err.value)

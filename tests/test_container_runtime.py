@@ -54,7 +54,10 @@ def test_node_container_runs_the_agent_on_the_nodes_network(ctb, name):
         ship = {"op": "ship", "package": str(REPO / "dspark_launch"), "dest_root": spec["state_dir"]}
         shipped = ctb.drive(node, ship)["path"]
         assert shipped.startswith(spec["state_dir"] + "/agent-") and ctb.drive(node, ship)["path"] == shipped
-        assert Path(shipped, "agent", "node_end.py").read_bytes() == (REPO / "dspark_launch/agent/node_end.py").read_bytes()
+        assert (
+            Path(shipped, "agent", "node_end.py").read_bytes()
+            == (REPO / "dspark_launch/agent/node_end.py").read_bytes()
+        )
         spec["agent_package"] = shipped
     try:
         up = ctb.drive(node, {"op": "up", "spec": spec})
@@ -75,36 +78,62 @@ def test_node_container_runs_the_agent_on_the_nodes_network(ctb, name):
         assert probe["modules"]["dspark_launch"]["found"]
         assert Path(probe["python"]).parent == Path(sys.executable).parent  # `python3` on the image's PATH
         # Inside the container: its own PID namespace holds only the init, `sleep infinity` and the agent.
-        pids = ctb.drive(node, {"op": "agent", "spec": spec,
-                                "request": {"op": "glob", "root": "/proc", "pattern": "[0-9]*"}})["answer"]["paths"]
+        pids = ctb.drive(
+            node, {"op": "agent", "spec": spec, "request": {"op": "glob", "root": "/proc", "pattern": "[0-9]*"}}
+        )["answer"]["paths"]
         assert "/proc/1" in pids and len(pids) <= 4, pids
         # Host network: the node's own fabric address is visible inside the container.
-        fabric = ctb.drive(node, {"op": "agent", "spec": spec,
-                                  "request": {"op": "interface_query", "ifname": "fab0", "ip": node.ip}})["answer"]
+        fabric = ctb.drive(
+            node, {"op": "agent", "spec": spec, "request": {"op": "interface_query", "ifname": "fab0", "ip": node.ip}}
+        )["answer"]
         assert fabric["has_ip"], fabric
 
         # The agent inside sees the state folder at its host path (same file both sides).
-        log_dir = ctb.drive(node, {"op": "agent", "spec": spec,
-                                   "request": {"op": "prepare_log_dir", "path": spec["state_dir"] + "/logs"}})["answer"]
+        log_dir = ctb.drive(
+            node,
+            {"op": "agent", "spec": spec, "request": {"op": "prepare_log_dir", "path": spec["state_dir"] + "/logs"}},
+        )["answer"]
         assert log_dir["error"] is None
         assert Path(spec["state_dir"], "logs").is_dir()
 
         # Logs are written and read inside (the agent's run/tail), and are the host's files too.
         log = spec["state_dir"] + f"/logs/{name}-inside.log"
-        ran = ctb.drive(node, {"op": "agent", "spec": spec, "request": {
-            "op": "run", "argv": ["sh", "-c", "echo written-inside-$$"], "env": {}, "marker": marker, "log": log,
-            "timeout": 30}})["answer"]
+        ran = ctb.drive(
+            node,
+            {
+                "op": "agent",
+                "spec": spec,
+                "request": {
+                    "op": "run",
+                    "argv": ["sh", "-c", "echo written-inside-$$"],
+                    "env": {},
+                    "marker": marker,
+                    "log": log,
+                    "timeout": 30,
+                },
+            },
+        )["answer"]
         assert ran["returncode"] == 0, ran
-        tail = ctb.drive(node, {"op": "agent", "spec": spec,
-                                "request": {"op": "tail", "paths": [log], "lines": 5}})["answer"]
+        tail = ctb.drive(node, {"op": "agent", "spec": spec, "request": {"op": "tail", "paths": [log], "lines": 5}})[
+            "answer"
+        ]
         assert any(line.startswith("written-inside-") for line in tail["lines"]), tail
         assert Path(log).read_text().startswith("written-inside-")
         # A long-lived child the agent starts inside (as Ray will be) ends with the container.
-        spawned = ctb.drive(node, {"op": "agent", "spec": spec, "request": {
-            "op": "spawn", "argv": ["sleep", "600"], "env": {}, "marker": marker, "log": log}})["answer"]
+        spawned = ctb.drive(
+            node,
+            {
+                "op": "agent",
+                "spec": spec,
+                "request": {"op": "spawn", "argv": ["sleep", "600"], "env": {}, "marker": marker, "log": log},
+            },
+        )["answer"]
         assert spawned["process"]["pid"] > 0, spawned
-        assert any("sleep 600" in " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0"))
-                   for pid in _ours_left(ctb, node) if Path(f"/proc/{pid}/cmdline").exists())
+        assert any(
+            "sleep 600" in " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0"))
+            for pid in _ours_left(ctb, node)
+            if Path(f"/proc/{pid}/cmdline").exists()
+        )
 
         assert _ours_left(ctb, node), "the container's processes live in the node"
         down = ctb.drive(node, {"op": "down", "marker": marker})
@@ -134,8 +163,12 @@ def test_down_leaves_a_container_that_is_not_ours(ctb):
 def test_refused_container_args_start_nothing(ctb):
     node = ctb.tb.head
     marker = "dspark-ctest-refused"
-    for extra in (["--network", "bridge"], ["--pid=host"],
-                  ["-v", f"/tmp:{ctb.spec_desc(marker)['state_dir']}"], ["--mount", "type=tmpfs,target=/opt/dspark-launch"]):
+    for extra in (
+        ["--network", "bridge"],
+        ["--pid=host"],
+        ["-v", f"/tmp:{ctb.spec_desc(marker)['state_dir']}"],
+        ["--mount", "type=tmpfs,target=/opt/dspark-launch"],
+    ):
         answer = ctb.drive(node, {"op": "up", "spec": ctb.spec_desc(marker, extra_args=extra)})
         assert answer["error"] == "ConfigError" and answer["exit_code"] == 2, answer
         assert "DSPARK_CONTAINER_ARGS" in answer["message"]
@@ -148,8 +181,10 @@ def test_different_image_digests_on_the_nodes_are_detected(ctb):
     head, worker = tb.head, tb.workers[0]
     # Same tag on both nodes: the shared test image on the head, a one-file image on the worker.
     assert ctb.podman(head, "tag", ctb.image.tag, tag).returncode == 0
-    tiny = tb.exec(worker, ["sh", "-c", f"cd {tb.state_dir} && echo other > other.txt && "
-                            f"tar -cf - other.txt | podman import - {tag}"])
+    tiny = tb.exec(
+        worker,
+        ["sh", "-c", f"cd {tb.state_dir} && echo other > other.txt && tar -cf - other.txt | podman import - {tag}"],
+    )
     assert tiny.returncode == 0, tiny.stderr
     try:
         ids = [ctb.drive(n, {"op": "resolve", "image": tag, "node": n.name})["identity"] for n in (head, worker)]
@@ -159,12 +194,15 @@ def test_different_image_digests_on_the_nodes_are_detected(ctb):
         assert check.startswith("ImageMismatch") and "differs between nodes" in check
         assert "head" in check and "worker1" in check
 
-        same = [ctb.drive(n, {"op": "resolve", "image": ctb.image.tag, "node": n.name})["identity"]
-                for n in (head, worker)]
+        same = [
+            ctb.drive(n, {"op": "resolve", "image": ctb.image.tag, "node": n.name})["identity"] for n in (head, worker)
+        ]
         assert _check_same(same) == "sha256:" + ctb.image.image_id
 
-        missing = [ctb.drive(n, {"op": "resolve", "image": "localhost/none:here", "node": n.name})["identity"]
-                   for n in (head, worker)]
+        missing = [
+            ctb.drive(n, {"op": "resolve", "image": "localhost/none:here", "node": n.name})["identity"]
+            for n in (head, worker)
+        ]
         assert "is not on head, worker1" in _check_same(missing)
     finally:
         ctb.podman(head, "rmi", tag)
@@ -175,24 +213,28 @@ def _check_same(identities: list[dict]) -> str:
     from dspark_launch.cluster.container_engine import ImageIdentity, ImageMismatch, check_same_image
 
     try:
-        return check_same_image([ImageIdentity(**{**i, "repo_digests": tuple(i["repo_digests"])})
-                                 for i in identities])
+        return check_same_image([ImageIdentity(**{**i, "repo_digests": tuple(i["repo_digests"])}) for i in identities])
     except ImageMismatch as exc:
         return f"ImageMismatch: {exc}"
 
 
-
 # ---------------------------------------------------------------- the launcher with DSPARK_RUNTIME=podman
+
 
 def _container_env(ctb, tmp_path: Path, model: Path, image: str, **extra: str) -> Path:
     from tests.support.launcher_env import scratch, serving_values
     from tests.support.on_testbed import write_env
 
-    values = {**serving_values(model), "START_TIMEOUT_S": "400", "VLLM_API_KEY": "sk-dspark-ctest-5e1d",
-              "DSPARK_RUNTIME": "podman", "DSPARK_IMAGE": image,
-              # The model folder lies in the mounted cache; vLLM's sockets and compile cache in a mounted scratch.
-              "DSPARK_CONTAINER_MODEL_CACHE": str(model.parent),
-              "DSPARK_CONTAINER_ARGS": f"--volume {scratch(tmp_path)}:{scratch(tmp_path)}"}
+    values = {
+        **serving_values(model),
+        "START_TIMEOUT_S": "400",
+        "VLLM_API_KEY": "sk-dspark-ctest-5e1d",
+        "DSPARK_RUNTIME": "podman",
+        "DSPARK_IMAGE": image,
+        # The model folder lies in the mounted cache; vLLM's sockets and compile cache in a mounted scratch.
+        "DSPARK_CONTAINER_MODEL_CACHE": str(model.parent),
+        "DSPARK_CONTAINER_ARGS": f"--volume {scratch(tmp_path)}:{scratch(tmp_path)}",
+    }
     return write_env(ctb.tb, tmp_path, **{**values, **extra})
 
 
@@ -201,8 +243,7 @@ def _dspark(ctb, tmp_path: Path, env_file: Path, *args: str, timeout: float = 60
     from tests.support.on_testbed import VENV_BIN
 
     env = {**launcher_env(scratch(tmp_path)), "DSPARK_TEST_CONTAINER_GPU_ARGS": ""}  # the test hook
-    return ctb.tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], env=env,
-                       timeout=timeout)
+    return ctb.tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], env=env, timeout=timeout)
 
 
 def _status(ctb, tmp_path, env_file) -> tuple[int, dict]:
@@ -220,8 +261,10 @@ def test_start_refuses_different_images_on_the_nodes(ctb, tmp_path, tiny_model):
     tb = ctb.tb
     tag = "localhost/dspark-test-node:start-check"
     assert ctb.podman(tb.head, "tag", ctb.image.tag, tag).returncode == 0
-    other = tb.exec(tb.workers[0], ["sh", "-c", f"cd {tb.state_dir} && echo other > other2.txt && "
-                                    f"tar -cf - other2.txt | podman import - {tag}"])
+    other = tb.exec(
+        tb.workers[0],
+        ["sh", "-c", f"cd {tb.state_dir} && echo other > other2.txt && tar -cf - other2.txt | podman import - {tag}"],
+    )
     assert other.returncode == 0, other.stderr
     try:
         env = _container_env(ctb, tmp_path, tiny_model, tag)
@@ -298,7 +341,9 @@ def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_mode
         code, data = _status(ctb, tmp_path, env)
         assert code == 0 and data["state"] == "up", data
         assert [(n["name"], n["container"], n["container_status"], n["image_id"]) for n in data["nodes"]] == [
-            ("head", names["head"], "running", image_id), ("worker1", names["worker1"], "running", image_id)]
+            ("head", names["head"], "running", image_id),
+            ("worker1", names["worker1"], "running", image_id),
+        ]
         assert data["server"]["healthy"] and data["server"]["cap"] == 1
         text = _dspark(ctb, tmp_path, env, "status").stdout
         assert names["worker1"] in text and image_id[:19] in text
@@ -310,10 +355,14 @@ def test_start_restart_degraded_stop_in_node_containers(ctb, tmp_path, tiny_mode
         # A cap change: drift shown; `restart` is serve-only (issue 24): the containers and Ray stay, the
         # scheduler logs the new cap.
         set_knob(env, "DSPARK_MAX_INFLIGHT_PREFILLS", "2")
-        assert "drift: DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2: `dspark reload` applies it" in _dspark(ctb, tmp_path, env,
-                                                                                           "status").stdout
-        ids = lambda: {n.name: ctb.podman(n, "inspect", "--format", "{{.Id}}", names[n.name]).stdout.strip()  # noqa: E731
-                       for n in (tb.head, worker)}
+        assert (
+            "drift: DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2: `dspark reload` applies it"
+            in _dspark(ctb, tmp_path, env, "status").stdout
+        )
+        ids = lambda: {
+            n.name: ctb.podman(n, "inspect", "--format", "{{.Id}}", names[n.name]).stdout.strip()  # noqa: E731
+            for n in (tb.head, worker)
+        }
         first_ids = ids()
         # The JIT caches live in the node's host folder, mounted at its path: kept by a reused container.
         jit = tmp_path / "state" / "jit-cache"
@@ -386,13 +435,15 @@ def test_an_image_without_ray_is_one_line_naming_the_dockerfile_fix(ctb, tmp_pat
     folder.mkdir(parents=True, exist_ok=True)
     wrapper = folder / "python-noray"
     hide_ray = "import runpy, sys; sys.modules['ray'] = None; runpy.run_module(sys.argv[2], run_name='__main__', alter_sys=True)"
-    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -c {_json.dumps(hide_ray)} \"$@\"\n")
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -c {_json.dumps(hide_ray)} "$@"\n')
     wrapper.chmod(0o755)
     env = _container_env(ctb, tmp_path, tiny_model, ctb.image.tag, DSPARK_CONTAINER_PYTHON=str(wrapper))
     refused = _dspark(ctb, tmp_path, env, "start", timeout=300)
     assert refused.returncode == 1, refused.stdout[-2000:] + refused.stderr[-3000:]
-    line = (f"image {ctb.image.tag} has no Ray: build FROM {ctb.image.tag} with "
-            f"`pip install ray=={metadata.version('ray')}`")
+    line = (
+        f"image {ctb.image.tag} has no Ray: build FROM {ctb.image.tag} with "
+        f"`pip install ray=={metadata.version('ray')}`"
+    )
     assert line in refused.stderr, refused.stderr[-3000:]
     assert refused.stderr.count("dspark: error") == 1
     # Nothing left running: no container, no process, no record.

@@ -7,8 +7,17 @@ from __future__ import annotations
 
 import pytest
 
-from dspark_launch.cluster.container_engine import (AGENT_MOUNT, ContainerSpec, ImageIdentity, ImageMismatch, check_same_image,
-                                           check_spec, container_name, hardware_args, run_argv)
+from dspark_launch.cluster.container_engine import (
+    AGENT_MOUNT,
+    ContainerSpec,
+    ImageIdentity,
+    ImageMismatch,
+    check_same_image,
+    check_spec,
+    container_name,
+    hardware_args,
+    run_argv,
+)
 from dspark_launch.errors import ConfigError
 from tests.support.launcher_env import run_dspark
 
@@ -17,20 +26,29 @@ DIGEST_B = "sha256:" + "b" * 64
 
 
 def _spec(**changes) -> ContainerSpec:
-    base = dict(runtime="podman", image="nvcr.io/nvidia/vllm:25.11-py3", marker="dspark-0123abcd-node",
-                agent_package="/opt/launcher/dspark_launch", state_dir="/var/lib/dspark",
-                model_cache="/data/hf", hardware_args=hardware_args("podman", {}))
+    base = dict(
+        runtime="podman",
+        image="nvcr.io/nvidia/vllm:25.11-py3",
+        marker="dspark-0123abcd-node",
+        agent_package="/opt/launcher/dspark_launch",
+        state_dir="/var/lib/dspark",
+        model_cache="/data/hf",
+        hardware_args=hardware_args("podman", {}),
+    )
     return ContainerSpec(**{**base, **changes})
 
 
-@pytest.mark.parametrize("name,value,allowed", [
-    ("DSPARK_RUNTIME", "lxc", "one of host, docker, podman"),
-    ("DSPARK_IMAGE", "Not An Image", "an image reference"),
-    ("DSPARK_CONTAINER_ARGS", "--privileged --network=bridge", "other than --network"),
-    ("DSPARK_CONTAINER_ARGS", "--pid host", "other than --pid"),
-    ("DSPARK_CONTAINER_ARGS", "--shm-size 8g", "other than --shm-size"),
-    ("DSPARK_CONTAINER_ARGS", "-v '/a:/b", "split like a shell would"),
-])
+@pytest.mark.parametrize(
+    "name,value,allowed",
+    [
+        ("DSPARK_RUNTIME", "lxc", "one of host, docker, podman"),
+        ("DSPARK_IMAGE", "Not An Image", "an image reference"),
+        ("DSPARK_CONTAINER_ARGS", "--privileged --network=bridge", "other than --network"),
+        ("DSPARK_CONTAINER_ARGS", "--pid host", "other than --pid"),
+        ("DSPARK_CONTAINER_ARGS", "--shm-size 8g", "other than --shm-size"),
+        ("DSPARK_CONTAINER_ARGS", "-v '/a:/b", "split like a shell would"),
+    ],
+)
 def test_bad_container_settings_exit_2_naming_the_setting(name, value, allowed):
     proc = run_dspark(["config", "check"], env={name: value})
     assert proc.returncode == 2
@@ -40,8 +58,11 @@ def test_bad_container_settings_exit_2_naming_the_setting(name, value, allowed):
 
 
 def test_good_container_settings_pass():
-    env = {"DSPARK_RUNTIME": "podman", "DSPARK_IMAGE": f"nvcr.io/nvidia/vllm@{DIGEST_A}",
-           "DSPARK_CONTAINER_ARGS": "--privileged --cap-add SYS_NICE -v /scratch:/scratch --env NCCL_DEBUG=INFO"}
+    env = {
+        "DSPARK_RUNTIME": "podman",
+        "DSPARK_IMAGE": f"nvcr.io/nvidia/vllm@{DIGEST_A}",
+        "DSPARK_CONTAINER_ARGS": "--privileged --cap-add SYS_NICE -v /scratch:/scratch --env NCCL_DEBUG=INFO",
+    }
     assert run_dspark(["config", "check"], env=env).returncode == 0
 
 
@@ -69,15 +90,31 @@ TEST_PLATFORM = {"DSPARK_TEST_RAY_CPU_PLATFORM": "1"}  # the test platform's own
 
 def test_the_test_hook_replaces_only_the_hardware_arguments():
     assert hardware_args("podman", {**TEST_PLATFORM, "DSPARK_TEST_CONTAINER_GPU_ARGS": ""}) == ()
-    argv = run_argv(_spec(hardware_args=hardware_args("podman", {**TEST_PLATFORM,
-                                                                 "DSPARK_TEST_CONTAINER_GPU_ARGS": "--device /dev/null"})))
+    argv = run_argv(
+        _spec(
+            hardware_args=hardware_args(
+                "podman", {**TEST_PLATFORM, "DSPARK_TEST_CONTAINER_GPU_ARGS": "--device /dev/null"}
+            )
+        )
+    )
     assert "nvidia.com/gpu=all" not in argv and "/dev/infiniband" not in argv and "memlock=-1:-1" not in argv
     assert "--device" in argv and "/dev/null" in argv and "--network" in argv
 
 
-@pytest.mark.parametrize("extra", [("--network", "bridge"), ("--rm",), ("--name=x",), ("--label", "a=b"),
-                                   ("-v", "/tmp:/var/lib/dspark"), ("--volume=/x:/data/hf/hub",),
-                                   ("--mount", f"type=bind,src=/x,target={AGENT_MOUNT}"), ("-v", "/x:/var/lib"), ("-v", "/x:/:ro")])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("--network", "bridge"),
+        ("--rm",),
+        ("--name=x",),
+        ("--label", "a=b"),
+        ("-v", "/tmp:/var/lib/dspark"),
+        ("--volume=/x:/data/hf/hub",),
+        ("--mount", f"type=bind,src=/x,target={AGENT_MOUNT}"),
+        ("-v", "/x:/var/lib"),
+        ("-v", "/x:/:ro"),
+    ],
+)
 def test_spec_refuses_what_defeats_the_launcher(extra):
     with pytest.raises(ConfigError, match="DSPARK_CONTAINER_ARGS") as info:
         check_spec(_spec(extra_args=extra))
@@ -116,24 +153,38 @@ def test_the_spec_label_changes_exactly_when_the_container_would_be_made_differe
     argv = run_argv(base)
     assert f"{SPEC_LABEL}={spec_digest(base)}" in argv
     assert spec_digest(_spec(image=DIGEST_A, jit_cache="/var/lib/dspark/jit-cache")) == spec_digest(base)
-    for changed in (_spec(image=DIGEST_B, jit_cache="/var/lib/dspark/jit-cache"),  # another image id
-                    _spec(image=DIGEST_A, jit_cache="/var/lib/dspark/jit-cache", extra_args=("--shm-size", "8g")),
-                    _spec(image=DIGEST_A, jit_cache="/var/lib/dspark/jit-cache", model_cache="/data/other"),
-                    _spec(image=DIGEST_A, jit_cache="/srv/jit")):
+    for changed in (
+        _spec(image=DIGEST_B, jit_cache="/var/lib/dspark/jit-cache"),  # another image id
+        _spec(image=DIGEST_A, jit_cache="/var/lib/dspark/jit-cache", extra_args=("--shm-size", "8g")),
+        _spec(image=DIGEST_A, jit_cache="/var/lib/dspark/jit-cache", model_cache="/data/other"),
+        _spec(image=DIGEST_A, jit_cache="/srv/jit"),
+    ):
         assert spec_digest(changed) != spec_digest(base)
     # every JIT cache the recipes compile into lives in the mounted folder, at its host path
     assert "/var/lib/dspark/jit-cache:/var/lib/dspark/jit-cache" in argv
     for var, sub in JIT_CACHE_VARS:
         assert f"{var}=/var/lib/dspark/jit-cache/{sub}" in argv
-    assert {"VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR", "TILELANG_CACHE_DIR",
-            "CUTE_DSL_CACHE_DIR"} <= {var for var, _ in JIT_CACHE_VARS}
+    assert {
+        "VLLM_CACHE_ROOT",
+        "FLASHINFER_WORKSPACE_BASE",
+        "TRITON_CACHE_DIR",
+        "TILELANG_CACHE_DIR",
+        "CUTE_DSL_CACHE_DIR",
+    } <= {var for var, _ in JIT_CACHE_VARS}
 
 
 def test_a_model_cache_outside_the_mounted_folder_exits_2_naming_both_settings(tmp_path):
-    env = {"DSPARK_RUNTIME": "podman", "DSPARK_IMAGE": "nvcr.io/nvidia/vllm:26.01-py3",
-           "DSPARK_HEAD_IP": "10.213.0.1", "DSPARK_WORKER_HOSTS": "10.213.0.2", "DSPARK_FABRIC_IFNAME": "fab0",
-           "DSPARK_STATE_DIR": str(tmp_path / "state"), "DSPARK_MODEL": "org/m",
-           "DSPARK_CONTAINER_MODEL_CACHE": str(tmp_path / "hf"), "DSPARK_MODEL_CACHE": str(tmp_path / "elsewhere")}
+    env = {
+        "DSPARK_RUNTIME": "podman",
+        "DSPARK_IMAGE": "nvcr.io/nvidia/vllm:26.01-py3",
+        "DSPARK_HEAD_IP": "10.213.0.1",
+        "DSPARK_WORKER_HOSTS": "10.213.0.2",
+        "DSPARK_FABRIC_IFNAME": "fab0",
+        "DSPARK_STATE_DIR": str(tmp_path / "state"),
+        "DSPARK_MODEL": "org/m",
+        "DSPARK_CONTAINER_MODEL_CACHE": str(tmp_path / "hf"),
+        "DSPARK_MODEL_CACHE": str(tmp_path / "elsewhere"),
+    }
     for command in (["model", "status"], ["start"]):
         proc = run_dspark(command, env=env)
         assert proc.returncode == 2, proc.stderr
@@ -143,15 +194,20 @@ def test_a_model_cache_outside_the_mounted_folder_exits_2_naming_both_settings(t
 
 
 def test_the_test_hook_is_refused_outside_the_test_platform(monkeypatch):
-    for environ in ({"DSPARK_TEST_CONTAINER_GPU_ARGS": "--privileged"},
-                    {"DSPARK_TEST_CONTAINER_GPU_ARGS": "", "DSPARK_TEST_RAY_CPU_PLATFORM": "0"}):
+    for environ in (
+        {"DSPARK_TEST_CONTAINER_GPU_ARGS": "--privileged"},
+        {"DSPARK_TEST_CONTAINER_GPU_ARGS": "", "DSPARK_TEST_RAY_CPU_PLATFORM": "0"},
+    ):
         with pytest.raises(ConfigError, match="DSPARK_TEST_CONTAINER_GPU_ARGS from the environment is a test hook"):
             hardware_args("podman", environ)
     import importlib.util
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "dspark_ray_cpu_platform" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "dspark_ray_cpu_platform" else real_find_spec(name, *a),
+    )
     with pytest.raises(ConfigError, match="test hook"):  # switched on, but the plugin is not installed
         hardware_args("podman", {**TEST_PLATFORM, "DSPARK_TEST_CONTAINER_GPU_ARGS": ""})
 
@@ -182,8 +238,11 @@ def test_the_one_shot_model_container_gets_read_only_folders_and_nothing_else_of
 
     args = list(oneshot_run_args(_spec(extra_args=("--privileged",), jit_cache="/var/lib/dspark/jit-cache")))
     volumes = [args[i + 1] for i, word in enumerate(args) if word == "--volume"]
-    assert volumes == [f"/opt/launcher/dspark_launch:{AGENT_MOUNT}/dspark_launch:ro",
-                       "/var/lib/dspark:/var/lib/dspark:ro", "/data/hf:/data/hf:ro"]
+    assert volumes == [
+        f"/opt/launcher/dspark_launch:{AGENT_MOUNT}/dspark_launch:ro",
+        "/var/lib/dspark:/var/lib/dspark:ro",
+        "/data/hf:/data/hf:ro",
+    ]
     assert f"{CONTAINER_STATE_VAR}=/var/lib/dspark" in args
     assert args[args.index("--network") + 1] == "none"
     assert not {"--privileged", "--gpus", "--device", "--ipc"} & set(args)
@@ -198,5 +257,7 @@ def test_the_jit_cache_folder_must_be_ours_and_closed_to_other_writers(tmp_path)
     check_private_folder(LocalHost(), str(folder), "DSPARK_CONTAINER_JIT_CACHE")
     assert folder.stat().st_mode & 0o777 == 0o700
     folder.chmod(0o775)
-    with pytest.raises(ContainerError, match=r"jit-cache \(DSPARK_CONTAINER_JIT_CACHE\) is owned by uid \d+ with mode 775"):
+    with pytest.raises(
+        ContainerError, match=r"jit-cache \(DSPARK_CONTAINER_JIT_CACHE\) is owned by uid \d+ with mode 775"
+    ):
         check_private_folder(LocalHost(), str(folder), "DSPARK_CONTAINER_JIT_CACHE")

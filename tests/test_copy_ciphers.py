@@ -18,8 +18,10 @@ def test_a_hardened_cipher_list_is_kept_as_the_operator_wrote_it(tmp_path):
     config.write_text("Host *\n  Ciphers aes256-gcm@openssh.com\n")
     hardened = ("ssh", "-F", str(config))
     assert cipher_preference(hardened, "10.213.9.2") == []
-    assert effective_ciphers([*hardened, *cipher_preference(hardened, "10.213.9.2")], "10.213.9.2") == \
-        "ciphers aes256-gcm@openssh.com"
+    assert (
+        effective_ciphers([*hardened, *cipher_preference(hardened, "10.213.9.2")], "10.213.9.2")
+        == "ciphers aes256-gcm@openssh.com"
+    )
     # What the old unconditional option did to it: the default list back, after AES-GCM.
     assert effective_ciphers([*hardened, *CIPHER_PREFERENCE], "10.213.9.2").count(",") >= 4
 

@@ -29,7 +29,10 @@ def slugs(markdown: str) -> set[str]:
 
 def test_slugs_follow_githubs_rules():
     assert slugs("# Launch time (`bench/launch.py`)\n## Reproduce\n## Reproduce\n```\n# not a heading\n```\n") == {
-        "launch-time-benchlaunchpy", "reproduce", "reproduce-1"}
+        "launch-time-benchlaunchpy",
+        "reproduce",
+        "reproduce-1",
+    }
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
@@ -56,5 +59,6 @@ def test_the_research_log_keeps_every_generated_block():
     refilled = scheduler_tables.fill(text, {name: f"(table {name})" for name in scheduler_tables.BLOCKS})
     assert "(table runs)" in refilled and refilled.count("(table ") == len(scheduler_tables.BLOCKS)
     outside = re.sub(r"<!-- BEGIN GENERATED: (\S+) -->\n.*?<!-- END GENERATED: \1 -->", "", text, flags=re.S)
-    assert outside == re.sub(r"<!-- BEGIN GENERATED: (\S+) -->\n.*?<!-- END GENERATED: \1 -->", "", refilled,
-                             flags=re.S), "a refill changed text outside the generated blocks"
+    assert outside == re.sub(
+        r"<!-- BEGIN GENERATED: (\S+) -->\n.*?<!-- END GENERATED: \1 -->", "", refilled, flags=re.S
+    ), "a refill changed text outside the generated blocks"

@@ -60,8 +60,9 @@ print(kept, signal.getsignal(signal.SIGTERM) is rays_handler)
 
 def test_rays_sigterm_handler_leaves_vllms_in_place_only_through_the_entry_shim():
     def outcome(prepare: str) -> str:
-        proc = subprocess.run([sys.executable, "-c", KEEP.format(prepare=prepare)], capture_output=True, text=True,
-                              timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-c", KEEP.format(prepare=prepare)], capture_output=True, text=True, timeout=120
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc.stdout.strip().splitlines()[-1]
 
@@ -123,8 +124,9 @@ def test_the_engine_core_starts_through_the_entry_shim_and_a_warm_one_comes_from
     for name in ENGINE_CORE_IMPORTS:
         assert importlib.util.find_spec(name) is not None, name  # the fork server skips a missing one silently
     env = {**os.environ, "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}  # as vLLM's CLI and its CPU platform set it
-    proc = subprocess.run([sys.executable, "-c", ROUTED, str(tiny_model)], capture_output=True, text=True,
-                          timeout=300, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", ROUTED, str(tiny_model)], capture_output=True, text=True, timeout=300, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert "DSPARK-ARGCHECK ok" in lines and lines[-2:] == ["ok", "yes True True fork"], proc.stdout[-2000:]

@@ -11,16 +11,24 @@ from unittest import mock
 
 import pytest
 
+from dspark_launch.config.profile_resolve import resolve
+from dspark_launch.config.settings import resolve as load_settings
+from dspark_launch.errors import DsparkError
 from dspark_launch.node.values import VersionRow
 from dspark_launch.node.versions import differing_rows, modules_of, package_row
 from dspark_launch.node.vllm_dryboot import SHIPPED_CONFIG
 from dspark_launch.node.vllm_offer import VllmOffer, probe_installed_vllm
-from dspark_launch.config.profile_resolve import resolve
-from dspark_launch.config.settings import resolve as load_settings
-from dspark_launch.errors import DsparkError
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
 from dspark_launch.profiles.gpu import UNKNOWN, gpu_target
-from tests.support.dry_boot_plan import STOCK, assert_gb10_boot_as_vllm_decides, WITH_B12X, line_of, plan_for, settings, value_of
+from tests.support.dry_boot_plan import (
+    STOCK,
+    WITH_B12X,
+    assert_gb10_boot_as_vllm_decides,
+    line_of,
+    plan_for,
+    settings,
+    value_of,
+)
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +90,14 @@ def test_the_effective_cuda_graph_mode_is_vllms_resolution(installed):
     assert dict(resolved.env)["VLLM_USE_BREAKABLE_CUDAGRAPH"] == "0"
     assert resolved.cuda_graph_mode == "FULL_DECODE_ONLY"
     line = line_of(resolved, "cuda-graphs (effective)")
-    assert line.startswith("cuda-graphs (effective) FULL_DECODE_ONLY: FULL_AND_PIECEWISE requested, "
-                           "VLLM_USE_BREAKABLE_CUDAGRAPH=0: on 12.1 breakable CUDA graphs off")
+    assert line.startswith(
+        "cuda-graphs (effective) FULL_DECODE_ONLY: FULL_AND_PIECEWISE requested, "
+        "VLLM_USE_BREAKABLE_CUDAGRAPH=0: on 12.1 breakable CUDA graphs off"
+    )
     # The same call vLLM's model runner makes, here by hand: no piecewise capture -> FULL_DECODE_ONLY.
     by_hand = CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE).resolve_cudagraph_mode_and_sizes(
-        AttentionCGSupport.ALWAYS, "x", 6, use_v2_model_runner=True, piecewise_capture_available=False)
+        AttentionCGSupport.ALWAYS, "x", 6, use_v2_model_runner=True, piecewise_capture_available=False
+    )
     assert by_hand.name == resolved.cuda_graph_mode
     unset = plan_for(installed, "12.1", WITH_B12X, {"DSPARK_PROFILE_ENV": "VLLM_USE_BREAKABLE_CUDAGRAPH="})
     assert unset.cuda_graph_mode == "FULL_AND_PIECEWISE"
@@ -99,7 +110,8 @@ def test_no_capability_never_emits_a_value_refused_everywhere(installed):
     resolved = resolve(DEEPSEEK_V4_FLASH, dataclasses.replace(installed, modules=WITH_B12X), settings(), UNKNOWN)
     assert value_of(resolved.serve_args, "--kv-cache-dtype") == "fp8"
     assert "nvfp4_ds_mla refused by the installed vLLM 0.32.0 on every capability it was asked for" in line_of(
-        resolved, "kv-cache-dtype")
+        resolved, "kv-cache-dtype"
+    )
     for judgement in installed.kv_judgements:
         assert judgement.verdict("nvfp4_ds_mla").refusal  # what makes it "everywhere"
 
@@ -108,32 +120,45 @@ def test_a_node_with_a_driver_but_no_capability_is_a_refusal_naming_it(installed
     blind = gpu_target({"head": "12.1", "worker1": None}, {"head": "580.95.05", "worker1": "580.95.05"})
     with pytest.raises(DsparkError) as caught:
         resolve(DEEPSEEK_V4_FLASH, installed, settings(), blind)
-    assert str(caught.value).startswith("worker1 (driver 580.95.05): an NVIDIA driver but no GPU compute capability "
-                                        "reported (nvidia-smi missing or failing")
+    assert str(caught.value).startswith(
+        "worker1 (driver 580.95.05): an NVIDIA driver but no GPU compute capability "
+        "reported (nvidia-smi missing or failing"
+    )
     # No driver at all (the CPU testbed): not a refusal.
     assert not gpu_target({"head": None}, {"head": None}).refusal
 
 
 def test_a_worker_without_b12x_while_the_head_has_it_is_decided_for_the_cluster(installed):
-    head, worker = VersionRow(packages="b12x 0.4.1; flashinfer-python 0.6.2"), VersionRow(
-        packages="b12x absent; flashinfer-python 0.6.2")
+    head, worker = (
+        VersionRow(packages="b12x 0.4.1; flashinfer-python 0.6.2"),
+        VersionRow(packages="b12x absent; flashinfer-python 0.6.2"),
+    )
     assert modules_of(head.packages) == ("b12x", "flashinfer") and modules_of(worker.packages) == ("flashinfer",)
     # start: the version matrix compares the packages row, so start refuses before Ray starts ...
     assert differing_rows({"head": head, "worker1": worker}) == ["packages"]
     # ... and resolution (plan) drops b12x for the whole cluster, the head's own install notwithstanding.
-    cluster = gpu_target({"head": "12.1", "worker1": "12.1"}, packages={"head": modules_of(head.packages),
-                                                                        "worker1": modules_of(worker.packages)})
+    cluster = gpu_target(
+        {"head": "12.1", "worker1": "12.1"},
+        packages={"head": modules_of(head.packages), "worker1": modules_of(worker.packages)},
+    )
     resolved = resolve(DEEPSEEK_V4_FLASH, dataclasses.replace(installed, modules=WITH_B12X), settings(), cluster)
     assert value_of(resolved.serve_args, "--moe-backend") == "marlin"
     assert "b12x needs the b12x package on every node, not installed on worker1 (decided for the cluster)" in (
-        line_of(resolved, "moe-backend"))
+        line_of(resolved, "moe-backend")
+    )
     assert "--linear-backend" not in resolved.serve_args
 
 
 def test_the_package_row_names_every_optional_package():
     row = package_row()
     assert [part.split(" ")[0] for part in row.split("; ")] == [
-        "b12x", "flashinfer-python", "instanttensor", "fastsafetensors", "nvidia-cutlass-dsl", "deep-gemm"]
+        "b12x",
+        "flashinfer-python",
+        "instanttensor",
+        "fastsafetensors",
+        "nvidia-cutlass-dsl",
+        "deep-gemm",
+    ]
 
 
 def test_gpu_nodes_need_nvcc_and_in_host_mode_a_memlock_limit_rdma_can_use():
@@ -144,8 +169,10 @@ def test_gpu_nodes_need_nvcc_and_in_host_mode_a_memlock_limit_rdma_can_use():
     low = dataclasses.replace(ready, memlock=str(8 << 20))
     assert gpu_node_problems({"head": ready, "worker1": ready}, host_mode=True) == []
     problems = gpu_node_problems({"head": ready, "worker1": no_nvcc}, host_mode=True)
-    assert problems == ["worker1: no nvcc (CUDA_HOME/bin, /usr/local/cuda/bin, PATH): DeepSeek-V4's attention "
-                        "JIT-compiles DeepGEMM kernels with it; install the CUDA toolkit on every node"]
+    assert problems == [
+        "worker1: no nvcc (CUDA_HOME/bin, /usr/local/cuda/bin, PATH): DeepSeek-V4's attention "
+        "JIT-compiles DeepGEMM kernels with it; install the CUDA toolkit on every node"
+    ]
     assert gpu_node_problems({"head": low}, host_mode=True)[0].startswith("head: locked-memory limit 8192 KiB")
     assert gpu_node_problems({"head": low}, host_mode=False) == []  # a container's own limit (--ulimit) applies
     cpu = VersionRow(nvcc=None, memlock=str(8 << 20))  # the CPU testbed: no capability, not asked
@@ -158,8 +185,8 @@ def test_a_pulled_models_own_config_json_is_what_the_dry_boot_judges(tmp_path):
     """A checkpoint whose config says NVFP4 experts (MiaAI's patched build): vLLM's DeepSeek-V4 quant config routes
     them to the NVFP4 method, not the MXFP4 oracle; the pulled bytes decide, not the shipped copy."""
     from dspark_launch.agent.offer_cache import install_identity
-    from dspark_launch.node.vllm_dryboot import dry_boot
     from dspark_launch.model.onnodes import pulled_config
+    from dspark_launch.node.vllm_dryboot import dry_boot
 
     config = json.loads(SHIPPED_CONFIG.read_text())
     config["quantization_config"]["moe_quant_algo"] = "NVFP4"
@@ -201,13 +228,19 @@ def test_a_decision_the_dry_boot_cannot_judge_is_a_named_refusal_in_plan(install
 
     without_piecewise.__qualname__ = "CompilationConfig.resolve_cudagraph_mode_and_sizes"
     moved = TypeError("FusedMoEConfig.__init__() got an unexpected keyword argument 'moe_backend'")
-    with mock.patch.object(vllm_dryboot, "_moe_verdicts", side_effect=moved), \
-            mock.patch.object(CompilationConfig, "resolve_cudagraph_mode_and_sizes", without_piecewise):
+    with (
+        mock.patch.object(vllm_dryboot, "_moe_verdicts", side_effect=moved),
+        mock.patch.object(CompilationConfig, "resolve_cudagraph_mode_and_sizes", without_piecewise),
+    ):
         boots, booted_by = vllm_dryboot.dry_boot(("12.1",))
     assert boots[0].unjudged == (
         ("moe", f"TypeError: {moved}"),
-        ("graphs", "Unjudgeable: CompilationConfig.resolve_cudagraph_mode_and_sizes takes no "
-                   "piecewise_capture_available in this vLLM"))
+        (
+            "graphs",
+            "Unjudgeable: CompilationConfig.resolve_cudagraph_mode_and_sizes takes no "
+            "piecewise_capture_available in this vLLM",
+        ),
+    )
     assert boots[0].linear and boots[0].attention  # the other decisions are still vLLM's answers
     assert "not judged: graphs, moe" in booted_by
     offer = dataclasses.replace(installed, boot_judgements=boots)
@@ -221,9 +254,11 @@ def test_a_decision_the_dry_boot_cannot_judge_is_a_named_refusal_in_plan(install
         "cuda-graphs: not judged for 12.1 by the installed vLLM 0.32.0: Unjudgeable: "
         "CompilationConfig.resolve_cudagraph_mode_and_sizes takes no piecewise_capture_available in this vLLM; start "
         "refuses a decision its dry boot could not judge (choose it yourself in VLLM_EXTRA_ARGS, or run a vLLM the "
-        "dry boot can ask)")
-    assert line_of(resolved, "moe-backend").startswith("moe-backend omitted: b12x not judged for 12.1 by the "
-                                                        "installed vLLM 0.32.0 (TypeError: ")
+        "dry boot can ask)",
+    )
+    assert line_of(resolved, "moe-backend").startswith(
+        "moe-backend omitted: b12x not judged for 12.1 by the installed vLLM 0.32.0 (TypeError: "
+    )
     assert "judged:" not in line_of(resolved, "VLLM_USE_BREAKABLE_CUDAGRAPH")  # no mode stated unjudged
     # The operator's own value is not the dry boot's to judge: no refusal.
     chosen = plan_for(offer, "12.1", WITH_B12X, {"VLLM_EXTRA_ARGS": "--moe-backend marlin"})
@@ -238,11 +273,13 @@ def test_a_decision_the_dry_boot_cannot_judge_is_a_named_refusal_in_plan(install
             if isinstance(request, p.MemoryQuery):
                 return p.MemoryAnswer(128 << 30, 120 << 30, False)
             if isinstance(request, p.HotfixCheck):
-                return p.HotfixCheckAnswer(self.node.name, p.HotfixResult("check", 0, "not-applied", "can apply",
-                                                                          "0.32.0", 7))
+                return p.HotfixCheckAnswer(
+                    self.node.name, p.HotfixResult("check", 0, "not-applied", "can apply", "0.32.0", 7)
+                )
             if isinstance(request, p.VersionQuery):
-                return dataclasses.replace(healthy_answer(self.node, request), packages=package_line,
-                                           compute_capability=capability)
+                return dataclasses.replace(
+                    healthy_answer(self.node, request), packages=package_line, compute_capability=capability
+                )
             return healthy_answer(self.node, request)
 
         def describe_vllm(self, config_path=""):
@@ -254,8 +291,10 @@ def test_a_decision_the_dry_boot_cannot_judge_is_a_named_refusal_in_plan(install
     (tmp_path / "state").mkdir(mode=0o700)
     (tmp_path / "hub").mkdir()
     env_file = tmp_path / "dspark.env"
-    env_file.write_text(f"DSPARK_HEAD_IP=10.9.0.1\nDSPARK_WORKER_HOSTS=root@10.9.0.2\nDSPARK_FABRIC_IFNAME=fab0\n"
-                        f"DSPARK_STATE_DIR={tmp_path / 'state'}\nDSPARK_MODEL_CACHE={tmp_path / 'hub'}\n")
+    env_file.write_text(
+        f"DSPARK_HEAD_IP=10.9.0.1\nDSPARK_WORKER_HOSTS=root@10.9.0.2\nDSPARK_FABRIC_IFNAME=fab0\n"
+        f"DSPARK_STATE_DIR={tmp_path / 'state'}\nDSPARK_MODEL_CACHE={tmp_path / 'hub'}\n"
+    )
     given = load_settings(env_file=str(env_file), environ={})
     plan = build_plan(given, SilentReporter(), given_target("12.1"))
     assert plan.refusals == resolved.unjudged and plan.start_would_refuse  # the only reasons start would refuse

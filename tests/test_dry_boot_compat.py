@@ -21,12 +21,20 @@ from unittest import mock
 
 import pytest
 
-from dspark_launch.node.vllm_offer import JUDGED_CAPABILITIES, VllmOffer, probe_installed_vllm
 from dspark_launch.config.profile_resolve import resolve
+from dspark_launch.node.vllm_offer import JUDGED_CAPABILITIES, VllmOffer, probe_installed_vllm
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
 from dspark_launch.profiles.gpu import UNKNOWN
 from tests.support.compat_vllm import cannot_build, venv_for
-from tests.support.dry_boot_plan import STOCK, assert_gb10_boot_as_vllm_decides, WITH_B12X, line_of, plan_for, settings, value_of
+from tests.support.dry_boot_plan import (
+    STOCK,
+    WITH_B12X,
+    assert_gb10_boot_as_vllm_decides,
+    line_of,
+    plan_for,
+    settings,
+    value_of,
+)
 from tests.support.paths import REPO
 from tests.support.vllm_parser import refusal
 
@@ -47,8 +55,10 @@ def release(request) -> tuple[str, VllmOffer]:
     with mock.patch.dict(os.environ, _ENV):
         offer = probe_installed_vllm(str(python), timeout_s=600)
     with request.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
-        print(f"\n[dry-boot compat] vllm {request.param}: venv {python.parent.parent} ready in "
-              f"{built - started:.0f} s, probe {time.monotonic() - built:.0f} s")
+        print(
+            f"\n[dry-boot compat] vllm {request.param}: venv {python.parent.parent} ready in "
+            f"{built - started:.0f} s, probe {time.monotonic() - built:.0f} s"
+        )
     assert offer.version == request.param
     return str(python), offer
 
@@ -139,10 +149,12 @@ def test_the_effective_cuda_graph_mode_is_the_releases_resolution(release):
     assert resolved.cuda_graph_mode == "FULL_DECODE_ONLY"
     assert line_of(resolved, "cuda-graphs (effective)").startswith(
         "cuda-graphs (effective) FULL_DECODE_ONLY: FULL_AND_PIECEWISE requested, "
-        "VLLM_USE_BREAKABLE_CUDAGRAPH=0: on 12.1 breakable CUDA graphs off")
+        "VLLM_USE_BREAKABLE_CUDAGRAPH=0: on 12.1 breakable CUDA graphs off"
+    )
     # The call vLLM's model runner makes, by hand in the release's venv: no piecewise capture.
-    proc = subprocess.run([python, "-c", _RESOLVE_BY_HAND], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **_ENV})
+    proc = subprocess.run(
+        [python, "-c", _RESOLVE_BY_HAND], capture_output=True, text=True, timeout=300, env={**os.environ, **_ENV}
+    )
     modes = [line[5:] for line in proc.stdout.splitlines() if line.startswith("MODE ")]
     assert modes == [resolved.cuda_graph_mode], proc.stderr[-2000:]
     unset = plan_for(offer, "12.1", WITH_B12X, {"DSPARK_PROFILE_ENV": "VLLM_USE_BREAKABLE_CUDAGRAPH="})
@@ -154,8 +166,10 @@ def test_no_capability_never_emits_a_value_refused_everywhere(release):
     _, offer = release
     resolved = resolve(DEEPSEEK_V4_FLASH, dataclasses.replace(offer, modules=WITH_B12X), settings(), UNKNOWN)
     assert value_of(resolved.serve_args, "--kv-cache-dtype") == "fp8"
-    assert (f"nvfp4_ds_mla refused by the installed vLLM {offer.version} on every capability it was asked for"
-            in line_of(resolved, "kv-cache-dtype"))
+    assert (
+        f"nvfp4_ds_mla refused by the installed vLLM {offer.version} on every capability it was asked for"
+        in line_of(resolved, "kv-cache-dtype")
+    )
     for judgement in offer.kv_judgements:
         verdict = judgement.verdict("nvfp4_ds_mla")
         assert verdict is not None and verdict.refusal  # what makes it "everywhere"

@@ -82,8 +82,10 @@ def test_gb10_without_b12x_plans_marlin_with_deep_gemm_off(newest):
     assert "--linear-backend" not in resolved.serve_args  # vLLM's own selection, DeepGEMM off: not its JIT
     line = line_of(resolved, "moe-backend")
     assert f"b12x needs the b12x package, not installed beside the vLLM {newest.version}" in line
-    assert ("on 12.1 the installed vLLM's MoE oracle for the checkpoint's experts (Mxfp4MoEMethod) selects MARLIN "
-            "with VLLM_USE_DEEP_GEMM=0") in line
+    assert (
+        "on 12.1 the installed vLLM's MoE oracle for the checkpoint's experts (Mxfp4MoEMethod) selects MARLIN "
+        "with VLLM_USE_DEEP_GEMM=0"
+    ) in line
     assert "eugr/spark-vllm-docker recipes/deepseek-v4-flash.yaml" in line_of(resolved, "VLLM_USE_DEEP_GEMM")
     assert resolved.unjudged == ()
     # The operator turns DeepGEMM back on: marlin stays what the oracle takes (it does not depend on DeepGEMM).
@@ -101,7 +103,8 @@ def test_gb10_with_b12x_gets_b12x_and_the_graph_mode_vllm_resolves(newest):
     assert resolved.cuda_graph_mode == "FULL_DECODE_ONLY" and resolved.unjudged == ()
     assert line_of(resolved, "VLLM_USE_BREAKABLE_CUDAGRAPH").endswith(
         f"judged: vLLM {newest.version} then runs FULL_AND_PIECEWISE as FULL_DECODE_ONLY on 12.1 "
-        "(cuda-graphs (effective))")
+        "(cuda-graphs (effective))"
+    )
     # The mode is the dry boot's answer: no profile text states what vLLM resolves.
     for text in [v.why for v in DEEPSEEK_V4_FLASH.env] + [p.why for p in DEEPSEEK_V4_FLASH.preferences]:
         assert "FULL_DECODE_ONLY" not in text and "MARLIN on" not in text
@@ -122,15 +125,33 @@ def _plan_json(tmp_path: Path, version: str, sitecustomize: str = "") -> tuple[i
         (stubs / "sitecustomize.py").write_text(sitecustomize)
     wrapper = tmp_path / "python"
     path = os.pathsep.join((str(overlay_for(version)), str(stubs), str(REPO)))
-    wrapper.write_text(f"#!/bin/sh\nexport PYTHONPATH='{path}'\nexport VLLM_TARGET_DEVICE=cpu\n"
-                       f"exec '{sys.executable}' \"$@\"\n")
+    wrapper.write_text(
+        f"#!/bin/sh\nexport PYTHONPATH='{path}'\nexport VLLM_TARGET_DEVICE=cpu\nexec '{sys.executable}' \"$@\"\n"
+    )
     wrapper.chmod(0o755)
     (tmp_path / "state").mkdir(mode=0o700)
-    env = {**os.environ, "DSPARK_HEAD_PYTHON": str(wrapper), "DSPARK_STATE_DIR": str(tmp_path / "state"),
-           "DSPARK_ALLOW_TCP_FABRIC": "1"}
-    proc = subprocess.run([str(Path(sys.executable).parent / "dspark"), "plan", "--gpu", "12.1", "--json",
-                           "--env-file", str(REPO / ".env.dspark.example")], capture_output=True, text=True,
-                          env=env, timeout=600, cwd=tmp_path)
+    env = {
+        **os.environ,
+        "DSPARK_HEAD_PYTHON": str(wrapper),
+        "DSPARK_STATE_DIR": str(tmp_path / "state"),
+        "DSPARK_ALLOW_TCP_FABRIC": "1",
+    }
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "dspark"),
+            "plan",
+            "--gpu",
+            "12.1",
+            "--json",
+            "--env-file",
+            str(REPO / ".env.dspark.example"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.stdout.startswith("{"), proc.stderr[-3000:]
     return proc.returncode, json.loads(proc.stdout)
 
@@ -141,7 +162,9 @@ def test_dspark_plan_gpu_12_1_judges_every_decision(newest, tmp_path):
     lines = {d["subject"]: d["line"] for d in plan["decisions"]}
     assert not [line for line in lines.values() if "not judged" in line]
     assert not [r for r in plan["refusals"] if "not judged" in r]
-    assert "selects B12X_MXFP4_MXFP8" in lines["moe-backend"] and "selects B12xFp8BlockScaledMMKernel" in lines[
-        "linear-backend"]
+    assert (
+        "selects B12X_MXFP4_MXFP8" in lines["moe-backend"]
+        and "selects B12xFp8BlockScaledMMKernel" in lines["linear-backend"]
+    )
     assert lines["cuda-graphs (effective)"].startswith("cuda-graphs (effective) FULL_DECODE_ONLY")
     assert lines["VLLM_USE_DEEP_GEMM"].startswith(f"VLLM_USE_DEEP_GEMM 0: read by the installed vLLM {newest.version}")

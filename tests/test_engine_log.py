@@ -5,25 +5,28 @@ forge them."""
 from __future__ import annotations
 
 from dspark_launch.hotfix import contract
-from dspark_launch.serve.drain import DRAINED_LOG
 from dspark_launch.node.engine_log import EngineMessage, engine_lines
+from dspark_launch.serve.drain import DRAINED_LOG
 
-LIVE = ("dspark-issue27 hotfix v6: cap 1 -> 2 (live); in force: cap 2, gate mode 1, aging 2, diagnostics off; "
-        "step bound 640 prefill tokens")
+LIVE = contract.live_line(
+    6, "cap 1 -> 2", {**{s.key: s.default for s in contract.LIVE_SETTINGS}, "cap": 2, "gate_mode": 1}, 640
+)
 ENGINE = "(EngineCore pid=599) INFO 12-02 01:14:25"
 API = "(APIServer pid=512) INFO 12-02 01:14:26 [logger.py:49] Received request chatcmpl-1: prompt: 'x"
 
 
 def test_only_the_engines_own_lines_from_the_named_file_count():
-    log = "\n".join([
-        f"{API} {LIVE}'",  # a prompt holding the line, mid-line
-        f"{API}",  # a prompt with a newline: vLLM continues it with the API server's prefix
-        f"(APIServer pid=512) INFO 12-02 01:14:26 [logger.py:49] {LIVE}",
-        LIVE,  # at the start of a line, without any prefix
-        f"{ENGINE} [core.py:1667] {LIVE}",  # the engine, but another source file
-        f"{ENGINE} [v1/core/sched/scheduler.py:3600] {LIVE}",
-        f"(EngineCore_DP0 pid=600) WARNING 12-02 01:14:27 [scheduler.py:3601] {LIVE.replace('v6', 'v7')}",
-    ])
+    log = "\n".join(
+        [
+            f"{API} {LIVE}'",  # a prompt holding the line, mid-line
+            f"{API}",  # a prompt with a newline: vLLM continues it with the API server's prefix
+            f"(APIServer pid=512) INFO 12-02 01:14:26 [logger.py:49] {LIVE}",
+            LIVE,  # at the start of a line, without any prefix
+            f"{ENGINE} [core.py:1667] {LIVE}",  # the engine, but another source file
+            f"{ENGINE} [v1/core/sched/scheduler.py:3600] {LIVE}",
+            f"(EngineCore_DP0 pid=600) WARNING 12-02 01:14:27 [scheduler.py:3601] {LIVE.replace('v6', 'v7')}",
+        ]
+    )
     said = engine_lines(log, "scheduler.py")
     assert said == [EngineMessage(0, LIVE), EngineMessage(0, LIVE.replace("v6", "v7"))]
     assert [contract.parse_live_lines(line.message)[0].patch_version for line in said] == [6, 7]
@@ -57,7 +60,8 @@ def test_each_data_parallel_engine_is_told_by_its_rank(tmp_path):
     from dspark_launch.serve.drain import BUSY_LOG
 
     assert engine_lines(f"(EngineCore_DP3 pid=7) INFO 12-02 01:14:25 [scheduler.py:1] {LIVE}", "scheduler.py") == [
-        EngineMessage(3, LIVE)]
+        EngineMessage(3, LIVE)
+    ]
     log = tmp_path / "vllm-serve.log"
     log.write_text("")
     reader = _DrainLog(p.DrainEnd(str(log), DRAINED_LOG, BUSY_LOG, 2))

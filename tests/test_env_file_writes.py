@@ -18,11 +18,13 @@ from dspark_launch.tune.points import Point
 from dspark_launch.tune.tune import Tuner
 
 KEY = "sk-keep-this-key-0123456789"
-TEXT = ("DSPARK_HEAD_IP=127.0.0.1\n"
-        "# the cap, tuned by hand\n"
-        "DSPARK_MAX_INFLIGHT_PREFILLS=1\n"
-        f"VLLM_API_KEY={KEY}\n"
-        "DSPARK_PREFILL_GATE_MODE=1\n")
+TEXT = (
+    "DSPARK_HEAD_IP=127.0.0.1\n"
+    "# the cap, tuned by hand\n"
+    "DSPARK_MAX_INFLIGHT_PREFILLS=1\n"
+    f"VLLM_API_KEY={KEY}\n"
+    "DSPARK_PREFILL_GATE_MODE=1\n"
+)
 CAP = "DSPARK_MAX_INFLIGHT_PREFILLS"
 
 
@@ -83,8 +85,9 @@ def test_tune_apply_refuses_a_file_changed_since_tune_began(tmp_path):
     path = env_file(tmp_path)
     settings = resolve(env_file=str(path), environ={})
     reloaded = []
-    tuner = SimpleNamespace(settings=settings, reporter=None, outcome=SimpleNamespace(applied=False),
-                            _reload=reloaded.append)
+    tuner = SimpleNamespace(
+        settings=settings, reporter=None, outcome=SimpleNamespace(applied=False), _reload=reloaded.append
+    )
     path.write_text(TEXT.replace("# the cap, tuned by hand\n", ""))
     path.chmod(0o600)
     before, inode = path.read_bytes(), path.stat().st_ino
@@ -119,7 +122,10 @@ def test_an_unchanged_file_is_written_and_an_alias_line_counts_as_the_setting(tm
     path = env_file(tmp_path, text)
     path.chmod(0o640)
     settings = resolve(env_file=str(path), environ={})
-    set_values(path, changes_for(settings, path, {CAP: "2", "DSPARK_PREFILL_GATE_MODE": "2"}),
-               read_sha256=settings.env_file_sha256)
+    set_values(
+        path,
+        changes_for(settings, path, {CAP: "2", "DSPARK_PREFILL_GATE_MODE": "2"}),
+        read_sha256=settings.env_file_sha256,
+    )
     assert path.read_text() == text.replace("'1'", "'2'").replace("GATE_MODE=1", "GATE_MODE=2")
     assert stat.S_IMODE(path.stat().st_mode) == 0o640 and os.listdir(tmp_path) == [path.name]

@@ -37,8 +37,12 @@ def test_root_plan_in_a_shared_folder_never_runs_another_users_head_python(tmp_p
     evil = shared / "python"
     evil.write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
     evil.chmod(0o755)
-    planted = _env(shared, f"DSPARK_HEAD_IP=127.0.0.1\nDSPARK_WORKER_HOSTS=127.0.0.2\nDSPARK_FABRIC_IFNAME=lo\n"
-                           f"DSPARK_HEAD_PYTHON={evil}\nDSPARK_STATE_DIR={tmp_path / 'state'}\n", mode=0o644)
+    planted = _env(
+        shared,
+        f"DSPARK_HEAD_IP=127.0.0.1\nDSPARK_WORKER_HOSTS=127.0.0.2\nDSPARK_FABRIC_IFNAME=lo\n"
+        f"DSPARK_HEAD_PYTHON={evil}\nDSPARK_STATE_DIR={tmp_path / 'state'}\n",
+        mode=0o644,
+    )
     os.chown(planted, NOBODY, NOBODY)
     proc = run_dspark(["plan"], cwd=shared)
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -18,7 +18,9 @@ PLACEHOLDERS = {"DSPARK_HEAD_IP", "DSPARK_WORKER_HOSTS", "DSPARK_FABRIC_IFNAME"}
 
 # The settings the default profile gives: commented out in the example with the profile's value, so a copy of
 # the example sets none of them and every line an operator writes is used as written.
-BY_PROFILE = {d.setting: profile_value(profile_named(DEFAULT_PROFILE), d) for d in profile_named(DEFAULT_PROFILE).settings}
+BY_PROFILE = {
+    d.setting: profile_value(profile_named(DEFAULT_PROFILE), d) for d in profile_named(DEFAULT_PROFILE).settings
+}
 
 
 def commented_out() -> dict[str, str]:
@@ -36,7 +38,9 @@ def test_every_knob_is_in_the_example_with_its_default():
         if knob.name in BY_PROFILE:
             continue
         assert knob.name in values, f"{knob.name} missing from {EXAMPLE.name}"
-        assert values[knob.name] == knob.default, f"{knob.name}: example {values[knob.name]!r}, registry {knob.default!r}"
+        assert values[knob.name] == knob.default, (
+            f"{knob.name}: example {values[knob.name]!r}, registry {knob.default!r}"
+        )
 
 
 def test_every_text_setting_is_in_the_example():
@@ -73,5 +77,6 @@ def test_example_groups_follow_the_registry_groups():
 def test_docs_reference_is_generated_from_the_registry():
     from tools.settings_docs import settings_reference
 
-    assert settings_reference() in (REPO / "docs" / "configuration.md").read_text(), \
+    assert settings_reference() in (REPO / "docs" / "configuration.md").read_text(), (
         "docs/configuration.md is stale: regenerate the block with `python -m tools.generate`"
+    )

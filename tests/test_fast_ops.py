@@ -15,13 +15,14 @@ import textwrap
 import time
 from pathlib import Path
 
-from dspark_launch.node import procfs
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.client import NodeAgent
 from dspark_launch.agent.transport import LocalTransport
+from dspark_launch.node import procfs
 from dspark_launch.serve.drain import BUSY_LOG, DRAINED_LOG, RequestCounts, drain_end, report
 
-SERVER = textwrap.dedent("""
+SERVER = (
+    textwrap.dedent("""
     import os, signal, sys, time
     in_flight, witness = int(sys.argv[1]), sys.argv[2]
     def engine(message):  # vLLM's logger prefix for the EngineCore (node/engine_log.py reads it)
@@ -41,7 +42,10 @@ SERVER = textwrap.dedent("""
     print("ready", flush=True)
     while True:
         time.sleep(0.05)
-""").replace("{BUSY}", BUSY_LOG).replace("{DONE}", DRAINED_LOG)
+""")
+    .replace("{BUSY}", BUSY_LOG)
+    .replace("{DONE}", DRAINED_LOG)
+)
 
 OLD_LIFE = f"(EngineCore pid=7) INFO 12-02 01:00:00 [core.py:1666] {DRAINED_LOG}; old run\n"
 
@@ -53,8 +57,9 @@ def serve(tmp_path: Path, in_flight: int, old_lines: str = "") -> tuple[NodeAgen
     log.write_text(old_lines)
     script = tmp_path / "server.py"
     script.write_text(SERVER)
-    answer = agent.call(p.Spawn((sys.executable, str(script), str(in_flight), str(witness)), {}, marker, str(log)),
-                        "spawn")
+    answer = agent.call(
+        p.Spawn((sys.executable, str(script), str(in_flight), str(witness)), {}, marker, str(log)), "spawn"
+    )
     deadline = time.monotonic() + 30
     while "ready" not in log.read_text() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -92,8 +97,9 @@ def test_a_drain_without_a_log_to_read_waits_for_the_processes_as_before(tmp_pat
 def test_the_report_says_idle_or_counts_what_finished():
     idle = report(RequestCounts(0, 3), RequestCounts(0, 3), 0.8, 60, "idle")
     assert idle.idle and (idle.finished, idle.cut) == (0, 0)
-    assert idle.line == ("vllm serve was idle (nothing in flight): stopped in 0.8 s, no drain wait: "
-                         "0 request(s) finished, 0 cut")
+    assert idle.line == (
+        "vllm serve was idle (nothing in flight): stopped in 0.8 s, no drain wait: 0 request(s) finished, 0 cut"
+    )
     complete = report(RequestCounts(4, 10), RequestCounts(1, 12), 9.0, 60, "complete")
     assert (complete.finished, complete.cut) == (4, 0)
     cut = report(RequestCounts(4, 10), RequestCounts(2, 11), 60.0, 60, "timeout")
@@ -115,13 +121,16 @@ def test_the_drain_log_needs_every_engines_done_line_and_no_busy_one_before(tmp_
     two = _DrainLog(p.DrainEnd(str(log), DRAINED_LOG, BUSY_LOG, engines=2))
     dp = "INFO 12-02 01:14:25 [core.py:1666]"
     with log.open("a") as out:
-        out.write(f"(EngineCore_DP0 pid=8) {dp} {DRAINED_LOG}; starting resource teardown\n"
-                  f"(EngineCore_DP1 pid=9) {dp} [shutdown] Eng")
+        out.write(
+            f"(EngineCore_DP0 pid=8) {dp} {DRAINED_LOG}; starting resource teardown\n"
+            f"(EngineCore_DP1 pid=9) {dp} [shutdown] Eng"
+        )
     two.read()
     assert not two.done and not two.busy  # one engine of two, and half a line
     with log.open("a") as out:
-        out.write(f"ineCore: draining in-flight requests count=1\n(EngineCore_DP1 pid=9) {dp} {DRAINED_LOG}\n"
-                  f"{BUSY_LOG}\n")
+        out.write(
+            f"ineCore: draining in-flight requests count=1\n(EngineCore_DP1 pid=9) {dp} {DRAINED_LOG}\n{BUSY_LOG}\n"
+        )
     two.read()
     assert two.done and two.busy  # the second engine had work in flight when the stop came
 

@@ -21,8 +21,17 @@ from pathlib import Path
 import pytest
 
 from dspark_launch.node import procfs
-from tests.support.on_testbed import (dspark, interrupt_after, ours_left, popen, run, serving_env, set_knob,
-                                      spawn_lookalike, write_env)
+from tests.support.on_testbed import (
+    dspark,
+    interrupt_after,
+    ours_left,
+    popen,
+    run,
+    serving_env,
+    set_knob,
+    spawn_lookalike,
+    write_env,
+)
 from tests.support.processes import cmdline, describe, kill_now, start_time, survives, wait_until
 
 pytestmark = pytest.mark.testbed
@@ -56,32 +65,72 @@ def test_head_reboot_stale_state_and_unrelated_ray_survive(testbed_clean, tmp_pa
     assert wait_until(lambda: not ours_left(tb, set()), 20)
 
     # After the reboot, unrelated processes hold the recorded pid numbers and session ids.
-    lookalike, lookalike_started = spawn_lookalike(tb, "head", "ray::IDLE", sys.executable, "-c",
-                                                   "import time; time.sleep(900)")
+    lookalike, lookalike_started = spawn_lookalike(
+        tb, "head", "ray::IDLE", sys.executable, "-c", "import time; time.sleep(900)"
+    )
     state_file = tmp_path / "state" / "state.json"
     saved = json.loads(state_file.read_text())
     head = next(n for n in saved["nodes"] if n["name"] == "head")
     head["processes"][0].update(pid=lookalike, start_time=lookalike_started - 50)  # a reused pid
     # A pid *and* start time that match, from another boot (deterministic boots repeat them).
-    head["processes"].append({"pid": lookalike, "start_time": lookalike_started, "sid": lookalike,
-                              "boot_id": "00000000-0000-0000-0000-000000000000", "cmd": "raylet"})
+    head["processes"].append(
+        {
+            "pid": lookalike,
+            "start_time": lookalike_started,
+            "sid": lookalike,
+            "boot_id": "00000000-0000-0000-0000-000000000000",
+            "cmd": "raylet",
+        }
+    )
     # A recycled session id: none of our processes lives in it any more.
-    head["sessions"].append({"sid": lookalike, "start_time": max(0, lookalike_started - 1),
-                             "boot_id": procfs.boot_id()})
-    saved["server"] = {"pid": lookalike, "start_time": lookalike_started - 50, "marker": "dspark-0badcafe-server",
-                       "sessions": [{"sid": lookalike, "start_time": 0}], "log": str(tmp_path / "state/logs/x.log"),
-                       "url": "http://127.0.0.1:8000", "served_name": "tiny", "model": "tiny",
-                       "started_at": time.time() - 3600, "settings": {}, "digest": "", "cap": 1}
+    head["sessions"].append(
+        {"sid": lookalike, "start_time": max(0, lookalike_started - 1), "boot_id": procfs.boot_id()}
+    )
+    saved["server"] = {
+        "pid": lookalike,
+        "start_time": lookalike_started - 50,
+        "marker": "dspark-0badcafe-server",
+        "sessions": [{"sid": lookalike, "start_time": 0}],
+        "log": str(tmp_path / "state/logs/x.log"),
+        "url": "http://127.0.0.1:8000",
+        "served_name": "tiny",
+        "model": "tiny",
+        "started_at": time.time() - 3600,
+        "settings": {},
+        "digest": "",
+        "cap": 1,
+    }
     state_file.write_text(json.dumps(saved))
 
     # An unrelated Ray on the same head node (loopback, its own port and temp dir).
     other_tmp = Path(f"/tmp/dspark-other-ray-{os.getpid()}")
     before = tb.pids_in("head", include_infra=False)
-    other = tb.exec("head", [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--port", "6390",
-                             "--node-ip-address", "127.0.0.1", "--temp-dir", str(other_tmp), "--num-cpus", "0",
-                             "--include-dashboard=false", "--disable-usage-stats", "--ray-client-server-port",
-                             "23001", "--object-store-memory", "80000000"],
-                    env={"RAY_AUTH_MODE": "disabled"}, timeout=120)
+    other = tb.exec(
+        "head",
+        [
+            sys.executable,
+            "-m",
+            "ray.scripts.scripts",
+            "start",
+            "--head",
+            "--port",
+            "6390",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--temp-dir",
+            str(other_tmp),
+            "--num-cpus",
+            "0",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            "--ray-client-server-port",
+            "23001",
+            "--object-store-memory",
+            "80000000",
+        ],
+        env={"RAY_AUTH_MODE": "disabled"},
+        timeout=120,
+    )
     assert other.returncode == 0, other.stdout[-2000:] + other.stderr[-2000:]
     try:
         _check_stale_state_and_other_ray(tb, tmp_path, env, state_file, before, lookalike, lookalike_started)

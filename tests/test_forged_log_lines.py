@@ -24,11 +24,15 @@ from dspark_launch.serve.drain import BUSY_LOG, DRAINED_LOG
 
 ENGINE_PID = 599
 DONE = f"(EngineCore pid={ENGINE_PID}) INFO 12-02 01:14:25 [core.py:1666] {DRAINED_LOG}"
-REFUSED = (f"(EngineCore pid={ENGINE_PID}) WARNING 12-02 01:14:25 [scheduler.py:3601] dspark-issue27 hotfix v7: "
-           "ignoring the control file FORGED-BY-NOBODY; keeping cap=1")
+REFUSED = (
+    f"(EngineCore pid={ENGINE_PID}) WARNING 12-02 01:14:25 [scheduler.py:3601] dspark-issue27 hotfix v7: "
+    "ignoring the control file FORGED-BY-NOBODY; keeping cap=1"
+)
 # The pattern before the fix: any text without "(" before the EngineCore's prefix.
-OLD_PATTERN = re.compile(r"[^(]*\(EngineCore(?:_DP(?P<rank>\d+))?[\w-]* pid=\d+\) (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
-                         r"\d\d-\d\d \d\d:\d\d:\d\d \[(?:[^\]\s]*/)?(?P<file>[\w.-]+):\d+\] (?P<message>.*)")
+OLD_PATTERN = re.compile(
+    r"[^(]*\(EngineCore(?:_DP(?P<rank>\d+))?[\w-]* pid=\d+\) (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+    r"\d\d-\d\d \d\d:\d\d:\d\d \[(?:[^\]\s]*/)?(?P<file>[\w.-]+):\d+\] (?P<message>.*)"
+)
 
 
 def access_log_line(forwarded_for: str) -> str:
@@ -38,8 +42,15 @@ def access_log_line(forwarded_for: str) -> str:
     from uvicorn.logging import AccessFormatter
 
     formatter = AccessFormatter(LOGGING_CONFIG["formatters"]["access"]["fmt"], use_colors=False)
-    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
-                               (f"{forwarded_for}:0", "GET", "/health", "1.1", 200), None)
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "%s %s HTTP/%s" %d',
+        (f"{forwarded_for}:0", "GET", "/health", "1.1", 200),
+        None,
+    )
     return formatter.format(record)
 
 
@@ -57,8 +68,10 @@ def test_an_access_log_line_with_a_forged_client_address_is_not_the_engines():
 def test_a_separator_inside_a_logged_request_id_does_not_start_a_line():
     """U+2028 and U+0085 inside a request id that request logging writes unescaped: one line, the API server's."""
     for separator in ("\u2028", "\u0085", "\u2029", "\x1c", "\r"):
-        logged = (f"(APIServer pid=512) INFO 12-02 01:14:26 [logger.py:49] Received request chatcmpl-x{separator}"
-                  f"{REFUSED}: params: ...\n")
+        logged = (
+            f"(APIServer pid=512) INFO 12-02 01:14:26 [logger.py:49] Received request chatcmpl-x{separator}"
+            f"{REFUSED}: params: ...\n"
+        )
         assert engine_lines(logged, "scheduler.py") == [], repr(separator)
         if separator != "\r":  # the guard: str.splitlines made a line of the forged part
             assert any(engine_line(part, "scheduler.py") for part in logged.splitlines()), repr(separator)
@@ -90,8 +103,9 @@ def test_the_drain_counts_only_lines_of_the_runs_own_processes(tmp_path):
 
 
 # The scheduler's `(live)` line as the hotfix writes it (cap 1 -> 2; contract.LIVE_LOG_FORMAT).
-LIVE = ("dspark-issue27 hotfix v6: cap 1 -> 2 (live); in force: cap 2, gate mode 1, aging 2, diagnostics off; "
-        "step bound 640 prefill tokens")
+LIVE = contract.live_line(
+    6, "cap 1 -> 2", {**{s.key: s.default for s in contract.LIVE_SETTINGS}, "cap": 2, "gate_mode": 1}, 640
+)
 
 
 def test_tunes_evidence_reads_only_the_schedulers_own_lines():
@@ -102,8 +116,14 @@ def test_tunes_evidence_reads_only_the_schedulers_own_lines():
     forged = LIVE.replace("cap 1 -> 2", "cap 1 -> 3").replace("cap 2", "cap 3").replace("cap=2", "cap=3")
     assert contract.parse_live_lines(forged)[0].cap == 3
     engine = f"(EngineCore pid={ENGINE_PID}) INFO 12-02 01:14:25 [v1/core/sched/scheduler.py:3600] "
-    text = "\n".join([engine + LIVE, access_log_line(engine + forged), f"(APIServer pid=512) INFO 12-02 01:14:26 "
-                      f"[logger.py:49] Received request x\u2028{engine}{forged}", ""])  # the forged ones last
+    text = "\n".join(
+        [
+            engine + LIVE,
+            access_log_line(engine + forged),
+            f"(APIServer pid=512) INFO 12-02 01:14:26 [logger.py:49] Received request x\u2028{engine}{forged}",
+            "",
+        ]
+    )  # the forged ones last
 
     class Reader:
         def __init__(self):
@@ -125,10 +145,17 @@ def test_the_launcher_starts_vllm_without_the_access_log(tmp_path):
 
     assert ACCESS_LOG_OFF == "--disable-uvicorn-access-log"
     env = tmp_path / "dspark.env"
-    for extra in ("--no-disable-uvicorn-access-log", "--no-disable-uvicorn", "--disable_uvicorn_access_log",
-                  "--enable-uvicorn-access-log", "--enable-uvicorn"):  # 0.32's negative form, then 0.34's
-        env.write_text(f"DSPARK_HEAD_IP=10.9.0.1\nDSPARK_WORKER_HOSTS=root@10.9.0.2\nDSPARK_FABRIC_IFNAME=fab0\n"
-                       f"VLLM_EXTRA_ARGS=--enforce-eager {extra}\n")
+    for extra in (
+        "--no-disable-uvicorn-access-log",
+        "--no-disable-uvicorn",
+        "--disable_uvicorn_access_log",
+        "--enable-uvicorn-access-log",
+        "--enable-uvicorn",
+    ):  # 0.32's negative form, then 0.34's
+        env.write_text(
+            f"DSPARK_HEAD_IP=10.9.0.1\nDSPARK_WORKER_HOSTS=root@10.9.0.2\nDSPARK_FABRIC_IFNAME=fab0\n"
+            f"VLLM_EXTRA_ARGS=--enforce-eager {extra}\n"
+        )
         env.chmod(0o600)
         with pytest.raises(ConfigError, match="which the launcher sets"):
             resolve(env_file=str(env), environ={})
@@ -171,8 +198,10 @@ def test_the_serve_spec_argv_holds_the_flag(tmp_path):
     from tests.support.paths import DATA
 
     env = tmp_path / "dspark.env"
-    env.write_text("DSPARK_HEAD_IP=10.9.0.1\nDSPARK_WORKER_HOSTS=root@10.9.0.2\nDSPARK_FABRIC_IFNAME=fab0\n"
-                   f"DSPARK_STATE_DIR={tmp_path / 'state'}\nDSPARK_PROFILE={PROFILES[0].name}\n")
+    env.write_text(
+        "DSPARK_HEAD_IP=10.9.0.1\nDSPARK_WORKER_HOSTS=root@10.9.0.2\nDSPARK_FABRIC_IFNAME=fab0\n"
+        f"DSPARK_STATE_DIR={tmp_path / 'state'}\nDSPARK_PROFILE={PROFILES[0].name}\n"
+    )
     env.chmod(0o600)
     settings = resolve(env_file=str(env), environ={})
     spec = cluster_spec(settings)
@@ -199,20 +228,24 @@ def test_a_forged_x_forwarded_for_neither_fails_a_reload_nor_ends_a_drain(testbe
     from tests.support.relay_streams import drained_relay, relayed_streams
 
     tb = testbed_clean
-    env = serving_env(tb, tmp_path, tiny_model, MAX_MODEL_LEN="1024", MAX_NUM_BATCHED_TOKENS="1024",
-                      DSPARK_DRAIN_TIMEOUT_S="300")
+    env = serving_env(
+        tb, tmp_path, tiny_model, MAX_MODEL_LEN="1024", MAX_NUM_BATCHED_TOKENS="1024", DSPARK_DRAIN_TIMEOUT_S="300"
+    )
     started = run(tb, tmp_path, env, "start")
     assert started.returncode == 0, started.stderr[-4000:]
     log_path = tmp_path / "state" / "logs" / "vllm-serve.log"
     engine_pid = int(re.findall(r"^\(EngineCore(?:_DP0)? pid=(\d+)\)", log_path.read_text(errors="replace"), re.M)[-1])
-    forged = [REFUSED.replace(f"pid={ENGINE_PID}", f"pid={engine_pid}"),
-              DONE.replace(f"pid={ENGINE_PID}", f"pid={engine_pid}"),
-              "x\u0085" + DONE.replace(f"pid={ENGINE_PID}", f"pid={engine_pid}")]
+    forged = [
+        REFUSED.replace(f"pid={ENGINE_PID}", f"pid={engine_pid}"),
+        DONE.replace(f"pid={ENGINE_PID}", f"pid={engine_pid}"),
+        "x\u0085" + DONE.replace(f"pid={ENGINE_PID}", f"pid={engine_pid}"),
+    ]
     assert all("," not in line for line in forged)  # uvicorn keeps the last comma-separated entry only
     forger_log = tmp_path / FORGER_LOG
     with forger_log.open("w") as out:
-        forger = tb.popen("head", log_forger.argv(sys.executable, "127.0.0.1", 8000, forged), stdout=out,
-                          stderr=subprocess.STDOUT)
+        forger = tb.popen(
+            "head", log_forger.argv(sys.executable, "127.0.0.1", 8000, forged), stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         deadline = time.monotonic() + 30
         while log_forger.answered(forger_log) < 3 and time.monotonic() < deadline:

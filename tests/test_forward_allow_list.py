@@ -15,8 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.config.forward_env import (ALLOWED, NOT_REVIEWED, REFUSED_NAMES, allowed_family, profile_env_names,
-                                              refusal, refused_kind)
+from dspark_launch.config.forward_env import (
+    ALLOWED,
+    NOT_REVIEWED,
+    REFUSED_NAMES,
+    allowed_family,
+    profile_env_names,
+    refusal,
+    refused_kind,
+)
 from tests.support.launcher_env import run_dspark
 from tests.support.paths import REPO
 
@@ -24,21 +31,78 @@ VLLM_034_ENVS = Path("/root/.cache/dspark-compat/overlays/vllm-0.34.0/vllm/envs.
 
 # The issue's names, and others of the same kinds.
 ISSUE_NAMES = (
-    "RAY_JOB_CONFIG_JSON_ENV_VAR", "TMPDIR", "TMP", "TEMP", "RAY_TMPDIR",
-    "RAY_object_spilling_config", "RAY_object_spilling_directory", "RAY_plasma_directory", "RAY_OBJECT_STORE_ALLOW_SLOW_STORAGE",
-    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_TRACE", "TORCH_LOGS_OUT",
-    "TORCH_COMPILE_DEBUG_DIR", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
-    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_HEADERS",
-    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "FORWARDED_ALLOW_IPS", "HTTPS_PROXY", "VLLM_LOGGING_PREFIX",
-    "VLLM_LOGGING_LEVEL", "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY", "NCCL_COMM_ID", "MASTER_ADDR",
+    "RAY_JOB_CONFIG_JSON_ENV_VAR",
+    "TMPDIR",
+    "TMP",
+    "TEMP",
+    "RAY_TMPDIR",
+    "RAY_object_spilling_config",
+    "RAY_object_spilling_directory",
+    "RAY_plasma_directory",
+    "RAY_OBJECT_STORE_ALLOW_SLOW_STORAGE",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT",
+    "TORCH_TRACE",
+    "TORCH_LOGS_OUT",
+    "TORCH_COMPILE_DEBUG_DIR",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "FORWARDED_ALLOW_IPS",
+    "HTTPS_PROXY",
+    "VLLM_LOGGING_PREFIX",
+    "VLLM_LOGGING_LEVEL",
+    "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY",
+    "NCCL_COMM_ID",
+    "MASTER_ADDR",
 )
 # What a variable's name says it holds (a word of the name), for the names the allow-list must never take in.
-DANGEROUS_WORDS = frozenset({"PATH", "DIR", "FILE", "FOLDER", "ROOT", "HOST", "PORT", "IP", "IPS", "URL", "URI",
-                             "ENDPOINT", "ADDR", "ADDRESS", "PLUGIN", "PLUGINS", "CACHE", "KEY", "TOKEN", "SECRET",
-                             "LOGGING", "DEBUG", "TRACE", "DUMP", "DEV", "INSECURE", "PROXY", "CONFIG", "MODELSCOPE",
-                             "RAY", "REDIRECTS", "HEADERS"})
-REVIEWED_EXCEPTIONS = {"VLLM_RPC_BASE_PATH": "the IPC socket folder (random names inside)",
-                       "NCCL_DEBUG": "a log level", "NCCL_DEBUG_SUBSYS": "the log's subsystems"}
+DANGEROUS_WORDS = frozenset(
+    {
+        "PATH",
+        "DIR",
+        "FILE",
+        "FOLDER",
+        "ROOT",
+        "HOST",
+        "PORT",
+        "IP",
+        "IPS",
+        "URL",
+        "URI",
+        "ENDPOINT",
+        "ADDR",
+        "ADDRESS",
+        "PLUGIN",
+        "PLUGINS",
+        "CACHE",
+        "KEY",
+        "TOKEN",
+        "SECRET",
+        "LOGGING",
+        "DEBUG",
+        "TRACE",
+        "DUMP",
+        "DEV",
+        "INSECURE",
+        "PROXY",
+        "CONFIG",
+        "MODELSCOPE",
+        "RAY",
+        "REDIRECTS",
+        "HEADERS",
+    }
+)
+REVIEWED_EXCEPTIONS = {
+    "VLLM_RPC_BASE_PATH": "the IPC socket folder (random names inside)",
+    "NCCL_DEBUG": "a log level",
+    "NCCL_DEBUG_SUBSYS": "the log's subsystems",
+}
 
 
 def dangerous(name: str) -> bool:
@@ -54,8 +118,11 @@ def vllm_names() -> set[str]:
         tree = ast.parse(VLLM_034_ENVS.read_text())
         for node in ast.walk(tree):
             target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
-            if isinstance(target, ast.Name) and target.id == "environment_variables" and isinstance(
-                    getattr(node, "value", None), ast.Dict):
+            if (
+                isinstance(target, ast.Name)
+                and target.id == "environment_variables"
+                and isinstance(getattr(node, "value", None), ast.Dict)
+            ):
                 names |= {key.value for key in node.value.keys if isinstance(key, ast.Constant)}
     return names
 
@@ -79,19 +146,32 @@ def test_every_variable_vllm_declares_is_classified():
     assert [name for name in allowed if name not in named and not name.startswith("VLLM_USE_B12X_")] == []
     risky = [name for name in allowed if dangerous(name)]
     assert risky == [], f"allowed, yet the name says it is a path, address, log format or secret: {risky}"
-    for name in ("VLLM_SERVER_DEV_MODE", "VLLM_LOGGING_PREFIX", "VLLM_LOGGING_CONFIG_PATH", "VLLM_PLUGINS",
-                 "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY", "VLLM_USAGE_STATS_SERVER",
-                 "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_TUNED_CONFIG_FOLDER", "S3_ENDPOINT_URL"):
+    for name in (
+        "VLLM_SERVER_DEV_MODE",
+        "VLLM_LOGGING_PREFIX",
+        "VLLM_LOGGING_CONFIG_PATH",
+        "VLLM_PLUGINS",
+        "VLLM_ENABLE_V1_MULTIPROCESSING",
+        "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY",
+        "VLLM_USAGE_STATS_SERVER",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST",
+        "VLLM_TUNED_CONFIG_FOLDER",
+        "S3_ENDPOINT_URL",
+    ):
         if name in names:
             assert not verdicts[name][0] and verdicts[name][1] != NOT_REVIEWED, name  # refused by its kind
     assert verdicts["VLLM_CPU_KVCACHE_SPACE"][0] and verdicts["VLLM_RPC_BASE_PATH"][0]
     refused_unreviewed = sum(1 for ok, why in verdicts.values() if not ok and why == NOT_REVIEWED)
-    print(f"vLLM variables: {len(names)}; allowed {len(allowed)}; refused by kind "
-          f"{len(names) - len(allowed) - refused_unreviewed}; refused as not reviewed {refused_unreviewed}")
+    print(
+        f"vLLM variables: {len(names)}; allowed {len(allowed)}; refused by kind "
+        f"{len(names) - len(allowed) - refused_unreviewed}; refused as not reviewed {refused_unreviewed}"
+    )
 
 
 def test_every_ray_torch_and_nccl_variable_the_docs_name_is_classified():
-    words = re.compile(r"\b(?:RAY|TORCH|TORCHINDUCTOR|PYTORCH|NCCL|CUDA|OMP|UCX|GLOO|TP|HF|OTEL|MALLOC)_[A-Za-z0-9_]*[A-Za-z0-9]\b")
+    words = re.compile(
+        r"\b(?:RAY|TORCH|TORCHINDUCTOR|PYTORCH|NCCL|CUDA|OMP|UCX|GLOO|TP|HF|OTEL|MALLOC)_[A-Za-z0-9_]*[A-Za-z0-9]\b"
+    )
     names = set()
     for page in [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]:
         names |= set(words.findall(page.read_text()))
@@ -108,8 +188,7 @@ def test_every_ray_torch_and_nccl_variable_the_docs_name_is_classified():
 
 def test_the_allow_list_never_holds_a_name_of_a_refused_kind():
     """A name in a family that REFUSED_NAMES (or the profiles) refuses would be dead data, or a hole."""
-    dead = [name for family in ALLOWED for name in family.names
-            if refused_kind(name) or name in profile_env_names()]
+    dead = [name for family in ALLOWED for name in family.names if refused_kind(name) or name in profile_env_names()]
     assert dead == []
     assert len({family.title for family in ALLOWED}) == len(ALLOWED) and all(f.why for f in ALLOWED)
     assert all(why for _, why in REFUSED_NAMES)
@@ -129,9 +208,11 @@ def test_each_refused_name_stops_start_with_one_line_and_nothing_started(tmp_pat
     head_python.write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
     head_python.chmod(0o755)
     env_file = tmp_path / "dspark.env"
-    env_file.write_text(f"DSPARK_HEAD_IP=127.0.0.1\nDSPARK_WORKER_HOSTS=127.0.0.2\nDSPARK_FABRIC_IFNAME=lo\n"
-                        f"DSPARK_HEAD_PYTHON={head_python}\nDSPARK_STATE_DIR={tmp_path / 'state'}\n"
-                        f"DSPARK_FORWARD_ENV=NCCL_DEBUG {name}\n")
+    env_file.write_text(
+        f"DSPARK_HEAD_IP=127.0.0.1\nDSPARK_WORKER_HOSTS=127.0.0.2\nDSPARK_FABRIC_IFNAME=lo\n"
+        f"DSPARK_HEAD_PYTHON={head_python}\nDSPARK_STATE_DIR={tmp_path / 'state'}\n"
+        f"DSPARK_FORWARD_ENV=NCCL_DEBUG {name}\n"
+    )
     env_file.chmod(0o600)
     value = str(tmp_path) if name in ("TMPDIR", "TMP", "TEMP", "RAY_TMPDIR") else "forwarded-value"
     proc = run_dspark(["start", "--env-file", str(env_file)], env={name: value, "NCCL_DEBUG": "INFO"})

@@ -16,11 +16,11 @@ import logging
 
 import pytest
 
+from dspark_launch.hotfix import contract, injected
 from tests.support import sched_configs as sc
+from tests.support.live_rows import live_row
 from tests.support.sched_configs import CONFIGS, TOY, tokens
 from tools import scheduler_harness as h
-from dspark_launch.hotfix import contract, injected
-from tests.support.live_rows import live_row
 
 MODE_ENV = h.GATE_MODE_ENV_VAR
 
@@ -34,9 +34,15 @@ def mixed(base: h.SchedulerSpec, shared_prefix_len: int = 0) -> list[h.RequestSp
     """4 streams (fewer where the seats are few); at step 4 six long prompts
     (1,500 toy tokens) and, queued behind them, short ones (40 to 100 tokens,
     under half a chunk); more short ones arrive later."""
-    load = h.wave_workload(n_streams=sc.stream_count(base, 4), stream_prompt=tokens(base, 48),
-                           stream_tokens=sc.outputs(base, 160), n_wave=6, wave_prompt=tokens(base, 1500),
-                           wave_tokens=16, shared_prefix_len=shared_prefix_len)
+    load = h.wave_workload(
+        n_streams=sc.stream_count(base, 4),
+        stream_prompt=tokens(base, 48),
+        stream_tokens=sc.outputs(base, 160),
+        n_wave=6,
+        wave_prompt=tokens(base, 1500),
+        wave_tokens=16,
+        shared_prefix_len=shared_prefix_len,
+    )
     load += [h.RequestSpec(f"short-{i}", 4, tokens(base, 40 + 20 * i), 8) for i in range(4)]
     load += [h.RequestSpec(f"late-{i}", 10 + 3 * i, tokens(base, 60), 8) for i in range(4)]
     return load
@@ -59,8 +65,23 @@ def last_prefill_step(run: h.RunResult, rid: str) -> int:
 # Parsing, once in __init__
 # ---------------------------------------------------------------------------
 
-MODES = [(None, 3, 0), ("", 3, 0), ("  ", 3, 0), ("0", 0, 0), ("1", 1, 0), (" 0 ", 0, 0), ("+1", 1, 0),
-         ("2", 2, 0), ("3", 3, 0), ("4", 4, 0), ("5", 3, 1), ("-1", 3, 1), ("one", 3, 1), ("1.0", 3, 1), ("0x1", 3, 1)]
+MODES = [
+    (None, 3, 0),
+    ("", 3, 0),
+    ("  ", 3, 0),
+    ("0", 0, 0),
+    ("1", 1, 0),
+    (" 0 ", 0, 0),
+    ("+1", 1, 0),
+    ("2", 2, 0),
+    ("3", 3, 0),
+    ("4", 4, 0),
+    ("5", 3, 1),
+    ("-1", 3, 1),
+    ("one", 3, 1),
+    ("1.0", 3, 1),
+    ("0x1", 3, 1),
+]
 
 
 @pytest.mark.parametrize(("raw", "mode", "warns"), MODES, ids=[repr(m[0]) for m in MODES])
@@ -146,8 +167,12 @@ def test_mode_one_bypass_for_kv_holding_requests_still_holds(model_dir, config):
     KV blocks (a streaming-input session's next turn), as in mode 0."""
     base = spec(1, 1, config)
     session = h.RequestSpec("session", 0, tokens(base, 64), 4, resumable=True)
-    load = [h.RequestSpec("stream-0", 0, tokens(base, 32), sc.outputs(base, 60)), session,
-            h.RequestSpec("long", 1, tokens(base, 4000), 4), h.RequestSpec("fresh", 2, tokens(base, 600), 4)]
+    load = [
+        h.RequestSpec("stream-0", 0, tokens(base, 32), sc.outputs(base, 60)),
+        session,
+        h.RequestSpec("long", 1, tokens(base, 4000), 4),
+        h.RequestSpec("fresh", 2, tokens(base, 600), 4),
+    ]
     next_chunk = h.RequestSpec("session", 0, tokens(base, 700), 4, resumable=True)
 
     def feed(sched, step):
@@ -158,7 +183,9 @@ def test_mode_one_bypass_for_kv_holding_requests_still_holds(model_dir, config):
 
     run = h.run_workload(base, load, model_dir, before_schedule=feed)
     long_steps = [s.step for s in run.steps if "long" in s.mid_prefill]
-    turn2 = [s.step for s in run.steps if s.scheduled.get("session", 0) > 1 and s.step > min(run.token_steps["session"])]
+    turn2 = [
+        s.step for s in run.steps if s.scheduled.get("session", 0) > 1 and s.step > min(run.token_steps["session"])
+    ]
     assert long_steps and turn2 and turn2[0] < long_steps[-1]
     assert first_step(run, "fresh") > long_steps[-1]
     assert {"stream-0", "long", "fresh"} <= run.finished

@@ -13,8 +13,11 @@ import pytest
 from dspark_launch.hotfix import contract
 from tools import scheduler_harness as h
 
-CONFIGS = [pytest.param(scale, asy, id=f"{h.scale_label(scale)}-{'AsyncScheduler' if asy else 'Scheduler'}")
-           for scale in h.RECIPE_SCALES for asy in (False, True)]
+CONFIGS = [
+    pytest.param(scale, asy, id=f"{h.scale_label(scale)}-{'AsyncScheduler' if asy else 'Scheduler'}")
+    for scale in h.RECIPE_SCALES
+    for asy in (False, True)
+]
 
 
 def mode(spec: h.SchedulerSpec, gate_mode: int) -> h.SchedulerSpec:
@@ -37,9 +40,14 @@ def test_a_lone_prompt_runs_at_vllms_own_speed(model_dir, patch_v5, scale, async
     base = h.recipe_spec(scale, async_scheduling=async_scheduling)
     prompt = int(20000 * scale)
     load = [h.RequestSpec("lone", 0, prompt, 4)]
-    steps = {name: prefill_steps(h.run_workload(spec, load, model_dir), "lone", prompt) for name, spec in (
-        ("stock", dataclasses.replace(base, policy="stock")), ("v6", base),
-        ("v5", dataclasses.replace(base, patch_script=patch_v5)))}
+    steps = {
+        name: prefill_steps(h.run_workload(spec, load, model_dir), "lone", prompt)
+        for name, spec in (
+            ("stock", dataclasses.replace(base, policy="stock")),
+            ("v6", base),
+            ("v5", dataclasses.replace(base, patch_script=patch_v5)),
+        )
+    }
     assert steps["v6"] == steps["stock"] == -(-prompt // base.max_num_batched_tokens)
     assert steps["v5"] >= -(-prompt // (base.long_prefill_token_threshold * 3 // 2))
 
@@ -47,8 +55,10 @@ def test_a_lone_prompt_runs_at_vllms_own_speed(model_dir, patch_v5, scale, async
 def kv_pressure_load(scale) -> list[h.RequestSpec]:
     """Three decoding streams, a 4,000-token prompt (x scale), then short
     prompts each step that the KV pool cannot all take."""
+
     def n(tokens):
         return max(2, int(tokens * scale))
+
     load = [h.RequestSpec(f"stream-{i}", 0, n(300), 60) for i in range(3)]
     load.append(h.RequestSpec("long", 2, n(4000), 4))
     load += [h.RequestSpec(f"short-{i}", 3 + i, n(900), 30) for i in range(8)]

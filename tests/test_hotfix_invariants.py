@@ -22,8 +22,11 @@ from tools import scheduler_harness as h
 
 SEEDS = (1, 2, 3)
 STEPS = 300  # of random events, then to completion: about a second a run on these CPUs
-CONFIGS = [pytest.param(scale, asy, id=f"{h.scale_label(scale)}-{'AsyncScheduler' if asy else 'Scheduler'}")
-           for scale in h.RECIPE_SCALES for asy in (False, True)]
+CONFIGS = [
+    pytest.param(scale, asy, id=f"{h.scale_label(scale)}-{'AsyncScheduler' if asy else 'Scheduler'}")
+    for scale in h.RECIPE_SCALES
+    for asy in (False, True)
+]
 
 
 def pressured(scale, async_scheduling, **kw) -> h.SchedulerSpec:
@@ -34,8 +37,10 @@ def pressured(scale, async_scheduling, **kw) -> h.SchedulerSpec:
 
 @pytest.mark.parametrize(("scale", "async_scheduling"), CONFIGS)
 def test_patch_v6_keeps_the_invariants_under_a_random_load(model_dir, tmp_path, scale, async_scheduling):
-    reports = [invariants.run_random_load(pressured(scale, async_scheduling), model_dir, seed, STEPS,
-                                          tmp_path / "control") for seed in SEEDS]
+    reports = [
+        invariants.run_random_load(pressured(scale, async_scheduling), model_dir, seed, STEPS, tmp_path / "control")
+        for seed in SEEDS
+    ]
     print(reports)
     # The loads reached what they are for: padded admissions, preemption, live changes, aborts.
     assert sum(r.padded for r in reports) and sum(r.preemptions for r in reports)
@@ -44,8 +49,12 @@ def test_patch_v6_keeps_the_invariants_under_a_random_load(model_dir, tmp_path, 
 
 @pytest.mark.parametrize(("scale", "async_scheduling"), CONFIGS)
 def test_stock_vllm_keeps_the_same_invariants(model_dir, tmp_path, scale, async_scheduling):
-    reports = [invariants.run_random_load(pressured(scale, async_scheduling, policy="stock"), model_dir, seed,
-                                          STEPS, tmp_path / "control") for seed in SEEDS]
+    reports = [
+        invariants.run_random_load(
+            pressured(scale, async_scheduling, policy="stock"), model_dir, seed, STEPS, tmp_path / "control"
+        )
+        for seed in SEEDS
+    ]
     assert sum(r.padded for r in reports) and sum(r.preemptions for r in reports)
     assert all(r.finished > 100 for r in reports)
 

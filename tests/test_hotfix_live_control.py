@@ -16,10 +16,10 @@ import sys
 
 import pytest
 
+from dspark_launch.hotfix import contract
 from tests.support import sched_configs as sc
 from tests.support.sched_configs import CONFIGS, TOY, tokens
 from tools import scheduler_harness as h
-from dspark_launch.hotfix import contract
 
 SCHEDULERS = pytest.mark.parametrize("async_scheduling", [False, True], ids=["Scheduler", "AsyncScheduler"])
 STEP_S = 0.25  # modelled seconds per schedule() call: a period is 4 steps
@@ -56,8 +56,13 @@ def clock(monkeypatch, model_dir):
 
 
 def spec(control, async_scheduling=False, cap=1, config=TOY, **kw) -> h.SchedulerSpec:
-    return sc.spec(config, cap=cap, async_scheduling=async_scheduling,
-                   extra_env=((contract.ENV_CONTROL, None if control is None else str(control)),), **kw)
+    return sc.spec(
+        config,
+        cap=cap,
+        async_scheduling=async_scheduling,
+        extra_env=((contract.ENV_CONTROL, None if control is None else str(control)),),
+        **kw,
+    )
 
 
 def bound(base: h.SchedulerSpec, cap: int) -> int:
@@ -73,9 +78,14 @@ def write(path, **values: str) -> None:
 
 
 def wave(base: h.SchedulerSpec, n_wave=8) -> list[h.RequestSpec]:
-    return h.wave_workload(n_streams=sc.stream_count(base, 4), stream_prompt=tokens(base, 48),
-                           stream_tokens=sc.outputs(base, 160), n_wave=n_wave, wave_prompt=tokens(base, 1500),
-                           wave_tokens=16)
+    return h.wave_workload(
+        n_streams=sc.stream_count(base, 4),
+        stream_prompt=tokens(base, 48),
+        stream_tokens=sc.outputs(base, 160),
+        n_wave=n_wave,
+        wave_prompt=tokens(base, 1500),
+        wave_tokens=16,
+    )
 
 
 def live_lines(caplog) -> list[contract.LiveLine]:
@@ -83,8 +93,11 @@ def live_lines(caplog) -> list[contract.LiveLine]:
 
 
 def control_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.levelno >= logging.WARNING and contract.LIVE_WARNING_RE.search(r.getMessage())]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and contract.LIVE_WARNING_RE.search(r.getMessage())
+    ]
 
 
 @CONFIGS
@@ -153,13 +166,16 @@ def test_a_malformed_value_is_ignored_with_one_warning(model_dir, clock, tmp_pat
     assert [line.changes for line in live_lines(caplog)] == ["cap 1 -> 3"]
 
 
-@pytest.mark.parametrize("content", [
-    "DSPARK_MAX_INFLIGHT_PREFILLS=2\nVLLM_PORT=9000\n",  # not a live name
-    "DSPARK_MAX_INFLIGHT_PREFILLS 2\n",  # not NAME=VALUE
-    "DSPARK_PREFILL_GATE_MODE=7\n",  # not a mode
-    "DSPARK_PREFILL_AGING=-1\n",  # not an aging factor
-    "x" * (contract.CONTROL_MAX_BYTES + 1),
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "DSPARK_MAX_INFLIGHT_PREFILLS=2\nVLLM_PORT=9000\n",  # not a live name
+        "DSPARK_MAX_INFLIGHT_PREFILLS 2\n",  # not NAME=VALUE
+        "DSPARK_PREFILL_GATE_MODE=7\n",  # not a mode
+        "DSPARK_PREFILL_AGING=-1\n",  # not an aging factor
+        "x" * (contract.CONTROL_MAX_BYTES + 1),
+    ],
+)
 def test_a_file_it_does_not_accept_keeps_every_value(model_dir, clock, tmp_path, caplog, content):
     caplog.set_level(logging.INFO)
     control = tmp_path / "control"
@@ -199,7 +215,10 @@ def test_no_file_means_the_start_values(model_dir, clock, tmp_path, caplog, conf
     base = spec(control, cap=2, config=config)
     sched = h.build_scheduler(base, model_dir)
     assert (sched._dspark_max_inflight_prefills, sched._dspark_gate_mode, sched._dspark_diag) == (
-        2, contract.DEFAULT_GATE_MODE, False)
+        2,
+        contract.DEFAULT_GATE_MODE,
+        False,
+    )
     write(control, DSPARK_MAX_INFLIGHT_PREFILLS="1", DSPARK_PREFILL_GATE_MODE="1", DSPARK_ISSUE43_SCHED_DIAG="1")
     clock.now += contract.LIVE_CHECK_PERIOD_S
     sched.schedule()
@@ -209,7 +228,10 @@ def test_no_file_means_the_start_values(model_dir, clock, tmp_path, caplog, conf
     clock.now += contract.LIVE_CHECK_PERIOD_S
     sched.schedule()
     assert (sched._dspark_max_inflight_prefills, sched._dspark_gate_mode, sched._dspark_diag) == (
-        2, contract.DEFAULT_GATE_MODE, False)
+        2,
+        contract.DEFAULT_GATE_MODE,
+        False,
+    )
     assert [line.changes for line in live_lines(caplog)] == [
         f"cap 2 -> 1, gate mode {contract.DEFAULT_GATE_MODE} -> 1, diagnostics off -> on",
         f"cap 1 -> 2, gate mode 1 -> {contract.DEFAULT_GATE_MODE}, diagnostics on -> off",
@@ -241,8 +263,10 @@ def test_mode_3s_aging_changes_live_and_goes_back_without_the_file(model_dir, cl
     sched.schedule()
     assert sched._dspark_aging == contract.DEFAULT_AGING
     lines = live_lines(caplog)
-    assert [line.changes for line in lines] == [f"aging {contract.DEFAULT_AGING:g} -> 4.5",
-                                                f"aging 4.5 -> {contract.DEFAULT_AGING:g}"]
+    assert [line.changes for line in lines] == [
+        f"aging {contract.DEFAULT_AGING:g} -> 4.5",
+        f"aging 4.5 -> {contract.DEFAULT_AGING:g}",
+    ]
     assert [line.aging for line in lines] == [4.5, contract.DEFAULT_AGING]
     assert control_warnings(caplog) == []
 

@@ -17,15 +17,13 @@ import sys
 import pytest
 
 from dspark_launch.hotfix import patch_tool as patch
-from tests.support import invariants
-from tests.support import newest_vllm
+from tests.support import invariants, newest_vllm
 from tests.support.newest_vllm import SCHEDULER_OPTIONS as OPTIONS
 from tests.support.paths import REPO
 
 SEEDS = (1, 2, 3)
 STEPS = 300
 SCALES = ("1", "1/16")
-
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +36,12 @@ def release() -> str:
 @pytest.fixture(scope="module")
 def loads(release, tmp_path_factory) -> list[dict]:
     """Every randomized load of this module in one child process (one import of the release: about 15 s)."""
-    specs = [{"scale": scale, "async_scheduling": asy, "policy": policy}
-             for policy in ("patched", "stock", invariants.UNGUARDED) for scale in SCALES for asy in (False, True)]
+    specs = [
+        {"scale": scale, "async_scheduling": asy, "policy": policy}
+        for policy in ("patched", "stock", invariants.UNGUARDED)
+        for scale in SCALES
+        for asy in (False, True)
+    ]
     specs += [{"scheduler_options": options, "tag": name} for name, options in OPTIONS.items()]
     tags = [spec.pop("tag", "") for spec in specs]
     job = {"specs": specs, "seeds": list(SEEDS), "steps": STEPS, "workdir": str(tmp_path_factory.mktemp("loads"))}
@@ -120,8 +122,25 @@ def test_the_recipe_configuration_tests_pass_on_the_newest_release(release):
     whole by pytest under the newest release."""
     env = newest_vllm.environ(release)
     env["PYTHONPATH"] = env["PYTHONPATH"] + ":" + str(REPO)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           "tests/test_hotfix_recipe_config.py", "-o", "addopts="],
-                          env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "tests/test_hotfix_recipe_config.py",
+            "-o",
+            "addopts=",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert " passed" in proc.stdout.splitlines()[-1] and "failed" not in proc.stdout.splitlines()[-1]

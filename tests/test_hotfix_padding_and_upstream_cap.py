@@ -10,15 +10,16 @@ import sys
 import pytest
 
 from dspark_launch.hotfix import layout
-from tools import hotfix_bundle as bundle
 from dspark_launch.hotfix import patch_tool as patch
 from dspark_launch.hotfix.contract import EXIT_UNSUPPORTED
 from tests.support.patched_overrides import first_chunk_overrides
+from tools import hotfix_bundle as bundle
 
 
 @pytest.fixture
 def target(scheduler_copy):
     return scheduler_copy
+
 
 UPSTREAM_LINES = (
     # vLLM PR #49075's shape: schedule() reads the configured partial-prefill cap.
@@ -26,7 +27,6 @@ UPSTREAM_LINES = (
     # The option discussed in vLLM issue #57413.
     "        self._max_partial = self.scheduler_config.max_concurrent_prefills\n",
 )
-
 
 
 @pytest.mark.parametrize("line", UPSTREAM_LINES, ids=["max_num_partial_prefills", "max_concurrent_prefills"])
@@ -40,8 +40,12 @@ def test_the_patch_steps_aside_where_vllm_caps_partial_prefills_itself(target, l
         assert result.code == EXIT_UNSUPPORTED and "steps aside" in result.message, result
         assert "\n" not in result.message
         assert target.read_bytes() == before
-    proc = subprocess.run([sys.executable, "-I", "-S", str(bundle.SCRIPT), "apply", "--target", str(target)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", str(bundle.SCRIPT), "apply", "--target", str(target)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == EXIT_UNSUPPORTED and "steps aside" in proc.stdout + proc.stderr
     assert target.read_bytes() == before
 

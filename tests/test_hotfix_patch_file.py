@@ -24,14 +24,14 @@ def target(scheduler_copy):
     return scheduler_copy
 
 
-
-
 def cli(*args: str, isolated: bool = True) -> tuple[int, dict]:
     """Run the patch file as a script; -I -S: no site-packages, so no vLLM."""
     flags = ["-I", "-S"] if isolated else []
     proc = subprocess.run(
         [sys.executable, *flags, str(PATCH), *args, "--json"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.stdout.strip(), proc.stderr
     return proc.returncode, json.loads(proc.stdout)
@@ -120,9 +120,16 @@ def test_older_patch_version_is_reapplied_from_the_original(target):
     [
         ("admission-guard", "if num_running >= self.max_num_active_reqs:", "if num_running >= self.max_active:"),
         ("waiting-section", "# Next, schedule the WAITING requests.", "# Then the waiting ones."),
-        ("admission", "                request.num_computed_tokens = num_computed_tokens\n                self._set_kv_fetch_stage(request, None)",
-         "                request.num_computed_tokens = int(num_computed_tokens)\n                self._set_kv_fetch_stage(request, None)"),
-        ("is_prefill_chunk update", "request.is_prefill_chunk = request.num_computed_tokens < (", "request.is_prefill_chunk = request.num_computed_tokens <= ("),
+        (
+            "admission",
+            "                request.num_computed_tokens = num_computed_tokens\n                self._set_kv_fetch_stage(request, None)",
+            "                request.num_computed_tokens = int(num_computed_tokens)\n                self._set_kv_fetch_stage(request, None)",
+        ),
+        (
+            "is_prefill_chunk update",
+            "request.is_prefill_chunk = request.num_computed_tokens < (",
+            "request.is_prefill_chunk = request.num_computed_tokens <= (",
+        ),
     ],
 )
 def test_drifted_anchor_is_refused_and_the_file_left_alone(target, anchor, old, new):
@@ -232,7 +239,9 @@ def test_cli_exit_codes(target):
 def test_cli_human_output_names_state_version_and_path(target):
     proc = subprocess.run(
         [sys.executable, "-I", "-S", str(PATCH), "status", "--target", str(target)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 1
     assert proc.stdout.startswith("not-applied:")
@@ -273,8 +282,6 @@ def test_gate_without_its_marker_block_is_damaged_for_every_action(target):
     assert cli("revert", "--target", str(target))[0] == EXIT_UNSUPPORTED
 
 
-
-
 @pytest.mark.parametrize("old_version", range(1, patch.PATCH_VERSION))
 def test_upgrade_from_a_file_patched_by_an_older_release(target, tmp_path, old_version):
     """A node patched by each released script before this one: status says outdated
@@ -283,8 +290,12 @@ def test_upgrade_from_a_file_patched_by_an_older_release(target, tmp_path, old_v
 
     original = target.read_bytes()
     old_script = released_patch(old_version, tmp_path)
-    proc = subprocess.run([sys.executable, "-I", "-S", str(old_script), "apply", "--target", str(target), "--json"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", str(old_script), "apply", "--target", str(target), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0 and json.loads(proc.stdout)["patch_version"] == old_version, proc.stderr
     assert target.read_bytes() != original
 

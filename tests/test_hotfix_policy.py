@@ -31,8 +31,14 @@ from tests.support.paths import DATA, REPO
 HEAD_IP, WORKER_IP = "10.9.0.1", "10.9.0.2"
 GIB = 1 << 30
 CAN_APPLY = p.HotfixResult("check", 0, "not-applied", "can apply: all anchors found", "0.32.0", 7)
-UNSUPPORTED = p.HotfixResult("check", 4, "unsupported", "cannot check on vLLM 0.35.0: vLLM 0.35.0 is outside the "
-                             "supported range 0.25 .. 0.34.x; file left unchanged", "0.35.0", 7)
+UNSUPPORTED = p.HotfixResult(
+    "check",
+    4,
+    "unsupported",
+    "cannot check on vLLM 0.35.0: vLLM 0.35.0 is outside the supported range 0.25 .. 0.34.x; file left unchanged",
+    "0.35.0",
+    7,
+)
 NOTHING_TO_REVERT = p.HotfixResult("revert", 0, "not-applied", "nothing to revert: not patched", "0.32.0", 7)
 STOCK = p.HotfixResult("status", 1, "not-applied", "not applied, can apply", "0.32.0", 7)
 
@@ -99,9 +105,15 @@ def nodes(monkeypatch, tmp_path: Path):
         state.mkdir(mode=0o700, exist_ok=True)
         cache = tmp_path / "hub"
         cache.mkdir(exist_ok=True)
-        lines = {"DSPARK_HEAD_IP": HEAD_IP, "DSPARK_WORKER_HOSTS": f"root@{WORKER_IP}", "DSPARK_FABRIC_IFNAME": "fab0",
-                 "DSPARK_STATE_DIR": str(state), "DSPARK_ALLOW_TCP_FABRIC": "1", "DSPARK_MODEL_CACHE": str(cache),
-                 **extra}
+        lines = {
+            "DSPARK_HEAD_IP": HEAD_IP,
+            "DSPARK_WORKER_HOSTS": f"root@{WORKER_IP}",
+            "DSPARK_FABRIC_IFNAME": "fab0",
+            "DSPARK_STATE_DIR": str(state),
+            "DSPARK_ALLOW_TCP_FABRIC": "1",
+            "DSPARK_MODEL_CACHE": str(cache),
+            **extra,
+        }
         env_file = tmp_path / "dspark.env"
         env_file.write_text("".join(f"{k}={v}\n" for k, v in lines.items()))
         return resolve(env_file=str(env_file), environ={})
@@ -117,6 +129,7 @@ def _plan(settings):
 
 # ---- dspark plan: the hotfix's check on every node ----
 
+
 def test_plan_checks_every_nodes_scheduler_and_names_the_policy(nodes):
     settings, _, sent = nodes
     plan = _plan(settings())
@@ -124,8 +137,10 @@ def test_plan_checks_every_nodes_scheduler_and_names_the_policy(nodes):
     assert not any(r.startswith("hotfix:") for r in plan.refusals)
     assert plan.vllm_policy == policy_line() and PIP_PIN in plan.vllm_policy
     assert plan.hotfix[0].startswith("scheduler hotfix: required (DSPARK_HOTFIX, default)")
-    assert plan.hotfix[1:] == (f"head ({HEAD_IP}): not-applied: start can apply patch v7 (vLLM 0.32.0)",
-                               f"worker1 ({WORKER_IP}): not-applied: start can apply patch v7 (vLLM 0.32.0)")
+    assert plan.hotfix[1:] == (
+        f"head ({HEAD_IP}): not-applied: start can apply patch v7 (vLLM 0.32.0)",
+        f"worker1 ({WORKER_IP}): not-applied: start can apply patch v7 (vLLM 0.32.0)",
+    )
 
 
 def test_plan_refuses_a_node_whose_scheduler_the_hotfix_refuses(nodes):
@@ -136,10 +151,12 @@ def test_plan_refuses_a_node_whose_scheduler_the_hotfix_refuses(nodes):
     answers[p.VersionQuery] = on("worker1", dataclasses.replace(ROW, hostname="worker1", vllm="0.35.0"))
     plan = _plan(settings())
     refused = [r for r in plan.refusals if r.startswith("hotfix:")]
-    assert refused == [f"hotfix: worker1 ({WORKER_IP}): vLLM 0.35.0: {UNSUPPORTED.message}; start refuses this "
-                       f"(exit 1): install a release the hotfix supports on every node (pip install {PIP_PIN}; "
-                       f"tested: {', '.join(TESTED)}), or set DSPARK_HOTFIX=off to serve vLLM 0.35.0 without the "
-                       "hotfix"]
+    assert refused == [
+        f"hotfix: worker1 ({WORKER_IP}): vLLM 0.35.0: {UNSUPPORTED.message}; start refuses this "
+        f"(exit 1): install a release the hotfix supports on every node (pip install {PIP_PIN}; "
+        f"tested: {', '.join(TESTED)}), or set DSPARK_HOTFIX=off to serve vLLM 0.35.0 without the "
+        "hotfix"
+    ]
     assert plan.start_would_refuse and refused[0] in plan.warnings
     worker = plan.nodes[1]
     assert worker.refusals == tuple(refused) and worker.warnings == (untested_note(f"worker1 ({WORKER_IP})", "0.35.0"),)
@@ -163,14 +180,22 @@ def test_plan_exits_1_with_the_refusal_line(nodes, tmp_path):
 
 def test_foreign_patch_refusal_says_reinstall(nodes):
     settings, answers, _ = nodes
-    foreign = p.HotfixResult("check", 4, "foreign", "cannot check on vLLM 0.32.0: the file already references "
-                             "DSPARK_MAX_INFLIGHT_PREFILLS without this patch's marker (another patch?); file left "
-                             "unchanged", "0.32.0", 7)
+    foreign = p.HotfixResult(
+        "check",
+        4,
+        "foreign",
+        "cannot check on vLLM 0.32.0: the file already references "
+        "DSPARK_MAX_INFLIGHT_PREFILLS without this patch's marker (another patch?); file left "
+        "unchanged",
+        "0.32.0",
+        7,
+    )
     answers[p.HotfixCheck] = on("head", p.HotfixCheckAnswer("head", foreign))
     refused = [r for r in _plan(settings()).refusals if r.startswith("hotfix:")]
     assert len(refused) == 1 and refused[0].startswith(f"hotfix: head ({HEAD_IP}): vLLM 0.32.0: cannot check")
-    assert refused[0].endswith("reinstall vLLM 0.32.0 on that node (pip install --force-reinstall --no-deps) so its "
-                               "scheduler.py is vLLM's own")
+    assert refused[0].endswith(
+        "reinstall vLLM 0.32.0 on that node (pip install --force-reinstall --no-deps) so its scheduler.py is vLLM's own"
+    )
 
 
 def test_plan_with_the_hotfix_off_serves_what_the_check_refuses_and_says_so(nodes):
@@ -178,15 +203,26 @@ def test_plan_with_the_hotfix_off_serves_what_the_check_refuses_and_says_so(node
 
     settings, answers, _ = nodes
     ours = p.HotfixResult("check", 0, "applied", "already applied", "0.32.0", 7, applied_patch_version=6)
-    answers[p.HotfixCheck] = lambda node: p.HotfixCheckAnswer(node.name, UNSUPPORTED if node.name == "worker1" else ours)
+    answers[p.HotfixCheck] = lambda node: p.HotfixCheckAnswer(
+        node.name, UNSUPPORTED if node.name == "worker1" else ours
+    )
     plan = _plan(settings(DSPARK_HOTFIX="off"))
     assert not any(r.startswith("hotfix:") for r in plan.refusals) and OFF_LINE in plan.warnings
     assert plan.hotfix[0].startswith("scheduler hotfix: OFF (DSPARK_HOTFIX=off from ")
-    assert plan.hotfix[1] == (f"head ({HEAD_IP}): start reverts the hotfix an earlier start left (patch v6) and "
-                              "serves vLLM 0.32.0's own scheduler")
+    assert plan.hotfix[1] == (
+        f"head ({HEAD_IP}): start reverts the hotfix an earlier start left (patch v6) and "
+        "serves vLLM 0.32.0's own scheduler"
+    )
     assert plan.hotfix[2] == f"worker1 ({WORKER_IP}): vLLM 0.35.0's own scheduler, served as installed"
-    damaged = p.HotfixResult("check", 4, "damaged", "patch marker present but the stored original is missing",
-                             "0.32.0", 7, applied_patch_version=6)
+    damaged = p.HotfixResult(
+        "check",
+        4,
+        "damaged",
+        "patch marker present but the stored original is missing",
+        "0.32.0",
+        7,
+        applied_patch_version=6,
+    )
     answers[p.HotfixCheck] = on("worker1", p.HotfixCheckAnswer("worker1", damaged))
     refused = [r for r in _plan(settings(DSPARK_HOTFIX="off")).refusals if r.startswith("hotfix:")]
     assert len(refused) == 1 and "DSPARK_HOTFIX=off, but its scheduler keeps this hotfix's code" in refused[0]
@@ -194,14 +230,16 @@ def test_plan_with_the_hotfix_off_serves_what_the_check_refuses_and_says_so(node
 
 # ---- start: DSPARK_HOTFIX=off, the advice, the untested note ----
 
+
 def test_start_with_the_hotfix_off_reverts_instead_of_applying_and_says_so(nodes):
     from dspark_launch.cli.cluster_cmd import hotfix_line
     from dspark_launch.cluster.hotfix_rollout import OFF_LINE
     from dspark_launch.serve.status import hotfix_mode, record_notes
 
     settings, answers, sent = nodes
-    reverted = p.HotfixResult("revert", 0, "not-applied", "reverted to the original", "0.35.0", 7,
-                              applied_patch_version=6, changed=True)
+    reverted = p.HotfixResult(
+        "revert", 0, "not-applied", "reverted to the original", "0.35.0", 7, applied_patch_version=6, changed=True
+    )
     answers[p.HotfixRevert] = on("worker1", p.HotfixRevertAnswer("worker1", reverted, STOCK))
     answers[p.VersionQuery] = lambda node: dataclasses.replace(ROW, hostname=node.name, vllm="0.35.0")
     spec = cluster_spec(settings(DSPARK_HOTFIX="off"))
@@ -209,12 +247,16 @@ def test_start_with_the_hotfix_off_reverts_instead_of_applying_and_says_so(nodes
     state = lifecycle.cluster_up_locked(spec, warned, None).state
     assert ("head", "HotfixRevert") in sent and not any(kind == "HotfixApply" for _, kind in sent)
     assert OFF_LINE in warned.lines
-    assert f"worker1 ({WORKER_IP}): reverted the hotfix an earlier start left (patch v6): vLLM's own scheduler " \
-           "again" in warned.lines
+    assert (
+        f"worker1 ({WORKER_IP}): reverted the hotfix an earlier start left (patch v6): vLLM's own scheduler "
+        "again" in warned.lines
+    )
     assert untested_note(f"head ({HEAD_IP}), worker1 ({WORKER_IP})", "0.35.0") in warned.lines
-    assert hotfix_line("worker1", state.hotfix["worker1"]) == ("hotfix worker1: OFF (DSPARK_HOTFIX=off): vLLM "
-                                                                "0.32.0's own scheduler (reverted the patch an "
-                                                                "earlier start left)")
+    assert hotfix_line("worker1", state.hotfix["worker1"]) == (
+        "hotfix worker1: OFF (DSPARK_HOTFIX=off): vLLM "
+        "0.32.0's own scheduler (reverted the patch an "
+        "earlier start left)"
+    )
     save_state(spec.state_dir, state)
     record = load_state(spec.state_dir)
     assert hotfix_mode(record) == "off"
@@ -227,8 +269,15 @@ def test_start_with_the_hotfix_off_reverts_instead_of_applying_and_says_so(nodes
 
 def test_start_with_the_hotfix_off_refuses_a_scheduler_that_keeps_our_code(nodes):
     settings, answers, _ = nodes
-    failed = p.HotfixResult("revert", 4, "damaged", "cannot revert: the stored original is missing or damaged",
-                            "0.32.0", 7, applied_patch_version=6)
+    failed = p.HotfixResult(
+        "revert",
+        4,
+        "damaged",
+        "cannot revert: the stored original is missing or damaged",
+        "0.32.0",
+        7,
+        applied_patch_version=6,
+    )
     damaged = p.HotfixResult("status", 4, "damaged", "cannot apply here", "0.32.0", 7, applied_patch_version=6)
     answers[p.HotfixRevert] = on("worker1", p.HotfixRevertAnswer("worker1", failed, damaged))
     with pytest.raises(ClusterFailure) as caught:
@@ -262,17 +311,31 @@ def test_reload_refuses_a_server_started_with_the_hotfix_off(tmp_path):
 
     def settings_in(**changed: str):
         env = tmp_path / "dspark.env"
-        lines = {"DSPARK_STATE_DIR": str(tmp_path / "state"), "DSPARK_HEAD_IP": "127.0.0.1",
-                 "DSPARK_WORKER_HOSTS": "127.0.0.2", "DSPARK_FABRIC_IFNAME": "lo", "DSPARK_HOTFIX": "off", **changed}
+        lines = {
+            "DSPARK_STATE_DIR": str(tmp_path / "state"),
+            "DSPARK_HEAD_IP": "127.0.0.1",
+            "DSPARK_WORKER_HOSTS": "127.0.0.2",
+            "DSPARK_FABRIC_IFNAME": "lo",
+            "DSPARK_HOTFIX": "off",
+            **changed,
+        }
         env.write_text("".join(f"{k}={v}\n" for k, v in lines.items()))
         env.chmod(0o600)
         return resolve(env_file=str(env), environ={})
 
     state_dir = ensure_state_dir(tmp_path / "state")
-    server = ServerRecord(marker="dspark-test-server", log=str(state_dir / "logs" / "vllm-serve.log"),
-                          url="http://127.0.0.1:1", served_name="tiny", model="m", started_at=0.0,
-                          settings=settings_in().public_values(), digest="", cap=1,
-                          control_file=str(state_dir / "scheduler-control"))
+    server = ServerRecord(
+        marker="dspark-test-server",
+        log=str(state_dir / "logs" / "vllm-serve.log"),
+        url="http://127.0.0.1:1",
+        served_name="tiny",
+        model="m",
+        started_at=0.0,
+        settings=settings_in().public_values(),
+        digest="",
+        cap=1,
+        control_file=str(state_dir / "scheduler-control"),
+    )
     save_state(state_dir, Deployment("127.0.0.1:6379", "", 0.0, "0", [], server=server))
     settings = settings_in(DSPARK_MAX_INFLIGHT_PREFILLS="2")
     with pytest.raises(DsparkError) as refused:
@@ -282,6 +345,7 @@ def test_reload_refuses_a_server_started_with_the_hotfix_off(tmp_path):
 
 
 # ---- the setting ----
+
 
 def test_a_bad_hotfix_value_is_one_line_naming_variable_value_place_and_choices(nodes, tmp_path):
     settings, _, _ = nodes
@@ -299,6 +363,7 @@ def test_the_readme_names_the_pin_and_the_tested_releases():
 
 
 # ---- the agent's end, in process and over a real agent process ----
+
 
 def test_hotfix_check_is_answered_by_a_real_agent_and_writes_nothing():
     from dspark_launch import hotfix
@@ -321,11 +386,16 @@ def test_no_vllm_is_the_tools_missing_answer(monkeypatch):
 
     monkeypatch.setattr(hotfix, "find_target", nowhere)
     checked = hotfix_check(p.HotfixCheck(), lambda _: None).check
-    assert (checked.code, checked.state, checked.message) == (4, "missing", "vllm is not importable from this interpreter")
+    assert (checked.code, checked.state, checked.message) == (
+        4,
+        "missing",
+        "vllm is not importable from this interpreter",
+    )
     assert hotfix_revert(p.HotfixRevert(), lambda _: None).status.state == "missing"
 
 
 # ---- on the testbed: a real worker whose scheduler.py carries a foreign patch ----
+
 
 @pytest.mark.testbed
 def test_plan_exits_1_naming_a_worker_whose_scheduler_the_hotfix_refuses(testbed_clean, tmp_path):
@@ -333,15 +403,18 @@ def test_plan_exits_1_naming_a_worker_whose_scheduler_the_hotfix_refuses(testbed
 
     tb = testbed_clean
     path = str(Path(sys.executable).parent.parent / SCHEDULER_REL)
-    tb.exec("worker1", ["sh", "-c", f"echo '# DSPARK_MAX_INFLIGHT_PREFILLS: set by another patch' >> {path}"],
-            check=True)
+    tb.exec(
+        "worker1", ["sh", "-c", f"echo '# DSPARK_MAX_INFLIGHT_PREFILLS: set by another patch' >> {path}"], check=True
+    )
     before = {node: scheduler_sha(tb, node) for node in ("head", "worker1")}
     proc = run(tb, tmp_path, write_env(tb, tmp_path), "plan", timeout=400)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     refused = [line for line in proc.stdout.splitlines() if line.startswith("  - hotfix:")]
     assert len(refused) == 1, proc.stdout[-4000:]
-    assert refused[0].startswith("  - hotfix: worker1 (10.213.0.2): vLLM 0.32.0: cannot check on vLLM 0.32.0: the "
-                                 "file already references DSPARK_MAX_INFLIGHT_PREFILLS"), refused
+    assert refused[0].startswith(
+        "  - hotfix: worker1 (10.213.0.2): vLLM 0.32.0: cannot check on vLLM 0.32.0: the "
+        "file already references DSPARK_MAX_INFLIGHT_PREFILLS"
+    ), refused
     assert "reinstall vLLM 0.32.0 on that node" in refused[0]
     assert "  check: head (10.213.0.1): not-applied: start can apply patch v" in proc.stdout
     assert {node: scheduler_sha(tb, node) for node in before} == before  # read-only: nothing patched

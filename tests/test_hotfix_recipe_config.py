@@ -15,13 +15,17 @@ from dspark_launch.hotfix import contract
 from tests.support.sched_configs import tokens
 from tools import scheduler_harness as h
 
-CONFIGS = [pytest.param(scale, asy, id=f"{h.scale_label(scale)}-{'AsyncScheduler' if asy else 'Scheduler'}")
-           for scale in h.RECIPE_SCALES for asy in (False, True)]
+CONFIGS = [
+    pytest.param(scale, asy, id=f"{h.scale_label(scale)}-{'AsyncScheduler' if asy else 'Scheduler'}")
+    for scale in h.RECIPE_SCALES
+    for asy in (False, True)
+]
 
 
 def spec(scale, async_scheduling, cap, gate_mode=contract.DEFAULT_GATE_MODE) -> h.SchedulerSpec:
-    return h.recipe_spec(scale, async_scheduling=async_scheduling, cap=cap,
-                         extra_env=((contract.ENV_GATE_MODE, str(gate_mode)),))
+    return h.recipe_spec(
+        scale, async_scheduling=async_scheduling, cap=cap, extra_env=((contract.ENV_GATE_MODE, str(gate_mode)),)
+    )
 
 
 @pytest.mark.parametrize(("scale", "async_scheduling"), CONFIGS)
@@ -30,8 +34,14 @@ def spec(scale, async_scheduling, cap, gate_mode=contract.DEFAULT_GATE_MODE) -> 
 def test_caps_and_step_bounds_hold_in_the_recipes_configuration(model_dir, scale, async_scheduling, cap, gate_mode):
     base = spec(scale, async_scheduling, cap, gate_mode)
     threshold = base.long_prefill_token_threshold
-    load = h.wave_workload(n_streams=2, stream_prompt=tokens(base, 48), stream_tokens=60,  # 4 of 6 seats free
-                           wave_prompt=tokens(base, 1500), n_wave=6, wave_tokens=8)
+    load = h.wave_workload(
+        n_streams=2,
+        stream_prompt=tokens(base, 48),
+        stream_tokens=60,  # 4 of 6 seats free
+        wave_prompt=tokens(base, 1500),
+        n_wave=6,
+        wave_tokens=8,
+    )
     load += [h.RequestSpec(f"short-{i}", 6 + 3 * i, tokens(base, 200), 4) for i in range(6)]
     run = h.run_workload(base, load, model_dir)
     assert not run.unfinished
@@ -48,8 +58,11 @@ def test_caps_and_step_bounds_hold_in_the_recipes_configuration(model_dir, scale
 @pytest.mark.parametrize(("scale", "async_scheduling"), CONFIGS)
 def test_a_short_prompt_goes_ahead_of_a_long_prompts_chunk(model_dir, scale, async_scheduling):
     base = spec(scale, async_scheduling, 1)
-    load = [h.RequestSpec("stream-0", 0, tokens(base, 32), 80), h.RequestSpec("long", 2, tokens(base, 4000), 4),
-            h.RequestSpec("short", 6, tokens(base, 300), 4)]
+    load = [
+        h.RequestSpec("stream-0", 0, tokens(base, 32), 80),
+        h.RequestSpec("long", 2, tokens(base, 4000), 4),
+        h.RequestSpec("short", 6, tokens(base, 300), 4),
+    ]
     run = h.run_workload(base, load, model_dir)
     assert not run.unfinished
     first = min(s.step for s in run.steps if "short" in s.scheduled)

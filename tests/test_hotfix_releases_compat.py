@@ -24,8 +24,20 @@ from tests.support.patched_overrides import first_chunk_overrides
 pytestmark = pytest.mark.compat
 
 # Every release from 0.25 to 0.34 (pip index versions vllm, December 2026).
-VERSIONS = ["0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0",
-            "0.34.0"]
+VERSIONS = [
+    "0.25.0",
+    "0.25.1",
+    "0.26.0",
+    "0.27.0",
+    "0.27.1",
+    "0.28.0",
+    "0.29.0",
+    "0.30.0",
+    "0.31.0",
+    "0.32.0",
+    "0.33.0",
+    "0.34.0",
+]
 # A candidate release `tools/qualify_vllm.py` adds to the list (the same checks before it is declared).
 if os.environ.get(UNDER_TEST_ENV) and os.environ[UNDER_TEST_ENV] not in VERSIONS:
     VERSIONS.append(os.environ[UNDER_TEST_ENV])
@@ -81,7 +93,8 @@ def test_no_release_gets_a_chunk_override_on_a_padded_request(version, tmp_path)
     assert len(overrides) == 2 and all("not pad_spec_decode" in line for line in overrides), overrides
     first_override = patched.index(overrides[0])
     assert patched.rindex("pad_spec_decode = False\n", 0, first_override) < patched.rindex(
-        "pad_spec_decode = True\n", 0, first_override)
+        "pad_spec_decode = True\n", 0, first_override
+    )
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -92,7 +105,9 @@ def test_each_release_with_an_unknown_padding_or_an_upstream_cap_is_refused(vers
     text = target.read_text()
     anchor = "        self.scheduler_config = vllm_config.scheduler_config\n"
     changed = {
-        "upstream": text.replace(anchor, anchor + "        self._cap = self.scheduler_config.max_num_partial_prefills\n", 1),
+        "upstream": text.replace(
+            anchor, anchor + "        self._cap = self.scheduler_config.max_num_partial_prefills\n", 1
+        ),
         "padding": text.replace("pad_spec_decode = False\n", "pad_spec_decode = bool(0)\n"),
     }
     for problem, variant in changed.items():

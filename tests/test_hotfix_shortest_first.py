@@ -14,11 +14,11 @@ import math
 
 import pytest
 
+from dspark_launch.hotfix import contract, injected
 from tests.support import sched_configs as sc
+from tests.support.live_rows import live_row
 from tests.support.sched_configs import CONFIGS, tokens
 from tools import scheduler_harness as h
-from dspark_launch.hotfix import contract, injected
-from tests.support.live_rows import live_row
 
 V4, V5 = 2, 3
 SCHEDULERS = pytest.mark.parametrize("async_scheduling", [False, True], ids=["Scheduler", "AsyncScheduler"])
@@ -61,21 +61,37 @@ def test_mode_three_is_the_default_and_reads_its_aging_once(model_dir, caplog, c
     caplog.set_level(logging.INFO)
     sched = h.build_scheduler(sc.spec(config), model_dir)
     base = sc.spec(config)
-    assert (sched._dspark_gate_mode, sched._dspark_step_bound) == (contract.DEFAULT_GATE_MODE, bound(base)) == (
-        V5, bound(base))
+    assert (
+        (sched._dspark_gate_mode, sched._dspark_step_bound)
+        == (contract.DEFAULT_GATE_MODE, bound(base))
+        == (V5, bound(base))
+    )
     assert sched._dspark_aging == contract.DEFAULT_AGING
     bad = h.build_scheduler(spec(config, V5, False, aging="fast"), model_dir)
     assert bad._dspark_aging == contract.DEFAULT_AGING
-    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and contract.ENV_AGING in r.getMessage()]
+    warnings = [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and contract.ENV_AGING in r.getMessage()
+    ]
     assert len(warnings) == 1 and "'fast'" in warnings[0]
 
 
-AGING_TABLE = [(None, contract.DEFAULT_AGING, False), ("", contract.DEFAULT_AGING, False), ("3", 3.0, False),
-               (" 1.5 ", 1.5, False), ("+4.", 4.0, False), ("0", 0.0, False), ("0.25", 0.25, False), ("64", 64.0, False),
-               ("64.5", contract.DEFAULT_AGING, True), ("65", contract.DEFAULT_AGING, True),
-               ("-1", contract.DEFAULT_AGING, True), ("1e1", contract.DEFAULT_AGING, True),
-               ("1.2.3", contract.DEFAULT_AGING, True), (".", contract.DEFAULT_AGING, True),
-               ("٣", contract.DEFAULT_AGING, True)]
+AGING_TABLE = [
+    (None, contract.DEFAULT_AGING, False),
+    ("", contract.DEFAULT_AGING, False),
+    ("3", 3.0, False),
+    (" 1.5 ", 1.5, False),
+    ("+4.", 4.0, False),
+    ("0", 0.0, False),
+    ("0.25", 0.25, False),
+    ("64", 64.0, False),
+    ("64.5", contract.DEFAULT_AGING, True),
+    ("65", contract.DEFAULT_AGING, True),
+    ("-1", contract.DEFAULT_AGING, True),
+    ("1e1", contract.DEFAULT_AGING, True),
+    ("1.2.3", contract.DEFAULT_AGING, True),
+    (".", contract.DEFAULT_AGING, True),
+    ("٣", contract.DEFAULT_AGING, True),
+]
 
 
 @pytest.mark.parametrize(("raw", "value", "bad"), AGING_TABLE, ids=[repr(a[0]) for a in AGING_TABLE])
@@ -87,9 +103,12 @@ def short_beside_long_load(base: h.SchedulerSpec) -> list[h.RequestSpec]:
     """A cold 4,000-token prompt (toy tokens); while it is mid-prefill a 300-token prompt
     (more than a chunk: mode 2 needs the in-flight slot for it) and a
     160-token one (mode 2 lets it pass on the room beyond the bound)."""
-    return [h.RequestSpec("stream-0", 0, tokens(base, 32), sc.outputs(base, 80)),
-            h.RequestSpec("long", 2, tokens(base, 4000), 4),
-            h.RequestSpec("short-a", 6, tokens(base, 300), 4), h.RequestSpec("short-b", 9, tokens(base, 160), 4)]
+    return [
+        h.RequestSpec("stream-0", 0, tokens(base, 32), sc.outputs(base, 80)),
+        h.RequestSpec("long", 2, tokens(base, 4000), 4),
+        h.RequestSpec("short-a", 6, tokens(base, 300), 4),
+        h.RequestSpec("short-b", 9, tokens(base, 160), 4),
+    ]
 
 
 @CONFIGS
@@ -123,10 +142,12 @@ def cached_turn_load(base: h.SchedulerSpec, tail: int) -> list[h.RequestSpec]:
     """A conversation's second turn (1,200 toy tokens cached, to whole blocks, and a `tail`-token
     uncached tail) arrives while a cold 4,000-token prompt is mid-prefill."""
     cached = sc.aligned(base, 1200)
-    return [h.RequestSpec("stream-0", 0, tokens(base, 32), sc.outputs(base, 80)),
-            h.RequestSpec("turn-1", 0, cached, 4, prefix_group="conv", shared_prefix_len=cached),
-            h.RequestSpec("long", 8, tokens(base, 4000), 4),
-            h.RequestSpec("turn-2", 14, cached + tail, 4, prefix_group="conv", shared_prefix_len=cached + tail)]
+    return [
+        h.RequestSpec("stream-0", 0, tokens(base, 32), sc.outputs(base, 80)),
+        h.RequestSpec("turn-1", 0, cached, 4, prefix_group="conv", shared_prefix_len=cached),
+        h.RequestSpec("long", 8, tokens(base, 4000), 4),
+        h.RequestSpec("turn-2", 14, cached + tail, 4, prefix_group="conv", shared_prefix_len=cached + tail),
+    ]
 
 
 @CONFIGS
@@ -135,8 +156,10 @@ def test_a_cached_turn_goes_ahead_by_its_uncached_tail(model_dir, config, async_
     base = sc.spec(config)
     tail = tokens(base, 300)  # over a chunk and over what the bound leaves beside one
     load = cached_turn_load(base, tail)
-    runs = {mode: h.run_workload(spec(config, mode, async_scheduling, enable_prefix_caching=True), load, model_dir)
-            for mode in (V4, V5)}
+    runs = {
+        mode: h.run_workload(spec(config, mode, async_scheduling, enable_prefix_caching=True), load, model_dir)
+        for mode in (V4, V5)
+    }
     for run in runs.values():
         assert not run.unfinished
     v5 = runs[V5]
@@ -154,16 +177,19 @@ def sustained_short_stream(base: h.SchedulerSpec, n: int = 90) -> list[h.Request
     """A 4,000-token prompt (toy tokens) under a short prompt every step, each taking
     most of the bound (350 of 384 tokens): shortest first alone would leave
     the long prompt 34 tokens a step."""
-    load = [h.RequestSpec("stream-0", 0, tokens(base, 32), sc.outputs(base, 200)),
-            h.RequestSpec("long", 2, tokens(base, 4000), 4)]
+    load = [
+        h.RequestSpec("stream-0", 0, tokens(base, 32), sc.outputs(base, 200)),
+        h.RequestSpec("long", 2, tokens(base, 4000), 4),
+    ]
     load += [h.RequestSpec(f"short-{i:02d}", 3 + i, tokens(base, 350), 2) for i in range(n)]
     return load
 
 
 @CONFIGS
 @SCHEDULERS
-def test_a_long_prompt_under_a_sustained_short_stream_finishes_within_its_aging_bound(model_dir, config,
-                                                                                       async_scheduling):
+def test_a_long_prompt_under_a_sustained_short_stream_finishes_within_its_aging_bound(
+    model_dir, config, async_scheduling
+):
     aging = 2.0
     base = sc.spec(config)
     load = sustained_short_stream(base)
@@ -185,8 +211,13 @@ def test_a_long_prompt_under_a_sustained_short_stream_finishes_within_its_aging_
 @pytest.mark.parametrize("cap", [1, 2, 3])
 def test_caps_and_the_step_bound_hold_in_mode_three(model_dir, config, async_scheduling, cap):
     base = sc.spec(config)
-    load = h.wave_workload(n_streams=sc.stream_count(base, 4), stream_prompt=tokens(base, 48),
-                           stream_tokens=sc.outputs(base, 120), wave_prompt=tokens(base, 1500), n_wave=6)
+    load = h.wave_workload(
+        n_streams=sc.stream_count(base, 4),
+        stream_prompt=tokens(base, 48),
+        stream_tokens=sc.outputs(base, 120),
+        wave_prompt=tokens(base, 1500),
+        n_wave=6,
+    )
     load += [h.RequestSpec(f"short-{i}", 6 + 3 * i, tokens(base, 200), 4) for i in range(6)]
     run = h.run_workload(spec(config, V5, async_scheduling, cap=cap), load, model_dir)
     assert not run.unfinished

@@ -58,8 +58,9 @@ def test_until_the_fit_holds_mode_3s_bound_applies(runs, case):
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_the_fit_follows_a_cost_that_doubles_mid_run(model_dir, case):
     scale = case[0]
-    load = tb.load(scale) + [h.RequestSpec(f"late-{i}", 0, max(2, int(2000 * scale)), 8, arrival_ms=9000.0 + 500 * i)
-                             for i in range(30)]
+    load = tb.load(scale) + [
+        h.RequestSpec(f"late-{i}", 0, max(2, int(2000 * scale)), 8, arrival_ms=9000.0 + 500 * i) for i in range(30)
+    ]
     change = 60
     report = tb.run(*case, TARGET, model_dir, factor_from=change, factor=2.0, workload=load)
     assert report["finished"] == report["requests"]
@@ -132,15 +133,23 @@ def test_the_diagnostics_line_shows_the_target_room_and_fit(model_dir, caplog):
     tb.run(Fraction(1, 16), False, False, TARGET, model_dir, diag=True)
     lines = [r.getMessage() for r in caplog.records if "dspark-issue27 step=" in r.getMessage()]
     assert lines and all(" target_ms=250 " in line for line in lines)
-    assert any(re.search(r" room=\d+ target_ms=250 fit=\[n=\d+ base=[0-9.]+ms prefill=[0-9.e-]+ms/tok .* err=", line)
-               for line in lines)
+    assert any(
+        re.search(r" room=\d+ target_ms=250 fit=\[n=\d+ base=[0-9.]+ms prefill=[0-9.e-]+ms/tok .* err=", line)
+        for line in lines
+    )
     assert "fit=[warming 0/%d]" % contract.TIME_FIT_MIN_SAMPLES in lines[0]
 
 
 def test_the_controller_reads_time_through_one_function():
     body = inspect.getsource(injected).split("# ---- INJECTED BODY")[1]
-    timed = [name for name, fn in vars(injected).items() if name.startswith("_dspark_hotfix_")
-             and name != "_dspark_hotfix_now" and callable(fn) and "_dspark_hotfix_now()" in inspect.getsource(fn)]
+    timed = [
+        name
+        for name, fn in vars(injected).items()
+        if name.startswith("_dspark_hotfix_")
+        and name != "_dspark_hotfix_now"
+        and callable(fn)
+        and "_dspark_hotfix_now()" in inspect.getsource(fn)
+    ]
     assert timed == ["_dspark_hotfix_tick"]
     assert body.count("_dspark_hotfix_time.monotonic()") == 2  # the clock function and the control file's period
     assert "return _dspark_hotfix_time.monotonic()" in inspect.getsource(injected._dspark_hotfix_now)
@@ -152,8 +161,11 @@ def test_the_newest_release_holds_the_target(tmp_path):
 
     release = newest_vllm.newest()
     cases = [{"scale": "1/16", "async_scheduling": asy, "mtp": False, "target_ms": TARGET} for asy in (False, True)]
-    proc = newest_vllm.run_python(release, "from tests.support.time_bound import main; main()",
-                                  json.dumps({"workdir": str(tmp_path), "cases": cases}))
+    proc = newest_vllm.run_python(
+        release,
+        "from tests.support.time_bound import main; main()",
+        json.dumps({"workdir": str(tmp_path), "cases": cases}),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(reports) == 2

@@ -11,18 +11,19 @@ import logging
 
 import pytest
 
+from dspark_launch.hotfix import contract
 from tests.support import sched_configs as sc
 from tests.support.sched_configs import CONFIGS, tokens
 from tools import scheduler_harness as h
-from dspark_launch.hotfix import contract
 
 V2, V3 = 1, 2
 SCHEDULERS = pytest.mark.parametrize("async_scheduling", [False, True], ids=["Scheduler", "AsyncScheduler"])
 
 
 def spec(config, mode, async_scheduling, **kw) -> h.SchedulerSpec:
-    return sc.spec(config, cap=1, async_scheduling=async_scheduling,
-                   extra_env=((contract.ENV_GATE_MODE, str(mode)),), **kw)
+    return sc.spec(
+        config, cap=1, async_scheduling=async_scheduling, extra_env=((contract.ENV_GATE_MODE, str(mode)),), **kw
+    )
 
 
 def bound(base: h.SchedulerSpec) -> int:
@@ -71,8 +72,12 @@ def cached_turn_load(base: h.SchedulerSpec) -> list[h.RequestSpec]:
 @SCHEDULERS
 def test_a_cached_turn_passes_while_a_cold_long_prompt_is_mid_prefill(model_dir, config, async_scheduling):
     base = sc.spec(config)
-    runs = {mode: h.run_workload(spec(config, mode, async_scheduling, enable_prefix_caching=True),
-                                 cached_turn_load(base), model_dir) for mode in (V2, V3)}
+    runs = {
+        mode: h.run_workload(
+            spec(config, mode, async_scheduling, enable_prefix_caching=True), cached_turn_load(base), model_dir
+        )
+        for mode in (V2, V3)
+    }
     for run in runs.values():
         assert not run.unfinished
     v3 = runs[V3]
@@ -98,10 +103,13 @@ def test_the_room_beyond_the_bound_is_for_uncached_prompts_only(model_dir, confi
     tail = bound(base) - threshold + threshold // 8  # over what the bound leaves, within the room
     assert bound(base) - threshold < tail <= bound(base) - threshold + short_room(base)
     cached = sc.aligned(base, 1200)
-    load = [stream(base, 80),
-            h.RequestSpec("turn-1", 0, cached, 4, prefix_group="conv", shared_prefix_len=cached),
-            h.RequestSpec("long", 8, tokens(base, 4000), 4), h.RequestSpec("fresh", 12, tail, 4),
-            h.RequestSpec("turn-2", 14, cached + tail, 4, prefix_group="conv", shared_prefix_len=cached + tail)]
+    load = [
+        stream(base, 80),
+        h.RequestSpec("turn-1", 0, cached, 4, prefix_group="conv", shared_prefix_len=cached),
+        h.RequestSpec("long", 8, tokens(base, 4000), 4),
+        h.RequestSpec("fresh", 12, tail, 4),
+        h.RequestSpec("turn-2", 14, cached + tail, 4, prefix_group="conv", shared_prefix_len=cached + tail),
+    ]
     run = h.run_workload(spec(config, V3, async_scheduling, enable_prefix_caching=True), load, model_dir)
     assert not run.unfinished
     long_prefill = prefill_steps(run, "long")
@@ -137,7 +145,9 @@ def test_short_prompts_are_not_held_below_the_steps_room(model_dir, config, asyn
         assert rid not in v3.steps[first_step(v3, rid)].mid_prefill  # whole prompt in one step
     # The long prompt keeps its chunk every step, and no step goes past the
     # bound plus the room for prompts that finish in it.
-    assert all(s.scheduled.get("long") == base.long_prefill_token_threshold for s in v3.steps if "long" in s.mid_prefill)
+    assert all(
+        s.scheduled.get("long") == base.long_prefill_token_threshold for s in v3.steps if "long" in s.mid_prefill
+    )
     assert max(s.prefill_tokens for s in v3.steps) <= bound(base) + short_room(base)
     # Patch v2's gate held every one of them until the long prompt was done.
     v2_done = prefill_steps(runs[V2], "long")[-1]
@@ -145,9 +155,13 @@ def test_short_prompts_are_not_held_below_the_steps_room(model_dir, config, asyn
 
 
 def sessions_load(base: h.SchedulerSpec):
-    load = [stream(base, 80), h.RequestSpec("s1", 0, tokens(base, 64), 4, resumable=True),
-            h.RequestSpec("s2", 0, tokens(base, 64), 4, resumable=True),
-            h.RequestSpec("long", 3, tokens(base, 4000), 4), h.RequestSpec("fresh", 5, tokens(base, 600), 4)]
+    load = [
+        stream(base, 80),
+        h.RequestSpec("s1", 0, tokens(base, 64), 4, resumable=True),
+        h.RequestSpec("s2", 0, tokens(base, 64), 4, resumable=True),
+        h.RequestSpec("long", 3, tokens(base, 4000), 4),
+        h.RequestSpec("fresh", 5, tokens(base, 600), 4),
+    ]
 
     def feed(sched, step):
         if step == 6:  # both sessions' next turns (700 toy tokens each) while the long one is mid-prefill
@@ -161,8 +175,11 @@ def sessions_load(base: h.SchedulerSpec):
 
 
 def diag_inflight(caplog) -> list[int]:
-    return [int(r.getMessage().split(" inflight=")[1].split()[0]) for r in caplog.records
-            if r.getMessage().startswith("dspark-issue27 step=")]
+    return [
+        int(r.getMessage().split(" inflight=")[1].split()[0])
+        for r in caplog.records
+        if r.getMessage().startswith("dspark-issue27 step=")
+    ]
 
 
 @CONFIGS
@@ -173,8 +190,9 @@ def test_requests_holding_kv_blocks_are_counted_and_never_starved(model_dir, cap
     for mode in (V2, V3):
         caplog.clear()
         load, feed = sessions_load(sc.spec(config))
-        runs[mode] = h.run_workload(spec(config, mode, async_scheduling, diag=True), load, model_dir,
-                                    before_schedule=feed)
+        runs[mode] = h.run_workload(
+            spec(config, mode, async_scheduling, diag=True), load, model_dir, before_schedule=feed
+        )
         assert {"stream-0", "long", "fresh"} <= runs[mode].finished
         counts = diag_inflight(caplog)
         # The gate's count after each step is vLLM's own: bypassing requests included.
@@ -187,7 +205,9 @@ def test_requests_holding_kv_blocks_are_counted_and_never_starved(model_dir, cap
     assert first_step(v3, "fresh") > prefill_steps(v3, "long")[-1]  # ... and fresh prompts wait on the count
     # Patch v2 cut the waiting section's budget to the step bound, sessions included:
     # the second session did not start in that step.
-    v2_both = [s.step for s in runs[V2].steps if s.step >= 6 and s.scheduled.get("s1", 0) > 1 and s.scheduled.get("s2", 0) > 1]
+    v2_both = [
+        s.step for s in runs[V2].steps if s.step >= 6 and s.scheduled.get("s1", 0) > 1 and s.scheduled.get("s2", 0) > 1
+    ]
     assert not v2_both or v2_both[0] > 6
 
 
@@ -198,8 +218,11 @@ def test_a_prompt_the_gate_holds_shows_as_deferred(model_dir, config, async_sche
     `skip_request`, so it is in `deferred_waiting` (vLLM's "deferred" waiting
     reason) while held, and leaves it when admitted."""
     base = sc.spec(config)
-    load = [stream(base, 60), h.RequestSpec("long-0", 2, tokens(base, 2000), 4),
-            h.RequestSpec("long-1", 3, tokens(base, 2000), 4)]
+    load = [
+        stream(base, 60),
+        h.RequestSpec("long-0", 2, tokens(base, 2000), 4),
+        h.RequestSpec("long-1", 3, tokens(base, 2000), 4),
+    ]
     deferred: dict[int, set[str]] = {}
 
     def watch(sched, step):

@@ -16,8 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dspark_launch.node import procfs
 from dspark_launch.cluster.state import Deployment, ServerRecord, save_state
+from dspark_launch.node import procfs
 from dspark_launch.serve import http
 from tests.support.launcher_env import run_dspark
 
@@ -56,8 +56,9 @@ class _FakeApi(BaseHTTPRequestHandler):
             self.end_headers()
             return
         else:
-            body = json.dumps({"data": [{"id": "tiny"}], "usage": {"completion_tokens": 1},
-                               "choices": [{"text": "hi"}]})
+            body = json.dumps(
+                {"data": [{"id": "tiny"}], "usage": {"completion_tokens": 1}, "choices": [{"text": "hi"}]}
+            )
             kind = "application/json"
         payload = body.encode()
         self.send_response(200)
@@ -113,8 +114,12 @@ def test_health_models_completion_and_metrics_go_direct(proxied, api, proxy):
     assert http.complete(api.url, KEYED, "tiny", "Hello", 1, 5).status == 200
     assert http.metrics(api.url, 5) == http.ServerMetrics(running=2.0, waiting=1.0)
     assert proxy.seen == []
-    assert api.seen == [("GET", "/health", f"Bearer {KEY}"), ("GET", "/v1/models", f"Bearer {KEY}"),
-                        ("POST", "/v1/completions", f"Bearer {KEY}"), ("GET", "/metrics", "")]
+    assert api.seen == [
+        ("GET", "/health", f"Bearer {KEY}"),
+        ("GET", "/v1/models", f"Bearer {KEY}"),
+        ("POST", "/v1/completions", f"Bearer {KEY}"),
+        ("GET", "/metrics", ""),
+    ]
 
 
 def test_a_redirect_is_not_followed_with_the_key(proxied, api, proxy):
@@ -128,14 +133,37 @@ def test_smoke_command_goes_direct(tmp_path, proxied, api, proxy):
     state_dir = tmp_path / "state"
     state_dir.mkdir(mode=0o700)
     # The stand-in API's socket is this process's: the head's agent finds it among the recorded pid's.
-    server = ServerRecord(marker="dspark-test-server", log="", url=api.url, served_name="tiny", model="tiny",
-                          started_at=time.time(), settings={}, digest="x", cap=1, chat=True, pid=os.getpid(),
-                          start_time=procfs.start_time(os.getpid()), boot_id=procfs.boot_id())
-    save_state(state_dir, Deployment(ray_address="127.0.0.1:6379", config_digest="x", started_at=time.time(),
-                                     launcher_version="test", nodes=[], server=server))
+    server = ServerRecord(
+        marker="dspark-test-server",
+        log="",
+        url=api.url,
+        served_name="tiny",
+        model="tiny",
+        started_at=time.time(),
+        settings={},
+        digest="x",
+        cap=1,
+        chat=True,
+        pid=os.getpid(),
+        start_time=procfs.start_time(os.getpid()),
+        boot_id=procfs.boot_id(),
+    )
+    save_state(
+        state_dir,
+        Deployment(
+            ray_address="127.0.0.1:6379",
+            config_digest="x",
+            started_at=time.time(),
+            launcher_version="test",
+            nodes=[],
+            server=server,
+        ),
+    )
     env_file = tmp_path / "smoke.env"
-    env_file.write_text(f"DSPARK_HEAD_IP=127.0.0.1\nDSPARK_WORKER_HOSTS=127.0.0.2\nDSPARK_FABRIC_IFNAME=lo\n"
-                        f"DSPARK_STATE_DIR={state_dir}\nVLLM_API_KEY={KEY}\n")
+    env_file.write_text(
+        f"DSPARK_HEAD_IP=127.0.0.1\nDSPARK_WORKER_HOSTS=127.0.0.2\nDSPARK_FABRIC_IFNAME=lo\n"
+        f"DSPARK_STATE_DIR={state_dir}\nVLLM_API_KEY={KEY}\n"
+    )
     env_file.chmod(0o600)
     proc = run_dspark(["smoke", "-c", "2", "--env-file", str(env_file)], env=proxied)
     assert proc.returncode == 0, proc.stdout + proc.stderr

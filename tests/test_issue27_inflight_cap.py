@@ -25,9 +25,14 @@ ENV = h.ENV_VAR
 
 def wave(base: h.SchedulerSpec, wave_tokens: int = 16) -> list[h.RequestSpec]:
     """4 decode streams (fewer where the seats are few), then 8 prompts of 1500 toy tokens arriving at once."""
-    return h.wave_workload(n_streams=sc.stream_count(base, 4), stream_prompt=tokens(base, 48),
-                           stream_tokens=sc.outputs(base, 120), n_wave=8, wave_prompt=tokens(base, 1500),
-                           wave_tokens=wave_tokens)
+    return h.wave_workload(
+        n_streams=sc.stream_count(base, 4),
+        stream_prompt=tokens(base, 48),
+        stream_tokens=sc.outputs(base, 120),
+        n_wave=8,
+        wave_prompt=tokens(base, 1500),
+        wave_tokens=wave_tokens,
+    )
 
 
 #: The KV pool of the pressure test, in toy blocks: the wave alone needs 750.
@@ -39,8 +44,9 @@ def kv_pressure(base: h.SchedulerSpec) -> list[h.RequestSpec]:
     300 toy blocks (4,800 toy tokens): the wave alone needs 750."""
     load = wave(base, wave_tokens=32)
     late = sc.stream_count(base, 4)
-    return load + [h.RequestSpec(f"stream-late-{i}", 6 + i, tokens(base, 48), sc.outputs(base, 120))
-                   for i in range(late)]
+    return load + [
+        h.RequestSpec(f"stream-late-{i}", 6 + i, tokens(base, 48), sc.outputs(base, 120)) for i in range(late)
+    ]
 
 
 def stock(config=TOY, **kw) -> h.SchedulerSpec:
@@ -84,8 +90,12 @@ def test_patched_scheduler_holds_the_cap(model_dir, cap, prefix_caching, async_s
     base = patched(cap, config, async_scheduling=async_scheduling, enable_prefix_caching=prefix_caching)
     threshold = base.long_prefill_token_threshold
     load = h.wave_workload(
-        n_streams=sc.stream_count(base, 4), stream_prompt=tokens(base, 48), stream_tokens=sc.outputs(base, 120),
-        n_wave=8, wave_prompt=tokens(base, 1500), wave_tokens=16,
+        n_streams=sc.stream_count(base, 4),
+        stream_prompt=tokens(base, 48),
+        stream_tokens=sc.outputs(base, 120),
+        n_wave=8,
+        wave_prompt=tokens(base, 1500),
+        wave_tokens=16,
         shared_prefix_len=sc.aligned(base, 512) if prefix_caching else 0,
     )
     run = h.run_workload(base, load, model_dir)
@@ -191,7 +201,9 @@ def test_malformed_cap_warns_once_and_falls_back(model_dir, caplog, raw, config)
     assert len(dspark_warnings(caplog)) == 1
 
 
-@pytest.mark.parametrize(("raw", "expected", "warns"), [(None, 2, 0), ("0", 2, 0), ("two", 2, 1), ("1", 1, 0), ("9", 3, 0)])
+@pytest.mark.parametrize(
+    ("raw", "expected", "warns"), [(None, 2, 0), ("0", 2, 0), ("two", 2, 1), ("1", 1, 0), ("9", 3, 0)]
+)
 def test_fallback_reads_max_num_partial_prefills_where_the_config_has_it(model_dir, caplog, raw, expected, warns):
     """vLLM <= 0.26 has SchedulerConfig.max_num_partial_prefills; emulate it on
     the 0.32 config object and build the patched scheduler from it."""
@@ -286,8 +298,7 @@ def test_kv_holding_session_is_not_blocked_by_the_gate(model_dir, config):
 
     long_steps = [s.step for s in run.steps if "long" in s.mid_prefill]
     session_turn2 = [
-        s.step for s in run.steps
-        if s.scheduled.get("session", 0) > 1 and s.step > min(run.token_steps["session"])
+        s.step for s in run.steps if s.scheduled.get("session", 0) > 1 and s.step > min(run.token_steps["session"])
     ]
     fresh_first = min(s.step for s in run.steps if "fresh" in s.scheduled)
     assert long_steps and session_turn2

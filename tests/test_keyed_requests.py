@@ -72,8 +72,9 @@ def squat(tmp_path):
     def start(host: str, port: int = 0, v6only: bool = False):
         log = tmp_path / f"squatter-{len(started)}.log"
         with log.open("w") as out:
-            proc = subprocess.Popen(squatter.argv(sys.executable, host, port, v6only), stdout=out,
-                                    stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                squatter.argv(sys.executable, host, port, v6only), stdout=out, stderr=subprocess.STDOUT
+            )
         started.append(proc)
         return proc.pid, squatter.wait_listening(log), log
 
@@ -88,8 +89,13 @@ def fake_api(tmp_path):
     """vLLM's API stood in for by tests/support/fake_api.py on 127.0.0.1 (its own process): (proc, port, log)."""
     log = tmp_path / "fake-api.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, str(FAKE_API), "tiny", "1", "ok"], stdout=out,
-                                stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        proc = subprocess.Popen(
+            [sys.executable, str(FAKE_API), "tiny", "1", "ok"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
     try:
         yield proc, squatter.wait_listening(log), log
     finally:
@@ -101,13 +107,40 @@ def recorded(tmp_path: Path, url: str, process: p.Process, **env: str) -> Path:
     """A state folder whose record names `process` as the server at `url`, and an env file pointing at it."""
     state_dir = tmp_path / "state"
     state_dir.mkdir(mode=0o700)
-    server = ServerRecord(marker="dspark-keyed-requests", log="", url=url, served_name="tiny", model="tiny",
-                          started_at=time.time(), settings={}, digest="x", cap=1, chat=True, pid=process.pid,
-                          start_time=process.start_time, boot_id=process.boot_id)
-    save_state(state_dir, Deployment(ray_address="127.0.0.1:6379", config_digest="x", started_at=time.time(),
-                                     launcher_version="test", nodes=[], server=server))
-    values = {"DSPARK_HEAD_IP": "127.0.0.1", "DSPARK_WORKER_HOSTS": "127.0.0.2", "DSPARK_FABRIC_IFNAME": "lo",
-              "DSPARK_STATE_DIR": str(state_dir), "VLLM_API_KEY": KEY, **env}
+    server = ServerRecord(
+        marker="dspark-keyed-requests",
+        log="",
+        url=url,
+        served_name="tiny",
+        model="tiny",
+        started_at=time.time(),
+        settings={},
+        digest="x",
+        cap=1,
+        chat=True,
+        pid=process.pid,
+        start_time=process.start_time,
+        boot_id=process.boot_id,
+    )
+    save_state(
+        state_dir,
+        Deployment(
+            ray_address="127.0.0.1:6379",
+            config_digest="x",
+            started_at=time.time(),
+            launcher_version="test",
+            nodes=[],
+            server=server,
+        ),
+    )
+    values = {
+        "DSPARK_HEAD_IP": "127.0.0.1",
+        "DSPARK_WORKER_HOSTS": "127.0.0.2",
+        "DSPARK_FABRIC_IFNAME": "lo",
+        "DSPARK_STATE_DIR": str(state_dir),
+        "VLLM_API_KEY": KEY,
+        **env,
+    }
     env_file = tmp_path / "dspark.env"
     env_file.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
     env_file.chmod(0o600)
@@ -118,8 +151,17 @@ def dspark(args: list[str], hosts: Path | None = None, timeout: float = 120) -> 
     """The real CLI; with `hosts`, in a mount namespace of its own whose /etc/hosts is that file."""
     argv = [sys.executable, "-m", "dspark_launch", *args]
     if hosts is not None:
-        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                f'mount --bind {hosts} /etc/hosts && exec "$@"', "sh", *argv]
+        argv = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f'mount --bind {hosts} /etc/hosts && exec "$@"',
+            "sh",
+            *argv,
+        ]
     return subprocess.run(argv, capture_output=True, text=True, env=clean_environ(), cwd=REPO, timeout=timeout)
 
 
@@ -134,13 +176,20 @@ def _serve_spec(tmp_path: Path, host: str) -> ServeSpec:
     from tests.support.paths import DATA
 
     env_file = tmp_path / "spec.env"
-    env_file.write_text(f"DSPARK_HEAD_IP=10.9.0.1\nDSPARK_WORKER_HOSTS=root@10.9.0.2\nDSPARK_FABRIC_IFNAME=fab0\n"
-                        f"DSPARK_STATE_DIR={tmp_path / 'state'}\nVLLM_HOST={host}\nVLLM_PORT=8123\n"
-                        f"VLLM_API_KEY={KEY}\nDSPARK_PROFILE={PROFILES[0].name}\n")
+    env_file.write_text(
+        f"DSPARK_HEAD_IP=10.9.0.1\nDSPARK_WORKER_HOSTS=root@10.9.0.2\nDSPARK_FABRIC_IFNAME=fab0\n"
+        f"DSPARK_STATE_DIR={tmp_path / 'state'}\nVLLM_HOST={host}\nVLLM_PORT=8123\n"
+        f"VLLM_API_KEY={KEY}\nDSPARK_PROFILE={PROFILES[0].name}\n"
+    )
     settings = resolve(env_file=str(env_file), environ={})
     offer = VllmOffer.from_json((DATA / "vllm-0.25.0-offer.json").read_text())
-    return build_serve_spec(settings, cluster_spec(settings), {"RAY_AUTH_MODE": "token"},
-                            resolve_profile(PROFILES[0], offer, settings), None)
+    return build_serve_spec(
+        settings,
+        cluster_spec(settings),
+        {"RAY_AUTH_MODE": "token"},
+        resolve_profile(PROFILES[0], offer, settings),
+        None,
+    )
 
 
 def test_vllm_host_localhost_is_bound_recorded_and_checked_as_its_ipv4_address(tmp_path):
@@ -165,10 +214,24 @@ def test_with_localhost_no_request_reaches_a_listener_on_the_ipv6_loopback(tmp_p
     hosts = tmp_path / "hosts"
     hosts.write_text(DEBIAN_HOSTS)
     # Guard: in that namespace urllib's resolver does give ::1 first (so the old client went there).
-    order = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                            f'mount --bind {hosts} /etc/hosts && exec "$@"', "sh", sys.executable, "-c",
-                            f"import socket; print(socket.getaddrinfo('localhost', {port}, type=1)[0][4][0])"],
-                           capture_output=True, text=True, timeout=30)
+    order = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f'mount --bind {hosts} /etc/hosts && exec "$@"',
+            "sh",
+            sys.executable,
+            "-c",
+            f"import socket; print(socket.getaddrinfo('localhost', {port}, type=1)[0][4][0])",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert order.stdout.strip() == "::1", order.stdout + order.stderr
     # The record as a launcher wrote it for VLLM_HOST=localhost before this fix: the name in the URL.
     env_file = recorded(tmp_path, f"http://localhost:{port}", identity(api), VLLM_HOST="localhost")
@@ -199,12 +262,15 @@ def test_an_ipv6_only_wildcard_listener_holds_no_ipv4_address(squat):
             held = port_holder_query(p.PortHolderQuery("127.0.0.1", port, (me(),)))
             assert held.ours and held.sockets == (os.fstat(sock.fileno()).st_ino,), (ours, held)
     v6 = port_holder_query(p.PortHolderQuery("::1", port, ()))  # (the squatter is this process's child)
-    assert v6.verdict == p.PortHolderAnswer.FOREIGN and v6.foreign == f"pid {pid} (user nobody) listening on [::]:{port}"
+    assert (
+        v6.verdict == p.PortHolderAnswer.FOREIGN and v6.foreign == f"pid {pid} (user nobody) listening on [::]:{port}"
+    )
 
 
 def test_the_exact_address_beats_a_wildcard_even_without_sock_diag(squat, monkeypatch):
     """Where the kernel's socket diagnostics are refused, /proc/net/tcp6 cannot tell IPV6_V6ONLY: the [::]
     squatter then counts as dual-stack, yet our socket on the exact address is what a connection lands on."""
+
     def refused(family):
         raise OSError("sock_diag refused")
 
@@ -244,6 +310,7 @@ def test_smoke_and_status_pass_beside_an_ipv6_only_squatter(tmp_path, squat, fak
 
 class _Api(ThreadingHTTPServer):
     """A stand-in API in this process (so this process is the recorded server): records (path, Authorization)."""
+
     daemon_threads = True
     allow_reuse_address = True
 
@@ -254,8 +321,13 @@ class _Api(ThreadingHTTPServer):
             def _answer(self):
                 outer.seen.append((self.path, self.headers.get("Authorization", "")))
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                body = json.dumps({"data": [{"id": "tiny"}], "usage": {"completion_tokens": 1},
-                                   "choices": [{"message": {"content": "hi"}}]}).encode()
+                body = json.dumps(
+                    {
+                        "data": [{"id": "tiny"}],
+                        "usage": {"completion_tokens": 1},
+                        "choices": [{"message": {"content": "hi"}}],
+                    }
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -291,16 +363,39 @@ def _spec(tmp_path: Path) -> ClusterSpec:
     state_dir = tmp_path / "state"
     (state_dir / "logs").mkdir(parents=True, mode=0o700, exist_ok=True)
     return ClusterSpec(
-        nodes=(Node("head", "127.0.0.1", None, LocalTransport(sys.executable)),), ray_port=6379,
-        ray_address="127.0.0.1:6379", fabric_ifname="lo", node_env=(), forwarded=(), gpus_per_node=1,
-        object_store_bytes=0, auth_mode="token", dashboard="off", state_dir=state_dir, join_timeout_s=10,
-        ssh_timeout_s=10, config_digest="test")
+        nodes=(Node("head", "127.0.0.1", None, LocalTransport(sys.executable)),),
+        ray_port=6379,
+        ray_address="127.0.0.1:6379",
+        fabric_ifname="lo",
+        node_env=(),
+        forwarded=(),
+        gpus_per_node=1,
+        object_store_bytes=0,
+        auth_mode="token",
+        dashboard="off",
+        state_dir=state_dir,
+        join_timeout_s=10,
+        ssh_timeout_s=10,
+        config_digest="test",
+    )
 
 
 def _server(url: str) -> ServerRecord:
-    return ServerRecord(marker="dspark-keyed-requests", log="", url=url, served_name="tiny", model="tiny",
-                        started_at=time.time(), settings={}, digest="x", cap=1, chat=True, pid=os.getpid(),
-                        start_time=procfs.start_time(os.getpid()), boot_id=procfs.boot_id())
+    return ServerRecord(
+        marker="dspark-keyed-requests",
+        log="",
+        url=url,
+        served_name="tiny",
+        model="tiny",
+        started_at=time.time(),
+        settings={},
+        digest="x",
+        cap=1,
+        chat=True,
+        pid=os.getpid(),
+        start_time=procfs.start_time(os.getpid()),
+        boot_id=procfs.boot_id(),
+    )
 
 
 def test_a_key_without_its_port_check_is_refused(api):
@@ -375,8 +470,12 @@ def test_smoke_the_load_generator_and_reloads_nudge_check_each_request(api):
 
     api.seen.clear()
     counted = _Counted(ours=4)
-    run = Run(Target(api.url, "tiny", True, http.Keyed(KEY, counted)), wl.build(wl.Profile(1024, 256, 32, 4),
-              max_reply=2), tokens_per_word=1.0, seconds=30)
+    run = Run(
+        Target(api.url, "tiny", True, http.Keyed(KEY, counted)),
+        wl.build(wl.Profile(1024, 256, 32, 4), max_reply=2),
+        tokens_per_word=1.0,
+        seconds=30,
+    )
     with pytest.raises(ForeignApiListener):
         run.run()
     assert len(api.seen) == 4 and counted.calls >= 5  # every lane's next request refused unsent

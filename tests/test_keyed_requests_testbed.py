@@ -28,18 +28,23 @@ API_PORT = 8000  # serving_env's VLLM_PORT
 def squat(tb, tmp_path, host: str, v6only: bool = False):
     log = tmp_path / f"squatter-{host.strip(':') or 'any'}.log"
     with log.open("w") as out:
-        proc = tb.popen("head", squatter.argv(sys.executable, host, API_PORT, v6only), stdout=out,
-                        stderr=subprocess.STDOUT)
+        proc = tb.popen(
+            "head", squatter.argv(sys.executable, host, API_PORT, v6only), stdout=out, stderr=subprocess.STDOUT
+        )
     squatter.wait_listening(log)
     return proc, log
 
 
-def test_localhost_serves_beside_squatters_on_the_ipv6_loopback_and_a_v6only_wildcard(testbed_clean, tmp_path,
-                                                                                     tiny_model, step):
+def test_localhost_serves_beside_squatters_on_the_ipv6_loopback_and_a_v6only_wildcard(
+    testbed_clean, tmp_path, tiny_model, step
+):
     tb = testbed_clean
     env = serving_env(tb, tmp_path, tiny_model, VLLM_HOST="localhost")
-    order = tb.exec("head", [sys.executable, "-c", "import socket; "
-                             f"print(socket.getaddrinfo('localhost', {API_PORT}, type=1)[0][4][0])"], check=True)
+    order = tb.exec(
+        "head",
+        [sys.executable, "-c", f"import socket; print(socket.getaddrinfo('localhost', {API_PORT}, type=1)[0][4][0])"],
+        check=True,
+    )
     assert order.stdout.strip() == "::1"  # guard: the node's resolver gives ::1 first, as on Debian
     loopback6, loopback6_log = squat(tb, tmp_path, "::1")
     wildcard6 = None

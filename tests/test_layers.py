@@ -77,8 +77,11 @@ def test_the_layer_table_names_every_package_once():
 
 def test_every_import_goes_down_the_layer_table():
     order = {name: index for index, name in enumerate(layer_table())}
-    against = [f"{source} -> {target} ({', '.join(sorted(set(files)))})"
-               for (source, target), files in package_imports().items() if order[target] > order[source]]
+    against = [
+        f"{source} -> {target} ({', '.join(sorted(set(files)))})"
+        for (source, target), files in package_imports().items()
+        if order[target] > order[source]
+    ]
     assert not against, "imports against the layer table (docs/architecture.md):\n" + "\n".join(against)
 
 
@@ -91,7 +94,7 @@ def test_no_two_packages_import_each_other():
     def visit(node: str, trail: list[str]) -> None:
         for nxt in sorted(graph.get(node, ())):
             if nxt in trail:
-                cycles.append(" -> ".join(trail[trail.index(nxt):] + [nxt]))
+                cycles.append(" -> ".join(trail[trail.index(nxt) :] + [nxt]))
             elif len(trail) < len(graph) + 1:
                 visit(nxt, trail + [nxt])
 
@@ -102,9 +105,11 @@ def test_no_two_packages_import_each_other():
 
 def test_the_checker_sees_lazy_relative_and_string_imports():
     """The reader itself: an import inside a function, a relative one, and a "module:function" string count."""
-    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dspark_launch.config import settings\n"
-              "def f():\n    from ..serve import plan\n    from dspark_launch import hotfix\n"
-              "    return 'dspark_launch.cli.main:app'\n")
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dspark_launch.config import settings\n"
+        "def f():\n    from ..serve import plan\n    from dspark_launch import hotfix\n"
+        "    return 'dspark_launch.cli.main:app'\n"
+    )
     found = {target_layer(name) for name in imported_modules(source, "dspark_launch.cluster.probe")}
     assert found == {"config", "serve", "hotfix", "cli"}
 

@@ -22,10 +22,19 @@ def test_a_holder_probe_is_never_taken_for_a_holder(tmp_path):
     state_dir.mkdir(mode=0o700)
     with state_lock(state_dir):
         pass  # the lock file exists before the prober opens it
-    prober = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\nfrom pathlib import Path\nfrom dspark_launch.cluster.state import lock_holder\n"
-        f"state = Path({str(state_dir)!r})\nprint('probing', flush=True)\n"
-        "while True:\n    lock_holder(state)\n")], stdout=subprocess.PIPE, text=True)
+    prober = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time\nfrom pathlib import Path\nfrom dspark_launch.cluster.state import lock_holder\n"
+                f"state = Path({str(state_dir)!r})\nprint('probing', flush=True)\n"
+                "while True:\n    lock_holder(state)\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert prober.stdout.readline() == "probing\n"
         refused = 0
@@ -40,9 +49,19 @@ def test_a_holder_probe_is_never_taken_for_a_holder(tmp_path):
         prober.wait()
     assert refused == 0
     with state_lock(state_dir):  # a real holder is still named, at once
-        holder = subprocess.run([sys.executable, "-c", (
-            "from pathlib import Path\nfrom dspark_launch.cluster.state import state_lock\n"
-            f"with state_lock(Path({str(state_dir)!r})): pass")], capture_output=True, text=True, timeout=30)
+        holder = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                (
+                    "from pathlib import Path\nfrom dspark_launch.cluster.state import state_lock\n"
+                    f"with state_lock(Path({str(state_dir)!r})): pass"
+                ),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     assert holder.returncode == 1 and f"another dspark (pid {os.getpid()}) holds" in holder.stderr
 
 
@@ -61,8 +80,13 @@ def test_sigterm_to_a_command_holding_the_lock(testbed_clean, tmp_path):
         up = dspark(tb, env, "cluster", "up")
         assert up.returncode == 0, up.stderr[-3000:]
         before = load_state(state_dir)
-        stopping = tb.popen("head", [str(VENV_BIN / "dspark"), "stop", "--env-file", str(env)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stopping = tb.popen(
+            "head",
+            [str(VENV_BIN / "dspark"), "stop", "--env-file", str(env)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         # The lock file names its holder once it holds it (nsenter execs: the pid is dspark's own).
         deadline = time.monotonic() + 60
         while (state_dir / LOCK_FILE).read_text().strip() != str(stopping.pid):
@@ -106,9 +130,14 @@ def test_supervisor_sigterm_again_while_it_stops_its_run(testbed_clean, tmp_path
     tb = testbed_clean
     env = serving_env(tb, tmp_path, tiny_model)
     state_dir = tmp_path / "state"
-    supervisor = tb.popen("head", [str(VENV_BIN / "dspark"), "start", "--foreground", "--env-file", str(env)],
-                          env=launcher_env(scratch(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True)
+    supervisor = tb.popen(
+        "head",
+        [str(VENV_BIN / "dspark"), "start", "--foreground", "--env-file", str(env)],
+        env=launcher_env(scratch(tmp_path)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         read_until_served(supervisor)
         supervisor.send_signal(signal.SIGTERM)

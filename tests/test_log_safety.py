@@ -15,11 +15,10 @@ import pytest
 
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.client import NodeAgent
-from dspark_launch.errors import ClusterFailure
-from dspark_launch.node.safe_path import CONTAINER_STATE_VAR
-from dspark_launch.cluster.state import ensure_state_dir
 from dspark_launch.agent.transport import LocalTransport
-from dspark_launch.errors import ConfigError
+from dspark_launch.cluster.state import ensure_state_dir
+from dspark_launch.errors import ClusterFailure, ConfigError
+from dspark_launch.node.safe_path import CONTAINER_STATE_VAR
 from tests.support.processes import never_started
 
 NOBODY = 65534
@@ -53,8 +52,10 @@ def test_ray_start_log_that_is_a_link_is_refused_and_nothing_starts(agent, tmp_p
     owner = marker()
     with pytest.raises(ClusterFailure) as refused:
         agent.call(p.Run(writes(witness), {}, owner, str(logs / "ray-start-here.log"), 30), "ray start", 60)
-    assert str(refused.value).startswith(f"here: ray start: log {logs / 'ray-start-here.log'} is a symbolic link "
-                                         "(never followed); refusing to write a log there, nothing started")
+    assert str(refused.value).startswith(
+        f"here: ray start: log {logs / 'ray-start-here.log'} is a symbolic link "
+        "(never followed); refusing to write a log there, nothing started"
+    )
     assert "\n" not in str(refused.value)
     assert never_started(owner, witness) and victim.read_text() == "precious\n"
 
@@ -151,12 +152,14 @@ def test_cluster_up_refuses_a_planted_ray_start_log_on_the_worker(testbed_clean,
 # A rootful docker/podman driven by a non-root operator: the state folder (mounted into the node
 # container at its host path) is the operator's, the agent inside is root. Here the operator is `nobody`.
 
+
 def container_agent(tmp_path: Path, state: Path) -> NodeAgent:
     """A real agent process started as runtime.run_argv's container starts it: the marker in its environment."""
     wrapper = tmp_path / "bin" / "python"
     wrapper.parent.mkdir()
-    wrapper.write_text(f"#!/bin/sh\nexport {CONTAINER_STATE_VAR}={shlex.quote(str(state))}\n"
-                       f"exec {shlex.quote(sys.executable)} \"$@\"\n")
+    wrapper.write_text(
+        f'#!/bin/sh\nexport {CONTAINER_STATE_VAR}={shlex.quote(str(state))}\nexec {shlex.quote(sys.executable)} "$@"\n'
+    )
     wrapper.chmod(0o755)
     return NodeAgent("here", LocalTransport(str(wrapper)))
 
@@ -180,8 +183,10 @@ def test_a_root_agent_in_a_launcher_container_keeps_the_operators_logs(agent, tm
     assert (log.stat().st_uid, log.stat().st_gid, stat.S_IMODE(log.stat().st_mode)) == (NOBODY, NOBODY, 0o600)
     server_log = state / "logs" / "vllm-serve.log"
     for _ in range(2):  # the second start rotates the operator's log and makes a new one for them
-        inside.call(p.Spawn((sys.executable, "-c", "print('served')"), {}, marker(), str(server_log),
-                             rotate_log=True), "vllm serve")
+        inside.call(
+            p.Spawn((sys.executable, "-c", "print('served')"), {}, marker(), str(server_log), rotate_log=True),
+            "vllm serve",
+        )
     assert server_log.stat().st_uid == NOBODY and Path(f"{server_log}.1").stat().st_uid == NOBODY
     # The same folder to an agent outside a launcher container: another user's, refused as before.
     with pytest.raises(ClusterFailure, match=f"is owned by uid {NOBODY}"):
@@ -192,8 +197,9 @@ def test_a_root_agent_in_a_launcher_container_keeps_the_operators_logs(agent, tm
 def test_a_log_folder_the_container_agent_makes_is_the_operators(tmp_path):
     state = operators_state(tmp_path, with_logs=False)
     log = state / "logs" / "ray-start-here.log"
-    container_agent(tmp_path, state).call(p.Run((sys.executable, "-c", "print('hi')"), {}, marker(), str(log), 30),
-                                         "ray start", 60)
+    container_agent(tmp_path, state).call(
+        p.Run((sys.executable, "-c", "print('hi')"), {}, marker(), str(log), 30), "ray start", 60
+    )
     folder = log.parent.stat()
     assert (folder.st_uid, stat.S_IMODE(folder.st_mode)) == (NOBODY, 0o700) and log.stat().st_uid == NOBODY
 
@@ -204,10 +210,14 @@ def test_the_container_rule_covers_only_a_private_state_folder(tmp_path):
     elsewhere = tmp_path / "elsewhere"  # a folder of the operator outside the state folder: not theirs to share
     elsewhere.mkdir(mode=0o700)
     os.chown(elsewhere, NOBODY, NOBODY)
-    assert inside.call(p.PrepareLogDir(str(elsewhere))).error == f"{elsewhere} is owned by uid {NOBODY}, not by this user (uid 0)"
+    assert (
+        inside.call(p.PrepareLogDir(str(elsewhere))).error
+        == f"{elsewhere} is owned by uid {NOBODY}, not by this user (uid 0)"
+    )
     state.chmod(0o770)
     assert inside.call(p.PrepareLogDir(str(state / "logs"))).error == (
-        f"the state folder {state} has mode 0770: group or others can write it")
+        f"the state folder {state} has mode 0770: group or others can write it"
+    )
     state.rename(tmp_path / "real-state")
     state.symlink_to(tmp_path / "real-state")
     assert "is a symbolic link" in inside.call(p.PrepareLogDir(str(state / "logs"))).error

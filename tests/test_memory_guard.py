@@ -30,19 +30,32 @@ def test_admission_closes_below_the_floor_or_at_the_pressure_and_opens_with_a_hy
     assert mg.judge({"worker1": node(5)}, True, floor, pct)[0]
     assert mg.judge({"worker1": node(7, some=6.0)}, True, floor, pct)[0]
     assert mg.judge({"worker1": node(7, some=4.0), "head": node(10, some=None)}, True, floor, pct) == (
-        False, "every node above 6144 MiB available and below 5% pressure")
+        False,
+        "every node above 6144 MiB available and below 5% pressure",
+    )
 
 
 def server(**live: str) -> ServerRecord:
-    return ServerRecord(marker="run-1", log="/nonexistent/vllm-serve.log", url="http://127.0.0.1:8888",
-                        served_name="tiny", model="m", started_at=0.0, digest="d", cap=1,
-                        settings={"DSPARK_MAX_INFLIGHT_PREFILLS": "1", contract.ENV_ADMISSION: "0", "MAX_NUM_SEQS": "6"},
-                        live=dict(live), control_file="/nonexistent/control")
+    return ServerRecord(
+        marker="run-1",
+        log="/nonexistent/vllm-serve.log",
+        url="http://127.0.0.1:8888",
+        served_name="tiny",
+        model="m",
+        started_at=0.0,
+        digest="d",
+        cap=1,
+        settings={"DSPARK_MAX_INFLIGHT_PREFILLS": "1", contract.ENV_ADMISSION: "0", "MAX_NUM_SEQS": "6"},
+        live=dict(live),
+        control_file="/nonexistent/control",
+    )
 
 
 def test_the_control_file_is_the_values_in_force_with_admission_closed():
     assert mg.control_values(server(DSPARK_MAX_INFLIGHT_PREFILLS="2"), True) == {
-        "DSPARK_MAX_INFLIGHT_PREFILLS": "2", contract.ENV_ADMISSION: "1"}
+        "DSPARK_MAX_INFLIGHT_PREFILLS": "2",
+        contract.ENV_ADMISSION: "1",
+    }
     assert mg.control_values(server(), False) == {"DSPARK_MAX_INFLIGHT_PREFILLS": "1", contract.ENV_ADMISSION: "0"}
     # An operator who closed admission by reload keeps it closed when the guard opens.
     assert mg.control_values(server(DSPARK_ADMISSION_CLOSED="1"), False)[contract.ENV_ADMISSION] == "1"
@@ -69,17 +82,23 @@ def guard(monkeypatch, tmp_path):
 
 def test_the_guard_switches_once_per_crossing_logs_each_change_and_releases_at_the_end(guard):
     made, samples, written, told, noted, clock, state = guard
-    samples += [{"head": node(10)}, {"head": node(3)}, {"head": node(3.5)}, {"head": node(5.5)}, {"head": node(7)},
-                {"head": node(2)}]
+    samples += [
+        {"head": node(10)},
+        {"head": node(3)},
+        {"head": node(3.5)},
+        {"head": node(5.5)},
+        {"head": node(7)},
+        {"head": node(2)},
+    ]
     for _ in range(5):
         made.look(server())
         made.look(server())  # within MEMORY_CHECK_S: not sampled again
         clock[0] += mg.MEMORY_CHECK_S
     assert written == [True, False]
-    assert told == ["memory guard: admission closed: head: MemAvailable 3072 MiB below DSPARK_MEMORY_FLOOR_MIB 4096: "
-                    "in force",
-                    "memory guard: admission open again: every node above 6144 MiB available and below 5% pressure: "
-                    "in force"]
+    assert told == [
+        "memory guard: admission closed: head: MemAvailable 3072 MiB below DSPARK_MEMORY_FLOOR_MIB 4096: in force",
+        "memory guard: admission open again: every node above 6144 MiB available and below 5% pressure: in force",
+    ]
     assert noted == told
     made.look(server())
     assert made.state.closed and mg.held_values(state, "run-1") == {contract.ENV_ADMISSION: "1"}
@@ -98,11 +117,26 @@ def test_status_shows_the_sample_and_the_guard():
     from dspark_launch.cli.status_view import status_renderables
     from dspark_launch.serve.status import ServerView, ServiceStatus
 
-    watch = mg.MemoryWatch("m", 100.0, {"head": node(3, some=1.5)},
-                           mg.GuardState("pause", True, 90.0, "head: MemAvailable 3072 MiB below ..."))
-    view = ServiceStatus(state="up", ray_address="a:1", config_digest="d", started_at=1.0, checked_at=2.0, problems=(),
-                         nodes=(), server=ServerView(state="up", pid=7), memory=watch)
-    text = "\n".join(getattr(r, "plain", str(r)) for r in status_renderables(view, ".env.dspark", rich=False, now=103.0))
+    watch = mg.MemoryWatch(
+        "m",
+        100.0,
+        {"head": node(3, some=1.5)},
+        mg.GuardState("pause", True, 90.0, "head: MemAvailable 3072 MiB below ..."),
+    )
+    view = ServiceStatus(
+        state="up",
+        ray_address="a:1",
+        config_digest="d",
+        started_at=1.0,
+        checked_at=2.0,
+        problems=(),
+        nodes=(),
+        server=ServerView(state="up", pid=7),
+        memory=watch,
+    )
+    text = "\n".join(
+        getattr(r, "plain", str(r)) for r in status_renderables(view, ".env.dspark", rich=False, now=103.0)
+    )
     assert "memory (the supervisor's, 3 s ago): head 3.0 of 120.0 GiB available, pressure some 1.5% full 0.0%" in text
     assert "  memory guard (DSPARK_MEMORY_GUARD=pause): admission closed since " in text
     assert view.to_data()["memory"]["guard"]["closed"] is True

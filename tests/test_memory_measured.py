@@ -6,8 +6,8 @@ from __future__ import annotations
 import shutil
 
 from dspark_launch.agent.protocol import MemoryAnswer
-from dspark_launch.node.vllm_dryboot import SHIPPED_CONFIG
 from dspark_launch.model.onnodes import ModelWeights
+from dspark_launch.node.vllm_dryboot import SHIPPED_CONFIG
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
 from dspark_launch.profiles.memory_model import GIB
 from dspark_launch.serve.memory_preflight import estimate
@@ -39,12 +39,14 @@ def test_the_default_utilization_passes_the_gate_of_a_fresh_headless_gb10_at_1m(
     """Public idle readings of a headless GB10: 113-117 GiB MemAvailable. The default holds 1M context and passes
     vLLM's gate at the low end; 0.90 (the former default) does not pass it there."""
     for available in (113.0, 117.0):
-        found = estimate(DEEPSEEK_V4_FLASH.name, pulled(tmp_path), "fp8_ds_mla", 1048576, 2, DEFAULT_UTILIZATION,
-                         nodes(available))
+        found = estimate(
+            DEEPSEEK_V4_FLASH.name, pulled(tmp_path), "fp8_ds_mla", 1048576, 2, DEFAULT_UTILIZATION, nodes(available)
+        )
         assert found.fits, (available, [f.line + " / " + f.free_line for f in found.findings])
     former = estimate(DEEPSEEK_V4_FLASH.name, pulled(tmp_path), "fp8_ds_mla", 1048576, 2, 0.90, nodes(113.0))
     assert not former.fits and all(f.share_fits and f.free_fits is False for f in former.findings)
     # A desktop session's 101 GiB (a GLM-on-Spark report): refused, with the context that would fit.
-    busy = estimate(DEEPSEEK_V4_FLASH.name, pulled(tmp_path), "fp8_ds_mla", 1048576, 2, DEFAULT_UTILIZATION,
-                    nodes(101.0))
+    busy = estimate(
+        DEEPSEEK_V4_FLASH.name, pulled(tmp_path), "fp8_ds_mla", 1048576, 2, DEFAULT_UTILIZATION, nodes(101.0)
+    )
     assert not busy.fits and "lower GPU_MEMORY_UTILIZATION to 0.78 or less" in busy.findings[0].fix

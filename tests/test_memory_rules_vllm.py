@@ -17,7 +17,12 @@ import pytest
 
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
 from dspark_launch.profiles.memory_model import (
-    EXTENSIBLE_KV, EXTENSIBLE_KV_MARGIN, GIB, START_GATE, NodeMemory, estimate_memory,
+    EXTENSIBLE_KV,
+    EXTENSIBLE_KV_MARGIN,
+    GIB,
+    START_GATE,
+    NodeMemory,
+    estimate_memory,
 )
 from dspark_launch.serve.memory_preflight import EXTENSIBLE_OFF_FLAGS
 from tests.support.compat_vllm import cannot_build
@@ -100,19 +105,31 @@ def _sizing(available_gib: float, utilization: float) -> dict:
     resident, nothing of the KV cache committed."""
     init_free = int(available_gib * GIB) - DIP
     resident = WEIGHTS + OVERHEAD - TRANSIENT
-    return {"init_free_memory": init_free, "free_memory": init_free - resident, "committed_bytes": 0,
-            "requested_memory": math.ceil(GB10 * utilization), "transient_peak_bytes": TRANSIENT}
+    return {
+        "init_free_memory": init_free,
+        "free_memory": init_free - resident,
+        "committed_bytes": 0,
+        "requested_memory": math.ceil(GB10 * utilization),
+        "transient_peak_bytes": TRANSIENT,
+    }
 
 
 CASES = ((113.0, 0.87), (117.0, 0.87), (113.0, 0.95), (100.0, 0.87), (104.0, 0.90))
 
 
 def _probe(version: str) -> dict:
-    cases = json.dumps({"total": GB10, "free": int(113 * GIB) - DIP, "utilization": 0.90,
-                        "sizing": [_sizing(available, utilization) for available, utilization in CASES]})
+    cases = json.dumps(
+        {
+            "total": GB10,
+            "free": int(113 * GIB) - DIP,
+            "utilization": 0.90,
+            "sizing": [_sizing(available, utilization) for available, utilization in CASES],
+        }
+    )
     if version == "installed":
-        proc = subprocess.run([sys.executable, "-c", PROBE, cases], capture_output=True, text=True, timeout=600,
-                              cwd=REPO)
+        proc = subprocess.run(
+            [sys.executable, "-c", PROBE, cases], capture_output=True, text=True, timeout=600, cwd=REPO
+        )
     else:
         from tests.support.newest_vllm import run_python
 
@@ -132,8 +149,9 @@ def newest():
 
 def _estimate(available_gib: float, utilization: float, version: str):
     nodes = (NodeMemory("head", GB10, int(available_gib * GIB)),)
-    return estimate_memory(DEEPSEEK_V4_FLASH, "fp8", 1048576, 2, 2 * WEIGHTS, None, nodes, utilization,
-                           vllm_version=version)
+    return estimate_memory(
+        DEEPSEEK_V4_FLASH, "fp8", 1048576, 2, 2 * WEIGHTS, None, nodes, utilization, vllm_version=version
+    )
 
 
 @pytest.mark.parametrize("version", ["installed", pytest.param("0.33.0", marks=pytest.mark.compat)])
@@ -148,10 +166,14 @@ def test_before_034_vllm_refuses_to_start_below_utilization_x_total_free(version
 def test_034_turns_the_extensible_kv_cache_on_by_default_on_cuda_and_skips_the_gate(newest):
     assert newest["extensible_field"] and newest["default"] is True  # CUDA 12.1: on, nothing asked
     assert newest["on_cpu"] is False  # vLLM's CPU backend: off (the testbed keeps the gate's rule)
-    assert newest["off"] == {"kv_cache_memory_bytes": False, "num_gpu_blocks_override": False,
-                             "enable_extensible_kv_cache": False}
-    assert {"--kv-cache-memory-bytes", "--num-gpu-blocks-override",
-            "--no-enable-extensible-kv-cache"} <= set(EXTENSIBLE_OFF_FLAGS)
+    assert newest["off"] == {
+        "kv_cache_memory_bytes": False,
+        "num_gpu_blocks_override": False,
+        "enable_extensible_kv_cache": False,
+    }
+    assert {"--kv-cache-memory-bytes", "--num-gpu-blocks-override", "--no-enable-extensible-kv-cache"} <= set(
+        EXTENSIBLE_OFF_FLAGS
+    )
     assert newest["unset_utilization"] == 1.0  # unset, 0.34 takes all the memory: the launcher always passes one
     # 113 GiB idle, 0.90: refused with the extensible KV cache off (as 0.32), a plain cap with it on.
     assert "less than desired GPU memory utilization" in newest["gate"]["False"]["refused"]

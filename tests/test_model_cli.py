@@ -66,8 +66,13 @@ def test_pull_verify_damage_refuse_repair_then_serve_offline(testbed_clean, tmp_
     env = serving_env(tb, tmp_path, tiny_model, DSPARK_MODEL=REPO_ID, DSPARK_MODEL_CACHE=str(cache))
     repo = tmp_path / "hub-repo"  # the served model's files, without the launcher's manifest
     shutil.copytree(tiny_model, repo, ignore=shutil.ignore_patterns(".dspark-manifest.json*"))
-    hub = tb.popen(tb.head, [f"{tb.venv}/bin/python", "-m", "tests.support.hub_server", str(repo)], cwd=str(REPO_ROOT),
-                   stdout=subprocess.PIPE, text=True)
+    hub = tb.popen(
+        tb.head,
+        [f"{tb.venv}/bin/python", "-m", "tests.support.hub_server", str(repo)],
+        cwd=str(REPO_ROOT),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         endpoint = hub.stdout.readline().strip()
         # never pulled: status and start name the fix, nothing started
@@ -90,7 +95,10 @@ def test_pull_verify_damage_refuse_repair_then_serve_offline(testbed_clean, tmp_
 
         # the worker's own copy: truncate the weights, flip a byte of the tokenizer (size and mtime kept)
         worker_folder = disk / folder.relative_to(cache)
-        weights, tokenizer = (worker_folder / "model.safetensors").resolve(), (worker_folder / "tokenizer.json").resolve()
+        weights, tokenizer = (
+            (worker_folder / "model.safetensors").resolve(),
+            (worker_folder / "tokenizer.json").resolve(),
+        )
         assert weights.is_relative_to(disk)
         with open(weights, "r+b") as fh:
             fh.truncate(1000)
@@ -120,7 +128,8 @@ def test_pull_verify_damage_refuse_repair_then_serve_offline(testbed_clean, tmp_
         mended = json.loads(plain.stdout)
         assert mended["hashed_bytes"] == 0  # the head's files are unchanged: nothing hashed there
         assert [p.split("/")[-1] for p in mended["workers"][0]["copy"]["files_sent"] if p.startswith("blobs/")] == [
-            blob("model.safetensors")]  # rsync's size check: the truncated one, hashed there alone
+            blob("model.safetensors")
+        ]  # rsync's size check: the truncated one, hashed there alone
         assert mended["workers"][0]["report"]["bytes_checked"] == os.path.getsize(folder / "model.safetensors")
         repaired = model_cli(tb, tmp_path, env, "model", "pull", "--json", "--verify", endpoint=endpoint)
         assert repaired.returncode == 0, repaired.stderr[-3000:]
@@ -153,8 +162,9 @@ def test_pull_verify_damage_refuse_repair_then_serve_offline(testbed_clean, tmp_
     assert left == set(), describe(left)
 
 
-def test_the_copy_goes_to_the_fabric_address_and_needs_that_addresses_host_key(testbed_clean, tmp_path, tiny_model,
-                                                                               worker_cache):
+def test_the_copy_goes_to_the_fabric_address_and_needs_that_addresses_host_key(
+    testbed_clean, tmp_path, tiny_model, worker_cache
+):
     """SSH reaches the worker by a name (`worker1-ssh` in the head's /etc/hosts), the copy by its fabric IP:
     with the worker's key known only under its SSH name, the pull stops naming the fabric address and the fix;
     with the key added for that address, the copy goes there."""
@@ -171,8 +181,15 @@ def test_the_copy_goes_to_the_fabric_address_and_needs_that_addresses_host_key(t
     original = hosts.read_text()
     hosts.write_text(original + f"{worker.ip}\tworker1-ssh\n")
     try:
-        env = serving_env(tb, tmp_path, folder, DSPARK_WORKER_HOSTS="root@worker1-ssh", DSPARK_WORKER_IPS=worker.ip,
-                          DSPARK_SSH_HOST_KEY_CHECK="yes", DSPARK_SSH_OPTIONS=f"-o UserKnownHostsFile={known}")
+        env = serving_env(
+            tb,
+            tmp_path,
+            folder,
+            DSPARK_WORKER_HOSTS="root@worker1-ssh",
+            DSPARK_WORKER_IPS=worker.ip,
+            DSPARK_SSH_HOST_KEY_CHECK="yes",
+            DSPARK_SSH_OPTIONS=f"-o UserKnownHostsFile={known}",
+        )
         refused = model_cli(tb, tmp_path, env, "model", "pull")
         assert refused.returncode == 1, refused.stderr[-2000:]
         assert f"rsync to {worker.ip} failed: the SSH host key of {worker.ip}" in refused.stderr, refused.stderr

@@ -15,8 +15,7 @@ from dspark_launch.model.hub import list_model, pull, resolve_token
 from dspark_launch.model.local_model import prepare_local
 from dspark_launch.node.manifest import MANIFEST_NAME, read_manifest
 from dspark_launch.node.model_files import CORRUPT, MISSING, OVERSIZED, PARTIAL, STALE, fast_check, verify_model
-from tests.support.hub_server import (TINY_REPO_ID, HubRepo, HubServer, tiny_hub_source,
-                                      write_tiny_model)
+from tests.support.hub_server import TINY_REPO_ID, HubRepo, HubServer, tiny_hub_source, write_tiny_model
 
 REPO_ID = TINY_REPO_ID
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -54,6 +53,7 @@ def test_pull_by_branch_pins_the_commit_the_hub_names(hub, tmp_path):
     assert (Path(pulled.location.root) / "refs" / "main").read_text() == hub.repo.commit
     # the cache serves offline by branch name, as vLLM will load it
     from huggingface_hub import snapshot_download
+
     offline = snapshot_download(REPO_ID, revision="main", cache_dir=str(tmp_path / "cache"), local_files_only=True)
     assert offline == pulled.location.folder
 
@@ -72,10 +72,16 @@ def test_a_connection_cut_mid_file_resumes_with_a_range_request(tmp_path):
 
 def test_a_pull_killed_mid_file_then_run_again_completes_and_fetches_only_what_was_missing(hub, tmp_path):
     hub.stall_next(shard(2), 100_000)
-    script = ("import sys; from dspark_launch.model.hub import HubSource, list_model, pull;"
-              "s = HubSource(sys.argv[1], '', sys.argv[2], sys.argv[3]); pull(s, list_model(s))")
-    child = subprocess.Popen([sys.executable, "-c", script, REPO_ID, str(tmp_path / "cache"), hub.endpoint],
-                             cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    script = (
+        "import sys; from dspark_launch.model.hub import HubSource, list_model, pull;"
+        "s = HubSource(sys.argv[1], '', sys.argv[2], sys.argv[3]); pull(s, list_model(s))"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, REPO_ID, str(tmp_path / "cache"), hub.endpoint],
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     blobs = tmp_path / "cache" / "models--test-org--tiny" / "blobs"
     others = {(f.sha256 if f.lfs else f.blob_id) for f in hub.repo.files if f.path != shard(2)}
 
@@ -117,7 +123,9 @@ def test_a_corrupt_file_in_the_head_cache_is_fetched_again_alone(hub, tmp_path):
     assert verify_model(again.location.folder, again.manifest).ok
 
 
-@pytest.mark.parametrize("token, status, words", [(None, 401, "no token found"), ("hf_wrong", 403, "token was refused")])
+@pytest.mark.parametrize(
+    "token, status, words", [(None, 401, "no token found"), ("hf_wrong", 403, "token was refused")]
+)
 def test_gated_repo_without_or_with_a_wrong_token_is_one_line_exit_1(tmp_path, token, status, words):
     secret = "hf_theRightTokenNeverPrinted"
     repo = HubRepo.from_folder(REPO_ID, write_tiny_model(tmp_path / "src"), gated_token=secret)
@@ -216,12 +224,19 @@ def test_the_copy_uses_the_launchers_ssh_settings_and_balances_streams(tmp_path)
     from dspark_launch.agent.transport import SSHTransport
     from dspark_launch.model.copy import SSHTarget, _shares, rsync_argv
 
-    transport = SSHTransport(host="10.213.0.2", python="/usr/bin/python3", port=2222, user="root", key="/k",
-                             host_key_check="accept-new", extra_options=("-o", "UserKnownHostsFile=/kh"))
+    transport = SSHTransport(
+        host="10.213.0.2",
+        python="/usr/bin/python3",
+        port=2222,
+        user="root",
+        key="/k",
+        host_key_check="accept-new",
+        extra_options=("-o", "UserKnownHostsFile=/kh"),
+    )
     target = SSHTarget.from_transport(transport)
     agent_argv = transport.argv()
-    agent_options = agent_argv[:agent_argv.index("--")]
-    assert target.ssh_argv()[:len(agent_options)] == agent_options  # first: ssh keeps a keyword's first value
+    agent_options = agent_argv[: agent_argv.index("--")]
+    assert target.ssh_argv()[: len(agent_options)] == agent_options  # first: ssh keeps a keyword's first value
     # what the real ssh makes of the copy's options: AES-GCM first, ssh's other defaults kept, no compression
     resolved = subprocess.run(target.ssh_argv() + ["-G", "10.213.0.2"], capture_output=True, text=True, check=True)
     config = dict(line.split(" ", 1) for line in resolved.stdout.splitlines() if " " in line)
@@ -276,9 +291,11 @@ def test_dspark_model_pull_on_a_gated_repo_is_one_line_exit_1_before_any_node(tm
     secret = "hf_theRightTokenNeverPrinted"
     repo = HubRepo.from_folder(REPO_ID, write_tiny_model(tmp_path / "src"), gated_token=secret)
     env_file = tmp_path / "dspark.env"
-    env_file.write_text(f"DSPARK_HEAD_IP=10.213.0.91\nDSPARK_WORKER_HOSTS=root@10.213.0.92\nDSPARK_FABRIC_IFNAME=fab0\n"
-                        f"DSPARK_MODEL={REPO_ID}\nDSPARK_MODEL_CACHE={tmp_path / 'cache'}\n"
-                        f"DSPARK_STATE_DIR={tmp_path / 'state'}\nDSPARK_HUB_TOKEN_TO_ENDPOINT=1\n")
+    env_file.write_text(
+        f"DSPARK_HEAD_IP=10.213.0.91\nDSPARK_WORKER_HOSTS=root@10.213.0.92\nDSPARK_FABRIC_IFNAME=fab0\n"
+        f"DSPARK_MODEL={REPO_ID}\nDSPARK_MODEL_CACHE={tmp_path / 'cache'}\n"
+        f"DSPARK_STATE_DIR={tmp_path / 'state'}\nDSPARK_HUB_TOKEN_TO_ENDPOINT=1\n"
+    )
     with HubServer(repo) as server:
         with env_file.open("a") as more:  # the loopback hub named as trusted: it gets the token over http
             more.write(f"DSPARK_HUB_TRUSTED_HTTP_ENDPOINT={server.endpoint}\n")
@@ -350,10 +367,21 @@ def test_the_copy_goes_to_the_fabric_ip_with_the_agents_ssh_settings_in_every_ru
 
     def target(**values):
         env_file = tmp_path / "c.env"
-        env_file.write_text("".join(f"{k}={v}\n" for k, v in {
-            "DSPARK_HEAD_IP": "10.213.0.1", "DSPARK_WORKER_HOSTS": "admin@spark2.lan", "DSPARK_WORKER_IPS": "10.213.0.2",
-            "DSPARK_FABRIC_IFNAME": "fab0", "SSH_PORT": "2222", "DSPARK_SSH_KEY": "/k",
-            "DSPARK_SSH_OPTIONS": "-o UserKnownHostsFile=/kh", **values}.items()))
+        env_file.write_text(
+            "".join(
+                f"{k}={v}\n"
+                for k, v in {
+                    "DSPARK_HEAD_IP": "10.213.0.1",
+                    "DSPARK_WORKER_HOSTS": "admin@spark2.lan",
+                    "DSPARK_WORKER_IPS": "10.213.0.2",
+                    "DSPARK_FABRIC_IFNAME": "fab0",
+                    "SSH_PORT": "2222",
+                    "DSPARK_SSH_KEY": "/k",
+                    "DSPARK_SSH_OPTIONS": "-o UserKnownHostsFile=/kh",
+                    **values,
+                }.items()
+            )
+        )
         spec = cluster_spec(load_settings(env_file=str(env_file), environ={}))
         return copy_target(spec.workers[0])
 
@@ -368,9 +396,13 @@ def test_the_copy_goes_to_the_fabric_ip_with_the_agents_ssh_settings_in_every_ru
 def test_an_unknown_fabric_host_key_is_one_line_naming_the_address_and_the_fix():
     from dspark_launch.model.copy import SSHTarget, rsync_failure
 
-    failure = rsync_failure(SSHTarget("10.213.0.2"), 255, "No ED25519 host key is known for 10.213.0.2 and you have "
-                            "requested strict checking.\nHost key verification failed.\nrsync: connection unexpectedly "
-                            "closed (0 bytes received so far) [sender]\nrsync error: unexplained error (code 255)\n")
+    failure = rsync_failure(
+        SSHTarget("10.213.0.2"),
+        255,
+        "No ED25519 host key is known for 10.213.0.2 and you have "
+        "requested strict checking.\nHost key verification failed.\nrsync: connection unexpectedly "
+        "closed (0 bytes received so far) [sender]\nrsync error: unexplained error (code 255)\n",
+    )
     assert "10.213.0.2" in str(failure) and "not known" in str(failure) and "ssh-keyscan" in str(failure)
     assert "\n" not in str(failure)
 
@@ -387,8 +419,19 @@ def test_rsync_progress_becomes_one_line_per_node_and_the_file_names_stay_apart(
     (tmp_path / "list").write_text("blobs/a\nb\n")
     lines: list[str] = []
     meter = CopyProgress("worker1 (10.213.0.2)", (3 << 20) + 5, lines.append, every_s=0.0)
-    proc = sp.Popen(["rsync", "-a", "--whole-file", f"--files-from={tmp_path / 'list'}", "--out-format=%n",
-                     "--info=progress2", f"{src}/", f"{dst}/"], stdout=sp.PIPE)
+    proc = sp.Popen(
+        [
+            "rsync",
+            "-a",
+            "--whole-file",
+            f"--files-from={tmp_path / 'list'}",
+            "--out-format=%n",
+            "--info=progress2",
+            f"{src}/",
+            f"{dst}/",
+        ],
+        stdout=sp.PIPE,
+    )
     names: list[str] = []
     _read_stream(proc, 0, names, meter)
     assert proc.wait() == 0

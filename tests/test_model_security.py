@@ -25,8 +25,7 @@ from dspark_launch.model.local_model import prepare_local
 from dspark_launch.node.manifest import MANIFEST_NAME, Manifest, ManifestFile, read_manifest, write_manifest
 from dspark_launch.node.model_files import SPECIAL, verify_model
 from dspark_launch.node.model_paths import UnsafeModelPath
-from tests.support.hub_server import (TINY_REPO_ID, HubRepo, HubServer, tiny_hub_source,
-                                      write_tiny_model)
+from tests.support.hub_server import TINY_REPO_ID, HubRepo, HubServer, tiny_hub_source, write_tiny_model
 
 REPO_ID = TINY_REPO_ID
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -40,8 +39,18 @@ source = tiny_hub_source
 
 # --- point 2: every name a relative path inside the model folder -------------------------------------
 
-BAD_NAMES = ["/etc/passwd", "../../../victim", "config/../../x", "a\\b.json", "tokenizer\n.json", "x\x1b[2J",
-             "", "./config.json", "a//b", "/dev/zero"]
+BAD_NAMES = [
+    "/etc/passwd",
+    "../../../victim",
+    "config/../../x",
+    "a\\b.json",
+    "tokenizer\n.json",
+    "x\x1b[2J",
+    "",
+    "./config.json",
+    "a//b",
+    "/dev/zero",
+]
 
 
 @pytest.mark.parametrize("name", BAD_NAMES)
@@ -87,14 +96,24 @@ def test_a_listed_fifo_is_never_read(tmp_path):
     hash opened it and waited forever. Run in a child so a hang fails the test instead of the run."""
     folder = write_tiny_model(tmp_path / "m")
     os.mkfifo(folder / "pipe.json")
-    manifest = Manifest("local", "local", (ManifestFile("pipe.json", 0, "e3b0c44298fc1c149afbf4c8996fb924"
-                                                                          "27ae41e4649b934ca495991b7852b855"),))
-    script = ("import json, sys; from dspark_launch.node.manifest import Manifest;"
-              "from dspark_launch.node.model_files import verify_model;"
-              "r = verify_model(sys.argv[1], Manifest.from_json(sys.argv[2]), True);"
-              "print(json.dumps([[q.path, q.kind] for q in r.problems]))")
-    proc = subprocess.run([sys.executable, "-c", script, str(folder), manifest.to_json()], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60)
+    manifest = Manifest(
+        "local",
+        "local",
+        (ManifestFile("pipe.json", 0, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"),),
+    )
+    script = (
+        "import json, sys; from dspark_launch.node.manifest import Manifest;"
+        "from dspark_launch.node.model_files import verify_model;"
+        "r = verify_model(sys.argv[1], Manifest.from_json(sys.argv[2]), True);"
+        "print(json.dumps([[q.path, q.kind] for q in r.problems]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(folder), manifest.to_json()],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == [["pipe.json", SPECIAL]]
 
@@ -113,8 +132,10 @@ def test_a_manifest_with_an_unsafe_name_is_not_a_manifest(tmp_path, name):
     _, manifest = prepare_local(str(folder))
     data = json.loads(manifest.to_json())
     data["files"][0]["path"] = name
-    canonical = json.dumps([data["source"], data["revision"], [[f["path"], f["size"], f["sha256"]]
-                                                                for f in data["files"]]], separators=(",", ":"))
+    canonical = json.dumps(
+        [data["source"], data["revision"], [[f["path"], f["size"], f["sha256"]] for f in data["files"]]],
+        separators=(",", ":"),
+    )
     data["stamp"] = hashlib.sha256(canonical.encode()).hexdigest()[:32]  # anyone can recompute it
     (folder / MANIFEST_NAME).write_text(json.dumps(data))
     assert read_manifest(folder) is None
@@ -128,10 +149,17 @@ def test_a_verify_request_naming_a_path_outside_is_refused_by_the_agent(tmp_path
     _, manifest = prepare_local(str(folder))
     request = to_data(p.ModelVerify(str(folder), manifest, True))
     request["manifest"]["files"][0]["path"] = "../../etc/shadow"
-    line = json.dumps({"protocol": p.PROTOCOL_VERSION, "launcher": __version__, "op": "model_verify",
-                       "request": request})
-    proc = subprocess.run([sys.executable, "-m", "dspark_launch.agent.node_end"], input=line + "\n", cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60)
+    line = json.dumps(
+        {"protocol": p.PROTOCOL_VERSION, "launcher": __version__, "op": "model_verify", "request": request}
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "dspark_launch.agent.node_end"],
+        input=line + "\n",
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     answers = [json.loads(x) for x in proc.stdout.splitlines() if x.strip()]
     assert len(answers) == 1 and "failure" in answers[0], proc.stdout
     assert "'../../etc/shadow'" in answers[0]["failure"]["detail"]
@@ -147,6 +175,7 @@ def test_a_local_folder_with_a_link_out_is_refused(tmp_path):
 
 
 # --- point 3: nothing written through a fixed temporary name -----------------------------------------
+
 
 def test_the_manifest_is_never_written_through_a_planted_temporary_link(tmp_path):
     folder = write_tiny_model(tmp_path / "m")
@@ -175,14 +204,17 @@ def test_the_ref_is_never_written_through_a_planted_temporary_link(hub, tmp_path
 
 # --- point 4: the token only over https to the default hub, no proxy --------------------------------
 
+
 def test_the_token_goes_to_another_endpoint_only_with_the_opt_in(tmp_path):
     env = {"HF_TOKEN": "hf_secretNeverSent", "HF_HOME": str(tmp_path)}
     default = hub_source("org/m", "", "", env)
     assert default.token == "hf_secretNeverSent" and default.endpoint == ""
     mirror = hub_source("org/m", "", "", {**env, "HF_ENDPOINT": "https://mirror.example"})
     assert mirror.token is None and "DSPARK_HUB_TOKEN_TO_ENDPOINT=1" in mirror.token_withheld
-    assert hub_source("org/m", "", "", {**env, "HF_ENDPOINT": "https://mirror.example"},
-                      token_to_endpoint=True).token == "hf_secretNeverSent"
+    assert (
+        hub_source("org/m", "", "", {**env, "HF_ENDPOINT": "https://mirror.example"}, token_to_endpoint=True).token
+        == "hf_secretNeverSent"
+    )
 
 
 @pytest.mark.parametrize("endpoint", ["http://hub.example", "http://10.1.2.3:8080", "ftp://hub.example"])
@@ -211,8 +243,9 @@ def test_a_gated_hub_at_another_endpoint_gets_no_token_without_the_opt_in(tmp_pa
         with pytest.raises(ModelAccessError) as info:
             list_model(src)
         assert server.authorizations == []
-        assert list_model(hub_source(REPO_ID, "", str(tmp_path / "cache"), env, token_to_endpoint=True,
-                                     trusted_http=server.endpoint)).commit
+        assert list_model(
+            hub_source(REPO_ID, "", str(tmp_path / "cache"), env, token_to_endpoint=True, trusted_http=server.endpoint)
+        ).commit
     assert "DSPARK_HUB_TOKEN_TO_ENDPOINT=1" in str(info.value) and secret not in str(info.value)
 
 
@@ -330,8 +363,9 @@ def test_a_hub_cache_others_can_write_is_refused(hub, tmp_path):
     pulled = pull(src, list_model(src))
     assert _fast_check(Path(pulled.location.folder), pulled.manifest.stamp).ok
     (tmp_path / "cache").chmod(0o777)  # DSPARK_MODEL_CACHE: anyone could plant a repo folder there
-    assert f"model cache {tmp_path / 'cache'} has mode 0777" in _refused(Path(pulled.location.folder),
-                                                                         pulled.manifest.stamp)
+    assert f"model cache {tmp_path / 'cache'} has mode 0777" in _refused(
+        Path(pulled.location.folder), pulled.manifest.stamp
+    )
 
 
 @needs_root
@@ -387,7 +421,7 @@ def test_the_copy_belongs_to_the_receiving_user_and_nobody_else_can_write_it(tmp
     (src / "config.json").chmod(0o664)
     (tmp_path / "list").write_text("config.json\n")
     argv = rsync_argv(SSHTarget("10.0.0.2"), str(src), str(tmp_path / "list"), force=False)
-    local = argv[:argv.index("-e")] + ["--", f"{src}/", f"{dst}/"]
+    local = argv[: argv.index("-e")] + ["--", f"{src}/", f"{dst}/"]
     subprocess.run(local, check=True, capture_output=True)
     st = (dst / "config.json").stat()
     assert (st.st_uid, st.st_gid) == (os.geteuid(), os.getegid()) and not st.st_mode & 0o022
@@ -418,20 +452,29 @@ def test_the_model_commands_without_node_containers_check_the_folders_too(placed
     """With a container runtime `dspark model pull|verify|status` reach the nodes without their containers
     (head: the launcher's Python; workers: a `--rm` container): the same folder checks run there, the
     container model cache included, before a size or hash (here every node's agent is a local process)."""
-    from dspark_launch.cluster import containers
-    from dspark_launch.errors import ClusterFailure
-    from dspark_launch.cluster.spec import cluster_spec
     from dspark_launch.agent.transport import LocalTransport
+    from dspark_launch.cluster import containers
+    from dspark_launch.cluster.spec import cluster_spec
     from dspark_launch.config.settings import resolve
+    from dspark_launch.errors import ClusterFailure
     from dspark_launch.model.onnodes import where_weights_live
 
     folder, manifest = placed
     cache = tmp_path / "hf-home"
     cache.mkdir(mode=0o755)
-    settings = resolve(env_file="/dev/null", environ={
-        **clean_environ, "DSPARK_RUNTIME": "podman", "DSPARK_IMAGE": "nvcr.io/nvidia/vllm@sha256:" + "a" * 64,
-        "DSPARK_HEAD_IP": "10.213.0.1", "DSPARK_WORKER_HOSTS": "10.213.0.2", "DSPARK_FABRIC_IFNAME": "fab0",
-        "DSPARK_STATE_DIR": str(tmp_path / "state"), "DSPARK_CONTAINER_MODEL_CACHE": str(cache)})
+    settings = resolve(
+        env_file="/dev/null",
+        environ={
+            **clean_environ,
+            "DSPARK_RUNTIME": "podman",
+            "DSPARK_IMAGE": "nvcr.io/nvidia/vllm@sha256:" + "a" * 64,
+            "DSPARK_HEAD_IP": "10.213.0.1",
+            "DSPARK_WORKER_HOSTS": "10.213.0.2",
+            "DSPARK_FABRIC_IFNAME": "fab0",
+            "DSPARK_STATE_DIR": str(tmp_path / "state"),
+            "DSPARK_CONTAINER_MODEL_CACHE": str(cache),
+        },
+    )
     spec = cluster_spec(settings)
     monkeypatch.setattr(containers, "model_transports", lambda spec: {n.name: LocalTransport() for n in spec.nodes})
     ops = where_weights_live(spec)
@@ -465,5 +508,7 @@ def test_a_loopback_http_endpoint_gets_the_token_only_when_named_as_trusted(tmp_
         settings = load_settings(env_file=str(env_file), environ={"DSPARK_HUB_TRUSTED_HTTP_ENDPOINT": other})
         with pytest.raises(ConfigError):
             wanted_model(settings, environ)
-    settings = load_settings(env_file=str(env_file), environ={"DSPARK_HUB_TRUSTED_HTTP_ENDPOINT": "http://127.0.0.1:8081/"})
+    settings = load_settings(
+        env_file=str(env_file), environ={"DSPARK_HUB_TRUSTED_HTTP_ENDPOINT": "http://127.0.0.1:8081/"}
+    )
     assert wanted_model(settings, environ).source.token == "hf_secretNeverSent"

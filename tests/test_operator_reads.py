@@ -21,39 +21,76 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def terminal(width: int = 80) -> Console:
-    return Console(record=True, width=width, force_terminal=True, color_system="standard", highlight=False,
-                   file=io.StringIO())
+    return Console(
+        record=True, width=width, force_terminal=True, color_system="standard", highlight=False, file=io.StringIO()
+    )
 
 
 def node(name: str, ip: str, reachable: bool = True, alive: bool = True, reason: str | None = None) -> NodeView:
-    return NodeView(name=name, ip=ip, ssh_host=None if name == "head" else ip, reachable=reachable, ray_alive=alive,
-                    registered_ip=ip if alive else None, gpus=1.0 if alive else None, pids=(),
-                    versions=VersionsRecord(vllm="0.32.0", ray="2.60.0"), hotfix="applied",
-                    unreachable_reason=reason)
+    return NodeView(
+        name=name,
+        ip=ip,
+        ssh_host=None if name == "head" else ip,
+        reachable=reachable,
+        ray_alive=alive,
+        registered_ip=ip if alive else None,
+        gpus=1.0 if alive else None,
+        pids=(),
+        versions=VersionsRecord(vllm="0.32.0", ray="2.60.0"),
+        hotfix="applied",
+        unreachable_reason=reason,
+    )
 
 
 def service(state: str, nodes, server: ServerView, started_at: float | None, problems=()) -> ServiceStatus:
-    return ServiceStatus(state, "10.213.0.1:6379", "digest" if started_at else None, started_at, time.time(),
-                         tuple(problems), tuple(nodes), server)
+    return ServiceStatus(
+        state,
+        "10.213.0.1:6379",
+        "digest" if started_at else None,
+        started_at,
+        time.time(),
+        tuple(problems),
+        tuple(nodes),
+        server,
+    )
 
 
 def test_human_durations_use_two_units_at_most():
     assert [human_duration(s) for s in (0, 59.6, 61, 3600, 3 * 3600 + 12 * 60 + 5, 2 * 86400 + 3600 * 4)] == [
-        "0 s", "1 min", "1 min 1 s", "1 h", "3 h 12 min", "2 d 4 h"]
+        "0 s",
+        "1 min",
+        "1 min 1 s",
+        "1 h",
+        "3 h 12 min",
+        "2 d 4 h",
+    ]
 
 
 def test_status_with_nothing_deployed_says_so_with_the_env_file_and_each_no_with_its_reason():
-    view = service("down", [node("head", "10.213.0.1", alive=False),
-                            node("worker1", "10.213.0.2", reachable=False, alive=False,
-                                 reason="ssh: connect to host 10.213.0.2 port 22: No route to host")],
-                   ServerView("down"), None)
+    view = service(
+        "down",
+        [
+            node("head", "10.213.0.1", alive=False),
+            node(
+                "worker1",
+                "10.213.0.2",
+                reachable=False,
+                alive=False,
+                reason="ssh: connect to host 10.213.0.2 port 22: No route to host",
+            ),
+        ],
+        ServerView("down"),
+        None,
+    )
     assert not view.deployed
     console = terminal()
     print_status(view, "/etc/dspark/.env.dspark", console)
     text = console.export_text(styles=False, clear=False)
     assert text.splitlines()[0] == "nothing deployed (env file /etc/dspark/.env.dspark): `dspark start` brings it up"
     assert "  head (10.213.0.1): reachable" in text
-    assert "worker1 (10.213.0.2): NO: ssh: connect to host 10.213.0.2 port 22: No route to host" in " ".join(text.split())
+    assert "worker1 (10.213.0.2): NO: ssh: connect to host 10.213.0.2 port 22: No route to host" in " ".join(
+        text.split()
+    )
     assert all(len(line) <= 80 for line in text.splitlines())  # wrapped to the terminal, not past it
     assert "REACHABLE" not in text  # no node table for a deployment that does not exist
     assert "\x1b[1;31mNO\x1b[0m" in console.export_text(styles=True)
@@ -61,11 +98,21 @@ def test_status_with_nothing_deployed_says_so_with_the_env_file_and_each_no_with
 
 def test_status_on_80_columns_colours_the_state_words_and_fits():
     started = time.time() - (3 * 3600 + 12 * 60)
-    server = ServerView("up", pid=4242, url="http://10.213.0.1:8000", uptime_s=3 * 3600 + 12 * 60 + 3,
-                        healthy=True, cap=1, kv_cache_tokens=262144)
-    view = service("degraded", [node("head", "10.213.0.1"),
-                                node("worker1", "10.213.0.2", reachable=False, alive=False, reason="timed out")],
-                   server, started)
+    server = ServerView(
+        "up",
+        pid=4242,
+        url="http://10.213.0.1:8000",
+        uptime_s=3 * 3600 + 12 * 60 + 3,
+        healthy=True,
+        cap=1,
+        kv_cache_tokens=262144,
+    )
+    view = service(
+        "degraded",
+        [node("head", "10.213.0.1"), node("worker1", "10.213.0.2", reachable=False, alive=False, reason="timed out")],
+        server,
+        started,
+    )
     console = terminal()
     print_status(view, ".env.dspark", console)
     styled = console.export_text(styles=True, clear=False)
@@ -78,8 +125,12 @@ def test_status_on_80_columns_colours_the_state_words_and_fits():
 
 
 def test_status_without_a_terminal_is_plain_text_without_escapes():
-    view = service("up", [node("head", "10.213.0.1"), node("worker1", "10.213.0.2")],
-                   ServerView("up", pid=7, url="http://127.0.0.1:8000", uptime_s=65, cap=2), time.time() - 65)
+    view = service(
+        "up",
+        [node("head", "10.213.0.1"), node("worker1", "10.213.0.2")],
+        ServerView("up", pid=7, url="http://127.0.0.1:8000", uptime_s=65, cap=2),
+        time.time() - 65,
+    )
     printed: list[str] = []
     print_status(view, ".env.dspark", Console(file=io.StringIO(), force_terminal=False), printed.append)
     text = "\n".join(printed)
@@ -88,7 +139,6 @@ def test_status_without_a_terminal_is_plain_text_without_escapes():
     assert lines[0] == "cluster: up (Ray 10.213.0.1:6379, up 1 min 5 s)"
     assert lines[1].split() == ["NODE", "IP", "REACHABLE", "RAY", "REGISTERED", "GPUS", "VLLM", "RAY", "VER", "HOTFIX"]
     assert "server: up (pid 7, up 1 min 5 s) http://127.0.0.1:8000  cap 2" in text
-
 
 
 PROMETHEUS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -107,10 +157,14 @@ def test_status_shows_the_servers_metrics_as_fields_and_its_json_keeps_the_gauge
     printed: list[str] = []
     print_status(view, ".env.dspark", Console(file=io.StringIO(), force_terminal=False), printed.append)
     assert "  running 3  waiting 1  KV cache used 25.0%" in printed
-    assert view.to_data()["server"]["metrics"] == {"vllm:num_requests_running": 3.0, "vllm:num_requests_waiting": 1.0,
-                                                   "vllm:kv_cache_usage_perc": 0.25}
-    quiet = service("up", [node("head", "10.213.0.1")], ServerView("up", pid=7, url="http://127.0.0.1:8000"),
-                    time.time() - 65)
+    assert view.to_data()["server"]["metrics"] == {
+        "vllm:num_requests_running": 3.0,
+        "vllm:num_requests_waiting": 1.0,
+        "vllm:kv_cache_usage_perc": 0.25,
+    }
+    quiet = service(
+        "up", [node("head", "10.213.0.1")], ServerView("up", pid=7, url="http://127.0.0.1:8000"), time.time() - 65
+    )
     assert quiet.to_data()["server"]["metrics"] == {} and not ServerMetrics.from_prometheus("").reported
     printed.clear()
     print_status(quiet, ".env.dspark", Console(file=io.StringIO(), force_terminal=False), printed.append)
@@ -128,8 +182,10 @@ def test_config_check_after_init_names_every_placeholder_line_and_exits_2(tmp_pa
     assert proc.returncode == 2, proc.stdout + proc.stderr
     env = tmp_path / ".env.dspark"
     lines = env.read_text().splitlines()
-    where = {name: f"{env}:{lines.index(next(l for l in lines if l.startswith(name + '='))) + 1}"
-             for name in ("DSPARK_HEAD_IP", "DSPARK_WORKER_HOSTS", "DSPARK_FABRIC_IFNAME")}
+    where = {
+        name: f"{env}:{lines.index(next(l for l in lines if l.startswith(name + '='))) + 1}"
+        for name in ("DSPARK_HEAD_IP", "DSPARK_WORKER_HOSTS", "DSPARK_FABRIC_IFNAME")
+    }
     error = proc.stderr.strip()
     assert len(error.splitlines()) == 1 and "configuration OK" not in proc.stdout
     assert f"DSPARK_HEAD_IP=192.0.2.1 ({where['DSPARK_HEAD_IP']})" in error
@@ -137,7 +193,10 @@ def test_config_check_after_init_names_every_placeholder_line_and_exits_2(tmp_pa
     assert f"DSPARK_FABRIC_IFNAME=enp1s0f1np1 ({where['DSPARK_FABRIC_IFNAME']})" in error
     # Any service command refuses the same way: nothing is dialled.
     refused = run_dspark(["logs"], cwd=tmp_path)
-    assert refused.returncode == 2 and "placeholders from the example still set: DSPARK_HEAD_IP=192.0.2.1" in refused.stderr
+    assert (
+        refused.returncode == 2
+        and "placeholders from the example still set: DSPARK_HEAD_IP=192.0.2.1" in refused.stderr
+    )
 
 
 def _env(tmp_path: Path, text: str) -> Path:
@@ -205,17 +264,20 @@ def test_a_failed_start_says_what_it_stopped_only_when_it_started_something(monk
     assert "nothing had been started" in err and "stopped" not in err.replace("nothing had been started", "")
     caught.stopped = ("vllm serve", "Ray on every node")
     _report_failure(caught, Spec())
-    assert f"stopped what this run started (vllm serve, Ray on every node); logs in {tmp_path / 'logs'}" in \
-        capsys.readouterr().err
+    assert (
+        f"stopped what this run started (vllm serve, Ray on every node); logs in {tmp_path / 'logs'}"
+        in capsys.readouterr().err
+    )
 
 
 # ---- plan (point 5) ----
 
+
 def _plan(tmp_path, refusals: tuple[str, ...] = ()):
-    from dspark_launch.node.fabric import FabricRequest, fabric_env
-    from dspark_launch.node.vllm_offer import VllmOffer
     from dspark_launch.config.profile_resolve import resolve
     from dspark_launch.config.settings import resolve as load_settings
+    from dspark_launch.node.fabric import FabricRequest, fabric_env
+    from dspark_launch.node.vllm_offer import VllmOffer
     from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
     from dspark_launch.serve.plan_report import NodePlan, Plan, env_entries, not_probed, profile_decisions
     from tests.support.paths import DATA
@@ -225,14 +287,32 @@ def _plan(tmp_path, refusals: tuple[str, ...] = ()):
     resolved = resolve(DEEPSEEK_V4_FLASH, VllmOffer.from_json((DATA / "vllm-0.25.0-offer.json").read_text()), settings)
     add_port(tmp_path, "0000:01:00.1", "enp1s0f1np1", "rocep1s0f1", {3: (ipv4_gid("10.1.0.1"), "RoCE v2")})
     fabric = fabric_env(FabricRequest("head", "enp1s0f1np1", "10.1.0.1"), tmp_path)
-    head = NodePlan(node="head", address="10.1.0.1", probed=True, status="probed", commands=(("/venv/bin/python", "-m", "ray.scripts.scripts", "start",
-                                                          "--head"), ("/venv/bin/python", "-m",
-                                                                      "dspark_launch.node.serve_entry", *resolved.serve_args)),
-                    env=env_entries(resolved.env, "profile") + env_entries(fabric.env, "fabric (sysfs)"),
-                    fabric_notes=fabric.notes, warnings=("head: MTU 1500 on fabric member enp1s0f1np1, below 9000",), memory=None, refusals=refusals)
-    return Plan(profile=resolved.profile, vllm_version=resolved.vllm_version, env_file=".env.dspark", from_example=False, decisions=profile_decisions(resolved),
-                nodes=(head, not_probed("worker1", "10.1.0.2", "not probed: worker1 (10.1.0.2): unreachable")), memory=None,
-                warnings=head.warnings + refusals, refusals=refusals + ("worker1 (10.1.0.2): not probed: unreachable",))
+    head = NodePlan(
+        node="head",
+        address="10.1.0.1",
+        probed=True,
+        status="probed",
+        commands=(
+            ("/venv/bin/python", "-m", "ray.scripts.scripts", "start", "--head"),
+            ("/venv/bin/python", "-m", "dspark_launch.node.serve_entry", *resolved.serve_args),
+        ),
+        env=env_entries(resolved.env, "profile") + env_entries(fabric.env, "fabric (sysfs)"),
+        fabric_notes=fabric.notes,
+        warnings=("head: MTU 1500 on fabric member enp1s0f1np1, below 9000",),
+        memory=None,
+        refusals=refusals,
+    )
+    return Plan(
+        profile=resolved.profile,
+        vllm_version=resolved.vllm_version,
+        env_file=".env.dspark",
+        from_example=False,
+        decisions=profile_decisions(resolved),
+        nodes=(head, not_probed("worker1", "10.1.0.2", "not probed: worker1 (10.1.0.2): unreachable")),
+        memory=None,
+        warnings=head.warnings + refusals,
+        refusals=refusals + ("worker1 (10.1.0.2): not probed: unreachable",),
+    )
 
 
 def test_plan_on_80_columns_starts_with_a_summary_and_wraps_every_line(tmp_path):
@@ -241,20 +321,26 @@ def test_plan_on_80_columns_starts_with_a_summary_and_wraps_every_line(tmp_path)
     plan = _plan(tmp_path, ("memory: head: needs 93 GiB of 64 GiB: start refuses this without --force",))
     text = render_plan(plan, 80)
     lines = text.splitlines()
-    summary = " ".join(text[:text.index("details:")].split())
-    assert summary.startswith("plan for .env.dspark: profile deepseek-v4-flash-0731, vLLM 0.25.0 on the head; "
-                              "nothing started head (10.1.0.1): ray start (5 args), vllm serve (")
+    summary = " ".join(text[: text.index("details:")].split())
+    assert summary.startswith(
+        "plan for .env.dspark: profile deepseek-v4-flash-0731, vLLM 0.25.0 on the head; "
+        "nothing started head (10.1.0.1): ray start (5 args), vllm serve ("
+    )
     assert "args); 1 refusal, 1 warning worker1" in summary
     assert "  worker1 (10.1.0.2): not probed: worker1 (10.1.0.2): unreachable" in text
     assert "start would refuse (2 reasons; `dspark plan` exits 1):" in text
     assert text.index("start would refuse") < text.index("details:") < text.index("decisions:")
     # Wrapped to the terminal: only a single word too long for any line (a JSON value) may pass 80 columns.
-    assert all(len(line) <= 80 or " " not in line.strip().rstrip(" \\") for line in lines), \
-        [line for line in lines if len(line) > 80]
-    serve = [line for line in lines if line.lstrip().startswith("run: /venv/bin/python -m dspark_launch.node.serve_entry")][0]
+    assert all(len(line) <= 80 or " " not in line.strip().rstrip(" \\") for line in lines), [
+        line for line in lines if len(line) > 80
+    ]
+    serve = [
+        line for line in lines if line.lstrip().startswith("run: /venv/bin/python -m dspark_launch.node.serve_entry")
+    ][0]
     first = lines.index(serve)
-    joined = " ".join(line.strip().rstrip("\\").strip() for line in lines[first:first + 40]
-                      if line.startswith("    ")).split(" run: ")[0]
+    joined = " ".join(
+        line.strip().rstrip("\\").strip() for line in lines[first : first + 40] if line.startswith("    ")
+    ).split(" run: ")[0]
     assert "--kv-cache-dtype fp8" in joined  # a flag and its value stay together on one line
     unwrapped = render_plan(plan, None)
     assert any(len(line) > 80 for line in unwrapped.splitlines())  # piped: one line per fact, for grep
@@ -272,8 +358,11 @@ def test_plan_exits_1_when_start_would_refuse_and_0_when_it_would_start(tmp_path
     refused = _plan(tmp_path, ("fabric: head (10.1.0.1): no interface fab9 on this node: start refuses this",))
     ready = replace(refused, refusals=(), warnings=(), nodes=(replace(refused.nodes[0], refusals=()),))
     assert "start would go ahead (`dspark plan` exits 0)" in render_plan(ready, 80)
-    env = _env(tmp_path, "DSPARK_HEAD_IP=10.1.0.1\nDSPARK_WORKER_HOSTS=10.1.0.2\nDSPARK_FABRIC_IFNAME=fab9\n"
-                         f"DSPARK_STATE_DIR={tmp_path / 'state'}\n")
+    env = _env(
+        tmp_path,
+        "DSPARK_HEAD_IP=10.1.0.1\nDSPARK_WORKER_HOSTS=10.1.0.2\nDSPARK_FABRIC_IFNAME=fab9\n"
+        f"DSPARK_STATE_DIR={tmp_path / 'state'}\n",
+    )
     for plan, code in ((refused, 1), (ready, 0)):
         monkeypatch.setattr(preview, "build_plan", lambda settings, reporter, forced=None, plan=plan: plan)
         result = CliRunner().invoke(app, ["plan", "--env-file", str(env)])
@@ -293,6 +382,7 @@ def test_plan_names_a_missing_fabric_interface_as_missing(tmp_path):
 
 
 # ---- help (point 2) ----
+
 
 def _commands(group, path=()):
     for name, command in sorted(group.commands.items()):
@@ -330,10 +420,12 @@ def test_every_help_text_is_unwrapped_every_option_has_help_and_metavars_read_we
 
 # ---- progress (point 6) ----
 
-VLLM_SHARDS = ("(EngineCore pid=4711) INFO 12-02 01:00:00 [default_loader.py:291] Starting to load model\n"
-               "(EngineCore pid=4711) Loading safetensors checkpoint shards:   0% Completed | 0/41 [00:00<?, ?it/s]\n"
-               "(EngineCore pid=4711) Loading safetensors checkpoint shards:  46% Completed | 19/41 "
-               "[00:31<00:38,  1.6it/s]\n")
+VLLM_SHARDS = (
+    "(EngineCore pid=4711) INFO 12-02 01:00:00 [default_loader.py:291] Starting to load model\n"
+    "(EngineCore pid=4711) Loading safetensors checkpoint shards:   0% Completed | 0/41 [00:00<?, ?it/s]\n"
+    "(EngineCore pid=4711) Loading safetensors checkpoint shards:  46% Completed | 19/41 "
+    "[00:31<00:38,  1.6it/s]\n"
+)
 
 
 def test_the_weights_loading_phase_reads_vllms_own_shard_count():
@@ -373,8 +465,12 @@ def test_without_a_terminal_a_30_minute_start_writes_a_line_per_phase_and_at_mos
     clock = [1000.0]
     monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
     reporter = module.ConsoleReporter(console=Console(file=io.StringIO(), force_terminal=False))
-    phases = {0: "vllm serve: starting", 60: "vllm serve: loading weights", 1500: "vllm serve: compiling",
-              1700: "vllm serve: API starting"}
+    phases = {
+        0: "vllm serve: starting",
+        60: "vllm serve: loading weights",
+        1500: "vllm serve: compiling",
+        1700: "vllm serve: API starting",
+    }
     current = phases[0]
     for t in range(0, 1800, 5):  # the start polls every 0.5 s; every 5 s is plenty to show the limit
         clock[0] = 1000.0 + t
@@ -396,11 +492,12 @@ def test_without_a_terminal_a_30_minute_start_writes_a_line_per_phase_and_at_mos
 
 # ---- README (point 1) ----
 
+
 def _readme_section(title: str) -> str:
     text = (ROOT / "README.md").read_text()
     start = text.index(f"## {title}\n")
     end = text.find("\n## ", start + 1)
-    return text[start:end if end > 0 else None]
+    return text[start : end if end > 0 else None]
 
 
 def test_the_readme_layout_table_names_only_paths_that_exist_and_every_package():
@@ -417,11 +514,19 @@ def test_the_readme_layout_table_names_only_paths_that_exist_and_every_package()
             found = (ROOT / name).exists() or (folder.is_dir() and any(folder.rglob(Path(name).name)))
             assert found, f"README Layout: {path} names {name}, which does not exist there"
         for name in re.findall(r"`([\w-]+/)`", what):
-            assert (folder / name).is_dir() or (ROOT / name).is_dir(), f"README Layout: {path} names {name}: no such folder"
+            assert (folder / name).is_dir() or (ROOT / name).is_dir(), (
+                f"README Layout: {path} names {name}: no such folder"
+            )
     packages = sorted(str(p.parent.relative_to(ROOT)) for p in (ROOT / "dspark_launch").glob("*/__init__.py"))
     assert packages and [p for p in packages if p not in named] == [], "packages without a Layout row"
-    top = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")
-                 and p.name not in ("dspark_launch", "tests") and not p.name.endswith(".egg-info"))
+    top = sorted(
+        p.name
+        for p in ROOT.iterdir()
+        if p.is_dir()
+        and not p.name.startswith(".")
+        and p.name not in ("dspark_launch", "tests")
+        and not p.name.endswith(".egg-info")
+    )
     assert [t for t in top if t not in named] == [], "top-level folders without a Layout row"
 
 
@@ -430,7 +535,7 @@ def test_the_readme_says_what_the_code_does():
     from dspark_launch.serve.restart_kind import LIVE_LEVEL
 
     readme = (ROOT / "README.md").read_text()
-    sample = readme[readme.index("What a start prints"):readme.index("## Layout")]
+    sample = readme[readme.index("What a start prints") : readme.index("## Layout")]
     patches = set(re.findall(r"hotfix \w+: applied \(patch (\d+), vLLM", sample))
     assert patches == {str(PATCH_VERSION)}, f"the sample start output shows patch {patches}; the code: {PATCH_VERSION}"
     assert len(re.findall(r"in [\d.]+ s \(attempt", sample)) == 1  # the first answer's latency said once
@@ -439,5 +544,6 @@ def test_the_readme_says_what_the_code_does():
     smoke_row = next(line for line in _readme_section("Commands").splitlines() if line.startswith("| `dspark smoke"))
     assert "else completions" in smoke_row
     # The prerequisites come before the two set-up commands they are needed for.
-    assert readme.index("PIP_EXTRA_INDEX_URL") < readme.index("make test   #") and readme.index("root") < \
-        readme.index("make test   #")
+    assert readme.index("PIP_EXTRA_INDEX_URL") < readme.index("make test   #") and readme.index("root") < readme.index(
+        "make test   #"
+    )

@@ -12,8 +12,8 @@ import pytest
 from dspark_launch.agent.protocol import MemoryAnswer
 from dspark_launch.model.hub import hub_source
 from dspark_launch.model.location import local_location
-from dspark_launch.node.manifest import Manifest, ManifestFile, read_manifest, write_manifest
 from dspark_launch.model.onnodes import ModelWeights, WantedModel, manifest_weights, placed_weights
+from dspark_launch.node.manifest import Manifest, ManifestFile, read_manifest, write_manifest
 from dspark_launch.serve.memory_preflight import estimate
 from tests.support.launcher_env import run_dspark
 from tests.support.paths import REPO
@@ -67,8 +67,12 @@ def placed_model(folder: Path, sizes: dict[str, int], source: str = "", revision
     for name, size in sizes.items():
         with open(folder / name, "wb") as handle:
             handle.truncate(size)
-    write_manifest(folder, Manifest(source or str(folder), revision,
-                                    tuple(ManifestFile(name, size, "") for name, size in sorted(sizes.items()))))
+    write_manifest(
+        folder,
+        Manifest(
+            source or str(folder), revision, tuple(ManifestFile(name, size, "") for name, size in sorted(sizes.items()))
+        ),
+    )
     return folder
 
 
@@ -82,15 +86,17 @@ def hub_cache_model(cache: Path, repo_id: str, sizes: dict[str, int]) -> Path:
 
 
 def test_memory_preflight_counts_the_verified_weights(tmp_path):
-    folder = placed_model(tmp_path / "m", {"a.safetensors": 200 * 2**30, "b.safetensors": 100 * 2**30,
-                                           "config.json": 10})
+    folder = placed_model(
+        tmp_path / "m", {"a.safetensors": 200 * 2**30, "b.safetensors": 100 * 2**30, "config.json": 10}
+    )
     weights = manifest_weights(local_location(str(folder)), read_manifest(folder))
     assert weights == ModelWeights(str(folder), 300 * 2**30)  # the shards only
     memory = {"head": MemoryAnswer(128 * 2**30), "worker1": MemoryAnswer(128 * 2**30)}
     found = estimate("none", weights, "auto", 256, 2, 0.835, memory)
     assert not found.fits and [f.fits for f in found.findings] == [False, False]
-    assert found.findings[0].line.startswith("head: 150.0 GiB (weights 150.0 GiB) does not fit in 128.0 GiB x "
-                                             "GPU_MEMORY_UTILIZATION 0.835 = 106.9 GiB")
+    assert found.findings[0].line.startswith(
+        "head: 150.0 GiB (weights 150.0 GiB) does not fit in 128.0 GiB x GPU_MEMORY_UTILIZATION 0.835 = 106.9 GiB"
+    )
     assert estimate("none", ModelWeights(str(folder), 150 * 2**30), "auto", 256, 2, 0.835, memory).fits
 
 

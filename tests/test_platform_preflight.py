@@ -49,11 +49,13 @@ def test_cma_total_zero_and_a_module_not_built_for_the_kernel_are_refused_naming
     assert verdict.refusals[0] == (
         f"platform: head (10.9.0.1): CmaTotal 0 kB (kernel {NEW_KERNEL}): NCCL's memory registration for RDMA fails "
         "(ibv_reg_mr ENOMEM; eugr/spark-vllm-docker #389 and #392, MiaAI-Lab's DeepSeek-V4-Flash repository #259); "
-        "update the board firmware (NVIDIA's fix for kernel 7.0.0-1019) or boot the kernel before it")
+        "update the board firmware (NVIDIA's fix for kernel 7.0.0-1019) or boot the kernel before it"
+    )
     assert verdict.refusals[1] == (
         f"platform: worker1 (10.9.0.2): the NVIDIA driver's kernel module is NOT built for the running kernel "
         f"{NEW_KERNEL} (built for {KERNEL}): CUDA cannot reach the GPU; install the driver's modules for {NEW_KERNEL} "
-        f"(DKMS, or the linux-modules-nvidia package of this kernel) or boot {KERNEL}")
+        f"(DKMS, or the linux-modules-nvidia package of this kernel) or boot {KERNEL}"
+    )
     assert len(verdict.refusals) == 2
     # A node without the NVIDIA driver (the CPU testbed's) is not judged on either.
     cpu = facts(spark_tree(tmp_path / "c", cma_kb=0, nvidia=False))
@@ -65,8 +67,9 @@ def test_what_differs_between_the_nodes_is_a_warning(tmp_path):
     worker = facts(spark_tree(tmp_path / "worker", firmware="28.44.1036", ip=WORKER_IP))
     verdict = platform.judge({"head": head, "worker1": worker})
     assert verdict.refusals == ()
-    assert verdict.warnings == ("platform: ConnectX firmware differs between the nodes: head 28.45.1020; "
-                                "worker1 28.44.1036",)
+    assert verdict.warnings == (
+        "platform: ConnectX firmware differs between the nodes: head 28.45.1020; worker1 28.44.1036",
+    )
 
 
 def test_status_names_what_changed_since_start(tmp_path):
@@ -88,8 +91,9 @@ class FakeNode:
         if isinstance(request, p.MemoryQuery):
             return p.MemoryAnswer(128 << 30, 120 << 30, False)
         if isinstance(request, p.HotfixCheck):
-            return p.HotfixCheckAnswer(self.node.name, p.HotfixResult("check", 0, "not-applied", "can apply", "0.32.0",
-                                                                      7))
+            return p.HotfixCheckAnswer(
+                self.node.name, p.HotfixResult("check", 0, "not-applied", "can apply", "0.32.0", 7)
+            )
         answer = healthy_answer(self.node, request)
         if answer is None:
             raise AssertionError(f"{self.node.name}: unexpected {type(request).__name__}")
@@ -101,15 +105,19 @@ class FakeNode:
 
 @pytest.fixture
 def env_file(monkeypatch, tmp_path: Path):
-    trees = {"head": spark_tree(tmp_path / "head", cma_kb=0, kernel=NEW_KERNEL, module_kernels=(NEW_KERNEL,)),
-             "worker1": spark_tree(tmp_path / "worker1", ip=WORKER_IP, firmware="28.44.1036")}
+    trees = {
+        "head": spark_tree(tmp_path / "head", cma_kb=0, kernel=NEW_KERNEL, module_kernels=(NEW_KERNEL,)),
+        "worker1": spark_tree(tmp_path / "worker1", ip=WORKER_IP, firmware="28.44.1036"),
+    }
     monkeypatch.setattr(Node, "agent", lambda node, reporter=None: FakeNode(node, trees, []))
     (tmp_path / "state").mkdir(mode=0o700)
     (tmp_path / "hub").mkdir()
     path = tmp_path / "dspark.env"
-    path.write_text(f"DSPARK_HEAD_IP={HEAD_IP}\nDSPARK_WORKER_HOSTS=root@{WORKER_IP}\nDSPARK_FABRIC_IFNAME=fab0\n"
-                    f"DSPARK_STATE_DIR={tmp_path / 'state'}\nDSPARK_MODEL_CACHE={tmp_path / 'hub'}\n"
-                    "DSPARK_ALLOW_TCP_FABRIC=1\n")
+    path.write_text(
+        f"DSPARK_HEAD_IP={HEAD_IP}\nDSPARK_WORKER_HOSTS=root@{WORKER_IP}\nDSPARK_FABRIC_IFNAME=fab0\n"
+        f"DSPARK_STATE_DIR={tmp_path / 'state'}\nDSPARK_MODEL_CACHE={tmp_path / 'hub'}\n"
+        "DSPARK_ALLOW_TCP_FABRIC=1\n"
+    )
     return path
 
 
@@ -121,7 +129,9 @@ def test_plan_exits_2_listing_the_refusal_and_the_warning(env_file):
 
     plan = build_plan(resolve(env_file=str(env_file), environ={}), SilentReporter())
     refused = [r for r in plan.refusals if r.startswith("platform: ")]
-    assert len(refused) == 1 and refused[0].startswith(f"platform: head ({HEAD_IP}): CmaTotal 0 kB (kernel {NEW_KERNEL})")
+    assert len(refused) == 1 and refused[0].startswith(
+        f"platform: head ({HEAD_IP}): CmaTotal 0 kB (kernel {NEW_KERNEL})"
+    )
     assert plan.platform_refused and refused[0] in plan.warnings
     assert any(w.startswith("platform: ConnectX firmware differs between the nodes") for w in plan.warnings)
     shown = CliRunner().invoke(app, ["plan", "--env-file", str(env_file)])
@@ -133,4 +143,6 @@ def test_start_refuses_before_anything_is_stopped_or_started(env_file):
     spec = cluster_spec(resolve(env_file=str(env_file), environ={}))
     with pytest.raises(platform_check.PlatformRefused) as caught:
         platform_check.preflight(spec, platform_check.node_platforms(spec), SilentReporter())
-    assert caught.value.exit_code == 2 and str(caught.value).endswith("start refuses this (exit 2), nothing was started")
+    assert caught.value.exit_code == 2 and str(caught.value).endswith(
+        "start refuses this (exit 2), nothing was started"
+    )

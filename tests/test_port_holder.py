@@ -17,14 +17,14 @@ import time
 
 import pytest
 
-from dspark_launch.node import procfs
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.port_holder import port_holder_query, reaches
 from dspark_launch.agent.transport import LocalTransport
 from dspark_launch.cluster.spec import ClusterSpec, Node
 from dspark_launch.cluster.state import Deployment, ServerRecord, save_state
-from dspark_launch.serve.serve_spec import ServeSpec
+from dspark_launch.node import procfs
 from dspark_launch.serve.running_server import ServeFailure
+from dspark_launch.serve.serve_spec import ServeSpec
 from dspark_launch.serve.start import wait_until_serving
 from tests.support import squatter
 from tests.support.launcher_env import run_dspark
@@ -89,7 +89,9 @@ def test_the_verdicts_ours_none_gone_and_foreign(squat, sleeper):
         assert other.listeners == (p.PortListener(f"127.0.0.1:{port}", os.getpid(), os.geteuid(), "root"),)
         # A connection to another address does not reach a socket bound to 127.0.0.1.
         assert port_holder_query(p.PortHolderQuery("127.0.0.2", port, (me(),))).verdict == p.PortHolderAnswer.NONE
-    assert port_holder_query(p.PortHolderQuery("127.0.0.1", port, (identity(sleeper),))).verdict == p.PortHolderAnswer.NONE
+    assert (
+        port_holder_query(p.PortHolderQuery("127.0.0.1", port, (identity(sleeper),))).verdict == p.PortHolderAnswer.NONE
+    )
     # The same pid with another start time (a reused pid) is not the recorded process.
     reused = p.Process(sleeper.pid, procfs.start_time(sleeper.pid) - 1, None, procfs.boot_id())
     assert port_holder_query(p.PortHolderQuery("127.0.0.1", port, (reused,))).verdict == p.PortHolderAnswer.GONE
@@ -129,21 +131,55 @@ def _spec(tmp_path) -> ClusterSpec:
     state_dir = tmp_path / "state"
     (state_dir / "logs").mkdir(parents=True, mode=0o700)
     return ClusterSpec(
-        nodes=(Node("head", "127.0.0.1", None, LocalTransport(sys.executable)),), ray_port=6379,
-        ray_address="127.0.0.1:6379", fabric_ifname="lo", node_env=(), forwarded=(), gpus_per_node=1,
-        object_store_bytes=0, auth_mode="token", dashboard="off", state_dir=state_dir, join_timeout_s=10,
-        ssh_timeout_s=10, config_digest="test")
+        nodes=(Node("head", "127.0.0.1", None, LocalTransport(sys.executable)),),
+        ray_port=6379,
+        ray_address="127.0.0.1:6379",
+        fabric_ifname="lo",
+        node_env=(),
+        forwarded=(),
+        gpus_per_node=1,
+        object_store_bytes=0,
+        auth_mode="token",
+        dashboard="off",
+        state_dir=state_dir,
+        join_timeout_s=10,
+        ssh_timeout_s=10,
+        config_digest="test",
+    )
 
 
 def _server(proc: subprocess.Popen, port: int, log: str) -> ServerRecord:
-    return ServerRecord(marker="dspark-port-holder-server", log=log, url=f"http://127.0.0.1:{port}",
-                        served_name="tiny", model="tiny", started_at=time.time(), settings={}, digest="test", cap=1,
-                        pid=proc.pid, start_time=procfs.start_time(proc.pid), boot_id=procfs.boot_id(), chat=True)
+    return ServerRecord(
+        marker="dspark-port-holder-server",
+        log=log,
+        url=f"http://127.0.0.1:{port}",
+        served_name="tiny",
+        model="tiny",
+        started_at=time.time(),
+        settings={},
+        digest="test",
+        cap=1,
+        pid=proc.pid,
+        start_time=procfs.start_time(proc.pid),
+        boot_id=procfs.boot_id(),
+        chat=True,
+    )
 
 
 def _serve_spec(port: int) -> ServeSpec:
-    return ServeSpec(serve_args=("tiny",), env=(), host="127.0.0.1", port=port, served_name="tiny", model="tiny",
-                     cap=1, client_key=KEY, start_timeout_s=120, health_timeout_s=5, chat=True)
+    return ServeSpec(
+        serve_args=("tiny",),
+        env=(),
+        host="127.0.0.1",
+        port=port,
+        served_name="tiny",
+        model="tiny",
+        cap=1,
+        client_key=KEY,
+        start_timeout_s=120,
+        health_timeout_s=5,
+        chat=True,
+    )
 
 
 class Quiet:
@@ -174,8 +210,13 @@ def test_the_readiness_wait_polls_health_without_the_key(tmp_path):
     spec = _spec(tmp_path)
     log = spec.state_dir / "logs" / "fake-api.log"
     with log.open("w") as out:
-        api = subprocess.Popen([sys.executable, str(FAKE_API), "tiny", "1", "ok"], stdout=out, stderr=subprocess.STDOUT,
-                               cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        api = subprocess.Popen(
+            [sys.executable, str(FAKE_API), "tiny", "1", "ok"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
     try:
         port = squatter.wait_listening(log)
         wait_until_serving(spec, _serve_spec(port), _server(api, port, str(log)), spec.head.agent(), Quiet())
@@ -191,11 +232,22 @@ def test_smoke_refuses_a_port_someone_else_holds(tmp_path, squat, sleeper):
     pid, port, log = squat()
     state_dir = tmp_path / "state"
     state_dir.mkdir(mode=0o700)
-    save_state(state_dir, Deployment(ray_address="127.0.0.1:6379", config_digest="x", started_at=time.time(),
-                                     launcher_version="test", nodes=[], server=_server(sleeper, port, "")))
+    save_state(
+        state_dir,
+        Deployment(
+            ray_address="127.0.0.1:6379",
+            config_digest="x",
+            started_at=time.time(),
+            launcher_version="test",
+            nodes=[],
+            server=_server(sleeper, port, ""),
+        ),
+    )
     env_file = tmp_path / "smoke.env"
-    env_file.write_text(f"DSPARK_HEAD_IP=127.0.0.1\nDSPARK_WORKER_HOSTS=127.0.0.2\nDSPARK_FABRIC_IFNAME=lo\n"
-                        f"DSPARK_STATE_DIR={state_dir}\nVLLM_API_KEY={KEY}\n")
+    env_file.write_text(
+        f"DSPARK_HEAD_IP=127.0.0.1\nDSPARK_WORKER_HOSTS=127.0.0.2\nDSPARK_FABRIC_IFNAME=lo\n"
+        f"DSPARK_STATE_DIR={state_dir}\nVLLM_API_KEY={KEY}\n"
+    )
     env_file.chmod(0o600)
     proc = run_dspark(["smoke", "-c", "2", "--env-file", str(env_file)])
     errors = [line for line in proc.stderr.splitlines() if line.startswith("dspark: error:")]

@@ -32,17 +32,47 @@ PLANTED_TOKEN = "0123456789abcdef" * 4
 
 def stale_record(tb, state_dir) -> None:
     """A deployment whose every process is gone: pid 1 with another start time is nobody of ours."""
-    gone = [ProcessRecord(1, 1, cmd="/venv/lib/ray/core/src/ray/gcs/gcs_server"),
-            ProcessRecord(1, 2, cmd="/venv/lib/ray/core/src/ray/raylet/raylet")]
-    nodes = [NodeRecord(name="head", ip=tb.head.ip, ssh_host=None, marker="dspark-0badcafe-head", processes=list(gone)),
-             *(NodeRecord(name=f"worker{i}", ip=w.ip, ssh_host=f"root@{w.ip}", marker=f"dspark-0badcafe-worker{i}", processes=list(gone))
-               for i, w in enumerate(tb.workers, 1))]
-    server = ServerRecord(marker="dspark-0badcafe-server", log=str(state_dir / "logs" / "vllm-serve.log"),
-                          url=f"http://127.0.0.1:{API_PORT}", served_name="tiny", model="tiny",
-                          started_at=time.time() - 3600, settings={}, digest="", cap=1, pid=1, start_time=1)
-    save_state(state_dir, Deployment(ray_address=f"{tb.head.ip}:{RAY_PORT}", config_digest="x",
-                                     started_at=time.time() - 3600, launcher_version=__version__, nodes=nodes,
-                                     server=server))
+    gone = [
+        ProcessRecord(1, 1, cmd="/venv/lib/ray/core/src/ray/gcs/gcs_server"),
+        ProcessRecord(1, 2, cmd="/venv/lib/ray/core/src/ray/raylet/raylet"),
+    ]
+    nodes = [
+        NodeRecord(name="head", ip=tb.head.ip, ssh_host=None, marker="dspark-0badcafe-head", processes=list(gone)),
+        *(
+            NodeRecord(
+                name=f"worker{i}",
+                ip=w.ip,
+                ssh_host=f"root@{w.ip}",
+                marker=f"dspark-0badcafe-worker{i}",
+                processes=list(gone),
+            )
+            for i, w in enumerate(tb.workers, 1)
+        ),
+    ]
+    server = ServerRecord(
+        marker="dspark-0badcafe-server",
+        log=str(state_dir / "logs" / "vllm-serve.log"),
+        url=f"http://127.0.0.1:{API_PORT}",
+        served_name="tiny",
+        model="tiny",
+        started_at=time.time() - 3600,
+        settings={},
+        digest="",
+        cap=1,
+        pid=1,
+        start_time=1,
+    )
+    save_state(
+        state_dir,
+        Deployment(
+            ray_address=f"{tb.head.ip}:{RAY_PORT}",
+            config_digest="x",
+            started_at=time.time() - 3600,
+            launcher_version=__version__,
+            nodes=nodes,
+            server=server,
+        ),
+    )
     token = state_dir / "ray-auth-token"
     token.write_text(PLANTED_TOKEN + "\n")
     token.chmod(0o600)
@@ -87,10 +117,14 @@ def _check_status_smoke_restart(tb, tmp_path, env, state_dir, ray_pid: int, api_
     view = json.loads(shown.stdout)
     assert view["state"] == "down", shown.stdout
     problems = view["problems"]
-    assert any(f"RAY_PORT {tb.head.ip}:{RAY_PORT} is held by {ray_holder}" in p and
-               "a new Ray token was drawn" in p for p in problems), problems
-    assert any(f"VLLM_PORT {API_PORT} on 127.0.0.1 is held by {api_holder}" in p and
-               "the API key was not sent" in p for p in problems), problems
+    assert any(
+        f"RAY_PORT {tb.head.ip}:{RAY_PORT} is held by {ray_holder}" in p and "a new Ray token was drawn" in p
+        for p in problems
+    ), problems
+    assert any(
+        f"VLLM_PORT {API_PORT} on 127.0.0.1 is held by {api_holder}" in p and "the API key was not sent" in p
+        for p in problems
+    ), problems
     # The token on file may have been read by whoever held the port before this launcher: replaced.
     renewed = token_file.read_text().strip()
     assert re.fullmatch(r"[0-9a-f]{64}", renewed) and renewed != PLANTED_TOKEN

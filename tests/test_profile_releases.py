@@ -29,8 +29,8 @@ from dspark_launch.node.vllm_offer import VllmOffer, probe_installed_vllm
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
 from tests.support import newest_vllm
 from tests.support.compat_vllm import cannot_build
-from tests.support.paths import REPO
 from tests.support.newest_vllm import SCHEDULER_OPTIONS as OPTIONS
+from tests.support.paths import REPO
 
 EXAMPLE = str(REPO / ".env.dspark.example")
 
@@ -126,8 +126,9 @@ def facts(offers) -> dict[str, dict]:
         if which == "newest":
             proc = newest_vllm.run_python(offer.version, FACTS, argv, timeout=600)
         else:
-            proc = subprocess.run([sys.executable, "-c", FACTS, argv], capture_output=True, text=True, timeout=600,
-                                  cwd=REPO)
+            proc = subprocess.run(
+                [sys.executable, "-c", FACTS, argv], capture_output=True, text=True, timeout=600, cwd=REPO
+            )
         assert proc.returncode == 0, proc.stderr[-3000:]
         found[which] = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("FACTS "))[6:])
         assert found[which]["version"] == offer.version
@@ -158,9 +159,13 @@ def test_modules_are_looked_up_without_importing_vllm(facts):
     for release, ray_executor in (("installed", True), ("newest", False)):
         found = facts[release]
         assert found["imported_by_lookup"] == [], release  # find_spec on a dotted name would import vLLM's packages
-        assert found["found"] == {"vllm.v1.executor.ray_executor": ray_executor,
-                                  "vllm.v1.executor.ray_executor_v2": True, "vllm.v1.engine.core": True,
-                                  "vllm.v1.executor.no_such_module": False, "no_such_package.module": False}, release
+        assert found["found"] == {
+            "vllm.v1.executor.ray_executor": ray_executor,
+            "vllm.v1.executor.ray_executor_v2": True,
+            "vllm.v1.engine.core": True,
+            "vllm.v1.executor.no_such_module": False,
+            "no_such_package.module": False,
+        }, release
 
 
 def test_the_warm_servers_fork_server_preloads_only_what_the_installed_vllm_has(facts):
@@ -169,8 +174,9 @@ def test_the_warm_servers_fork_server_preloads_only_what_the_installed_vllm_has(
     from dspark_launch.node.serve_entry import ENGINE_CORE_IMPORTS
 
     assert facts["installed"]["present"] == list(ENGINE_CORE_IMPORTS) and facts["installed"]["absent"] == []
-    assert facts["newest"]["present"] == [name for name in ENGINE_CORE_IMPORTS
-                                          if name != "vllm.v1.executor.ray_executor"]
+    assert facts["newest"]["present"] == [
+        name for name in ENGINE_CORE_IMPORTS if name != "vllm.v1.executor.ray_executor"
+    ]
     assert facts["newest"]["absent"] == ["vllm.v1.executor.ray_executor"]
 
 
@@ -182,7 +188,8 @@ def test_the_warm_server_names_what_it_could_not_preload(tmp_path, monkeypatch, 
     with pytest.raises(SystemExit):
         serve_entry.warm_up([], tmp_path / "go", 0)
     assert capsys.readouterr().out.splitlines()[0] == (
-        "DSPARK-WARM not preloaded, not in this vLLM: vllm.v1.executor.ray_executor")
+        "DSPARK-WARM not preloaded, not in this vLLM: vllm.v1.executor.ray_executor"
+    )
 
 
 def test_async_scheduling_is_vllms_default_with_the_ray_executor_and_the_line_says_so(facts, offers):
@@ -197,8 +204,10 @@ def test_async_scheduling_is_vllms_default_with_the_ray_executor_and_the_line_sa
         assert "--async-scheduling" in resolved.serve_args
         lines[which] = next(d.line for d in resolved.decisions if d.subject == "async-scheduling")
         assert "explicit is stable across releases" in lines[which]
-    assert "vLLM 0.32 turns it on by itself when unset with its default Ray executor, RayExecutorV2" in lines[
-        "installed"] and "VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0), which refuses the flag" in lines["installed"]
+    assert (
+        "vLLM 0.32 turns it on by itself when unset with its default Ray executor, RayExecutorV2" in lines["installed"]
+        and "VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0), which refuses the flag" in lines["installed"]
+    )
     assert "From vLLM 0.33 (judged on 0.34.0) RayExecutorV2 is the only Ray executor" in lines["newest"]
     assert "the flag changes nothing there" in lines["newest"]
 
@@ -242,7 +251,7 @@ def test_vllms_scheduler_options_pass_vllm_extra_args_and_the_newest_parser(fact
             flag = newest.flag("--" + dest.replace("_", "-"))
             assert flag is not None and flag.dest == dest and flag.takes_value == (value is not True), dest
     check_extra_args(words)
-    assert profile_args(newest, words)[-len(words):] == words
+    assert profile_args(newest, words)[-len(words) :] == words
     assert facts["newest"]["refusal"] is None
     assert facts["installed"]["refusal"] is None  # the profile alone on 0.32 (which lacks these options)
     docs = (REPO / "docs" / "configuration.md").read_text()

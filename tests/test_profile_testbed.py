@@ -26,8 +26,13 @@ RECORD_VAR = "DSPARK_TEST_ENV_RECORD_DIR"  # tests/vllm_ray_cpu_plugin: workers 
 
 def in_empty_netns(*args: str) -> subprocess.CompletedProcess:
     """`dspark ARGS` in a network namespace of its own with only a loopback that is down: nothing reachable."""
-    return subprocess.run(["unshare", "-n", str(VENV_BIN / "dspark"), *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "DSPARK_STATE_DIR": "/nonexistent/dspark-plan-test"})
+    return subprocess.run(
+        ["unshare", "-n", str(VENV_BIN / "dspark"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DSPARK_STATE_DIR": "/nonexistent/dspark-plan-test"},
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root for unshare -n")
@@ -63,14 +68,21 @@ def test_plan_on_the_example_file_contacts_nothing_and_exits_1():
     # No such interface in this namespace: the plan names it missing and says start would refuse it (exit 2).
     # (the interfaces listed are this host's: `unshare -n` keeps the host's /sys mounted)
     refusal = next(r for r in head["refusals"] if r.startswith("fabric: "))
-    assert refusal.startswith("fabric: head (192.0.2.1): no interface enp1s0f1np1 on this node (DSPARK_FABRIC_IFNAME; "
-                              "its interfaces: ") and refusal.endswith("): start refuses this (exit 2) unless "
-                                                                        "DSPARK_ALLOW_TCP_FABRIC=1"), refusal
+    assert refusal.startswith(
+        "fabric: head (192.0.2.1): no interface enp1s0f1np1 on this node (DSPARK_FABRIC_IFNAME; its interfaces: "
+    ) and refusal.endswith("): start refuses this (exit 2) unless DSPARK_ALLOW_TCP_FABRIC=1"), refusal
     assert refusal in plan["warnings"] and refusal in plan["refusals"]
     # Every flag and variable of the profile with its reason; this CPU node reports no GPU, and the lines say so.
     reasons = {d["subject"]: d["reason"] for d in plan["decisions"]}
-    for subject in ("kv-cache-dtype", "moe-backend", "load-format", "max-cudagraph-capture-size",
-                    "VLLM_USE_BREAKABLE_CUDAGRAPH", "CUTE_DSL_ARCH", "PYTORCH_CUDA_ALLOC_CONF"):
+    for subject in (
+        "kv-cache-dtype",
+        "moe-backend",
+        "load-format",
+        "max-cudagraph-capture-size",
+        "VLLM_USE_BREAKABLE_CUDAGRAPH",
+        "CUTE_DSL_ARCH",
+        "PYTORCH_CUDA_ALLOC_CONF",
+    ):
         assert reasons[subject], subject
     assert "not judged for a GPU: no node reported a GPU compute capability (asked: head" in reasons["kv-cache-dtype"]
     assert not Path("/nonexistent/dspark-plan-test").exists()  # nothing written
@@ -87,11 +99,15 @@ def test_plan_gpu_12_1_json_is_judged_by_the_installed_vllm_for_gb10():
     assert plan["judged_for"] == "compute capability 12.1 given by --gpu (as if every node reported it)"
     assert plan["cuda_graph_mode"] == "FULL_DECODE_ONLY"
     decisions = {d["subject"]: d for d in plan["decisions"]}
-    assert decisions["kv-cache-dtype"]["value"] == "fp8" and "stored as fp8_ds_mla" in decisions["kv-cache-dtype"][
-        "reason"]
+    assert (
+        decisions["kv-cache-dtype"]["value"] == "fp8"
+        and "stored as fp8_ds_mla" in decisions["kv-cache-dtype"]["reason"]
+    )
     assert decisions["moe-backend"]["value"] == "marlin"  # not auto: DeepGEMM where the build ships it
-    assert ("MoE oracle for the checkpoint's experts (Mxfp4MoEMethod) selects MARLIN with VLLM_USE_DEEP_GEMM=0"
-            in decisions["moe-backend"]["reason"])
+    assert (
+        "MoE oracle for the checkpoint's experts (Mxfp4MoEMethod) selects MARLIN with VLLM_USE_DEEP_GEMM=0"
+        in decisions["moe-backend"]["reason"]
+    )
     assert decisions["cuda-graphs (effective)"]["value"] == "FULL_DECODE_ONLY"
     assert decisions["VLLM_USE_DEEP_GEMM"]["value"] == "0"
     assert not [r for r in plan["refusals"] if "not judged" in r]
@@ -110,7 +126,9 @@ def fake_spark(root: Path, ip: str, hca: str, twin: str | None, gid_index: int) 
     add_port(root, "0000:01:00.1", "fab0", hca, {0: link_local, gid_index: (ipv4_gid(ip), V2)})
     if twin:  # its own address on its own link, at the same index
         a, b, c, d = ip.split(".")
-        add_port(root, "0002:01:00.1", "fab1", twin, {0: link_local, gid_index: (ipv4_gid(f"{a}.{b}.{int(c) + 1}.{d}"), V2)})
+        add_port(
+            root, "0002:01:00.1", "fab1", twin, {0: link_local, gid_index: (ipv4_gid(f"{a}.{b}.{int(c) + 1}.{d}"), V2)}
+        )
     return root
 
 
@@ -123,8 +141,10 @@ def environ_of(pid: int) -> dict[str, str]:
 @pytest.mark.serving
 def test_each_node_serves_with_its_own_fabric_values(testbed_clean, tmp_path, tiny_model):
     tb = testbed_clean
-    trees = {"head": fake_spark(tmp_path / "head-sys", "10.213.0.1", "rocep1s0f1", "roceP2p1s0f1", 3),
-             "worker1": fake_spark(tmp_path / "worker-sys", "10.213.0.2", "mlx5_1", None, 5)}
+    trees = {
+        "head": fake_spark(tmp_path / "head-sys", "10.213.0.1", "rocep1s0f1", "roceP2p1s0f1", 3),
+        "worker1": fake_spark(tmp_path / "worker-sys", "10.213.0.2", "mlx5_1", None, 5),
+    }
     sysfs, records = tmp_path / "sys", tmp_path / "records"
     sysfs.mkdir()
     records.mkdir()
@@ -132,19 +152,21 @@ def test_each_node_serves_with_its_own_fabric_values(testbed_clean, tmp_path, ti
         tb.exec(node, ["mount", "--bind", str(tree), str(sysfs)], check=True)
     model = tiny_model
     forwarded = " ".join((*FORWARDED, "DSPARK_TEST_SYSFS_ROOT", RECORD_VAR))
-    env_file = write_env(tb, tmp_path, **{**serving_values(model), "START_TIMEOUT_S": "400",
-                                          "DSPARK_FORWARD_ENV": forwarded})
+    env_file = write_env(
+        tb, tmp_path, **{**serving_values(model), "START_TIMEOUT_S": "400", "DSPARK_FORWARD_ENV": forwarded}
+    )
     cli_env = {**launcher_env(scratch(tmp_path)), "DSPARK_TEST_SYSFS_ROOT": str(sysfs), RECORD_VAR: str(records)}
 
     def dspark(*args: str) -> subprocess.CompletedProcess:
-        return tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], env=cli_env,
-                       timeout=600)
+        return tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], env=cli_env, timeout=600)
 
     try:
         planned = json.loads(dspark("plan", "--json").stdout)
         assert [n["probed"] for n in planned["nodes"]] == [True, True]
-        fabric = {n["node"]: {e["name"]: e["value"] for e in n["env"] if e["origin"] == "ray start: fabric (sysfs)"}
-                  for n in planned["nodes"]}
+        fabric = {
+            n["node"]: {e["name"]: e["value"] for e in n["env"] if e["origin"] == "ray start: fabric (sysfs)"}
+            for n in planned["nodes"]
+        }
         assert fabric["worker1"]["NCCL_IB_HCA"] == "mlx5_1" and fabric["worker1"]["NCCL_IB_GID_INDEX"] == "5"
         assert fabric["head"]["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1"
 

@@ -6,15 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
+from dspark_test_profiles import TINY_TEST
 
+from dspark_launch.config.profile_resolve import SETTING_FLAGS, profile_value, resolve, resolve_selected
 from dspark_launch.config.settings import resolve as load_settings
 from dspark_launch.errors import EXIT_BAD_CONFIG, ConfigError
-from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, NONE, PROFILE_NAMES, PROFILES
-from dspark_test_profiles import TINY_TEST
 from dspark_launch.node.vllm_offer import VllmOffer
-from dspark_launch.config.profile_resolve import SETTING_FLAGS, profile_value, resolve, resolve_selected
-from tests.support.vllm_parser import refusal
+from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, NONE, PROFILE_NAMES, PROFILES
 from tests.support.paths import REPO
+from tests.support.vllm_parser import refusal
 
 DATA = Path(__file__).parent / "data"
 EXAMPLE = str(REPO / ".env.dspark.example")
@@ -51,14 +51,24 @@ def test_deepseek_on_032_takes_every_first_choice_and_the_real_parser_accepts_it
     resolved = resolve(DEEPSEEK_V4_FLASH, installed, settings())
     args = resolved.serve_args
     assert args[0] == "deepseek-ai/DeepSeek-V4-Flash-0731"
-    for flag, value in (("--kv-cache-dtype", "fp8"), ("--block-size", "256"),
-                        ("--tokenizer-mode", "deepseek_v4"), ("--tool-call-parser", "deepseek_v4"),
-                        ("--reasoning-parser", "deepseek_v4"), ("--max-model-len", "1048576"),
-                        ("--revision", "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"),
-                        ("--served-model-name", "deepseek-v4-flash-0731")):
+    for flag, value in (
+        ("--kv-cache-dtype", "fp8"),
+        ("--block-size", "256"),
+        ("--tokenizer-mode", "deepseek_v4"),
+        ("--tool-call-parser", "deepseek_v4"),
+        ("--reasoning-parser", "deepseek_v4"),
+        ("--max-model-len", "1048576"),
+        ("--revision", "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"),
+        ("--served-model-name", "deepseek-v4-flash-0731"),
+    ):
         assert args[args.index(flag) + 1] == value, flag
-    for switch in ("--trust-remote-code", "--async-scheduling", "--enable-auto-tool-choice",
-                   "--enable-chunked-prefill", "--enable-prefix-caching"):
+    for switch in (
+        "--trust-remote-code",
+        "--async-scheduling",
+        "--enable-auto-tool-choice",
+        "--enable-chunked-prefill",
+        "--enable-prefix-caching",
+    ):
         assert switch in args
     spec = json.loads(args[args.index("--speculative-config") + 1])
     assert spec == {"method": "dspark", "num_speculative_tokens": 5, "draft_sample_method": "probabilistic"}
@@ -68,7 +78,8 @@ def test_deepseek_on_032_takes_every_first_choice_and_the_real_parser_accepts_it
     # for, so the parser's verdict does not stand for it; fp8 is not judged for a GPU, and the line says so.
     assert resolved.kv_cache_dtype == "fp8" and resolved.chat and not resolved.kv_cache.judged
     assert line_of(resolved, "kv-cache-dtype").startswith(
-        "kv-cache-dtype fp8: nvfp4_ds_mla refused by the installed vLLM 0.32.0 on every capability it was asked for")
+        "kv-cache-dtype fp8: nvfp4_ds_mla refused by the installed vLLM 0.32.0 on every capability it was asked for"
+    )
     assert "not judged for a GPU: no node reported a GPU compute capability" in line_of(resolved, "kv-cache-dtype")
     assert refusal(list(args)) is None  # vLLM 0.32's own parser and validator
 
@@ -77,7 +88,8 @@ def test_deepseek_on_025_falls_back_to_fp8(installed):
     resolved = resolve(DEEPSEEK_V4_FLASH, recorded("0.25.0"), settings())
     assert resolved.kv_cache_dtype == "fp8"
     assert line_of(resolved, "kv-cache-dtype").startswith(
-        "kv-cache-dtype fp8: nvfp4_ds_mla not offered by the installed vLLM 0.25.0")
+        "kv-cache-dtype fp8: nvfp4_ds_mla not offered by the installed vLLM 0.25.0"
+    )
     assert "--speculative-config" in resolved.serve_args and "--tokenizer-mode" in resolved.serve_args
 
 
@@ -87,16 +99,20 @@ def test_deepseek_on_0101_refuses_without_the_chat_tokenizer_mode():
     message = str(caught.value)
     assert caught.value.exit_code == EXIT_BAD_CONFIG and "\n" not in message
     assert "--tokenizer-mode deepseek_v4 is required" in message and "vLLM 0.10.1.1 lacks it" in message
-    assert "0.25.0, 0.32.0" in message and "DSPARK_PROFILE=deepseek-v4-flash-0731 from " in message and ".env.dspark.example:" in message
+    assert (
+        "0.25.0, 0.32.0" in message
+        and "DSPARK_PROFILE=deepseek-v4-flash-0731 from " in message
+        and ".env.dspark.example:" in message
+    )
 
 
 def test_deepseek_on_0101_with_the_operators_tokenizer_mode_takes_the_last_fallbacks():
-    resolved = resolve(DEEPSEEK_V4_FLASH, recorded("0.10.1.1"),
-                       settings({"VLLM_EXTRA_ARGS": "--tokenizer-mode=auto"}))
+    resolved = resolve(DEEPSEEK_V4_FLASH, recorded("0.10.1.1"), settings({"VLLM_EXTRA_ARGS": "--tokenizer-mode=auto"}))
     args = resolved.serve_args
     assert resolved.kv_cache_dtype == "fp8"
     assert line_of(resolved, "kv-cache-dtype").startswith(
-        "kv-cache-dtype fp8: nvfp4_ds_mla not offered by the installed vLLM 0.10.1.1")
+        "kv-cache-dtype fp8: nvfp4_ds_mla not offered by the installed vLLM 0.10.1.1"
+    )
     assert line_of(resolved, "tokenizer-mode").startswith("tokenizer-mode auto: VLLM_EXTRA_ARGS from environment")
     for omitted in ("tool-call-parser", "reasoning-parser", "speculative-config", "enable-auto-tool-choice"):
         assert f"--{omitted}" not in args
@@ -119,8 +135,13 @@ def test_tiny_profile_exercises_fallback_and_omission_and_the_real_parser_accept
 def test_none_profile_is_the_generic_serve(installed):
     resolved = resolve(NONE, installed, settings())
     flags = [a for a in resolved.serve_args if a.startswith("--")]
-    assert flags == ["--served-model-name", *(f for _, f in SETTING_FLAGS), "--enable-chunked-prefill",
-                     "--enable-prefix-caching", "--shutdown-timeout"]
+    assert flags == [
+        "--served-model-name",
+        *(f for _, f in SETTING_FLAGS),
+        "--enable-chunked-prefill",
+        "--enable-prefix-caching",
+        "--shutdown-timeout",
+    ]
     assert resolved.serve_args[-1] == "60" and resolved.drain_timeout_s == 60
     assert resolved.serve_args[0] == "deepseek-ai/DeepSeek-V4-Flash" and resolved.env == ()
     assert resolved.decisions == () and resolved.kv_cache_dtype == "auto" and not resolved.chat
@@ -150,13 +171,17 @@ def test_operator_values_win_over_the_profile_as_written(installed, tmp_path):
     env_file.write_text("MAX_MODEL_LEN=1048576\nMAX_NUM_SEQS=4\n")
     resolved = resolve(TINY_TEST, installed, settings(env_file=str(env_file)))
     assert resolved.max_model_len == 1048576  # equal to the built-in default, and still the operator's line
-    assert line_of(resolved, "MAX_MODEL_LEN") == \
-        f"MAX_MODEL_LEN 1048576: the operator's, from {env_file}:1 (the profile gives 256)"
+    assert (
+        line_of(resolved, "MAX_MODEL_LEN")
+        == f"MAX_MODEL_LEN 1048576: the operator's, from {env_file}:1 (the profile gives 256)"
+    )
     assert resolved.serve_args[resolved.serve_args.index("--max-num-seqs") + 1] == "4"
     from_env = resolve(TINY_TEST, installed, settings({"MAX_MODEL_LEN": "4096"}, env_file=str(env_file)))
     assert from_env.max_model_len == 4096
-    assert line_of(from_env, "MAX_MODEL_LEN") == \
-        "MAX_MODEL_LEN 4096: the operator's, from environment (the profile gives 256)"
+    assert (
+        line_of(from_env, "MAX_MODEL_LEN")
+        == "MAX_MODEL_LEN 4096: the operator's, from environment (the profile gives 256)"
+    )
     from_cli = resolve(DEEPSEEK_V4_FLASH, installed, settings(cli={"MAX_MODEL_LEN": ("65536", "--max-model-len")}))
     assert from_cli.max_model_len == 65536
 
@@ -179,7 +204,8 @@ def test_the_profiles_revision_pin_follows_only_its_own_model(installed):
     assert resolved.revision == "" and "--revision" not in resolved.serve_args
     assert line_of(resolved, "DSPARK_MODEL_REVISION").endswith(
         "the profile's 9e165c30e2704aec5d9d593cce3eebd58bbef1cb pins deepseek-ai/DeepSeek-V4-Flash-0731, "
-        "not /models/my-finetune")
+        "not /models/my-finetune"
+    )
     pinned = resolve(DEEPSEEK_V4_FLASH, installed, settings({"DSPARK_MODEL": "/m", "DSPARK_MODEL_REVISION": "v2"}))
     assert pinned.revision == "v2"
 
@@ -221,20 +247,29 @@ def test_a_switch_is_turned_off_with_the_installed_releases_own_negative(install
     The plan emits the offer's spelling and reads the operator's either way."""
     import dataclasses
 
-    from dspark_launch.node.vllm_offer import OfferedFlag
     from dspark_launch.config.profile_resolve import extra_args_values
+    from dspark_launch.node.vllm_offer import OfferedFlag
 
     assert installed.flag("--enable-prefix-caching").negative() == "--no-enable-prefix-caching"
     off = settings({"ENABLE_PREFIX_CACHING": "0"})
     assert "--no-enable-prefix-caching" in resolve(DEEPSEEK_V4_FLASH, installed, off).serve_args
-    spelled_033 = {"enable_prefix_caching": ("--enable-prefix-caching", "--disable-prefix-caching"),
-                   "disable_cascade_attn": ("--disable-cascade-attn", "--enable-cascade-attn")}
-    offer_033 = dataclasses.replace(installed, flags=tuple(
-        dataclasses.replace(f, option_strings=spelled_033.get(f.dest, f.option_strings)) for f in installed.flags))
+    spelled_033 = {
+        "enable_prefix_caching": ("--enable-prefix-caching", "--disable-prefix-caching"),
+        "disable_cascade_attn": ("--disable-cascade-attn", "--enable-cascade-attn"),
+    }
+    offer_033 = dataclasses.replace(
+        installed,
+        flags=tuple(
+            dataclasses.replace(f, option_strings=spelled_033.get(f.dest, f.option_strings)) for f in installed.flags
+        ),
+    )
     args = resolve(DEEPSEEK_V4_FLASH, offer_033, off).serve_args
     assert "--disable-prefix-caching" in args and "--no-enable-prefix-caching" not in args
     assert OfferedFlag(("--enforce-eager",), "enforce_eager", False).negative() is None
     words = "--enable-cascade-attn --disable_cascade_attn --no-async-sched --async-scheduling"
     assert extra_args_values(settings({"VLLM_EXTRA_ARGS": words}), offer_033) == (
-        ("disable_cascade_attn", "off"), ("disable_cascade_attn", "on"), ("async_scheduling", "off"),
-        ("async_scheduling", "on"))
+        ("disable_cascade_attn", "off"),
+        ("disable_cascade_attn", "on"),
+        ("async_scheduling", "off"),
+        ("async_scheduling", "on"),
+    )

@@ -5,21 +5,40 @@ start-up gate, 0.34's extensible KV cache (each release's own code: tests/test_m
 from __future__ import annotations
 
 import pytest
+from dspark_test_profiles import TINY_TEST
 
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH, DEEPSEEK_V4_ROW, NONE
-from dspark_test_profiles import TINY_TEST
 from dspark_launch.profiles.memory_model import (
-    EXTENSIBLE_KV, EXTENSIBLE_KV_MARGIN, GIB, START_GATE, NodeMemory, estimate_memory, memory_rule, model_shape,
+    EXTENSIBLE_KV,
+    EXTENSIBLE_KV_MARGIN,
+    GIB,
+    START_GATE,
+    NodeMemory,
+    estimate_memory,
+    memory_rule,
+    model_shape,
     row_bytes,
 )
 from dspark_launch.profiles.model import KvRow
 from dspark_launch.serve.memory_preflight import extensible_off
 
 SPARKS = (NodeMemory("head", 128 * GIB), NodeMemory("worker1", 128 * GIB))
-V4_CONFIG = {"model_type": "deepseek_v4", "num_hidden_layers": 43, "head_dim": 512, "qk_rope_head_dim": 64,
-             "compress_ratios": [0, 4, 128], "torch_dtype": "bfloat16"}
-TINY_CONFIG = {"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 32,
-               "hidden_size": 64, "torch_dtype": "float32"}
+V4_CONFIG = {
+    "model_type": "deepseek_v4",
+    "num_hidden_layers": 43,
+    "head_dim": 512,
+    "qk_rope_head_dim": 64,
+    "compress_ratios": [0, 4, 128],
+    "torch_dtype": "bfloat16",
+}
+TINY_CONFIG = {
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "hidden_size": 64,
+    "torch_dtype": "float32",
+}
 
 
 def deepseek(dtype: str, tokens: int = 1048576, weights: int | None = None, shape=None, nodes=SPARKS):
@@ -66,8 +85,10 @@ def test_refuses_with_the_numbers_when_a_node_cannot_hold_its_share():
     estimate = deepseek("fp8_ds_mla", weights=160 * GIB, nodes=small)
     head, worker = estimate.findings
     assert head.fits and not worker.fits and not estimate.fits
-    assert worker.line == ("worker1: 103.9 GiB (weights 81.3 GiB, non-KV 11.50 GiB, KV 11.04 GiB for 1048576 tokens "
-                           "in fp8_ds_mla) does not fit in 112.0 GiB x GPU_MEMORY_UTILIZATION 0.835 = 93.5 GiB")
+    assert worker.line == (
+        "worker1: 103.9 GiB (weights 81.3 GiB, non-KV 11.50 GiB, KV 11.04 GiB for 1048576 tokens "
+        "in fp8_ds_mla) does not fit in 112.0 GiB x GPU_MEMORY_UTILIZATION 0.835 = 93.5 GiB"
+    )
     assert worker.fix.startswith("lower MAX_MODEL_LEN to 64512 or less; raise GPU_MEMORY_UTILIZATION to 0.93")
 
 
@@ -82,8 +103,9 @@ DIP = int((117 - 111.04) * GIB)
 
 def gb10(utilization: float, available: float = 117.0, dtype: str = "fp8", tokens: int = 1048576, version: str = ""):
     nodes = (NodeMemory("head", GB10, int(available * GIB)), NodeMemory("worker1", GB10, int(117.0 * GIB)))
-    return estimate_memory(DEEPSEEK_V4_FLASH, dtype, tokens, 2, MEASURED, None, nodes, utilization,
-                           vllm_version=version)
+    return estimate_memory(
+        DEEPSEEK_V4_FLASH, dtype, tokens, 2, MEASURED, None, nodes, utilization, vllm_version=version
+    )
 
 
 def test_the_measured_gb10_figures_reproduce_eugrs_result():
@@ -105,11 +127,14 @@ def test_a_too_small_memavailable_is_refused_naming_the_node():
     estimate = gb10(0.90, available=100.0)
     head, worker = estimate.findings
     assert not estimate.fits and head.share_fits and head.free_fits is False and worker.fits
-    assert head.problem == ("head: MemAvailable 100.00 GiB less 5.96 GiB measured to go while weights load < "
-                            "121.69 GiB x GPU_MEMORY_UTILIZATION 0.9 = 109.52 GiB (vLLM refuses to start when free "
-                            "memory is below utilization x total)")
-    assert head.fix == ("free memory on head (other processes, page cache held by them) or lower "
-                        "GPU_MEMORY_UTILIZATION to 0.77 or less")
+    assert head.problem == (
+        "head: MemAvailable 100.00 GiB less 5.96 GiB measured to go while weights load < "
+        "121.69 GiB x GPU_MEMORY_UTILIZATION 0.9 = 109.52 GiB (vLLM refuses to start when free "
+        "memory is below utilization x total)"
+    )
+    assert head.fix == (
+        "free memory on head (other processes, page cache held by them) or lower GPU_MEMORY_UTILIZATION to 0.77 or less"
+    )
 
 
 def test_the_installed_release_picks_the_memory_rule():
@@ -135,10 +160,12 @@ def test_the_same_figures_on_034_make_utilization_a_cap_not_a_gate():
     assert at_095.fits and at_095.rule == EXTENSIBLE_KV and not gb10(0.95, version="0.32.0").fits
     head = at_095.findings[0]
     assert head.rule == EXTENSIBLE_KV and head.share_fits and head.free_fits
-    assert head.free_line == ("head: MemAvailable 117.00 GiB less 5.96 GiB measured to go while weights load less "
-                              "vLLM's 1.00 GiB margin = 110.04 GiB >= 103.88 GiB needed (vLLM 0.34.0 sizes the KV "
-                              "cache after warmup from this, capped at utilization x total, and fails at start when "
-                              "it cannot hold one MAX_MODEL_LEN sequence; no start-up gate)")
+    assert head.free_line == (
+        "head: MemAvailable 117.00 GiB less 5.96 GiB measured to go while weights load less "
+        "vLLM's 1.00 GiB margin = 110.04 GiB >= 103.88 GiB needed (vLLM 0.34.0 sizes the KV "
+        "cache after warmup from this, capped at utilization x total, and fails at start when "
+        "it cannot hold one MAX_MODEL_LEN sequence; no start-up gate)"
+    )
     assert at_095.notes[0].startswith("memory rule: vLLM 0.34.0, the extensible KV cache")
     # The cap still bounds the KV cache: eugr's 0.85 at 1M is as short on 0.34; the fix stays within free memory.
     at_085 = gb10(0.85, version="0.34.0").findings[0]
@@ -152,21 +179,35 @@ def test_on_034_free_memory_short_of_the_share_fails_after_warmup_and_utilizatio
     estimate = gb10(0.87, available=100.0, version="0.34.0")
     head, worker = estimate.findings
     assert not estimate.fits and head.share_fits and head.free_fits is False and worker.fits
-    assert head.problem == ("head: MemAvailable 100.00 GiB less 5.96 GiB measured to go while weights load less "
-                            "vLLM's 1.00 GiB margin = 93.04 GiB < 103.88 GiB needed (vLLM 0.34.0 sizes the KV cache "
-                            "after warmup from this, capped at utilization x total, and fails at start when it cannot "
-                            "hold one MAX_MODEL_LEN sequence; no start-up gate)")
-    assert head.fix == ("free memory on head (other processes, page cache held by them) or lower MAX_MODEL_LEN to "
-                        "18432 or less (a higher GPU_MEMORY_UTILIZATION does not help: the node's free memory, not "
-                        "the cap, limits the KV cache here)")
+    assert head.problem == (
+        "head: MemAvailable 100.00 GiB less 5.96 GiB measured to go while weights load less "
+        "vLLM's 1.00 GiB margin = 93.04 GiB < 103.88 GiB needed (vLLM 0.34.0 sizes the KV cache "
+        "after warmup from this, capped at utilization x total, and fails at start when it cannot "
+        "hold one MAX_MODEL_LEN sequence; no start-up gate)"
+    )
+    assert head.fix == (
+        "free memory on head (other processes, page cache held by them) or lower MAX_MODEL_LEN to "
+        "18432 or less (a higher GPU_MEMORY_UTILIZATION does not help: the node's free memory, not "
+        "the cap, limits the KV cache here)"
+    )
     assert gb10(0.87, available=100.0, version="0.34.0", tokens=18432).fits
     # Should vLLM find no virtual memory management on a node, 0.33's gate applies there: the note says where.
     fallback = next(n for n in estimate.notes if "Disabling the extensible KV cache" in n)
     assert "it would refuse here (head: MemAvailable 100.00 GiB" in fallback and "worker1" not in fallback
     # A flag that turns the extensible KV cache off gives the gate back.
     nodes = (NodeMemory("head", GB10, int(113 * GIB)),)
-    off = estimate_memory(DEEPSEEK_V4_FLASH, "fp8", 1048576, 2, MEASURED, None, nodes, 0.90,
-                          vllm_version="0.34.0", extensible_off="--num-gpu-blocks-override")
+    off = estimate_memory(
+        DEEPSEEK_V4_FLASH,
+        "fp8",
+        1048576,
+        2,
+        MEASURED,
+        None,
+        nodes,
+        0.90,
+        vllm_version="0.34.0",
+        extensible_off="--num-gpu-blocks-override",
+    )
     assert off.rule == START_GATE and off.findings[0].free_fits is False
 
 
@@ -214,8 +255,9 @@ def test_the_free_memory_gate_on_vllms_cpu_backend():
     unfixed = estimate_memory(TINY_TEST, "auto", 256, 2, 1 << 20, None, cpu, 0.835)
     assert not unfixed.fits and unfixed.findings[0].free_fits is False
     # 0.34 has no extensible KV cache on its CPU backend (config/vllm.py): the same rule there, no rule note.
-    on_034 = estimate_memory(TINY_TEST, "auto", 256, 2, 1 << 20, None, cpu, 0.835, "VLLM_CPU_KVCACHE_SPACE",
-                             vllm_version="0.34.0")
+    on_034 = estimate_memory(
+        TINY_TEST, "auto", 256, 2, 1 << 20, None, cpu, 0.835, "VLLM_CPU_KVCACHE_SPACE", vllm_version="0.34.0"
+    )
     assert on_034.fits and on_034.findings[0].rule == START_GATE and on_034.findings[0].free_fits is None
     assert not any(n.startswith("memory rule:") for n in on_034.notes)
 

@@ -25,7 +25,7 @@ def test_every_request_declares_the_answer_its_operation_decodes():
         assert _declared_answer(operation.request) is operation.answer, operation.name
 
 
-PROGRAM = '''
+PROGRAM = """
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.client import NodeAgent
 from dspark_launch.serve.http import Reply
@@ -39,7 +39,7 @@ def use(agent: NodeAgent) -> None:
     ServerView("sleeping")
     FirstAnswer("maybe", 1, Reply(0, ""), 0.0, 0.0)
     p.Progress("shout", "hi")
-'''
+"""
 
 
 def test_mypy_sees_each_answer_type_and_refuses_a_state_outside_its_literal(tmp_path, monkeypatch):

@@ -14,8 +14,12 @@ from tests.support.paths import REPO
 from tools.readme_sample import sample_lines
 
 #: The modules a start runs through (host runtime, the demo's and the default).
-START_MODULES = ("dspark_launch/serve/start.py", "dspark_launch/serve/warm_start.py",
-                 "dspark_launch/cluster/ray_cluster.py", "dspark_launch/cluster/hotfix_rollout.py")
+START_MODULES = (
+    "dspark_launch/serve/start.py",
+    "dspark_launch/serve/warm_start.py",
+    "dspark_launch/cluster/ray_cluster.py",
+    "dspark_launch/cluster/hotfix_rollout.py",
+)
 #: Phase lines of those modules a healthy first start does not print, by a piece of their text, with why.
 NOT_IN_A_HEALTHY_START = {
     "the Ray cluster is already up; reusing it": "a second start with Ray still up",
@@ -40,8 +44,12 @@ def phase_patterns() -> list[tuple[str, str]]:
     for module in START_MODULES:
         tree = ast.parse((REPO / module).read_text(encoding="utf-8"))
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "phase"
-                    and node.args):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "phase"
+                and node.args
+            ):
                 found.append((f"{module}:{node.lineno}", _pattern(node.args[0])))
     return found
 
@@ -57,4 +65,5 @@ def test_every_phase_line_of_a_healthy_start_is_in_the_readme_sample(where, patt
     lines = [_TIMESTAMP.sub("", line) for line in sample_lines((REPO / "README.md").read_text(encoding="utf-8"))]
     assert lines, "README.md has no generated start sample: python -m tools.readme_sample"
     assert any(re.fullmatch(pattern, line) for line in lines), (
-        f"{where} prints a phase line the README's sample does not show ({pattern}): python -m tools.readme_sample")
+        f"{where} prints a phase line the README's sample does not show ({pattern}): python -m tools.readme_sample"
+    )

@@ -14,29 +14,88 @@ from dspark_launch.config.settings import check_knob
 from dspark_launch.errors import ConfigError
 from tests.support.paths import REGISTRY_SH
 
+
 class _Unset:
     def __repr__(self) -> str:  # a stable test id: pytest-xdist workers must collect the same names
         return "unset"
 
 
 UNSET = _Unset()
-CORPUS = [UNSET, "", "   ", " 2 ", "010", "+2", "-1", "0", "1", "3", "4", "2.0", "two", "1x", "0x10", "2\r",
-          "123456789012345678901234567890", "-123456789012345678901234567890", "\u0663", "2\u0663", "\uff12",
-          "-0", "+", "-", "1 2", "\t3\n", "0002", "1e3", " +0 "]
-FLOAT_CORPUS = [UNSET, "", "0.835", ".9", "1", "0.90", "00.5000", "-0.5", "0.95", "0.950000", "0.9500001",
-                "0.05", "0.0499", "1e-1", ".", "2.", "0.5.1", "\u0660.5", " 0.7\r", "+0.3", "nan", "inf"]
+CORPUS = [
+    UNSET,
+    "",
+    "   ",
+    " 2 ",
+    "010",
+    "+2",
+    "-1",
+    "0",
+    "1",
+    "3",
+    "4",
+    "2.0",
+    "two",
+    "1x",
+    "0x10",
+    "2\r",
+    "123456789012345678901234567890",
+    "-123456789012345678901234567890",
+    "\u0663",
+    "2\u0663",
+    "\uff12",
+    "-0",
+    "+",
+    "-",
+    "1 2",
+    "\t3\n",
+    "0002",
+    "1e3",
+    " +0 ",
+]
+FLOAT_CORPUS = [
+    UNSET,
+    "",
+    "0.835",
+    ".9",
+    "1",
+    "0.90",
+    "00.5000",
+    "-0.5",
+    "0.95",
+    "0.950000",
+    "0.9500001",
+    "0.05",
+    "0.0499",
+    "1e-1",
+    ".",
+    "2.",
+    "0.5.1",
+    "\u0660.5",
+    " 0.7\r",
+    "+0.3",
+    "nan",
+    "inf",
+]
 
-BASH = r'''
+BASH = r"""
 set -euo pipefail
 if [[ $1 == set ]]; then export "$2=$3"; else unset "$2"; fi
 source "$4" 2>/dev/null
 echo "${!2-__unset__}"
-'''
+"""
 
 
 def bash_result(name: str, value) -> tuple[str, str | None]:
-    args = ["bash", "-c", BASH, "bash", "unset" if value is UNSET else "set", name,
-            "" if value is UNSET else value, str(REGISTRY_SH)]
+    args = [
+        "bash",
+        "-c",
+        BASH,
+        "bash",
+        "unset" if value is UNSET else "set",
+        name,
+        "" if value is UNSET else value,
+        str(REGISTRY_SH),
+    ]
     proc = subprocess.run(args, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"})
     if proc.returncode == 2:
         return "reject", None
@@ -72,8 +131,18 @@ def test_hard_range_knob_agrees(value):
 
 def test_cap_rules_expected_values():
     """The rules themselves, not just agreement: default 1, <=0 -> 1, >3 -> 3, malformed rejected."""
-    expected = {"": "1", "   ": "1", " 2 ": "2", "010": "3", "+2": "2", "-1": "1", "0": "1", "4": "3",
-                "2\r": "2", "123456789012345678901234567890": "3"}
+    expected = {
+        "": "1",
+        "   ": "1",
+        " 2 ": "2",
+        "010": "3",
+        "+2": "2",
+        "-1": "1",
+        "0": "1",
+        "4": "3",
+        "2\r": "2",
+        "123456789012345678901234567890": "3",
+    }
     for value, canonical in expected.items():
         assert python_result("DSPARK_MAX_INFLIGHT_PREFILLS", value) == ("accept", canonical), value
     for value in ("2.0", "two", "1x", "0x10", "\u0663"):
@@ -94,8 +163,7 @@ def test_random_values_agree(value):
 
 def _source(env: dict[str, str], script: str = "") -> subprocess.CompletedProcess:
     code = f'set -euo pipefail\nsource "{REGISTRY_SH}"\necho "ok ${{DSPARK_MAX_INFLIGHT_PREFILLS-}}"\n{script}'
-    return subprocess.run(["bash", "-c", code], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", **env})
+    return subprocess.run(["bash", "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", **env})
 
 
 def test_alias_accepted_with_warning():
@@ -125,14 +193,16 @@ def test_bash_error_is_one_line_naming_variable_value_and_range():
 
 def test_sourcing_without_set_e_returns_2():
     code = f'source "{REGISTRY_SH}"; echo "rc=$?"'
-    proc = subprocess.run(["bash", "-c", code], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "VLLM_PORT": "x"})
+    proc = subprocess.run(
+        ["bash", "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "VLLM_PORT": "x"}
+    )
     assert proc.stdout.strip() == "rc=2"
 
 
 def test_bash_exports_canonical_values_for_children():
-    proc = _source({"MAX_NUM_SEQS": " 008 ", "GPU_MEMORY_UTILIZATION": "0.80"},
-                   "printenv MAX_NUM_SEQS GPU_MEMORY_UTILIZATION")
+    proc = _source(
+        {"MAX_NUM_SEQS": " 008 ", "GPU_MEMORY_UTILIZATION": "0.80"}, "printenv MAX_NUM_SEQS GPU_MEMORY_UTILIZATION"
+    )
     assert proc.returncode == 0
     assert proc.stdout.splitlines()[-2:] == ["8", "0.8"]
 

@@ -9,13 +9,13 @@ import stat
 import pytest
 
 from dspark_launch.agent import protocol as p
-from dspark_launch.report import SilentReporter
+from dspark_launch.agent.handlers import control as control_op
 from dspark_launch.cluster.spec import cluster_spec
-from dspark_launch.cluster.state import ServerRecord, ensure_state_dir, load_state, save_state, Deployment
+from dspark_launch.cluster.state import Deployment, ServerRecord, ensure_state_dir, load_state, save_state
 from dspark_launch.config.settings import resolve
 from dspark_launch.errors import EXIT_BAD_CONFIG
 from dspark_launch.hotfix import contract
-from dspark_launch.agent.handlers import control as control_op
+from dspark_launch.report import SilentReporter
 from dspark_launch.serve.reload import InForce, ReloadRefused, reload
 
 EXAMPLE = "dspark_launch/config/env.dspark.example"
@@ -23,8 +23,12 @@ EXAMPLE = "dspark_launch/config/env.dspark.example"
 
 def settings_in(tmp_path, **changed: str):
     env = tmp_path / "dspark.env"
-    lines = [f"DSPARK_STATE_DIR={tmp_path / 'state'}", "DSPARK_HEAD_IP=127.0.0.1", "DSPARK_WORKER_HOSTS=127.0.0.2",
-             "DSPARK_FABRIC_IFNAME=lo"] + [f"{k}={v}" for k, v in changed.items()]
+    lines = [
+        f"DSPARK_STATE_DIR={tmp_path / 'state'}",
+        "DSPARK_HEAD_IP=127.0.0.1",
+        "DSPARK_WORKER_HOSTS=127.0.0.2",
+        "DSPARK_FABRIC_IFNAME=lo",
+    ] + [f"{k}={v}" for k, v in changed.items()]
     env.write_text("\n".join(lines) + "\n")
     env.chmod(0o600)
     return resolve(env_file=str(env), environ={})
@@ -33,10 +37,18 @@ def settings_in(tmp_path, **changed: str):
 def recorded_server(tmp_path) -> tuple[Deployment, ServerRecord]:
     settings = settings_in(tmp_path)
     state_dir = ensure_state_dir(tmp_path / "state")
-    server = ServerRecord(marker="dspark-test-server", log=str(state_dir / "logs" / "vllm-serve.log"),
-                          url="http://127.0.0.1:1", served_name="tiny", model="m", started_at=0.0,
-                          settings=settings.public_values(), digest="", cap=1,
-                          control_file=str(state_dir / "scheduler-control"))
+    server = ServerRecord(
+        marker="dspark-test-server",
+        log=str(state_dir / "logs" / "vllm-serve.log"),
+        url="http://127.0.0.1:1",
+        served_name="tiny",
+        model="m",
+        started_at=0.0,
+        settings=settings.public_values(),
+        digest="",
+        cap=1,
+        control_file=str(state_dir / "scheduler-control"),
+    )
     deployment = Deployment("127.0.0.1:6379", "", 0.0, "0", [], server=server)
     save_state(state_dir, deployment)
     return deployment, server
@@ -98,18 +110,21 @@ def test_the_control_file_is_never_written_where_others_could_set_it(tmp_path, c
 
 def in_force(cap, gate_mode, aging, diagnostics) -> InForce:
     """These four, the other live settings at their defaults (the scheduler's parse of an unset value)."""
-    return InForce({**InForce.of({}).values, "cap": cap, "gate_mode": gate_mode, "aging": aging,
-                    "diagnostics": diagnostics})
+    return InForce(
+        {**InForce.of({}).values, "cap": cap, "gate_mode": gate_mode, "aging": aging, "diagnostics": diagnostics}
+    )
 
 
 def test_the_values_waited_for_are_the_schedulers_parse_of_the_settings():
-    assert InForce.of({contract.ENV_CAP: "2", contract.ENV_GATE_MODE: "1", contract.ENV_AGING: "4",
-                       contract.ENV_DIAG: "1"}) == in_force(2, 1, 4.0, True)
-    assert InForce.of({contract.ENV_CAP: "9", contract.ENV_GATE_MODE: "", contract.ENV_AGING: "x",
-                       contract.ENV_DIAG: "0"}) == in_force(contract.CAP_MAX, contract.DEFAULT_GATE_MODE,
-                                                            contract.DEFAULT_AGING, False)
+    assert InForce.of(
+        {contract.ENV_CAP: "2", contract.ENV_GATE_MODE: "1", contract.ENV_AGING: "4", contract.ENV_DIAG: "1"}
+    ) == in_force(2, 1, 4.0, True)
+    assert InForce.of(
+        {contract.ENV_CAP: "9", contract.ENV_GATE_MODE: "", contract.ENV_AGING: "x", contract.ENV_DIAG: "0"}
+    ) == in_force(contract.CAP_MAX, contract.DEFAULT_GATE_MODE, contract.DEFAULT_AGING, False)
     line = contract.parse_live_lines(  # the line as the scheduler logs it (aging shown with %g: 0.333333)
-        "INFO " + contract.live_line(7, "cap 1 -> 2", in_force(2, 1, 1 / 3, True).values, 640) + "\n")[0]
+        "INFO " + contract.live_line(7, "cap 1 -> 2", in_force(2, 1, 1 / 3, True).values, 640) + "\n"
+    )[0]
     assert line.changes == "cap 1 -> 2" and in_force(2, 1, 1 / 3, True).shown_by(line)
     assert not in_force(2, 1, 0.5, True).shown_by(line)
     assert not in_force(2, 2, 1 / 3, True).shown_by(line)
@@ -128,6 +143,7 @@ def test_a_reloaded_value_is_not_drift_and_restart_sees_it_as_running(tmp_path):
 
 
 # --------------------------------------------------------------------------- data parallel: every engine
+
 
 def _engine_line(rank: int, message: str, level: str = "INFO") -> str:
     """As vLLM 0.32 logs it from a data-parallel EngineCore (process name `EngineCore_DP<rank>`,
@@ -159,10 +175,16 @@ class _IdleEngines:
                 rank = self.headers.get("X-data-parallel-rank")
                 outer.ranks.append(rank)
                 if rank is not None:
-                    said = (contract.LIVE_WARNING_FORMAT % (contract.PATCH_VERSION, "/s/control", "bad", "cap 1, gate mode 1")
-                            if int(rank) == refuse_rank else _live(cap))
+                    said = (
+                        contract.LIVE_WARNING_FORMAT
+                        % (contract.PATCH_VERSION, "/s/control", "bad", "cap 1, gate mode 1")
+                        if int(rank) == refuse_rank
+                        else _live(cap)
+                    )
                     with open(log, "a") as out:
-                        out.write(_engine_line(int(rank), said, "WARNING" if int(rank) == refuse_rank else "INFO") + "\n")
+                        out.write(
+                            _engine_line(int(rank), said, "WARNING" if int(rank) == refuse_rank else "INFO") + "\n"
+                        )
                 self.send_response(200)
                 self.end_headers()
                 self.wfile.write(b'{"choices": [{"text": "x"}]}')
@@ -183,9 +205,9 @@ def _wait_on_two_engines(tmp_path, refuse_rank=None, timeout_s=10.0):
     """Rank 0 is busy (it takes the file at once and logs it); rank 1 is idle until a request reaches it."""
     import time
 
+    from dspark_launch.serve.http import Keyed
     from dspark_launch.serve.logfollow import END, LogReader
     from dspark_launch.serve.reload import _wait_in_force
-    from dspark_launch.serve.http import Keyed
 
     settings = settings_in(tmp_path, VLLM_EXTRA_ARGS="--data-parallel-size 2", DSPARK_MAX_INFLIGHT_PREFILLS="2")
     _, server = recorded_server(tmp_path)
@@ -200,8 +222,17 @@ def _wait_on_two_engines(tmp_path, refuse_rank=None, timeout_s=10.0):
         out.write(_engine_line(0, _live(2)) + "\n")  # rank 0 again: not rank 1's
     try:
         # the nudges' port check lets them go (the check itself: tests/test_keyed_requests.py)
-        return _wait_in_force(reader, WANTED, 2, server, settings, time.monotonic(), timeout_s, SilentReporter(),
-                              key=Keyed("", lambda ip, port: True)), api
+        return _wait_in_force(
+            reader,
+            WANTED,
+            2,
+            server,
+            settings,
+            time.monotonic(),
+            timeout_s,
+            SilentReporter(),
+            key=Keyed("", lambda ip, port: True),
+        ), api
     finally:
         api.close()
 
@@ -228,6 +259,17 @@ def test_with_data_parallel_an_engine_that_refuses_the_file_fails_the_reload_nam
 def test_the_engines_a_server_runs_are_read_as_vllm_parses_the_data_parallel_size():
     from dspark_launch.serve.engines import engine_count
 
-    assert [engine_count(args) for args in ("", "--enforce-eager", "-dp 2", "-dp=3", "--data-parallel-size 4",
-                                            "--data_parallel_size=2", "-dp 2 --data-parallel-size 5", "-dp x",
-                                            "--max-model-len 4096 '-dp' 2")] == [1, 1, 2, 3, 4, 2, 5, 1, 2]
+    assert [
+        engine_count(args)
+        for args in (
+            "",
+            "--enforce-eager",
+            "-dp 2",
+            "-dp=3",
+            "--data-parallel-size 4",
+            "--data_parallel_size=2",
+            "-dp 2 --data-parallel-size 5",
+            "-dp x",
+            "--max-model-len 4096 '-dp' 2",
+        )
+    ] == [1, 1, 2, 3, 4, 2, 5, 1, 2]

@@ -15,8 +15,10 @@ def values(**changed: str) -> dict[str, str]:
 def test_serve_level_changes_restart_only_vllm_serve():
     kind = restart_kind(values(), values(MAX_NUM_SEQS="8", DSPARK_MAX_INFLIGHT_PREFILLS="2", VLLM_PORT="9000"), True)
     assert kind.serve_only
-    assert kind.why == ("serve-level setting(s) changed: DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2, MAX_NUM_SEQS 6 -> 8, "
-                        "VLLM_PORT 8888 -> 9000")
+    assert kind.why == (
+        "serve-level setting(s) changed: DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2, MAX_NUM_SEQS 6 -> 8, "
+        "VLLM_PORT 8888 -> 9000"
+    )
     assert kind.line.startswith("restart: serve-only (Ray and the nodes kept up")
     assert restart_kind(values(), values(), True).why == "no setting changed"
 
@@ -39,23 +41,35 @@ def test_secrets_show_only_as_set_or_unset():
 def test_every_serve_level_name_is_a_setting_and_the_fabric_is_not_serve_level():
     names = set(values())
     assert SERVE_LEVEL <= names
-    for cluster_level in ("RAY_PORT", "DSPARK_WORKER_IPS", "DSPARK_IMAGE", "DSPARK_FABRIC_IFNAME", "GPUS_PER_NODE",
-                          "RAY_AUTH_MODE", "DSPARK_MODEL_CACHE", "HF_HUB_OFFLINE", "DSPARK_FORWARD_ENV"):
+    for cluster_level in (
+        "RAY_PORT",
+        "DSPARK_WORKER_IPS",
+        "DSPARK_IMAGE",
+        "DSPARK_FABRIC_IFNAME",
+        "GPUS_PER_NODE",
+        "RAY_AUTH_MODE",
+        "DSPARK_MODEL_CACHE",
+        "HF_HUB_OFFLINE",
+        "DSPARK_FORWARD_ENV",
+    ):
         assert cluster_level not in SERVE_LEVEL
 
 
 def test_reload_takes_only_live_settings_and_names_every_other_change():
+    from dspark_launch.hotfix.contract import LIVE_NAMES
     from dspark_launch.serve.restart_kind import LIVE_LEVEL, reload_changes
 
-    assert LIVE_LEVEL == {"DSPARK_MAX_INFLIGHT_PREFILLS", "DSPARK_PREFILL_GATE_MODE", "DSPARK_PREFILL_AGING",
-                          "DSPARK_ISSUE43_SCHED_DIAG"}
-    start, now = values(), values(DSPARK_MAX_INFLIGHT_PREFILLS="2", DSPARK_PREFILL_GATE_MODE="1",
-                                  DSPARK_PREFILL_AGING="4")
+    assert LIVE_LEVEL == set(LIVE_NAMES)  # the hotfix's live settings, each declared level "live"
+    start, now = (
+        values(),
+        values(DSPARK_MAX_INFLIGHT_PREFILLS="2", DSPARK_PREFILL_GATE_MODE="1", DSPARK_PREFILL_AGING="4"),
+    )
     live = reload_changes(start, now)
     assert [c.line for c in live.live] == [
         "DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2",
         f"DSPARK_PREFILL_AGING {start['DSPARK_PREFILL_AGING']} -> {now['DSPARK_PREFILL_AGING']}",
-        f"DSPARK_PREFILL_GATE_MODE {start['DSPARK_PREFILL_GATE_MODE']} -> 1"]
+        f"DSPARK_PREFILL_GATE_MODE {start['DSPARK_PREFILL_GATE_MODE']} -> 1",
+    ]
     assert live.restart == ()
     mixed = reload_changes(values(), values(DSPARK_MAX_INFLIGHT_PREFILLS="2", MAX_NUM_SEQS="8"))
     assert [c.line for c in mixed.restart] == ["MAX_NUM_SEQS 6 -> 8"] and len(mixed.live) == 1

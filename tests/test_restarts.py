@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.node import procfs
 from dspark_launch.hotfix.contract import PATCH_VERSION
+from dspark_launch.node import procfs
 from tests.support.on_testbed import API_KEY, our_pids, run, serving_env, set_knob, state, status
 from tests.support.processes import describe
 from tests.support.relay_streams import drained_relay, relayed_streams
@@ -36,8 +36,13 @@ DRAIN_S = "300"
 
 def streams_in_flight(tb, max_tokens: int = MAX_TOKENS) -> subprocess.Popen:
     """STREAMS streaming chats from inside the head node, returned once each has its first token."""
-    client = tb.popen("head", [sys.executable, str(CLIENT), "http://127.0.0.1:8000", API_KEY, "tiny", str(STREAMS),
-                               str(max_tokens)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = tb.popen(
+        "head",
+        [sys.executable, str(CLIENT), "http://127.0.0.1:8000", API_KEY, "tiny", str(STREAMS), str(max_tokens)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     started = set()
     deadline = time.monotonic() + 120
     while len(started) < STREAMS and time.monotonic() < deadline:
@@ -85,15 +90,15 @@ def finished_all(results: list[dict]) -> bool:
     return all(r["finish_reason"] == "length" and r["error"] is None for r in results)
 
 
-def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_now(testbed_clean, tmp_path,
-                                                                                   tiny_model):
+def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_now(testbed_clean, tmp_path, tiny_model):
     """One server life (the suite's time budget): a serve-only restart drains streams and keeps Ray;
     `reload` takes the cap 2 -> 3 while 4 streams run (none cut, the server kept), then a change that needs
     a restart is refused (exit 2) naming the setting, with nothing changed; a cluster-level `restart --now`
     cuts streams and restarts Ray, a plain `stop` drains streams."""
     tb = testbed_clean
-    env = serving_env(tb, tmp_path, tiny_model, MAX_MODEL_LEN="1024", MAX_NUM_BATCHED_TOKENS="1024",
-                      DSPARK_DRAIN_TIMEOUT_S=DRAIN_S)
+    env = serving_env(
+        tb, tmp_path, tiny_model, MAX_MODEL_LEN="1024", MAX_NUM_BATCHED_TOKENS="1024", DSPARK_DRAIN_TIMEOUT_S=DRAIN_S
+    )
     started = run(tb, tmp_path, env, "start")
     assert started.returncode == 0, started.stderr[-4000:]
     ray_before, server_before = ray_pids(tmp_path), state(tmp_path)["server"]["pid"]
@@ -124,8 +129,10 @@ def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_n
     serve_only_s = time.monotonic() - began
     assert serve_only.returncode == 0, serve_only.stderr[-4000:]
     assert finished_all(outcomes(client))
-    assert ("restart: serve-only (Ray and the nodes kept up; only vllm serve restarts): serve-level setting(s) "
-            "changed: DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2, MAX_NUM_SEQS 6 -> 4") in serve_only.stderr
+    assert (
+        "restart: serve-only (Ray and the nodes kept up; only vllm serve restarts): serve-level setting(s) "
+        "changed: DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2, MAX_NUM_SEQS 6 -> 4"
+    ) in serve_only.stderr
     # (the new plan is checked before the old server drains: the streams may have ended by then)
     assert " 0 cut" in serve_only.stderr, serve_only.stderr[-3000:]
     assert ray_pids(tmp_path) == ray_before and state(tmp_path)["server"]["pid"] != server_before
@@ -159,8 +166,11 @@ def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_n
     assert finished_all(outcomes(client))
     log = log_path.read_text(errors="replace")
     live = log.index(f"dspark-issue27 hotfix v{PATCH_VERSION}: cap 2 -> 3 (live); in force: cap 3,")
-    after = re.search(r"dspark-issue27 step=\d+ cap=(\d+) inflight=\d+ prefill_tokens=\d+ decode_tokens=\d+ "
-                      r"decode_reqs=(\d+)", log[live:])
+    after = re.search(
+        r"dspark-issue27 step=\d+ cap=(\d+) inflight=\d+ prefill_tokens=\d+ decode_tokens=\d+ "
+        r"decode_reqs=(\d+)",
+        log[live:],
+    )
     assert after and after.group(1) == "3" and int(after.group(2)) > 0, "the change landed while streams decoded"
     assert stat.S_IMODE(control.stat().st_mode) == 0o600
     record = state(tmp_path)["server"]
@@ -194,7 +204,8 @@ def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_n
     streamed, streamed_err = client.communicate(timeout=240)
     relayed = [json.loads(line) for line in streamed.splitlines() if line.startswith("{")]
     assert any(r["tokens"] > 0 and r["finish_reason"] not in ("length", "stop") for r in relayed), (
-        streamed + streamed_err)  # drained instead, the stream in flight would end at its length
+        streamed + streamed_err
+    )  # drained instead, the stream in flight would end at its length
     assert "restart: full: cluster-level setting(s) changed: RAY_OBJECT_STORE_MB" in full.stderr
     assert "drained" not in full.stderr
     assert set(sum(ray_pids(tmp_path).values(), [])).isdisjoint(sum(ray_before.values(), []))
@@ -213,4 +224,3 @@ def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_n
     assert "draining in-flight requests count=1" in log
     left = our_pids(tb, "head") | our_pids(tb, "worker1")
     assert left == set(), describe(left)
-

@@ -59,11 +59,30 @@ def test_reload_names_the_rotated_key_and_changes_nothing(tmp_path, clean_enviro
     env_file.write_text(lines + f"VLLM_API_KEY={OLD}\n")
     env_file.chmod(0o600)
     started = resolve(env_file=str(env_file), environ=clean_environ)
-    server = ServerRecord(marker="dspark-digest-server", log="", url="http://127.0.0.1:1", served_name="tiny",
-                          model="tiny", started_at=time.time(), settings=started.public_values(), digest="x", cap=1,
-                          control_file=str(state_dir / "control"), secrets=secret_digests(started))
-    save_state(state_dir, Deployment(ray_address="127.0.0.1:6379", config_digest="x", started_at=time.time(),
-                                     launcher_version=__version__, nodes=[], server=server))
+    server = ServerRecord(
+        marker="dspark-digest-server",
+        log="",
+        url="http://127.0.0.1:1",
+        served_name="tiny",
+        model="tiny",
+        started_at=time.time(),
+        settings=started.public_values(),
+        digest="x",
+        cap=1,
+        control_file=str(state_dir / "control"),
+        secrets=secret_digests(started),
+    )
+    save_state(
+        state_dir,
+        Deployment(
+            ray_address="127.0.0.1:6379",
+            config_digest="x",
+            started_at=time.time(),
+            launcher_version=__version__,
+            nodes=[],
+            server=server,
+        ),
+    )
     record = (state_dir / "state.json").read_text()
     assert OLD not in record and "hmac-sha256:" in record
     proc = run_dspark(["reload", "--env-file", str(env_file)])

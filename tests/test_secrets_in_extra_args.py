@@ -32,8 +32,15 @@ def refusal(clean_environ, **values) -> str:
     return message
 
 
-SECRET_FORMS = ["--hf-token {}", "--hf-token={}", "--hf_token {}", "--hf-tok {}", "--watermark-config {}",
-                "--watermark_config={}", "--watermark-conf {}"]
+SECRET_FORMS = [
+    "--hf-token {}",
+    "--hf-token={}",
+    "--hf_token {}",
+    "--hf-tok {}",
+    "--watermark-config {}",
+    "--watermark_config={}",
+    "--watermark-conf {}",
+]
 
 
 @pytest.mark.parametrize("form", SECRET_FORMS)
@@ -57,11 +64,14 @@ def test_the_cli_refuses_a_hub_token_in_extra_args_in_one_line(tmp_path):
     assert SECRET not in proc.stdout + proc.stderr
 
 
-_SENSITIVE = PARSER_PREAMBLE + r"""
+_SENSITIVE = (
+    PARSER_PREAMBLE
+    + r"""
 from vllm.entrypoints.serve.utils.api_utils import _SENSITIVE_ARG_FIELDS
 options = sorted(o for a in parser._actions if a.dest in _SENSITIVE_ARG_FIELDS for o in a.option_strings)
 print("RESULT " + json.dumps({"fields": sorted(_SENSITIVE_ARG_FIELDS), "options": options}))
 """
+)
 
 
 def test_every_argument_vllm_treats_as_sensitive_is_refused():
@@ -74,11 +84,24 @@ def test_every_argument_vllm_treats_as_sensitive_is_refused():
             check_extra_args(["--enforce-eager", option, "x"])
 
 
-DENIED = ("VLLM_SERVER_DEV_MODE", "RAY_DEBUG", "RAY_DEBUG_POST_MORTEM", "VLLM_LOGGING_CONFIG_PATH",
-          "VLLM_NCCL_SO_PATH", "VLLM_ALLOW_INSECURE_SERIALIZATION", "VLLM_USE_MODELSCOPE",
-          "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "NCCL_DEBUG_FILE", "VLLM_TORCH_PROFILER_DIR", "VLLM_DEBUG_DUMP_PATH",
-          # the families: names of the same kind that vLLM, Ray or NCCL may add
-          "RAY_DEBUGGER_EXTERNAL", "VLLM_SOME_NEW_DEV_MODE", "VLLM_NEW_DUMP_DIR", "NCCL_TOPO_DUMP_FILE")
+DENIED = (
+    "VLLM_SERVER_DEV_MODE",
+    "RAY_DEBUG",
+    "RAY_DEBUG_POST_MORTEM",
+    "VLLM_LOGGING_CONFIG_PATH",
+    "VLLM_NCCL_SO_PATH",
+    "VLLM_ALLOW_INSECURE_SERIALIZATION",
+    "VLLM_USE_MODELSCOPE",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+    "NCCL_DEBUG_FILE",
+    "VLLM_TORCH_PROFILER_DIR",
+    "VLLM_DEBUG_DUMP_PATH",
+    # the families: names of the same kind that vLLM, Ray or NCCL may add
+    "RAY_DEBUGGER_EXTERNAL",
+    "VLLM_SOME_NEW_DEV_MODE",
+    "VLLM_NEW_DUMP_DIR",
+    "NCCL_TOPO_DUMP_FILE",
+)
 
 
 @pytest.mark.parametrize("name", DENIED)

@@ -23,8 +23,17 @@ from pathlib import Path
 import pytest
 
 from dspark_launch.node import procfs
-from tests.support.on_testbed import (dspark, ours_left, popen, read_until_served, run, serving_env,
-                                      spawn_lookalike, state, write_env)
+from tests.support.on_testbed import (
+    dspark,
+    ours_left,
+    popen,
+    read_until_served,
+    run,
+    serving_env,
+    spawn_lookalike,
+    state,
+    write_env,
+)
 from tests.support.processes import cmdline, describe, kill_now, survives, wait_until
 
 pytestmark = pytest.mark.testbed
@@ -59,8 +68,9 @@ class Listener:
 
 def listeners(tb, node: str) -> list[Listener]:
     """TCP listening sockets in the node's network namespace (`ss -ltnp` there), one per owning pid."""
-    out = subprocess.run(["ip", "netns", "exec", tb.node(node).netns, "ss", "-ltnpH"], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        ["ip", "netns", "exec", tb.node(node).netns, "ss", "-ltnpH"], capture_output=True, text=True, check=True
+    ).stdout
     found = []
     for line in out.splitlines():
         fields = line.split()
@@ -128,7 +138,8 @@ def http_from(tb, node: str, url: str, key: str | None = None, payload: dict | N
         "r=urllib.request.Request(sys.argv[1],data=data,headers=h)\n"
         "try:\n  print(urllib.request.urlopen(r,timeout=60).status)\n"
         "except urllib.error.HTTPError as e:\n  print(e.code)\n"
-        "except OSError:\n  print(0)\n")
+        "except OSError:\n  print(0)\n"
+    )
     env = {"TEST_KEY": key or "", "TEST_PAYLOAD": json.dumps(payload) if payload else ""}
     proc = tb.exec(node, [sys.executable, "-c", code, url], env=env, timeout=90)
     return int(proc.stdout.strip() or 0)
@@ -139,12 +150,22 @@ def http_from(tb, node: str, url: str, key: str | None = None, payload: dict | N
 
 def test_start_exposure_secrets_and_worker_ray_loss(testbed_clean, tmp_path, tiny_model):
     tb = testbed_clean
-    env = serving_env(tb, tmp_path, tiny_model, VLLM_HOST="0.0.0.0", VLLM_API_KEY="",
-                      DSPARK_API_KEYS=f"{KEY1} {KEY2}", DSPARK_RECOVERY_LIMIT="0")  # the first loss ends supervision
+    env = serving_env(
+        tb,
+        tmp_path,
+        tiny_model,
+        VLLM_HOST="0.0.0.0",
+        VLLM_API_KEY="",
+        DSPARK_API_KEYS=f"{KEY1} {KEY2}",
+        DSPARK_RECOVERY_LIMIT="0",
+    )  # the first loss ends supervision
     # Processes we did not start, dressed like Ray: they must survive everything below.
-    unrelated = {"head": spawn_lookalike(tb, "head", "ray::IDLE", sys.executable, "-c", "import time; time.sleep(900)"),
-                 "worker1": spawn_lookalike(tb, "worker1", "/opt/ray/core/src/ray/raylet/raylet --node_ip_address=x",
-                                            "sleep", "900")}
+    unrelated = {
+        "head": spawn_lookalike(tb, "head", "ray::IDLE", sys.executable, "-c", "import time; time.sleep(900)"),
+        "worker1": spawn_lookalike(
+            tb, "worker1", "/opt/ray/core/src/ray/raylet/raylet --node_ip_address=x", "sleep", "900"
+        ),
+    }
     unrelated_pids = {pid for pid, _ in unrelated.values()}
 
     proc = popen(tb, tmp_path, env, "start", "--foreground", merge=True)
@@ -192,8 +213,9 @@ def test_start_exposure_secrets_and_worker_ray_loss(testbed_clean, tmp_path, tin
             ours = tb.pids_in(node, include_infra=False) - unrelated_pids
             assert unexpected_wildcards(found, ours, allow) == [], node
             # What can be bound is: on the node's fabric IP or loopback only.
-            assert {l.address.replace("[::ffff:", "").rstrip("]") for l in found if l.pid in ours and not l.wildcard} \
-                <= {tb.node(node).ip, "127.0.0.1"}, [str(l) for l in found]
+            assert {
+                l.address.replace("[::ffff:", "").rstrip("]") for l in found if l.pid in ours and not l.wildcard
+            } <= {tb.node(node).ip, "127.0.0.1"}, [str(l) for l in found]
         head = listeners(tb, "head")
         assert any(l.port == API_PORT and l.wildcard and l.pid == server["pid"] for l in head)
         assert any(l.port == RAY_PORT and "/gcs/gcs_server" in l.cmd for l in head)
@@ -201,12 +223,18 @@ def test_start_exposure_secrets_and_worker_ray_loss(testbed_clean, tmp_path, tin
         assert not any(l.port == DASHBOARD_PORT for l in head), "the dashboard runs although it is off"
 
         # Ray refuses a client without the cluster's token (reaching the GCS from the worker node).
-        probe = ("from ray._raylet import GcsClient\n"
-                 "try:\n  GcsClient(address='%s:%d').get_all_node_info(timeout=10); print('ACCEPTED')\n"
-                 "except Exception as e:\n  print('REFUSED', type(e).__name__, e)\n") % (tb.head.ip, RAY_PORT)
+        probe = (
+            "from ray._raylet import GcsClient\n"
+            "try:\n  GcsClient(address='%s:%d').get_all_node_info(timeout=10); print('ACCEPTED')\n"
+            "except Exception as e:\n  print('REFUSED', type(e).__name__, e)\n"
+        ) % (tb.head.ip, RAY_PORT)
         for mode in ("token", "disabled"):
-            refused = tb.exec("worker1", [sys.executable, "-c", probe], timeout=60,
-                              env={"RAY_AUTH_MODE": mode, "RAY_AUTH_TOKEN": "0" * 64})
+            refused = tb.exec(
+                "worker1",
+                [sys.executable, "-c", probe],
+                timeout=60,
+                env={"RAY_AUTH_MODE": mode, "RAY_AUTH_TOKEN": "0" * 64},
+            )
             assert "REFUSED" in refused.stdout and "InvalidAuthToken" in refused.stdout, refused.stdout[-600:]
 
         # No key or token in any argv, on either node.
@@ -269,8 +297,12 @@ def dashboard_wheelhouse() -> Path | None:
     if (cache / ".complete").exists():
         return cache
     partial = cache.with_name(cache.name + f".part{os.getpid()}")
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(partial), *packages],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "-d", str(partial), *packages],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode != 0:
         return None
     (partial / ".complete").write_text(" ".join(packages) + "\n")
@@ -297,8 +329,21 @@ def test_dashboard_local_and_auth_disabled(testbed_clean, tmp_path):
         if wheels is None:
             pytest.skip("Ray's dashboard packages are not installed and cannot be downloaded here")
         # Into the head node's own copy of the venv (an overlay): the host's venv is untouched.
-        installed = tb.exec("head", [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links",
-                                     str(wheels), *(wheels / ".complete").read_text().split()], timeout=300)
+        installed = tb.exec(
+            "head",
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-index",
+                "--find-links",
+                str(wheels),
+                *(wheels / ".complete").read_text().split(),
+            ],
+            timeout=300,
+        )
         assert installed.returncode == 0, installed.stderr[-2000:]
 
     up = dspark(tb, env, "cluster", "up")

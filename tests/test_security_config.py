@@ -44,21 +44,44 @@ ALLOWED_SSH = {
     "-i /k2": ("-o", "IdentityFile=/k2"),
     "-i/k2 -J ops@jump:2222": ("-o", "IdentityFile=/k2", "-o", "ProxyJump=ops@jump:2222"),
     "-o 'ProxyJump a,b' -o serveraliveinterval=15": ("-o", "ProxyJump=a,b", "-o", "ServerAliveInterval=15"),
-    "-o CertificateFile=~/.ssh/id-cert.pub -o ConnectionAttempts=3 -o ServerAliveCountMax=2":
-        ("-o", "CertificateFile=~/.ssh/id-cert.pub", "-o", "ConnectionAttempts=3", "-o", "ServerAliveCountMax=2"),
+    "-o CertificateFile=~/.ssh/id-cert.pub -o ConnectionAttempts=3 -o ServerAliveCountMax=2": (
+        "-o",
+        "CertificateFile=~/.ssh/id-cert.pub",
+        "-o",
+        "ConnectionAttempts=3",
+        "-o",
+        "ServerAliveCountMax=2",
+    ),
 }
 REFUSED_SSH = {
-    "-A": "agent", "-Ai /k": "agent", "-o ForwardAgent=yes": "agent",
-    "-oProxyCommand=nc %h %p": "local command", "-o 'ProxyCommand sh -c id'": "local command",
-    "-oLocalCommand=id": "local command", "-o PermitLocalCommand=yes": "LocalCommand",
-    "-o KnownHostsCommand=/bin/id": "local command", "-F /tmp/cfg": "another ssh config",
-    "-o StrictHostKeyChecking=no": "DSPARK_SSH_HOST_KEY_CHECK", "-p 2222": "SSH_PORT", "-o Port=2222": "SSH_PORT",
-    "-o ConnectTimeout=3": "SSH_CONNECT_TIMEOUT_S", "-l admin": "DSPARK_SSH_USER", "-o User=admin": "DSPARK_SSH_USER",
-    "-o UserKnownHostsFile=/dev/null": "trusts any host key", "-o UserKnownHostsFile=none": "trusts any host key",
-    "-L 8000:127.0.0.1:8000": "not an allowed", "-R 9:a:9": "not an allowed", "-D 1080": "not an allowed",
-    "-W host:22": "not an allowed", "-o ClearAllForwardings=no": "not an allowed", "-o": "no value",
-    "-o IdentityFile='/a b'": "without spaces", "-J -oProxyCommand=x": "[user@]host", "worker1": "not an allowed",
-    "-o ServerAliveInterval=1e3": "whole number", "--": "not an allowed",
+    "-A": "agent",
+    "-Ai /k": "agent",
+    "-o ForwardAgent=yes": "agent",
+    "-oProxyCommand=nc %h %p": "local command",
+    "-o 'ProxyCommand sh -c id'": "local command",
+    "-oLocalCommand=id": "local command",
+    "-o PermitLocalCommand=yes": "LocalCommand",
+    "-o KnownHostsCommand=/bin/id": "local command",
+    "-F /tmp/cfg": "another ssh config",
+    "-o StrictHostKeyChecking=no": "DSPARK_SSH_HOST_KEY_CHECK",
+    "-p 2222": "SSH_PORT",
+    "-o Port=2222": "SSH_PORT",
+    "-o ConnectTimeout=3": "SSH_CONNECT_TIMEOUT_S",
+    "-l admin": "DSPARK_SSH_USER",
+    "-o User=admin": "DSPARK_SSH_USER",
+    "-o UserKnownHostsFile=/dev/null": "trusts any host key",
+    "-o UserKnownHostsFile=none": "trusts any host key",
+    "-L 8000:127.0.0.1:8000": "not an allowed",
+    "-R 9:a:9": "not an allowed",
+    "-D 1080": "not an allowed",
+    "-W host:22": "not an allowed",
+    "-o ClearAllForwardings=no": "not an allowed",
+    "-o": "no value",
+    "-o IdentityFile='/a b'": "without spaces",
+    "-J -oProxyCommand=x": "[user@]host",
+    "worker1": "not an allowed",
+    "-o ServerAliveInterval=1e3": "whole number",
+    "--": "not an allowed",
 }
 
 
@@ -82,34 +105,101 @@ def _effective_ssh_config(argv: list[str]) -> dict[str, str]:
 
 def test_ssh_sees_the_checked_options_and_the_launchers_own_first(clean_environ):
     """The worker's ssh argv (built by the cluster layer from the settings) as the real ssh reads it."""
-    settings = settings_with(clean_environ, **CLUSTER, SSH_PORT="2200", SSH_CONNECT_TIMEOUT_S="7",
-                             DSPARK_SSH_OPTIONS="-i /k2 -J ops@jump:2222 -o UserKnownHostsFile=/srv/kh")
+    settings = settings_with(
+        clean_environ,
+        **CLUSTER,
+        SSH_PORT="2200",
+        SSH_CONNECT_TIMEOUT_S="7",
+        DSPARK_SSH_OPTIONS="-i /k2 -J ops@jump:2222 -o UserKnownHostsFile=/srv/kh",
+    )
     config = _effective_ssh_config(cluster_spec(settings).workers[0].transport.argv())
     assert (config["port"], config["connecttimeout"], config["forwardagent"]) == ("2200", "7", "no")
-    assert (config["identityfile"], config["proxyjump"], config["userknownhostsfile"]) == \
-        ("/k2", "ops@jump:2222", "/srv/kh")
+    assert (config["identityfile"], config["proxyjump"], config["userknownhostsfile"]) == (
+        "/k2",
+        "ops@jump:2222",
+        "/srv/kh",
+    )
 
 
 def test_refused_ssh_options_would_take_effect_in_ssh():
     """Why they are refused: ssh honours them (agent forwarding on, a later port ignored or winning)."""
-    config = _effective_ssh_config(["ssh", "-o", "ForwardAgent=no", "-A", "-o", "ConnectTimeout=7",
-                                    "-o", "ConnectTimeout=3", "-o", "ProxyCommand=nc %h %p", "--", "h"])
+    config = _effective_ssh_config(
+        [
+            "ssh",
+            "-o",
+            "ForwardAgent=no",
+            "-A",
+            "-o",
+            "ConnectTimeout=7",
+            "-o",
+            "ConnectTimeout=3",
+            "-o",
+            "ProxyCommand=nc %h %p",
+            "--",
+            "h",
+        ]
+    )
     assert (config["forwardagent"], config["connecttimeout"], config["proxycommand"]) == ("yes", "7", "nc %h %p")
 
 
 # --------------------------------------------------------------------------- point 4: DSPARK_FORWARD_ENV
 
-REFUSED_NAMES = ("VLLM_API_KEY", "DSPARK_API_KEYS", "RAY_AUTH_TOKEN", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN",
-                 "OPENAI_API_KEY", "my_password", "DB_PASSWD", "GITHUB_PAT_SECRET", "AWS_SECRET_ACCESS_KEY",
-                 "AWS_PROFILE", "AWS_SESSION_TOKEN", "AZURE_CLIENT_ID", "GOOGLE_APPLICATION_CREDENTIALS",
-                 "SSH_AUTH_SOCK", "KRB5CCNAME", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "DYLD_INSERT_LIBRARIES",
-                 "GLIBC_TUNABLES", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONINSPECT", "PYTHONWARNINGS",
-                 "PYTHONBREAKPOINT", "BASH_ENV", "ENV", "PATH", "BASH_FUNC_x%%", "PS4", "NODE_OPTIONS",
-                 "PERL5OPT", "RAY_RUNTIME_ENV_HOOK", "RAY_ADDRESS", "RAY_AUTH_MODE", "VLLM_HOST_IP",
-                 "HF_HOME", "HF_HUB_CACHE", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "NCCL_NET_PLUGIN", "NCCL_IB_HCA")
-ALLOWED_NAMES = ("NCCL_DEBUG", "CUDA_VISIBLE_DEVICES", "MALLOC_ARENA_MAX",
-                 "TORCH_NCCL_ASYNC_ERROR_HANDLING", "VLLM_CPU_KVCACHE_SPACE",
-                 "VLLM_RPC_BASE_PATH", "DSPARK_TEST_RAY_CPU_PLATFORM", "TZ")
+REFUSED_NAMES = (
+    "VLLM_API_KEY",
+    "DSPARK_API_KEYS",
+    "RAY_AUTH_TOKEN",
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "OPENAI_API_KEY",
+    "my_password",
+    "DB_PASSWD",
+    "GITHUB_PAT_SECRET",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_PROFILE",
+    "AWS_SESSION_TOKEN",
+    "AZURE_CLIENT_ID",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "SSH_AUTH_SOCK",
+    "KRB5CCNAME",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "LD_AUDIT",
+    "DYLD_INSERT_LIBRARIES",
+    "GLIBC_TUNABLES",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONSTARTUP",
+    "PYTHONINSPECT",
+    "PYTHONWARNINGS",
+    "PYTHONBREAKPOINT",
+    "BASH_ENV",
+    "ENV",
+    "PATH",
+    "BASH_FUNC_x%%",
+    "PS4",
+    "NODE_OPTIONS",
+    "PERL5OPT",
+    "RAY_RUNTIME_ENV_HOOK",
+    "RAY_ADDRESS",
+    "RAY_AUTH_MODE",
+    "VLLM_HOST_IP",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "VLLM_CACHE_ROOT",
+    "TRITON_CACHE_DIR",
+    "NCCL_NET_PLUGIN",
+    "NCCL_IB_HCA",
+)
+ALLOWED_NAMES = (
+    "NCCL_DEBUG",
+    "CUDA_VISIBLE_DEVICES",
+    "MALLOC_ARENA_MAX",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "VLLM_CPU_KVCACHE_SPACE",
+    "VLLM_RPC_BASE_PATH",
+    "DSPARK_TEST_RAY_CPU_PLATFORM",
+    "TZ",
+)
 
 
 @pytest.mark.parametrize("name", REFUSED_NAMES)
@@ -128,6 +218,7 @@ def test_forward_env_keeps_harmless_names(clean_environ):
 
 
 # --------------------------------------------------------------------------- point 5: VLLM_EXTRA_ARGS
+
 
 def _spellings_of(flag) -> list[list[str]]:
     """Every way vLLM's parser reaches `flag`: both value forms, underscores, a prefix, short forms."""
@@ -179,7 +270,9 @@ def test_positional_model_and_harmless_flags(clean_environ):
 # --enable-uvicorn-access-log (tests/test_forged_log_lines.py asks 0.34's parser).
 OTHER_RELEASE_SPELLINGS = {"--disable-prefix-caching", "--disable-chunked-prefill", "--enable-uvicorn-access-log"}
 
-_PARSE = PARSER_PREAMBLE + r"""
+_PARSE = (
+    PARSER_PREAMBLE
+    + r"""
 dests = {o: a.dest for a in parser._actions for o in a.option_strings}
 base = vars(parser.parse_args(["m"]))
 out = []
@@ -191,16 +284,24 @@ for words in json.loads(sys.stdin.read()):
         out.append(None)
 print("RESULT " + json.dumps({"changed": out, "dests": dests}))
 """
+)
 
 
 def test_the_table_covers_what_vllms_parser_reads():
     """vLLM's own parser: every refused form changes the flag it names (or is refused by vLLM too),
     and the harmless flags change no launcher-owned destination."""
-    harmless = [["--enforce-eager"], ["--trust-remote-code"], ["-q", "fp8"], ["-dp", "1"],
-                ["--tokenizer-mode", "auto"], ["--enable-log-requests"]]
+    harmless = [
+        ["--enforce-eager"],
+        ["--trust-remote-code"],
+        ["-q", "fp8"],
+        ["-dp", "1"],
+        ["--tokenizer-mode", "auto"],
+        ["--enable-log-requests"],
+    ]
     words = [w for _, w in OWNED_FORMS] + harmless
-    proc = subprocess.run([sys.executable, "-c", _PARSE], input=json.dumps(words), capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PARSE], input=json.dumps(words), capture_output=True, text=True, timeout=300
+    )
     result = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))[7:])
     dests = result["dests"]
     owned_dests = {dests[s] for flag in LAUNCHER_FLAGS + SECRET_FLAGS for s in flag.spellings if s in dests}
@@ -213,7 +314,7 @@ def test_the_table_covers_what_vllms_parser_reads():
             reached += 1
     print(f"vLLM acted on {reached} of {len(OWNED_FORMS)} refused forms")
     assert reached >= len(LAUNCHER_FLAGS)
-    for form, changed in zip(harmless, result["changed"][len(OWNED_FORMS):]):
+    for form, changed in zip(harmless, result["changed"][len(OWNED_FORMS) :]):
         assert changed is not None and not set(changed) & owned_dests, (form, changed)
     # Every option vLLM knows, spelled exactly: refused if and only if it sets a launcher-owned destination.
     for option, dest in dests.items():
@@ -230,6 +331,7 @@ def _is_refused(words: list[str]) -> bool:
 
 
 # --------------------------------------------------------------------------- point 5: API exposure
+
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.213.9.1", "192.168.1.20"])
 def test_api_beyond_loopback_needs_a_key_or_a_trusted_network(clean_environ, host):

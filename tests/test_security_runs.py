@@ -24,7 +24,16 @@ import pytest
 from dspark_launch.node import procfs, ray_dirs
 from dspark_launch.serve.drain import BUSY_LOG, DRAINED_LOG
 from tests.support.launcher_env import launcher_env, scratch
-from tests.support.on_testbed import VENV_BIN, dspark, our_pids, read_until_served, serving_env, state, status, write_env
+from tests.support.on_testbed import (
+    VENV_BIN,
+    dspark,
+    our_pids,
+    read_until_served,
+    serving_env,
+    state,
+    status,
+    write_env,
+)
 from tests.support.processes import describe
 from tests.support.relay_streams import drained_relay, relayed_streams
 
@@ -32,13 +41,23 @@ pytestmark = pytest.mark.testbed
 
 
 def popen(tb, tmp_path: Path, env_file: Path, *args: str) -> subprocess.Popen:
-    return tb.popen("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
-                    env=launcher_env(scratch(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return tb.popen(
+        "head",
+        [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
+        env=launcher_env(scratch(tmp_path)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def run(tb, tmp_path: Path, env_file: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
-                   env=launcher_env(scratch(tmp_path)), timeout=timeout)
+    return tb.exec(
+        "head",
+        [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
+        env=launcher_env(scratch(tmp_path)),
+        timeout=timeout,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float) -> str:
@@ -56,8 +75,11 @@ def writable_by_nobody(folders: list[Path]) -> list[str]:
     found = []
     for folder in folders:
         probe = folder / f".probe-{os.getpid()}"
-        tried = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "touch", str(probe)],
-                               capture_output=True, text=True)
+        tried = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "touch", str(probe)],
+            capture_output=True,
+            text=True,
+        )
         if tried.returncode == 0:
             found.append(str(folder))
             probe.unlink()
@@ -120,8 +142,9 @@ def test_foreground_supervisor_leaves_an_operators_restart_and_stop_alone(testbe
     """The systemd unit's `start --foreground` acts only on its own run; the operator's restart beside it
     drains a stream, its new server checking its arguments in its own process (started warm), the idle stop after it does not wait."""
     tb = testbed_clean
-    env = serving_env(tb, tmp_path, tiny_model, MAX_MODEL_LEN="1024", MAX_NUM_BATCHED_TOKENS="1024",
-                      DSPARK_DRAIN_TIMEOUT_S="600")
+    env = serving_env(
+        tb, tmp_path, tiny_model, MAX_MODEL_LEN="1024", MAX_NUM_BATCHED_TOKENS="1024", DSPARK_DRAIN_TIMEOUT_S="600"
+    )
     lock_path = tmp_path / "state" / "lock"
     log = tmp_path / "state" / "logs" / "vllm-serve.log"
     supervisor = popen(tb, tmp_path, env, "start", "--foreground")

@@ -18,11 +18,22 @@ import pytest
 
 from dspark_launch.node import procfs
 from tests.support.launcher_env import launcher_env, scratch
-from tests.support.on_testbed import (API_KEY, VENV_BIN, our_pids, processes_named, read_until_served, run, serving_env,
-                                      set_knob, state, status)
+from tests.support.on_testbed import (
+    API_KEY,
+    VENV_BIN,
+    our_pids,
+    processes_named,
+    read_until_served,
+    run,
+    serving_env,
+    set_knob,
+    state,
+    status,
+)
 from tests.support.processes import describe
 
 pytestmark = [pytest.mark.testbed, pytest.mark.serving]
+
 
 def files_containing(root: Path, needle: bytes) -> list[str]:
     hits = []
@@ -75,7 +86,9 @@ def test_start_serve_drift_kill_stop(testbed_clean, tmp_path, tiny_model, step):
     outputs.append(json.dumps(data))
     assert code == 0 and data["state"] == "up", data
     assert [(n["name"], n["ray_alive"], n["registered_ip"]) for n in data["nodes"]] == [
-        ("head", True, "10.213.0.1"), ("worker1", True, "10.213.0.2")]
+        ("head", True, "10.213.0.1"),
+        ("worker1", True, "10.213.0.2"),
+    ]
     assert data["server"]["healthy"] and data["server"]["cap"] == 1 and data["server"]["drift"] == []
 
     step("a second start is refused")
@@ -153,7 +166,8 @@ def test_server_dying_during_start_is_a_failure_not_a_timeout(testbed_clean, tmp
 
 
 def test_the_cli_needs_neither_vllm_nor_ray_and_foreground_exits_nonzero_when_the_server_dies(
-        testbed_clean, tmp_path, tiny_model):
+    testbed_clean, tmp_path, tiny_model
+):
     """Everything that touches vLLM or Ray runs in a node's agent: the launcher's own interpreter
     here cannot import either (a PYTHONPATH folder shadows both), the nodes' venv has them. That
     launcher's `start --foreground` (the systemd unit's) serves, `status` reads the deployment, and
@@ -175,8 +189,14 @@ def test_the_cli_needs_neither_vllm_nor_ray_and_foreground_exits_nonzero_when_th
     def cli(*args):
         return tb.exec("head", cli_argv(*args), env=cli_env, timeout=600)
 
-    proc = tb.popen("head", cli_argv("start", "--foreground"), env=cli_env, stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, text=True)
+    proc = tb.popen(
+        "head",
+        cli_argv("start", "--foreground"),
+        env=cli_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen, rest = [], ""
     try:
         seen = read_until_served(proc)

@@ -17,8 +17,8 @@ from dspark_launch.config.serve_flags import LAUNCHER_FLAGS, UNSET_FLAGS, launch
 from dspark_launch.config.settings import Setting, resolve
 from dspark_launch.config.text_settings import TextSettings, text, text_settings_of
 from dspark_launch.hotfix import contract
-from dspark_launch.profiles.catalog import NONE
 from dspark_launch.node.vllm_offer import VllmOffer
+from dspark_launch.profiles.catalog import NONE
 from dspark_launch.serve.reload import refusal
 from dspark_launch.serve.restart_kind import LIVE_LEVEL, SERVE_LEVEL, reload_changes, restart_kind
 from tools.settings_docs import settings_reference
@@ -26,14 +26,36 @@ from tools.settings_docs import settings_reference
 EXAMPLE = "dspark_launch/config/env.dspark.example"
 
 # The hand list restart_kind.py held before the levels moved into the declarations: the regression reference.
-OLD_SERVE_LEVEL = frozenset({
-    "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS", "LONG_PREFILL_TOKEN_THRESHOLD", "MAX_MODEL_LEN", "GPU_MEMORY_UTILIZATION",
-    "ENABLE_PREFIX_CACHING", "VLLM_EXTRA_ARGS",
-    "DSPARK_MODEL", "DSPARK_MODEL_REVISION", "DSPARK_SERVED_MODEL_NAME", "DSPARK_PROFILE", "DSPARK_PROFILE_ENV",
-    "VLLM_HOST", "VLLM_PORT", "VLLM_API_KEY", "DSPARK_API_KEYS", "DSPARK_TRUSTED_NETWORK", "HF_TOKEN",
-    "DSPARK_MAX_INFLIGHT_PREFILLS", "DSPARK_PREFILL_GATE_MODE", "DSPARK_PREFILL_AGING", "DSPARK_ISSUE43_SCHED_DIAG",
-    "START_TIMEOUT_S", "HEALTH_TIMEOUT_S", "DSPARK_DRAIN_TIMEOUT_S", "DSPARK_MODEL_COPY_STREAMS",
-})
+OLD_SERVE_LEVEL = frozenset(
+    {
+        "MAX_NUM_SEQS",
+        "MAX_NUM_BATCHED_TOKENS",
+        "LONG_PREFILL_TOKEN_THRESHOLD",
+        "MAX_MODEL_LEN",
+        "GPU_MEMORY_UTILIZATION",
+        "ENABLE_PREFIX_CACHING",
+        "VLLM_EXTRA_ARGS",
+        "DSPARK_MODEL",
+        "DSPARK_MODEL_REVISION",
+        "DSPARK_SERVED_MODEL_NAME",
+        "DSPARK_PROFILE",
+        "DSPARK_PROFILE_ENV",
+        "VLLM_HOST",
+        "VLLM_PORT",
+        "VLLM_API_KEY",
+        "DSPARK_API_KEYS",
+        "DSPARK_TRUSTED_NETWORK",
+        "HF_TOKEN",
+        "DSPARK_MAX_INFLIGHT_PREFILLS",
+        "DSPARK_PREFILL_GATE_MODE",
+        "DSPARK_PREFILL_AGING",
+        "DSPARK_ISSUE43_SCHED_DIAG",
+        "START_TIMEOUT_S",
+        "HEALTH_TIMEOUT_S",
+        "DSPARK_DRAIN_TIMEOUT_S",
+        "DSPARK_MODEL_COPY_STREAMS",
+    }
+)
 # Live settings declared after that list (each a row of hotfix.contract.LIVE_SETTINGS, live hence serve level).
 LATER_LIVE = frozenset({"DSPARK_TARGET_STEP_MS", "DSPARK_ADMISSION_CLOSED"})
 # profile_resolve.SETTING_FLAGS as it was written by hand (the argv order of the plan's settings run).
@@ -58,7 +80,11 @@ OLD_SETTING_ROWS = {
     (("--long-prefill-token-threshold",), "LONG_PREFILL_TOKEN_THRESHOLD", ""),
     (("--max-model-len",), "MAX_MODEL_LEN", ""),
     (("--gpu-memory-utilization", "--device-memory-utilization"), "GPU_MEMORY_UTILIZATION", ""),
-    (("--enable-prefix-caching", "--no-enable-prefix-caching", "--disable-prefix-caching"), "ENABLE_PREFIX_CACHING", ""),
+    (
+        ("--enable-prefix-caching", "--no-enable-prefix-caching", "--disable-prefix-caching"),
+        "ENABLE_PREFIX_CACHING",
+        "",
+    ),
     (("--shutdown-timeout",), "DSPARK_DRAIN_TIMEOUT_S", ""),
 }
 
@@ -85,8 +111,14 @@ def values(**changed: str) -> dict[str, str]:
 
 
 def with_fakes(base: dict[str, str], **fakes: str) -> dict[str, str]:
-    return {**base, "FAKE_CLUSTER_KNOB": "3", "FAKE_SERVE_KNOB": "7", "FAKE_LIVE_SWITCH": "0", "FAKE_SERVE_TEXT": "x",
-            **fakes}
+    return {
+        **base,
+        "FAKE_CLUSTER_KNOB": "3",
+        "FAKE_SERVE_KNOB": "7",
+        "FAKE_LIVE_SWITCH": "0",
+        "FAKE_SERVE_TEXT": "x",
+        **fakes,
+    }
 
 
 def test_the_derived_tables_are_the_hand_tables_they_replace():
@@ -169,7 +201,7 @@ def test_extra_args_refuse_a_declared_flag():
     rows = {f.spellings: (f.setting, f.why) for f in launcher_flags(FAKE)}
     assert rows[("--fake-serve-flag",)] == ("FAKE_SERVE_KNOB", "")
     assert rows[("--fake-owned", "-fo")] == ("FAKE_SERVE_TEXT", "")
-    assert launcher_flags(FAKE)[-len(UNSET_FLAGS):] == UNSET_FLAGS  # then the flags no setting gives
+    assert launcher_flags(FAKE)[-len(UNSET_FLAGS) :] == UNSET_FLAGS  # then the flags no setting gives
 
 
 def test_the_docs_table_follows_the_declaration():
@@ -194,9 +226,14 @@ def test_a_profile_value_is_typed_as_its_setting_is_declared():
 
     typed = {d.setting: profile_value(DEEPSEEK_V4_FLASH, d) for d in DEEPSEEK_V4_FLASH.settings}
     assert typed["MAX_MODEL_LEN"] == "1048576" and typed["GPU_MEMORY_UTILIZATION"] == "0.87"
-    for setting, value, declared in (("MAX_MODEL_LEN", "256", "int"), ("MAX_NUM_SEQS", 6.0, "int"),
-                                     ("MAX_NUM_SEQS", True, "int"), ("GPU_MEMORY_UTILIZATION", 1, "float"),
-                                     ("DSPARK_MODEL", 3, "str"), ("NO_SUCH_SETTING", 1, "nowhere"),
-                                     ("ENABLE_PREFIX_CACHING", 1, "bool")):
+    for setting, value, declared in (
+        ("MAX_MODEL_LEN", "256", "int"),
+        ("MAX_NUM_SEQS", 6.0, "int"),
+        ("MAX_NUM_SEQS", True, "int"),
+        ("GPU_MEMORY_UTILIZATION", 1, "float"),
+        ("DSPARK_MODEL", 3, "str"),
+        ("NO_SUCH_SETTING", 1, "nowhere"),
+        ("ENABLE_PREFIX_CACHING", 1, "bool"),
+    ):
         with pytest.raises(ConfigError, match=rf"^profile none: {setting}=.* the setting is declared {declared}; "):
             profile_value(NONE, SettingDefault(setting, value, "a wrong type"))

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
+from dspark_launch.config.declared import DECLARED
 from dspark_launch.config.knobs import NumericKnobs, declared_aliases, declared_knobs
 from dspark_launch.config.registry import load_registry
-from dspark_launch.config.declared import DECLARED
 from dspark_launch.config.settings import recorded_value, resolve, setting_fields
 from dspark_launch.config.text_settings import TextSettings
 from tests.support.paths import REPO
@@ -18,8 +18,16 @@ from tools.settings_docs import END
 
 
 def _rule_of(knob):
-    return (knob.name, knob.type, knob.default, knob.minimum, knob.maximum, knob.range_policy, knob.description,
-            knob.group)
+    return (
+        knob.name,
+        knob.type,
+        knob.default,
+        knob.minimum,
+        knob.maximum,
+        knob.range_policy,
+        knob.description,
+        knob.group,
+    )
 
 
 def test_generated_files_are_fresh():
@@ -38,9 +46,14 @@ def test_the_packaged_registry_is_the_generated_one():
 
 
 def test_settings_are_typed_attributes(tmp_path, clean_environ):
-    environ = {**clean_environ, "HEALTH_TIMEOUT_S": " 007 ", "GPU_MEMORY_UTILIZATION": "0.50",
-               "DSPARK_TRUSTED_NETWORK": "1", "VLLM_EXTRA_ARGS": "--seed 3 --disable-log-stats",
-               "DSPARK_MODEL_COPY_STREAMS": "8"}
+    environ = {
+        **clean_environ,
+        "HEALTH_TIMEOUT_S": " 007 ",
+        "GPU_MEMORY_UTILIZATION": "0.50",
+        "DSPARK_TRUSTED_NETWORK": "1",
+        "VLLM_EXTRA_ARGS": "--seed 3 --disable-log-stats",
+        "DSPARK_MODEL_COPY_STREAMS": "8",
+    }
     s = resolve(env_file="/dev/null", environ=environ, cwd=tmp_path)
     assert s.health_timeout_s == 7 and type(s.health_timeout_s) is int
     assert s.gpu_memory_utilization == 0.5 and type(s.gpu_memory_utilization) is float
@@ -67,12 +80,16 @@ def test_a_knob_missing_from_the_example_gets_its_line_in_its_section():
 
 
 def test_a_changed_default_reaches_every_generated_file(monkeypatch):
-    changed = tuple(dataclasses.replace(k, default="7") if k.name == "HEALTH_TIMEOUT_S" else k
-                    for k in declared_knobs())
+    changed = tuple(
+        dataclasses.replace(k, default="7") if k.name == "HEALTH_TIMEOUT_S" else k for k in declared_knobs()
+    )
     monkeypatch.setattr(generate, "declared_knobs", lambda: changed)
     registry = generate.render_registry(generate.REGISTRY.read_text())
-    assert any(line.split()[1:4] == ["HEALTH_TIMEOUT_S", "int", "7"] for line in registry.splitlines()
-               if line.startswith("dspark_knob "))
+    assert any(
+        line.split()[1:4] == ["HEALTH_TIMEOUT_S", "int", "7"]
+        for line in registry.splitlines()
+        if line.startswith("dspark_knob ")
+    )
     assert "\nHEALTH_TIMEOUT_S=7\n" in generate.render_example(generate.EXAMPLE.read_text())
 
 
@@ -137,8 +154,11 @@ def reads_by_environment_name(source: str) -> list[str]:
 
 def test_no_setting_is_read_by_its_environment_name_outside_config():
     package = REPO / "dspark_launch"
-    reads = {str(path.relative_to(REPO)): reads_by_environment_name(path.read_text())
-             for path in sorted(package.rglob("*.py")) if path.parent.relative_to(package).parts[:1] != ("config",)}
+    reads = {
+        str(path.relative_to(REPO)): reads_by_environment_name(path.read_text())
+        for path in sorted(package.rglob("*.py"))
+        if path.parent.relative_to(package).parts[:1] != ("config",)
+    }
     assert {path: found for path, found in reads.items() if found} == {}
 
 
@@ -152,5 +172,6 @@ def test_the_guard_finds_each_kind_of_read_and_leaves_child_environments():
         'f = recorded_value(server.settings, "vllm_extra_arg")\n'
         'env["HF_TOKEN"] = settings.hf_token\n'
         'g = environ.get("HF_TOKEN", "")\n'
-        'h = settings.source_of("vllm_extra_args") + recorded_value(server.settings, "vllm_extra_args")\n')
+        'h = settings.source_of("vllm_extra_args") + recorded_value(server.settings, "vllm_extra_args")\n'
+    )
     assert [r.split(":")[0] for r in reads] == ["1", "2", "3", "4", "5", "6"]

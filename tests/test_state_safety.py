@@ -23,12 +23,20 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.node import procfs, ray_dirs
-from dspark_launch.agent.handlers import ray as ray_handlers
 from dspark_launch.agent import protocol as p
-from dspark_launch.cluster.state import (Deployment, NodeRecord, ServerRecord, StateUnreadable, ensure_state_dir,
-                                         load_state, ray_token, save_state)
+from dspark_launch.agent.handlers import ray as ray_handlers
+from dspark_launch.cluster.state import (
+    Deployment,
+    NodeRecord,
+    ServerRecord,
+    StateUnreadable,
+    ensure_state_dir,
+    load_state,
+    ray_token,
+    save_state,
+)
 from dspark_launch.errors import ConfigError
+from dspark_launch.node import procfs, ray_dirs
 from tests.support.launcher_env import run_dspark
 
 NOBODY = 65534
@@ -37,8 +45,10 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting another user
 
 def env_file(tmp_path: Path, state_dir: Path) -> Path:
     path = tmp_path / "t.env"
-    path.write_text(f"DSPARK_HEAD_IP=127.0.0.1\nDSPARK_WORKER_HOSTS=127.0.0.2\nDSPARK_FABRIC_IFNAME=lo\n"
-                    f"DSPARK_STATE_DIR={state_dir}\nSSH_CONNECT_TIMEOUT_S=2\n")
+    path.write_text(
+        f"DSPARK_HEAD_IP=127.0.0.1\nDSPARK_WORKER_HOSTS=127.0.0.2\nDSPARK_FABRIC_IFNAME=lo\n"
+        f"DSPARK_STATE_DIR={state_dir}\nSSH_CONNECT_TIMEOUT_S=2\n"
+    )
     path.chmod(0o600)
     return path
 
@@ -55,9 +65,14 @@ def one_error_line(proc: subprocess.CompletedProcess) -> str:
 
 
 def head_only_record(server: ServerRecord | None = None) -> Deployment:
-    return Deployment(ray_address="127.0.0.1:6379", config_digest="x", started_at=time.time(),
-                      launcher_version="0.0-test", nodes=[NodeRecord(name="head", ip="127.0.0.1", ssh_host=None, marker="dspark-test-head")],
-                      server=server)
+    return Deployment(
+        ray_address="127.0.0.1:6379",
+        config_digest="x",
+        started_at=time.time(),
+        launcher_version="0.0-test",
+        nodes=[NodeRecord(name="head", ip="127.0.0.1", ssh_host=None, marker="dspark-test-head")],
+        server=server,
+    )
 
 
 # --------------------------------------------------------------------------- 6. the state folder
@@ -117,9 +132,20 @@ def test_records_in_a_folder_of_another_user_are_not_trusted(tmp_path):
     victim = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
         started = procfs.start_time(victim.pid)
-        server = ServerRecord(marker="dspark-planted-server", log="", url="http://127.0.0.1:9", served_name="x",
-                              model="x", started_at=time.time(), settings={}, digest="x", cap=1, pid=victim.pid,
-                              start_time=started, boot_id=procfs.boot_id())
+        server = ServerRecord(
+            marker="dspark-planted-server",
+            log="",
+            url="http://127.0.0.1:9",
+            served_name="x",
+            model="x",
+            started_at=time.time(),
+            settings={},
+            digest="x",
+            cap=1,
+            pid=victim.pid,
+            start_time=started,
+            boot_id=procfs.boot_id(),
+        )
         save_state(planted, head_only_record(server))
         os.chown(planted, NOBODY, NOBODY)
         os.chown(planted / "state.json", NOBODY, NOBODY)
@@ -180,8 +206,9 @@ def test_concurrent_first_tokens_agree_with_the_file(tmp_path):
         ensure_state_dir(state_dir)
         context = multiprocessing.get_context("fork")
         barrier, results = context.Barrier(12), context.Queue()
-        workers = [context.Process(target=_token_at_barrier, args=(str(state_dir), barrier, results))
-                   for _ in range(12)]
+        workers = [
+            context.Process(target=_token_at_barrier, args=(str(state_dir), barrier, results)) for _ in range(12)
+        ]
         for worker in workers:
             worker.start()
         tokens = {results.get(timeout=30) for _ in workers}
@@ -214,9 +241,20 @@ def test_a_record_from_another_version_stops_and_reports(tmp_path):
     """Unknown fields at every level: `status` and `stop` work (they crashed with TypeError before)."""
     state_dir = tmp_path / "state"
     ensure_state_dir(state_dir)
-    server = ServerRecord(marker="dspark-gone-server", log=str(state_dir / "logs" / "vllm-serve.log"),
-                          url="http://127.0.0.1:9", served_name="x", model="x", started_at=time.time(),
-                          settings={}, digest="x", cap=1, pid=2 ** 22 + 7, start_time=1, boot_id="another-boot")
+    server = ServerRecord(
+        marker="dspark-gone-server",
+        log=str(state_dir / "logs" / "vllm-serve.log"),
+        url="http://127.0.0.1:9",
+        served_name="x",
+        model="x",
+        started_at=time.time(),
+        settings={},
+        digest="x",
+        cap=1,
+        pid=2**22 + 7,
+        start_time=1,
+        boot_id="another-boot",
+    )
     save_state(state_dir, head_only_record(server))
     path = state_dir / "state.json"
     path.write_text(json.dumps(_with_unknown_fields(json.loads(path.read_text()))))
@@ -373,12 +411,13 @@ def test_systemd_unit_with_spaces_verifies(tmp_path):
     bin_dir = home / "bin dir"
     bin_dir.mkdir(parents=True)
     launcher = bin_dir / "dspark"
-    launcher.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m dspark_launch \"$@\"\n")
+    launcher.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m dspark_launch "$@"\n')
     launcher.chmod(0o755)
     env = home / ".env dspark"
     env.write_text("")
-    proc = run_dspark(["systemd-unit", "--env-file", str(env), "--user", "root"],
-                      env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    proc = run_dspark(
+        ["systemd-unit", "--env-file", str(env), "--user", "root"], env={"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    )
     assert proc.returncode == 0, proc.stderr
     unit = proc.stdout
     lines = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#"))
@@ -405,7 +444,7 @@ def test_systemd_unit_refuses_control_characters_in_every_path(tmp_path):
     bin_dir = tmp_path / "bin\rExecStartPre=evil"
     bin_dir.mkdir()
     launcher = bin_dir / "dspark"
-    launcher.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m dspark_launch \"$@\"\n")
+    launcher.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m dspark_launch "$@"\n')
     launcher.chmod(0o755)
     good_env = tmp_path / "e.env"
     good_env.write_text("")

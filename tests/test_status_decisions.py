@@ -18,7 +18,7 @@ import pytest
 from dspark_launch.agent import protocol as p
 from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster.spec import Node, cluster_spec
-from dspark_launch.cluster.state import load_state, save_state, STATE_FILE
+from dspark_launch.cluster.state import STATE_FILE, load_state, save_state
 from dspark_launch.config.settings import resolve
 from dspark_launch.report import SilentReporter
 from tests.support.fake_nodes import healthy_answer
@@ -41,13 +41,17 @@ class FakeNode:
             return answer
         if isinstance(request, p.Run):
             pid = 1000 if node.is_head else 2000
-            return p.RunAnswer(0, p.Session(pid, 1), (p.Process(pid, 1, pid, cmd="raylet"),
-                                                     p.Process(pid + 1, 1, pid, cmd="gcs_server")))
+            return p.RunAnswer(
+                0,
+                p.Session(pid, 1),
+                (p.Process(pid, 1, pid, cmd="raylet"), p.Process(pid + 1, 1, pid, cmd="gcs_server")),
+            )
         if isinstance(request, p.AliveQuery):
             return p.AliveAnswer(tuple(node.name not in self.changed for _ in request.processes))
         if isinstance(request, p.RayNodesQuery):
-            return p.RayNodesAnswer((p.RayNode("id-head", HEAD_IP, True, RAY_GPUS),
-                                     p.RayNode("id-worker1", WORKER_IP, True, RAY_GPUS)))
+            return p.RayNodesAnswer(
+                (p.RayNode("id-head", HEAD_IP, True, RAY_GPUS), p.RayNode("id-worker1", WORKER_IP, True, RAY_GPUS))
+            )
         if isinstance(request, p.Hello):
             return p.HelloAnswer(p.PROTOCOL_VERSION, "0.1", node.name, "/venv/bin/python")
         raise AssertionError(f"{node.name}: unexpected {type(request).__name__}")
@@ -61,8 +65,13 @@ def cluster(monkeypatch, tmp_path: Path):
     monkeypatch.setattr(Node, "agent", lambda node, reporter=None: FakeNode(node, sent, changed))
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
-    lines = {"DSPARK_HEAD_IP": HEAD_IP, "DSPARK_WORKER_HOSTS": f"root@{WORKER_IP}", "DSPARK_FABRIC_IFNAME": "fab0",
-             "DSPARK_STATE_DIR": str(state), "DSPARK_ALLOW_TCP_FABRIC": "1"}
+    lines = {
+        "DSPARK_HEAD_IP": HEAD_IP,
+        "DSPARK_WORKER_HOSTS": f"root@{WORKER_IP}",
+        "DSPARK_FABRIC_IFNAME": "fab0",
+        "DSPARK_STATE_DIR": str(state),
+        "DSPARK_ALLOW_TCP_FABRIC": "1",
+    }
     env_file = tmp_path / "dspark.env"
     env_file.write_text("".join(f"{k}={v}\n" for k, v in lines.items()))
     spec = cluster_spec(resolve(env_file=str(env_file), environ={}))
@@ -80,7 +89,8 @@ def test_a_start_records_each_nodes_ray_registration(cluster):
     record = json.loads((spec.state_dir / STATE_FILE).read_text())
     assert [(n["name"], n["ray"]) for n in record["nodes"]] == [
         ("head", {"node_id": "id-head", "ip": HEAD_IP, "gpus": 1.0}),
-        ("worker1", {"node_id": "id-worker1", "ip": WORKER_IP, "gpus": 1.0})]
+        ("worker1", {"node_id": "id-worker1", "ip": WORKER_IP, "gpus": 1.0}),
+    ]
 
 
 def test_status_answers_from_the_record_without_asking_ray_while_the_daemons_live(cluster):

@@ -27,8 +27,11 @@ def imported_modules(source: Path) -> set[str]:
 def test_no_test_module_imports_another():
     offenders = {}
     for source in [*TESTS.glob("*.py"), *(TESTS / "support").rglob("*.py")]:
-        wrong = sorted(m for m in imported_modules(source)
-                       if m.startswith("tests.test_") or m.startswith("test_") or m.startswith("conftest"))
+        wrong = sorted(
+            m
+            for m in imported_modules(source)
+            if m.startswith("tests.test_") or m.startswith("test_") or m.startswith("conftest")
+        )
         if wrong:
             offenders[str(source.relative_to(REPO))] = wrong
     assert not offenders, offenders
@@ -60,14 +63,28 @@ def test_modules_run_loopback_then_serving_then_testbed_then_the_rest_each_kept_
     def item(nodeid: str, *marks: str):
         return SimpleNamespace(nodeid=nodeid, iter_markers=lambda: [SimpleNamespace(name=m) for m in marks])
 
-    items = [item("a.py::t1"), item("b.py::t1", "testbed"), item("c.py::t1"), item("c.py::t2", "testbed", "serving"),
-             item("d.py::t1", "loopback"), item("b.py::t2"), item("e.py::t1", "testbed")]
+    items = [
+        item("a.py::t1"),
+        item("b.py::t1", "testbed"),
+        item("c.py::t1"),
+        item("c.py::t2", "testbed", "serving"),
+        item("d.py::t1", "loopback"),
+        item("b.py::t2"),
+        item("e.py::t1", "testbed"),
+    ]
     heavy_first(items)
-    assert [i.nodeid for i in items] == ["d.py::t1", "c.py::t1", "c.py::t2", "b.py::t1", "b.py::t2", "e.py::t1",
-                                         "a.py::t1"]
+    assert [i.nodeid for i in items] == [
+        "d.py::t1",
+        "c.py::t1",
+        "c.py::t2",
+        "b.py::t1",
+        "b.py::t2",
+        "e.py::t1",
+        "a.py::t1",
+    ]
 
 
 def test_make_test_runs_a_module_at_a_time_in_the_suites_order():
     recipe = (REPO / "Makefile").read_text()
-    line = next(l for l in recipe.splitlines() if "-m pytest -m \"not compat\"" in l)
+    line = next(l for l in recipe.splitlines() if '-m pytest -m "not compat"' in l)
     assert "--dist loadfile" in line and "--no-loadscope-reorder" in line and "-n $(PYTEST_WORKERS)" in line

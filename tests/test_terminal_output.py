@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.cli.output import fail, printable, say, warn
-from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.client import NodeAgent
-from dspark_launch.errors import ClusterFailure
 from dspark_launch.agent.transport import LocalTransport
-from dspark_launch.errors import DsparkError
+from dspark_launch.cli.output import fail, printable, say, warn
+from dspark_launch.cli.reporter import ConsoleReporter
+from dspark_launch.errors import ClusterFailure, DsparkError
 from dspark_launch.serve.logfollow import LogReader
 from tests.support.launcher_env import run_dspark
 
@@ -54,8 +53,10 @@ def test_dspark_logs_shows_a_log_with_escape_sequences_escaped(tmp_path):
     log.write_text(f"line one\n{HOSTILE}\n")
     log.chmod(0o600)
     env_file = tmp_path / "e.env"
-    env_file.write_text(f"DSPARK_HEAD_IP=127.0.0.1\nDSPARK_WORKER_HOSTS=127.0.0.2\nDSPARK_FABRIC_IFNAME=lo\n"
-                        f"DSPARK_HEAD_PYTHON={sys.executable}\nDSPARK_STATE_DIR={state}\n")
+    env_file.write_text(
+        f"DSPARK_HEAD_IP=127.0.0.1\nDSPARK_WORKER_HOSTS=127.0.0.2\nDSPARK_FABRIC_IFNAME=lo\n"
+        f"DSPARK_HEAD_PYTHON={sys.executable}\nDSPARK_STATE_DIR={state}\n"
+    )
     env_file.chmod(0o600)
     proc = run_dspark(["logs", "--env-file", str(env_file)])
     assert proc.returncode == 0, proc.stderr
@@ -65,8 +66,10 @@ def test_dspark_logs_shows_a_log_with_escape_sequences_escaped(tmp_path):
 def _fake_agent(tmp_path: Path, line_bytes: int) -> Path:
     """An "interpreter" that answers any request with one line of `line_bytes` bytes."""
     script = tmp_path / f"agent-{line_bytes}"
-    script.write_text(f"#!{sys.executable}\nimport sys\nsys.stdin.read()\n"
-                      f"sys.stdout.write('{{\"answer\": \"' + 'x' * ({line_bytes} - 15) + '\"}}\\n')\n")
+    script.write_text(
+        f"#!{sys.executable}\nimport sys\nsys.stdin.read()\n"
+        f"sys.stdout.write('{{\"answer\": \"' + 'x' * ({line_bytes} - 15) + '\"}}\\n')\n"
+    )
     script.chmod(0o755)
     return script
 

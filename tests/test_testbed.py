@@ -222,7 +222,9 @@ def test_cli_status_and_exec(testbed: Testbed):
     assert st["up"] and [n["ip"] for n in st["nodes"]] == [n.ip for n in testbed.nodes]
     assert all(n["holder_alive"] for n in st["nodes"])
     assert all(n["sshd_pid"] for n in st["nodes"] if not n["is_head"])
-    r = subprocess.run([*base, "exec", "worker1", "--", "hostname"], capture_output=True, text=True, timeout=30, cwd=REPO)
+    r = subprocess.run(
+        [*base, "exec", "worker1", "--", "hostname"], capture_output=True, text=True, timeout=30, cwd=REPO
+    )
     assert r.returncode == 0 and r.stdout.strip() == "dspark-worker1"
     r = subprocess.run([*base, "env"], capture_output=True, text=True, timeout=30, cwd=REPO)
     assert "export DSPARK_TESTBED_WORKER1_IP=10.213.0.2" in r.stdout

@@ -83,9 +83,7 @@ def _probe_platform(enabled: bool) -> str:
     env.pop("VLLM_TARGET_DEVICE", None)
     if enabled:
         env[sh.PLUGIN_ENV] = "1"
-    out = subprocess.run(
-        [sys.executable, "-c", _PLATFORM_PROBE], env=env, capture_output=True, text=True, timeout=120
-    )
+    out = subprocess.run([sys.executable, "-c", _PLATFORM_PROBE], env=env, capture_output=True, text=True, timeout=120)
     lines = [line for line in out.stdout.splitlines() if line.startswith("@@")]
     assert lines, out.stderr[-2000:]
     return lines[-1][3:]
@@ -165,7 +163,9 @@ def test_tiny_model_tp2_over_ray_on_loopback(tmp_path: Path, tiny_model: Path) -
         # Both TP workers are live Ray actors, each holding one of the 2 (fake) GPUs.
         q = sh.ray_cluster_query(head.address, env)
         assert q is not None
-        workers = [a for a in q["actors"] if a["class"] in ("RayWorkerProc", "RayWorkerWrapper") and a["state"] == "ALIVE"]
+        workers = [
+            a for a in q["actors"] if a["class"] in ("RayWorkerProc", "RayWorkerWrapper") and a["state"] == "ALIVE"
+        ]
         assert len(workers) == 2, q["actors"]
         assert {w["ip"] for w in workers} == {sh.LOOPBACK_NODE_IP}
         assert q["cluster"].get("GPU") == 2.0 and q["available"].get("GPU", 0.0) == 0.0

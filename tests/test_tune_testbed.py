@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from dspark_launch.node import procfs
 from dspark_launch.hotfix import contract
+from dspark_launch.node import procfs
 from tests.support.launcher_env import scratch
 from tests.support.on_testbed import API_KEY, our_pids, popen, run, serving_env, state
 from tests.support.processes import describe, wait_until
@@ -88,8 +88,19 @@ def test_bench_streams_the_classes_and_the_operators_prompts(served, tmp_path, t
     prompts.write_text("".join(json.dumps({"prompt": t, "max_tokens": 5}) + "\n" for t in texts))
     out = tmp_path / "bench.json"
     # the JSONL and the JSON out live in this test's folder, which the head node sees at the same path
-    done = served.dspark("bench", "--prompts", str(prompts), "--out", str(out), "--requests", "20",
-                         "--seconds", "120", "--max-reply-tokens", "6")
+    done = served.dspark(
+        "bench",
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--requests",
+        "20",
+        "--seconds",
+        "120",
+        "--max-reply-tokens",
+        "6",
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     data = json.loads(out.read_text())
     result = data["result"]
@@ -102,8 +113,9 @@ def test_bench_streams_the_classes_and_the_operators_prompts(served, tmp_path, t
     for t in texts:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True)
         expected.append(len(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    sent = sorted((r["index"], r["prompt_tokens"], r["completion_tokens"]) for r in result["requests"]
-                  if r["class"] == "operator")
+    sent = sorted(
+        (r["index"], r["prompt_tokens"], r["completion_tokens"]) for r in result["requests"] if r["class"] == "operator"
+    )
     assert sent == [(i, n, 5) for i, n in enumerate(expected)], (sent, expected)
     # the long document was a long cold prompt, the agent's later turns resent a growing conversation
     requests = {(r["class"], r["index"]): r for r in result["requests"]}
@@ -179,8 +191,19 @@ def test_tune_measures_three_points_in_force_and_restores_the_values(served, tmp
 
 
 def test_tune_interrupted_restores_the_values_and_the_key_is_nowhere(served, tmp_path):
-    proc = popen(served.tb, served.folder, served.env, "tune", "--space", "2:3:2 3:3:2", "--rounds", "3",
-                 "--out", str(tmp_path / "t"), *SMALL)
+    proc = popen(
+        served.tb,
+        served.folder,
+        served.env,
+        "tune",
+        "--space",
+        "2:3:2 3:3:2",
+        "--rounds",
+        "3",
+        "--out",
+        str(tmp_path / "t"),
+        *SMALL,
+    )
     seen, argv_hits = [], []
     try:
         for line in proc.stderr:
@@ -212,8 +235,9 @@ def test_tune_interrupted_restores_the_values_and_the_key_is_nowhere(served, tmp
 def test_tune_apply_writes_the_env_file_and_puts_the_point_in_force(served, tmp_path):
     mode = served.env.stat().st_mode
     out = tmp_path / "tune"
-    done = served.dspark("tune", "--space", "2:3:2 3:3:4", "--rounds", "1", "--favor", "throughput", "--apply",
-                         "--out", str(out), *SMALL)
+    done = served.dspark(
+        "tune", "--space", "2:3:2 3:3:4", "--rounds", "1", "--favor", "throughput", "--apply", "--out", str(out), *SMALL
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-4000:]
     data = json.loads((out / "tune.json").read_text())
     cap, gate, aging = point_of(data["recommendation"]["point"])

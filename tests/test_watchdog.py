@@ -35,8 +35,9 @@ def metrics(running=1, kv=0.25, prompt=100, generated=40) -> str:
 
 def test_the_counters_are_summed_over_the_engines_and_a_page_without_them_is_no_verdict():
     counters = stall.EngineCounters.parse(metrics(running=2, generated=40))
-    assert counters == stall.EngineCounters(running=2.0, waiting=1.0, generation_tokens=45.0, prompt_tokens=100.0,
-                                            kv_cache_usage=0.25)
+    assert counters == stall.EngineCounters(
+        running=2.0, waiting=1.0, generation_tokens=45.0, prompt_tokens=100.0, kv_cache_usage=0.25
+    )
     assert stall.EngineCounters.parse("vllm:num_requests_running 1.0\n") is None
     assert stall.judge(None, None, "m", 0.0, 30)[1].state == "unknown"
 
@@ -49,12 +50,22 @@ def test_an_idle_server_is_never_stalled_and_a_hang_with_requests_running_is(tmp
     idle = looks(tmp_path, [(t, metrics(running=0)) for t in (0, 100, 1000)])
     assert [v.state for v in idle] == ["idle"] * 3
     # Requests arrive at 1002 and nothing moves after 1004: stalled once 30 s passed without a move.
-    hung = looks(tmp_path, [(1002, metrics(generated=41)), (1004, metrics(generated=42)), (1020, metrics(generated=42)),
-                            (1034, metrics(generated=42)), (1040, metrics(generated=42))])
+    hung = looks(
+        tmp_path,
+        [
+            (1002, metrics(generated=41)),
+            (1004, metrics(generated=42)),
+            (1020, metrics(generated=42)),
+            (1034, metrics(generated=42)),
+            (1040, metrics(generated=42)),
+        ],
+    )
     assert [v.state for v in hung] == ["progress", "progress", "quiet", "stalled", "stalled"]
     assert (hung[-2].quiet_s, hung[-1].quiet_s, hung[-1].since) == (30, 36, 1004)
-    assert hung[-1].line.startswith("engine: stalled for 36 s (DSPARK_STALL_TIMEOUT_S 30): 1 running, 1 waiting; "
-                                    "generated tokens 47, prompt tokens 100, KV cache use 25%")
+    assert hung[-1].line.startswith(
+        "engine: stalled for 36 s (DSPARK_STALL_TIMEOUT_S 30): 1 running, 1 waiting; "
+        "generated tokens 47, prompt tokens 100, KV cache use 25%"
+    )
     # A new server (another marker) starts its own watch.
     assert looks(tmp_path, [(1041, metrics(generated=42))], marker="run-2")[0].state == "quiet"
     # DSPARK_STALL_TIMEOUT_S=0: never judged stalled, still shown.
@@ -80,12 +91,24 @@ def test_status_shows_the_stall_and_counts_it_degraded():
     from dspark_launch.cli.status_view import status_renderables
     from dspark_launch.serve.status import ServerView, ServiceStatus
 
-    watch = stall.judge(stall.ProgressPoint("m", 0, stall.EngineCounters.parse(metrics())), stall.EngineCounters.parse(
-        metrics()), "m", 42, 30)[1]
-    view = ServiceStatus(state="degraded", ray_address="10.9.0.1:6379", config_digest="d", started_at=1.0,
-                         checked_at=2.0, problems=(), nodes=(),
-                         server=ServerView(state="up", pid=7, url="http://127.0.0.1:8888", engine=watch),
-                         recoveries=(recovery.Recovery(at=1.0, kind="serve-only", cause="x"),))
+    watch = stall.judge(
+        stall.ProgressPoint("m", 0, stall.EngineCounters.parse(metrics())),
+        stall.EngineCounters.parse(metrics()),
+        "m",
+        42,
+        30,
+    )[1]
+    view = ServiceStatus(
+        state="degraded",
+        ray_address="10.9.0.1:6379",
+        config_digest="d",
+        started_at=1.0,
+        checked_at=2.0,
+        problems=(),
+        nodes=(),
+        server=ServerView(state="up", pid=7, url="http://127.0.0.1:8888", engine=watch),
+        recoveries=(recovery.Recovery(at=1.0, kind="serve-only", cause="x"),),
+    )
     text = "\n".join(getattr(r, "plain", str(r)) for r in status_renderables(view, ".env.dspark", rich=False, now=61.0))
     assert "  engine: stalled for 42 s (DSPARK_STALL_TIMEOUT_S 30): 1 running" in text
     assert "supervisor: 1 recovery(ies) within the last hour; the last 1 min ago, serve-only: x" in text
@@ -99,8 +122,18 @@ def test_status_shows_the_stall_and_counts_it_degraded():
 
 
 def server(n: int) -> ServerRecord:
-    return ServerRecord(marker=f"run-{n}", log=f"/nonexistent/vllm-serve-{n}.log", url="http://127.0.0.1:8888", served_name="tiny", model="m", started_at=0.0, settings={},
-                        digest="d", cap=1, pid=100 + n)
+    return ServerRecord(
+        marker=f"run-{n}",
+        log=f"/nonexistent/vllm-serve-{n}.log",
+        url="http://127.0.0.1:8888",
+        served_name="tiny",
+        model="m",
+        started_at=0.0,
+        settings={},
+        digest="d",
+        cap=1,
+        pid=100 + n,
+    )
 
 
 class Clock:
@@ -138,10 +171,13 @@ def run(monkeypatch, tmp_path):
             if len(restarts) in fail:
                 raise recovery.DsparkError("the head's agent did not answer")
             return server(len(restarts) + 1)
+
         monkeypatch.setattr(recovery, "_recover", recover)
-        ended = recovery.supervise(settings, spec, server(1), False, None, told.append, watched.append,
-                                   clock.sleep, clock)
+        ended = recovery.supervise(
+            settings, spec, server(1), False, None, told.append, watched.append, clock.sleep, clock
+        )
         return ended, restarts, told, watched, clock, state
+
     return go
 
 
@@ -149,22 +185,29 @@ STALLED = Lost("stalled", "vllm serve (pid 101) answers but its engine: stalled 
 
 
 def test_each_loss_is_recovered_with_backoff_until_the_hourly_limit(run):
-    ended, restarts, told, watched, clock, state = run([STALLED, Lost("exited", "vllm serve (pid 102) exited: x"),
-                                                        STALLED])
+    ended, restarts, told, watched, clock, state = run(
+        [STALLED, Lost("exited", "vllm serve (pid 102) exited: x"), STALLED]
+    )
     assert restarts == [("stalled", "run-1"), ("exited", "run-2")]  # serve-only both times (recovery._recover)
     assert clock.slept == [2, 2, 1, 2, 2, 2, 2, 2]  # 5 s, then 10 s, in polls of at most SERVER_CHECK_S
-    assert told[0] == ("vllm serve (pid 101) answers but its engine: stalled for 31 s; serve-only restart in 5 s "
-                       "(recovery 1 of at most 2 within an hour)")
+    assert told[0] == (
+        "vllm serve (pid 101) answers but its engine: stalled for 31 s; serve-only restart in 5 s "
+        "(recovery 1 of at most 2 within an hour)"
+    )
     assert told[1].startswith("recovered: vllm serve (pid 102) serves at http://127.0.0.1:8888")
     assert "serve-only restart in 10 s (recovery 2 of at most 2" in told[2]
     assert watched == [None, server(2), None, server(3)]
     assert ended.gave_up and ended.server == server(3)
-    assert ended.cause.startswith("vllm serve (pid 101) answers but its engine: stalled for 31 s; 2 recoveries within "
-                                  "the last hour already (DSPARK_RECOVERY_LIMIT=2, the first at ")
+    assert ended.cause.startswith(
+        "vllm serve (pid 101) answers but its engine: stalled for 31 s; 2 recoveries within "
+        "the last hour already (DSPARK_RECOVERY_LIMIT=2, the first at "
+    )
     assert ended.cause.endswith("): giving up")
     kept = json.loads((state / recovery.RECOVERIES_FILE).read_text())
-    assert [(r["kind"], r["cause"][:20]) for r in kept] == [("serve-only", "vllm serve (pid 101)"),
-                                                              ("serve-only", "vllm serve (pid 102)")]
+    assert [(r["kind"], r["cause"][:20]) for r in kept] == [
+        ("serve-only", "vllm serve (pid 101)"),
+        ("serve-only", "vllm serve (pid 102)"),
+    ]
 
 
 def test_recoveries_of_an_earlier_supervisor_count_and_age_out(run, tmp_path):
@@ -177,8 +220,9 @@ def test_recoveries_of_an_earlier_supervisor_count_and_age_out(run, tmp_path):
 
 
 def test_a_lost_node_and_a_failed_recovery_get_a_full_restart(run, monkeypatch):
-    ended, restarts, told, *_ = run([Lost("ray", "Ray on worker1 (10.9.0.2) is dead under vllm serve (pid 101)"),
-                                     STALLED], fail={1})
+    ended, restarts, told, *_ = run(
+        [Lost("ray", "Ray on worker1 (10.9.0.2) is dead under vllm serve (pid 101)"), STALLED], fail={1}
+    )
     assert restarts == [("ray", "run-1"), ("failed", None)]
     assert "full restart in 10 s (recovery 2 of at most 2" in told[1]
     assert told[1].startswith("the full restart failed: the head's agent did not answer")

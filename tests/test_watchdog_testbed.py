@@ -17,9 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.on_testbed import (our_pids, popen, processes_named, read_until_served, run, serving_env,
-                                      state, status)
 from dspark_launch.serve.supervise import SERVER_CHECK_S
+from tests.support.on_testbed import (
+    our_pids,
+    popen,
+    processes_named,
+    read_until_served,
+    run,
+    serving_env,
+    state,
+    status,
+)
 from tests.support.processes import describe
 from tests.support.supervised import Journal, completion_argv, one_stream
 
@@ -98,12 +106,22 @@ def watch_point(tmp_path: Path) -> dict:
 
 
 def test_the_supervisor_leaves_idle_and_prefilling_engines_alone_and_restarts_stalled_ones(
-        testbed_clean, tmp_path, tiny_model):
+    testbed_clean, tmp_path, tiny_model
+):
     tb = testbed_clean
     # 16 tokens a step: a lone 1,000-token prompt takes ~60 steps, longer than the stall timeout on these cores.
-    env = serving_env(tb, tmp_path, tiny_model, MAX_MODEL_LEN="1024", MAX_NUM_BATCHED_TOKENS="16",
-                      LONG_PREFILL_TOKEN_THRESHOLD="16", DSPARK_ISSUE43_SCHED_DIAG="0",
-                      DSPARK_STALL_TIMEOUT_S=str(STALL_S), DSPARK_RECOVERY_LIMIT="2", DSPARK_RECOVERY_BACKOFF_S="1")
+    env = serving_env(
+        tb,
+        tmp_path,
+        tiny_model,
+        MAX_MODEL_LEN="1024",
+        MAX_NUM_BATCHED_TOKENS="16",
+        LONG_PREFILL_TOKEN_THRESHOLD="16",
+        DSPARK_ISSUE43_SCHED_DIAG="0",
+        DSPARK_STALL_TIMEOUT_S=str(STALL_S),
+        DSPARK_RECOVERY_LIMIT="2",
+        DSPARK_RECOVERY_BACKOFF_S="1",
+    )
     supervisor = popen(tb, tmp_path, env, "start", "--foreground", merge=True)
     seen = read_until_served(supervisor)
     journal = Journal(supervisor)
@@ -133,8 +151,11 @@ def test_the_supervisor_leaves_idle_and_prefilling_engines_alone_and_restarts_st
         # The EngineCore stopped with a stream running: stalled within the timeout plus one poll, then restarted.
         said = stop_and_wait_for_stall(tb, tmp_path, env, engine_core(tmp_path))
         print(f"status begun {said:.1f} s after the SIGSTOP said stalled")
-        journal.wait_for(r"supervisor: vllm serve \(pid \d+\) answers but its engine: stalled for \d+ s.*; serve-only "
-                         r"restart in 1 s \(recovery 1 of at most 2 within an hour\)", 60)
+        journal.wait_for(
+            r"supervisor: vllm serve \(pid \d+\) answers but its engine: stalled for \d+ s.*; serve-only "
+            r"restart in 1 s \(recovery 1 of at most 2 within an hour\)",
+            60,
+        )
         journal.wait_for(r"supervisor: recovered: vllm serve \(pid (\d+)\)", 600)
         second = state(tmp_path)["server"]
         assert second["pid"] != first["pid"]
@@ -163,8 +184,11 @@ def test_the_supervisor_leaves_idle_and_prefilling_engines_alone_and_restarts_st
         run(tb, tmp_path, env, "stop")
     out = "".join(seen) + journal.text()
     assert supervisor.returncode == 4, out[-5000:]
-    assert re.search(r"dspark: error: .*stalled for \d+ s.*; 2 recoveries within the last hour already "
-                     r"\(DSPARK_RECOVERY_LIMIT=2, the first at \d\d:\d\d:\d\d\): giving up", out), out[-5000:]
+    assert re.search(
+        r"dspark: error: .*stalled for \d+ s.*; 2 recoveries within the last hour already "
+        r"\(DSPARK_RECOVERY_LIMIT=2, the first at \d\d:\d\d:\d\d\): giving up",
+        out,
+    ), out[-5000:]
     assert "exit 4: the unit does not restart it" in out and "Traceback" not in out
     assert len(json.loads(recoveries.read_text())) == 2
     left = our_pids(tb, "head") | our_pids(tb, "worker1")

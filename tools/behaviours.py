@@ -38,11 +38,16 @@ def _sources_now() -> dict[str, str]:
 
 
 def _sources_at(ref: str) -> dict[str, str]:
-    names = subprocess.run(["git", "ls-tree", "--name-only", f"{ref}:tests"], cwd=ROOT, check=True,
-                           capture_output=True, text=True).stdout.split()
-    return {name: subprocess.run(["git", "show", f"{ref}:tests/{name}"], cwd=ROOT, check=True, capture_output=True,
-                                 text=True).stdout
-            for name in names if name.startswith("test_") and name.endswith(".py")}
+    names = subprocess.run(
+        ["git", "ls-tree", "--name-only", f"{ref}:tests"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.split()
+    return {
+        name: subprocess.run(
+            ["git", "show", f"{ref}:tests/{name}"], cwd=ROOT, check=True, capture_output=True, text=True
+        ).stdout
+        for name in names
+        if name.startswith("test_") and name.endswith(".py")
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

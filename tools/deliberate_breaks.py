@@ -42,27 +42,42 @@ class Break:
 
 
 BREAKS: tuple[Break, ...] = (
-    Break("refused-flag-accepted", "a launcher-owned vllm serve flag in VLLM_EXTRA_ARGS is refused (exit 2)",
-          "dspark_launch/config/serve_flags.py",
-          "        owner = _owner(word)\n", "        owner = None\n",
-          ("tests/test_security_config.py", "tests/test_config_settings.py"),
-          ("tests/test_security_config.py", "tests/test_config_settings.py")),
-    Break("drift-missed", "status and restart see a setting changed since the server started",
-          "dspark_launch/serve/status.py",
-          "if started_with.get(name) != value)", "if False and started_with.get(name) != value)",
-          ("tests/test_secret_digest.py", "tests/test_reload.py", "tests/test_restart_kind.py"),
-          ("tests/test_reload.py", "tests/test_restart_kind.py")),
-    Break("rollback-skipped", "a bring-up that fails stops every process it started, on every node",
-          "dspark_launch/cluster/ray_cluster.py",
-          "        results = on_each([self.spec.node(name) for name in self.records], stop_one)\n",
-          "        results = {}\n",
-          ("tests/test_bringup_decisions.py",),
-          ("tests/test_cluster.py::test_hotfix_refused_rolls_back_both_nodes",)),
-    Break("secret-printed", "plan shows a secret as set/unset, never its value",
-          "dspark_launch/serve/plan_report.py",
-          '("set" if value else "unset") if secret else value', "value",
-          ("tests/test_operator_tools.py", "tests/test_profiles_plan.py", "tests/test_secret_digest.py"),
-          ("tests/test_operator_tools.py", "tests/test_profiles_plan.py")),
+    Break(
+        "refused-flag-accepted",
+        "a launcher-owned vllm serve flag in VLLM_EXTRA_ARGS is refused (exit 2)",
+        "dspark_launch/config/serve_flags.py",
+        "        owner = _owner(word)\n",
+        "        owner = None\n",
+        ("tests/test_security_config.py", "tests/test_config_settings.py"),
+        ("tests/test_security_config.py", "tests/test_config_settings.py"),
+    ),
+    Break(
+        "drift-missed",
+        "status and restart see a setting changed since the server started",
+        "dspark_launch/serve/status.py",
+        "if started_with.get(name) != value\n",
+        "if False and started_with.get(name) != value\n",
+        ("tests/test_secret_digest.py", "tests/test_reload.py", "tests/test_restart_kind.py"),
+        ("tests/test_reload.py", "tests/test_restart_kind.py"),
+    ),
+    Break(
+        "rollback-skipped",
+        "a bring-up that fails stops every process it started, on every node",
+        "dspark_launch/cluster/ray_cluster.py",
+        "        results = on_each([self.spec.node(name) for name in self.records], stop_one)\n",
+        "        results = {}\n",
+        ("tests/test_bringup_decisions.py",),
+        ("tests/test_cluster.py::test_hotfix_refused_rolls_back_both_nodes",),
+    ),
+    Break(
+        "secret-printed",
+        "plan shows a secret as set/unset, never its value",
+        "dspark_launch/serve/plan_report.py",
+        '("set" if value else "unset") if secret else value',
+        "value",
+        ("tests/test_operator_tools.py", "tests/test_profiles_plan.py", "tests/test_secret_digest.py"),
+        ("tests/test_operator_tools.py", "tests/test_profiles_plan.py"),
+    ),
 )
 
 
@@ -78,15 +93,25 @@ class Outcome:
 
 def _copy_tree(root: Path, into: Path) -> Path:
     tree = into / "tree"
-    shutil.copytree(root, tree, ignore=shutil.ignore_patterns(".git", ".venv", ".demo", "__pycache__", "*.pyc",
-                                                              ".mypy_cache", ".pytest_cache", ".coverage-run", "bench"))
+    shutil.copytree(
+        root,
+        tree,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", ".demo", "__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache", ".coverage-run", "bench"
+        ),
+    )
     return tree
 
 
 def _run_tests(python: str, tree: Path, tests: tuple[str, ...]) -> tuple[int, tuple[str, ...]]:
     env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{tree / 'tests' / 'vllm_ray_cpu_plugin'}")
-    proc = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not compat",
-                           "-rf", *tests], cwd=tree, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not compat", "-rf", *tests],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     failed = tuple(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("FAILED "))
     return proc.returncode, failed
 
@@ -101,12 +126,20 @@ def _try(brk: Break, root: Path, before: bool, workdir: Path) -> Outcome:
     target = tree / brk.path
     text = target.read_text()
     if text.count(brk.old) != 1:
-        raise SystemExit(f"deliberate_breaks: {brk.name}: the text to break occurs {text.count(brk.old)} times in "
-                         f"{brk.path}; allowed: exactly once (update the break)")
+        raise SystemExit(
+            f"deliberate_breaks: {brk.name}: the text to break occurs {text.count(brk.old)} times in "
+            f"{brk.path}; allowed: exactly once (update the break)"
+        )
     target.write_text(text.replace(brk.old, brk.new))
     broken_rc, failed = _run_tests(python, tree, tests)
-    return Outcome(brk.name, brk.promise, control_rc == 0, broken_rc != 0 and bool(failed), failed,
-                   round(time.monotonic() - started, 1))
+    return Outcome(
+        brk.name,
+        brk.promise,
+        control_rc == 0,
+        broken_rc != 0 and bool(failed),
+        failed,
+        round(time.monotonic() - started, 1),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,9 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the outcomes here")
     parser.add_argument("--only", nargs="*", default=(), help="break names to run (default: all)")
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout to break (a copy of it; default: this)")
-    parser.add_argument("--before", action="store_true",
-                        help=f"run each break's catchers as they were in {BEFORE}'s suite (with --root: a checkout of "
-                             "it; without: the same tests in this checkout)")
+    parser.add_argument(
+        "--before",
+        action="store_true",
+        help=f"run each break's catchers as they were in {BEFORE}'s suite (with --root: a checkout of "
+        "it; without: the same tests in this checkout)",
+    )
     args = parser.parse_args(argv)
     chosen = [b for b in BREAKS if not args.only or b.name in args.only]
     with tempfile.TemporaryDirectory(prefix="dspark-breaks-") as tmp:

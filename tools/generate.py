@@ -43,13 +43,14 @@ def registry_lines() -> list[str]:
     lines, group = [], None
     for k in knobs:
         if _UNSAFE_IN_BASH_QUOTES.search(k.description):
-            raise ValueError(f"{k.name}: its description holds one of \" $ ` \\ ! (it is written in bash quotes)")
+            raise ValueError(f'{k.name}: its description holds one of " $ ` \\ ! (it is written in bash quotes)')
         if k.group != group:
             group = k.group
             lines.append(f"# {group.capitalize()}")
-        columns = [value.ljust(width) for value, width in
-                   zip((k.name, k.type, k.default, k.minimum, k.maximum), widths)]
-        lines.append(f"dspark_knob {' '.join(columns)} {k.range_policy} \"{k.description}\"")
+        columns = [
+            value.ljust(width) for value, width in zip((k.name, k.type, k.default, k.minimum, k.maximum), widths)
+        ]
+        lines.append(f'dspark_knob {" ".join(columns)} {k.range_policy} "{k.description}"')
         if k.name in aliases:
             lines.append(f"dspark_knob_alias {aliases[k.name]} {k.name}")
     return lines
@@ -97,7 +98,11 @@ GENERATED = ((REGISTRY, render_registry), (EXAMPLE, render_example), (DOCS, rend
 
 
 def stale() -> list[Path]:
-    return [path for path, render in GENERATED if path.read_text(encoding="utf-8") != render(path.read_text(encoding="utf-8"))]
+    return [
+        path
+        for path, render in GENERATED
+        if path.read_text(encoding="utf-8") != render(path.read_text(encoding="utf-8"))
+    ]
 
 
 def main(argv: list[str]) -> int:

@@ -60,11 +60,7 @@ def _module_code(name: str) -> str:
 
 
 def _injected_literal() -> str:
-    return (
-        f"_INJECTED_BODY = {injected_body()!r}\n\n\n"
-        "def injected_body() -> str:\n"
-        "    return _INJECTED_BODY\n"
-    )
+    return f"_INJECTED_BODY = {injected_body()!r}\n\n\ndef injected_body() -> str:\n    return _INJECTED_BODY\n"
 
 
 def render() -> str:

@@ -37,7 +37,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 #: (step, pytest arguments) run under the candidate; each is one row of the verdict.
 TEST_STEPS = (
-    ("compat tests (patch on the release's text)", ["-m", "compat", "tests/test_hotfix_releases_compat.py", "-k", "{version}"]),
+    (
+        "compat tests (patch on the release's text)",
+        ["-m", "compat", "tests/test_hotfix_releases_compat.py", "-k", "{version}"],
+    ),
     ("randomized check, recipe tests, vLLM's options", ["-m", "not compat", "tests/test_hotfix_on_newest_vllm.py"]),
     ("dry boot (every decision judged)", ["-m", "not compat", "tests/test_dry_boot_newest.py"]),
     ("memory rules", ["-m", "not compat", "tests/test_memory_rules_vllm.py"]),
@@ -74,8 +77,19 @@ def _pytest_verdict(version: str, step: str, args: list[str]) -> Verdict:
 
     started = time.monotonic()
     env = dict(os.environ, **{UNDER_TEST_ENV: version})
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-o", "addopts=",
-               *[a.format(version=version) for a in args]]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:xdist",
+        "-o",
+        "addopts=",
+        *[a.format(version=version) for a in args],
+    ]
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
     lines = [line for line in proc.stdout.strip().splitlines() if line.strip()]
     summary = lines[-1] if lines else proc.stderr.strip()[-300:]
@@ -98,8 +112,10 @@ def qualify(version: str) -> list[Verdict]:
 
 def table(version: str, verdicts: list[Verdict]) -> str:
     width = max(len(v.step) for v in verdicts)
-    rows = [f"vLLM {version}: {'QUALIFIED' if all(v.passed for v in verdicts) else 'NOT QUALIFIED'}",
-            f"  {'step'.ljust(width)}  verdict  seconds  detail"]
+    rows = [
+        f"vLLM {version}: {'QUALIFIED' if all(v.passed for v in verdicts) else 'NOT QUALIFIED'}",
+        f"  {'step'.ljust(width)}  verdict  seconds  detail",
+    ]
     for v in verdicts:
         rows.append(f"  {v.step.ljust(width)}  {'pass' if v.passed else 'FAIL':7}  {v.seconds:7.1f}  {v.detail}")
     return "\n".join(rows)
@@ -113,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = qualify(args.version)
     print(table(args.version, verdicts))
     if args.json_file:
-        args.json_file.write_text(json.dumps({"vllm": args.version, "verdicts": [dataclasses.asdict(v) for v in verdicts]},
-                                             indent=2) + "\n")
+        args.json_file.write_text(
+            json.dumps({"vllm": args.version, "verdicts": [dataclasses.asdict(v) for v in verdicts]}, indent=2) + "\n"
+        )
     return 0 if all(v.passed for v in verdicts) else 1
 
 

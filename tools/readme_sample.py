@@ -41,20 +41,26 @@ def sample_lines(readme: str) -> list[str]:
     """The sample's lines as the README holds them (empty when it has no generated sample)."""
     if BEGIN not in readme or END not in readme:
         return []
-    block = readme[readme.index(BEGIN):readme.index(END)]
+    block = readme[readme.index(BEGIN) : readme.index(END)]
     inside = block.split("```")
     return inside[1].strip("\n").splitlines() if len(inside) >= 3 else []
 
 
 def rewrite(readme: str, block: str) -> str:
     if BEGIN in readme and END in readme:
-        return readme[:readme.index(BEGIN)] + block + readme[readme.index(END) + len(END):]
+        return readme[: readme.index(BEGIN)] + block + readme[readme.index(END) + len(END) :]
     raise SystemExit(f"{README}: the markers {BEGIN!r} ... {END!r} are missing")
 
 
 def main() -> int:
-    up = subprocess.run([sys.executable, "-m", "demo", "up"], cwd=REPO, stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT, text=True, timeout=3600)
+    up = subprocess.run(
+        [sys.executable, "-m", "demo", "up"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=3600,
+    )
     try:
         if up.returncode != 0:
             print(up.stdout[-4000:], file=sys.stderr)

@@ -247,15 +247,9 @@ class RunResult:
     def ttft_steps(self) -> dict[str, int]:
         """Steps from arrival to first token, counting both ends (1 = same step)."""
         arrival = self.arrival
-        return {
-            rid: produced[0] - arrival[rid] + 1
-            for rid, produced in self.token_steps.items()
-            if produced
-        }
+        return {rid: produced[0] - arrival[rid] + 1 for rid, produced in self.token_steps.items() if produced}
 
-    def summary(
-        self, streams: Iterable[str] | None = None, prompts: Iterable[str] | None = None
-    ) -> dict:
+    def summary(self, streams: Iterable[str] | None = None, prompts: Iterable[str] | None = None) -> dict:
         """The numbers the docs table and the benchmark report.
 
         Latency proxy and decode gaps are taken over `streams`, time to first
@@ -455,8 +449,12 @@ def patched_scheduler_classes(workdir: str | None = None, script: str | None = N
     else:
         import subprocess
 
-        proc = subprocess.run([sys.executable, "-I", "-S", script, "apply", "--target", str(copy)],
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-I", "-S", script, "apply", "--target", str(copy)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"{script} did not apply to a copy of {stock.__file__}: {proc.stdout}{proc.stderr}")
     suffix = "" if script is None else "_" + hashlib.sha256(script.encode()).hexdigest()[:12]
@@ -580,8 +578,9 @@ def served_drafter(spec: SchedulerSpec):
     whether a step may skip drafting."""
     from vllm.config import SpeculativeConfig
 
-    drafts = SpeculativeConfig(method="ngram", num_speculative_tokens=spec.num_speculative_tokens,
-                               prompt_lookup_max=4, prompt_lookup_min=2)
+    drafts = SpeculativeConfig(
+        method="ngram", num_speculative_tokens=spec.num_speculative_tokens, prompt_lookup_max=4, prompt_lookup_min=2
+    )
     object.__setattr__(drafts, "method", spec.speculative_method)
     object.__setattr__(drafts, "draft_model_config", types.SimpleNamespace(hf_config=types.SimpleNamespace()))
     # DSpark drafts in parallel (K - 1 input slots per drafting request), as its own config sets.
@@ -642,9 +641,7 @@ def build_scheduler(spec: SchedulerSpec, model_dir: str | os.PathLike, vllm_conf
         kv_cache_groups=[
             KVCacheGroupSpec(
                 ["layer"],
-                FullAttentionSpec(
-                    block_size=spec.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
-                ),
+                FullAttentionSpec(block_size=spec.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32),
             )
         ],
     )
@@ -985,13 +982,10 @@ def wave_workload(
     With `shared_prefix_len`, the wave's prompts share a common prefix
     (a system prompt), which prefix caching can reuse.
     """
-    streams = [
-        RequestSpec(f"stream-{i}", 0, stream_prompt, stream_tokens) for i in range(n_streams)
-    ]
+    streams = [RequestSpec(f"stream-{i}", 0, stream_prompt, stream_tokens) for i in range(n_streams)]
     group = "system" if shared_prefix_len else None
     wave = [
-        RequestSpec(f"wave-{i}", wave_step, wave_prompt, wave_tokens, group, shared_prefix_len)
-        for i in range(n_wave)
+        RequestSpec(f"wave-{i}", wave_step, wave_prompt, wave_tokens, group, shared_prefix_len) for i in range(n_wave)
     ]
     return streams + wave
 

@@ -30,7 +30,7 @@ from pathlib import Path
 PTH_NAME = "zz_dspark_suite_coverage.pth"
 STARTER_NAME = "_dspark_suite_coverage.py"
 
-_STARTER = '''# Written by tools/suite_coverage.py for one run; removed after it.
+_STARTER = """# Written by tools/suite_coverage.py for one run; removed after it.
 import os
 _RC = {rc!r}
 if os.path.exists(_RC):
@@ -42,7 +42,7 @@ if os.path.exists(_RC):
         _cov.start()
     except Exception:
         pass
-'''
+"""
 
 
 def _python(root: Path) -> str:
@@ -50,8 +50,12 @@ def _python(root: Path) -> str:
 
 
 def _site_packages(root: Path) -> Path:
-    where = subprocess.run([_python(root), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                           capture_output=True, text=True, check=True)
+    where = subprocess.run(
+        [_python(root), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return Path(where.stdout.strip())
 
 
@@ -71,14 +75,17 @@ def run(root: Path, pytest_args: list[str]) -> int:
     shutil.rmtree(work, ignore_errors=True)
     (work / "data").mkdir(parents=True)
     os.chmod(work / "data", 0o1777)  # processes of every node (all this machine's users) write their file
-    rc.write_text(f"[run]\nparallel = True\ndata_file = {work / 'data' / 'cov'}\nsource = {root / 'dspark_launch'}\n"
-                  "sigterm = True\n")
+    rc.write_text(
+        f"[run]\nparallel = True\ndata_file = {work / 'data' / 'cov'}\nsource = {root / 'dspark_launch'}\n"
+        "sigterm = True\n"
+    )
     site = _site_packages(root)
     (site / STARTER_NAME).write_text(_STARTER.format(rc=str(rc)))
     (site / PTH_NAME).write_text(f"import {STARTER_NAME[:-3]}\n")
     try:
-        return subprocess.run([python, "-m", "pytest", "-m", "not compat", *_parallel_args(python), *pytest_args],
-                              cwd=root).returncode
+        return subprocess.run(
+            [python, "-m", "pytest", "-m", "not compat", *_parallel_args(python), *pytest_args], cwd=root
+        ).returncode
     finally:
         rc.unlink(missing_ok=True)  # new interpreters stop measuring at once
         (site / PTH_NAME).unlink(missing_ok=True)
@@ -102,9 +109,15 @@ def report(root: Path, json_out: str | None) -> int:
         counts = packages.setdefault(package, [0, 0])
         counts[0] += len(statements)
         counts[1] += len(statements) - len(missing)
-    result = {"commit": _commit(root), "processes": len(data_files), "percent": round(total, 1),
-              "packages": {name: {"statements": s, "covered": c, "percent": round(100 * c / s, 1) if s else 100.0}
-                           for name, (s, c) in sorted(packages.items())}}
+    result = {
+        "commit": _commit(root),
+        "processes": len(data_files),
+        "percent": round(total, 1),
+        "packages": {
+            name: {"statements": s, "covered": c, "percent": round(100 * c / s, 1) if s else 100.0}
+            for name, (s, c) in sorted(packages.items())
+        },
+    }
     print(json.dumps(result, indent=2))
     if json_out:
         Path(json_out).write_text(json.dumps(result, indent=2) + "\n")
@@ -126,7 +139,10 @@ def _executed(root: Path) -> Executed:
     for path in cov.get_data().measured_files():
         _, statements, _, missing, _ = cov.analysis2(path)
         files[str(Path(path).relative_to(package_root))] = (
-            Path(path).read_text().splitlines(), set(statements), set(statements) - set(missing))
+            Path(path).read_text().splitlines(),
+            set(statements),
+            set(statements) - set(missing),
+        )
     return files
 
 
@@ -148,10 +164,15 @@ def line_changes(before: Executed, after: Executed) -> LineChanges:
     compared = gained = 0
     moved: dict[str, str] = {}
     for name, (old_lines, old_statements, old_ran) in sorted(before.items()):
-        candidates = [name] if name in after else [
-            new_name for new_name in after if new_name not in before and Path(new_name).name == Path(name).name]
-        matchers = {new_name: difflib.SequenceMatcher(None, old_lines, after[new_name][0], autojunk=False)
-                    for new_name in candidates}
+        candidates = (
+            [name]
+            if name in after
+            else [new_name for new_name in after if new_name not in before and Path(new_name).name == Path(name).name]
+        )
+        matchers = {
+            new_name: difflib.SequenceMatcher(None, old_lines, after[new_name][0], autojunk=False)
+            for new_name in candidates
+        }
         if not matchers:
             continue
         target = max(matchers, key=lambda new_name: matchers[new_name].ratio())
@@ -176,11 +197,16 @@ def compare(before_root: Path, after_root: Path, json_out: str | None) -> int:
     """The statements BEFORE's suite ran that AFTER's does not, where the code is the same (`line_changes`)."""
     before, after = _executed(before_root), _executed(after_root)
     changes = line_changes(before, after)
-    result = {"before": _commit(before_root), "after": _commit(after_root),
-              "compared_statements": changes.compared, "lost": sum(len(lines) for lines in changes.lost.values()),
-              "gained": changes.gained, "moved": changes.moved,
-              "modules_only_before": sorted(set(before) - set(after) - set(changes.moved)),
-              "lost_by_module": changes.lost}
+    result = {
+        "before": _commit(before_root),
+        "after": _commit(after_root),
+        "compared_statements": changes.compared,
+        "lost": sum(len(lines) for lines in changes.lost.values()),
+        "gained": changes.gained,
+        "moved": changes.moved,
+        "modules_only_before": sorted(set(before) - set(after) - set(changes.moved)),
+        "lost_by_module": changes.lost,
+    }
     print(json.dumps(result, indent=2))
     if json_out:
         Path(json_out).write_text(json.dumps(result, indent=2) + "\n")
@@ -188,8 +214,9 @@ def compare(before_root: Path, after_root: Path, json_out: str | None) -> int:
 
 
 def _commit(root: Path) -> str:
-    return subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,15 @@ import typer
 
 from dspark_launch.cli.output import emit_json, fail, warn
 from dspark_launch.errors import ConfigError
-from dspark_launch.hotfix.contract import CAP_MAX, CAP_MIN, DEFAULT_CAP, DEFAULT_GATE_MODE, ENV_CAP, ENV_GATE_MODE, GATE_MODES
+from dspark_launch.hotfix.contract import (
+    CAP_MAX,
+    CAP_MIN,
+    DEFAULT_CAP,
+    DEFAULT_GATE_MODE,
+    ENV_CAP,
+    ENV_GATE_MODE,
+    GATE_MODES,
+)
 
 app = typer.Typer(help="The scheduler benchmark (real vLLM scheduler, no GPU).", pretty_exceptions_enable=False)
 
@@ -32,16 +40,42 @@ class Which(str, Enum):
 
 @app.command("scheduler")
 def scheduler(
-    scale: Annotated[str, typer.Option(help="Multiply every token count, e.g. 1/64 for a quick run (steps are kept).")] = "1",
+    scale: Annotated[
+        str, typer.Option(help="Multiply every token count, e.g. 1/64 for a quick run (steps are kept).")
+    ] = "1",
     grid: Annotated[Grid, typer.Option(help="full: every workload; ci: four of them.")] = Grid.full,
-    which: Annotated[Which, typer.Option("--scheduler", help="vLLM Scheduler (sync), AsyncScheduler (async) or both.")] = Which.both,
-    cap: Annotated[int, typer.Option(envvar=ENV_CAP, min=CAP_MIN, max=CAP_MAX, help=f"The hotfix's in-flight cap to measure (default: ${ENV_CAP}, else {DEFAULT_CAP}).")] = DEFAULT_CAP,
-    gate_mode: Annotated[int, typer.Option(envvar=ENV_GATE_MODE, min=min(GATE_MODES), max=max(GATE_MODES), help=f"The hotfix's gate mode to measure (default: ${ENV_GATE_MODE}, else {DEFAULT_GATE_MODE}).")] = DEFAULT_GATE_MODE,
-    out: Annotated[pathlib.Path, typer.Option(help="JSON result (schema: bench/scheduler/bench-schema.json).")] = pathlib.Path("scheduler-bench.json"),
-    plot: Annotated[Optional[pathlib.Path], typer.Option(help="PNG of tokens per request per step (default: next to --out).")] = None,
+    which: Annotated[
+        Which, typer.Option("--scheduler", help="vLLM Scheduler (sync), AsyncScheduler (async) or both.")
+    ] = Which.both,
+    cap: Annotated[
+        int,
+        typer.Option(
+            envvar=ENV_CAP,
+            min=CAP_MIN,
+            max=CAP_MAX,
+            help=f"The hotfix's in-flight cap to measure (default: ${ENV_CAP}, else {DEFAULT_CAP}).",
+        ),
+    ] = DEFAULT_CAP,
+    gate_mode: Annotated[
+        int,
+        typer.Option(
+            envvar=ENV_GATE_MODE,
+            min=min(GATE_MODES),
+            max=max(GATE_MODES),
+            help=f"The hotfix's gate mode to measure (default: ${ENV_GATE_MODE}, else {DEFAULT_GATE_MODE}).",
+        ),
+    ] = DEFAULT_GATE_MODE,
+    out: Annotated[
+        pathlib.Path, typer.Option(help="JSON result (schema: bench/scheduler/bench-schema.json).")
+    ] = pathlib.Path("scheduler-bench.json"),
+    plot: Annotated[
+        Optional[pathlib.Path], typer.Option(help="PNG of tokens per request per step (default: next to --out).")
+    ] = None,
     no_plot: Annotated[bool, typer.Option("--no-plot", help="Skip the PNG (no matplotlib needed).")] = False,
     markdown: Annotated[Optional[pathlib.Path], typer.Option(help="Also write the tables as Markdown here.")] = None,
-    overhead: Annotated[bool, typer.Option("--overhead/--no-overhead", help="Time schedule() with and without the hotfix.")] = True,
+    overhead: Annotated[
+        bool, typer.Option("--overhead/--no-overhead", help="Time schedule() with and without the hotfix.")
+    ] = True,
     reps_small: Annotated[int, typer.Option(min=1, help="Overhead repetitions at 6 running.")] = 2000,
     reps_large: Annotated[int, typer.Option(min=1, help="Overhead repetitions at 256 running / 1,024 waiting.")] = 400,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON result instead of the tables.")] = False,
@@ -127,8 +161,13 @@ def report_markdown(result: dict) -> str:
         ]
     if result.get("overhead"):
         parts += ["### schedule() overhead", report.overhead_text(result["overhead"], markdown=True)]
-    parts += ["### Targets", "\n".join(f"- **{'met' if t['met'] else 'not met'}**: {t['text']}: `{json.dumps(t['numbers'], sort_keys=True)}`"
-                                     for t in result["targets"])]
+    parts += [
+        "### Targets",
+        "\n".join(
+            f"- **{'met' if t['met'] else 'not met'}**: {t['text']}: `{json.dumps(t['numbers'], sort_keys=True)}`"
+            for t in result["targets"]
+        ),
+    ]
     parts += ["### Every run, Scheduler", report.runs_table(result, "Scheduler", markdown=True)]
     return "\n\n".join(parts) + "\n"
 

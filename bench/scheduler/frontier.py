@@ -64,14 +64,16 @@ def workloads(scale: Fraction) -> dict[str, list[h.RequestSpec]]:
             out.append(h.RequestSpec(f"turn-{i}", 0, length, 24, "conv", length, arrival_ms=start + every * i))
         return out
 
-    chat = streams() + [h.RequestSpec("doc-0", 0, n(24000), 8, arrival_ms=400.0),
-                        h.RequestSpec("doc-1", 0, n(12000), 8, arrival_ms=7000.0)]
-    chat += [h.RequestSpec(f"short-{i}", 0, n(300 + 97 * i % 500), 8, arrival_ms=300.0 + 600.0 * i)
-             for i in range(20)]
+    chat = streams() + [
+        h.RequestSpec("doc-0", 0, n(24000), 8, arrival_ms=400.0),
+        h.RequestSpec("doc-1", 0, n(12000), 8, arrival_ms=7000.0),
+    ]
+    chat += [h.RequestSpec(f"short-{i}", 0, n(300 + 97 * i % 500), 8, arrival_ms=300.0 + 600.0 * i) for i in range(20)]
     chat += turns(1200.0, 10, 100.0)
     flood = streams() + [h.RequestSpec("doc-0", 0, n(30000), 8, arrival_ms=500.0)]
-    flood += [h.RequestSpec(f"short-{i}", 0, n(200 + 131 * i % 700), 8, arrival_ms=200.0 + 300.0 * i)
-              for i in range(36)]
+    flood += [
+        h.RequestSpec(f"short-{i}", 0, n(200 + 131 * i % 700), 8, arrival_ms=200.0 + 300.0 * i) for i in range(36)
+    ]
     flood += turns(800.0, 12, 50.0)
     return {"chat-docs": chat, "flood-doc": flood}
 
@@ -88,8 +90,13 @@ def spec_for(point: dict, scale: Fraction) -> h.SchedulerSpec:
     if scale != 1:
         kw["num_speculative_tokens"] = 0
     if point["policy"] == "stock":
-        return h.recipe_spec(scale, policy="stock", max_num_batched_tokens=max(1, int(point["budget"] * scale)),
-                             long_prefill_token_threshold=max(1, int(point["threshold"] * scale)), **kw)
+        return h.recipe_spec(
+            scale,
+            policy="stock",
+            max_num_batched_tokens=max(1, int(point["budget"] * scale)),
+            long_prefill_token_threshold=max(1, int(point["threshold"] * scale)),
+            **kw,
+        )
     env = [(contract.ENV_GATE_MODE, str(point["mode"]))]
     if point["mode"] == 4:
         env.append((contract.ENV_TARGET_STEP_MS, "%g" % point["target_ms"]))
@@ -97,8 +104,11 @@ def spec_for(point: dict, scale: Fraction) -> h.SchedulerSpec:
 
 
 def points() -> list[dict]:
-    out = [{"name": f"stock b{b} t{t}", "policy": "stock", "budget": b, "threshold": t}
-           for b in BUDGETS for t in THRESHOLDS]
+    out = [
+        {"name": f"stock b{b} t{t}", "policy": "stock", "budget": b, "threshold": t}
+        for b in BUDGETS
+        for t in THRESHOLDS
+    ]
     out.append({"name": "mode 3", "policy": "patched", "mode": 3})
     out += [{"name": f"mode 4 @{t:g}ms", "policy": "patched", "mode": 4, "target_ms": t} for t in TARGETS]
     return out
@@ -111,8 +121,14 @@ def _pct(values: list[float], q: float) -> float | None:
 def measure(point: dict, load: list[h.RequestSpec], scale: Fraction, model_dir) -> dict:
     spec = spec_for(point, scale)
     started = time.process_time()
-    result = h.run_workload(spec, load, model_dir, step_time=lambda r: MIXED_FIT.record_ms(r, float(scale)),
-                            clock=h.ModelledClock(), max_steps=20000)
+    result = h.run_workload(
+        spec,
+        load,
+        model_dir,
+        step_time=lambda r: MIXED_FIT.record_ms(r, float(scale)),
+        clock=h.ModelledClock(),
+        max_steps=20000,
+    )
     end = {r.step: r.end_ms for r in result.steps}
     arrival = {r.req_id: r.arrival_ms for r in load}
     classes: dict[str, dict] = {}
@@ -120,14 +136,25 @@ def measure(point: dict, load: list[h.RequestSpec], scale: Fraction, model_dir) 
         ids = [r.req_id for r in load if class_of(r.req_id) == name]
         ttft = [end[result.token_steps[r][0]] - arrival[r] for r in ids if result.token_steps.get(r)]
         itl = [end[b] - end[a] for r in ids for a, b in zip(result.token_steps[r], result.token_steps[r][1:])]
-        classes[name] = {"n": len(ids), "ttft_mean_ms": round(sum(ttft) / len(ttft), 1) if ttft else None,
-                         "ttft_p90_ms": _pct(ttft, 90), "itl_p99_ms": _pct(itl, 99),
-                         "itl_max_ms": round(max(itl), 1) if itl else None}
+        classes[name] = {
+            "n": len(ids),
+            "ttft_mean_ms": round(sum(ttft) / len(ttft), 1) if ttft else None,
+            "ttft_p90_ms": _pct(ttft, 90),
+            "itl_p99_ms": _pct(itl, 99),
+            "itl_max_ms": round(max(itl), 1) if itl else None,
+        }
     mixed = [MIXED_FIT.record_ms(r, float(scale)) for r in result.steps if r.decode_tokens and r.prefill_tokens]
-    return {**point, "finished": len(result.finished), "requests": len(load), "steps": len(result.steps),
-            "preemptions": result.preemptions, "classes": classes,
-            "mixed_step_ms_p99": _pct(mixed, 99), "mixed_step_ms_max": round(max(mixed), 1) if mixed else None,
-            "cpu_s": round(time.process_time() - started, 1)}
+    return {
+        **point,
+        "finished": len(result.finished),
+        "requests": len(load),
+        "steps": len(result.steps),
+        "preemptions": result.preemptions,
+        "classes": classes,
+        "mixed_step_ms_p99": _pct(mixed, 99),
+        "mixed_step_ms_max": round(max(mixed), 1) if mixed else None,
+        "cpu_s": round(time.process_time() - started, 1),
+    }
 
 
 def dominates(ours: dict, stock: dict) -> bool:
@@ -154,16 +181,25 @@ def verdicts(runs: list[dict]) -> list[dict]:
             eligible = [o for o in ours if o["classes"]["stream"]["itl_p99_ms"] <= itl]
             if not eligible:
                 best = min(ours, key=lambda o: o["classes"]["stream"]["itl_p99_ms"])
-                row["why"] = (f"none of ours reaches its p99 inter-token time {itl} ms "
-                              f"(lowest: {best['name']} {best['classes']['stream']['itl_p99_ms']} ms)")
+                row["why"] = (
+                    f"none of ours reaches its p99 inter-token time {itl} ms "
+                    f"(lowest: {best['name']} {best['classes']['stream']['itl_p99_ms']} ms)"
+                )
             else:
+
                 def worst(o: dict) -> tuple[float, str]:
-                    return max((o["classes"][c]["ttft_mean_ms"] / stock["classes"][c]["ttft_mean_ms"], c)
-                               for c in CLASSES if o["classes"][c]["ttft_mean_ms"] and stock["classes"][c]["ttft_mean_ms"])
+                    return max(
+                        (o["classes"][c]["ttft_mean_ms"] / stock["classes"][c]["ttft_mean_ms"], c)
+                        for c in CLASSES
+                        if o["classes"][c]["ttft_mean_ms"] and stock["classes"][c]["ttft_mean_ms"]
+                    )
+
                 closest = min(eligible, key=worst)
                 ratio, name = worst(closest)
-                row["why"] = (f"at equal or better p99 inter-token time the closest, {closest['name']}, has the "
-                              f"{name} class's mean first token at {ratio:.2f}x")
+                row["why"] = (
+                    f"at equal or better p99 inter-token time the closest, {closest['name']}, has the "
+                    f"{name} class's mean first token at {ratio:.2f}x"
+                )
         out.append(row)
     return out
 
@@ -186,14 +222,19 @@ def svg(title: str, runs: list[dict]) -> str:
     """One panel per class: mean first token (x, ms) against the streams' p99 inter-token time (y, ms)."""
     width, height, pad = 300, 260, 46
     panels = [c for c in CLASSES if c != "stream"] + ["stream"]
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width * len(panels)}" height="{height + 40}" '
-             f'font-family="sans-serif" font-size="10">',
-             f'<text x="8" y="16" font-size="13">{title}: streams\' p99 inter-token (ms, y) against each class\'s '
-             f'mean first token (ms, x); grey stock (budget x threshold), blue mode 3, red mode 4 by target</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width * len(panels)}" height="{height + 40}" '
+        f'font-family="sans-serif" font-size="10">',
+        f'<text x="8" y="16" font-size="13">{title}: streams\' p99 inter-token (ms, y) against each class\'s '
+        f"mean first token (ms, x); grey stock (budget x threshold), blue mode 3, red mode 4 by target</text>",
+    ]
     colour = {"stock": "#888", 3: "#1f5fbf", 4: "#c0392b"}
     for i, c in enumerate(panels):
-        pts = [(r["classes"][c]["ttft_mean_ms"], r["classes"]["stream"]["itl_p99_ms"], r) for r in runs
-               if r["classes"][c]["ttft_mean_ms"] is not None]
+        pts = [
+            (r["classes"][c]["ttft_mean_ms"], r["classes"]["stream"]["itl_p99_ms"], r)
+            for r in runs
+            if r["classes"][c]["ttft_mean_ms"] is not None
+        ]
         if not pts:
             continue
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
@@ -221,9 +262,13 @@ def svg(title: str, runs: list[dict]) -> str:
         for x, y, r in pts:
             key = "stock" if r["policy"] == "stock" else r["mode"]
             label = r["name"].replace("stock ", "").replace("mode 4 @", "")
-            parts.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{colour[key]}"><title>{r["name"]}: '
-                         f'{x} ms, {y} ms</title></circle>')
-            parts.append(f'<text x="{px(x) + 4:.1f}" y="{py(y) - 3:.1f}" font-size="7" fill="{colour[key]}">{label}</text>')
+            parts.append(
+                f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{colour[key]}"><title>{r["name"]}: '
+                f"{x} ms, {y} ms</title></circle>"
+            )
+            parts.append(
+                f'<text x="{px(x) + 4:.1f}" y="{py(y) - 3:.1f}" font-size="7" fill="{colour[key]}">{label}</text>'
+            )
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -238,8 +283,14 @@ def main(argv: list[str] | None = None) -> int:
     scale = Fraction(args.scale)
     wanted = {n.strip() for n in args.names.split(",") if n.strip()}
     model_dir = h.prepare_environment(tempfile.mkdtemp(prefix="dspark-frontier-"))
-    doc: dict = {"scale": str(scale), "mtp": scale == 1, "config": {k: str(v) for k, v in vars(h.recipe_config()).items()},
-                 "step_time_model": MIXED_FIT.describe(), "slack": SLACK, "workloads": {}}
+    doc: dict = {
+        "scale": str(scale),
+        "mtp": scale == 1,
+        "config": {k: str(v) for k, v in vars(h.recipe_config()).items()},
+        "step_time_model": MIXED_FIT.describe(),
+        "slack": SLACK,
+        "workloads": {},
+    }
     for wname, load in workloads(scale).items():
         runs = []
         for point in points():
@@ -247,8 +298,14 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             run = measure(point, load, scale, model_dir)
             runs.append(run)
-            print(wname, point["name"], json.dumps({c: run["classes"][c] for c in CLASSES}), run["preemptions"],
-                  run["cpu_s"], flush=True)
+            print(
+                wname,
+                point["name"],
+                json.dumps({c: run["classes"][c] for c in CLASSES}),
+                run["preemptions"],
+                run["cpu_s"],
+                flush=True,
+            )
         entry: dict = {"runs": runs}
         if any(r["policy"] == "stock" for r in runs) and any(r["policy"] != "stock" for r in runs):
             entry["verdicts"] = verdicts(runs)
@@ -260,10 +317,13 @@ def main(argv: list[str] | None = None) -> int:
             args.svg_dir.mkdir(parents=True, exist_ok=True)
             tag = "sixteenth" if scale != 1 else "recipe"
             (args.svg_dir / f"frontier-{wname}-{tag}.svg").write_text(
-                svg(f"{wname} at {'1/16' if scale != 1 else 'the recipe scale, MTP 5'}", runs), encoding="utf-8")
+                svg(f"{wname} at {'1/16' if scale != 1 else 'the recipe scale, MTP 5'}", runs), encoding="utf-8"
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v)
-                        + "\n", encoding="utf-8")
+    args.out.write_text(
+        json.dumps(doc, indent=1, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v) + "\n",
+        encoding="utf-8",
+    )
     return 0
 
 

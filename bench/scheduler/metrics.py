@@ -41,8 +41,8 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
-from tools.scheduler_harness import RunResult, StepRecord, percentile
 from bench.scheduler.workloads import Workload
+from tools.scheduler_harness import RunResult, StepRecord, percentile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,8 +203,7 @@ def run_metrics(run: RunResult, workload: Workload, model: StepTimeModel = MIXED
             "max": round(max(budget_use), 3) if budget_use else None,
             "mean": round(sum(budget_use) / len(budget_use), 3) if budget_use else None,
             "p50": round(percentile(budget_use, 50), 3) if budget_use else None,
-            "full_steps_share": round(sum(u >= 0.99 for u in budget_use) / len(budget_use), 3)
-            if budget_use else None,
+            "full_steps_share": round(sum(u >= 0.99 for u in budget_use) / len(budget_use), 3) if budget_use else None,
         },
         "model_total_s": round(cum[-1] / 1000, 2),
     }

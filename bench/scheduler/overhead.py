@@ -19,8 +19,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from tools import scheduler_harness as h
 from bench.scheduler.policies import Policy
+from tools import scheduler_harness as h
 
 
 def _trimmed_mean(values: Sequence[float], trim: float = 0.1) -> float:
@@ -71,8 +71,15 @@ def _build(model_dir, pol: Policy, running: int, waiting: int, horizon: int, sch
     return sched
 
 
-def scenario(model_dir, pols: Sequence[Policy], running: int, waiting: int, reps: int,
-             instances: int = 2, scheduling_policy: str = "fcfs") -> dict:
+def scenario(
+    model_dir,
+    pols: Sequence[Policy],
+    running: int,
+    waiting: int,
+    reps: int,
+    instances: int = 2,
+    scheduling_policy: str = "fcfs",
+) -> dict:
     """Median / trimmed-mean `schedule()` time per policy (microseconds) and
     each policy's ratio to the first one (stock).
 
@@ -121,8 +128,14 @@ def scenario(model_dir, pols: Sequence[Policy], running: int, waiting: int, reps
             row["injected_count_us"] = round(helper, 3)
             row["injected_count_share"] = round(helper / base_median, 4)
         rows.append(row)
-    return {"running": running, "waiting": waiting, "reps": reps, "instances": instances,
-            "scheduling_policy": scheduling_policy, "policies": rows}
+    return {
+        "running": running,
+        "waiting": waiting,
+        "reps": reps,
+        "instances": instances,
+        "scheduling_policy": scheduling_policy,
+        "policies": rows,
+    }
 
 
 def _helper_us(sched, calls: int = 2000) -> float | None:
@@ -148,18 +161,23 @@ def _helper_us(sched, calls: int = 2000) -> float | None:
     return elapsed / calls / 1000.0
 
 
-def measure(model_dir, pols: Sequence[Policy], reps_small: int = 2000, reps_large: int = 400,
-            scheduling_policies: Sequence[str] = ("fcfs", "priority")) -> dict:
+def measure(
+    model_dir,
+    pols: Sequence[Policy],
+    reps_small: int = 2000,
+    reps_large: int = 400,
+    scheduling_policies: Sequence[str] = ("fcfs", "priority"),
+) -> dict:
     """Both sizes under each of vLLM's scheduling policies (`--scheduling-policy`; FCFS first); the
     first policy is the baseline (stock), a second stock policy is worth including as an A/A
     control of the noise."""
     return {
         "method": "interleaved round-robin, rotating order; schedule() only; gc off while timed; "
-                  "max_num_seqs = running so every policy makes the same decisions; two schedulers per "
-                  "policy built in palindromic order (build order alone shifts schedule() time); "
-                  "ratio_paired_median = median over repetitions of t(policy) / t(stock) in the "
-                  "same repetition; injected_count_us = the hotfix's per-step count over running, "
-                  "timed directly",
+        "max_num_seqs = running so every policy makes the same decisions; two schedulers per "
+        "policy built in palindromic order (build order alone shifts schedule() time); "
+        "ratio_paired_median = median over repetitions of t(policy) / t(stock) in the "
+        "same repetition; injected_count_us = the hotfix's per-step count over running, "
+        "timed directly",
         "scenarios": [
             scenario(model_dir, pols, running=running, waiting=waiting, reps=reps, scheduling_policy=policy)
             for policy in scheduling_policies

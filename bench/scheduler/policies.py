@@ -25,8 +25,8 @@ import dataclasses
 import functools
 import pathlib
 
-from tools import scheduler_harness as h
 from dspark_launch.hotfix.contract import DEFAULT_CAP, DEFAULT_GATE_MODE, ENV_GATE_MODE
+from tools import scheduler_harness as h
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,10 +70,7 @@ class Policy:
 # vLLM 0.31 .. 0.33 admission guard; the community gate goes right after it,
 # where the published patch put it (on <= 0.30 it anchored on
 # `max_num_running_reqs`, which is why it refuses to apply from 0.31).
-_GUARD = (
-    "                if num_running >= self.max_num_active_reqs:\n"
-    "                    break\n"
-)
+_GUARD = "                if num_running >= self.max_num_active_reqs:\n                    break\n"
 
 COMMUNITY_GATE = (
     "                if (  # dspark-bench: community gate as published (comparison only)\n"
@@ -135,20 +132,34 @@ STOCK_THR = "stock+thr"
 
 
 def hotfix(cap: int, mode: int, note: str = "") -> Policy:
-    return Policy(hotfix_name(cap, mode), "hotfix", cap=cap, mode=mode,
-                  description=f"the shipped hotfix, gate mode {mode}, cap {cap}{note}")
+    return Policy(
+        hotfix_name(cap, mode),
+        "hotfix",
+        cap=cap,
+        mode=mode,
+        description=f"the shipped hotfix, gate mode {mode}, cap {cap}{note}",
+    )
 
 
 def stock_policies() -> list[Policy]:
     return [
-        Policy("stock", "stock", threshold=False, description="vLLM as installed, long_prefill_token_threshold 0 (its default)"),
+        Policy(
+            "stock",
+            "stock",
+            threshold=False,
+            description="vLLM as installed, long_prefill_token_threshold 0 (its default)",
+        ),
         Policy(STOCK_THR, "stock", description="vLLM as installed, with the workload's threshold"),
     ]
 
 
 def community(cap: int) -> Policy:
-    return Policy(f"community:{cap}", "community", cap=cap,
-                  description=f"community gate as published, len(self._inflight_prefills) >= {cap} (baseline)")
+    return Policy(
+        f"community:{cap}",
+        "community",
+        cap=cap,
+        description=f"community gate as published, len(self._inflight_prefills) >= {cap} (baseline)",
+    )
 
 
 #: Gate mode of patch v2 (the previous default), kept in v3 as mode 1.
@@ -168,6 +179,10 @@ def overhead_policies(cap: int = DEFAULT_CAP, mode: int = DEFAULT_GATE_MODE) -> 
     return [
         Policy(STOCK_THR, "stock", description="baseline"),
         Policy("stock (A/A)", "stock", description="control: a second stock scheduler"),
-        Policy("stock-copy", "stock-copy", description="control: stock scheduler.py loaded from a copy, as the patched ones are"),
+        Policy(
+            "stock-copy",
+            "stock-copy",
+            description="control: stock scheduler.py loaded from a copy, as the patched ones are",
+        ),
         hotfix(cap, mode),
     ]

@@ -48,10 +48,12 @@ def workload(scale: Fraction) -> tuple[list[h.RequestSpec], dict[str, list[str]]
     for i in range(1, 10):
         length = history + i * n(400)
         load.append(h.RequestSpec(f"turn-{i}", 12 * i, length, 24, prefix_group="conv", shared_prefix_len=length))
-    classes = {"stream": [r.req_id for r in load if r.req_id.startswith("stream-")],
-               "short": [r.req_id for r in load if r.req_id.startswith("short-")],
-               "cached": [r.req_id for r in load if r.req_id.startswith("turn-") and r.req_id != "turn-0"],
-               "document": ["doc-0", "doc-1"]}
+    classes = {
+        "stream": [r.req_id for r in load if r.req_id.startswith("stream-")],
+        "short": [r.req_id for r in load if r.req_id.startswith("short-")],
+        "cached": [r.req_id for r in load if r.req_id.startswith("turn-") and r.req_id != "turn-0"],
+        "document": ["doc-0", "doc-1"],
+    }
     return load, classes
 
 
@@ -62,8 +64,12 @@ def spec_for(policy: str, scale: Fraction, async_scheduling: bool, mtp: bool, v5
     if policy == "stock":
         return h.recipe_spec(scale, policy="stock", **kw)
     mode = {"v2": 1, "v5": contract.DEFAULT_GATE_MODE, "v6": contract.DEFAULT_GATE_MODE}[policy]
-    return h.recipe_spec(scale, extra_env=((contract.ENV_GATE_MODE, str(mode)),),
-                         patch_script=v5_script if policy == "v5" else None, **kw)
+    return h.recipe_spec(
+        scale,
+        extra_env=((contract.ENV_GATE_MODE, str(mode)),),
+        patch_script=v5_script if policy == "v5" else None,
+        **kw,
+    )
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -79,9 +85,12 @@ def measure(run: h.RunResult, classes: dict[str, list[str]], scale: Fraction, mo
     for name, ids in classes.items():
         ttft = [cum[run.token_steps[r][0] + 1] - cum[arrival[r]] for r in ids if run.token_steps.get(r)]
         itl = [cum[b + 1] - cum[a + 1] for r in ids for a, b in zip(run.token_steps[r], run.token_steps[r][1:])]
-        out[name] = {"ttft_mean_ms": round(sum(ttft) / len(ttft), 1) if ttft else None,
-                     "ttft_p90_ms": _pct(ttft, 90), "itl_p99_ms": _pct(itl, 99),
-                     "itl_max_ms": round(max(itl), 1) if itl else None}
+        out[name] = {
+            "ttft_mean_ms": round(sum(ttft) / len(ttft), 1) if ttft else None,
+            "ttft_p90_ms": _pct(ttft, 90),
+            "itl_p99_ms": _pct(itl, 99),
+            "itl_max_ms": round(max(itl), 1) if itl else None,
+        }
     return out
 
 
@@ -98,11 +107,15 @@ def run_one(spec: h.SchedulerSpec, load, classes, scale: Fraction, model_dir) ->
 
     sched.schedule = timed
     result = h.run_workload(spec, load, model_dir, scheduler=sched)
-    return {"finished": len(result.finished), "requests": len(result.workload), "steps": len(result.steps),
-            "preemptions": result.preemptions,
-            "schedule_us_mean": round(1e6 * sum(spent) / len(spent), 1),
-            "classes": measure(result, classes, scale, MIXED_FIT),
-            "classes_solo_fit": measure(result, classes, scale, SOLO_FIT)}
+    return {
+        "finished": len(result.finished),
+        "requests": len(result.workload),
+        "steps": len(result.steps),
+        "preemptions": result.preemptions,
+        "schedule_us_mean": round(1e6 * sum(spent) / len(spent), 1),
+        "classes": measure(result, classes, scale, MIXED_FIT),
+        "classes_solo_fit": measure(result, classes, scale, SOLO_FIT),
+    }
 
 
 def ratios(results: dict) -> dict:
@@ -110,9 +123,13 @@ def ratios(results: dict) -> dict:
     out = {}
     for kind, policies in results.items():
         base, new = policies["stock"]["classes"], policies["v6"]["classes"]
-        out[kind] = {name: {"ttft_mean": _ratio(new[name]["ttft_mean_ms"], base[name]["ttft_mean_ms"]),
-                            "itl_p99": _ratio(new[name]["itl_p99_ms"], base[name]["itl_p99_ms"])}
-                     for name in base}
+        out[kind] = {
+            name: {
+                "ttft_mean": _ratio(new[name]["ttft_mean_ms"], base[name]["ttft_mean_ms"]),
+                "itl_p99": _ratio(new[name]["itl_p99_ms"], base[name]["itl_p99_ms"]),
+            }
+            for name in base
+        }
     return out
 
 
@@ -139,14 +156,20 @@ def main(argv: list[str] | None = None) -> int:
                     results[kind][policy] = run_one(spec, load, classes, scale, model_dir)
                 except AssertionError as exc:  # v5's crash under MTP
                     results[kind][policy] = {"crashed": f"AssertionError in schedule(): {exc!s}"[:200]}
-                print(kind, policy, json.dumps(results[kind][policy].get("classes", results[kind][policy])),
-                      flush=True)
-    doc = {"config": dataclasses.asdict(h.recipe_config()), "step_time_model": MIXED_FIT.describe(),
-           "sensitivity_model": SOLO_FIT.describe(), "policies": {
-               "stock": "vLLM 0.32 as installed, the recipe's threshold",
-               "v2": "gate mode 1 (patch v2's gate) of patch v6", "v5": "the released v5 script, gate mode 3",
-               "v6": "patch v6, gate mode 3 (the default)"},
-           "results": results, "v6_over_stock": ratios(results)}
+                print(kind, policy, json.dumps(results[kind][policy].get("classes", results[kind][policy])), flush=True)
+    doc = {
+        "config": dataclasses.asdict(h.recipe_config()),
+        "step_time_model": MIXED_FIT.describe(),
+        "sensitivity_model": SOLO_FIT.describe(),
+        "policies": {
+            "stock": "vLLM 0.32 as installed, the recipe's threshold",
+            "v2": "gate mode 1 (patch v2's gate) of patch v6",
+            "v5": "the released v5 script, gate mode 3",
+            "v6": "patch v6, gate mode 3 (the default)",
+        },
+        "results": results,
+        "v6_over_stock": ratios(results),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(doc["v6_over_stock"], indent=1))

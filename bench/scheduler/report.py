@@ -66,20 +66,22 @@ def policy_summary(result: dict, scheduler: str = "Scheduler", ref: str | None =
             pre += a["preemptions"]
             gap = max(gap, a["longest_gap_steps"])
             unfinished += len(a["unfinished"])
-        out.append({
-            "policy": pol,
-            "p99_proxy_ratio_max": _r(max(x for x in p99 if x is not None)),
-            "p99_proxy_ratio_min": _r(min(x for x in p99 if x is not None)),
-            "p99_itl_model_ratio_max": _r(max(x for x in itl if x is not None)),
-            "ttft_steps_ratio_geomean": _r(_geo(ts)),
-            "ttft_model_ratio_geomean": _r(_geo(tm)),
-            "ttft_model_ratio_min": _r(min(x for x in tm if x is not None)),
-            "ttft_model_ratio_max": _r(max(x for x in tm if x is not None)),
-            "preemptions_total": pre,
-            "longest_gap_steps_max": gap,
-            "max_mid_prefill": max(runs[(w, pol)]["max_mid_prefill"] for w in loads),
-            "unfinished": unfinished,
-        })
+        out.append(
+            {
+                "policy": pol,
+                "p99_proxy_ratio_max": _r(max(x for x in p99 if x is not None)),
+                "p99_proxy_ratio_min": _r(min(x for x in p99 if x is not None)),
+                "p99_itl_model_ratio_max": _r(max(x for x in itl if x is not None)),
+                "ttft_steps_ratio_geomean": _r(_geo(ts)),
+                "ttft_model_ratio_geomean": _r(_geo(tm)),
+                "ttft_model_ratio_min": _r(min(x for x in tm if x is not None)),
+                "ttft_model_ratio_max": _r(max(x for x in tm if x is not None)),
+                "preemptions_total": pre,
+                "longest_gap_steps_max": gap,
+                "max_mid_prefill": max(runs[(w, pol)]["max_mid_prefill"] for w in loads),
+                "unfinished": unfinished,
+            }
+        )
     return out
 
 
@@ -93,85 +95,111 @@ def targets(result: dict, scheduler: str = "Scheduler") -> list[dict]:
 
     if {shipped, CAP1} <= have:
         worst = max(
-            ((_ratio(runs[(w, shipped)]["latency_proxy_tokens"]["p99"], runs[(w, CAP1)]["latency_proxy_tokens"]["p99"]), w)
-             for w in loads),
+            (
+                (
+                    _ratio(
+                        runs[(w, shipped)]["latency_proxy_tokens"]["p99"],
+                        runs[(w, CAP1)]["latency_proxy_tokens"]["p99"],
+                    ),
+                    w,
+                )
+                for w in loads
+            ),
         )
-        out.append({
-            "id": "p99-proxy-vs-cap1",
-            "text": "with the shipped defaults, p99 latency proxy within 10% of cap 1 on every workload",
-            "met": worst[0] <= 1.10,
-            "numbers": {"worst_ratio": _r(worst[0]), "worst_workload": worst[1], "policy": shipped, "cap1": CAP1},
-        })
+        out.append(
+            {
+                "id": "p99-proxy-vs-cap1",
+                "text": "with the shipped defaults, p99 latency proxy within 10% of cap 1 on every workload",
+                "met": worst[0] <= 1.10,
+                "numbers": {"worst_ratio": _r(worst[0]), "worst_workload": worst[1], "policy": shipped, "cap1": CAP1},
+            }
+        )
     if {shipped, "stock"} <= have:
         waves = [w for w, d in loads.items() if d["kind"] == "wave"]
         rows = []
         for w in waves:
             a, s = runs[(w, shipped)], runs[(w, "stock")]
             st = runs.get((w, "stock+thr"))
-            rows.append((
-                _ratio(a["ttft_model_ms"]["mean"], s["ttft_model_ms"]["mean"]),
-                _ratio(a["ttft_steps"]["mean"], s["ttft_steps"]["mean"]),
-                _ratio(a["ttft_model_ms"]["mean"], st["ttft_model_ms"]["mean"]) if st else None,
-                _ratio(a["ttft_steps"]["mean"], st["ttft_steps"]["mean"]) if st else None,
-                w,
-            ))
+            rows.append(
+                (
+                    _ratio(a["ttft_model_ms"]["mean"], s["ttft_model_ms"]["mean"]),
+                    _ratio(a["ttft_steps"]["mean"], s["ttft_steps"]["mean"]),
+                    _ratio(a["ttft_model_ms"]["mean"], st["ttft_model_ms"]["mean"]) if st else None,
+                    _ratio(a["ttft_steps"]["mean"], st["ttft_steps"]["mean"]) if st else None,
+                    w,
+                )
+            )
         worst = max(rows)
-        out.append({
-            "id": "ttft-model-vs-stock-waves",
-            "text": "mean modelled time to first token within 1.5x of stock on the wave workloads",
-            "met": worst[0] <= 1.5,
-            "numbers": {
-                "worst_ratio_vs_stock": _r(worst[0]), "worst_workload": worst[4],
-                "steps_ratio_vs_stock_max": _r(max(r[1] for r in rows)),
-                "steps_ratio_vs_stock_min": _r(min(r[1] for r in rows)),
-                "ratio_vs_stock_thr_max": _r(max(r[2] for r in rows if r[2] is not None)),
-                "ratio_vs_stock_thr_min": _r(min(r[2] for r in rows if r[2] is not None)),
-                "steps_ratio_vs_stock_thr_max": _r(max(r[3] for r in rows if r[3] is not None)),
-                "policy": shipped,
-            },
-        })
+        out.append(
+            {
+                "id": "ttft-model-vs-stock-waves",
+                "text": "mean modelled time to first token within 1.5x of stock on the wave workloads",
+                "met": worst[0] <= 1.5,
+                "numbers": {
+                    "worst_ratio_vs_stock": _r(worst[0]),
+                    "worst_workload": worst[4],
+                    "steps_ratio_vs_stock_max": _r(max(r[1] for r in rows)),
+                    "steps_ratio_vs_stock_min": _r(min(r[1] for r in rows)),
+                    "ratio_vs_stock_thr_max": _r(max(r[2] for r in rows if r[2] is not None)),
+                    "ratio_vs_stock_thr_min": _r(min(r[2] for r in rows if r[2] is not None)),
+                    "steps_ratio_vs_stock_thr_max": _r(max(r[3] for r in rows if r[3] is not None)),
+                    "policy": shipped,
+                },
+            }
+        )
     if {shipped, CAP1} <= have:
         kv = [w for w, d in loads.items() if d["kind"] == "kv-pressure"]
         if kv:
             pairs = [(runs[(w, shipped)], runs[(w, CAP1)], runs.get((w, "stock+thr")), w) for w in kv]
-            out.append({
-                "id": "kv-stall-vs-cap1",
-                "text": "under KV pressure, no longer stall than cap 1",
-                "met": all(a["longest_gap_steps"] <= b["longest_gap_steps"] for a, b, _, _ in pairs),
-                "numbers": {
-                    w: {"longest_gap_steps": a["longest_gap_steps"], "cap1_longest_gap_steps": b["longest_gap_steps"],
-                        "preemptions": a["preemptions"], "cap1_preemptions": b["preemptions"],
-                        "stock_thr_longest_gap_steps": s["longest_gap_steps"] if s else None,
-                        "stock_thr_preemptions": s["preemptions"] if s else None}
-                    for a, b, s, w in pairs
-                },
-            })
+            out.append(
+                {
+                    "id": "kv-stall-vs-cap1",
+                    "text": "under KV pressure, no longer stall than cap 1",
+                    "met": all(a["longest_gap_steps"] <= b["longest_gap_steps"] for a, b, _, _ in pairs),
+                    "numbers": {
+                        w: {
+                            "longest_gap_steps": a["longest_gap_steps"],
+                            "cap1_longest_gap_steps": b["longest_gap_steps"],
+                            "preemptions": a["preemptions"],
+                            "cap1_preemptions": b["preemptions"],
+                            "stock_thr_longest_gap_steps": s["longest_gap_steps"] if s else None,
+                            "stock_thr_preemptions": s["preemptions"] if s else None,
+                        }
+                        for a, b, s, w in pairs
+                    },
+                }
+            )
     out += _issue15_targets(result, runs, loads, have, shipped)
     overhead = result.get("overhead")
     if overhead:
         big = max(overhead["scenarios"], key=lambda sc: sc["running"])
         rows = {r["policy"]: r for r in big["policies"]}
         if shipped in rows:
-            controls = [r["ratio_paired_median"] for name, r in rows.items()
-                        if name not in (shipped, CAP1) and name != big["policies"][0]["policy"]]
+            controls = [
+                r["ratio_paired_median"]
+                for name, r in rows.items()
+                if name not in (shipped, CAP1) and name != big["policies"][0]["policy"]
+            ]
             row = rows[shipped]
             noise = max((abs(c - 1) for c in controls), default=0.0)
-            out.append({
-                "id": "overhead-256-1024",
-                "text": "hotfix overhead at most 2% of schedule() at 256 running / 1,024 waiting",
-                # The interleaved ratio must not exceed 2% or the controls' own
-                # spread, whichever is larger, and the injected work timed
-                # directly must stay under 2% of stock's schedule().
-                "met": row["ratio_paired_median"] - 1 <= max(0.02, noise)
-                and row.get("injected_count_share", 0) <= 0.02,
-                "numbers": {
-                    "ratio_paired_median": row["ratio_paired_median"],
-                    "control_noise": _r(noise, 4),
-                    "injected_count_us": row.get("injected_count_us"),
-                    "injected_count_share": row.get("injected_count_share"),
-                    "stock_schedule_us_median": big["policies"][0]["schedule_us_median"],
-                },
-            })
+            out.append(
+                {
+                    "id": "overhead-256-1024",
+                    "text": "hotfix overhead at most 2% of schedule() at 256 running / 1,024 waiting",
+                    # The interleaved ratio must not exceed 2% or the controls' own
+                    # spread, whichever is larger, and the injected work timed
+                    # directly must stay under 2% of stock's schedule().
+                    "met": row["ratio_paired_median"] - 1 <= max(0.02, noise)
+                    and row.get("injected_count_share", 0) <= 0.02,
+                    "numbers": {
+                        "ratio_paired_median": row["ratio_paired_median"],
+                        "control_noise": _r(noise, 4),
+                        "injected_count_us": row.get("injected_count_us"),
+                        "injected_count_share": row.get("injected_count_share"),
+                        "stock_schedule_us_median": big["policies"][0]["schedule_us_median"],
+                    },
+                }
+            )
     community = [p for p in have if p.startswith("community:")]
     if any(int(name.split(":")[1]) >= 2 for name in community):
         seen = {}
@@ -179,12 +207,14 @@ def targets(result: dict, scheduler: str = "Scheduler") -> list[dict]:
             cap = int(name.split(":")[1])
             top = max(runs[(w, name)]["max_mid_prefill"] for w in loads)
             seen[name] = {"cap": cap, "max_mid_prefill": top, "over_admits": top > cap}
-        out.append({
-            "id": "community-over-admission",
-            "text": "the community gate's over-admission at cap >= 2 visible in the mid-prefill metric",
-            "met": any(v["over_admits"] for v in seen.values() if v["cap"] >= 2),
-            "numbers": seen,
-        })
+        out.append(
+            {
+                "id": "community-over-admission",
+                "text": "the community gate's over-admission at cap >= 2 visible in the mid-prefill metric",
+                "met": any(v["over_admits"] for v in seen.values() if v["cap"] >= 2),
+                "numbers": seen,
+            }
+        )
     return out
 
 
@@ -223,32 +253,40 @@ def _issue15_targets(result: dict, runs: dict, loads: dict, have: set, shipped: 
             ratios = {w: r for w, r in class_ratios(result, shipped, "stock+thr", name).items() if w in new_loads}
             if ratios:
                 worst = max(ratios, key=ratios.get)
-                out.append({
-                    "id": f"ttft-{name}-vs-stock",
-                    "text": f"mean modelled TTFT of {name} prompts within {CLASS_TTFT_VS_STOCK}x of stock+thr's "
-                            f"on the agent and short-stream workloads",
-                    "met": ratios[worst] <= CLASS_TTFT_VS_STOCK,
-                    "numbers": {"ratios": ratios, "worst_workload": worst, "policy": shipped},
-                })
+                out.append(
+                    {
+                        "id": f"ttft-{name}-vs-stock",
+                        "text": f"mean modelled TTFT of {name} prompts within {CLASS_TTFT_VS_STOCK}x of stock+thr's "
+                        f"on the agent and short-stream workloads",
+                        "met": ratios[worst] <= CLASS_TTFT_VS_STOCK,
+                        "numbers": {"ratios": ratios, "worst_workload": worst, "policy": shipped},
+                    }
+                )
     if {shipped, v2} <= have and shipped != v2:
-        itl = {w: _r(_ratio(runs[(w, shipped)]["itl_model_ms"]["p99"], runs[(w, v2)]["itl_model_ms"]["p99"]))
-               for w in loads}
+        itl = {
+            w: _r(_ratio(runs[(w, shipped)]["itl_model_ms"]["p99"], runs[(w, v2)]["itl_model_ms"]["p99"]))
+            for w in loads
+        }
         worst = max(itl, key=itl.get)
-        out.append({
-            "id": "p99-itl-vs-v2",
-            "text": f"p99 modelled inter-token time within {ITL_P99_VS_V2 - 1:.0%} of patch v2's ({v2}) on every workload",
-            "met": itl[worst] <= ITL_P99_VS_V2,
-            "numbers": {"worst_ratio": itl[worst], "worst_workload": worst, "policy": shipped, "v2": v2},
-        })
+        out.append(
+            {
+                "id": "p99-itl-vs-v2",
+                "text": f"p99 modelled inter-token time within {ITL_P99_VS_V2 - 1:.0%} of patch v2's ({v2}) on every workload",
+                "met": itl[worst] <= ITL_P99_VS_V2,
+                "numbers": {"worst_ratio": itl[worst], "worst_workload": worst, "policy": shipped, "v2": v2},
+            }
+        )
         longs = class_ratios(result, shipped, v2, "long")
         if longs:
             worst = max(longs, key=longs.get)
-            out.append({
-                "id": "ttft-long-vs-v2",
-                "text": f"mean modelled TTFT of long prompts no worse than patch v2's ({v2}) on every workload",
-                "met": longs[worst] <= LONG_TTFT_VS_V2,
-                "numbers": {"ratios": longs, "worst_workload": worst, "policy": shipped, "v2": v2},
-            })
+            out.append(
+                {
+                    "id": "ttft-long-vs-v2",
+                    "text": f"mean modelled TTFT of long prompts no worse than patch v2's ({v2}) on every workload",
+                    "met": longs[worst] <= LONG_TTFT_VS_V2,
+                    "numbers": {"ratios": longs, "worst_workload": worst, "policy": shipped, "v2": v2},
+                }
+            )
     return out
 
 
@@ -257,8 +295,15 @@ def _issue15_targets(result: dict, runs: dict, loads: dict, have: set, shipped: 
 # ---------------------------------------------------------------------------
 
 COLUMNS = (
-    "policy", "mid", "proxy p50/p99/max", "ITL model p50/p99 ms", "pre", "gap",
-    "TTFT steps mean/p99/max (ideal)", "TTFT model ms mean/p99", "budget use max/mean",
+    "policy",
+    "mid",
+    "proxy p50/p99/max",
+    "ITL model p50/p99 ms",
+    "pre",
+    "gap",
+    "TTFT steps mean/p99/max (ideal)",
+    "TTFT model ms mean/p99",
+    "budget use max/mean",
 )
 
 
@@ -296,21 +341,30 @@ def _workload_line(w: dict) -> str:
     elif w["kind"] == "steady":
         what = f"{p['n_streams']} streams; {p['n_prompts']} prompts, one every {p['every_ms_model']:g} ms of modelled time, sizes (K) {p['mix_k']}"
     elif w["kind"] == "agent":
-        what = (f"{p['n_streams']} streams; {p['n_sessions']} agent sessions x {p['turns']} turns (one every "
-                f"{p['every_ms_model']:g} ms, each resending the conversation: 92-98% prefix hits) beside "
-                f"{p['n_docs']} cold {p['doc_tokens_full']:,}-token documents (one every {p['doc_every_ms_model']:g} ms)")
+        what = (
+            f"{p['n_streams']} streams; {p['n_sessions']} agent sessions x {p['turns']} turns (one every "
+            f"{p['every_ms_model']:g} ms, each resending the conversation: 92-98% prefix hits) beside "
+            f"{p['n_docs']} cold {p['doc_tokens_full']:,}-token documents (one every {p['doc_every_ms_model']:g} ms)"
+        )
     elif w["kind"] == "short-stream":
-        what = (f"{p['n_streams']} streams; {p['n_prompts']} short prompts (sizes K {p['mix_k']}), one every "
-                f"{p['every_ms_model']:g} ms, and one cold {p['long_tokens_full']:,}-token prompt at {p['long_at_ms_model']:g} ms")
+        what = (
+            f"{p['n_streams']} streams; {p['n_prompts']} short prompts (sizes K {p['mix_k']}), one every "
+            f"{p['every_ms_model']:g} ms, and one cold {p['long_tokens_full']:,}-token prompt at {p['long_at_ms_model']:g} ms"
+        )
     else:
-        what = (f"4 streams, {p['n_wave']} prompts of {p['prompt_tokens_full']:,} tokens at step 4, 4 more streams at "
-                f"steps 6-9, KV pool {w['num_blocks']} blocks x {w['block_size']} = {p['pool_share']:.0%} of the prompts")
-    return (f"{w['name']}: {what}; max_num_seqs {w['max_num_seqs']}, budget {w['max_num_batched_tokens']}, "
-            f"threshold {w['long_prefill_token_threshold']} (scale {w['scale']})")
+        what = (
+            f"4 streams, {p['n_wave']} prompts of {p['prompt_tokens_full']:,} tokens at step 4, 4 more streams at "
+            f"steps 6-9, KV pool {w['num_blocks']} blocks x {w['block_size']} = {p['pool_share']:.0%} of the prompts"
+        )
+    return (
+        f"{w['name']}: {what}; max_num_seqs {w['max_num_seqs']}, budget {w['max_num_batched_tokens']}, "
+        f"threshold {w['long_prefill_token_threshold']} (scale {w['scale']})"
+    )
 
 
-def runs_table(result: dict, scheduler: str = "Scheduler", markdown: bool = False,
-               workloads: Iterable[str] | None = None) -> str:
+def runs_table(
+    result: dict, scheduler: str = "Scheduler", markdown: bool = False, workloads: Iterable[str] | None = None
+) -> str:
     runs = [r for r in result["runs"] if r["scheduler"] == scheduler]
     wanted = None if workloads is None else set(workloads)
     parts = []
@@ -327,21 +381,30 @@ def runs_table(result: dict, scheduler: str = "Scheduler", markdown: bool = Fals
 
 def summary_table(result: dict, scheduler: str = "Scheduler", markdown: bool = False) -> str:
     ref = result["reference_policy"]
-    head = ("policy", f"p99 proxy / {ref} (min..max)", f"p99 ITL model / {ref} (max)",
-            f"TTFT steps / {ref} (geo-mean)", f"TTFT model / {ref} (geo-mean, min..max)",
-            "preemptions (all loads)", "longest gap", "max mid-prefill")
+    head = (
+        "policy",
+        f"p99 proxy / {ref} (min..max)",
+        f"p99 ITL model / {ref} (max)",
+        f"TTFT steps / {ref} (geo-mean)",
+        f"TTFT model / {ref} (geo-mean, min..max)",
+        "preemptions (all loads)",
+        "longest gap",
+        "max mid-prefill",
+    )
     rows = []
     for s in policy_summary(result, scheduler):
-        rows.append([
-            s["policy"] + (" *" if s["policy"] == result["shipped_default"] else ""),
-            f"{s['p99_proxy_ratio_min']:.2f}..{s['p99_proxy_ratio_max']:.2f}",
-            f"{s['p99_itl_model_ratio_max']:.2f}",
-            f"{s['ttft_steps_ratio_geomean']:.2f}",
-            f"{s['ttft_model_ratio_geomean']:.2f} ({s['ttft_model_ratio_min']:.2f}..{s['ttft_model_ratio_max']:.2f})",
-            str(s["preemptions_total"]),
-            str(s["longest_gap_steps_max"]),
-            str(s["max_mid_prefill"]),
-        ])
+        rows.append(
+            [
+                s["policy"] + (" *" if s["policy"] == result["shipped_default"] else ""),
+                f"{s['p99_proxy_ratio_min']:.2f}..{s['p99_proxy_ratio_max']:.2f}",
+                f"{s['p99_itl_model_ratio_max']:.2f}",
+                f"{s['ttft_steps_ratio_geomean']:.2f}",
+                f"{s['ttft_model_ratio_geomean']:.2f} ({s['ttft_model_ratio_min']:.2f}..{s['ttft_model_ratio_max']:.2f})",
+                str(s["preemptions_total"]),
+                str(s["longest_gap_steps_max"]),
+                str(s["max_mid_prefill"]),
+            ]
+        )
     return table(rows, head, markdown)
 
 
@@ -355,14 +418,28 @@ def targets_text(items: list[dict]) -> str:
 def overhead_text(overhead: dict | None, markdown: bool = False) -> str:
     if not overhead:
         return ""
-    head = ("running / waiting (reps, vLLM policy)", "policy", "schedule() us median", "paired ratio", "injected count us (share)")
+    head = (
+        "running / waiting (reps, vLLM policy)",
+        "policy",
+        "schedule() us median",
+        "paired ratio",
+        "injected count us (share)",
+    )
     rows = []
     for sc in overhead["scenarios"]:
         for r in sc["policies"]:
-            share = f"{r['injected_count_us']:.2f} ({r['injected_count_share']:.2%})" if "injected_count_us" in r else "-"
-            rows.append([f"{sc['running']} / {sc['waiting']} ({sc['reps']} reps, {sc.get('scheduling_policy', 'fcfs')})",
-                         r["policy"],
-                         f"{r['schedule_us_median']:.1f}", f"{r['ratio_paired_median']:.4f}", share])
+            share = (
+                f"{r['injected_count_us']:.2f} ({r['injected_count_share']:.2%})" if "injected_count_us" in r else "-"
+            )
+            rows.append(
+                [
+                    f"{sc['running']} / {sc['waiting']} ({sc['reps']} reps, {sc.get('scheduling_policy', 'fcfs')})",
+                    r["policy"],
+                    f"{r['schedule_us_median']:.1f}",
+                    f"{r['ratio_paired_median']:.4f}",
+                    share,
+                ]
+            )
     return table(rows, head, markdown)
 
 
@@ -370,8 +447,10 @@ def terminal(result: dict) -> str:
     parts = []
     for scheduler in result["schedulers"]:
         parts.append(f"== {scheduler}: every run (* = shipped default) ==\n\n" + runs_table(result, scheduler))
-        parts.append(f"== {scheduler}: each policy against {result['reference_policy']} over all workloads ==\n\n"
-                     + summary_table(result, scheduler))
+        parts.append(
+            f"== {scheduler}: each policy against {result['reference_policy']} over all workloads ==\n\n"
+            + summary_table(result, scheduler)
+        )
     if result.get("overhead"):
         parts.append("== schedule() overhead ==\n\n" + overhead_text(result["overhead"]))
     parts.append("== targets (Scheduler) ==\n\n" + targets_text(result["targets"]))
@@ -409,8 +488,9 @@ def validate(result: dict, schema_path: pathlib.Path | None = None) -> None:
 # ---------------------------------------------------------------------------
 
 
-def plot_tokens(series: dict[str, dict[str, list[int]]], workload: str, path: pathlib.Path,
-                threshold: int, budget: int) -> pathlib.Path:
+def plot_tokens(
+    series: dict[str, dict[str, list[int]]], workload: str, path: pathlib.Path, threshold: int, budget: int
+) -> pathlib.Path:
     """Stacked tokens per request per step, one panel per policy."""
     import matplotlib
 
@@ -446,7 +526,9 @@ def plot_tokens(series: dict[str, dict[str, list[int]]], workload: str, path: pa
         ax.set_ylabel("tokens")
         ax.set_title(f"{name}", fontsize=9, loc="left")
     axes[-1].set_xlim(0, last_busy + 12)
-    axes[-1].set_xlabel(f"scheduler step ({workload}; real vLLM scheduler, no model; dotted line: threshold {threshold})")
+    axes[-1].set_xlabel(
+        f"scheduler step ({workload}; real vLLM scheduler, no model; dotted line: threshold {threshold})"
+    )
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center right", fontsize=8)
     fig.suptitle("Tokens scheduled per request per step (stacked)", fontsize=10)

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 
-from tools import scheduler_harness as h
 from bench.scheduler import metrics, overhead, policies, report, workloads
+from tools import scheduler_harness as h
 
 SCHEMA_VERSION = 1
 # Max position embeddings of the benchmark's tiny model config: long enough
@@ -118,8 +118,15 @@ def run_suite(
     return {
         "workloads": [w.describe() for w in loads],
         "policies": [
-            {"name": p.name, "kind": p.kind, "cap": p.cap, "threshold": p.threshold,
-             "mode": p.mode, "description": p.description, "shipped_default": p.name == shipped}
+            {
+                "name": p.name,
+                "kind": p.kind,
+                "cap": p.cap,
+                "threshold": p.threshold,
+                "mode": p.mode,
+                "description": p.description,
+                "shipped_default": p.name == shipped,
+            }
             for p in pols
         ],
         "runs": rows,
@@ -165,8 +172,15 @@ def run(
         if kind not in SCHEDULERS:
             raise ValueError(f"unknown scheduler {kind!r}; use {' or '.join(SCHEDULERS)}")
         suites[kind] = run_suite(
-            scale, pols, grid, async_scheduling=kind == "AsyncScheduler", shipped=shipped, progress=progress,
-            model_dir=model_dir, keep_runs=kept if kind == schedulers[0] else None, keep_workload=plot_workload,
+            scale,
+            pols,
+            grid,
+            async_scheduling=kind == "AsyncScheduler",
+            shipped=shipped,
+            progress=progress,
+            model_dir=model_dir,
+            keep_runs=kept if kind == schedulers[0] else None,
+            keep_workload=plot_workload,
         )
     overhead_result = None
     if overhead_reps:
@@ -201,11 +215,16 @@ def run(
         load = next(w for w in loads if w.name == plot_workload)
         series = {
             name: metrics.tokens_per_step(kept[(plot_workload, name)])
-            for name in plot_policies if (plot_workload, name) in kept
+            for name in plot_policies
+            if (plot_workload, name) in kept
         }
         if series:
             report.plot_tokens(series, plot_workload, pathlib.Path(plot_path), load.threshold, load.budget)
-            result["plot"] = {"path": str(plot_path), "workload": plot_workload, "policies": list(series),
-                              "scheduler": schedulers[0]}
+            result["plot"] = {
+                "path": str(plot_path),
+                "workload": plot_workload,
+                "policies": list(series),
+                "scheduler": schedulers[0],
+            }
     result["duration_s"] = round(time.time() - started, 1)
     return result

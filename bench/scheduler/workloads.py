@@ -80,8 +80,7 @@ class Workload:
             "prefix_caching": self.prefix_caching,
             "classes": {name: list(ids) for name, ids in self.classes},
             "requests": [
-                [r.req_id, r.arrival_step if r.arrival_ms is None else None, r.arrival_ms,
-                 r.prompt_len, r.max_tokens]
+                [r.req_id, r.arrival_step if r.arrival_ms is None else None, r.arrival_ms, r.prompt_len, r.max_tokens]
                 for r in self.requests
             ],
         }
@@ -100,9 +99,19 @@ def _blocks(tokens: int) -> int:
     return math.ceil(tokens / BLOCK_SIZE)
 
 
-def _unpressured(name: str, kind: str, streams: list, prompts: list, max_num_seqs: int, budget: int,
-                 threshold: int, scale: Fraction, params: dict, classes: dict[str, list[str]] | None = None,
-                 prefix_caching: bool = False) -> Workload:
+def _unpressured(
+    name: str,
+    kind: str,
+    streams: list,
+    prompts: list,
+    max_num_seqs: int,
+    budget: int,
+    threshold: int,
+    scale: Fraction,
+    params: dict,
+    classes: dict[str, list[str]] | None = None,
+    prefix_caching: bool = False,
+) -> Workload:
     """A workload whose KV pool holds every request at once (64 spare blocks).
 
     `classes` defaults to prompts up to SHORT_MAX (full size) as "short", the rest "long"."""
@@ -110,16 +119,31 @@ def _unpressured(name: str, kind: str, streams: list, prompts: list, max_num_seq
     tokens = sum(r.prompt_len + r.max_tokens for r in requests)
     if classes is None:
         short = scaled(SHORT_MAX, scale)
-        classes = {"short": [r.req_id for r in prompts if r.prompt_len <= short],
-                   "long": [r.req_id for r in prompts if r.prompt_len > short]}
-    return Workload(name=name, kind=kind, requests=tuple(requests), prompts=tuple(r.req_id for r in prompts),
-                    n_streams=len(streams), max_num_seqs=max_num_seqs, budget=budget, threshold=threshold,
-                    num_blocks=_blocks(tokens) + 64, max_model_len=_max_len(requests), scale=scale, params=params,
-                    classes=tuple((k, tuple(v)) for k, v in classes.items() if v), prefix_caching=prefix_caching)
+        classes = {
+            "short": [r.req_id for r in prompts if r.prompt_len <= short],
+            "long": [r.req_id for r in prompts if r.prompt_len > short],
+        }
+    return Workload(
+        name=name,
+        kind=kind,
+        requests=tuple(requests),
+        prompts=tuple(r.req_id for r in prompts),
+        n_streams=len(streams),
+        max_num_seqs=max_num_seqs,
+        budget=budget,
+        threshold=threshold,
+        num_blocks=_blocks(tokens) + 64,
+        max_model_len=_max_len(requests),
+        scale=scale,
+        params=params,
+        classes=tuple((k, tuple(v)) for k, v in classes.items() if v),
+        prefix_caching=prefix_caching,
+    )
 
 
-def wave(prompt_k: int, n_wave: int, max_num_seqs: int, scale: Fraction, n_streams: int = 4,
-         wave_tokens: int = 32) -> Workload:
+def wave(
+    prompt_k: int, n_wave: int, max_num_seqs: int, scale: Fraction, n_streams: int = 4, wave_tokens: int = 32
+) -> Workload:
     """`n_streams` streams decoding, then `n_wave` cold prompts of `prompt_k` K tokens at once.
 
     The streams keep decoding until well after the wave is prefilled at cap 1.
@@ -134,9 +158,22 @@ def wave(prompt_k: int, n_wave: int, max_num_seqs: int, scale: Fraction, n_strea
     streams = [RequestSpec(f"stream-{i}", 0, stream_prompt, stream_tokens) for i in range(n_streams)]
     prompts = [RequestSpec(f"wave-{i}", arrival, prompt, wave_tokens) for i in range(n_wave)]
     return _unpressured(
-        f"wave-{prompt_k}k-x{n_wave}-seqs{max_num_seqs}", "wave", streams, prompts, max_num_seqs, budget, threshold,
-        scale, {"prompt_tokens_full": prompt_k * K, "n_wave": n_wave, "n_streams": n_streams,
-                "wave_output_tokens": wave_tokens, "arrival_step": arrival})
+        f"wave-{prompt_k}k-x{n_wave}-seqs{max_num_seqs}",
+        "wave",
+        streams,
+        prompts,
+        max_num_seqs,
+        budget,
+        threshold,
+        scale,
+        {
+            "prompt_tokens_full": prompt_k * K,
+            "n_wave": n_wave,
+            "n_streams": n_streams,
+            "wave_output_tokens": wave_tokens,
+            "arrival_step": arrival,
+        },
+    )
 
 
 # Prompt sizes of the steady loads, in K tokens. "docs": mostly mid-size
@@ -146,8 +183,15 @@ STEADY_MIX = (2, 8, 1, 16, 4, 32, 2, 1, 8, 62, 1, 4)
 CHAT_MIX = (1, 0.5, 2, 1, 0.3, 32, 1, 0.5, 4, 1, 2, 8)
 
 
-def steady(scale: Fraction, n_prompts: int = 36, every_ms: float = 1200.0, n_streams: int = 2,
-           max_num_seqs: int = 16, mix: tuple = STEADY_MIX, label: str = "docs") -> Workload:
+def steady(
+    scale: Fraction,
+    n_prompts: int = 36,
+    every_ms: float = 1200.0,
+    n_streams: int = 2,
+    max_num_seqs: int = 16,
+    mix: tuple = STEADY_MIX,
+    label: str = "docs",
+) -> Workload:
     """Two long-lived streams; a prompt arrives every `every_ms` of modelled
     time (not every N steps: capped steps are lighter, so a step count would
     offer a capped scheduler more prompts per second), sizes cycling through
@@ -157,19 +201,30 @@ def steady(scale: Fraction, n_prompts: int = 36, every_ms: float = 1200.0, n_str
     prompts = []
     for i in range(n_prompts):
         size = mix[i % len(mix)]
-        prompts.append(RequestSpec(f"req-{i:02d}", 0, scaled(int(size * K), scale), 48 + (i * 37) % 64,
-                                   arrival_ms=200.0 + i * every_ms))
+        prompts.append(
+            RequestSpec(
+                f"req-{i:02d}", 0, scaled(int(size * K), scale), 48 + (i * 37) % 64, arrival_ms=200.0 + i * every_ms
+            )
+        )
     # The streams decode until every prompt is served, even at cap 1.
     horizon = sum(math.ceil(p.prompt_len / threshold) + p.max_tokens for p in prompts) + 64
     streams = [RequestSpec(f"stream-{i}", 0, stream_prompt, horizon) for i in range(n_streams)]
     return _unpressured(
-        f"steady-{label}-{n_prompts}x-every{every_ms:g}ms", "steady", streams, prompts, max_num_seqs, budget,
-        threshold, scale, {"n_prompts": n_prompts, "every_ms_model": every_ms, "mix_k": list(mix),
-                           "n_streams": n_streams})
+        f"steady-{label}-{n_prompts}x-every{every_ms:g}ms",
+        "steady",
+        streams,
+        prompts,
+        max_num_seqs,
+        budget,
+        threshold,
+        scale,
+        {"n_prompts": n_prompts, "every_ms_model": every_ms, "mix_k": list(mix), "n_streams": n_streams},
+    )
 
 
-def kv_pressure(scale: Fraction, prompt_k: int = 16, n_wave: int = 8, pool_share: float = 0.4,
-                max_num_seqs: int = 16) -> Workload:
+def kv_pressure(
+    scale: Fraction, prompt_k: int = 16, n_wave: int = 8, pool_share: float = 0.4, max_num_seqs: int = 16
+) -> Workload:
     """4 streams, a wave of `n_wave` x `prompt_k` K prompts, then 4 more streams
     arriving while it is ingested, in a KV pool that holds the streams plus
     `pool_share` of the wave's prompt tokens: too small for stock to keep
@@ -198,14 +253,22 @@ def kv_pressure(scale: Fraction, prompt_k: int = 16, n_wave: int = 8, pool_share
         + sum(_blocks(r.prompt_len + r.max_tokens) for r in streams + late),
         max_model_len=_max_len(requests),
         scale=scale,
-        params={"prompt_tokens_full": prompt_k * K, "n_wave": n_wave, "pool_share": pool_share,
-                "late_streams": 4},
+        params={"prompt_tokens_full": prompt_k * K, "n_wave": n_wave, "pool_share": pool_share, "late_streams": 4},
         classes=(("short", tuple(r.req_id for r in late)), ("long", tuple(r.req_id for r in prompts))),
     )
 
 
-def agent(scale: Fraction, n_sessions: int = 4, turns: int = 6, every_ms: float = 6000.0, n_docs: int = 4,
-          doc_k: int = 32, doc_every_ms: float = 8000.0, n_streams: int = 2, max_num_seqs: int = 16) -> Workload:
+def agent(
+    scale: Fraction,
+    n_sessions: int = 4,
+    turns: int = 6,
+    every_ms: float = 6000.0,
+    n_docs: int = 4,
+    doc_k: int = 32,
+    doc_every_ms: float = 8000.0,
+    n_streams: int = 2,
+    max_num_seqs: int = 16,
+) -> Workload:
     """Coding-agent sessions beside cold long documents, prefix caching on.
 
     Each session's turn resends the whole conversation: turn 1 is cold (16K to
@@ -224,27 +287,61 @@ def agent(scale: Fraction, n_sessions: int = 4, turns: int = 6, every_ms: float 
                 length = int(length * (1 + growth[(s + k) % len(growth)]))
             rid = f"turn-{s}-{k}"
             size = scaled(length, scale)
-            turns_out.append(RequestSpec(rid, 0, size, 64, prefix_group=f"session-{s}", shared_prefix_len=size,
-                                         arrival_ms=300.0 + 700.0 * s + k * every_ms))
+            turns_out.append(
+                RequestSpec(
+                    rid,
+                    0,
+                    size,
+                    64,
+                    prefix_group=f"session-{s}",
+                    shared_prefix_len=size,
+                    arrival_ms=300.0 + 700.0 * s + k * every_ms,
+                )
+            )
             (later if k else first).append(rid)
-    docs = [RequestSpec(f"doc-{i}", 0, scaled(doc_k * K, scale), 64, arrival_ms=1000.0 + i * doc_every_ms)
-            for i in range(n_docs)]
+    docs = [
+        RequestSpec(f"doc-{i}", 0, scaled(doc_k * K, scale), 64, arrival_ms=1000.0 + i * doc_every_ms)
+        for i in range(n_docs)
+    ]
     prompts = sorted(turns_out + docs, key=lambda r: r.arrival_ms)
     horizon = sum(math.ceil(p.prompt_len / threshold) + p.max_tokens for p in prompts) + 64
     streams = [RequestSpec(f"stream-{i}", 0, stream_prompt, horizon) for i in range(n_streams)]
     return _unpressured(
-        f"agent-{n_sessions}x{turns}-docs{doc_k}k", "agent", streams, prompts, max_num_seqs, budget, threshold,
-        scale, {"n_sessions": n_sessions, "turns": turns, "every_ms_model": every_ms, "n_docs": n_docs,
-                "doc_tokens_full": doc_k * K, "doc_every_ms_model": doc_every_ms, "n_streams": n_streams},
-        classes={"cached": later, "long": first + [d.req_id for d in docs]}, prefix_caching=True)
+        f"agent-{n_sessions}x{turns}-docs{doc_k}k",
+        "agent",
+        streams,
+        prompts,
+        max_num_seqs,
+        budget,
+        threshold,
+        scale,
+        {
+            "n_sessions": n_sessions,
+            "turns": turns,
+            "every_ms_model": every_ms,
+            "n_docs": n_docs,
+            "doc_tokens_full": doc_k * K,
+            "doc_every_ms_model": doc_every_ms,
+            "n_streams": n_streams,
+        },
+        classes={"cached": later, "long": first + [d.req_id for d in docs]},
+        prefix_caching=True,
+    )
 
 
 SHORT_MIX = (0.3, 0.5, 1, 2, 0.8, 1.5)
 
 
-def short_stream(scale: Fraction, n_prompts: int = 60, every_ms: float = 400.0, long_k: int = 62,
-                 long_at_ms: float = 2000.0, n_streams: int = 2, max_num_seqs: int = 16,
-                 replies: tuple[int, int] | None = None) -> Workload:
+def short_stream(
+    scale: Fraction,
+    n_prompts: int = 60,
+    every_ms: float = 400.0,
+    long_k: int = 62,
+    long_at_ms: float = 2000.0,
+    n_streams: int = 2,
+    max_num_seqs: int = 16,
+    replies: tuple[int, int] | None = None,
+) -> Workload:
     """A sustained stream of short prompts (0.3K to 2K, one every `every_ms` of
     modelled time) with one cold `long_k` K document among them.
 
@@ -254,18 +351,40 @@ def short_stream(scale: Fraction, n_prompts: int = 60, every_ms: float = 400.0, 
     budget, threshold = _settings(scale)
     stream_prompt = scaled(STREAM_PROMPT, scale)
     first, spread = replies or (16, 16)
-    prompts = [RequestSpec(f"short-{i:02d}", 0, scaled(int(SHORT_MIX[i % len(SHORT_MIX)] * K), scale),
-                           first + (i * 7) % spread, arrival_ms=200.0 + i * every_ms) for i in range(n_prompts)]
+    prompts = [
+        RequestSpec(
+            f"short-{i:02d}",
+            0,
+            scaled(int(SHORT_MIX[i % len(SHORT_MIX)] * K), scale),
+            first + (i * 7) % spread,
+            arrival_ms=200.0 + i * every_ms,
+        )
+        for i in range(n_prompts)
+    ]
     prompts.append(RequestSpec("long-0", 0, scaled(long_k * K, scale), 64, arrival_ms=long_at_ms))
     prompts.sort(key=lambda r: r.arrival_ms)
     horizon = sum(math.ceil(p.prompt_len / threshold) + p.max_tokens for p in prompts) + 64
     streams = [RequestSpec(f"stream-{i}", 0, stream_prompt, horizon) for i in range(n_streams)]
     suffix = f"-replies{first}-{first + spread - 1}" if replies else ""
     return _unpressured(
-        f"short-stream-{n_prompts}x-every{every_ms:g}ms-long{long_k}k{suffix}", "short-stream", streams, prompts,
-        max_num_seqs, budget, threshold, scale,
-        {"n_prompts": n_prompts, "every_ms_model": every_ms, "mix_k": list(SHORT_MIX), "long_tokens_full": long_k * K,
-         "long_at_ms_model": long_at_ms, "n_streams": n_streams, "reply_tokens": [first, first + spread - 1]})
+        f"short-stream-{n_prompts}x-every{every_ms:g}ms-long{long_k}k{suffix}",
+        "short-stream",
+        streams,
+        prompts,
+        max_num_seqs,
+        budget,
+        threshold,
+        scale,
+        {
+            "n_prompts": n_prompts,
+            "every_ms_model": every_ms,
+            "mix_k": list(SHORT_MIX),
+            "long_tokens_full": long_k * K,
+            "long_at_ms_model": long_at_ms,
+            "n_streams": n_streams,
+            "reply_tokens": [first, first + spread - 1],
+        },
+    )
 
 
 def suite(scale: Fraction, grid: str = "full") -> list[Workload]:
@@ -279,9 +398,7 @@ def suite(scale: Fraction, grid: str = "full") -> list[Workload]:
             agent(scale, n_sessions=2, turns=4, n_docs=3),
             short_stream(scale, n_prompts=30),
         ]
-    loads = [
-        wave(p, n, 16, scale) for p in (8, 16, 32, 62) for n in (2, 4, 8)
-    ]
+    loads = [wave(p, n, 16, scale) for p in (8, 16, 32, 62) for n in (2, 4, 8)]
     loads += [wave(p, 8, 6, scale) for p in (8, 32, 62)]
     loads += [
         steady(scale),

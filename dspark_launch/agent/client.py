@@ -21,8 +21,8 @@ from dspark_launch.agent.codec import DecodeError, from_data, to_data
 from dspark_launch.agent.container_transport import ContainerTransport
 from dspark_launch.agent.transport import AGENT_MODULE, LocalTransport, NodeUnreachable, Transport
 from dspark_launch.errors import ClusterFailure, ConfigError, VersionMismatch
-from dspark_launch.report import Reporter, SilentReporter
 from dspark_launch.node.vllm_offer import VllmOffer
+from dspark_launch.report import Reporter, SilentReporter
 
 A = TypeVar("A")
 # What the interpreter says when the node's dspark-launch predates dspark_launch.agent (protocol 6), or its
@@ -57,8 +57,9 @@ class NodeAgent:
             answer: A = self._call_here(operation, request, step)
             return answer
         timeout = operation.timeout_for(request) if timeout is None else timeout
-        line = json.dumps({"protocol": p.PROTOCOL_VERSION, "launcher": __version__, "op": op,
-                           "request": to_data(request)})
+        line = json.dumps(
+            {"protocol": p.PROTOCOL_VERSION, "launcher": __version__, "op": op, "request": to_data(request)}
+        )
         final: list[dict[str, Any]] = []
 
         def on_line(text: str) -> None:
@@ -80,9 +81,13 @@ class NodeAgent:
             self.transport.exchange(line, timeout, on_line)
         except NodeUnreachable as exc:
             if any(older in str(exc) for older in OLDER_AGENTS):  # an older dspark-launch: no such agent module
-                raise VersionMismatch(self.label, "version", f"{exc}: its dspark-launch is older than {__version__} "
-                                      f"(protocol {p.PROTOCOL_VERSION}); install the same dspark-launch on every "
-                                      f"node ({self.transport.python})") from None
+                raise VersionMismatch(
+                    self.label,
+                    "version",
+                    f"{exc}: its dspark-launch is older than {__version__} "
+                    f"(protocol {p.PROTOCOL_VERSION}); install the same dspark-launch on every "
+                    f"node ({self.transport.python})",
+                ) from None
             raise ClusterFailure(self.label, step, str(exc)) from None
         if not final:
             raise ClusterFailure(self.label, step, f"{self.transport.description}: the agent gave no answer")
@@ -94,8 +99,11 @@ class NodeAgent:
         launcher and protocol version): its read-only operations are then answered without an agent process."""
         # Paths compared as written, links not followed: a venv's python is a link to the base interpreter,
         # which another venv (another dspark-launch) shares.
-        return (isinstance(self.transport, LocalTransport) and bool(sys.executable)
-                and os.path.abspath(self.transport.python) == os.path.abspath(sys.executable))
+        return (
+            isinstance(self.transport, LocalTransport)
+            and bool(sys.executable)
+            and os.path.abspath(self.transport.python) == os.path.abspath(sys.executable)
+        )
 
     def _call_here(self, operation: p.Operation, request: Any, step: str) -> Any:
         from dspark_launch.agent.node_end import handler
@@ -115,12 +123,16 @@ class NodeAgent:
         except DecodeError as exc:
             raise ClusterFailure(self.label, step, f"unreadable answer ({exc})") from None
         if failure.step == p.VERSION_STEP:
-            raise VersionMismatch(self.label, "version", f"{failure.detail}; install the same dspark-launch "
-                                  f"on every node ({self.transport.python})")
+            raise VersionMismatch(
+                self.label,
+                "version",
+                f"{failure.detail}; install the same dspark-launch on every node ({self.transport.python})",
+            )
         if failure.config_error:
             raise ConfigError(failure.detail)
-        raise ClusterFailure(failure.node or self.label, failure.step if failure.node else step, failure.detail,
-                             failure.extra)
+        raise ClusterFailure(
+            failure.node or self.label, failure.step if failure.node else step, failure.detail, failure.extra
+        )
 
     def describe_vllm(self, config_path: str = "") -> VllmOffer:
         """The installed vLLM's serve flags and its dry boot on `config_path` (the placed model's config.json; ""

@@ -58,12 +58,21 @@ class OneShotContainerTransport:
         return f"{self.host.description} {self.runtime} run --rm"
 
     def run_argv(self) -> list[str]:
-        return [self.runtime, "run", "--rm", "-i", *self.run_args, "--entrypoint", self.python, self.image,
-                "-m", AGENT_MODULE]
+        return [
+            self.runtime,
+            "run",
+            "--rm",
+            "-i",
+            *self.run_args,
+            "--entrypoint",
+            self.python,
+            self.image,
+            "-m",
+            AGENT_MODULE,
+        ]
 
     def exchange(self, request_line: str, timeout: float, on_line: Callable[[str], None]) -> None:
-        code, last = _stream(self.host.command(self.run_argv()), None, request_line, timeout, on_line,
-                             self.description)
+        code, last = _stream(self.host.command(self.run_argv()), None, request_line, timeout, on_line, self.description)
         if code == 255 and isinstance(self.host, SSHHost):
             raise NodeUnreachable(f"{self.description}: SSH failed: {last or 'connection failed'}")
         if code != 0:

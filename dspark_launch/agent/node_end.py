@@ -41,8 +41,14 @@ def serve_one(line: str) -> None:
         envelope = json.loads(line)
         theirs = (envelope.get("protocol"), envelope.get("launcher"))
         if theirs != (p.PROTOCOL_VERSION, __version__):
-            _emit("failure", p.Failure(p.VERSION_STEP, f"dspark-launch {__version__} (protocol {p.PROTOCOL_VERSION}) "
-                                                  f"here, {theirs[1]} (protocol {theirs[0]}) on the launcher"))
+            _emit(
+                "failure",
+                p.Failure(
+                    p.VERSION_STEP,
+                    f"dspark-launch {__version__} (protocol {p.PROTOCOL_VERSION}) "
+                    f"here, {theirs[1]} (protocol {theirs[0]}) on the launcher",
+                ),
+            )
             return
         request: object = from_data(p.OPERATIONS[envelope["op"]].request, envelope["request"])
     except (ValueError, KeyError, TypeError, DecodeError) as exc:

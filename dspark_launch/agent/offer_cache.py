@@ -10,7 +10,8 @@ The identity is found without importing vLLM: the folder the import system would
 sha256, which lists every installed file's hash), the vLLM plugins registered on the
 interpreter, the interpreter, and the describer (launcher and protocol versions, the sha256
 of node/vllm_offer.py and node/vllm_dryboot.py, and of the config.json the dry boot judged).
-A vLLM without a dist-info beside it (a source checkout) is never kept. A kept file that is absent, unreadable, garbled, of another identity, a link, not
+A vLLM without a dist-info beside it (a source checkout) is never kept. A kept file that is absent, unreadable, garbled,
+of another identity, a link, not
 this user's or open to others is ignored and rewritten.
 """
 
@@ -27,10 +28,10 @@ from pathlib import Path
 from dspark_launch import __version__
 from dspark_launch.agent import codec
 from dspark_launch.agent.protocol import PROTOCOL_VERSION
-from dspark_launch.node.ray_dirs import make_private_root
-from dspark_launch.node.safe_path import PRIVATE, UnsafePath, read_private, write_private
 from dspark_launch.node import vllm_dryboot as dryboot_module
 from dspark_launch.node import vllm_offer as offer_module
+from dspark_launch.node.ray_dirs import make_private_root
+from dspark_launch.node.safe_path import PRIVATE, UnsafePath, read_private, write_private
 from dspark_launch.node.vllm_offer import VllmOffer
 
 PLUGIN_GROUPS = ("vllm.general_plugins", "vllm.platform_plugins")
@@ -59,8 +60,11 @@ def _sha256(data: bytes) -> str:
 
 def _dist_info_of(site: Path) -> Path | None:
     """The one dist-info in `site` whose RECORD installs vllm/__init__.py; None when not exactly one."""
-    owners = [info for info in site.glob("*.dist-info") if "vllm" in info.name.lower()
-              and any(line.startswith("vllm/__init__.py,") for line in _lines(info / "RECORD"))]
+    owners = [
+        info
+        for info in site.glob("*.dist-info")
+        if "vllm" in info.name.lower() and any(line.startswith("vllm/__init__.py,") for line in _lines(info / "RECORD"))
+    ]
     return owners[0] if len(owners) == 1 else None
 
 
@@ -104,17 +108,20 @@ def install_identity(config_path: str = "") -> InstallIdentity | None:
         config_sha = _sha256(Path(config_path or dryboot_module.SHIPPED_CONFIG).read_bytes())
     except OSError:
         return None
-    describer = (f"dspark-launch {__version__} protocol {PROTOCOL_VERSION} "
-                 f"offer.py {_sha256(Path(offer_module.__file__).read_bytes())} "
-                 f"dryboot.py {_sha256(Path(dryboot_module.__file__).read_bytes())} "
-                 f"config.json {config_sha}")
+    describer = (
+        f"dspark-launch {__version__} protocol {PROTOCOL_VERSION} "
+        f"offer.py {_sha256(Path(offer_module.__file__).read_bytes())} "
+        f"dryboot.py {_sha256(Path(dryboot_module.__file__).read_bytes())} "
+        f"config.json {config_sha}"
+    )
     return InstallIdentity(
         package_dir=os.path.realpath(Path(spec.origin).parent),
         distribution=f"{dist.name} {dist.version}",
         record=f"{record} {st.st_size} {st.st_mtime_ns} {record_hash}",
         plugins=_plugins(),
         python=f"{os.path.realpath(sys.executable)} {sys.version}",
-        describer=describer)
+        describer=describer,
+    )
 
 
 def kept_file(identity: InstallIdentity) -> Path | None:

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Union
 
-from dspark_launch.node import procfs
 from dspark_launch.agent import protocol as p
+from dspark_launch.node import procfs
 
 _LISTEN = "0A"
 Address = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
@@ -57,7 +57,7 @@ class ListeningSocket:
 def _address(hex_address: str) -> str:
     """/proc/net/tcp's address: 32-bit words in host byte order (little-endian on x86-64 and arm64)."""
     raw = bytes.fromhex(hex_address)
-    native = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    native = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
     return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, native)
 
 
@@ -94,8 +94,9 @@ def _diag_listening(family: int) -> list[ListeningSocket]:
     found: list[ListeningSocket] = []
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
         nl.settimeout(5)
-        nl.sendto(_HEADER.pack(_HEADER.size + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST_DUMP, 1, 0)
-                  + request, (0, 0))
+        nl.sendto(
+            _HEADER.pack(_HEADER.size + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST_DUMP, 1, 0) + request, (0, 0)
+        )
         while True:
             data = nl.recv(1 << 16)
             at = 0
@@ -107,7 +108,7 @@ def _diag_listening(family: int) -> list[ListeningSocket]:
                     raise OSError(f"sock_diag answered message type {kind}")
                 body = at + _HEADER.size
                 size = 4 if data[body] == socket.AF_INET else 16
-                address = socket.inet_ntop(data[body], data[body + 8:body + 8 + size])
+                address = socket.inet_ntop(data[body], data[body + 8 : body + 8 + size])
                 port = struct.unpack_from(">H", data, body + 4)[0]
                 uid, inode = struct.unpack_from("=II", data, body + 64)
                 v6only, attr = False, body + _MESSAGE
@@ -241,7 +242,13 @@ def port_holder_query(req: p.PortHolderQuery, report: p.Report | None = None) ->
     for pid in all_pids:
         for inode in socket_inodes(pid) & wanted:
             holders.setdefault(inode, []).append(pid)
-    listeners = tuple(p.PortListener(f"[{s.address}]:{s.port}" if ":" in s.address else f"{s.address}:{s.port}",
-                                     min(holders[s.inode]) if s.inode in holders else None, s.uid, _user(s.uid))
-                      for s in strangers)
+    listeners = tuple(
+        p.PortListener(
+            f"[{s.address}]:{s.port}" if ":" in s.address else f"{s.address}:{s.port}",
+            min(holders[s.inode]) if s.inode in holders else None,
+            s.uid,
+            _user(s.uid),
+        )
+        for s in strangers
+    )
     return p.PortHolderAnswer(p.PortHolderAnswer.FOREIGN, bool(alive), listeners)

@@ -25,8 +25,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Final, Generic, Literal, TypeVar
 
-from dspark_launch.node.values import (FabricEnv, FabricRequest, Manifest, NodePlacement, PlatformFacts, VerifyReport,
-                                       VersionRow, VllmOffer)
+from dspark_launch.node.values import (
+    FabricEnv,
+    FabricRequest,
+    Manifest,
+    NodePlacement,
+    PlatformFacts,
+    VerifyReport,
+    VersionRow,
+    VllmOffer,
+)
 
 PROTOCOL_VERSION = 11  # 2: ray_checks no longer runs the version rows and the hotfix (node_versions, apply_hotfix)
 # 3: the version row carries the GPU's compute capability and NCCL; the vLLM offer judges KV dtypes per capability
@@ -59,9 +67,11 @@ class Request(Generic[AnswerT]):
 
 # --- values shared by several operations ---------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Session:
     """A process group we started (its leader's pid = sid), in the boot it was started in."""
+
     sid: int
     start_time: int
     boot_id: str = ""
@@ -70,6 +80,7 @@ class Session:
 @dataclass(frozen=True)
 class Process:
     """A process by identity: pid plus start time (and boot), so a reused pid never matches."""
+
     pid: int
     start_time: int
     sid: int | None = None
@@ -86,6 +97,7 @@ VERSION_STEP: Final = "version"
 @dataclass(frozen=True)
 class Progress:
     """A line the CLI's reporter shows while an operation runs on a node."""
+
     kind: ProgressKind
     message: str
     elapsed: float = 0.0
@@ -95,6 +107,7 @@ class Progress:
 @dataclass(frozen=True)
 class Failure:
     """Why an operation failed; `node` names another node when the head reports on it."""
+
     step: str
     detail: str
     node: str = ""
@@ -118,6 +131,7 @@ class OperationFailed(Exception):
 
 # --- node operations (stdlib only on the node) ---------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Hello(Request["HelloAnswer"]):
     pass
@@ -134,6 +148,7 @@ class HelloAnswer:
 @dataclass(frozen=True)
 class Probe(Request["ProbeAnswer"]):
     """Read-only: interpreter, installed modules, and (with `dashboard`) what Ray's dashboard lacks."""
+
     dashboard: bool = False
 
 
@@ -155,6 +170,7 @@ class ProbeAnswer:
 @dataclass(frozen=True)
 class PrepareLogDir(Request["PrepareLogDirAnswer"]):
     """Make (or find) the private log folder `path` and write to it once."""
+
     path: str
 
 
@@ -192,6 +208,7 @@ class PortAnswer:
 class PortHolderQuery(Request["PortHolderAnswer"]):
     """Who holds the listening sockets a connection to ip:port lands on (agent/port_holder.py): asked
     before anything that carries the Ray token or an API key is sent there."""
+
     ip: str
     port: int
     processes: tuple[Process, ...]  # the recorded holders; their descendants count as theirs
@@ -246,6 +263,7 @@ class MemoryAnswer:
 class PlatformQuery(Request["PlatformFacts"]):
     """The node's kernel, CmaTotal, NVIDIA driver and modules, RDMA devices' firmware and ports, memlock
     (node/platform.py); the roots: tests only (DSPARK_TEST_* forwarded by the launcher), fake trees."""
+
     procfs_root: str = ""
     sysfs_root: str = ""
     modules_root: str = ""
@@ -254,6 +272,7 @@ class PlatformQuery(Request["PlatformFacts"]):
 @dataclass(frozen=True)
 class Run(Request["RunAnswer"]):
     """Run argv to completion (output to `log`) with exactly `env` plus the owner marker."""
+
     argv: tuple[str, ...]
     env: dict[str, str] = field(repr=False)
     marker: str
@@ -272,6 +291,7 @@ class RunAnswer:
 @dataclass(frozen=True)
 class Spawn(Request["SpawnAnswer"]):
     """Start argv detached (own session, output to `log`) with exactly `env` plus the marker."""
+
     argv: tuple[str, ...]
     env: dict[str, str] = field(repr=False)
     marker: str
@@ -290,6 +310,7 @@ class SpawnAnswer:
 class ServeGo(Request["ServeGoAnswer"]):
     """A warm server (started with a go file, its log at `pending_log`) told to serve: its log becomes
     `log` (the previous one kept as LOG.1), then `go_file` says go."""
+
     go_file: str
     pending_log: str
     log: str
@@ -315,6 +336,7 @@ class DrainEnd:
     """How a draining server says, in its log, that its drain is over: `done` from each of its `engines`,
     written after the SIGTERM with no `busy` line before them, means it had nothing in flight (what is left
     is its own teardown)."""
+
     log: str
     done: str
     busy: str
@@ -385,6 +407,7 @@ class GlobAnswer:
 
 # --- head operations (the head's agent imports Ray or vLLM for these) -----------------------------
 
+
 @dataclass(frozen=True)
 class ExpectedNode:
     name: str
@@ -403,6 +426,7 @@ class RayNode:
 class RayNodesQuery(Request["RayNodesAnswer"]):
     """Ray's own list of nodes (from the GCS; no driver is started), asked only when the GCS port is held by
     one of `holders` (the head's recorded Ray processes): the token goes to no one else."""
+
     address: str
     env: dict[str, str] = field(repr=False)
     holders: tuple[Process, ...] = ()
@@ -417,6 +441,7 @@ class RayNodesAnswer:
 @dataclass(frozen=True)
 class HotfixResult:
     """The part of the hotfix tool's result the launcher reads (hotfix.Result has more)."""
+
     action: str
     code: int
     state: str
@@ -455,6 +480,7 @@ class HotfixRevertAnswer:
 class RayChecks(Request["RayChecksAnswer"]):
     """On the head, from the GCS's node table (no driver): wait until every node joined Ray once,
     then check each one's registered IP and GPUs. Streams progress."""
+
     address: str
     env: dict[str, str] = field(repr=False)
     nodes: tuple[ExpectedNode, ...]
@@ -471,9 +497,11 @@ class RayChecksAnswer:
 
 # --- model weights: agent.model_files run on the node ----------------------------------------
 
+
 @dataclass(frozen=True)
 class ModelVerify(Request["VerifyReport"]):
     """Every file of `manifest` in `folder`: sizes, and with `full` each sha256 (`only`: of those files alone)."""
+
     folder: str
     manifest: Manifest
     full: bool
@@ -485,6 +513,7 @@ class ModelVerify(Request["VerifyReport"]):
 class ModelFastCheck(Request["VerifyReport"]):
     """The start pre-flight: the folder and caches safe (agent.model_folder), this node's manifest has
     `stamp`, every file its size, every file but the tensor shards its sha256."""
+
     folder: str
     stamp: str
     caches: tuple[str, ...] = ()
@@ -494,6 +523,7 @@ class ModelFastCheck(Request["VerifyReport"]):
 class ModelPlacementQuery(Request["NodePlacement"]):
     """Before a copy, in one round trip: the folder and caches safe (agent.model_folder), every file of
     `manifest` in `folder` its size, the free space under `root`, the stamp this node last verified."""
+
     folder: str
     root: str
     manifest: Manifest
@@ -502,10 +532,12 @@ class ModelPlacementQuery(Request["NodePlacement"]):
 
 # --- Ray's private temp folders (security review) --------------------------------------
 
+
 @dataclass(frozen=True)
 class RayTempDir(Request["RayTempDirAnswer"]):
     """Prepare Ray's temp folder `name` in this user's private folder (and forget `ray start`'s last
     address there)."""
+
     name: str
 
 
@@ -516,10 +548,12 @@ class RayTempDirAnswer:
 
 # --- model profile and fabric ------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class DescribeVllm(Request["DescribeVllmAnswer"]):
     """The installed vLLM's serve parser as data (head: imports vLLM, seconds; a repeat for the same
     install is answered from the node's private folder, see offer_cache)."""
+
     keep: bool = True  # False in a container: recreated on every start, nothing kept there would be read
     config_path: str = ""  # the placed model's config.json for the dry boot; "" the profile's shipped copy
 
@@ -532,6 +566,7 @@ class DescribeVllmAnswer:
 @dataclass(frozen=True)
 class FabricQuery(Request["FabricAnswer"]):
     """One node's fabric environment from its sysfs."""
+
     request: FabricRequest
     sysfs_root: str = ""  # tests only (DSPARK_TEST_SYSFS_ROOT forwarded by the launcher): a fake sysfs tree
 
@@ -544,6 +579,7 @@ class FabricAnswer:
 @dataclass(frozen=True)
 class NonCarryOver(Request["NonCarryOverAnswer"]):
     """Head: write vLLM's list of variables it must not copy from the driver to its Ray workers."""
+
     config_root: str
 
 
@@ -553,6 +589,7 @@ class NonCarryOverAnswer:
 
 
 # --- each node's version row and hotfix, on its own agent (launch time) --------------------------
+
 
 @dataclass(frozen=True)
 class VersionQuery(Request["VersionRow"]):
@@ -586,6 +623,7 @@ MODEL_VERIFY_TIMEOUT_S = 3 * 3600  # a full sha256 of 160 GB reads every byte (m
 @dataclass(frozen=True)
 class Operation:
     """One agent operation: its request and answer types, its handler and how the launcher waits for it."""
+
     request: type
     answer: type
     subject: str  # its module in dspark_launch.agent.handlers, imported by the agent only when called; the
@@ -609,13 +647,14 @@ def op_name(request_type: type) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", request_type.__name__).lower()
 
 
-
 # --- the scheduler's live values (`dspark reload`) ------------------------------------------------
+
 
 @dataclass(frozen=True)
 class SchedulerControl(Request["SchedulerControlAnswer"]):
     """Replace the patched scheduler's control file at `path` by `text` (a new 0600 file of the serving
     user renamed over it, in a folder only that user can write), or remove it (`remove`)."""
+
     path: str
     text: str = ""
     remove: bool = False
@@ -625,6 +664,7 @@ class SchedulerControl(Request["SchedulerControlAnswer"]):
 class SchedulerControlAnswer:
     path: str
     existed: bool  # a file was there before
+
 
 _OPERATIONS = (
     # processes and the node itself (handlers/processes.py)
@@ -655,8 +695,9 @@ _OPERATIONS = (
     Operation(FabricQuery, FabricAnswer, "fabric", "fabric"),
     Operation(NonCarryOver, NonCarryOverAnswer, "fabric", "vLLM config folder"),
     # model weights (handlers/model.py)
-    Operation(ModelVerify, VerifyReport, "model", "model verify",
-              lambda req: MODEL_VERIFY_TIMEOUT_S if req.full else 120),
+    Operation(
+        ModelVerify, VerifyReport, "model", "model verify", lambda req: MODEL_VERIFY_TIMEOUT_S if req.full else 120
+    ),
     Operation(ModelFastCheck, VerifyReport, "model", "model check", 120),
     Operation(ModelPlacementQuery, NodePlacement, "model", "model disk", 120),
     # version row and scheduler hotfix (handlers/hotfix.py)

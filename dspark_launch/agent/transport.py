@@ -58,12 +58,20 @@ class Transport(Protocol):
         """Send one request line; call `on_line` with each line the agent writes, until it exits."""
 
 
-def _stream(argv: list[str], env: dict[str, str] | None, request_line: str, timeout: float,
-            on_line: Callable[[str], None], description: str, cwd: str | None = None) -> tuple[int, str]:
+def _stream(
+    argv: list[str],
+    env: dict[str, str] | None,
+    request_line: str,
+    timeout: float,
+    on_line: Callable[[str], None],
+    description: str,
+    cwd: str | None = None,
+) -> tuple[int, str]:
     """Run argv, feed it the request, hand each stdout line on; returns (exit code, last stderr line)."""
     try:
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=cwd)
+        proc = subprocess.Popen(
+            argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd
+        )
     except OSError as exc:
         raise NodeUnreachable(f"{description}: cannot run {argv[0]}: {exc.strerror}") from None
     stderr_tail = b""
@@ -94,8 +102,10 @@ def _stream(argv: list[str], env: dict[str, str] | None, request_line: str, time
                         pending += chunk
                         *lines, pending = pending.split(b"\n")
                         if len(pending) > MAX_LINE or any(len(line) > MAX_LINE for line in lines):
-                            raise NodeUnreachable(f"{description}: the agent sent a reply line longer than "
-                                                  f"{MAX_LINE} bytes (1 MiB); not read, the agent was stopped")
+                            raise NodeUnreachable(
+                                f"{description}: the agent sent a reply line longer than "
+                                f"{MAX_LINE} bytes (1 MiB); not read, the agent was stopped"
+                            )
                         for line in lines:
                             on_line(line.decode(errors="replace"))
         if pending:
@@ -124,8 +134,9 @@ class LocalTransport:
         env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
         # cwd "/": `python -m` puts the working folder first on sys.path, and the launcher's (a checkout,
         # say) must not shadow the head's installed packages.
-        code, last = _stream([self.python, "-m", AGENT_MODULE], env, request_line, timeout, on_line,
-                             self.description, cwd="/")
+        code, last = _stream(
+            [self.python, "-m", AGENT_MODULE], env, request_line, timeout, on_line, self.description, cwd="/"
+        )
         if code != 0:
             raise NodeUnreachable(f"{self.description}: {self.python}: {last or 'no answer'} (exit {code})")
 
@@ -146,9 +157,21 @@ class SSHTransport:
         return f"ssh {self.host}"
 
     def argv(self) -> list[str]:
-        argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.connect_timeout}",
-                "-o", f"StrictHostKeyChecking={self.host_key_check}", "-o", "ForwardAgent=no",
-                "-o", "ClearAllForwardings=yes", "-p", str(self.port)]
+        argv = [
+            "ssh",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"ConnectTimeout={self.connect_timeout}",
+            "-o",
+            f"StrictHostKeyChecking={self.host_key_check}",
+            "-o",
+            "ForwardAgent=no",
+            "-o",
+            "ClearAllForwardings=yes",
+            "-p",
+            str(self.port),
+        ]
         if self.key:
             argv += ["-i", self.key, "-o", "IdentitiesOnly=yes"]
         if self.user:
@@ -158,8 +181,7 @@ class SSHTransport:
         return argv + ["--", self.host, shlex.join([self.python, "-m", AGENT_MODULE])]
 
     def exchange(self, request_line: str, timeout: float, on_line: Callable[[str], None]) -> None:
-        code, last = _stream(self.argv(), None, request_line, timeout + self.connect_timeout, on_line,
-                             self.description)
+        code, last = _stream(self.argv(), None, request_line, timeout + self.connect_timeout, on_line, self.description)
         if code == 255:
             raise NodeUnreachable(f"{self.description}: SSH failed: {last or 'connection failed'}")
         if code != 0:

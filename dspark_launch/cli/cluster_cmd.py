@@ -6,8 +6,8 @@ import sys
 
 import typer
 
-from dspark_launch.cli.options import EnvFileOption
 from dspark_launch.cli.loading import settings_and_spec
+from dspark_launch.cli.options import EnvFileOption
 from dspark_launch.cli.output import fail, say
 from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.cli.signals import interruptible
@@ -25,8 +25,11 @@ def run_up(spec, reporter):
     from dspark_launch.cluster.lifecycle import cluster_up
 
     def interrupted(code: int) -> None:
-        say(f"dspark: interrupted; everything this run started was stopped (exit {code}); "
-              f"logs in {spec.state_dir / 'logs'}", file=sys.stderr)
+        say(
+            f"dspark: interrupted; everything this run started was stopped (exit {code}); "
+            f"logs in {spec.state_dir / 'logs'}",
+            file=sys.stderr,
+        )
 
     with interruptible(interrupted):
         try:

@@ -16,7 +16,6 @@ from dspark_launch.errors import ConfigError, DsparkError
 app = typer.Typer(help="Show, check and initialise the configuration.", no_args_is_help=True)
 
 
-
 def load_settings(env_file: str | None, strict: bool = False):
     from dspark_launch.cli.loading import settings_or_exit
 
@@ -39,26 +38,42 @@ def show(
         if e.name not in replaced:
             return e.shown, e.source, list(e.notes)
         v = replaced[e.name]
-        return v.value, f"profile {v.profile}", [f"the profile replaced the built-in {v.replaced or '(empty)'}",
-                                                 *e.notes]
+        return (
+            v.value,
+            f"profile {v.profile}",
+            [f"the profile replaced the built-in {v.replaced or '(empty)'}", *e.notes],
+        )
 
     entries = settings.every_entry()
     if as_json:
-        emit_json({
-            "env_file": None if settings.env_file is None else str(settings.env_file),
-            "from_example": settings.from_example,
-            "settings": [
-                {"name": e.name, "value": value, "source": source, "group": e.group,
-                 "secret": e.secret, "notes": notes}
-                for e in entries for value, source, notes in (shown(e),)
-            ],
-            "warnings": list(settings.warnings),
-        })
+        emit_json(
+            {
+                "env_file": None if settings.env_file is None else str(settings.env_file),
+                "from_example": settings.from_example,
+                "settings": [
+                    {
+                        "name": e.name,
+                        "value": value,
+                        "source": source,
+                        "group": e.group,
+                        "secret": e.secret,
+                        "notes": notes,
+                    }
+                    for e in entries
+                    for value, source, notes in (shown(e),)
+                ],
+                "warnings": list(settings.warnings),
+            }
+        )
         return
     say(f"env file: {settings.env_file_shown}{'  (example)' if settings.from_example else ''}")
     for group in dict.fromkeys(e.group for e in entries):
-        rows = [(e.name, value or '""', source, "; ".join(notes)) for e in entries if e.group == group
-                for value, source, notes in (shown(e),)]
+        rows = [
+            (e.name, value or '""', source, "; ".join(notes))
+            for e in entries
+            if e.group == group
+            for value, source, notes in (shown(e),)
+        ]
         say(f"\n[{group}]")
         say(table(("NAME", "VALUE", "SOURCE", "NOTES"), rows, indent="  "))
 
@@ -99,7 +114,9 @@ def get(
 
 @app.command()
 def init(
-    path: Annotated[Path, typer.Option("--path", metavar="PATH", help="Where to write the env file.")] = Path(".env.dspark"),
+    path: Annotated[Path, typer.Option("--path", metavar="PATH", help="Where to write the env file.")] = Path(
+        ".env.dspark"
+    ),
 ) -> None:
     """Copy the example to .env.dspark with mode 0600; never overwrites. Then edit the lines `dspark config check` names."""
     from dspark_launch.config.envfile import packaged_example

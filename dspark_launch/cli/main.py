@@ -9,6 +9,7 @@ import typer
 from dspark_launch import __version__
 from dspark_launch.cli import cluster_cmd, config_cmd, model_cmd, service_cmd, tune_cmd
 
+
 def _readable_metavars() -> None:
     """Typer 0.29 shows a `<bool>` beside every flag and `<str>`/`<int>` beside every value: a flag takes no
     value, so it shows none; a value without its own metavar shows its name (`--gpu` -> `GPU`); an argument shows
@@ -41,8 +42,16 @@ app.add_typer(cluster_cmd.app, name="cluster")
 app.add_typer(model_cmd.app, name="model")
 
 
-for command in (service_cmd.start, service_cmd.stop, service_cmd.restart, service_cmd.reload, service_cmd.status, service_cmd.logs,
-                service_cmd.smoke, service_cmd.plan):
+for command in (
+    service_cmd.start,
+    service_cmd.stop,
+    service_cmd.restart,
+    service_cmd.reload,
+    service_cmd.status,
+    service_cmd.logs,
+    service_cmd.smoke,
+    service_cmd.plan,
+):
     app.command()(command)
 app.command("systemd-unit")(service_cmd.systemd_unit)
 app.command()(tune_cmd.bench)

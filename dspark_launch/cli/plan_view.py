@@ -15,8 +15,9 @@ def _wrapped(text: str, width: int | None, indent: str, more: str = "    ") -> l
     """Prose wrapped at `width` (None: not wrapped), continuation lines indented further."""
     if width is None:
         return [indent + text]
-    return textwrap.wrap(text, width=max(width, 40), initial_indent=indent, subsequent_indent=indent + more,
-                         break_on_hyphens=False) or [indent]
+    return textwrap.wrap(
+        text, width=max(width, 40), initial_indent=indent, subsequent_indent=indent + more, break_on_hyphens=False
+    ) or [indent]
 
 
 def _words(argv: tuple[str, ...]) -> list[str]:
@@ -24,8 +25,13 @@ def _words(argv: tuple[str, ...]) -> list[str]:
     words: list[str] = []
     for arg in argv:
         quoted = shlex.quote(arg)
-        if words and words[-1].startswith("-") and " " not in words[-1] and not arg.startswith("-") \
-                and len(quoted) <= 40:
+        if (
+            words
+            and words[-1].startswith("-")
+            and " " not in words[-1]
+            and not arg.startswith("-")
+            and len(quoted) <= 40
+        ):
             words[-1] += " " + quoted
         else:
             words.append(quoted)
@@ -72,8 +78,10 @@ def summary_lines(plan: Plan) -> list[str]:
             lines.append(f"  {node.node} ({node.address}): {node.status}")
             continue
         runs = ", ".join(f"{_program(argv)} ({len(argv)} args)" for argv in node.commands)
-        lines.append(f"  {node.node} ({node.address}): {runs}; {_count(len(node.refusals), 'refusal')}, "
-                     f"{_count(len(node.warnings), 'warning')}")
+        lines.append(
+            f"  {node.node} ({node.address}): {runs}; {_count(len(node.refusals), 'refusal')}, "
+            f"{_count(len(node.warnings), 'warning')}"
+        )
     if plan.refusals:
         lines.append(f"start would refuse ({_count(len(plan.refusals), 'reason')}; `dspark plan` exits 1):")
         lines += [f"  - {r}" for r in plan.refusals]
@@ -84,8 +92,10 @@ def summary_lines(plan: Plan) -> list[str]:
 
 def render_plan(plan: Plan, width: int | None = None) -> str:
     """`width`: the terminal's (None, for a pipe: lines unwrapped, one per fact)."""
-    head = (f"plan for {plan.env_file}{' (the example file)' if plan.from_example else ''}: profile {plan.profile}, "
-            f"vLLM {plan.vllm_version} on the head; nothing started")
+    head = (
+        f"plan for {plan.env_file}{' (the example file)' if plan.from_example else ''}: profile {plan.profile}, "
+        f"vLLM {plan.vllm_version} on the head; nothing started"
+    )
     lines = _wrapped(head, width, "")
     judged = [f"judged for: {plan.judged_for}"] if plan.judged_for else []
     judged += [f"CUDA graphs vLLM will run: {plan.cuda_graph_mode}"] if plan.cuda_graph_mode else []
@@ -95,7 +105,7 @@ def render_plan(plan: Plan, width: int | None = None) -> str:
     for index, fact in enumerate(plan.hotfix):  # the setting, then each probed node's check
         lines += _wrapped(f"check: {fact}" if index else fact, width, "  " if index else "")
     for line in summary_lines(plan):
-        indent = line[:len(line) - len(line.lstrip())]
+        indent = line[: len(line) - len(line.lstrip())]
         lines += _wrapped(line.strip(), width, indent)
     lines.append("")
     lines.append("details:")

@@ -24,8 +24,9 @@ def _clock(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-def measure_text(unit: str, done: float, total: float, speed: float | None = None,
-                 remaining: float | None = None) -> str:
+def measure_text(
+    unit: str, done: float, total: float, speed: float | None = None, remaining: float | None = None
+) -> str:
     """`12.30/80.00 GiB, 950 MB/s, ETA 1:12`, `19/41 shards`, `312/1800 s`."""
     if unit == "bytes":
         rate = f", {speed / 1e6:.0f} MB/s" if speed else ""
@@ -44,12 +45,20 @@ def _progress(console):
     class Measure(ProgressColumn):
         def render(self, task):
             unit = task.fields.get("unit", "s")
-            return Text(measure_text(unit, task.completed, task.total or 0, task.speed, task.time_remaining),
-                        style="progress.download")
+            return Text(
+                measure_text(unit, task.completed, task.total or 0, task.speed, task.time_remaining),
+                style="progress.download",
+            )
 
-    return Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False,
-                                                table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
-                    BarColumn(bar_width=24), Measure(), console=console, transient=True, expand=True)
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}", markup=False, table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
+        BarColumn(bar_width=24),
+        Measure(),
+        console=console,
+        transient=True,
+        expand=True,
+    )
 
 
 def _family(message: str) -> str:

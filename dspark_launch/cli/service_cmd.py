@@ -12,15 +12,17 @@ from typing import Annotated, Optional
 import typer
 
 from dspark_launch.cli.cluster_cmd import dashboard_hint, hotfix_line
-from dspark_launch.cli.options import EnvFileOption, JsonOption, StrictOption
 from dspark_launch.cli.loading import settings_and_spec, settings_or_exit
+from dspark_launch.cli.options import EnvFileOption, JsonOption, StrictOption
 from dspark_launch.cli.output import emit_json, fail, say
 from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.cli.signals import interruptible
 from dspark_launch.config.declared import DECLARED
 from dspark_launch.errors import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_GAVE_UP, ConfigError, DsparkError
 
-HostOption = Annotated[Optional[str], typer.Option("--host", metavar="ADDRESS", help="API bind address (beats VLLM_HOST).")]
+HostOption = Annotated[
+    Optional[str], typer.Option("--host", metavar="ADDRESS", help="API bind address (beats VLLM_HOST).")
+]
 PortOption = Annotated[Optional[str], typer.Option("--port", metavar="PORT", help="API port (beats VLLM_PORT).")]
 
 
@@ -29,14 +31,20 @@ def _report_failure(error: DsparkError, spec) -> None:
         say(line, file=sys.stderr)
     say(f"dspark: error: {error}", file=sys.stderr)
     if error.stopped:
-        say(f"dspark: stopped what this run started ({', '.join(error.stopped)}); logs in {spec.state_dir / 'logs'}",
-            file=sys.stderr)
+        say(
+            f"dspark: stopped what this run started ({', '.join(error.stopped)}); logs in {spec.state_dir / 'logs'}",
+            file=sys.stderr,
+        )
     elif error.exit_code == EXIT_FAILED:
         say("dspark: nothing had been started", file=sys.stderr)
 
 
-ForceOption = Annotated[bool, typer.Option(
-    "--force", help="Start even when the memory pre-flight says it won't fit (an overrun freezes the host).")]
+ForceOption = Annotated[
+    bool,
+    typer.Option(
+        "--force", help="Start even when the memory pre-flight says it won't fit (an overrun freezes the host)."
+    ),
+]
 
 
 def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False, begin=None) -> None:
@@ -57,11 +65,17 @@ def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False
             running.clear()
         if running:
             serving = running[0].url if running[0] is not None else "what a recovery had started"
-            say(f"dspark: interrupted after the start had completed; {serving} keeps serving; "
-                  f"`dspark stop` stops it (exit {code})", file=sys.stderr)
+            say(
+                f"dspark: interrupted after the start had completed; {serving} keeps serving; "
+                f"`dspark stop` stops it (exit {code})",
+                file=sys.stderr,
+            )
             return
-        say(f"dspark: interrupted; everything this run started was stopped (exit {code}); "
-              f"logs in {spec.state_dir / 'logs'}", file=sys.stderr)
+        say(
+            f"dspark: interrupted; everything this run started was stopped (exit {code}); "
+            f"logs in {spec.state_dir / 'logs'}",
+            file=sys.stderr,
+        )
 
     with interruptible(interrupted):
         try:
@@ -80,8 +94,11 @@ def do_start(settings, spec, force: bool, foreground: bool, verify: bool = False
 def _report_started(spec, result) -> None:
     server = result.server
     say(f"serving {server.model} as {server.served_name} at {server.url}/v1")
-    cap = ("none: vLLM's own scheduler, the hotfix is off (DSPARK_HOTFIX=off)" if spec.hotfix == "off"
-           else f"{server.scheduler_cap} (from DSPARK_MAX_INFLIGHT_PREFILLS)")
+    cap = (
+        "none: vLLM's own scheduler, the hotfix is off (DSPARK_HOTFIX=off)"
+        if spec.hotfix == "off"
+        else f"{server.scheduler_cap} (from DSPARK_MAX_INFLIGHT_PREFILLS)"
+    )
     say(f"KV cache: {server.kv_cache_tokens or 'unknown'} tokens; in-flight prefill cap: {cap}")
     answer = result.first_answer
     if answer is not None:
@@ -96,8 +113,10 @@ def _report_started(spec, result) -> None:
     sys.stdout.flush()
 
 
-TAKEN_OVER_LINE = ("dspark: this run was stopped or replaced by another dspark command (stop, restart); "
-                   "the supervisor leaves the deployment alone")
+TAKEN_OVER_LINE = (
+    "dspark: this run was stopped or replaced by another dspark command (stop, restart); "
+    "the supervisor leaves the deployment alone"
+)
 
 
 def _stop_own_run(spec, server, now: bool = False) -> bool:
@@ -127,8 +146,15 @@ def _stay_attached(settings, spec, server, force: bool, running: list) -> None:
         running[0] = now
 
     try:
-        ended = supervise(settings, spec, server, force, ConsoleReporter(),
-                          lambda text: say(f"dspark: supervisor: {text}", file=sys.stderr), watched)
+        ended = supervise(
+            settings,
+            spec,
+            server,
+            force,
+            ConsoleReporter(),
+            lambda text: say(f"dspark: supervisor: {text}", file=sys.stderr),
+            watched,
+        )
     except DsparkError as error:  # the record became unreadable, say: still one line, and this run stopped
         ended = Ended(f"supervision failed: {error}", False, running[0])
     if ended is None:
@@ -144,8 +170,11 @@ def _stay_attached(settings, spec, server, force: bool, running: list) -> None:
     running.clear()
     if ended.gave_up:
         if stopped:
-            say("dspark: stopped everything this run started; exit 4: the unit does not restart it "
-                "(RestartPreventExitStatus=4); `dspark status` shows the recoveries", file=sys.stderr)
+            say(
+                "dspark: stopped everything this run started; exit 4: the unit does not restart it "
+                "(RestartPreventExitStatus=4); `dspark status` shows the recoveries",
+                file=sys.stderr,
+            )
         raise typer.Exit(EXIT_GAVE_UP)
     if stopped:
         say("dspark: stopped everything this run started; exit 1 so a supervisor restarts it", file=sys.stderr)
@@ -158,23 +187,39 @@ def start(
     port: PortOption = None,
     force: ForceOption = False,
     strict: StrictOption = False,
-    foreground: Annotated[bool, typer.Option("--foreground", help="Stay attached; exit non-zero if the server dies.")] = False,
-    verify: Annotated[bool, typer.Option("--verify", help="Check every weight file's sha256 on every node first "
-                                                           "(default: sizes and the manifest stamp).")] = False,
+    foreground: Annotated[
+        bool, typer.Option("--foreground", help="Stay attached; exit non-zero if the server dies.")
+    ] = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Check every weight file's sha256 on every node first (default: sizes and the manifest stamp).",
+        ),
+    ] = False,
 ) -> None:
     """Check the weights on every node, bring up Ray, apply the hotfix everywhere, serve, wait until the API answers."""
     settings, spec = settings_and_spec(env_file, host, port, strict)
     do_start(settings, spec, force, foreground, verify)
 
 
-NowOption = Annotated[bool, typer.Option(
-    "--now", help="Abort in-flight requests instead of letting them finish (DSPARK_DRAIN_TIMEOUT_S).")]
+NowOption = Annotated[
+    bool,
+    typer.Option("--now", help="Abort in-flight requests instead of letting them finish (DSPARK_DRAIN_TIMEOUT_S)."),
+]
 
 
-def stop(env_file: EnvFileOption = None, now: NowOption = False,
-         remove: Annotated[bool, typer.Option("--remove", help="Also remove the node containers "
-                                              "(DSPARK_RUNTIME=docker|podman; else they stay for the next start).")]
-         = False) -> None:
+def stop(
+    env_file: EnvFileOption = None,
+    now: NowOption = False,
+    remove: Annotated[
+        bool,
+        typer.Option(
+            "--remove",
+            help="Also remove the node containers (DSPARK_RUNTIME=docker|podman; else they stay for the next start).",
+        ),
+    ] = False,
+) -> None:
     """Stop the server (letting in-flight requests finish, up to DSPARK_DRAIN_TIMEOUT_S), then Ray on every node; idempotent."""
     from dspark_launch.serve.stop import stop as stop_everything
 
@@ -209,8 +254,7 @@ def restart(
     say(kind.line, file=sys.stderr)
     if kind.serve_only:
         marker = state.server.marker
-        do_start(settings, spec, force, False,
-                 begin=functools.partial(restart_serve, now=now, marker=marker))
+        do_start(settings, spec, force, False, begin=functools.partial(restart_serve, now=now, marker=marker))
         return
     try:
         stop_everything(spec, ConsoleReporter(), now)
@@ -221,8 +265,15 @@ def restart(
 
 def reload(
     env_file: EnvFileOption = None,
-    timeout: Annotated[float, typer.Option("--timeout", min=1.0, metavar="SECONDS", help="Seconds to wait for the scheduler to "
-                                           "show the new values in force.")] = 30.0,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            min=1.0,
+            metavar="SECONDS",
+            help="Seconds to wait for the scheduler to show the new values in force.",
+        ),
+    ] = 30.0,
 ) -> None:
     # Its help, below, names the settings declared live (config/knobs.py, config/text_settings.py).
     from dspark_launch.serve.reload import reload as reload_live
@@ -236,15 +287,19 @@ def reload(
         say(line)
 
 
-reload.__doc__ = (f"Apply live settings ({', '.join(DECLARED.live)}) to the running scheduler without a restart; "
-                  "any other change is refused (exit 2) and needs `restart`.")
+reload.__doc__ = (
+    f"Apply live settings ({', '.join(DECLARED.live)}) to the running scheduler without a restart; "
+    "any other change is refused (exit 2) and needs `restart`."
+)
 
 
 def status(
     env_file: EnvFileOption = None,
     as_json: JsonOption = False,
-    deep: Annotated[bool, typer.Option(
-        "--deep", help="Read Ray's node table (registered IPs, GPUs) even while the record answers it.")] = False,
+    deep: Annotated[
+        bool,
+        typer.Option("--deep", help="Read Ray's node table (registered IPs, GPUs) even while the record answers it."),
+    ] = False,
 ) -> None:
     """Nodes, Ray, versions, hotfix, the server, its metrics, and drift from the env file."""
     from dspark_launch.serve.status import status as service_status
@@ -266,7 +321,9 @@ def status(
 
 def logs(
     env_file: EnvFileOption = None,
-    node: Annotated[Optional[str], typer.Option("--node", metavar="NODE", help="A node's Ray logs (head, worker1, ...).")] = None,
+    node: Annotated[
+        Optional[str], typer.Option("--node", metavar="NODE", help="A node's Ray logs (head, worker1, ...).")
+    ] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines.")] = False,
     tail: Annotated[int, typer.Option("--tail", "-n", metavar="N", help="Lines to show first.")] = 40,
 ) -> None:
@@ -292,16 +349,19 @@ def logs(
 
 def smoke(
     env_file: EnvFileOption = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, max=256, metavar="N",
-                                             help="Requests sent at once.")] = 4,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, max=4096, metavar="N",
-                                            help="Tokens each request asks for.")] = 16,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, max=256, metavar="N", help="Requests sent at once.")
+    ] = 4,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", min=1, max=4096, metavar="N", help="Tokens each request asks for.")
+    ] = 16,
     timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", help="Per request.")] = 120.0,
 ) -> None:
     """N requests at once to the running server: chat completions when the profile serves a chat model, else completions; a line each; exit 1 if any fails."""
     from dspark_launch.cluster.state import load_state
     from dspark_launch.serve.serve_spec import api_key
-    from dspark_launch.serve.smoke import confirm_server, smoke as send_requests
+    from dspark_launch.serve.smoke import confirm_server
+    from dspark_launch.serve.smoke import smoke as send_requests
 
     settings, spec = settings_and_spec(env_file)
     try:
@@ -328,9 +388,15 @@ def plan(
     host: HostOption = None,
     port: PortOption = None,
     as_json: JsonOption = False,
-    gpu: Annotated[Optional[str], typer.Option(
-        "--gpu", metavar="CAP", help="Judge the plan as if every node reported this GPU compute capability "
-        "(12.1: GB10), by the installed vLLM's own code: to prepare on a laptop or in CI.")] = None,
+    gpu: Annotated[
+        Optional[str],
+        typer.Option(
+            "--gpu",
+            metavar="CAP",
+            help="Judge the plan as if every node reported this GPU compute capability "
+            "(12.1: GB10), by the installed vLLM's own code: to prepare on a laptop or in CI.",
+        ),
+    ] = None,
 ) -> None:
     """What `start` would run on each node (argv, environment, profile decisions, memory); starts nothing.
 
@@ -346,8 +412,12 @@ def plan(
         try:
             forced = given_target(gpu)
         except ValueError:
-            raise fail(ConfigError(f"--gpu {gpu!r} from the command line is not a compute capability; allowed: "
-                                   f"MAJOR.MINOR such as 12.1 (GB10), 10.0, 9.0")) from None
+            raise fail(
+                ConfigError(
+                    f"--gpu {gpu!r} from the command line is not a compute capability; allowed: "
+                    f"MAJOR.MINOR such as 12.1 (GB10), 10.0, 9.0"
+                )
+            ) from None
     try:
         built = build_plan(settings, ConsoleReporter(quiet=as_json), forced)
     except DsparkError as error:
@@ -379,13 +449,15 @@ def _print_restart_kind(settings) -> None:
 
 def systemd_unit(
     env_file: EnvFileOption = None,
-    user: Annotated[Optional[str], typer.Option("--user", metavar="NAME", help="User= of the unit (default: you).")] = None,
+    user: Annotated[
+        Optional[str], typer.Option("--user", metavar="NAME", help="User= of the unit (default: you).")
+    ] = None,
 ) -> None:
     """Print a systemd unit for the head node (`dspark start --foreground`)."""
     import getpass
 
-    from dspark_launch.config.settings import resolve
     from dspark_launch.config.checks import user_name
+    from dspark_launch.config.settings import resolve
     from dspark_launch.serve.systemd_unit import unit_text
 
     chosen = user or getpass.getuser()
@@ -398,8 +470,12 @@ def systemd_unit(
     launcher = [exe] if exe else [sys.executable, "-m", "dspark_launch"]
     chosen_file = env_file or resolve().env_file
     if chosen_file is None:
-        raise fail(ConfigError("no env file for the unit (no --env-file, DSPARK_ENV_FILE or ./.env.dspark); "
-                               "allowed: --env-file PATH, or run `dspark config init`"))
+        raise fail(
+            ConfigError(
+                "no env file for the unit (no --env-file, DSPARK_ENV_FILE or ./.env.dspark); "
+                "allowed: --env-file PATH, or run `dspark config init`"
+            )
+        )
     env = Path(chosen_file).resolve()
     drain_s = settings_or_exit(str(env)).dspark_drain_timeout_s
     try:

@@ -14,10 +14,21 @@ from rich.text import Text
 
 from dspark_launch.cli.output import printable, say, table
 
-STATE_STYLE = {"up": "bold green", "alive": "green", "yes": "green", "applied": "green",
-               "starting": "bold yellow", "down": "yellow", "unhealthy": "bold red", "dead": "bold red",
-               "degraded": "bold red", "NO": "bold red", "off": "bold yellow",
-               "stalled": "bold red", "closed": "bold yellow"}
+STATE_STYLE = {
+    "up": "bold green",
+    "alive": "green",
+    "yes": "green",
+    "applied": "green",
+    "starting": "bold yellow",
+    "down": "yellow",
+    "unhealthy": "bold red",
+    "dead": "bold red",
+    "degraded": "bold red",
+    "NO": "bold red",
+    "off": "bold yellow",
+    "stalled": "bold red",
+    "closed": "bold yellow",
+}
 NODE_COLUMNS = ("NODE", "IP", "REACHABLE", "RAY", "REGISTERED", "GPUS", "VLLM", "RAY VER", "HOTFIX")
 
 
@@ -49,13 +60,25 @@ def _node_rows(view) -> list[tuple[str, ...]]:
     rows = []
     for n in view.nodes:
         versions = n.versions
-        rows.append((n.name, n.ip, "yes" if n.reachable else "NO", "alive" if n.ray_alive else "down",
-                     n.registered_ip or "-", "-" if n.gpus is None else f"{n.gpus:g}",
-                     (versions and versions.vllm) or "-", (versions and versions.ray) or "-", n.hotfix or "-"))
+        rows.append(
+            (
+                n.name,
+                n.ip,
+                "yes" if n.reachable else "NO",
+                "alive" if n.ray_alive else "down",
+                n.registered_ip or "-",
+                "-" if n.gpus is None else f"{n.gpus:g}",
+                (versions and versions.vllm) or "-",
+                (versions and versions.ray) or "-",
+                n.hotfix or "-",
+            )
+        )
     return rows
 
 
-def _table(headers: Iterable[str], rows: list[tuple[str, ...]], rich: bool, styled: tuple[int, ...] = ()) -> RenderableType:
+def _table(
+    headers: Iterable[str], rows: list[tuple[str, ...]], rich: bool, styled: tuple[int, ...] = ()
+) -> RenderableType:
     headers = tuple(headers)
     if not rich:
         return table(headers, [tuple(printable(c) for c in row) for row in rows], indent="  ")
@@ -69,8 +92,11 @@ def _table(headers: Iterable[str], rows: list[tuple[str, ...]], rich: bool, styl
 
 def _unreachable_lines(view) -> list[Text]:
     """Each node's NO with its reason, unless a problem line already names it."""
-    return [line(f"  {n.name}: unreachable: {n.unreachable_reason or 'no answer'}")
-            for n in view.nodes if not n.reachable and not any(p.startswith(n.label) for p in view.problems)]
+    return [
+        line(f"  {n.name}: unreachable: {n.unreachable_reason or 'no answer'}")
+        for n in view.nodes
+        if not n.reachable and not any(p.startswith(n.label) for p in view.problems)
+    ]
 
 
 def status_renderables(view, env_file: str, rich: bool, now: float | None = None) -> list[RenderableType]:
@@ -82,8 +108,16 @@ def status_renderables(view, env_file: str, rich: bool, now: float | None = None
     if not view.deployed:
         out.append(line("nothing deployed (env file ", env_file, "): `dspark start` brings it up"))
         for n in view.nodes:
-            out.append(line(f"  {n.label}: ", *(("reachable",) if n.reachable else
-                                                 (state_word("NO"), f": {n.unreachable_reason or 'no answer'}"))))
+            out.append(
+                line(
+                    f"  {n.label}: ",
+                    *(
+                        ("reachable",)
+                        if n.reachable
+                        else (state_word("NO"), f": {n.unreachable_reason or 'no answer'}")
+                    ),
+                )
+            )
     else:
         since = f", up {human_duration(now - view.started_at)}" if view.started_at and view.state != "down" else ""
         out.append(line("cluster: ", state_word(view.state), f" (Ray {view.ray_address}{since})"))
@@ -95,18 +129,31 @@ def status_renderables(view, env_file: str, rich: bool, now: float | None = None
         out += _server_lines(view.server, LIVE_LEVEL, now)
         if view.memory is not None:
             memory = view.memory
-            out.append(line(f"memory (the supervisor's, {human_duration(now - memory.at)} ago): "
-                            + "; ".join(f"{label} {node.line}" for label, node in memory.nodes.items())))
+            out.append(
+                line(
+                    f"memory (the supervisor's, {human_duration(now - memory.at)} ago): "
+                    + "; ".join(f"{label} {node.line}" for label, node in memory.nodes.items())
+                )
+            )
             guard = memory.guard
             if guard.mode == "pause":
                 since = f" since {time.strftime('%H:%M:%S', time.localtime(guard.since))}" if guard.since else ""
-                out.append(line("  memory guard (DSPARK_MEMORY_GUARD=pause): admission ",
-                                state_word("closed") if guard.closed else "open", since,
-                                f": {guard.reason}" if guard.reason else ""))
+                out.append(
+                    line(
+                        "  memory guard (DSPARK_MEMORY_GUARD=pause): admission ",
+                        state_word("closed") if guard.closed else "open",
+                        since,
+                        f": {guard.reason}" if guard.reason else "",
+                    )
+                )
         if view.recoveries:
             last = view.recoveries[-1]
-            out.append(line(f"supervisor: {len(view.recoveries)} recovery(ies) within the last hour; the last "
-                            f"{human_duration(now - last.at)} ago, {last.kind}: {last.cause}"))
+            out.append(
+                line(
+                    f"supervisor: {len(view.recoveries)} recovery(ies) within the last hour; the last "
+                    f"{human_duration(now - last.at)} ago, {last.kind}: {last.cause}"
+                )
+            )
     out += [line(f"warning: {w}") for w in (*view.fabric_warnings, *view.warnings)]
     out += [line(f"problem: {p}") for p in view.problems]
     return out
@@ -117,32 +164,57 @@ def _server_lines(s, live_level, now: float) -> list[Text]:
         return [line("server: not started")]
     uptime = f", up {human_duration(s.uptime_s)}" if s.uptime_s is not None else ""
     cap = s.cap if s.cap is not None else "none (hotfix off)"
-    out = [line("server: ", state_word(s.state), f" (pid {s.pid}{uptime}) {s.url}  cap {cap}  "
-                f"KV cache {s.kv_cache_tokens} tokens")]
+    out = [
+        line(
+            "server: ",
+            state_word(s.state),
+            f" (pid {s.pid}{uptime}) {s.url}  cap {cap}  KV cache {s.kv_cache_tokens} tokens",
+        )
+    ]
     m = s.metrics
     if m.reported:
-        out.append(line(f"  running {m.running or 0:g}  waiting {m.waiting or 0:g}  "
-                        f"KV cache used {100 * (m.kv_cache_usage or 0):.1f}%"))
+        out.append(
+            line(
+                f"  running {m.running or 0:g}  waiting {m.waiting or 0:g}  "
+                f"KV cache used {100 * (m.kv_cache_usage or 0):.1f}%"
+            )
+        )
     if s.engine is not None:
         said = s.engine.line
-        out.append(line("  engine: ", state_word("stalled"), said[len("engine: stalled"):]) if s.engine.stalled
-                   else line(f"  {said}"))
+        out.append(
+            line("  engine: ", state_word("stalled"), said[len("engine: stalled") :])
+            if s.engine.stalled
+            else line(f"  {said}")
+        )
     if s.live:
-        since = (f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(s.live_since))}, "
-                 f"{human_duration(now - s.live_since)} ago") if s.live_since else "?"
-        out.append(line(f"  live (dspark reload, since {since}): "
-                        + ", ".join(f"{name}={value}" for name, value in sorted(s.live.items()))))
+        since = (
+            (
+                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(s.live_since))}, "
+                f"{human_duration(now - s.live_since)} ago"
+            )
+            if s.live_since
+            else "?"
+        )
+        out.append(
+            line(
+                f"  live (dspark reload, since {since}): "
+                + ", ".join(f"{name}={value}" for name, value in sorted(s.live.items()))
+            )
+        )
     for d in s.drift:
-        out.append(line(f"  drift: {d.name} {d.running} -> {d.configured}: "
-                        + ("`dspark reload` applies it" if d.name in live_level else "restart to apply")))
+        out.append(
+            line(
+                f"  drift: {d.name} {d.running} -> {d.configured}: "
+                + ("`dspark reload` applies it" if d.name in live_level else "restart to apply")
+            )
+        )
     if s.profile:
         out.append(line(f"  profile {s.profile}:"))
     out += [line(f"    {decision}") for decision in s.decisions]
     return out
 
 
-def print_status(view, env_file: str, console: Console | None = None,
-                 plain: Callable[[str], None] = say) -> None:
+def print_status(view, env_file: str, console: Console | None = None, plain: Callable[[str], None] = say) -> None:
     """On a terminal through Rich (colour, tables sized to it); else each line as plain text."""
     console = console or Console(highlight=False)
     rich = console.is_terminal

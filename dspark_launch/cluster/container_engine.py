@@ -30,9 +30,9 @@ from typing import Mapping, Sequence
 
 from dspark_launch.agent.container_transport import AGENT_MOUNT, ContainerTransport, OneShotContainerTransport
 from dspark_launch.agent.host_shell import HostShell
-from dspark_launch.node.safe_path import CONTAINER_STATE_VAR, within
 from dspark_launch.config.container_args import refused_flag
 from dspark_launch.errors import ConfigError, DsparkError
+from dspark_launch.node.safe_path import CONTAINER_STATE_VAR, within
 
 RUNTIMES = ("docker", "podman")  # DSPARK_RUNTIME besides "host"
 OWNER_LABEL = "dspark.owner"
@@ -139,8 +139,10 @@ def test_hook_allowed(environ: Mapping[str, str]) -> None:
     import importlib.util
 
     if environ.get(TEST_PLATFORM_VAR) != "1" or importlib.util.find_spec(TEST_PLATFORM_MODULE) is None:
-        raise ConfigError(f"{TEST_GPU_ARGS_VAR} from the environment is a test hook; allowed: only on the test "
-                          f"platform ({TEST_PLATFORM_VAR}=1 with tests/vllm_ray_cpu_plugin installed); unset it")
+        raise ConfigError(
+            f"{TEST_GPU_ARGS_VAR} from the environment is a test hook; allowed: only on the test "
+            f"platform ({TEST_PLATFORM_VAR}=1 with tests/vllm_ray_cpu_plugin installed); unset it"
+        )
 
 
 def _mount_targets(words: Sequence[str]) -> list[str]:
@@ -172,15 +174,16 @@ def check_spec(spec: ContainerSpec) -> None:
     ours = {AGENT_MOUNT, spec.state_dir.rstrip("/"), spec.model_cache.rstrip("/"), spec.jit_cache.rstrip("/")} - {""}
     for target in _mount_targets(spec.extra_args):
         if any(within(mine, target) or within(target, mine) for mine in ours):
-            raise ConfigError(f"DSPARK_CONTAINER_ARGS: a mount at {target} would cover the launcher's own "
-                              f"({', '.join(sorted(ours))})")
+            raise ConfigError(
+                f"DSPARK_CONTAINER_ARGS: a mount at {target} would cover the launcher's own ({', '.join(sorted(ours))})"
+            )
 
 
 def run_argv(spec: ContainerSpec) -> list[str]:
     """The `run` command that creates the node's container, labelled with the digest of the rest of it."""
     argv = _create_argv(spec)
     label = argv.index(f"{OWNER_LABEL}={spec.marker}")
-    return argv[:label + 1] + ["--label", f"{SPEC_LABEL}={spec_digest(spec)}"] + argv[label + 1:]
+    return argv[: label + 1] + ["--label", f"{SPEC_LABEL}={spec_digest(spec)}"] + argv[label + 1 :]
 
 
 def spec_digest(spec: ContainerSpec) -> str:
@@ -194,8 +197,12 @@ def jit_env(jit_cache: str) -> list[str]:
 
 
 def _create_argv(spec: ContainerSpec) -> list[str]:
-    mounts = ["--volume", f"{spec.agent_package}:{AGENT_MOUNT}/dspark_launch:ro",
-              "--volume", f"{spec.state_dir}:{spec.state_dir}"]
+    mounts = [
+        "--volume",
+        f"{spec.agent_package}:{AGENT_MOUNT}/dspark_launch:ro",
+        "--volume",
+        f"{spec.state_dir}:{spec.state_dir}",
+    ]
     # The agent (root in a rootful runtime) keeps the logs in the state folder for that folder's owner.
     env = ["--env", f"PYTHONPATH={AGENT_MOUNT}", "--env", f"{CONTAINER_STATE_VAR}={spec.state_dir}"]
     if spec.model_cache:
@@ -206,9 +213,30 @@ def _create_argv(spec: ContainerSpec) -> list[str]:
         mounts += ["--volume", f"{spec.jit_cache}:{spec.jit_cache}"]
         env += [word for pair in jit_env(spec.jit_cache) for word in ("--env", pair)]
     # --pull never: the image was checked on every node before; a run never fetches another.
-    return [spec.runtime, "run", "--detach", "--pull", "never", "--name", spec.name, "--label", f"{OWNER_LABEL}={spec.marker}",
-            "--network", "host", "--ipc", "host", "--init", *spec.hardware_args, *mounts, *env,
-            *spec.extra_args, "--entrypoint", "sleep", spec.image, "infinity"]
+    return [
+        spec.runtime,
+        "run",
+        "--detach",
+        "--pull",
+        "never",
+        "--name",
+        spec.name,
+        "--label",
+        f"{OWNER_LABEL}={spec.marker}",
+        "--network",
+        "host",
+        "--ipc",
+        "host",
+        "--init",
+        *spec.hardware_args,
+        *mounts,
+        *env,
+        *spec.extra_args,
+        "--entrypoint",
+        "sleep",
+        spec.image,
+        "infinity",
+    ]
 
 
 def oneshot_run_args(spec: ContainerSpec) -> tuple[str, ...]:
@@ -216,10 +244,22 @@ def oneshot_run_args(spec: ContainerSpec) -> tuple[str, ...]:
     state folder and the model cache (read-only, at the host path), no network, our label; nothing else
     of the node's. The state folder's owner is whom the model folder check trusts besides root, as in
     the node container (agent.model_folder.trusted_owner)."""
-    args = ["--pull", "never", "--network", "none", "--label", f"{OWNER_LABEL}={spec.marker}-model",
-            "--volume", f"{spec.agent_package}:{AGENT_MOUNT}/dspark_launch:ro",
-            "--volume", f"{spec.state_dir}:{spec.state_dir}:ro",
-            "--env", f"PYTHONPATH={AGENT_MOUNT}", "--env", f"{CONTAINER_STATE_VAR}={spec.state_dir}"]
+    args = [
+        "--pull",
+        "never",
+        "--network",
+        "none",
+        "--label",
+        f"{OWNER_LABEL}={spec.marker}-model",
+        "--volume",
+        f"{spec.agent_package}:{AGENT_MOUNT}/dspark_launch:ro",
+        "--volume",
+        f"{spec.state_dir}:{spec.state_dir}:ro",
+        "--env",
+        f"PYTHONPATH={AGENT_MOUNT}",
+        "--env",
+        f"{CONTAINER_STATE_VAR}={spec.state_dir}",
+    ]
     if spec.model_cache:
         args += ["--volume", f"{spec.model_cache}:{spec.model_cache}:ro"]
     return tuple(args)
@@ -230,8 +270,9 @@ def oneshot_transport(host: HostShell, spec: ContainerSpec) -> OneShotContainerT
     cache folder is created first (a runtime refuses a missing bind source)."""
     if spec.model_cache:
         _run(host, ["mkdir", "-p", "-m", "700", spec.model_cache], 30, "creating the model cache folder")
-    return OneShotContainerTransport(host=host, runtime=spec.runtime, image=spec.image,
-                                     run_args=oneshot_run_args(spec), python=spec.python)
+    return OneShotContainerTransport(
+        host=host, runtime=spec.runtime, image=spec.image, run_args=oneshot_run_args(spec), python=spec.python
+    )
 
 
 def _run(host: HostShell, argv: Sequence[str], timeout: float, what: str) -> str:
@@ -254,16 +295,18 @@ def resolve_image(host: HostShell, runtime: str, image: str, node: str, timeout:
     if proc.returncode != 0:
         return ImageIdentity(node=node, reference=image, image_id="")
     image_id, _, digests = proc.stdout.strip().partition(" ")
-    return ImageIdentity(node=node, reference=image, image_id=_sha256(image_id),
-                         repo_digests=tuple(json.loads(digests or "null") or ()))
+    return ImageIdentity(
+        node=node, reference=image, image_id=_sha256(image_id), repo_digests=tuple(json.loads(digests or "null") or ())
+    )
 
 
 def check_same_image(identities: Sequence[ImageIdentity]) -> str:
     """The one image id all nodes hold; ImageMismatch (exit 1) naming each node's when not."""
     missing = [i.node for i in identities if not i.present]
     if missing:
-        raise ImageMismatch(f"image {identities[0].reference} is not on {', '.join(missing)} "
-                            f"(pull or load it there first)")
+        raise ImageMismatch(
+            f"image {identities[0].reference} is not on {', '.join(missing)} (pull or load it there first)"
+        )
     ids = {i.image_id for i in identities}
     if len(ids) != 1:
         shown = ", ".join(f"{i.node} {i.image_id[:19]}" for i in identities)
@@ -272,8 +315,10 @@ def check_same_image(identities: Sequence[ImageIdentity]) -> str:
 
 
 def inspect(host: HostShell, runtime: str, name: str, timeout: float = 30) -> ContainerState:
-    fmt = ("{{.State.Status}} {{.Image}} {{index .Config.Labels \"" + OWNER_LABEL + "\"}} "
-           "{{index .Config.Labels \"" + SPEC_LABEL + "\"}}")
+    fmt = (
+        '{{.State.Status}} {{.Image}} {{index .Config.Labels "' + OWNER_LABEL + '"}} '
+        '{{index .Config.Labels "' + SPEC_LABEL + '"}}'
+    )
     proc = host.run([runtime, "container", "inspect", "--format", fmt, name], timeout=timeout)
     if proc.returncode != 0:
         return ContainerState(name=name, status="absent", image_id="", owner="")
@@ -328,9 +373,11 @@ def up(host: HostShell, spec: ContainerSpec, timeout: float = 120, reuse: bool =
 
 # Each folder from `$1` up to /, by lstat (a link is shown as one, then what it points to): run on the
 # node's host, where rsync and the runtime's bind mounts meet these folders, not inside a container.
-_FOLDER_CHAIN = ('mkdir -p -m 700 "$1" || exit 1; id -u; p="$1"; while :; do stat -c "%u %a %F|%n" "$p"; '
-                 'if [ -L "$p" ]; then stat -L -c "%u %a %F|%n" "$p"; fi; [ "$p" = / ] && break; '
-                 'p=$(dirname "$p"); done')
+_FOLDER_CHAIN = (
+    'mkdir -p -m 700 "$1" || exit 1; id -u; p="$1"; while :; do stat -c "%u %a %F|%n" "$p"; '
+    'if [ -L "$p" ]; then stat -L -c "%u %a %F|%n" "$p"; fi; [ "$p" = / ] && break; '
+    'p=$(dirname "$p"); done'
+)
 
 
 @dataclass(frozen=True)
@@ -348,8 +395,9 @@ class FolderEntry:
 def folder_chain(host: HostShell, folder: str, timeout: float = 60) -> tuple[int, list[FolderEntry]]:
     """`folder` (created 0700 when missing) and each folder above it on the node's host, never followed
     unnoticed: (the uid we run as there, the entries from `folder` up)."""
-    lines = _run(host, ["sh", "-c", _FOLDER_CHAIN, "sh", os.path.abspath(folder)], timeout,
-                 f"preparing {folder}").splitlines()
+    lines = _run(
+        host, ["sh", "-c", _FOLDER_CHAIN, "sh", os.path.abspath(folder)], timeout, f"preparing {folder}"
+    ).splitlines()
     entries = []
     for line in lines[1:]:
         head, _, path = line.partition("|")
@@ -364,9 +412,11 @@ def _check_above(host: HostShell, folder: str, setting: str, uid: int, entries: 
     for entry in entries:
         open_to_others = not entry.link and entry.mode & 0o022 and not entry.mode & 0o1000
         if entry.uid not in (0, uid) or open_to_others:
-            raise ContainerError(f"{host.description}: {entry.path}, above {folder} ({setting}), is owned by uid "
-                                 f"{entry.uid} with mode {entry.mode:o}; allowed: owned by root or uid {uid}, not "
-                                 "group- or other-writable unless sticky")
+            raise ContainerError(
+                f"{host.description}: {entry.path}, above {folder} ({setting}), is owned by uid "
+                f"{entry.uid} with mode {entry.mode:o}; allowed: owned by root or uid {uid}, not "
+                "group- or other-writable unless sticky"
+            )
 
 
 def check_private_folder(host: HostShell, folder: str, setting: str, timeout: float = 60) -> None:
@@ -376,12 +426,16 @@ def check_private_folder(host: HostShell, folder: str, setting: str, timeout: fl
     uid, entries = folder_chain(host, folder, timeout)
     leaf = entries[0]
     if leaf.link:
-        raise ContainerError(f"{host.description}: {folder} ({setting}) is a symbolic link (never followed); "
-                             f"allowed: a real folder owned by uid {uid}, not group- or other-writable")
+        raise ContainerError(
+            f"{host.description}: {folder} ({setting}) is a symbolic link (never followed); "
+            f"allowed: a real folder owned by uid {uid}, not group- or other-writable"
+        )
     if leaf.uid != uid or leaf.mode & 0o022:
-        raise ContainerError(f"{host.description}: {folder} ({setting}) is owned by uid {leaf.uid} with mode "
-                             f"{leaf.mode:o}; allowed: owned by uid {uid}, not group- or other-writable "
-                             f"(chmod go-w {folder})")
+        raise ContainerError(
+            f"{host.description}: {folder} ({setting}) is owned by uid {leaf.uid} with mode "
+            f"{leaf.mode:o}; allowed: owned by uid {uid}, not group- or other-writable "
+            f"(chmod go-w {folder})"
+        )
     _check_above(host, folder, setting, uid, entries[1:])
 
 
@@ -397,8 +451,11 @@ def package_archive(package_dir: str) -> tuple[bytes, dict[str, str]]:
     of every file in it."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", dereference=True) as tar:
-        tar.add(package_dir, arcname="dspark_launch",
-                filter=lambda info: None if "__pycache__" in info.name or info.name.endswith(".pyc") else info)
+        tar.add(
+            package_dir,
+            arcname="dspark_launch",
+            filter=lambda info: None if "__pycache__" in info.name or info.name.endswith(".pyc") else info,
+        )
     hashes: dict[str, str] = {}
     with tarfile.open(fileobj=io.BytesIO(buffer.getvalue())) as tar:
         for member in tar.getmembers():
@@ -409,8 +466,7 @@ def package_archive(package_dir: str) -> tuple[bytes, dict[str, str]]:
 
 def _ship_program() -> str:
     """safe_path's source (host mode's folder rules), then agent_copy_host's: run by the host's python3."""
-    from dspark_launch.node import agent_copy_host
-    from dspark_launch.node import safe_path
+    from dspark_launch.node import agent_copy_host, safe_path
 
     return "\n".join(Path(module.__file__).read_text(encoding="utf-8") for module in (safe_path, agent_copy_host))
 
@@ -434,11 +490,14 @@ def ship_package(host: HostShell, package_dir: str, dest_root: str, timeout: flo
     proc = host.run(["python3", "-c", _ship_program(), dest_root, digest], timeout=timeout, input=stdin)
     detail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
     if proc.returncode == agent_copy_host.UNSAFE_EXIT:
-        raise ContainerError(f"{host.description}: {detail}; refusing to ship the launcher's package there, "
-                             "nothing was started (remove it if nobody should have put it there)")
+        raise ContainerError(
+            f"{host.description}: {detail}; refusing to ship the launcher's package there, "
+            "nothing was started (remove it if nobody should have put it there)"
+        )
     if proc.returncode != 0:
-        raise ContainerError(f"{host.description}: copying the launcher's package failed (python3 on the "
-                             f"node's host): {detail}")
+        raise ContainerError(
+            f"{host.description}: copying the launcher's package failed (python3 on the node's host): {detail}"
+        )
     return f"{proc.stdout.strip().splitlines()[-1]}/dspark_launch"
 
 

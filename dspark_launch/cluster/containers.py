@@ -14,14 +14,14 @@ import sys
 from pathlib import Path
 
 import dspark_launch
-from dspark_launch.cluster import container_engine
 from dspark_launch.agent.host_shell import HostShell
-from dspark_launch.cluster.parallel import on_each
-from dspark_launch.cluster.spec import ClusterSpec, Node, NodeContainers
-from dspark_launch.report import Reporter
 from dspark_launch.agent.protocol import Glob
 from dspark_launch.agent.transport import LocalTransport, Transport
+from dspark_launch.cluster import container_engine
+from dspark_launch.cluster.parallel import on_each
+from dspark_launch.cluster.spec import ClusterSpec, Node, NodeContainers
 from dspark_launch.errors import DsparkError
+from dspark_launch.report import Reporter
 
 PACKAGE_DIR = str(Path(dspark_launch.__file__).resolve().parent)
 
@@ -31,14 +31,23 @@ def host_of(node: Node) -> HostShell:
     return node.transport.host
 
 
-def container_spec(spec: ClusterSpec, node: Node, agent_package: str, image: str = "") -> container_engine.ContainerSpec:
+def container_spec(
+    spec: ClusterSpec, node: Node, agent_package: str, image: str = ""
+) -> container_engine.ContainerSpec:
     """`image`: the id the check found on every node (what runs is what was compared); default DSPARK_IMAGE."""
     containers = spec.containers
     return container_engine.ContainerSpec(
-        runtime=containers.runtime, image=image or containers.image, marker=containers.name(node.name),
-        agent_package=agent_package, state_dir=str(spec.state_dir), model_cache=containers.model_cache,
-        python=containers.python, extra_args=containers.extra_args,
-        hardware_args=container_engine.hardware_args(containers.runtime), jit_cache=containers.jit_cache)
+        runtime=containers.runtime,
+        image=image or containers.image,
+        marker=containers.name(node.name),
+        agent_package=agent_package,
+        state_dir=str(spec.state_dir),
+        model_cache=containers.model_cache,
+        python=containers.python,
+        extra_args=containers.extra_args,
+        hardware_args=container_engine.hardware_args(containers.runtime),
+        jit_cache=containers.jit_cache,
+    )
 
 
 def check_settings(spec: ClusterSpec) -> None:
@@ -49,8 +58,10 @@ def check_settings(spec: ClusterSpec) -> None:
 def same_image(spec: ClusterSpec) -> str:
     """The image id every node holds for DSPARK_IMAGE; ImageMismatch (exit 1) with a line per node when not."""
     containers: NodeContainers = spec.containers
-    identities = on_each(spec.nodes, lambda node: container_engine.resolve_image(
-        host_of(node), containers.runtime, containers.image, node.name))
+    identities = on_each(
+        spec.nodes,
+        lambda node: container_engine.resolve_image(host_of(node), containers.runtime, containers.image, node.name),
+    )
     try:
         return container_engine.check_same_image([identities[n.name] for n in spec.nodes])
     except container_engine.ImageMismatch as exc:
@@ -58,14 +69,19 @@ def same_image(spec: ClusterSpec) -> str:
         raise
 
 
-def up(spec: ClusterSpec, nodes: list[Node], image_id: str, reporter: Reporter) -> dict[str, container_engine.ContainerState]:
+def up(
+    spec: ClusterSpec, nodes: list[Node], image_id: str, reporter: Reporter
+) -> dict[str, container_engine.ContainerState]:
     """The containers of `nodes` at once from `image_id`: kept when running from the same spec with nothing
     of a run inside, else (re)created; a worker first gets a copy of the launcher's package."""
+
     def up_one(node: Node) -> container_engine.ContainerState:
         host = host_of(node)
         package = PACKAGE_DIR if node.is_head else container_engine.ship_package(host, PACKAGE_DIR, str(spec.state_dir))
         wanted = container_spec(spec, node, package, image_id)
-        reuse = container_engine.reusable(container_engine.inspect(host, wanted.runtime, wanted.name), wanted) and idle(node)
+        reuse = container_engine.reusable(container_engine.inspect(host, wanted.runtime, wanted.name), wanted) and idle(
+            node
+        )
         if not reuse:
             reporter.phase(f"creating container {spec.containers.name(node.name)} on {node.label}")
         return container_engine.up(host, wanted, reuse=reuse)
@@ -87,13 +103,16 @@ def idle(node: Node) -> bool:
 def down(spec: ClusterSpec, nodes: list[Node]) -> dict[str, bool]:
     """Remove the containers of `nodes` at once; per node, whether one was there."""
     containers = spec.containers
-    return on_each(nodes, lambda node: container_engine.down(host_of(node), containers.runtime, containers.name(node.name)))
+    return on_each(
+        nodes, lambda node: container_engine.down(host_of(node), containers.runtime, containers.name(node.name))
+    )
 
 
 def inspect(spec: ClusterSpec) -> dict[str, container_engine.ContainerState]:
     containers = spec.containers
-    return on_each(spec.nodes, lambda node: container_engine.inspect(host_of(node), containers.runtime,
-                                                            containers.name(node.name)))
+    return on_each(
+        spec.nodes, lambda node: container_engine.inspect(host_of(node), containers.runtime, containers.name(node.name))
+    )
 
 
 def model_transports(spec: ClusterSpec) -> dict[str, Transport]:

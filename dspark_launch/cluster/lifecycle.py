@@ -13,19 +13,30 @@ from pathlib import Path
 from typing import Iterator, Literal
 
 from dspark_launch import __version__
+from dspark_launch.agent.protocol import Hello, RayNode
 from dspark_launch.cluster import containers
 from dspark_launch.cluster import ray_cluster as rc
-from dspark_launch.errors import ClusterFailure
-from dspark_launch.report import Reporter
 from dspark_launch.cluster.hotfix_rollout import NodeChecks, versions_and_hotfix
-from dspark_launch.agent.protocol import Hello, RayNode
-from dspark_launch.node.values import VersionRow
 from dspark_launch.cluster.parallel import Background, on_each, settle
 from dspark_launch.cluster.spec import ClusterSpec, Node
-from dspark_launch.cluster.state import (Deployment, HotfixRecord, RayRegistrationRecord, VersionsRecord, clear_state, ensure_state_dir,
-                                         load_state, lock_holder, on_wire, recorded, save_state, state_lock)
+from dspark_launch.cluster.state import (
+    Deployment,
+    HotfixRecord,
+    RayRegistrationRecord,
+    VersionsRecord,
+    clear_state,
+    ensure_state_dir,
+    load_state,
+    lock_holder,
+    on_wire,
+    recorded,
+    save_state,
+    state_lock,
+)
+from dspark_launch.errors import EXIT_ALREADY_RUNNING, ClusterFailure, DsparkError
+from dspark_launch.node.values import VersionRow
 from dspark_launch.node.versions import matrix_lines
-from dspark_launch.errors import EXIT_ALREADY_RUNNING, DsparkError
+from dspark_launch.report import Reporter
 
 
 class AlreadyRunning(DsparkError):
@@ -56,12 +67,12 @@ def _unreachable_because(node: Node) -> str:
         return exc.detail or "no answer"
 
 
-def node_health(spec: ClusterSpec, state: Deployment | None,
-                details: dict[str, str] | None = None) -> dict[str, str]:
+def node_health(spec: ClusterSpec, state: Deployment | None, details: dict[str, str] | None = None) -> dict[str, str]:
     """Per node, asked of all nodes at once: "alive", "dead" or "unreachable", from the recorded Ray daemons.
 
     `details`, when given, receives the reason for each node found unreachable.
     """
+
     def health_of(node: Node) -> tuple[str, str]:
         record = state.node(node.name) if state else None
         if record is None:
@@ -86,8 +97,9 @@ def cluster_up(spec: ClusterSpec, reporter: Reporter) -> UpResult:
         return result
 
 
-def cluster_up_locked(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None,
-                      image_id: str | None = None) -> UpResult:
+def cluster_up_locked(
+    spec: ClusterSpec, reporter: Reporter, existing: Deployment | None, image_id: str | None = None
+) -> UpResult:
     """Bring the cluster up (or repair a half-up one) for a caller that holds the lock; nothing is saved.
 
     With a container runtime, `image_id` says the caller already made the containers (prepare_containers).
@@ -131,13 +143,15 @@ def prepare_containers(spec: ClusterSpec, reporter: Reporter, existing: Deployme
         raise
     for name, state in states.items():
         if state.reused:
-            reporter.phase(f"{spec.node(name).label}: reusing container {state.name} (image, mounts and "
-                           "arguments unchanged)")
+            reporter.phase(
+                f"{spec.node(name).label}: reusing container {state.name} (image, mounts and arguments unchanged)"
+            )
     return image_id
 
 
 def remove_containers(spec: ClusterSpec, reporter: Reporter) -> list[str]:
     """Every node's container removed at once (ending every process of ours there); returns the nodes where not."""
+
     def remove_one(node: Node) -> bool:
         try:
             removed = containers.down(spec, [node])[node.name]
@@ -152,12 +166,16 @@ def remove_containers(spec: ClusterSpec, reporter: Reporter) -> list[str]:
     return [name for name, ok in results.items() if not ok]
 
 
-def _up_in_containers(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None,
-                      image_id: str | None) -> UpResult:
+def _up_in_containers(
+    spec: ClusterSpec, reporter: Reporter, existing: Deployment | None, image_id: str | None
+) -> UpResult:
     """Every start recreates the containers: the hotfix meets a pristine image's vLLM, in every container."""
     if image_id is None:
-        if existing is not None and existing.config_digest == spec.config_digest and all(
-                h == "alive" for h in node_health(spec, existing).values()):
+        if (
+            existing is not None
+            and existing.config_digest == spec.config_digest
+            and all(h == "alive" for h in node_health(spec, existing).values())
+        ):
             raise AlreadyRunning(f"the cluster is already up ({existing.ray_address}); `dspark status` shows it")
         image_id = prepare_containers(spec, reporter, existing)
     try:
@@ -167,15 +185,18 @@ def _up_in_containers(spec: ClusterSpec, reporter: Reporter, existing: Deploymen
         raise
     for record in result.state.nodes:
         record.container_name, record.container_runtime, record.container_image_id = (
-            spec.containers.name(record.name), spec.containers.runtime, image_id)
+            spec.containers.name(record.name),
+            spec.containers.runtime,
+            image_id,
+        )
     result.state.versions = {name: replace(row, image=image_id) for name, row in result.state.versions.items()}
     result.matrix = matrix_lines({n.name: on_wire(VersionRow, result.state.versions[n.name]) for n in spec.nodes})
     return result
 
 
-def stop_leftovers(spec: ClusterSpec, state: Deployment, reporter: Reporter,
-                   only: list[str] | None = None) -> None:
+def stop_leftovers(spec: ClusterSpec, state: Deployment, reporter: Reporter, only: list[str] | None = None) -> None:
     """Stop what is left of a previous run (all nodes, or `only` these), by marker, session and start time."""
+
     def stop_one(node: Node) -> None:
         try:
             answer = rc.stop_node(node, state.node(node.name))
@@ -208,8 +229,9 @@ def _bring_up(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None
         else:
             # Repairing beside a live head: Ray may still list the lost nodes' old registrations
             # as alive for a few seconds; remember them so the wait never takes one for the new node.
-            stale = tuple(n.node_id for n in rc.ray_view(spec, existing.node(spec.head.name))
-                          if n.ip in {m.ip for m in workers})
+            stale = tuple(
+                n.node_id for n in rc.ray_view(spec, existing.node(spec.head.name)) if n.ip in {m.ip for m in workers}
+            )
         prepared.result()
         on_each(workers, bringup.start_ray)
         registered = bringup.checks(stale, existing.node(spec.head.name) if existing else None)
@@ -223,8 +245,13 @@ def _bring_up(spec: ClusterSpec, reporter: Reporter, existing: Deployment | None
                 reporter.warn(f"rollback: {problem}")
         raise
     if existing is None:
-        state = Deployment(ray_address=spec.ray_address, config_digest=spec.config_digest, started_at=time.time(),
-                           launcher_version=__version__, nodes=[bringup.records[n.name] for n in spec.nodes])
+        state = Deployment(
+            ray_address=spec.ray_address,
+            config_digest=spec.config_digest,
+            started_at=time.time(),
+            launcher_version=__version__,
+            nodes=[bringup.records[n.name] for n in spec.nodes],
+        )
     else:
         state = existing
         state.nodes = [bringup.records.get(n.name) or existing.node(n.name) for n in spec.nodes]
@@ -249,8 +276,9 @@ def cluster_down(spec: ClusterSpec, reporter: Reporter) -> list[str]:
         return cluster_down_locked(spec, reporter, state)
 
 
-def cluster_down_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None,
-                        remove: bool = False) -> list[str]:
+def cluster_down_locked(
+    spec: ClusterSpec, reporter: Reporter, state: Deployment | None, remove: bool = False
+) -> list[str]:
     """Stop Ray on every node at once; the record is cleared when all stopped. With a container runtime
     the containers stay (idle, warm for the next start) unless `remove`, or unless stopping inside failed."""
     if spec.containers:
@@ -340,6 +368,7 @@ RaySource = Literal["record", "ray"]
 @dataclass(frozen=True)
 class ClusterView:
     """The cluster half of `status` (JSON shape in docs/cluster.md)."""
+
     state: str  # down | starting | up | degraded
     ray_address: str
     config_digest: str | None
@@ -350,8 +379,9 @@ class ClusterView:
     ray_source: RaySource | None = None  # where the nodes' registered IP and GPUs came from
 
 
-def ray_source(state: Deployment | None, spec: ClusterSpec, deep: bool, health: dict[str, str] | None = None
-               ) -> RaySource | None:
+def ray_source(
+    state: Deployment | None, spec: ClusterSpec, deep: bool, health: dict[str, str] | None = None
+) -> RaySource | None:
     """Where `status` takes each node's Ray registration (registered IP, GPUs) from: the record, when every
     node's registration was recorded at start and (once `health` is known) every node's recorded Ray daemons
     are still the same live processes; else Ray's node table ("ray", also for `--deep`); None without a record."""
@@ -387,13 +417,21 @@ def cluster_status(spec: ClusterSpec, state: Deployment | None, deep: bool = Fal
     for node in spec.nodes:
         record = state.node(node.name) if state else None
         hotfix = state.hotfix.get(node.name) if state else None
-        nodes.append(NodeView(
-            name=node.name, ip=node.ip, ssh_host=node.ssh_host, reachable=health[node.name] != "unreachable",
-            ray_alive=health[node.name] == "alive", registered_ip=None, gpus=None,
-            pids=tuple(proc.pid for proc in rc.core_processes(record)) if record else (),
-            versions=state.versions.get(node.name) if state else None,
-            hotfix=("off" if hotfix.apply.action == "revert" else hotfix.status.state) if hotfix else None,
-            unreachable_reason=details.get(node.name) if health[node.name] == "unreachable" else None))
+        nodes.append(
+            NodeView(
+                name=node.name,
+                ip=node.ip,
+                ssh_host=node.ssh_host,
+                reachable=health[node.name] != "unreachable",
+                ray_alive=health[node.name] == "alive",
+                registered_ip=None,
+                gpus=None,
+                pids=tuple(proc.pid for proc in rc.core_processes(record)) if record else (),
+                versions=state.versions.get(node.name) if state else None,
+                hotfix=("off" if hotfix.apply.action == "revert" else hotfix.status.state) if hotfix else None,
+                unreachable_reason=details.get(node.name) if health[node.name] == "unreachable" else None,
+            )
+        )
     if boxes is not None:
         nodes = _with_containers(boxes.result(), nodes)
         if state and source == "record" and not all(n.ray_alive for n in nodes):
@@ -418,18 +456,32 @@ def cluster_status(spec: ClusterSpec, state: Deployment | None, deep: bool = Fal
     if state and overall in ("up", "degraded"):
         for node in nodes:
             if node.container and node.container_status != "running":
-                problems.append(f"{node.label}: container {node.container} is {node.container_status}; "
-                                f"`dspark logs --node {node.name}`, then `dspark restart` recreates it")
+                problems.append(
+                    f"{node.label}: container {node.container} is {node.container_status}; "
+                    f"`dspark logs --node {node.name}`, then `dspark restart` recreates it"
+                )
             elif not node.reachable:
-                problems.append(f"{node.label}: unreachable ({details.get(node.name, 'no answer')}); "
-                                f"check the fabric link and SSH to {node.ssh_host}")
+                problems.append(
+                    f"{node.label}: unreachable ({details.get(node.name, 'no answer')}); "
+                    f"check the fabric link and SSH to {node.ssh_host}"
+                )
             elif not node.ray_alive:
-                problems.append(f"{node.label}: Ray is down (its raylet is gone); `dspark logs --node {node.name}`, "
-                                "then `dspark restart`")
+                problems.append(
+                    f"{node.label}: Ray is down (its raylet is gone); `dspark logs --node {node.name}`, "
+                    "then `dspark restart`"
+                )
             elif node.registered_ip not in (None, node.ip):
                 problems.append(f"{node.label}: Ray does not list this node at its fabric IP")
-    return ClusterView(overall, spec.ray_address, state.config_digest if state else None,
-                       state.started_at if state else None, tuple(nodes), tuple(problems), time.time(), source)
+    return ClusterView(
+        overall,
+        spec.ray_address,
+        state.config_digest if state else None,
+        state.started_at if state else None,
+        tuple(nodes),
+        tuple(problems),
+        time.time(),
+        source,
+    )
 
 
 RAY_VIEW_TIMEOUT_S = 20
@@ -437,9 +489,16 @@ RAY_VIEW_TIMEOUT_S = 20
 
 def _with_containers(boxes: dict, nodes: list[NodeView]) -> list[NodeView]:
     """Each node's container and image id; a node whose container is not running is not alive."""
-    return [replace(node, container=boxes[node.name].name, container_status=boxes[node.name].status,
-                    image_id=boxes[node.name].image_id or None,
-                    ray_alive=node.ray_alive and boxes[node.name].running) for node in nodes]
+    return [
+        replace(
+            node,
+            container=boxes[node.name].name,
+            container_status=boxes[node.name].status,
+            image_id=boxes[node.name].image_id or None,
+            ray_alive=node.ray_alive and boxes[node.name].running,
+        )
+        for node in nodes
+    ]
 
 
 def _with_record(state: Deployment, nodes: list[NodeView]) -> list[NodeView]:
@@ -458,5 +517,9 @@ def _with_ray_view(ray_view: Background, nodes: list[NodeView]) -> list[NodeView
         seen = {n.ip: n for n in ray_view.result() if n.alive}
     except ClusterFailure:
         return nodes
-    return [replace(node, registered_ip=node.ip, gpus=seen[node.ip].gpus) if node.ip in seen
-            else replace(node, ray_alive=False) for node in nodes]
+    return [
+        replace(node, registered_ip=node.ip, gpus=seen[node.ip].gpus)
+        if node.ip in seen
+        else replace(node, ray_alive=False)
+        for node in nodes
+    ]

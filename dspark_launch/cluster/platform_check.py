@@ -25,8 +25,9 @@ class PlatformRefused(ConfigError):
 def platform_query(spec: ClusterSpec) -> p.PlatformQuery:
     """The question, with the tests' fake trees where the launcher's environment names them (DSPARK_TEST_*)."""
     forwarded = dict(spec.forwarded)
-    return p.PlatformQuery(forwarded.get(PROCFS_ROOT_VAR, ""), forwarded.get(SYSFS_ROOT_VAR, ""),
-                           forwarded.get(MODULES_ROOT_VAR, ""))
+    return p.PlatformQuery(
+        forwarded.get(PROCFS_ROOT_VAR, ""), forwarded.get(SYSFS_ROOT_VAR, ""), forwarded.get(MODULES_ROOT_VAR, "")
+    )
 
 
 def memory_query(spec: ClusterSpec) -> p.MemoryQuery:
@@ -53,8 +54,10 @@ def preflight(spec: ClusterSpec, facts: dict[str, PlatformFacts], reporter: Repo
         raise PlatformRefused(verdict.refusals)
     for line in verdict.warnings:
         reporter.warn(line)
-    reporter.phase("platform pre-flight: " + "; ".join(
-        f"{spec.node(name).label} kernel {found.kernel or 'unknown'}" for name, found in facts.items()))
+    reporter.phase(
+        "platform pre-flight: "
+        + "; ".join(f"{spec.node(name).label} kernel {found.kernel or 'unknown'}" for name, found in facts.items())
+    )
     return verdict
 
 
@@ -66,6 +69,7 @@ def recorded(facts: dict[str, PlatformFacts]) -> dict[str, dict[str, str]]:
 def drift_lines(spec: ClusterSpec, at_start: dict[str, dict[str, str]]) -> list[str]:
     """Per node, each fact that changed since start, and a refusal the node's facts now give; a node that cannot
     be asked is left to the other status lines."""
+
     def ask(node: Node) -> PlatformFacts | None:
         try:
             return node_platform(spec, node)

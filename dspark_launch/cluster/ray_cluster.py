@@ -13,14 +13,21 @@ import hashlib
 import secrets
 
 from dspark_launch.agent import protocol as p
-from dspark_launch.errors import ClusterFailure
-from dspark_launch.report import Reporter
-from dspark_launch.node.fabric import SYSFS_ROOT_VAR, FabricEnv
 from dspark_launch.cluster.parallel import Background, on_each
 from dspark_launch.cluster.spec import ClusterSpec, Node
-from dspark_launch.cluster.state import (NodeRecord, ProcessRecord, SessionRecord, ray_token, recorded, rotate_ray_token, wire_processes,
-                                         wire_sessions)
-from dspark_launch.errors import ConfigError
+from dspark_launch.cluster.state import (
+    NodeRecord,
+    ProcessRecord,
+    SessionRecord,
+    ray_token,
+    recorded,
+    rotate_ray_token,
+    wire_processes,
+    wire_sessions,
+)
+from dspark_launch.errors import ClusterFailure, ConfigError
+from dspark_launch.node.fabric import SYSFS_ROOT_VAR, FabricEnv
+from dspark_launch.report import Reporter
 
 RAY_START_TIMEOUT_S = 180
 CHECKS_TIMEOUT_S = 60  # beyond the join wait (its own timeout): the IP and GPU checks
@@ -65,17 +72,37 @@ def node_env(spec: ClusterSpec, node: Node, token_env: dict[str, str], fabric: F
 
 
 def ray_start_argv(spec: ClusterSpec, node: Node, temp_dir: str) -> list[str]:
-    argv = [node.transport.python, "-m", "ray.scripts.scripts", "start", "--node-ip-address", node.ip,
-            "--num-gpus", str(spec.gpus_per_node), "--object-store-memory", str(spec.object_store_bytes),
-            "--temp-dir", temp_dir, "--disable-usage-stats",
-            "--min-worker-port", str(WORKER_PORTS[0]), "--max-worker-port", str(WORKER_PORTS[1])]
+    argv = [
+        node.transport.python,
+        "-m",
+        "ray.scripts.scripts",
+        "start",
+        "--node-ip-address",
+        node.ip,
+        "--num-gpus",
+        str(spec.gpus_per_node),
+        "--object-store-memory",
+        str(spec.object_store_bytes),
+        "--temp-dir",
+        temp_dir,
+        "--disable-usage-stats",
+        "--min-worker-port",
+        str(WORKER_PORTS[0]),
+        "--max-worker-port",
+        str(WORKER_PORTS[1]),
+    ]
     if node.is_head:
         # --no-monitor: no autoscaler on a fixed set of nodes, and so no autoscaler metrics
         # server, which Ray 2.60 binds to 0.0.0.0:44217.
         argv += ["--head", "--port", str(spec.ray_port), "--no-monitor"]
         if spec.dashboard == "local":
-            argv += ["--include-dashboard=true", "--dashboard-host", "127.0.0.1",
-                     "--dashboard-port", str(DASHBOARD_PORT)]
+            argv += [
+                "--include-dashboard=true",
+                "--dashboard-host",
+                "127.0.0.1",
+                "--dashboard-port",
+                str(DASHBOARD_PORT),
+            ]
         else:
             argv += ["--include-dashboard=false"]
     else:
@@ -86,8 +113,10 @@ def ray_start_argv(spec: ClusterSpec, node: Node, temp_dir: str) -> list[str]:
 def security_warnings(spec: ClusterSpec) -> list[str]:
     """Lines to print before Ray starts, for settings that weaken the defaults."""
     if spec.auth_mode == "disabled":
-        return [f"RAY_AUTH_MODE=disabled: anyone who reaches a Ray port on any node (GCS {spec.ray_address}) "
-                "can run code there; use it only on an isolated fabric (default: token); see docs/security.md"]
+        return [
+            f"RAY_AUTH_MODE=disabled: anyone who reaches a Ray port on any node (GCS {spec.ray_address}) "
+            "can run code there; use it only on an isolated fabric (default: token); see docs/security.md"
+        ]
     return []
 
 
@@ -98,9 +127,11 @@ def dashboard_hint(spec: ClusterSpec) -> str | None:
     import getpass
     import socket
 
-    return (f"Ray dashboard: http://127.0.0.1:{DASHBOARD_PORT} on the head only; from your desk: "
-            f"ssh -N -L {DASHBOARD_PORT}:127.0.0.1:{DASHBOARD_PORT} {getpass.getuser()}@{socket.gethostname()} "
-            f"(or the head's address on your network), then open http://127.0.0.1:{DASHBOARD_PORT}")
+    return (
+        f"Ray dashboard: http://127.0.0.1:{DASHBOARD_PORT} on the head only; from your desk: "
+        f"ssh -N -L {DASHBOARD_PORT}:127.0.0.1:{DASHBOARD_PORT} {getpass.getuser()}@{socket.gethostname()} "
+        f"(or the head's address on your network), then open http://127.0.0.1:{DASHBOARD_PORT}"
+    )
 
 
 def node_fabric(spec: ClusterSpec, node: Node, reporter: Reporter | None = None) -> FabricEnv:
@@ -118,8 +149,10 @@ def image_without_ray(image: str) -> str:
         version = metadata.version("ray")
     except metadata.PackageNotFoundError:
         version = "<the Ray version of your other nodes>"
-    return (f"image {image} has no Ray: build FROM {image} with `pip install ray=={version}` "
-            "(docs/containers.md has the Dockerfile); nothing was started")
+    return (
+        f"image {image} has no Ray: build FROM {image} with `pip install ray=={version}` "
+        "(docs/containers.md has the Dockerfile); nothing was started"
+    )
 
 
 def preflight_node(spec: ClusterSpec, node: Node, reporter: Reporter) -> FabricEnv:
@@ -129,10 +162,12 @@ def preflight_node(spec: ClusterSpec, node: Node, reporter: Reporter) -> FabricE
     # Read-only questions, asked at once and all answered before any is judged, in this order: the
     # first problem reported is the one a question at a time would have found, and none is left running.
     # (The log folder is the one thing made here: its own operation, so `probe` stays read-only.)
-    asked_probe = Background(lambda: agent.call(p.Probe(node.is_head and spec.dashboard == "local"),
-                                                timeout=spec.ssh_timeout_s + 30))
-    asked_logs = Background(lambda: agent.call(p.PrepareLogDir(str(spec.state_dir / "logs")),
-                                               timeout=spec.ssh_timeout_s + 30))
+    asked_probe = Background(
+        lambda: agent.call(p.Probe(node.is_head and spec.dashboard == "local"), timeout=spec.ssh_timeout_s + 30)
+    )
+    asked_logs = Background(
+        lambda: agent.call(p.PrepareLogDir(str(spec.state_dir / "logs")), timeout=spec.ssh_timeout_s + 30)
+    )
     asked_iface = Background(lambda: agent.call(p.InterfaceQuery(spec.fabric_ifname, node.ip)))
     asked_port = Background(lambda: agent.call(p.PortQuery(node.ip, spec.ray_port))) if node.is_head else None
     asked_fabric = Background(lambda: node_fabric(spec, node, reporter))
@@ -149,18 +184,23 @@ def preflight_node(spec: ClusterSpec, node: Node, reporter: Reporter) -> FabricE
     if log_dir_error:
         raise ClusterFailure(node.label, "log folder", f"{log_dir_error}; nothing was started")
     if probe.dashboard_missing:
-        raise ClusterFailure(node.label, "dashboard",
-                             f"DSPARK_RAY_DASHBOARD=local needs Ray's dashboard packages, missing "
-                             f"{', '.join(probe.dashboard_missing)}: pip install 'ray[default]' "
-                             f"(the same Ray version) in {probe.python}'s environment, "
-                             "or set DSPARK_RAY_DASHBOARD=off")
+        raise ClusterFailure(
+            node.label,
+            "dashboard",
+            f"DSPARK_RAY_DASHBOARD=local needs Ray's dashboard packages, missing "
+            f"{', '.join(probe.dashboard_missing)}: pip install 'ray[default]' "
+            f"(the same Ray version) in {probe.python}'s environment, "
+            "or set DSPARK_RAY_DASHBOARD=off",
+        )
     iface = asked_iface.result()
     if not iface.exists:
         raise ClusterFailure(node.label, "fabric interface", f"no interface {spec.fabric_ifname}")
     if not iface.has_ip:
-        raise ClusterFailure(node.label, "fabric interface",
-                             f"{spec.fabric_ifname} carries {', '.join(iface.addresses) or 'no address'}, "
-                             f"not VLLM_HOST_IP {node.ip}")
+        raise ClusterFailure(
+            node.label,
+            "fabric interface",
+            f"{spec.fabric_ifname} carries {', '.join(iface.addresses) or 'no address'}, not VLLM_HOST_IP {node.ip}",
+        )
     if asked_port is not None:
         port = asked_port.result()
         if not port.free:
@@ -176,9 +216,11 @@ def require_roce(spec: ClusterSpec, node: Node, fabric: FabricEnv) -> None:
     """Fail closed: a node without usable RoCE would run NCCL over TCP sockets (hazyumps measured ~12 against
     30+ tok/s on two GB10s), so start refuses (exit 2) unless DSPARK_ALLOW_TCP_FABRIC=1 (then a warning)."""
     if not fabric.roce and not spec.allow_tcp_fabric:
-        raise ConfigError(f"{node.label}: {fabric.missing}: NCCL would run over TCP sockets (~12 against 30+ tok/s); "
-                          "nothing started: fix the fabric (docs/cluster.md) or set DSPARK_ALLOW_TCP_FABRIC=1 to "
-                          "accept TCP")
+        raise ConfigError(
+            f"{node.label}: {fabric.missing}: NCCL would run over TCP sockets (~12 against 30+ tok/s); "
+            "nothing started: fix the fabric (docs/cluster.md) or set DSPARK_ALLOW_TCP_FABRIC=1 to "
+            "accept TCP"
+        )
 
 
 class Bringup:
@@ -196,15 +238,21 @@ class Bringup:
     def record(self, node: Node) -> NodeRecord:
         if node.name not in self.records:
             self.records[node.name] = NodeRecord(
-                name=node.name, ip=node.ip, ssh_host=node.ssh_host, marker=f"dspark-{self.run_id}-{node.name}",
-                ray_log=str(self.spec.state_dir / "logs" / f"ray-start-{node.name}.log"))
+                name=node.name,
+                ip=node.ip,
+                ssh_host=node.ssh_host,
+                marker=f"dspark-{self.run_id}-{node.name}",
+                ray_log=str(self.spec.state_dir / "logs" / f"ray-start-{node.name}.log"),
+            )
             fabric = self.fabric.get(node.name)
             self.records[node.name].fabric_warnings = list(fabric.warnings) if fabric else []
         return self.records[node.name]
 
     def prepare(self, node: Node) -> None:
         """The node's Ray temp folder (every node's at once, before the head's Ray starts)."""
-        self.temp_dirs[node.name] = node.agent(self.reporter).call(p.RayTempDir(ray_temp_dir_name(self.spec, node))).path
+        self.temp_dirs[node.name] = (
+            node.agent(self.reporter).call(p.RayTempDir(ray_temp_dir_name(self.spec, node))).path
+        )
 
     def start_ray(self, node: Node) -> None:
         record = self.record(node)
@@ -212,9 +260,18 @@ class Bringup:
         self.reporter.phase(f"starting Ray on {node.label}")
         record.ray_temp_dir = self.temp_dirs[node.name]
         argv = ray_start_argv(self.spec, node, record.ray_temp_dir)
-        answer = agent.call(p.Run(tuple(argv), node_env(self.spec, node, self.token_env, self.fabric.get(node.name)),
-                                 record.marker, record.ray_log, RAY_START_TIMEOUT_S, wire_sessions(record.sessions)),
-                           "ray start", RAY_START_TIMEOUT_S + 30)
+        answer = agent.call(
+            p.Run(
+                tuple(argv),
+                node_env(self.spec, node, self.token_env, self.fabric.get(node.name)),
+                record.marker,
+                record.ray_log,
+                RAY_START_TIMEOUT_S,
+                wire_sessions(record.sessions),
+            ),
+            "ray start",
+            RAY_START_TIMEOUT_S + 30,
+        )
         record.sessions.append(recorded(SessionRecord, answer.session))
         record.processes = [recorded(ProcessRecord, proc) for proc in answer.processes]
         if answer.returncode != 0:
@@ -226,17 +283,25 @@ class Bringup:
         head's record when its Ray was not started by this run."""
         self.reporter.phase("checking that every node joined Ray with its IP and GPUs")
         head = self.records.get(self.spec.head.name, head)
-        request = p.RayChecks(self.spec.ray_address, self.token_env,
-                              tuple(p.ExpectedNode(n.name, n.ip) for n in self.spec.nodes),
-                              self.spec.gpus_per_node, self.spec.join_timeout_s, ignore_node_ids,
-                              wire_processes(head.processes) if head else ())
+        request = p.RayChecks(
+            self.spec.ray_address,
+            self.token_env,
+            tuple(p.ExpectedNode(n.name, n.ip) for n in self.spec.nodes),
+            self.spec.gpus_per_node,
+            self.spec.join_timeout_s,
+            ignore_node_ids,
+            wire_processes(head.processes) if head else (),
+        )
         answer = self.spec.head.agent(self.reporter).call(request, timeout=self.spec.join_timeout_s + CHECKS_TIMEOUT_S)
-        self.reporter.phase(f"Ray checks passed: {len(answer.nodes)} node(s) joined, each at its IP with "
-                            f"{self.spec.gpus_per_node} GPU(s)")
+        self.reporter.phase(
+            f"Ray checks passed: {len(answer.nodes)} node(s) joined, each at its IP with "
+            f"{self.spec.gpus_per_node} GPU(s)"
+        )
         return answer
 
     def rollback(self) -> list[str]:
         """Stop everything this run started, on every node; returns what could not be stopped."""
+
         def stop_one(node: Node) -> str | None:
             try:
                 answer = stop_node(node, self.records[node.name])
@@ -265,11 +330,17 @@ def ray_view(spec: ClusterSpec, head: NodeRecord | None, timeout: float = 20) ->
         return answer.nodes
     if answer.port.verdict == p.PortHolderAnswer.FOREIGN:
         renewed = rotate_ray_token(spec.state_dir) if spec.auth_mode == "token" and not spec.auth_token else False
-        token = ("a new Ray token was drawn for the next start" if renewed else
-                 "the Ray token was not sent" + ("; replace RAY_AUTH_TOKEN" if spec.auth_token else ""))
-        raise ForeignRayPort(spec.head.label, "ray port",
-                             f"RAY_PORT {spec.ray_address} is held by {answer.port.foreign}, not by the Ray "
-                             f"started there; {token}; stop that process before `dspark restart`")
+        token = (
+            "a new Ray token was drawn for the next start"
+            if renewed
+            else "the Ray token was not sent" + ("; replace RAY_AUTH_TOKEN" if spec.auth_token else "")
+        )
+        raise ForeignRayPort(
+            spec.head.label,
+            "ray port",
+            f"RAY_PORT {spec.ray_address} is held by {answer.port.foreign}, not by the Ray "
+            f"started there; {token}; stop that process before `dspark restart`",
+        )
     raise RayPortDown(spec.head.label, "ray port", f"nothing of ours listens on {spec.ray_address} (Ray is down)")
 
 
@@ -287,8 +358,9 @@ def foreign_ray_port(ray_view: Background | None) -> str | None:
 
 
 def stop_node(node: Node, record: NodeRecord, grace_s: float = RAY_STOP_GRACE_S) -> p.StopAnswer:
-    return node.agent().call(p.Stop(record.marker, wire_processes(record.processes), wire_sessions(record.sessions),
-                                    grace_s))
+    return node.agent().call(
+        p.Stop(record.marker, wire_processes(record.processes), wire_sessions(record.sessions), grace_s)
+    )
 
 
 def core_processes(record: NodeRecord) -> list[ProcessRecord]:

@@ -10,15 +10,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dspark_launch.agent.client import NodeAgent
-
-from dspark_launch.report import Reporter
 from dspark_launch.agent.container_transport import ContainerTransport
 from dspark_launch.agent.host_shell import LocalHost, SSHHost
-from dspark_launch.node.fabric import FabricRequest
 from dspark_launch.agent.transport import LocalTransport, SSHTransport, Transport
 from dspark_launch.config.node_fabric import fabric_request
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import ConfigError
+from dspark_launch.node.fabric import FabricRequest
+from dspark_launch.report import Reporter
 
 
 @dataclass(frozen=True)
@@ -46,6 +45,7 @@ class Node:
 @dataclass(frozen=True)
 class NodeContainers:
     """DSPARK_RUNTIME=docker|podman: every node's agent (and so Ray and vLLM) runs in one container per node."""
+
     runtime: str  # "docker" | "podman"
     image: str
     marker: str  # the deployment's marker (from the state folder): container names and owner label
@@ -94,7 +94,6 @@ class ClusterSpec:
         raise ConfigError(f"--node {name}: no such node; allowed: {', '.join(n.name for n in self.nodes)}")
 
 
-
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "dspark"
@@ -126,20 +125,27 @@ def _require_real_hosts(settings: Settings, placeholders_ok: bool) -> None:
         if placeholder(settings, attr) and not placeholders_ok:
             raise ConfigError(
                 f"{name}={entry.value} from {entry.source} is a placeholder from the example file; "
-                "allowed: your own hosts: run `dspark config init` and set them in .env.dspark")
+                "allowed: your own hosts: run `dspark config init` and set them in .env.dspark"
+            )
         if not entry.value:
-            raise ConfigError(f"{name} is not set ({entry.source}); allowed: {NOT_SET_HINT[name]}; "
-                              "`dspark config init` writes an env file with every setting to edit")
+            raise ConfigError(
+                f"{name} is not set ({entry.source}); allowed: {NOT_SET_HINT[name]}; "
+                "`dspark config init` writes an env file with every setting to edit"
+            )
 
 
-NOT_SET_HINT = {"DSPARK_HEAD_IP": "the head's fabric IP", "DSPARK_WORKER_HOSTS": "each worker's SSH address ([user@]host)",
-                "DSPARK_FABRIC_IFNAME": "the fabric interface's name (`ip -br link`)"}
+NOT_SET_HINT = {
+    "DSPARK_HEAD_IP": "the head's fabric IP",
+    "DSPARK_WORKER_HOSTS": "each worker's SSH address ([user@]host)",
+    "DSPARK_FABRIC_IFNAME": "the fabric interface's name (`ip -br link`)",
+}
 
 
 def _hf_home() -> str:
     """The hub client's own folder, as huggingface_hub finds it."""
     return os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
 
 
 def _refuse_the_token_folder(settings: Settings, cache: str) -> None:
@@ -149,9 +155,11 @@ def _refuse_the_token_folder(settings: Settings, cache: str) -> None:
     home = _hf_home()
     token = os.environ.get("HF_TOKEN_PATH") or os.path.join(home, "token")
     if within(os.path.abspath(os.path.expanduser(token)), os.path.abspath(os.path.expanduser(cache))):
-        raise ConfigError(f"DSPARK_CONTAINER_MODEL_CACHE={cache} ({settings.source_of('dspark_container_model_cache')}) holds the hub login token "
-                          f"({token}), which every serving container would then read; allowed: the hub cache "
-                          f"({os.path.join(home, 'hub')}) or another folder of weights")
+        raise ConfigError(
+            f"DSPARK_CONTAINER_MODEL_CACHE={cache} ({settings.source_of('dspark_container_model_cache')}) holds the hub login token "
+            f"({token}), which every serving container would then read; allowed: the hub cache "
+            f"({os.path.join(home, 'hub')}) or another folder of weights"
+        )
 
 
 def cluster_spec(settings: Settings, placeholders_ok: bool = False) -> ClusterSpec:
@@ -164,44 +172,67 @@ def cluster_spec(settings: Settings, placeholders_ok: bool = False) -> ClusterSp
         try:
             ipaddress.ip_address(ip)
         except ValueError:
-            raise ConfigError(f"DSPARK_WORKER_IPS: worker {host} has no fabric IP "
-                              f"({settings.source_of('dspark_worker_ips')}); allowed: one IP per worker") from None
+            raise ConfigError(
+                f"DSPARK_WORKER_IPS: worker {host} has no fabric IP "
+                f"({settings.source_of('dspark_worker_ips')}); allowed: one IP per worker"
+            ) from None
     head_ip = settings.dspark_head_ip
     if head_ip in ips or len(set(ips)) != len(ips):
-        raise ConfigError(f"DSPARK_WORKER_IPS={' '.join(ips)}: every node needs its own fabric IP "
-                          f"(head {head_ip}); allowed: distinct addresses")
+        raise ConfigError(
+            f"DSPARK_WORKER_IPS={' '.join(ips)}: every node needs its own fabric IP "
+            f"(head {head_ip}); allowed: distinct addresses"
+        )
     head_python = settings.dspark_head_python or sys.executable
     python = settings.dspark_worker_python or head_python
-    ssh = dict(port=settings.ssh_port, user=settings.dspark_ssh_user, key=settings.dspark_ssh_key,
-               host_key_check=settings.dspark_ssh_host_key_check,
-               connect_timeout=settings.ssh_connect_timeout_s,
-               extra_options=settings.dspark_ssh_options)
+    ssh = dict(
+        port=settings.ssh_port,
+        user=settings.dspark_ssh_user,
+        key=settings.dspark_ssh_key,
+        host_key_check=settings.dspark_ssh_host_key_check,
+        connect_timeout=settings.ssh_connect_timeout_s,
+        extra_options=settings.dspark_ssh_options,
+    )
     containers = node_containers(settings)
     copy_hosts = settings.dspark_model_copy_hosts.split() or ips
     nodes = [Node("head", head_ip, None, LocalTransport(head_python), fabric_request(settings, "head", head_ip))]
     for index, (host, ip, copy_host) in enumerate(zip(hosts, ips, copy_hosts), start=1):
         name = f"worker{index}"
-        nodes.append(Node(name, ip, host, SSHTransport(host=host.rsplit("@", 1)[-1], python=python,
-                                                       **{**ssh, "user": _user(host, ssh["user"])}),
-                          fabric_request(settings, name, ip), copy_host))
+        nodes.append(
+            Node(
+                name,
+                ip,
+                host,
+                SSHTransport(host=host.rsplit("@", 1)[-1], python=python, **{**ssh, "user": _user(host, ssh["user"])}),
+                fabric_request(settings, name, ip),
+                copy_host,
+            )
+        )
     if containers:
         nodes = [_in_container(node, containers) for node in nodes]
     ifname = settings.dspark_fabric_ifname
     node_env: list[tuple[str, str]] = []  # NCCL_*, *_SOCKET_IFNAME: per node, from its agent (`fabric_env`)
     port = settings.ray_port
     return ClusterSpec(
-        nodes=tuple(nodes), ray_port=port, ray_address=f"{_bracket(head_ip)}:{port}", fabric_ifname=ifname,
+        nodes=tuple(nodes),
+        ray_port=port,
+        ray_address=f"{_bracket(head_ip)}:{port}",
+        fabric_ifname=ifname,
         node_env=tuple(node_env),
         # Read from the launcher's environment once, here: every node gets these values, nothing else of it.
-        forwarded=tuple((name, os.environ[name]) for name in settings.dspark_forward_env.split()
-                        if name in os.environ),
+        forwarded=tuple((name, os.environ[name]) for name in settings.dspark_forward_env.split() if name in os.environ),
         gpus_per_node=settings.gpus_per_node,
         object_store_bytes=settings.ray_object_store_mb * 1024 * 1024,
-        auth_mode=settings.ray_auth_mode, dashboard=settings.dspark_ray_dashboard,
-        state_dir=state_dir_of(settings), join_timeout_s=settings.cluster_join_timeout_s,
-        ssh_timeout_s=settings.ssh_connect_timeout_s, config_digest=settings.digest(),
-        auth_token=settings.ray_auth_token, containers=containers,
-        allow_tcp_fabric=settings.dspark_allow_tcp_fabric, hotfix=settings.dspark_hotfix)
+        auth_mode=settings.ray_auth_mode,
+        dashboard=settings.dspark_ray_dashboard,
+        state_dir=state_dir_of(settings),
+        join_timeout_s=settings.cluster_join_timeout_s,
+        ssh_timeout_s=settings.ssh_connect_timeout_s,
+        config_digest=settings.digest(),
+        auth_token=settings.ray_auth_token,
+        containers=containers,
+        allow_tcp_fabric=settings.dspark_allow_tcp_fabric,
+        hotfix=settings.dspark_hotfix,
+    )
 
 
 def node_containers(settings: Settings) -> NodeContainers | None:
@@ -215,17 +246,26 @@ def node_containers(settings: Settings) -> NodeContainers | None:
     cache = settings.dspark_container_model_cache or os.path.join(_hf_home(), "hub")
     _refuse_the_token_folder(settings, cache)
     jit_cache = settings.dspark_container_jit_cache or str(state_dir_of(settings) / "jit-cache")
-    return NodeContainers(runtime=runtime, image=settings.dspark_image, marker=marker,
-                          python=settings.dspark_container_python or "python3",
-                          extra_args=settings.dspark_container_args, model_cache=cache,
-                          jit_cache=str(Path(jit_cache).expanduser()))
+    return NodeContainers(
+        runtime=runtime,
+        image=settings.dspark_image,
+        marker=marker,
+        python=settings.dspark_container_python or "python3",
+        extra_args=settings.dspark_container_args,
+        model_cache=cache,
+        jit_cache=str(Path(jit_cache).expanduser()),
+    )
 
 
 def _in_container(node: Node, containers: NodeContainers) -> Node:
     """The node's agent runs inside its container, reached through the node's host shell."""
     host = LocalHost() if node.is_head else SSHHost(node.transport)
-    return replace(node, transport=ContainerTransport(host=host, runtime=containers.runtime,
-                                                      container=containers.name(node.name), python=containers.python))
+    return replace(
+        node,
+        transport=ContainerTransport(
+            host=host, runtime=containers.runtime, container=containers.name(node.name), python=containers.python
+        ),
+    )
 
 
 def host_ssh(node: Node) -> SSHTransport:

@@ -21,9 +21,17 @@ from typing import Any, Iterator, TypeVar
 
 from dspark_launch.agent.codec import from_data, to_data
 from dspark_launch.agent.protocol import Process, Session
-from dspark_launch.node.safe_path import (UnsafePath, check_ancestors, check_dir, make_dir, make_log_dir,
-                                             read_private, write_private, write_temp)
 from dspark_launch.errors import ConfigError, DsparkError
+from dspark_launch.node.safe_path import (
+    UnsafePath,
+    check_ancestors,
+    check_dir,
+    make_dir,
+    make_log_dir,
+    read_private,
+    write_private,
+    write_temp,
+)
 
 STATE_FILE = "state.json"
 LOCK_FILE = "lock"
@@ -52,6 +60,7 @@ on_wire = recorded
 @dataclass(frozen=True)
 class SessionRecord:
     """A process group we started (its leader's pid = sid), in the boot it was started in."""
+
     sid: int
     start_time: int
     boot_id: str = ""
@@ -60,6 +69,7 @@ class SessionRecord:
 @dataclass(frozen=True)
 class ProcessRecord:
     """A process by identity: pid plus start time (and boot), so a reused pid never matches."""
+
     pid: int
     start_time: int
     sid: int | None = None
@@ -70,6 +80,7 @@ class ProcessRecord:
 @dataclass(frozen=True, kw_only=True)
 class VersionsRecord:
     """One node's row of the version matrix at start (node.values.VersionRow)."""
+
     python: str | None = None
     vllm: str | None = None
     ray: str | None = None
@@ -99,6 +110,7 @@ class HotfixResultRecord:
 class HotfixRecord:
     """The hotfix applied and verified on one node at start (agent.protocol.HotfixApplyAnswer); with DSPARK_HOTFIX=off
     `apply` is the revert (action "revert") and `status` the file afterwards."""
+
     hostname: str
     apply: HotfixResultRecord
     status: HotfixResultRecord
@@ -108,6 +120,7 @@ class HotfixRecord:
 class RayRegistrationRecord:
     """How Ray registered a node when the start's checks passed (agent.protocol.RayNode): `status` answers the
     node's registered IP and GPUs from it while the node's recorded Ray daemons are the same processes."""
+
     node_id: str
     ip: str
     gpus: float
@@ -142,6 +155,7 @@ class NodeRecord:
 @dataclass(kw_only=True)
 class ServerRecord:
     """`vllm serve` on the head: who it is, where it answers, what it was started with."""
+
     marker: str
     log: str
     url: str
@@ -181,6 +195,7 @@ class ServerRecord:
 @dataclass
 class Deployment:
     """Everything one `start` (or `cluster up`) left running, as saved in state.json."""
+
     ray_address: str
     config_digest: str
     started_at: float
@@ -261,8 +276,9 @@ def load_state(state_dir: Path) -> Deployment | None:
             data["server"] = None  # launchers before 0.2 wrote {} for "no server"
         return from_data(Deployment, data)
     except (ValueError, TypeError) as exc:
-        raise StateUnreadable(f"{path}: not a deployment record ({exc}); move it aside if no cluster "
-                              "runs from this state folder") from None
+        raise StateUnreadable(
+            f"{path}: not a deployment record ({exc}); move it aside if no cluster runs from this state folder"
+        ) from None
 
 
 def clear_state(state_dir: Path) -> None:

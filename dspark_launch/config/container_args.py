@@ -55,7 +55,8 @@ def check_container_args(value: str) -> str:
 
 _IMAGE_REFERENCE = re.compile(
     r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$"
+)
 
 
 def check_image(value: str) -> str:
@@ -73,6 +74,8 @@ def unpinned_image_warning(runtime: str, image: str, source: str) -> str | None:
     tag (or the registry) chooses what runs as root on every node at the next start."""
     if runtime not in ("docker", "podman") or not image or _DIGEST.search(image):
         return None
-    return (f"DSPARK_IMAGE={image} ({source}) is a tag, not a digest: whoever can move that tag chooses what "
-            "runs on every node at the next start; pin it as NAME@sha256:DIGEST "
-            "(e.g. `podman image inspect --format '{{.Digest}}' IMAGE`)")
+    return (
+        f"DSPARK_IMAGE={image} ({source}) is a tag, not a digest: whoever can move that tag chooses what "
+        "runs on every node at the next start; pin it as NAME@sha256:DIGEST "
+        "(e.g. `podman image inspect --format '{{.Digest}}' IMAGE`)"
+    )

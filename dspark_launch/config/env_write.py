@@ -24,8 +24,10 @@ from typing import Mapping
 from dspark_launch.config.registry import load_registry
 from dspark_launch.errors import ConfigError
 
-_LINE = re.compile(r"^(?P<head>\s*(?:export\s+)?(?P<key>[A-Za-z_][A-Za-z0-9_.]*)\s*=\s*)"
-                   r"(?P<value>'[^']*'|\"(?:[^\"\\]|\\.)*\"|[^\s#]*)(?P<tail>.*)$")
+_LINE = re.compile(
+    r"^(?P<head>\s*(?:export\s+)?(?P<key>[A-Za-z_][A-Za-z0-9_.]*)\s*=\s*)"
+    r"(?P<value>'[^']*'|\"(?:[^\"\\]|\\.)*\"|[^\s#]*)(?P<tail>.*)$"
+)
 _BOM = "\ufeff"
 
 
@@ -40,12 +42,14 @@ def where_set(path: Path, name: str, source: str) -> int | None:
     """The line (1-based) that sets `name` in `path`, from the setting's source (`path:line`); None when the
     file does not set it. A value from the environment or the CLI is refused: the file would not win."""
     prefix = f"{path}:"
-    if source.startswith(prefix) and source[len(prefix):].isdigit():
-        return int(source[len(prefix):])
+    if source.startswith(prefix) and source[len(prefix) :].isdigit():
+        return int(source[len(prefix) :])
     if source == "default":
         return None
-    raise ConfigError(f"{name}: its value comes from {source}, which beats the env file {path}; "
-                      f"allowed: unset it there so the env file's line is the one in force")
+    raise ConfigError(
+        f"{name}: its value comes from {source}, which beats the env file {path}; "
+        f"allowed: unset it there so the env file's line is the one in force"
+    )
 
 
 def _spellings(name: str) -> frozenset[str]:
@@ -63,8 +67,10 @@ def _read_all(fd: int) -> bytes:
 
 def _require_unchanged(path: Path, real: Path, fd: int, read_sha256: str) -> bytes:
     """The file's bytes, when `real` is still the file open as `fd` and holds what was read (`read_sha256`)."""
-    changed = (f"{path} changed since it was read when this command began; nothing written; "
-               "allowed: run the command again on the file as it is now")
+    changed = (
+        f"{path} changed since it was read when this command began; nothing written; "
+        "allowed: run the command again on the file as it is now"
+    )
     try:
         same_file = os.stat(real).st_ino == os.fstat(fd).st_ino
     except FileNotFoundError:
@@ -106,12 +112,14 @@ def _rewritten(path: Path, text: str, changes: Mapping[str, tuple[str, int | Non
             continue
         line = lines[number - 1] if 1 <= number <= len(lines) else ""
         bom = _BOM if number == 1 and line.startswith(_BOM) else ""
-        match = _LINE.match(line[len(bom):])
+        match = _LINE.match(line[len(bom) :])
         if match is None or match.group("key") not in _spellings(name):
             found = f"sets {match.group('key')}" if match else "is not an assignment"
-            raise ConfigError(f"{name}: {path}:{number} {found}, not {name} (the file changed since it was read); "
-                              "nothing written; allowed: run the command again on the file as it is now")
-        lines[number - 1] = bom + _replaced(line[len(bom):], value)
+            raise ConfigError(
+                f"{name}: {path}:{number} {found}, not {name} (the file changed since it was read); "
+                "nothing written; allowed: run the command again on the file as it is now"
+            )
+        lines[number - 1] = bom + _replaced(line[len(bom) :], value)
     if added:
         lines += ([f"# {note}"] if note else []) + added
     return newline.join(lines) + newline

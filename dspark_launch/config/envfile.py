@@ -63,8 +63,13 @@ def choose_env_file(cli_path: str | None, environ: Mapping[str, str], cwd: Path)
     return None, False
 
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
 
 
 def _require_regular_file(path: Path, label: str) -> None:
@@ -107,8 +112,10 @@ def group_or_world_readable(path: Path) -> bool:
         return False
 
 
-_TRUST_RULE = ("allowed: an env file and folder owned by you (uid {uid}) or root that group and others "
-               "cannot write, under folders only root or you can replace")
+_TRUST_RULE = (
+    "allowed: an env file and folder owned by you (uid {uid}) or root that group and others "
+    "cannot write, under folders only root or you can replace"
+)
 
 
 def _read_trusted(path: Path) -> bytes:
@@ -132,7 +139,9 @@ def _read_trusted(path: Path) -> bytes:
     with os.fdopen(fd, "rb") as handle:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"env file {path}: not a regular file; allowed: a readable env file, or /dev/null for none")
+            raise ConfigError(
+                f"env file {path}: not a regular file; allowed: a readable env file, or /dev/null for none"
+            )
         _require_trusted(path, st, f"env file {path}")
         try:
             return handle.read()

@@ -27,8 +27,11 @@ def field_docs(cls: type) -> dict[str, str]:
     for node, following in zip(body, body[1:]):
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
             continue
-        if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant) \
-                and isinstance(following.value.value, str):
+        if (
+            isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
             docs[node.target.id] = " ".join(inspect.cleandoc(following.value.value).split())
     return docs
 

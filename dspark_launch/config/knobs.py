@@ -35,12 +35,22 @@ class KnobRule:
     alias: str = ""
 
 
-def knob(default: int | float | bool, *, ge: int | float, le: int | float, group: str, soft: bool = False,
-         alias: str = "", level: Level = "cluster", flag: str | ServeFlag | None = None) -> Any:
+def knob(
+    default: int | float | bool,
+    *,
+    ge: int | float,
+    le: int | float,
+    group: str,
+    soft: bool = False,
+    alias: str = "",
+    level: Level = "cluster",
+    flag: str | ServeFlag | None = None,
+) -> Any:
     """A numeric knob field: its default, its bounds (inclusive) and how out-of-range values are treated;
     `level` and `flag`: what its change needs and the `vllm serve` flag it sets (config/levels.py)."""
-    return dataclasses.field(default=default, metadata={"knob": KnobRule(group, ge, le, soft, alias),
-                                                        **nature_metadata(level, flag)})
+    return dataclasses.field(
+        default=default, metadata={"knob": KnobRule(group, ge, le, soft, alias), **nature_metadata(level, flag)}
+    )
 
 
 def switch(default: bool, *, group: str, level: Level = "cluster", flag: str | ServeFlag | None = None) -> Any:
@@ -53,8 +63,15 @@ def live(name: str, *, alias: str = "") -> Any:
     (`hotfix.contract.LIVE_SETTINGS`), the one place they are written; a count is soft (above the
     maximum: the maximum, as the scheduler clamps it)."""
     setting = LIVE[name]
-    return knob(setting.default, ge=setting.minimum, le=setting.maximum, group="hotfix",
-                soft=setting.kind == "count", alias=alias, level="live")
+    return knob(
+        setting.default,
+        ge=setting.minimum,
+        le=setting.maximum,
+        group="hotfix",
+        soft=setting.kind == "count",
+        alias=alias,
+        level="live",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,21 +102,31 @@ class NumericKnobs:
     # ---- serving
     max_num_seqs: int = knob(6, ge=1, le=1024, group="serving", level="serve", flag="--max-num-seqs")
     """vllm --max-num-seqs: requests running at once"""
-    max_num_batched_tokens: int = knob(8192, ge=16, le=1048576, group="serving", level="serve",
-                                       flag="--max-num-batched-tokens")
+    max_num_batched_tokens: int = knob(
+        8192, ge=16, le=1048576, group="serving", level="serve", flag="--max-num-batched-tokens"
+    )
     """vllm --max-num-batched-tokens: token budget of one scheduler step"""
-    long_prefill_token_threshold: int = knob(1024, ge=0, le=1048576, group="serving", level="serve",
-                                             flag="--long-prefill-token-threshold")
+    long_prefill_token_threshold: int = knob(
+        1024, ge=0, le=1048576, group="serving", level="serve", flag="--long-prefill-token-threshold"
+    )
     """vllm --long-prefill-token-threshold: most prompt tokens one request gets per step (0 = no limit)"""
-    max_model_len: int = knob(1048576, ge=16, le=4194304, group="serving", level="serve",
-                              flag="--max-model-len")
+    max_model_len: int = knob(1048576, ge=16, le=4194304, group="serving", level="serve", flag="--max-model-len")
     """vllm --max-model-len: longest context in tokens"""
-    gpu_memory_utilization: float = knob(0.835, ge=0.05, le=0.95, group="serving", level="serve",
-                                         flag=ServeFlag(("--gpu-memory-utilization", "--device-memory-utilization")))
+    gpu_memory_utilization: float = knob(
+        0.835,
+        ge=0.05,
+        le=0.95,
+        group="serving",
+        level="serve",
+        flag=ServeFlag(("--gpu-memory-utilization", "--device-memory-utilization")),
+    )
     """vllm --gpu-memory-utilization: share of (unified) memory vLLM may take"""
-    enable_prefix_caching: bool = switch(True, group="serving", level="serve",
-                                         flag=owned("--enable-prefix-caching", "--no-enable-prefix-caching",
-                                                    "--disable-prefix-caching"))
+    enable_prefix_caching: bool = switch(
+        True,
+        group="serving",
+        level="serve",
+        flag=owned("--enable-prefix-caching", "--no-enable-prefix-caching", "--disable-prefix-caching"),
+    )
     """1 passes --enable-prefix-caching to vllm serve"""
     hf_hub_offline: bool = switch(False, group="serving")
     """1 forbids Hugging Face hub downloads (model must be in the local cache or a path)"""
@@ -109,8 +136,9 @@ class NumericKnobs:
     """seconds to wait for vllm serve to answer after launch"""
     health_timeout_s: int = knob(5, ge=1, le=600, group="serving", level="serve")
     """seconds one health or status probe may take"""
-    dspark_drain_timeout_s: int = knob(60, ge=0, le=3600, group="serving", level="serve",
-                                       flag=owned("--shutdown-timeout"))
+    dspark_drain_timeout_s: int = knob(
+        60, ge=0, le=3600, group="serving", level="serve", flag=owned("--shutdown-timeout")
+    )
     """seconds dspark stop and restart let vllm serve finish in-flight requests (vllm --shutdown-timeout);
     0 aborts them at once"""
 
@@ -138,8 +166,13 @@ class NumericKnobs:
     """TCP port of the Ray head (GCS) on the fabric IP"""
     ray_object_store_mb: int = knob(2048, ge=80, le=1048576, group="cluster")
     """Ray object store per node, MiB (else Ray claims 30% of RAM)"""
-    gpus_per_node: int = knob(1, ge=1, le=8, group="cluster", flag=owned(
-        "--tensor-parallel-size", "-tp", why="the launcher passes GPUS_PER_NODE x the number of nodes"))
+    gpus_per_node: int = knob(
+        1,
+        ge=1,
+        le=8,
+        group="cluster",
+        flag=owned("--tensor-parallel-size", "-tp", why="the launcher passes GPUS_PER_NODE x the number of nodes"),
+    )
     """GPUs each node must advertise to Ray (1 on a GB10)"""
     ssh_port: int = knob(22, ge=1, le=65535, group="cluster")
     """SSH port of the worker nodes"""
@@ -185,13 +218,26 @@ def declared_knobs(cls: type = NumericKnobs) -> tuple[Knob, ...]:
             raise ValueError(f"{cls.__name__}.{field.name} has no docstring")
         if field.default is dataclasses.MISSING:
             raise ValueError(f"{cls.__name__}.{field.name} has no default")
-        knobs.append(Knob(name=field.name.upper(), type=kind, default=_canonical(kind, field.default), minimum=_canonical(kind, rule.minimum),
-                          maximum=_canonical(kind, rule.maximum), range_policy="soft" if rule.soft else "hard", description=docs[field.name],
-                          group=rule.group, line=0))
+        knobs.append(
+            Knob(
+                name=field.name.upper(),
+                type=kind,
+                default=_canonical(kind, field.default),
+                minimum=_canonical(kind, rule.minimum),
+                maximum=_canonical(kind, rule.maximum),
+                range_policy="soft" if rule.soft else "hard",
+                description=docs[field.name],
+                group=rule.group,
+                line=0,
+            )
+        )
     return tuple(knobs)
 
 
 def declared_aliases() -> dict[str, str]:
     """alias -> knob name."""
-    return {field.metadata["knob"].alias: field.name.upper() for field in dataclasses.fields(NumericKnobs)
-            if field.metadata["knob"].alias}
+    return {
+        field.metadata["knob"].alias: field.name.upper()
+        for field in dataclasses.fields(NumericKnobs)
+        if field.metadata["knob"].alias
+    }

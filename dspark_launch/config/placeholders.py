@@ -14,8 +14,9 @@ from functools import lru_cache
 from dspark_launch.config.envfile import packaged_example
 from dspark_launch.config.settings import Settings
 
-DOCUMENTATION_NETS = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24",
-                                                              "2001:db8::/32"))
+DOCUMENTATION_NETS = tuple(
+    ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")
+)
 # The settings that name a node: an address nobody configured there is refused.
 ADDRESS_SETTINGS = ("DSPARK_HEAD_IP", "DSPARK_WORKER_HOSTS", "DSPARK_WORKER_IPS", "DSPARK_MODEL_COPY_HOSTS")
 IFNAME_SETTING = "DSPARK_FABRIC_IFNAME"
@@ -55,8 +56,12 @@ def placeholders(settings: Settings) -> list[Placeholder]:
     """Every address setting holding a documentation address; the fabric interface too when it is the example's
     value beside such an address or read from the example file itself (alone it may well be the real name: the
     example's is a DGX Spark's own)."""
-    found = [Placeholder(name, entry.value, entry.source) for name in ADDRESS_SETTINGS
-             for entry in (settings.entries[name],) if any(documentation_address(w) for w in entry.value.split())]
+    found = [
+        Placeholder(name, entry.value, entry.source)
+        for name in ADDRESS_SETTINGS
+        for entry in (settings.entries[name],)
+        if any(documentation_address(w) for w in entry.value.split())
+    ]
     ifname = settings.entries[IFNAME_SETTING]
     if ifname.value and ifname.value == example_ifname() and (found or settings.from_example):
         found.append(Placeholder(IFNAME_SETTING, ifname.value, ifname.source))
@@ -65,5 +70,7 @@ def placeholders(settings: Settings) -> list[Placeholder]:
 
 def placeholder_error(found: list[Placeholder]) -> str:
     """One line naming every value to edit, where it is, and what is allowed."""
-    return (f"placeholders from the example still set: {', '.join(p.line for p in found)}; "
-            "allowed: your own nodes' addresses and fabric interface (edit those lines)")
+    return (
+        f"placeholders from the example still set: {', '.join(p.line for p in found)}; "
+        "allowed: your own nodes' addresses and fabric interface (edit those lines)"
+    )

@@ -29,10 +29,10 @@ from dspark_launch.config import numbers
 from dspark_launch.config.declared import DECLARED
 from dspark_launch.config.settings import Setting, Settings
 from dspark_launch.errors import ConfigError, DsparkError
+from dspark_launch.node.vllm_offer import OfferedFlag, VllmOffer
 from dspark_launch.profiles.catalog import profile_named
 from dspark_launch.profiles.gpu import UNKNOWN, GpuTarget
 from dspark_launch.profiles.model import EnvVar, Preference, Profile, SettingDefault, Switch
-from dspark_launch.node.vllm_offer import OfferedFlag, VllmOffer
 
 # Settings that become `vllm serve` flags, whatever the profile: (setting, flag), from their declarations
 # (`flag="--max-num-seqs"`), in declaration order.
@@ -92,8 +92,11 @@ _PROFILE_VALUE_TYPES: dict[str, type] = {"int": int, "float": float, "str": str}
 
 @functools.lru_cache(maxsize=None)
 def _declared_types() -> dict[str, str]:
-    return {field.name.upper(): str(field.type) for field in dataclasses.fields(Settings) if field.name.upper()
-            in DECLARED.names}
+    return {
+        field.name.upper(): str(field.type)
+        for field in dataclasses.fields(Settings)
+        if field.name.upper() in DECLARED.names
+    }
 
 
 def profile_value(profile: Profile, default: SettingDefault) -> str:
@@ -103,9 +106,11 @@ def profile_value(profile: Profile, default: SettingDefault) -> str:
     wanted = _PROFILE_VALUE_TYPES.get(declared or "")
     if wanted is None or type(default.value) is not wanted:
         allowed = f"a value of type {declared}" if wanted else "none (a profile gives only int, float and str settings)"
-        raise ConfigError(f"profile {profile.name}: {default.setting}={default.value!r} is a "
-                          f"{type(default.value).__name__}; the setting is declared "
-                          f"{declared or 'nowhere'}; allowed: {allowed}")
+        raise ConfigError(
+            f"profile {profile.name}: {default.setting}={default.value!r} is a "
+            f"{type(default.value).__name__}; the setting is declared "
+            f"{declared or 'nowhere'}; allowed: {allowed}"
+        )
     if isinstance(default.value, float):
         return numbers.canonical("float", repr(default.value)) or repr(default.value)
     return str(default.value)
@@ -209,15 +214,17 @@ class _Resolution:
         return ConfigError(
             f"DSPARK_PROFILE={self.profile.name} from {entry.source}: {subject} {wanted} is required ({why}) but the "
             f"installed vLLM {self.version} lacks it{offers}; allowed: a vLLM that has it ({builds}), your own "
-            f"choice in VLLM_EXTRA_ARGS, or DSPARK_PROFILE=none")
+            f"choice in VLLM_EXTRA_ARGS, or DSPARK_PROFILE=none"
+        )
 
     def by_operator(self, flag: OfferedFlag | None, subject: str, wanted: str) -> bool:
         if flag is None or flag.dest not in self.overridden:
             return False
         value = self.overridden[flag.dest]
         self.chosen[flag.option_strings[0]] = value
-        self.decisions.append(Decision(subject, value, f"VLLM_EXTRA_ARGS from {self.extra_source}; the "
-                                                       f"profile's {wanted} not applied"))
+        self.decisions.append(
+            Decision(subject, value, f"VLLM_EXTRA_ARGS from {self.extra_source}; the profile's {wanted} not applied")
+        )
         return True
 
     def switch(self, switch: Switch) -> None:
@@ -241,8 +248,11 @@ class _Resolution:
         if seconds == 0:
             return 0
         if self.offer.flag(DRAIN_FLAG) is None:
-            self.omit(DRAIN_FLAG, f"the installed vLLM {self.version} has no {DRAIN_FLAG}: stop aborts in-flight "
-                                  f"requests (DSPARK_DRAIN_TIMEOUT_S={seconds} not applied)")
+            self.omit(
+                DRAIN_FLAG,
+                f"the installed vLLM {self.version} has no {DRAIN_FLAG}: stop aborts in-flight "
+                f"requests (DSPARK_DRAIN_TIMEOUT_S={seconds} not applied)",
+            )
             return 0
         self.flags += [DRAIN_FLAG, str(seconds)]
         return seconds
@@ -295,8 +305,12 @@ class _Resolution:
             if module in self.gpu.packages:
                 return None
             lacking = self.gpu.nodes_without(module)
-            return (f"needs the {module} package on every node, not installed on {', '.join(lacking)} (decided for "
-                    f"the cluster)" if lacking else f"needs the {module} package, installed on no node")
+            return (
+                f"needs the {module} package on every node, not installed on {', '.join(lacking)} (decided for "
+                f"the cluster)"
+                if lacking
+                else f"needs the {module} package, installed on no node"
+            )
         if self.offer.modules is not None and module not in self.offer.modules:
             return f"needs the {module} package, not installed beside the vLLM {self.version}"
         return None
@@ -304,8 +318,10 @@ class _Resolution:
     def everywhere_refused(self, verdicts: list, judged: tuple[str, ...]) -> str | None:
         """With no capability known: a value every judged capability refuses is refused (never emitted)."""
         if judged and all(v is not None and v.refusal for v in verdicts):
-            return (f"refused by the installed vLLM {self.version} on every capability it was asked for "
-                    f"({', '.join(judged)}): {verdicts[-1].refusal}")
+            return (
+                f"refused by the installed vLLM {self.version} on every capability it was asked for "
+                f"({', '.join(judged)}): {verdicts[-1].refusal}"
+            )
         return None
 
     @functools.cached_property
@@ -318,8 +334,11 @@ class _Resolution:
         var = next((v for v in self.profile.env if v.name == name), None)
         if name in given:
             value = given[name]
-        elif var is None or self.off_gpu(var.gpus) or (
-                var.read_by == "vllm" and self.offer.env_names is not None and name not in self.offer.env_names):
+        elif (
+            var is None
+            or self.off_gpu(var.gpus)
+            or (var.read_by == "vllm" and self.offer.env_names is not None and name not in self.offer.env_names)
+        ):
             value = ""
         else:
             value = var.value
@@ -331,20 +350,24 @@ class _Resolution:
         cap = self.gpu.capability
         if cap is None:
             boots = self.offer.boot_judgements
-            return self.everywhere_refused([b.verdict(kind, value, self.deep_gemm) for b in boots],
-                                           tuple(b.capability for b in boots))
+            return self.everywhere_refused(
+                [b.verdict(kind, value, self.deep_gemm) for b in boots], tuple(b.capability for b in boots)
+            )
         boot = self.offer.boot(str(cap))
         verdict = boot.verdict(kind, value, self.deep_gemm) if boot else None
         if verdict is None:
             raise _NotJudged(self.not_judged_why(kind, value, boot))
         if not verdict.refusal:
             return None
-        return f"refused on {cap} by the installed vLLM {self.version}'s {self.judge_name(kind, boot)}: {verdict.refusal}"
+        return (
+            f"refused on {cap} by the installed vLLM {self.version}'s {self.judge_name(kind, boot)}: {verdict.refusal}"
+        )
 
     def not_judged_why(self, kind: str, value: str, boot) -> str:
         if boot is None:
             return (self.offer.booted_by or "the offer holds no dry boot") + (
-                "" if not self.offer.boot_judgements else f" (capability {self.gpu.capability} not among those judged)")
+                "" if not self.offer.boot_judgements else f" (capability {self.gpu.capability} not among those judged)"
+            )
         setting = f" with VLLM_USE_DEEP_GEMM={self.deep_gemm}" if self.deep_gemm else ""
         return boot.unjudged_why(kind) or f"the dry boot holds no verdict for {value}{setting}"
 
@@ -352,24 +375,32 @@ class _Resolution:
         """A decision the dry boot could not judge on the nodes' capability: a refusal naming it (plan exit 1, start
         refuses), the flag never emitted. Returns the decision's reason."""
         cap = self.gpu.capability
-        self.unjudged.append(f"{subject}: not judged for {cap} by the installed vLLM {self.version}: {why}; start "
-                             f"refuses a decision its dry boot could not judge (choose it yourself in "
-                             f"VLLM_EXTRA_ARGS{', ' + flag + ' ...' if flag else ''}, or run a vLLM the dry boot can "
-                             f"ask)")
+        self.unjudged.append(
+            f"{subject}: not judged for {cap} by the installed vLLM {self.version}: {why}; start "
+            f"refuses a decision its dry boot could not judge (choose it yourself in "
+            f"VLLM_EXTRA_ARGS{', ' + flag + ' ...' if flag else ''}, or run a vLLM the dry boot can "
+            f"ask)"
+        )
         return f"not judged for {cap} by the installed vLLM {self.version} ({why}): plan and start refuse"
 
     @staticmethod
     def judge_name(kind: str, boot) -> str:
-        return (f"MoE oracle for the checkpoint's experts ({boot.moe_method})" if kind == "moe"
-                else "linear kernel selection for the checkpoint's block-FP8 linears")
+        return (
+            f"MoE oracle for the checkpoint's experts ({boot.moe_method})"
+            if kind == "moe"
+            else "linear kernel selection for the checkpoint's block-FP8 linears"
+        )
 
     def boot_clause(self, kind: str, value: str) -> str:
         cap = self.gpu.capability
         boot = self.offer.boot(str(cap)) if cap is not None else None
         verdict = boot.verdict(kind, value, self.deep_gemm) if boot else None
         if verdict is None:  # only with no capability: with one, boot_refusal raised _NotJudged first
-            return (f"not judged for a GPU: {self.gpu.basis}" if cap is None
-                    else f"not judged for {cap}: {self.not_judged_why(kind, value, boot)}")
+            return (
+                f"not judged for a GPU: {self.gpu.basis}"
+                if cap is None
+                else f"not judged for {cap}: {self.not_judged_why(kind, value, boot)}"
+            )
         setting = " with VLLM_USE_DEEP_GEMM=0" if self.deep_gemm else ""
         return f"on {cap} the installed vLLM's {self.judge_name(kind, boot)} selects {verdict.chosen}{setting}"
 
@@ -420,13 +451,16 @@ class _Resolution:
             skipped.append(f"{candidate} {why_not}")
         if value is None:
             if pref.required:
-                raise self.missing(pref.flag, " or ".join(pref.values), pref.why, pref.builds,
-                                   () if flag is None else flag.choices)
+                raise self.missing(
+                    pref.flag, " or ".join(pref.values), pref.why, pref.builds, () if flag is None else flag.choices
+                )
             self.omit(pref.flag, f"{'; '.join(skipped)} ({pref.builds}){source}")
             return
-        reason = ("; ".join(skipped) if skipped
-                  else f"the profile's {'first choice' if len(pref.values) > 1 else 'value'}, offered by vLLM "
-                       f"{self.version}")
+        reason = (
+            "; ".join(skipped)
+            if skipped
+            else f"the profile's {'first choice' if len(pref.values) > 1 else 'value'}, offered by vLLM {self.version}"
+        )
         if pref.judge_kv:
             self.kv = self.kv_layout(value)
             reason += f"; {self.kv_clause(self.kv)}"
@@ -444,12 +478,22 @@ class _Resolution:
             entry = self.settings.entries["DSPARK_PROFILE_ENV"]
             value = given[var.name]
             if not value:
-                self.decisions.append(Decision(var.name, "", f"left unset by DSPARK_PROFILE_ENV from {entry.source} "
-                                                             f"(the profile gives {var.value})"))
+                self.decisions.append(
+                    Decision(
+                        var.name,
+                        "",
+                        f"left unset by DSPARK_PROFILE_ENV from {entry.source} (the profile gives {var.value})",
+                    )
+                )
                 return
             self.env.append((var.name, value))
-            self.decisions.append(Decision(var.name, value, f"the operator's, from DSPARK_PROFILE_ENV in "
-                                                            f"{entry.source} (the profile gives {var.value})"))
+            self.decisions.append(
+                Decision(
+                    var.name,
+                    value,
+                    f"the operator's, from DSPARK_PROFILE_ENV in {entry.source} (the profile gives {var.value})",
+                )
+            )
             return
         off = self.off_gpu(var.gpus)
         if off:
@@ -460,15 +504,23 @@ class _Resolution:
             if self.offer.env_names is None:
                 checked = "not checked: the offer does not list the variables vLLM reads"
             elif var.name not in self.offer.env_names:
-                self.decisions.append(Decision(var.name, "", f"the installed vLLM {self.version} does not read "
-                                                             f"{var.name} (vllm/envs.py){source}"))
+                self.decisions.append(
+                    Decision(
+                        var.name,
+                        "",
+                        f"the installed vLLM {self.version} does not read {var.name} (vllm/envs.py){source}",
+                    )
+                )
                 return
             else:
                 checked = f"read by the installed vLLM {self.version} (vllm/envs.py)"
         elif var.read_by:
             if self.offer.modules is not None and var.read_by not in self.offer.modules:
-                self.decisions.append(Decision(var.name, "", f"read by {var.read_by}, not installed beside the "
-                                                             f"vLLM {self.version}{source}"))
+                self.decisions.append(
+                    Decision(
+                        var.name, "", f"read by {var.read_by}, not installed beside the vLLM {self.version}{source}"
+                    )
+                )
                 return
             checked = f"read by {var.read_by}" + ("" if self.offer.modules is not None else " (not checked)")
         clauses = [c for c in (checked, self.gpu_clause(var.gpus)) if c]
@@ -482,21 +534,32 @@ class _Resolution:
         usable = [m for m in spec.values if flag is not None and m in self.offer.speculative_methods]
         if not usable:
             if spec.required:
-                raise self.missing(f"{spec.flag} method", " or ".join(spec.values), spec.why, spec.builds,
-                                   self.offer.speculative_methods)
-            self.omit(spec.flag, f"method {', '.join(spec.values)} not offered by the installed "
-                                 f"vLLM {self.version} ({spec.builds})")
+                raise self.missing(
+                    f"{spec.flag} method",
+                    " or ".join(spec.values),
+                    spec.why,
+                    spec.builds,
+                    self.offer.speculative_methods,
+                )
+            self.omit(
+                spec.flag,
+                f"method {', '.join(spec.values)} not offered by the installed vLLM {self.version} ({spec.builds})",
+            )
             return
         config: dict[str, object] = {"method": usable[0], "num_speculative_tokens": tokens}
         notes = []
         sampling = self.profile.draft_sample_method
         if sampling and sampling in self.offer.draft_sample_methods:
             config["draft_sample_method"] = sampling
-            notes.append(f"draft tokens sampled {sampling}, as MiaAI, the vLLM recipe and eugr do "
-                         f"(vLLM {self.version}'s default is greedy)")
+            notes.append(
+                f"draft tokens sampled {sampling}, as MiaAI, the vLLM recipe and eugr do "
+                f"(vLLM {self.version}'s default is greedy)"
+            )
         elif sampling:
-            notes.append(f"draft_sample_method {sampling} left out: the installed vLLM {self.version} does not "
-                         f"take it (drafts sampled greedily)")
+            notes.append(
+                f"draft_sample_method {sampling} left out: the installed vLLM {self.version} does not "
+                f"take it (drafts sampled greedily)"
+            )
         backend = self.chosen.get("--attention-backend")
         if backend and "attention_backend" in self.offer.speculative_fields:
             config["attention_backend"] = backend
@@ -510,14 +573,20 @@ class _Resolution:
         if self.by_operator(flag, "max-cudagraph-capture-size", "MAX_NUM_SEQS x (draft tokens + 1)"):
             return
         if flag is None:
-            self.omit("--max-cudagraph-capture-size", f"the installed vLLM {self.version} has no "
-                                                      f"--max-cudagraph-capture-size")
+            self.omit(
+                "--max-cudagraph-capture-size", f"the installed vLLM {self.version} has no --max-cudagraph-capture-size"
+            )
             return
         size = lanes * (tokens + 1)
         self.flags += ["--max-cudagraph-capture-size", str(size)]
-        self.decisions.append(Decision("max-cudagraph-capture-size", str(size),
-                                       f"MAX_NUM_SEQS {lanes} x ({tokens} draft + 1) tokens: a decode step of every "
-                                       f"lane stays on captured CUDA graphs ({self.profile.capture_source})"))
+        self.decisions.append(
+            Decision(
+                "max-cudagraph-capture-size",
+                str(size),
+                f"MAX_NUM_SEQS {lanes} x ({tokens} draft + 1) tokens: a decode step of every "
+                f"lane stays on captured CUDA graphs ({self.profile.capture_source})",
+            )
+        )
 
     def cuda_graphs(self) -> str:
         """The CUDA-graph mode vLLM will really run (the dry boot's `GraphVerdict` for the requested mode and the
@@ -538,10 +607,17 @@ class _Resolution:
             if boot is None:
                 why = self.not_judged_why("graphs", requested, None)
             else:
-                why = boot.unjudged_why("graphs") or (f"the dry boot holds no verdict for {requested} with "
-                                                      f"VLLM_USE_BREAKABLE_CUDAGRAPH={breakable or '(unset)'}")
-            self.decisions.append(Decision("cuda-graphs (effective)", "",
-                                           f"{requested} requested: {self.refuse_unjudged('cuda-graphs', '', why)}"))
+                why = boot.unjudged_why("graphs") or (
+                    f"the dry boot holds no verdict for {requested} with "
+                    f"VLLM_USE_BREAKABLE_CUDAGRAPH={breakable or '(unset)'}"
+                )
+            self.decisions.append(
+                Decision(
+                    "cuda-graphs (effective)",
+                    "",
+                    f"{requested} requested: {self.refuse_unjudged('cuda-graphs', '', why)}",
+                )
+            )
             return ""
         found = [v for v in verdicts if v is not None]
         modes = {v.effective for v in found}
@@ -550,13 +626,25 @@ class _Resolution:
         verdict = found[0]
         where = f"on {cap}" if cap is not None else "on every capability judged"
         setting = f"VLLM_USE_BREAKABLE_CUDAGRAPH={breakable}" if breakable else "VLLM_USE_BREAKABLE_CUDAGRAPH unset"
-        self.decisions.append(Decision("cuda-graphs (effective)", verdict.effective,
-                                       f"{requested} requested, {setting}: {where} {verdict.why} (the installed "
-                                       f"vLLM {self.version}'s resolve_cudagraph_mode_and_sizes)"))
+        self.decisions.append(
+            Decision(
+                "cuda-graphs (effective)",
+                verdict.effective,
+                f"{requested} requested, {setting}: {where} {verdict.why} (the installed "
+                f"vLLM {self.version}'s resolve_cudagraph_mode_and_sizes)",
+            )
+        )
         # The variable's own line says what vLLM runs with it, as judged (the profile's text names no mode).
-        self.decisions = [dataclasses.replace(d, reason=f"{d.reason}; judged: vLLM {self.version} then runs {requested} as "
-                                            f"{verdict.effective} {where} (cuda-graphs (effective))")
-                          if d.subject == "VLLM_USE_BREAKABLE_CUDAGRAPH" and d.value else d for d in self.decisions]
+        self.decisions = [
+            dataclasses.replace(
+                d,
+                reason=f"{d.reason}; judged: vLLM {self.version} then runs {requested} as "
+                f"{verdict.effective} {where} (cuda-graphs (effective))",
+            )
+            if d.subject == "VLLM_USE_BREAKABLE_CUDAGRAPH" and d.value
+            else d
+            for d in self.decisions
+        ]
         return verdict.effective
 
     def setting(self, name: str, model: str = "") -> str:
@@ -564,19 +652,22 @@ class _Resolution:
         `model`: for the revision, the model in use: the profile's pin belongs to the profile's model only."""
         entry = self.settings.entries[name]
         default = next((d.for_release(self.version) for d in self.profile.settings if d.setting == name), None)
-        profile_model = next((profile_value(self.profile, d) for d in self.profile.settings
-                              if d.setting == "DSPARK_MODEL"), "")
+        profile_model = next(
+            (profile_value(self.profile, d) for d in self.profile.settings if d.setting == "DSPARK_MODEL"), ""
+        )
         if default is None:
             return entry.value
         given = profile_value(self.profile, default)
         if model and model != profile_model and not operator_gave(entry):
-            self.decisions.append(Decision(name, entry.value, f"the profile's {given} pins "
-                                                              f"{profile_model}, not {model}"))
+            self.decisions.append(
+                Decision(name, entry.value, f"the profile's {given} pins {profile_model}, not {model}")
+            )
             return entry.value
         if operator_gave(entry):
             if entry.value != given:
-                self.decisions.append(Decision(name, entry.shown, f"the operator's, from {entry.source} "
-                                                                 f"(the profile gives {given})"))
+                self.decisions.append(
+                    Decision(name, entry.shown, f"the operator's, from {entry.source} (the profile gives {given})")
+                )
             return entry.value
         self.decisions.append(Decision(name, given, f"the profile's value: {default.why}"))
         return given
@@ -589,13 +680,16 @@ def _checked_profile_env(profile: Profile, settings: Settings) -> dict[str, str]
         if name not in declared:
             entry = settings.entries["DSPARK_PROFILE_ENV"]
             allowed = ", ".join(declared) or "none (this profile sets no variables)"
-            raise ConfigError(f"DSPARK_PROFILE_ENV={entry.value} from {entry.source}: {name} is not a variable of "
-                              f"profile {profile.name}; allowed: {allowed} (others: DSPARK_FORWARD_ENV)")
+            raise ConfigError(
+                f"DSPARK_PROFILE_ENV={entry.value} from {entry.source}: {name} is not a variable of "
+                f"profile {profile.name}; allowed: {allowed} (others: DSPARK_FORWARD_ENV)"
+            )
     return given
 
 
-def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN,
-            revision: str = "") -> ResolvedProfile:
+def resolve(
+    profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN, revision: str = ""
+) -> ResolvedProfile:
     """The flags and environment `vllm serve` runs with, judged for `gpu`; ConfigError (exit 2) when a required
     flag is not offered or DSPARK_PROFILE_ENV names a variable the profile does not set. `revision`: the commit
     the verified copy of the weights holds (start), served instead of the pin the settings name."""
@@ -609,15 +703,20 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarg
     args = [model, "--served-model-name", served, *(("--revision", revision) if revision else ())]
     values = {name: run.setting(name) for name, _ in SETTING_FLAGS}
     if int(values["LONG_PREFILL_TOKEN_THRESHOLD"]) > int(values["MAX_MODEL_LEN"]):  # vLLM refuses it at engine start
-        raise ConfigError(f"LONG_PREFILL_TOKEN_THRESHOLD={values['LONG_PREFILL_TOKEN_THRESHOLD']} is above "
-                          f"MAX_MODEL_LEN={values['MAX_MODEL_LEN']} (profile {profile.name}); allowed: a threshold "
-                          f"of at most MAX_MODEL_LEN")
+        raise ConfigError(
+            f"LONG_PREFILL_TOKEN_THRESHOLD={values['LONG_PREFILL_TOKEN_THRESHOLD']} is above "
+            f"MAX_MODEL_LEN={values['MAX_MODEL_LEN']} (profile {profile.name}); allowed: a threshold "
+            f"of at most MAX_MODEL_LEN"
+        )
     for name, flag in SETTING_FLAGS:
         args += [flag, values[name]]
     caching = offer.flag("--enable-prefix-caching")
-    args += ["--enable-chunked-prefill",
-             "--enable-prefix-caching" if settings.enable_prefix_caching
-             else (caching and caching.negative()) or "--no-enable-prefix-caching"]
+    args += [
+        "--enable-chunked-prefill",
+        "--enable-prefix-caching"
+        if settings.enable_prefix_caching
+        else (caching and caching.negative()) or "--no-enable-prefix-caching",
+    ]
     for pref in profile.preferences:
         run.preference(pref)
     for switch in profile.switches:
@@ -634,15 +733,28 @@ def resolve(profile: Profile, offer: VllmOffer, settings: Settings, gpu: GpuTarg
     args += run.flags + list(settings.vllm_extra_args)
     kv_value = run.chosen.get("--kv-cache-dtype", "auto")
     return ResolvedProfile(
-        profile=profile.name, vllm_version=offer.version, model=model, revision=revision, served_name=served,
-        max_model_len=int(values["MAX_MODEL_LEN"]), gpu_memory_utilization=float(values["GPU_MEMORY_UTILIZATION"]),
-        kv_cache_dtype=kv_value, kv_cache=run.kv or KvCacheChoice(kv_value, kv_value, False), serve_args=tuple(args),
-        env=tuple(run.env), decisions=tuple(run.decisions), chat=profile.chat, drain_timeout_s=drain_s,
-        cuda_graph_mode=graph_mode, unjudged=tuple(run.unjudged))
+        profile=profile.name,
+        vllm_version=offer.version,
+        model=model,
+        revision=revision,
+        served_name=served,
+        max_model_len=int(values["MAX_MODEL_LEN"]),
+        gpu_memory_utilization=float(values["GPU_MEMORY_UTILIZATION"]),
+        kv_cache_dtype=kv_value,
+        kv_cache=run.kv or KvCacheChoice(kv_value, kv_value, False),
+        serve_args=tuple(args),
+        env=tuple(run.env),
+        decisions=tuple(run.decisions),
+        chat=profile.chat,
+        drain_timeout_s=drain_s,
+        cuda_graph_mode=graph_mode,
+        unjudged=tuple(run.unjudged),
+    )
 
 
-def resolve_selected(offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN,
-                     revision: str = "") -> ResolvedProfile:
+def resolve_selected(
+    offer: VllmOffer, settings: Settings, gpu: GpuTarget = UNKNOWN, revision: str = ""
+) -> ResolvedProfile:
     """`resolve` for the profile DSPARK_PROFILE names, judged for `gpu`."""
     return resolve(profile_named(settings.dspark_profile), offer, settings, gpu, revision)
 

@@ -96,4 +96,14 @@ def _make_knob(fields: list[str], group: str, path: Path, line: int) -> Knob:
         raise ValueError(f"{where}: {name}: minimum must not be negative")
     if not numbers.compare(minimum, default) <= 0 <= numbers.compare(maximum, default):
         raise ValueError(f"{where}: {name}: default outside min..max")
-    return Knob(name=name, type=type_, default=default, minimum=minimum, maximum=maximum, range_policy=policy, description=description, group=group, line=line)
+    return Knob(
+        name=name,
+        type=type_,
+        default=default,
+        minimum=minimum,
+        maximum=maximum,
+        range_policy=policy,
+        description=description,
+        group=group,
+        line=line,
+    )

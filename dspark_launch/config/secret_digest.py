@@ -39,8 +39,11 @@ def secret_digests(settings: Settings) -> dict[str, str]:
 
 def rotated(recorded: dict[str, str], settings: Settings) -> list[str]:
     """Secrets set at start and now, to another value (set/unset changes show in the public values)."""
-    return sorted(name for name, entry in settings.entries.items()
-                  if entry.secret and entry.value and name in recorded and not matches(recorded[name], entry.value))
+    return sorted(
+        name
+        for name, entry in settings.entries.items()
+        if entry.secret and entry.value and name in recorded and not matches(recorded[name], entry.value)
+    )
 
 
 def compared_values(settings: Settings, recorded: dict[str, str]) -> dict[str, str]:

@@ -32,29 +32,58 @@ _MULTI_NODE = "Ray replaces vLLM's multi-node mode"
 UNSET_FLAGS: tuple[LauncherFlag, ...] = (
     LauncherFlag(("--pipeline-parallel-size", "-pp"), "", "tensor parallel across the nodes"),
     LauncherFlag(("--distributed-executor-backend",), "", "always Ray"),
-    LauncherFlag(("--headless", "--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port"), "",
-                 _MULTI_NODE),
-    LauncherFlag(("--enable-chunked-prefill", "--no-enable-chunked-prefill", "--disable-chunked-prefill"), "",
-                 "the hotfix needs chunked prefill on"),
+    LauncherFlag(
+        ("--headless", "--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port"), "", _MULTI_NODE
+    ),
+    LauncherFlag(
+        ("--enable-chunked-prefill", "--no-enable-chunked-prefill", "--disable-chunked-prefill"),
+        "",
+        "the hotfix needs chunked prefill on",
+    ),
     LauncherFlag(("--config",), "", "a config file could set any flag here"),
-    LauncherFlag(("--disable-uvicorn-access-log", "--no-disable-uvicorn-access-log", "--enable-uvicorn-access-log"), "",
-                 "the access log is off: its lines have no vLLM prefix and a client-chosen X-Forwarded-For, so a "
-                 "local client could write log lines"),
-    LauncherFlag(("--data-parallel-size-local", "--data-parallel-rank", "--data-parallel-start-rank",
-                  "--data-parallel-address", "--data-parallel-rpc-port", "--data-parallel-backend",
-                  "--data-parallel-hybrid-lb", "--no-data-parallel-hybrid-lb", "--data-parallel-external-lb",
-                  "--no-data-parallel-external-lb", "--data-parallel-multi-port-external-lb",
-                  "--data-parallel-supervisor-port", "-dpl", "-dpn", "-dpr", "-dpa", "-dpp", "-dpb", "-dph", "-dpe",
-                  "-dpm"), "",
-                 "data-parallel engines run on the head behind one API server (`--data-parallel-size` only), "
-                 "where `reload` and `stop` reach them"),
+    LauncherFlag(
+        ("--disable-uvicorn-access-log", "--no-disable-uvicorn-access-log", "--enable-uvicorn-access-log"),
+        "",
+        "the access log is off: its lines have no vLLM prefix and a client-chosen X-Forwarded-For, so a "
+        "local client could write log lines",
+    ),
+    LauncherFlag(
+        (
+            "--data-parallel-size-local",
+            "--data-parallel-rank",
+            "--data-parallel-start-rank",
+            "--data-parallel-address",
+            "--data-parallel-rpc-port",
+            "--data-parallel-backend",
+            "--data-parallel-hybrid-lb",
+            "--no-data-parallel-hybrid-lb",
+            "--data-parallel-external-lb",
+            "--no-data-parallel-external-lb",
+            "--data-parallel-multi-port-external-lb",
+            "--data-parallel-supervisor-port",
+            "-dpl",
+            "-dpn",
+            "-dpr",
+            "-dpa",
+            "-dpp",
+            "-dpb",
+            "-dph",
+            "-dpe",
+            "-dpm",
+        ),
+        "",
+        "data-parallel engines run on the head behind one API server (`--data-parallel-size` only), "
+        "where `reload` and `stop` reach them",
+    ),
 )
 
 
 def launcher_flags(levels: Levels) -> tuple[LauncherFlag, ...]:
     """The settings' flags (in declaration order), then those no setting gives."""
-    return (*(LauncherFlag(owned.spellings, " or ".join(owned.settings), owned.why) for owned in levels.owned_flags),
-            *UNSET_FLAGS)
+    return (
+        *(LauncherFlag(owned.spellings, " or ".join(owned.settings), owned.why) for owned in levels.owned_flags),
+        *UNSET_FLAGS,
+    )
 
 
 LAUNCHER_FLAGS: tuple[LauncherFlag, ...] = launcher_flags(DECLARED)
@@ -97,8 +126,10 @@ def _owner(word: str) -> tuple[str, LauncherFlag] | None:
 def check_extra_args(words: list[str]) -> None:
     """Refused naming the first word that sets a launcher flag; never shows any value."""
     if words and not words[0].startswith("-"):
-        raise Refused("starts with a positional argument, which vllm serve takes as the model; "
-                      "allowed: flags only; set the model in DSPARK_MODEL")
+        raise Refused(
+            "starts with a positional argument, which vllm serve takes as the model; "
+            "allowed: flags only; set the model in DSPARK_MODEL"
+        )
     for word in words:
         if not word.startswith("-") or word == "-" or word[1:2].isdigit():
             continue  # a value, or a negative number
@@ -110,6 +141,8 @@ def check_extra_args(words: list[str]) -> None:
             reached = "" if shown.replace("_", "-") == spelling else f" (vLLM reads it as {spelling})"
             allowed = f"set {flag.setting} instead" if flag.setting else f"leave it out ({flag.why})"
             if flag in SECRET_FLAGS:
-                raise Refused(f"holds {shown}{reached}, whose value is a secret (on the vllm serve argv it is "
-                              f"readable by every local user; the value is not shown); allowed: {allowed}")
+                raise Refused(
+                    f"holds {shown}{reached}, whose value is a secret (on the vllm serve argv it is "
+                    f"readable by every local user; the value is not shown); allowed: {allowed}"
+                )
             raise Refused(f"holds {shown}{reached}, which the launcher sets; allowed: {allowed}")

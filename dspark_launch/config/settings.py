@@ -28,8 +28,10 @@ from dspark_launch.config.text_settings import META_NAMES, TEXT_SETTINGS, TextSe
 from dspark_launch.errors import ConfigError
 
 REDACTED = "<redacted>"
-NO_ENV_FILE = ("no env file (no --env-file, DSPARK_ENV_FILE or ./.env.dspark): using the built-in defaults "
-               "and the environment; run `dspark config init` to make .env.dspark")
+NO_ENV_FILE = (
+    "no env file (no --env-file, DSPARK_ENV_FILE or ./.env.dspark): using the built-in defaults "
+    "and the environment; run `dspark config init` to make .env.dspark"
+)
 
 
 @dataclass(frozen=True)
@@ -157,11 +159,15 @@ def check_knob(knob: Knob, raw: str, source: str, label: str | None = None) -> t
         raise ConfigError(f"{label}={_shown(raw, False)} from {source} is not a base-10 {kind}; {allowed}")
     if numbers.compare(canonical, knob.minimum) < 0:
         if knob.range_policy == "soft":
-            return knob.default, [f"{label}={canonical} from {source} is below {knob.minimum}; using the default {knob.default}"]
+            return knob.default, [
+                f"{label}={canonical} from {source} is below {knob.minimum}; using the default {knob.default}"
+            ]
         raise ConfigError(f"{label}={canonical} from {source} is below the minimum; {allowed}")
     if numbers.compare(canonical, knob.maximum) > 0:
         if knob.range_policy == "soft":
-            return knob.maximum, [f"{label}={canonical} from {source} is above {knob.maximum}; the scheduler caps it at {knob.maximum}"]
+            return knob.maximum, [
+                f"{label}={canonical} from {source} is above {knob.maximum}; the scheduler caps it at {knob.maximum}"
+            ]
         raise ConfigError(f"{label}={canonical} from {source} is above the maximum; {allowed}")
     return canonical, []
 
@@ -172,8 +178,10 @@ def _check_text(spec: TextSetting, raw: str, source: str) -> str:
         return spec.default
     hidden = hidden_character(value)
     if hidden:
-        raise ConfigError(f"{spec.name}={_shown(raw, spec.secret or spec.quiet)} from {source} holds the control "
-                          f"or invisible character {hidden}; allowed: printable text")
+        raise ConfigError(
+            f"{spec.name}={_shown(raw, spec.secret or spec.quiet)} from {source} holds the control "
+            f"or invisible character {hidden}; allowed: printable text"
+        )
     try:
         value = spec.check(value)
         if spec.vllm_flags:
@@ -183,13 +191,15 @@ def _check_text(spec: TextSetting, raw: str, source: str) -> str:
         clause = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(exc))  # a U+00A0 in a word, shown
         raise ConfigError(f"{spec.name} from {source} {clause}") from None
     except ValueError as exc:
-        raise ConfigError(f"{spec.name}={_shown(raw, spec.secret or spec.quiet)} from {source} is not allowed; "
-                          f"allowed: {exc}") from None
+        raise ConfigError(
+            f"{spec.name}={_shown(raw, spec.secret or spec.quiet)} from {source} is not allowed; allowed: {exc}"
+        ) from None
 
 
 class _Resolver:
-    def __init__(self, registry: Registry, env_file: EnvFile, environ: Mapping[str, str],
-                 cli: Mapping[str, tuple[str, str]]):
+    def __init__(
+        self, registry: Registry, env_file: EnvFile, environ: Mapping[str, str], cli: Mapping[str, tuple[str, str]]
+    ):
         self.registry = registry
         self.env_file = env_file
         self.environ = environ
@@ -204,8 +214,11 @@ class _Resolver:
         cli = self.cli.get(name)
         result: list[_Raw | None] = [_Raw(cli[0], f"CLI {cli[1]}") if cli else None]
         for values, where in ((self.environ, lambda n: "environment"), (self.env_file.values, self.env_file.where)):
-            found = [_Raw(values[n], where(n), None if n == name else n)
-                     for n in [name, *self.aliases_of.get(name, [])] if n in values]
+            found = [
+                _Raw(values[n], where(n), None if n == name else n)
+                for n in [name, *self.aliases_of.get(name, [])]
+                if n in values
+            ]
             result.append(self._one_of(name, found))
         return result
 
@@ -272,8 +285,9 @@ def known_names(registry: Registry) -> set[str]:
     return {k.name for k in registry.knobs} | set(registry.aliases) | {s.name for s in TEXT_SETTINGS} | META_NAMES
 
 
-def _unknown_key_warnings(names: Iterable[str], where: Callable[[str], str], known: set[str],
-                          any_close: bool) -> list[str]:
+def _unknown_key_warnings(
+    names: Iterable[str], where: Callable[[str], str], known: set[str], any_close: bool
+) -> list[str]:
     warnings = []
     for name in names:
         if name in known or name.startswith("DSPARK_TEST"):  # test hooks: DSPARK_TEST_*, DSPARK_TESTBED_*
@@ -295,33 +309,39 @@ def _cross_checks(entries: Mapping[str, Setting], warnings: list[str]) -> None:
         warnings.append(
             f"LONG_PREFILL_TOKEN_THRESHOLD={threshold} ({src('LONG_PREFILL_TOKEN_THRESHOLD')}) with "
             f"MAX_NUM_BATCHED_TOKENS={budget}: one prefill can take the whole step budget and starve decode; "
-            f"use a threshold below the budget, e.g. {max(1, budget // 8)}")
+            f"use a threshold below the budget, e.g. {max(1, budget // 8)}"
+        )
     seqs = int(entries["MAX_NUM_SEQS"].value)
     if budget < seqs:
         raise ConfigError(
             f"MAX_NUM_BATCHED_TOKENS={budget} from {src('MAX_NUM_BATCHED_TOKENS')} is below "
-            f"MAX_NUM_SEQS={seqs} ({src('MAX_NUM_SEQS')}); allowed: a budget of at least one token per sequence")
+            f"MAX_NUM_SEQS={seqs} ({src('MAX_NUM_SEQS')}); allowed: a budget of at least one token per sequence"
+        )
     ports = {name: entries[name].value for name in ("VLLM_PORT", "RAY_PORT")}
     if ports["VLLM_PORT"] == ports["RAY_PORT"]:
         raise ConfigError(
             f"VLLM_PORT={ports['VLLM_PORT']} from {src('VLLM_PORT')} collides with RAY_PORT from "
-            f"{src('RAY_PORT')}; allowed: two different ports")
+            f"{src('RAY_PORT')}; allowed: two different ports"
+        )
     if entries["VLLM_API_KEY"].value and entries["DSPARK_API_KEYS"].value:
         raise ConfigError(
             f"VLLM_API_KEY ({src('VLLM_API_KEY')}) and DSPARK_API_KEYS ({src('DSPARK_API_KEYS')}) are both set; "
-            "allowed: one of them")
+            "allowed: one of them"
+        )
     _check_exposure(entries, warnings)
     hosts = entries["DSPARK_WORKER_HOSTS"].value.split()
     ips = entries["DSPARK_WORKER_IPS"].value.split()
     if ips and len(ips) != len(hosts):
         raise ConfigError(
             f"DSPARK_WORKER_IPS has {len(ips)} address(es) from {src('DSPARK_WORKER_IPS')} but "
-            f"DSPARK_WORKER_HOSTS has {len(hosts)}; allowed: one fabric IP per worker, same order")
+            f"DSPARK_WORKER_HOSTS has {len(hosts)}; allowed: one fabric IP per worker, same order"
+        )
     copy_hosts = entries["DSPARK_MODEL_COPY_HOSTS"].value.split()
     if copy_hosts and len(copy_hosts) != len(hosts):
         raise ConfigError(
             f"DSPARK_MODEL_COPY_HOSTS has {len(copy_hosts)} address(es) from {src('DSPARK_MODEL_COPY_HOSTS')} but "
-            f"DSPARK_WORKER_HOSTS has {len(hosts)}; allowed: one copy address per worker, same order")
+            f"DSPARK_WORKER_HOSTS has {len(hosts)}; allowed: one copy address per worker, same order"
+        )
 
 
 def _check_exposure(entries: Mapping[str, Setting], warnings: list[str]) -> None:
@@ -333,13 +353,16 @@ def _check_exposure(entries: Mapping[str, Setting], warnings: list[str]) -> None
         return
     trusted = entries["DSPARK_TRUSTED_NETWORK"]
     if trusted.value == "1":
-        warnings.append(f"VLLM_HOST={host.value} ({host.source}) without an API key: anyone who reaches "
-                        f"{host.value} can use the API (DSPARK_TRUSTED_NETWORK=1 from {trusted.source})")
+        warnings.append(
+            f"VLLM_HOST={host.value} ({host.source}) without an API key: anyone who reaches "
+            f"{host.value} can use the API (DSPARK_TRUSTED_NETWORK=1 from {trusted.source})"
+        )
         return
     raise ConfigError(
         f"VLLM_HOST={host.value} from {host.source} opens the API beyond this machine without an API key; "
         "allowed: set VLLM_API_KEY or DSPARK_API_KEYS, or DSPARK_TRUSTED_NETWORK=1 on a network you trust, "
-        "or VLLM_HOST=127.0.0.1")
+        "or VLLM_HOST=127.0.0.1"
+    )
 
 
 def resolve(
@@ -372,5 +395,11 @@ def resolve(
     secret_in_file = any(value.strip() and is_secret(name) for name, value in loaded.values.items())
     if path is not None and secret_in_file and group_or_world_readable(path):
         warnings.append(f"{path} holds a secret and is readable by group or others; run: chmod 600 {path}")
-    return Settings(**_typed_values(entries), entries=MappingProxyType(entries), env_file=path,  # type: ignore[arg-type]
-                    from_example=is_example, warnings=tuple(dict.fromkeys(warnings)), env_file_sha256=loaded.sha256)
+    return Settings(
+        **_typed_values(entries),  # type: ignore[arg-type]
+        entries=MappingProxyType(entries),
+        env_file=path,
+        from_example=is_example,
+        warnings=tuple(dict.fromkeys(warnings)),
+        env_file_sha256=loaded.sha256,
+    )

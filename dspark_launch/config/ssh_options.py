@@ -37,16 +37,21 @@ ALLOWED: tuple[SshOption, ...] = (
 
 # Options with a setting of their own: the launcher puts those first, where ssh takes the first value.
 OWNED: dict[str, str] = {
-    "-p": "SSH_PORT", "Port": "SSH_PORT",
-    "-l": "DSPARK_SSH_USER (or user@host in DSPARK_WORKER_HOSTS)", "User": "DSPARK_SSH_USER",
+    "-p": "SSH_PORT",
+    "Port": "SSH_PORT",
+    "-l": "DSPARK_SSH_USER (or user@host in DSPARK_WORKER_HOSTS)",
+    "User": "DSPARK_SSH_USER",
     "ConnectTimeout": "SSH_CONNECT_TIMEOUT_S",
     "StrictHostKeyChecking": "DSPARK_SSH_HOST_KEY_CHECK (yes or accept-new)",
 }
 # Why the most tempting refused options are refused, for the error line.
 DANGER: dict[str, str] = {
-    "-A": "forwards your SSH agent to the workers", "ForwardAgent": "forwards your SSH agent to the workers",
-    "ProxyCommand": "runs a local command", "LocalCommand": "runs a local command",
-    "PermitLocalCommand": "lets LocalCommand run a local command", "KnownHostsCommand": "runs a local command",
+    "-A": "forwards your SSH agent to the workers",
+    "ForwardAgent": "forwards your SSH agent to the workers",
+    "ProxyCommand": "runs a local command",
+    "LocalCommand": "runs a local command",
+    "PermitLocalCommand": "lets LocalCommand run a local command",
+    "KnownHostsCommand": "runs a local command",
     "-F": "reads another ssh config, which can run commands",
 }
 # Lookup keys: a short option as spelled (case matters), an ssh_config keyword in lower case.
@@ -74,12 +79,15 @@ def _refuse(spelled: str, key: str) -> Refused:
 def _checked_value(option: SshOption, value: str) -> str:
     spelled = f"{option.keyword}={value}"
     if hidden_character(value, "") or not value:
-        raise Refused(f"holds {option.keyword} with an empty value or a control character; allowed: {allowed_summary()}")
+        raise Refused(
+            f"holds {option.keyword} with an empty value or a control character; allowed: {allowed_summary()}"
+        )
     if option.value == "FILE":
         if any(c.isspace() or c in "\"'\\" for c in value) or value.startswith("-"):
             raise Refused(f"holds {shlex.quote(spelled)}; allowed: a path without spaces, quotes or a leading '-'")
-        if option.keyword == "UserKnownHostsFile" and (value.lower() == "none"
-                                                       or os.path.realpath(value) == os.devnull):
+        if option.keyword == "UserKnownHostsFile" and (
+            value.lower() == "none" or os.path.realpath(value) == os.devnull
+        ):
             raise Refused(f"holds {shlex.quote(spelled)}, which trusts any host key; allowed: a real known-hosts file")
     elif option.value == "N":
         if not _COUNT.fullmatch(value):

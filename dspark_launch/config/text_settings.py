@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from dspark_launch.config.checks import ASCII_WORD, not_an_option, shell_words, single_line, user_name
-from dspark_launch.config.forward_env import check_forward_names
-from dspark_launch.config.ssh_options import check_ssh_options
-from dspark_launch.profiles.catalog import DEFAULT_PROFILE, SHIPPED, profile_names
-from dspark_launch.node.nccl_hca import parse_hca_list  # stdlib only: the node side reads the same grammar
 from dspark_launch.config.container_args import check_container_args, check_image
 from dspark_launch.config.field_docs import declared_docs
+from dspark_launch.config.forward_env import check_forward_names
 from dspark_launch.config.levels import Level, ServeFlag, nature_metadata, owned
+from dspark_launch.config.ssh_options import check_ssh_options
+from dspark_launch.node.nccl_hca import parse_hca_list  # stdlib only: the node side reads the same grammar
+from dspark_launch.profiles.catalog import DEFAULT_PROFILE, SHIPPED, profile_names
 
 _IFNAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}", re.ASCII)
 _HOST = re.compile(r"(?:[A-Za-z0-9_.-]+@)?(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\])", re.ASCII)
@@ -93,14 +93,19 @@ def _profile_env(value: str) -> str:
     for word in words:
         match = _PROFILE_ENV_WORD.fullmatch(word)
         if not match:
-            raise ValueError("space-separated NAME=VALUE (VALUE: letters, digits and ._:,=+/@-; empty leaves the "
-                             "variable unset), e.g. VLLM_USE_FLASHINFER_SAMPLER=0 CUTE_DSL_ARCH=")
+            raise ValueError(
+                "space-separated NAME=VALUE (VALUE: letters, digits and ._:,=+/@-; empty leaves the "
+                "variable unset), e.g. VLLM_USE_FLASHINFER_SAMPLER=0 CUTE_DSL_ARCH="
+            )
         check_forward_names([match[1]], profile_names_allowed=True)
     return " ".join(words)
 
 
-_NODE_FABRIC = re.compile(r"(head|worker[1-9][0-9]*):(DSPARK_FABRIC_IFNAME|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|"
-                          r"TP_SOCKET_IFNAME|NCCL_IB_HCA|NCCL_IB_GID_INDEX)=([A-Za-z0-9_.:,^=-]+)", re.ASCII)
+_NODE_FABRIC = re.compile(
+    r"(head|worker[1-9][0-9]*):(DSPARK_FABRIC_IFNAME|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|"
+    r"TP_SOCKET_IFNAME|NCCL_IB_HCA|NCCL_IB_GID_INDEX)=([A-Za-z0-9_.:,^=-]+)",
+    re.ASCII,
+)
 
 
 def _gid_index(value: str) -> str:
@@ -114,8 +119,10 @@ def _node_fabric(value: str) -> str:
     for entry in entries:
         match = _NODE_FABRIC.fullmatch(entry)
         if not match or (match[2] == "NCCL_IB_GID_INDEX" and not match[3].isdigit()):  # ASCII: re.ASCII above
-            raise ValueError("space-separated NODE:NAME=VALUE (NODE head or workerN; NAME DSPARK_FABRIC_IFNAME, "
-                             "NCCL_IB_HCA, NCCL_IB_GID_INDEX or a *_SOCKET_IFNAME), e.g. worker1:NCCL_IB_GID_INDEX=3")
+            raise ValueError(
+                "space-separated NODE:NAME=VALUE (NODE head or workerN; NAME DSPARK_FABRIC_IFNAME, "
+                "NCCL_IB_HCA, NCCL_IB_GID_INDEX or a *_SOCKET_IFNAME), e.g. worker1:NCCL_IB_GID_INDEX=3"
+            )
         if match[2] == "NCCL_IB_HCA":
             _hca_list(match[3])
         elif match[2] != "NCCL_IB_GID_INDEX":
@@ -178,8 +185,10 @@ def _api_key_list(value: str) -> str:
 
 def _ray_token(value: str) -> str:
     if not ASCII_WORD.fullmatch(value) or len(value) < RAY_TOKEN_MIN_LENGTH:
-        raise ValueError(f"at least {RAY_TOKEN_MIN_LENGTH} characters of printable ASCII without whitespace "
-                         "(e.g. `openssl rand -hex 32`)")
+        raise ValueError(
+            f"at least {RAY_TOKEN_MIN_LENGTH} characters of printable ASCII without whitespace "
+            "(e.g. `openssl rand -hex 32`)"
+        )
     return value
 
 
@@ -209,9 +218,18 @@ class TextRule:
     (config/settings.py) applies it after `check`: a declaration module never imports what is derived from it."""
 
 
-def text(default: str | int | tuple[str, ...], *, group: str, check: Callable[[str], str] = _any,
-         secret: bool = False, required_for_cluster: bool = False, quiet: bool = False, level: Level = "cluster",
-         flag: str | ServeFlag | None = None, vllm_flags: bool = False) -> Any:
+def text(
+    default: str | int | tuple[str, ...],
+    *,
+    group: str,
+    check: Callable[[str], str] = _any,
+    secret: bool = False,
+    required_for_cluster: bool = False,
+    quiet: bool = False,
+    level: Level = "cluster",
+    flag: str | ServeFlag | None = None,
+    vllm_flags: bool = False,
+) -> Any:
     """A text setting field: its default and how a value is checked (`check` gets the text the operator wrote).
     The attribute's type says what the code gets: `str` (the canonical text), `int`, or `tuple[str, ...]`
     (the value split like a shell would, never run by one). `level` and `flag`: what its change needs and the
@@ -267,13 +285,15 @@ class TextSettings:
     """Per-node fabric values where nodes differ: NODE:NAME=VALUE, e.g. worker1:NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0"""
 
     # ---- serving
-    dspark_model: str = text("deepseek-ai/DeepSeek-V4-Flash", group="serving", check=not_an_option, level="serve",
-                             flag=owned("--model"))
+    dspark_model: str = text(
+        "deepseek-ai/DeepSeek-V4-Flash", group="serving", check=not_an_option, level="serve", flag=owned("--model")
+    )
     """Hugging Face model id or local path"""
     dspark_model_revision: str = text("", group="serving", check=_revision, level="serve", flag=owned("--revision"))
     """Model revision pin (commit, tag or branch)"""
-    dspark_served_model_name: str = text("deepseek-v4-flash", group="serving", check=_served_name, level="serve",
-                                         flag=owned("--served-model-name"))
+    dspark_served_model_name: str = text(
+        "deepseek-v4-flash", group="serving", check=_served_name, level="serve", flag=owned("--served-model-name")
+    )
     """Model name clients ask for"""
     vllm_host: str = text("127.0.0.1", group="serving", check=_bind_host, level="serve", flag=owned("--host"))
     """API bind address; other than loopback needs an API key (or DSPARK_TRUSTED_NETWORK=1)"""
@@ -282,8 +302,9 @@ class TextSettings:
     none: the settings' flags only"""
     dspark_profile_env: tuple[str, ...] = text((), group="serving", check=_profile_env, level="serve")
     """Override the profile's variables: NAME=VALUE (NAME= unsets); only names the profile sets"""
-    vllm_extra_args: tuple[str, ...] = text((), group="serving", check=_serve_args, quiet=True, level="serve",
-                                          vllm_flags=True)
+    vllm_extra_args: tuple[str, ...] = text(
+        (), group="serving", check=_serve_args, quiet=True, level="serve", vllm_flags=True
+    )
     """Extra vllm serve arguments, split like a shell (never run by one); the launcher's flags (below) are refused"""
 
     # ---- hotfix
@@ -298,11 +319,11 @@ class TextSettings:
     DSPARK_MEMORY_PRESSURE_PCT), running streams going on, and opens it again once memory is back"""
 
     # ---- security
-    vllm_api_key: str = text("", group="security", check=_api_key, secret=True, level="serve",
-                         flag=owned("--api-key"))
+    vllm_api_key: str = text("", group="security", check=_api_key, secret=True, level="serve", flag=owned("--api-key"))
     """API key clients must send (never on argv)"""
-    dspark_api_keys: str = text("", group="security", check=_api_key_list, secret=True, level="serve",
-                            flag=owned("--api-key"))
+    dspark_api_keys: str = text(
+        "", group="security", check=_api_key_list, secret=True, level="serve", flag=owned("--api-key")
+    )
     """Several API keys, space-separated (instead of VLLM_API_KEY, never both)"""
     ray_auth_mode: str = text("token", group="security", check=_choice("token", "disabled"))
     """Ray authentication: token, or disabled (isolated fabric only)"""
@@ -334,8 +355,9 @@ class TextSettings:
     # ---- model
     dspark_model_cache: str = text("", group="model")
     """Hub cache of the weights, same path on every node; default HF_HUB_CACHE, else $HF_HOME/hub"""
-    dspark_model_copy_streams: int = text(4, group="model", check=_choice(*(str(n) for n in range(1, 17))),
-                                          level="serve")
+    dspark_model_copy_streams: int = text(
+        4, group="model", check=_choice(*(str(n) for n in range(1, 17))), level="serve"
+    )
     """rsync streams per worker for the model copy (one SSH cipher core each)"""
     dspark_model_copy_hosts: str = text("", group="model", check=_host_list)
     """Workers' addresses for the model copy, in DSPARK_WORKER_HOSTS order ([user@]host; default: the fabric IP, the
@@ -364,8 +386,19 @@ def text_settings_of(cls: type) -> tuple[TextSetting, ...]:
             raise ValueError(f"{cls.__name__}.{field.name} has no docstring")
         if field.default is dataclasses.MISSING:
             raise ValueError(f"{cls.__name__}.{field.name} has no default")
-        specs.append(TextSetting(name=field.name.upper(), default=as_text(field.default), group=rule.group, description=docs[field.name], check=rule.check,
-                                 secret=rule.secret, required_for_cluster=rule.required_for_cluster, quiet=rule.quiet, vllm_flags=rule.vllm_flags))
+        specs.append(
+            TextSetting(
+                name=field.name.upper(),
+                default=as_text(field.default),
+                group=rule.group,
+                description=docs[field.name],
+                check=rule.check,
+                secret=rule.secret,
+                required_for_cluster=rule.required_for_cluster,
+                quiet=rule.quiet,
+                vllm_flags=rule.vllm_flags,
+            )
+        )
     return tuple(specs)
 
 

@@ -53,8 +53,17 @@ class LiveSetting:
 #: minimum..maximum; "decimal" a plain decimal in minimum..maximum; "switch" on for 1/true/yes/on (any case).
 #: Anything else keeps the default (at start, with a warning) or every current value (live, with a warning).
 LIVE_SETTINGS = (
-    LiveSetting("DSPARK_MAX_INFLIGHT_PREFILLS", "cap", "count", 1, 1, 3, "cap", "_dspark_max_inflight_prefills",
-                config_default="max_num_partial_prefills"),
+    LiveSetting(
+        "DSPARK_MAX_INFLIGHT_PREFILLS",
+        "cap",
+        "count",
+        1,
+        1,
+        3,
+        "cap",
+        "_dspark_max_inflight_prefills",
+        config_default="max_num_partial_prefills",
+    ),
     #: 0 the plain count of patch v1; 1 the count plus a per-step prefill token bound (patch v2); 2 (patch
     #: v3) mode 1 judged after the prefix-cache lookup by the tokens a prompt still has to compute, prompts
     #: that finish in the step given extra room, requests holding KV blocks never starved of budget; 3
@@ -74,13 +83,22 @@ LIVE_SETTINGS = (
     #: 0.68x stock vLLM's, short prompts' and cached turns' mean first token 0.67x to 0.98x, cold documents'
     #: 1.08x to 1.25x (docs/hotfix.md, "Gate mode 4"); 20 (a decode step with MTP is 12 to 31 ms on two GB10s)
     #: to 5000 (a whole 8192-token step at 400K context is about 4.5 s).
-    LiveSetting("DSPARK_TARGET_STEP_MS", "target_ms", "decimal", 100.0, 20.0, 5000.0, "target step ms",
-                "_dspark_target_ms"),
+    LiveSetting(
+        "DSPARK_TARGET_STEP_MS", "target_ms", "decimal", 100.0, 20.0, 5000.0, "target step ms", "_dspark_target_ms"
+    ),
     #: Admission of new prompts closed (the supervisor's memory guard, serve/memory_guard.py, or an operator's
     #: `dspark reload`): the waiting loop admits no request that holds no KV blocks and was not preempted (a
     #: resumed stream still comes back), so running streams go on decoding and new prompts wait in vLLM's queue.
-    LiveSetting("DSPARK_ADMISSION_CLOSED", "admission_closed", "switch", False, 0, 1, "admission closed",
-                "_dspark_admission_closed"),
+    LiveSetting(
+        "DSPARK_ADMISSION_CLOSED",
+        "admission_closed",
+        "switch",
+        False,
+        0,
+        1,
+        "admission closed",
+        "_dspark_admission_closed",
+    ),
 )
 LIVE = {setting.name: setting for setting in LIVE_SETTINGS}
 LIVE_NAMES = tuple(LIVE)
@@ -147,13 +165,12 @@ EXIT_MEANINGS = {
     EXIT_NOT_APPLIED: "status: not applied; other actions: I/O error",
     EXIT_OUTDATED: "status: applied by an older patch version (run apply)",
     EXIT_UNSUPPORTED: "cannot act here (unsupported layout or version, foreign patch, "
-                      "edited or damaged patched file, no scheduler.py); file untouched",
+    "edited or damaged patched file, no scheduler.py); file untouched",
 }
 
 #: The INFO line a patched scheduler logs once, in `__init__` (%-style for vLLM's logger).
 ACTIVE_LOG_FORMAT = (
-    "dspark-issue27 hotfix v%d active: cap=%d in-flight partial prefills, "
-    "gate mode %d, step bound %s prefill tokens"
+    "dspark-issue27 hotfix v%d active: cap=%d in-flight partial prefills, gate mode %d, step bound %s prefill tokens"
 )
 ACTIVE_LOG_RE = re.compile(
     r"dspark-issue27 hotfix v(\d+) active: cap=(\d+) in-flight partial prefills, "
@@ -168,11 +185,16 @@ _SHOWN_RE = {"count": r"(\d+)", "choice": r"(\d+)", "decimal": r"([0-9.e+-]+)", 
 #: file with valid values: what changed (`cap 1 -> 2`, `gate mode 2 -> 1`,
 #: `aging 2 -> 4`, `diagnostics off -> on`, or `no change`), then every live value now in
 #: force (LIVE_SETTINGS' order) and the step bound that follows from them.
-LIVE_LOG_FORMAT = ("dspark-issue27 hotfix v%d: %s (live); in force: "
-                   + ", ".join(f"{s.label} {_SHOWN[s.kind]}" for s in LIVE_SETTINGS) + "; step bound %s prefill tokens")
-LIVE_LOG_RE = re.compile(r"dspark-issue27 hotfix v(\d+): (.*?) \(live\); in force: "
-                         + ", ".join(f"{re.escape(s.label)} {_SHOWN_RE[s.kind]}" for s in LIVE_SETTINGS)
-                         + r"; step bound (\d+|none) prefill tokens")
+LIVE_LOG_FORMAT = (
+    "dspark-issue27 hotfix v%d: %s (live); in force: "
+    + ", ".join(f"{s.label} {_SHOWN[s.kind]}" for s in LIVE_SETTINGS)
+    + "; step bound %s prefill tokens"
+)
+LIVE_LOG_RE = re.compile(
+    r"dspark-issue27 hotfix v(\d+): (.*?) \(live\); in force: "
+    + ", ".join(f"{re.escape(s.label)} {_SHOWN_RE[s.kind]}" for s in LIVE_SETTINGS)
+    + r"; step bound (\d+|none) prefill tokens"
+)
 #: The WARNING a patched scheduler logs, once per bad content, when it keeps its
 #: values because the control file is not one it accepts.
 LIVE_WARNING_FORMAT = "dspark-issue27 hotfix v%d: ignoring the control file %s: %s; keeping %s"
@@ -214,7 +236,11 @@ def live_line(patch_version: int, changes: str, values: dict[str, int | float | 
     """The live log line for these values by key (the injected code logs the same text)."""
     shown_values = tuple(shown(s, values[s.key]) for s in LIVE_SETTINGS)
     return LIVE_LOG_FORMAT.replace("%d", "%s").replace("%g", "%s") % (
-        patch_version, changes, *shown_values, step_bound or "none")
+        patch_version,
+        changes,
+        *shown_values,
+        step_bound or "none",
+    )
 
 
 def parse_live_lines(text: str) -> list[LiveLine]:
@@ -261,8 +287,16 @@ def parse_active_lines(text: str) -> list[ActiveLine]:
 
 def live_row(setting: LiveSetting) -> tuple[object, ...]:
     """A live setting as the injected code holds it (a plain tuple: the patched module has no dataclasses)."""
-    return (setting.name, setting.kind, setting.default, setting.minimum, setting.maximum, setting.label,
-            setting.attribute, setting.config_default)
+    return (
+        setting.name,
+        setting.kind,
+        setting.default,
+        setting.minimum,
+        setting.maximum,
+        setting.label,
+        setting.attribute,
+        setting.config_default,
+    )
 
 
 def injected_constants(patch_version: int = PATCH_VERSION) -> dict[str, object]:

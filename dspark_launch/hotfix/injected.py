@@ -107,13 +107,18 @@ def _dspark_hotfix_init(sched):
         if bad:
             logger.warning(
                 "dspark-issue27: ignoring %s=%r (expected %s); using %s",
-                setting[0], raw, _dspark_hotfix_expected(setting), values[setting[0]],
+                setting[0],
+                raw,
+                _dspark_hotfix_expected(setting),
+                values[setting[0]],
             )
     _dspark_hotfix_set(sched, values)
     sched._dspark_diag_step = 0
     logger.info(
         _DSPARK_HOTFIX_ACTIVE_LOG,
-        _DSPARK_HOTFIX_PATCH_VERSION, sched._dspark_max_inflight_prefills, sched._dspark_gate_mode,
+        _DSPARK_HOTFIX_PATCH_VERSION,
+        sched._dspark_max_inflight_prefills,
+        sched._dspark_gate_mode,
         sched._dspark_step_bound or "none",
     )
     _dspark_hotfix_init_srpt(sched)
@@ -154,9 +159,7 @@ def _dspark_hotfix_stays_partial(request, num_scheduled):
     """
     if not num_scheduled:
         return request.is_prefill_chunk
-    return request.num_computed_tokens + num_scheduled < (
-        request.num_tokens + request.num_output_placeholders
-    )
+    return request.num_computed_tokens + num_scheduled < (request.num_tokens + request.num_output_placeholders)
 
 
 def _dspark_hotfix_running_partials(sched, num_scheduled_tokens):
@@ -178,10 +181,7 @@ def _dspark_hotfix_running_partials(sched, num_scheduled_tokens):
     for request in sched.running:
         if request.is_prefill_chunk:
             scheduled = get(request.request_id, 0)
-            left = (
-                request.num_tokens + request.num_output_placeholders
-                - request.num_computed_tokens
-            )
+            left = request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
             if not scheduled or scheduled < left:
                 count += 1
             if chunk:
@@ -260,9 +260,7 @@ def _dspark_hotfix_holds_kv(request):
     # streaming sessions) bypass the gate: holding them back would pin their
     # blocks without progress, and the queue that drains them first could
     # otherwise wait on prefills that need those very blocks.
-    return request.num_computed_tokens > 0 or (
-        getattr(request.status, "name", "") == "WAITING_FOR_REMOTE_KVS"
-    )
+    return request.num_computed_tokens > 0 or (getattr(request.status, "name", "") == "WAITING_FOR_REMOTE_KVS")
 
 
 def _dspark_hotfix_diag(sched, num_scheduled_tokens, inflight, spent=0):
@@ -273,9 +271,7 @@ def _dspark_hotfix_diag(sched, num_scheduled_tokens, inflight, spent=0):
     for request in sched.running:
         rid = request.request_id
         n = num_scheduled_tokens.get(rid, 0)
-        decoding = request.num_computed_tokens + 1 >= (
-            request.num_tokens + request.num_output_placeholders
-        )
+        decoding = request.num_computed_tokens + 1 >= (request.num_tokens + request.num_output_placeholders)
         if decoding:
             decode_reqs += 1
             decode_tokens += n
@@ -295,29 +291,36 @@ def _dspark_hotfix_diag(sched, num_scheduled_tokens, inflight, spent=0):
             for r in legacy
             if not (
                 num_scheduled_tokens.get(r.request_id, 0)
-                and not _dspark_hotfix_stays_partial(
-                    r, num_scheduled_tokens[r.request_id]
-                )
+                and not _dspark_hotfix_stays_partial(r, num_scheduled_tokens[r.request_id])
             )
         )
     logger.info(
         "dspark-issue27 step=%d cap=%d inflight=%d prefill_tokens=%d "
         "decode_tokens=%d decode_reqs=%d decode_skipped=%d legacy_inflight=%s "
         "mode=%d bound=%s claimed=%d prefill=[%s] skipped=[%s] room=%s target_ms=%s fit=[%s]",
-        sched._dspark_diag_step, sched._dspark_max_inflight_prefills, inflight,
-        prefill_tokens, decode_tokens, decode_reqs, len(skipped),
+        sched._dspark_diag_step,
+        sched._dspark_max_inflight_prefills,
+        inflight,
+        prefill_tokens,
+        decode_tokens,
+        decode_reqs,
+        len(skipped),
         "-" if legacy_after is None else legacy_after,
-        sched._dspark_gate_mode, sched._dspark_step_bound or "-", spent,
-        ",".join(prefill_parts), ",".join(skipped),
+        sched._dspark_gate_mode,
+        sched._dspark_step_bound or "-",
+        spent,
+        ",".join(prefill_parts),
+        ",".join(skipped),
         sched._dspark_room_now if sched._dspark_gate_mode >= 3 and sched._dspark_step_bound else "-",
         "%g" % sched._dspark_target_ms if sched._dspark_gate_mode == 4 else "-",
         sched._dspark_fit_note if sched._dspark_gate_mode == 4 else "-",
     )
     if legacy_after is not None and legacy_after != inflight:
         logger.warning(
-            "dspark-issue27 step=%d: _inflight_prefills gives %d, the gate "
-            "counts %d partial prefills in running (%s)",
-            sched._dspark_diag_step, legacy_after, inflight,
+            "dspark-issue27 step=%d: _inflight_prefills gives %d, the gate counts %d partial prefills in running (%s)",
+            sched._dspark_diag_step,
+            legacy_after,
+            inflight,
             "under-count: a set-based gate would admit too many"
             if legacy_after < inflight
             else "over-count: the set also holds async KV loads",
@@ -494,8 +497,18 @@ def _dspark_hotfix_plan(sched):
             left = request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
             aged = _dspark_hotfix_aged(sched, request, now)
             rank = request.priority if by_priority else 0
-            candidates.append((rank, not aged, request._dspark_seen if aged else left, request._dspark_seen,
-                               len(candidates), True, left, request))
+            candidates.append(
+                (
+                    rank,
+                    not aged,
+                    request._dspark_seen if aged else left,
+                    request._dspark_seen,
+                    len(candidates),
+                    True,
+                    left,
+                    request,
+                )
+            )
     active = getattr(sched, "max_num_active_reqs", sched.max_num_running_reqs)
     seats = active - len(sched.running) - getattr(sched, "num_waiting_for_streaming_input", 0)
     if seats > 0:
@@ -505,8 +518,18 @@ def _dspark_hotfix_plan(sched):
             need = _dspark_hotfix_first_sight(sched, request)
             aged = _dspark_hotfix_aged(sched, request, now)
             rank = request.priority if by_priority else 0
-            candidates.append((rank, not aged, request._dspark_seen if aged else need, request._dspark_seen,
-                               len(candidates), False, need, request))
+            candidates.append(
+                (
+                    rank,
+                    not aged,
+                    request._dspark_seen if aged else need,
+                    request._dspark_seen,
+                    len(candidates),
+                    False,
+                    need,
+                    request,
+                )
+            )
     slots = sched._dspark_max_inflight_prefills - partials
     free = _dspark_hotfix_free_tokens(sched)
     if free is not None:
@@ -628,7 +651,7 @@ def _dspark_hotfix_tick(sched):
     if last is None or len(carried) < lag:
         return
     x = carried[-lag]
-    del carried[:len(carried) - lag + 1]
+    del carried[: len(carried) - lag + 1]
     ms = (now - last) * 1000.0
     if ms <= 0.0:
         return
@@ -676,7 +699,8 @@ def _dspark_hotfix_sample(sched, x, ms):
 
 def _dspark_hotfix_fit(sched):
     """Least squares over the window (a ridge of 1e-5 of each feature's own square sum on every feature but the
-    constant: decode tokens and requests move together): ms per unit of each feature, or None while there are too few samples or the fit
+    constant: decode tokens and requests move together): ms per unit of each feature, or None while there are too few
+    samples or the fit
     is implausible (a prefill token costing nothing or more than the contract's maximum, a threshold's chunk
     costing less than its minimum, residuals above its share of the mean step time). `_dspark_fit_note` says which, for the diagnostics line."""
     if not sched._dspark_fit_dirty:
@@ -716,18 +740,25 @@ def _dspark_hotfix_fit(sched):
                 for c in range(col, size + 1):
                     row[c] -= f * head[c]
     beta = [a[i][size] / a[i][i] for i in range(size)]
-    sse = yy - 2.0 * sum(beta[i] * xty[i] for i in range(size)) + sum(
-        beta[i] * beta[j] * xtx[i][j] for i in range(size) for j in range(size))
+    sse = (
+        yy
+        - 2.0 * sum(beta[i] * xty[i] for i in range(size))
+        + sum(beta[i] * beta[j] * xtx[i][j] for i in range(size) for j in range(size))
+    )
     mean = xty[0] / n
     error = (max(sse, 0.0) / n) ** 0.5 / mean if mean > 0 else float("inf")
     per_token = beta[1] * 1e-3
     sched._dspark_fit_note = sched._dspark_fit_text = (
         "n=%d base=%.1fms prefill=%.4gms/tok context=%.3gms/Mtok^2 decode=%.3gms/tok req=%.3gms err=%.2f"
-        % (n, beta[0], per_token, beta[2] * 0.1, beta[3] * 0.1, beta[4], error))
+        % (n, beta[0], per_token, beta[2] * 0.1, beta[3] * 0.1, beta[4], error)
+    )
     chunk = sched._dspark_chunk or sched.max_num_scheduled_tokens
     chunk_ms = per_token * chunk + max(beta[2], 0.0) * 1e-7 * chunk * chunk * 0.5
-    if (not 0.0 < per_token <= _DSPARK_HOTFIX_FIT_MAX_TOKEN_MS or chunk_ms < _DSPARK_HOTFIX_FIT_MIN_CHUNK_MS
-            or error > _DSPARK_HOTFIX_FIT_MAX_ERROR):
+    if (
+        not 0.0 < per_token <= _DSPARK_HOTFIX_FIT_MAX_TOKEN_MS
+        or chunk_ms < _DSPARK_HOTFIX_FIT_MIN_CHUNK_MS
+        or error > _DSPARK_HOTFIX_FIT_MAX_ERROR
+    ):
         sched._dspark_fit = None
         sched._dspark_fit_note = sched._dspark_fit_text = "implausible " + sched._dspark_fit_text
         return None
@@ -815,8 +846,9 @@ def _dspark_hotfix_admit_srpt(sched, request, computed, token_budget, partial, s
     return min(room, sched._dspark_chunk_now)
 
 
-def _dspark_hotfix_give_back(sched, num_scheduled_tokens, req_to_new_blocks, scheduled_running_reqs,
-                          token_budget, input_budget, draft_slots):
+def _dspark_hotfix_give_back(
+    sched, num_scheduled_tokens, req_to_new_blocks, scheduled_running_reqs, token_budget, input_budget, draft_slots
+):
     """Mode 3, after admission (patch v6): room the plan cut from running
     prompts for waiting requests that admission did not take goes back to
     those prompts in the same step, in the plan's order, up to vLLM's own
@@ -847,14 +879,16 @@ def _dspark_hotfix_give_back(sched, num_scheduled_tokens, req_to_new_blocks, sch
         total = min(wanted, have + room, have + token_budget)
         if input_budget is not None:
             total = min(total, have + input_budget - draft_slots)
-        total = min(total, sched.max_model_len - request.num_computed_tokens
-                    - getattr(sched, "num_sampled_tokens_per_step", 1))
+        total = min(
+            total, sched.max_model_len - request.num_computed_tokens - getattr(sched, "num_sampled_tokens_per_step", 1)
+        )
         if getattr(sched, "num_prefill_lookahead", 0):
             total = sched._reserve_prefill_lookahead(request, request.num_computed_tokens, total)
         if total <= have or getattr(request, "has_encoder_inputs", False):
             continue
         new_blocks = sched.kv_cache_manager.allocate_slots(
-            request, total, num_lookahead_tokens=getattr(sched, "num_lookahead_tokens", 0))
+            request, total, num_lookahead_tokens=getattr(sched, "num_lookahead_tokens", 0)
+        )
         if new_blocks is None:
             continue
         extra = total - have
@@ -955,12 +989,16 @@ def _dspark_hotfix_live_apply(sched, path, exists):
     for setting in _DSPARK_HOTFIX_LIVE:
         before, after = now[setting[0]], wanted[setting[0]]
         if before != after:
-            changes.append("%s %s -> %s" % (setting[5], _dspark_hotfix_text(setting, before),
-                                            _dspark_hotfix_text(setting, after)))
+            changes.append(
+                "%s %s -> %s" % (setting[5], _dspark_hotfix_text(setting, before), _dspark_hotfix_text(setting, after))
+            )
     _dspark_hotfix_set(sched, wanted)
     logger.info(
-        _DSPARK_HOTFIX_LIVE_LOG, _DSPARK_HOTFIX_PATCH_VERSION, ", ".join(changes) or "no change",
-        *[_dspark_hotfix_shown(s, wanted[s[0]]) for s in _DSPARK_HOTFIX_LIVE], sched._dspark_step_bound or "none",
+        _DSPARK_HOTFIX_LIVE_LOG,
+        _DSPARK_HOTFIX_PATCH_VERSION,
+        ", ".join(changes) or "no change",
+        *[_dspark_hotfix_shown(s, wanted[s[0]]) for s in _DSPARK_HOTFIX_LIVE],
+        sched._dspark_step_bound or "none",
     )
 
 
@@ -977,7 +1015,9 @@ def _dspark_hotfix_live_read(path):
         st = os_.fstat(fd)
         if not _dspark_hotfix_stat.S_ISREG(st.st_mode) or st.st_uid != os_.geteuid() or st.st_mode & 0o022:
             return {}, "not a plain file of this user that only it can write (uid %d, mode %04o)" % (
-                st.st_uid, _dspark_hotfix_stat.S_IMODE(st.st_mode))
+                st.st_uid,
+                _dspark_hotfix_stat.S_IMODE(st.st_mode),
+            )
         data = os_.read(fd, _DSPARK_HOTFIX_CONTROL_MAX_BYTES + 1)
     except OSError as exc:
         return {}, "cannot read it (%s)" % (exc.strerror or exc)
@@ -1000,7 +1040,6 @@ def _dspark_hotfix_live_read(path):
             continue
         name, sep, value = line.partition("=")
         if not sep or name.strip() not in names:
-            return {}, "line %d %r is not NAME=VALUE with NAME one of %s" % (
-                number, line[:80], ", ".join(names))
+            return {}, "line %d %r is not NAME=VALUE with NAME one of %s" % (number, line[:80], ", ".join(names))
         values[name.strip()] = value
     return values, None

@@ -51,13 +51,14 @@ def _gate_code(skip: str, loads_only: bool = False) -> str:
     First, with admission closed (DSPARK_ADMISSION_CLOSED), a new prompt is stepped over (async loads too)."""
     return (
         "                if self._dspark_admission_closed and _dspark_hotfix_new_prompt(request_queue.peek_request()):  "
-        + _INJECT_TAG + "\n"
+        + _INJECT_TAG
+        + "\n"
         "                    if _dspark_skips >= _DSPARK_HOTFIX_MAX_SKIPS:\n"
         "                        break\n"
-        "                    _dspark_skips += 1\n"
-        + skip
-        + "                    continue\n"
-        "                if (  " + _INJECT_TAG + "\n"
+        "                    _dspark_skips += 1\n" + skip + "                    continue\n"
+        "                if (  "
+        + _INJECT_TAG
+        + "\n"
         + ("                    not loads_only\n                    and " if loads_only else "                    ")
         + "self._dspark_gate_mode < 2\n"
         "                    and _dspark_partial >= self._dspark_max_inflight_prefills\n"
@@ -65,9 +66,7 @@ def _gate_code(skip: str, loads_only: bool = False) -> str:
         "                ):\n"
         "                    if not self._dspark_gate_mode or _dspark_skips >= _DSPARK_HOTFIX_MAX_SKIPS:\n"
         "                        break\n"
-        "                    _dspark_skips += 1\n"
-        + skip
-        + "                    continue\n"
+        "                    _dspark_skips += 1\n" + skip + "                    continue\n"
     )
 
 
@@ -75,9 +74,10 @@ def _admission_gate(condition: str, admit: str, skip: str) -> str:
     """An admission gate after admission's own prefix-cache lookup: under `condition`, `admit` decides;
     below 0 the request is skipped (at most _DSPARK_HOTFIX_MAX_SKIPS a step), else `_dspark_limit` is kept."""
     return (
-        condition
-        + "                    _dspark_limit = " + admit + "(\n"
-        "                        self, request, num_computed_tokens, " + _STEP_BUDGET + ", _dspark_partial, _dspark_spent\n"
+        condition + "                    _dspark_limit = " + admit + "(\n"
+        "                        self, request, num_computed_tokens, "
+        + _STEP_BUDGET
+        + ", _dspark_partial, _dspark_spent\n"
         "                    )\n"
         "                    if _dspark_limit < 0:\n"
         "                        if _dspark_skips >= _DSPARK_HOTFIX_MAX_SKIPS:\n"
@@ -92,9 +92,16 @@ def _cached_gate_code(skip: str, loads_only: bool = False) -> str:
     """The admission gate of mode 2, after admission's own prefix-cache lookup
     (`num_computed_tokens` holds the hit): the request is judged by what it
     still has to compute; `_dspark_limit` caps its first chunk (0: no cap)."""
-    return "                _dspark_limit = 0  " + _INJECT_TAG + "\n" + _admission_gate(
-        "                if self._dspark_gate_mode == 2 and not load_kv_async" + _LOADS_ONLY[loads_only] + ":\n",
-        "_dspark_hotfix_admit", skip)
+    return (
+        "                _dspark_limit = 0  "
+        + _INJECT_TAG
+        + "\n"
+        + _admission_gate(
+            "                if self._dspark_gate_mode == 2 and not load_kv_async" + _LOADS_ONLY[loads_only] + ":\n",
+            "_dspark_hotfix_admit",
+            skip,
+        )
+    )
 
 
 #: The condition the admission gates add where the waiting loop can run in loads-only mode (0.34+).
@@ -130,8 +137,15 @@ class _Site:
 def _srpt_gate_code(skip: str, loads_only: bool = False) -> str:
     """Mode 3's admission gate, after admission's own prefix-cache lookup and
     mode 2's gate: `_dspark_limit` > 0 is the exact size of the first chunk."""
-    return _admission_gate("                if self._dspark_gate_mode >= 3 and not load_kv_async" + _LOADS_ONLY[loads_only]
-                           + ":  " + _INJECT_TAG + "\n", "_dspark_hotfix_admit_srpt", skip)
+    return _admission_gate(
+        "                if self._dspark_gate_mode >= 3 and not load_kv_async"
+        + _LOADS_ONLY[loads_only]
+        + ":  "
+        + _INJECT_TAG
+        + "\n",
+        "_dspark_hotfix_admit_srpt",
+        skip,
+    )
 
 
 #: The layouts (0.25+) that pad a waiting request with one token left to
@@ -166,8 +180,10 @@ def _padding_problem(text: str) -> str:
         return ""
     set_at, reset_at = _PADDED_RE.search(text), _PADDING_RESET_RE.search(text)
     if set_at is None or reset_at is None or reset_at.start() > set_at.start():
-        return ("this scheduler pads for speculative decoding (`pad_spec_decode`) in a form the hotfix does not "
-                "know: it would size a padded request's chunk")
+        return (
+            "this scheduler pads for speculative decoding (`pad_spec_decode`) in a form the hotfix does not "
+            "know: it would size a padded request's chunk"
+        )
     return ""
 
 
@@ -186,8 +202,11 @@ def _srpt_first_chunk_code(text: str) -> str:
     # Mode 3 sizes the first chunk itself, possibly the whole prompt beyond
     # the threshold; vLLM's budget clamp and its later rules follow.
     return (
-        "                    if _dspark_limit > 0 and self._dspark_gate_mode >= 3" + _unpadded(text) + ":  "
-        + _INJECT_TAG + "\n"
+        "                    if _dspark_limit > 0 and self._dspark_gate_mode >= 3"
+        + _unpadded(text)
+        + ":  "
+        + _INJECT_TAG
+        + "\n"
         "                        num_new_tokens = min(request.num_tokens - num_computed_tokens, _dspark_limit)\n"
     )
 
@@ -206,8 +225,7 @@ def _give_back_code(text: str) -> str:
         "        if _dspark_plan:  " + _INJECT_TAG + "\n"
         "            " + budgets + ", _dspark_drafts = _dspark_hotfix_give_back(\n"
         "                self, num_scheduled_tokens, req_to_new_blocks, scheduled_running_reqs, " + args + "\n"
-        "            )\n"
-        + drafts
+        "            )\n" + drafts
     )
 
 
@@ -285,8 +303,7 @@ _SITES: tuple[_Site, ...] = (
             "                ):\n"
             "                    break\n",
             # vLLM 0.31 .. 0.33: queue picked before the guard.
-            "                if num_running >= self.max_num_active_reqs:\n"
-            "                    break\n",
+            "                if num_running >= self.max_num_active_reqs:\n                    break\n",
             # vLLM 0.25 .. 0.30: queue picked right after the guard.
             "                if num_running >= self.max_num_running_reqs:\n"
             "                    break\n"
@@ -334,9 +351,7 @@ _SITES: tuple[_Site, ...] = (
             "                request.num_computed_tokens = num_computed_tokens\n",
         ),
         # Every admission counts, requests that bypass the gate included.
-        "                if num_computed_tokens + num_new_tokens < request.num_tokens:  "
-        + _INJECT_TAG
-        + "\n"
+        "                if num_computed_tokens + num_new_tokens < request.num_tokens:  " + _INJECT_TAG + "\n"
         "                    _dspark_partial += 1\n"
         "                _dspark_spent += num_new_tokens  " + _INJECT_TAG + "\n",
     ),
@@ -429,8 +444,11 @@ def render_patched(original: bytes, patch_version: int = PATCH_VERSION) -> bytes
 
     upstream = UPSTREAM_CAP_RE.search(text)
     if upstream is not None:
-        raise LayoutError("upstream", f"this vLLM enforces a partial-prefill cap of its own (`{upstream.group(0)}`"
-                          " in its scheduler): the hotfix steps aside, use vLLM's option")
+        raise LayoutError(
+            "upstream",
+            f"this vLLM enforces a partial-prefill cap of its own (`{upstream.group(0)}`"
+            " in its scheduler): the hotfix steps aside, use vLLM's option",
+        )
     padding = _padding_problem(text)
     if padding:
         raise LayoutError("padding", padding)

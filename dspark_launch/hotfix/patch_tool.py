@@ -80,7 +80,9 @@ def _inspect(target: pathlib.Path, version: str) -> _Inspection:
         return _Inspection("error", None, problem=f"cannot read: {exc}")
     marker = read_marker(data)
     if marker is not None and marker.original is None:
-        return _Inspection("damaged", data, marker, problem="patch marker present but the stored original is missing or damaged")
+        return _Inspection(
+            "damaged", data, marker, problem="patch marker present but the stored original is missing or damaged"
+        )
     original = data if marker is None else marker.original
     supported = version_supported(version)
     if supported is False:
@@ -100,13 +102,32 @@ def _inspect(target: pathlib.Path, version: str) -> _Inspection:
     if marker.patch_version < PATCH_VERSION:
         return _Inspection("outdated", data, marker, original, patched)
     if marker.patch_version > PATCH_VERSION:
-        return _Inspection("unsupported", data, marker, original, patched, problem=f"patched by a newer patch version {marker.patch_version}")
+        return _Inspection(
+            "unsupported",
+            data,
+            marker,
+            original,
+            patched,
+            problem=f"patched by a newer patch version {marker.patch_version}",
+        )
     if data != patched:
-        return _Inspection("modified", data, marker, original, patched, problem="patched file was edited after patching")
+        return _Inspection(
+            "modified", data, marker, original, patched, problem="patched file was edited after patching"
+        )
     return _Inspection("applied", data, marker, original, patched)
 
 
-def _result(action: str, target: pathlib.Path, version: str, insp: _Inspection, code: int, state: str, message: str, after: bytes | None = None, changed: bool = False) -> Result:
+def _result(
+    action: str,
+    target: pathlib.Path,
+    version: str,
+    insp: _Inspection,
+    code: int,
+    state: str,
+    message: str,
+    after: bytes | None = None,
+    changed: bool = False,
+) -> Result:
     return Result(
         action=action,
         code=code,
@@ -125,7 +146,12 @@ def _result(action: str, target: pathlib.Path, version: str, insp: _Inspection, 
 
 def _refusal(action: str, target: pathlib.Path, version: str, insp: _Inspection) -> Result:
     return _result(
-        action, target, version, insp, EXIT_UNSUPPORTED, insp.state,
+        action,
+        target,
+        version,
+        insp,
+        EXIT_UNSUPPORTED,
+        insp.state,
         f"cannot {action} on vLLM {version}: {insp.problem}; file left unchanged",
     )
 
@@ -182,7 +208,9 @@ def _drop_bytecode(target: pathlib.Path) -> list[str]:
     return problems
 
 
-def _write(action: str, target: pathlib.Path, version: str, insp: _Inspection, data: bytes, state: str, message: str) -> Result:
+def _write(
+    action: str, target: pathlib.Path, version: str, insp: _Inspection, data: bytes, state: str, message: str
+) -> Result:
     try:
         _atomic_write(target, data)
     except OSError as exc:
@@ -191,10 +219,16 @@ def _write(action: str, target: pathlib.Path, version: str, insp: _Inspection, d
     left = _drop_bytecode(target)
     if left:
         return _result(
-            action, target, version, insp, EXIT_ERROR, state,
+            action,
+            target,
+            version,
+            insp,
+            EXIT_ERROR,
+            state,
             f"{message}; the file changed, but its stale bytecode could not be removed "
             f"({'; '.join(left)}): remove it by hand before the next start",
-            after=data, changed=True,
+            after=data,
+            changed=True,
         )
     return _result(action, target, version, insp, EXIT_OK, state, message, after=data, changed=True)
 
@@ -213,13 +247,25 @@ def status(target: pathlib.Path | str | None = None) -> Result:
     if insp.state == "applied":
         return _result("status", target, version, insp, EXIT_OK, "applied", f"patch v{PATCH_VERSION} applied ({where})")
     if insp.state == "not-applied":
-        return _result("status", target, version, insp, EXIT_NOT_APPLIED, "not-applied", f"not applied, can apply ({where})")
+        return _result(
+            "status", target, version, insp, EXIT_NOT_APPLIED, "not-applied", f"not applied, can apply ({where})"
+        )
     if insp.state == "outdated":
         old = insp.marker.patch_version if insp.marker else "?"
-        return _result("status", target, version, insp, EXIT_OUTDATED, "outdated", f"applied by older patch v{old}, current is v{PATCH_VERSION}; run apply ({where})")
+        return _result(
+            "status",
+            target,
+            version,
+            insp,
+            EXIT_OUTDATED,
+            "outdated",
+            f"applied by older patch v{old}, current is v{PATCH_VERSION}; run apply ({where})",
+        )
     if insp.state == "error":
         return _result("status", target, version, insp, EXIT_ERROR, "error", f"{insp.problem} ({where})")
-    return _result("status", target, version, insp, EXIT_UNSUPPORTED, insp.state, f"cannot apply here: {insp.problem} ({where})")
+    return _result(
+        "status", target, version, insp, EXIT_UNSUPPORTED, insp.state, f"cannot apply here: {insp.problem} ({where})"
+    )
 
 
 def check(target: pathlib.Path | str | None = None) -> Result:
@@ -229,7 +275,15 @@ def check(target: pathlib.Path | str | None = None) -> Result:
     insp = _inspect(target, version)
     if insp.state in ("applied", "not-applied", "outdated"):
         verb = {"applied": "already applied", "not-applied": "can apply", "outdated": "can upgrade"}[insp.state]
-        return _result("check", target, version, insp, EXIT_OK, insp.state, f"{verb}: all anchors found, patched text compiles (vLLM {version}, {target})")
+        return _result(
+            "check",
+            target,
+            version,
+            insp,
+            EXIT_OK,
+            insp.state,
+            f"{verb}: all anchors found, patched text compiles (vLLM {version}, {target})",
+        )
     code = EXIT_ERROR if insp.state == "error" else EXIT_UNSUPPORTED
     return dataclasses.replace(_refusal("check", target, version, insp), code=code)
 
@@ -240,13 +294,29 @@ def apply(target: pathlib.Path | str | None = None) -> Result:
     version = vllm_version(target)
     insp = _inspect(target, version)
     if insp.state == "applied":
-        return _result("apply", target, version, insp, EXIT_OK, "applied", f"already applied (patch v{PATCH_VERSION}, vLLM {version}, {target})")
+        return _result(
+            "apply",
+            target,
+            version,
+            insp,
+            EXIT_OK,
+            "applied",
+            f"already applied (patch v{PATCH_VERSION}, vLLM {version}, {target})",
+        )
     if insp.state not in ("not-applied", "outdated"):
         if insp.state == "error":
             return _result("apply", target, version, insp, EXIT_ERROR, "error", insp.problem)
         return _refusal("apply", target, version, insp)
     upgraded = " (re-applied over older patch from the stored original)" if insp.state == "outdated" else ""
-    return _write("apply", target, version, insp, insp.patched, "applied", f"applied patch v{PATCH_VERSION}{upgraded} (vLLM {version}, {target})")
+    return _write(
+        "apply",
+        target,
+        version,
+        insp,
+        insp.patched,
+        "applied",
+        f"applied patch v{PATCH_VERSION}{upgraded} (vLLM {version}, {target})",
+    )
 
 
 def revert(target: pathlib.Path | str | None = None) -> Result:
@@ -264,12 +334,43 @@ def revert(target: pathlib.Path | str | None = None) -> Result:
         unmarked = unmarked_patch(data.decode("utf-8", errors="replace"))
         if unmarked is not None:
             state, problem = unmarked
-            return _result("revert", target, version, insp, EXIT_UNSUPPORTED, state,
-                           f"cannot revert: {problem}; reinstall vLLM {version} ({target})")
-        return _result("revert", target, version, insp, EXIT_OK, "not-applied", f"nothing to revert: not patched (vLLM {version}, {target})")
+            return _result(
+                "revert",
+                target,
+                version,
+                insp,
+                EXIT_UNSUPPORTED,
+                state,
+                f"cannot revert: {problem}; reinstall vLLM {version} ({target})",
+            )
+        return _result(
+            "revert",
+            target,
+            version,
+            insp,
+            EXIT_OK,
+            "not-applied",
+            f"nothing to revert: not patched (vLLM {version}, {target})",
+        )
     if marker.original is None:
-        return _result("revert", target, version, insp, EXIT_UNSUPPORTED, "damaged", f"cannot revert: the stored original is missing or damaged; reinstall vLLM {version}")
-    return _write("revert", target, version, insp, marker.original, "not-applied", f"reverted to the original (sha256 {marker.original_sha256[:12]}, vLLM {version}, {target})")
+        return _result(
+            "revert",
+            target,
+            version,
+            insp,
+            EXIT_UNSUPPORTED,
+            "damaged",
+            f"cannot revert: the stored original is missing or damaged; reinstall vLLM {version}",
+        )
+    return _write(
+        "revert",
+        target,
+        version,
+        insp,
+        marker.original,
+        "not-applied",
+        f"reverted to the original (sha256 {marker.original_sha256[:12]}, vLLM {version}, {target})",
+    )
 
 
 ACTIONS = {"apply": apply, "check": check, "status": status, "revert": revert}
@@ -288,8 +389,13 @@ def main(argv: list[str] | None = None) -> int:
         result = ACTIONS[args.action](args.target)
     except FileNotFoundError as exc:  # no vLLM for find_target()
         result = Result(
-            action=args.action, code=EXIT_UNSUPPORTED, state="missing", message=str(exc),
-            target=args.target or "", vllm_version="unknown", patch_version=PATCH_VERSION,
+            action=args.action,
+            code=EXIT_UNSUPPORTED,
+            state="missing",
+            message=str(exc),
+            target=args.target or "",
+            vllm_version="unknown",
+            patch_version=PATCH_VERSION,
         )
     if args.json:
         print(json.dumps(result.to_dict(), sort_keys=True))

@@ -36,17 +36,25 @@ class SSHTarget:
     @classmethod
     def from_transport(cls, transport) -> "SSHTarget":
         """The same settings the launcher's SSHTransport (dspark_launch.agent.transport) uses."""
-        return cls(transport.host, transport.port, transport.user, transport.key, transport.host_key_check,
-                   transport.connect_timeout, tuple(transport.extra_options))
+        return cls(
+            transport.host,
+            transport.port,
+            transport.user,
+            transport.key,
+            transport.host_key_check,
+            transport.connect_timeout,
+            tuple(transport.extra_options),
+        )
 
     def ssh_argv(self) -> list[str]:
         """ssh and its options, without the host (rsync adds it): exactly what the launcher's agent
         calls use, taken from SSHTransport so the two never drift apart, then the copy's bulk options."""
         from dspark_launch.agent.transport import SSHTransport
 
-        argv = SSHTransport(self.host, "", self.port, self.user, self.key, self.host_key_check,
-                            self.connect_timeout, self.extra_options).argv()
-        options = argv[:argv.index("--")]
+        argv = SSHTransport(
+            self.host, "", self.port, self.user, self.key, self.host_key_check, self.connect_timeout, self.extra_options
+        ).argv()
+        options = argv[: argv.index("--")]
         return options + cipher_preference(tuple(options), self.host) + list(BULK_SSH_OPTIONS)
 
 
@@ -65,10 +73,12 @@ def cipher_preference(ssh_options: tuple[str, ...], host: str) -> list[str]:
     """The AES-GCM preference, only when the operator's ssh configuration sets no cipher list: `ssh -G` (which
     connects nowhere) with every config file shows the same list as with none. A hardened list (say, only
     aes256-gcm) is kept as it is: prepending to it would bring ssh's whole default list back."""
+
     def ciphers(*extra: str) -> str:
         try:
-            out = subprocess.run([*ssh_options, *extra, "-G", host], capture_output=True, text=True, timeout=30,
-                                 stdin=subprocess.DEVNULL).stdout
+            out = subprocess.run(
+                [*ssh_options, *extra, "-G", host], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+            ).stdout
         except (OSError, subprocess.TimeoutExpired):
             return ""
         return next((line for line in out.splitlines() if line.startswith("ciphers ")), "")
@@ -138,8 +148,10 @@ class CopyProgress:
         rate = sent / elapsed
         left = max(self.total_bytes - sent, 0)
         eta = f"{left / rate:.0f} s" if rate > 0 else "?"
-        return (f"{self.node}: copied {sent / (1 << 30):.2f} of {self.total_bytes / (1 << 30):.2f} GiB, "
-                f"{rate / 1e6:.0f} MB/s, ETA {eta}")
+        return (
+            f"{self.node}: copied {sent / (1 << 30):.2f} of {self.total_bytes / (1 << 30):.2f} GiB, "
+            f"{rate / 1e6:.0f} MB/s, ETA {eta}"
+        )
 
 
 def _read_stream(proc: subprocess.Popen, index: int, names: list[str], progress: CopyProgress | None) -> None:
@@ -165,10 +177,12 @@ def _take(part: str, index: int, names: list[str], progress: CopyProgress | None
 def rsync_failure(target: SSHTarget, code: int, err: str) -> CopyFailed:
     """One line naming the address the copy used; an unknown host key says how to add it."""
     if "Host key verification failed" in err:
-        return CopyFailed(f"rsync to {target.host} failed: the SSH host key of {target.host} (the copy address: "
-                          f"the worker's fabric IP unless DSPARK_MODEL_COPY_HOSTS says otherwise) is not known; "
-                          f"check its fingerprint on the worker and add it, e.g. "
-                          f"`ssh-keyscan -p {target.port} {target.host} >> ~/.ssh/known_hosts`")
+        return CopyFailed(
+            f"rsync to {target.host} failed: the SSH host key of {target.host} (the copy address: "
+            f"the worker's fabric IP unless DSPARK_MODEL_COPY_HOSTS says otherwise) is not known; "
+            f"check its fingerprint on the worker and add it, e.g. "
+            f"`ssh-keyscan -p {target.port} {target.host} >> ~/.ssh/known_hosts`"
+        )
     detail = (err.strip().splitlines() or ["no message"])[-1]
     return CopyFailed(f"rsync to {target.host} failed (exit {code}): {detail}")
 
@@ -182,16 +196,31 @@ def rsync_argv(target: SSHTarget, root: str, list_file: str, force: bool) -> lis
         raise CopyFailed(f"{target.host}: SSH options with quotes cannot be passed to rsync -e")
     # The copy belongs to whoever receives it (the serving user there), never to the head's owner's
     # namesake (-a's -o/-g as root), and nobody else can write it: the start check refuses otherwise.
-    argv = ["rsync", *RSYNC_OPTIONS, "--protect-args", "--mkpath", f"--files-from={list_file}",
-            "--out-format=%n", "--info=progress2", "-e", shlex.join(ssh)]
+    argv = [
+        "rsync",
+        *RSYNC_OPTIONS,
+        "--protect-args",
+        "--mkpath",
+        f"--files-from={list_file}",
+        "--out-format=%n",
+        "--info=progress2",
+        "-e",
+        shlex.join(ssh),
+    ]
     if force:
         argv.append("--ignore-times")
     host = f"[{target.host}]" if ":" in target.host else target.host
     return argv + ["--", root.rstrip("/") + "/", f"{host}:{root.rstrip('/')}/"]
 
 
-def rsync_to(target: SSHTarget, root: str, paths: list[str], streams: int = 4, force: bool = False,
-             progress: CopyProgress | None = None) -> CopyResult:
+def rsync_to(
+    target: SSHTarget,
+    root: str,
+    paths: list[str],
+    streams: int = 4,
+    force: bool = False,
+    progress: CopyProgress | None = None,
+) -> CopyResult:
     """Copy `paths` (relative to `root`) to the same `root` on the target, `streams` rsyncs at once;
     `progress` gets each stream's bytes as rsync reports them."""
     t0 = time.monotonic()
@@ -203,8 +232,9 @@ def rsync_to(target: SSHTarget, root: str, paths: list[str], streams: int = 4, f
         for i, share in enumerate(shares):
             list_file = os.path.join(tmp, f"share{i}")
             Path(list_file).write_text("".join(p + "\n" for p in share))
-            proc = subprocess.Popen(rsync_argv(target, root, list_file, force), stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE)
+            proc = subprocess.Popen(
+                rsync_argv(target, root, list_file, force), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
             procs.append(proc)
             readers.append(threading.Thread(target=_read_stream, args=(proc, i, names[i], progress), daemon=True))
             readers[-1].start()

@@ -10,11 +10,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from dspark_launch.node.manifest import Manifest
+from dspark_launch.node.model_files import STALE, DiskSpace, NodePlacement, VerifyReport
+
 from .copy import CopyProgress, CopyResult, SSHTarget, effective_streams, rsync_to
 from .errors import InsufficientDisk, ModelIncomplete
 from .location import ModelLocation
-from dspark_launch.node.manifest import Manifest
-from dspark_launch.node.model_files import STALE, DiskSpace, NodePlacement, VerifyReport
 
 
 class NodeModelOps(Protocol):
@@ -24,7 +25,9 @@ class NodeModelOps(Protocol):
 
     def placement(self, folder: str, root: str, manifest: Manifest) -> NodePlacement: ...
 
-    def verify(self, folder: str, manifest: Manifest, full: bool, only: tuple[str, ...] | None = None) -> VerifyReport: ...
+    def verify(
+        self, folder: str, manifest: Manifest, full: bool, only: tuple[str, ...] | None = None
+    ) -> VerifyReport: ...
 
     def fast_check(self, folder: str, stamp: str) -> VerifyReport: ...
 
@@ -55,8 +58,10 @@ class DiskCheck:
 
     def describe(self) -> str:
         gib = 1 << 30
-        return (f"{self.node}: {self.space.checked} has {self.space.free_bytes / gib:.2f} GiB free, the model needs "
-                f"{self.required_bytes / gib:.2f} GiB there ({self.payload_bytes / gib:.2f} GiB of files + margin)")
+        return (
+            f"{self.node}: {self.space.checked} has {self.space.free_bytes / gib:.2f} GiB free, the model needs "
+            f"{self.required_bytes / gib:.2f} GiB there ({self.payload_bytes / gib:.2f} GiB of files + margin)"
+        )
 
 
 @dataclass(frozen=True)
@@ -75,8 +80,9 @@ def missing_bytes(manifest: Manifest, report: VerifyReport) -> int:
     return sum(sizes.get(p.path, 0) for p in report.problems if p.kind != STALE)
 
 
-def check_disk(location: ModelLocation, manifest: Manifest, nodes: Sequence[NodeModelOps],
-               margin: DiskMargin = DiskMargin()) -> list[DiskCheck]:
+def check_disk(
+    location: ModelLocation, manifest: Manifest, nodes: Sequence[NodeModelOps], margin: DiskMargin = DiskMargin()
+) -> list[DiskCheck]:
     """Every node's free space against what it lacks of `manifest` (a hub listing before the pull), all
     nodes at once, one agent call each; InsufficientDisk naming each short node, before anything is written."""
     from dspark_launch.cluster.parallel import on_each
@@ -86,19 +92,30 @@ def check_disk(location: ModelLocation, manifest: Manifest, nodes: Sequence[Node
     for node in nodes:
         state = found[node.name]
         payload = missing_bytes(manifest, state.sizes)
-        checks.append(DiskCheck(node.name, state.space, payload, margin.required(payload), state.sizes,
-                                state.verified_stamp))
+        checks.append(
+            DiskCheck(node.name, state.space, payload, margin.required(payload), state.sizes, state.verified_stamp)
+        )
     short = [c for c in checks if not c.ok]
     if short:
-        raise InsufficientDisk("not enough disk: " + "; ".join(c.describe() for c in short)
-                               + ". Free space there or set DSPARK_MODEL_CACHE to a larger disk; nothing was written")
+        raise InsufficientDisk(
+            "not enough disk: "
+            + "; ".join(c.describe() for c in short)
+            + ". Free space there or set DSPARK_MODEL_CACHE to a larger disk; nothing was written"
+        )
     return checks
 
 
-def sync_worker(location: ModelLocation, manifest: Manifest, target: SSHTarget, node: NodeModelOps,
-                streams: int = 4, margin: DiskMargin = DiskMargin(),
-                progress: Callable[[str], None] | None = None, full: bool = False,
-                checked: DiskCheck | None = None) -> WorkerSync:
+def sync_worker(
+    location: ModelLocation,
+    manifest: Manifest,
+    target: SSHTarget,
+    node: NodeModelOps,
+    streams: int = 4,
+    margin: DiskMargin = DiskMargin(),
+    progress: Callable[[str], None] | None = None,
+    full: bool = False,
+    checked: DiskCheck | None = None,
+) -> WorkerSync:
     """Free-space check (`checked`: the one the caller just made of this node for the same files), copy
     what is missing or differs, sha256 there of what the copy sent (of every file when `full`, or when
     this node never verified this manifest), re-send what the verify names (once), then the manifest
@@ -111,8 +128,9 @@ def sync_worker(location: ModelLocation, manifest: Manifest, target: SSHTarget, 
     verified_before = not full and checked.verified_stamp == manifest.stamp
     streams = effective_streams(streams)
     meter = CopyProgress(node.name, checked.payload_bytes, progress) if progress else None
-    copy = rsync_to(target, location.root, location.storage_paths(manifest) + location.ref_paths(), streams,
-                    progress=meter)
+    copy = rsync_to(
+        target, location.root, location.storage_paths(manifest) + location.ref_paths(), streams, progress=meter
+    )
     only = sent_files(location, manifest, copy.files_sent) if verified_before else None
     if only == () and not copy.files_sent and checked.sizes.ok:
         # rsync compared every file's size and mtime and sent nothing; the sizes matched the manifest
@@ -121,12 +139,15 @@ def sync_worker(location: ModelLocation, manifest: Manifest, target: SSHTarget, 
     report = node.verify(location.folder, manifest, True, only)
     repair = None
     if report.bad_paths:
-        repair = rsync_to(target, location.root, location.storage_paths(manifest, report.bad_paths), streams,
-                          force=True)
+        repair = rsync_to(
+            target, location.root, location.storage_paths(manifest, report.bad_paths), streams, force=True
+        )
         report = node.verify(location.folder, manifest, True, report.bad_paths)
     if not report.ok:
-        raise ModelIncomplete(f"{node.name}: {report.problems[0].describe()} in {location.folder} after the copy "
-                              f"({len(report.problems)} file(s) bad)")
+        raise ModelIncomplete(
+            f"{node.name}: {report.problems[0].describe()} in {location.folder} after the copy "
+            f"({len(report.problems)} file(s) bad)"
+        )
     if not (verified_before and only == () and repair is None):
         rsync_to(target, location.root, [location.manifest_path], 1, force=True)
     return WorkerSync(node.name, copy, repair, report)
@@ -145,5 +166,7 @@ def require_ready(reports: Sequence[tuple[str, VerifyReport]], fix: str = "dspar
         if not report.ok:
             others = sum(1 for _, r in reports if not r.ok) - 1
             more = f"; {others} other node(s) too" if others else ""
-            raise ModelIncomplete(f"{node}: model not ready: {report.problems[0].describe()} "
-                                  f"({len(report.problems)} problem(s) in {report.folder}{more}); run `{fix}`")
+            raise ModelIncomplete(
+                f"{node}: model not ready: {report.problems[0].describe()} "
+                f"({len(report.problems)} problem(s) in {report.folder}{more}); run `{fix}`"
+            )

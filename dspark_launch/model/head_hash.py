@@ -8,10 +8,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ModelError
 from dspark_launch.node.manifest import Manifest, ManifestFile
 from dspark_launch.node.model_files import HashProgress, hash_files
 from dspark_launch.node.model_paths import resolve_inside
+
+from .errors import ModelError
 
 
 @dataclass(frozen=True)
@@ -22,12 +23,24 @@ class Hashed:
 
 
 def unchanged(entry: ManifestFile | None, stat: os.stat_result) -> bool:
-    return (entry is not None and bool(entry.sha256) and entry.inode != 0 and entry.size == stat.st_size
-            and entry.mtime_ns == stat.st_mtime_ns and entry.inode == stat.st_ino)
+    return (
+        entry is not None
+        and bool(entry.sha256)
+        and entry.inode != 0
+        and entry.size == stat.st_size
+        and entry.mtime_ns == stat.st_mtime_ns
+        and entry.inode == stat.st_ino
+    )
 
 
-def hash_folder_files(folder: Path, paths: Sequence[str], previous: Manifest | None = None, rehash: bool = False,
-                      progress: Callable[[str], None] | None = None, origin: str = "manifest") -> Hashed:
+def hash_folder_files(
+    folder: Path,
+    paths: Sequence[str],
+    previous: Manifest | None = None,
+    rehash: bool = False,
+    progress: Callable[[str], None] | None = None,
+    origin: str = "manifest",
+) -> Hashed:
     """sha256 of each of `paths` (relative to `folder`, links resolved and required to stay inside the
     model's root: UnsafeModelPath naming `origin`), reusing `previous`'s digest of a file that has not
     changed since; each file read no further than the size it was found with (regular files only);
@@ -38,11 +51,14 @@ def hash_folder_files(folder: Path, paths: Sequence[str], previous: Manifest | N
     todo = [i for i, (p, st) in enumerate(zip(paths, stats)) if not unchanged(known.get(p), st)]
     total = sum(stats[i].st_size for i in todo)
     meter = HashProgress("head", total, progress) if progress and total else None
-    digests = dict(zip(todo, hash_files([real[i] for i in todo], on_bytes=meter,
-                                        limits=[stats[i].st_size for i in todo])))
+    digests = dict(
+        zip(todo, hash_files([real[i] for i in todo], on_bytes=meter, limits=[stats[i].st_size for i in todo]))
+    )
     grown = [paths[i] for i, digest in digests.items() if not digest]
     if grown:
         raise ModelError(f"{folder / grown[0]} grew while it was hashed; nothing was written, run the command again")
-    files = tuple(ManifestFile(p, st.st_size, digests[i] if i in digests else known[p].sha256, st.st_mtime_ns,
-                               st.st_ino) for i, (p, st) in enumerate(zip(paths, stats)))
+    files = tuple(
+        ManifestFile(p, st.st_size, digests[i] if i in digests else known[p].sha256, st.st_mtime_ns, st.st_ino)
+        for i, (p, st) in enumerate(zip(paths, stats))
+    )
     return Hashed(files, total, tuple(paths[i] for i in todo))

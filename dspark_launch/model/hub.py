@@ -20,16 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from dspark_launch.node.safe_path import write_private
 from dspark_launch.errors import ConfigError
+from dspark_launch.node.manifest import Manifest, ManifestFile, read_manifest, write_manifest
+from dspark_launch.node.model_files import verify_model
+from dspark_launch.node.model_paths import UnsafeModelPath, read_bounded, require_relative, resolve_inside
+from dspark_launch.node.safe_path import write_private
 
 from .errors import ModelAccessError, ModelError, ModelIncomplete
 from .head_hash import hash_folder_files
 from .location import ModelLocation, hub_cache_location
-from dspark_launch.node.manifest import Manifest, ManifestFile, read_manifest, write_manifest
-from dspark_launch.node.model_files import verify_model
-from dspark_launch.node.model_paths import UnsafeModelPath, read_bounded, require_relative, resolve_inside
-
 
 HUB_LISTING = "the hub's listing"  # where a pulled file's name came from, in a refusal
 
@@ -81,8 +80,9 @@ def resolve_token(environ: Mapping[str, str]) -> str | None:
     token = environ.get("HF_TOKEN", "").strip()
     if token:
         return token
-    home = environ.get("HF_HOME") or os.path.join(environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                                                  "huggingface")
+    home = environ.get("HF_HOME") or os.path.join(
+        environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
     path = environ.get("HF_TOKEN_PATH") or os.path.join(home, "token")
     with contextlib.suppress(OSError):
         return Path(path).read_text().strip() or None
@@ -93,8 +93,9 @@ def default_cache_dir(environ: Mapping[str, str]) -> str:
     """The hub's own cache folder: HF_HUB_CACHE, else $HF_HOME/hub."""
     if environ.get("HF_HUB_CACHE"):
         return environ["HF_HUB_CACHE"]
-    home = environ.get("HF_HOME") or os.path.join(environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                                                  "huggingface")
+    home = environ.get("HF_HOME") or os.path.join(
+        environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
     return os.path.join(home, "hub")
 
 
@@ -111,13 +112,17 @@ def hub_token(endpoint: str, token: str | None, to_endpoint: bool, trusted_http:
         return None, ""
     url = urlsplit(endpoint or DEFAULT_ENDPOINT)
     if (endpoint or DEFAULT_ENDPOINT).rstrip("/") != DEFAULT_ENDPOINT and not to_endpoint:
-        return None, (f"the token is not sent to HF_ENDPOINT={endpoint} (only to {DEFAULT_ENDPOINT}; "
-                      "DSPARK_HUB_TOKEN_TO_ENDPOINT=1 sends it there)")
+        return None, (
+            f"the token is not sent to HF_ENDPOINT={endpoint} (only to {DEFAULT_ENDPOINT}; "
+            "DSPARK_HUB_TOKEN_TO_ENDPOINT=1 sends it there)"
+        )
     trusted = bool(trusted_http) and endpoint.rstrip("/") == trusted_http.rstrip("/")
     if url.scheme != "https" and not (url.scheme == "http" and trusted):
-        raise ConfigError(f"HF_ENDPOINT={endpoint} from environment: the hub token would travel in clear text; "
-                          "nothing was sent; allowed: an https:// endpoint, this exact endpoint named in "
-                          "DSPARK_HUB_TRUSTED_HTTP_ENDPOINT, or no token (DSPARK_HUB_TOKEN_TO_ENDPOINT=0)")
+        raise ConfigError(
+            f"HF_ENDPOINT={endpoint} from environment: the hub token would travel in clear text; "
+            "nothing was sent; allowed: an https:// endpoint, this exact endpoint named in "
+            "DSPARK_HUB_TRUSTED_HTTP_ENDPOINT, or no token (DSPARK_HUB_TOKEN_TO_ENDPOINT=0)"
+        )
     return token, ""
 
 
@@ -131,8 +136,11 @@ def _use_http_client(proxy: bool) -> None:
     from huggingface_hub import set_client_factory
     from huggingface_hub.utils._http import hf_request_event_hook
 
-    set_client_factory(lambda: httpx2.Client(event_hooks={"request": [hf_request_event_hook]}, follow_redirects=True,
-                                             timeout=None, trust_env=proxy))
+    set_client_factory(
+        lambda: httpx2.Client(
+            event_hooks={"request": [hf_request_event_hook]}, follow_redirects=True, timeout=None, trust_env=proxy
+        )
+    )
     _HTTP_PROXY = proxy
 
 
@@ -160,14 +168,17 @@ def _hub_errors(source: HubSource):
         raise ModelAccessError(f"model {name}: {why} (HTTP {status})") from None
     except errors.RepositoryNotFoundError as exc:
         status = exc.response.status_code if exc.response is not None else 0
-        raise ModelAccessError(f"model {name}: not found, or private and the token has no access "
-                               f"(HTTP {status})") from None
+        raise ModelAccessError(
+            f"model {name}: not found, or private and the token has no access (HTTP {status})"
+        ) from None
     except errors.HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else 0
         raise ModelAccessError(f"model {name}: the hub answered HTTP {status}") from None
     except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled) as exc:
-        raise ModelError(f"model {name}: cannot reach the hub ({type(exc).__name__}); "
-                         "check the network or HF_ENDPOINT, and that HF_HUB_OFFLINE is 0 for a pull") from None
+        raise ModelError(
+            f"model {name}: cannot reach the hub ({type(exc).__name__}); "
+            "check the network or HF_ENDPOINT, and that HF_HUB_OFFLINE is 0 for a pull"
+        ) from None
     except OSError as exc:
         raise ModelError(f"model {name}: {exc.strerror or exc}") from None
     except Exception as exc:  # httpx2 transport errors (connect, timeout) are not OSError
@@ -187,12 +198,16 @@ def list_model(source: HubSource) -> HubListing:
     """The commit the revision points at, and every file's size and hashes (one API call)."""
     with _hub_errors(source):
         info = _api(source).model_info(source.repo_id, revision=source.revision or None, files_metadata=True)
-    files = tuple(HubFile(s.rfilename, int(s.size or 0), s.lfs.sha256 if s.lfs else "", s.blob_id or "")
-                  for s in info.siblings or ())
+    files = tuple(
+        HubFile(s.rfilename, int(s.size or 0), s.lfs.sha256 if s.lfs else "", s.blob_id or "")
+        for s in info.siblings or ()
+    )
     _require_safe_names(source, files)
     if not COMMIT.fullmatch(info.sha or ""):
-        raise ModelError(f"model {source.repo_id}: the hub gave no commit for revision {source.revision or 'main'} "
-                         f"(got {info.sha!r}; allowed: 40 hex digits, the snapshot folder's name)")
+        raise ModelError(
+            f"model {source.repo_id}: the hub gave no commit for revision {source.revision or 'main'} "
+            f"(got {info.sha!r}; allowed: 40 hex digits, the snapshot folder's name)"
+        )
     return HubListing(source.repo_id, info.sha, files)
 
 
@@ -215,8 +230,13 @@ def git_blob_sha1(path: Path, size: int) -> str:
     return "" if len(data) > size else hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def _check_against_hub(folder: Path, listing: HubListing, previous: Manifest | None = None, rehash: bool = False,
-                       progress: Callable[[str], None] | None = None) -> tuple[Manifest, list[str], int]:
+def _check_against_hub(
+    folder: Path,
+    listing: HubListing,
+    previous: Manifest | None = None,
+    rehash: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Manifest, list[str], int]:
     """The manifest (sha256 of every file), the files whose content is not what the hub lists, and the
     bytes hashed: files hashed at once, one unchanged since `previous` (size, mtime, inode) not again."""
     sizes = verify_model(str(folder), listing.expected(), full=False)
@@ -231,9 +251,16 @@ def _check_against_hub(folder: Path, listing: HubListing, previous: Manifest | N
             entries.append(ManifestFile(f.path, f.size, f.sha256))
             continue
         entry = done[f.path]
-        if f.sha256 and entry.sha256 != f.sha256 or (not f.sha256 and f.blob_id and f.path in fresh
-                                                      and git_blob_sha1(resolve_inside(folder, f.path, HUB_LISTING),
-                                                                        f.size) != f.blob_id):
+        if (
+            f.sha256
+            and entry.sha256 != f.sha256
+            or (
+                not f.sha256
+                and f.blob_id
+                and f.path in fresh
+                and git_blob_sha1(resolve_inside(folder, f.path, HUB_LISTING), f.size) != f.blob_id
+            )
+        ):
             bad.append(f.path)
         entries.append(entry)
     return Manifest(listing.repo_id, listing.commit, tuple(entries)), bad, hashed.hashed_bytes
@@ -250,8 +277,13 @@ def _forget(folder: Path, path: str) -> None:
         link.unlink()
 
 
-def pull(source: HubSource, listing: HubListing, tqdm_class=None, rehash: bool = False,
-         progress: Callable[[str], None] | None = None) -> PulledModel:
+def pull(
+    source: HubSource,
+    listing: HubListing,
+    tqdm_class=None,
+    rehash: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> PulledModel:
     """Download `listing.commit` into the cache (what is there already is kept), check every file
     against the hub, fetch a bad one again once, write the manifest. `tqdm_class`: the progress bar
     (None: huggingface_hub's own, on stderr). A file unchanged since the last manifest is not hashed
@@ -264,9 +296,14 @@ def pull(source: HubSource, listing: HubListing, tqdm_class=None, rehash: bool =
     def download() -> None:
         _use_http_client(source.proxy)
         with _hub_errors(source):
-            snapshot_download(listing.repo_id, revision=listing.commit, cache_dir=source.cache_dir,
-                              endpoint=source.endpoint or None, token=source.token if source.token else False,
-                              tqdm_class=tqdm_class)
+            snapshot_download(
+                listing.repo_id,
+                revision=listing.commit,
+                cache_dir=source.cache_dir,
+                endpoint=source.endpoint or None,
+                token=source.token if source.token else False,
+                tqdm_class=tqdm_class,
+            )
 
     download()
     try:
@@ -282,8 +319,10 @@ def pull(source: HubSource, listing: HubListing, tqdm_class=None, rehash: bool =
     except UnsafeModelPath as exc:
         raise ModelError(f"model {listing.repo_id}: {exc}") from None
     if bad:
-        raise ModelIncomplete(f"model {listing.repo_id}@{listing.commit[:12]}: {bad[0]} differs from the hub "
-                              f"after a second download ({len(bad)} file(s) bad in {folder})")
+        raise ModelIncomplete(
+            f"model {listing.repo_id}@{listing.commit[:12]}: {bad[0]} differs from the hub "
+            f"after a second download ({len(bad)} file(s) bad in {folder})"
+        )
     _write_ref(Path(location.root), source.revision or "main", listing.commit)
     if previous is None or manifest.to_json() != previous.to_json():
         write_manifest(folder, manifest)
@@ -300,14 +339,20 @@ def _write_ref(repo_root: Path, revision: str, commit: str) -> None:
     write_private(ref, commit)
 
 
-
 def is_local_folder(model: str) -> bool:
     """DSPARK_MODEL names a folder (absolute, ./ or ~ path, or an existing directory), not a hub id."""
     return model.startswith(("/", "./", "../", "~")) or os.path.isdir(model)
 
 
-def hub_source(model: str, revision: str, cache_setting: str, environ: Mapping[str, str],
-               token_to_endpoint: bool = False, proxy: bool = False, trusted_http: str = "") -> HubSource:
+def hub_source(
+    model: str,
+    revision: str,
+    cache_setting: str,
+    environ: Mapping[str, str],
+    token_to_endpoint: bool = False,
+    proxy: bool = False,
+    trusted_http: str = "",
+) -> HubSource:
     """The pull's source from the settings: DSPARK_MODEL, the revision (profile pin or
     DSPARK_MODEL_REVISION), DSPARK_MODEL_CACHE, HF_ENDPOINT / HF_TOKEN / the token file (sent by
     `hub_token`'s rule), DSPARK_HUB_PROXY."""

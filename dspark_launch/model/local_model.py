@@ -6,26 +6,30 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import ModelError
-from .head_hash import hash_folder_files
-from .location import ModelLocation, local_location
 from dspark_launch.node.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
 from dspark_launch.node.model_paths import UnsafeModelPath
 
+from .errors import ModelError
+from .head_hash import hash_folder_files
+from .location import ModelLocation, local_location
 
-def local_manifest(folder: str, previous: Manifest | None = None, rehash: bool = False,
-                   progress: Callable[[str], None] | None = None) -> tuple[Manifest, int]:
+
+def local_manifest(
+    folder: str, previous: Manifest | None = None, rehash: bool = False, progress: Callable[[str], None] | None = None
+) -> tuple[Manifest, int]:
     """Every file of the folder but the manifest itself, hashed (unless unchanged since `previous`);
     with the bytes hashed. UnsafeModelPath when a link leads out of the folder."""
     root = Path(folder).absolute()
-    paths = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
-                   if p.is_file() and not p.name.startswith(MANIFEST_NAME))
+    paths = sorted(
+        p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and not p.name.startswith(MANIFEST_NAME)
+    )
     hashed = hash_folder_files(root, paths, previous, rehash, progress, f"model folder {root}")
     return Manifest(str(root), "local", hashed.files), hashed.hashed_bytes
 
 
-def prepare_local_counted(folder: str, rehash: bool = False,
-                          progress: Callable[[str], None] | None = None) -> tuple[ModelLocation, Manifest, int]:
+def prepare_local_counted(
+    folder: str, rehash: bool = False, progress: Callable[[str], None] | None = None
+) -> tuple[ModelLocation, Manifest, int]:
     """The folder's location, its manifest (written beside the files when it changed) and the bytes hashed."""
     location = local_location(folder)
     try:

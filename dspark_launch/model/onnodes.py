@@ -11,15 +11,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_launch.agent.client import NodeAgent
+from dspark_launch.agent.protocol import ModelFastCheck, ModelPlacementQuery, ModelVerify
+from dspark_launch.node.manifest import Manifest, read_manifest
+from dspark_launch.node.model_files import NodePlacement, VerifyReport
+
 from .copy import SSHTarget
 from .distribute import require_ready
 from .errors import ModelIncomplete
 from .hub import HubSource, hub_source, is_local_folder
 from .location import ModelLocation, local_location
-from dspark_launch.node.manifest import Manifest, read_manifest
-from dspark_launch.node.model_files import NodePlacement, VerifyReport
-from dspark_launch.agent.client import NodeAgent
-from dspark_launch.agent.protocol import ModelFastCheck, ModelPlacementQuery, ModelVerify
 from .workflow import Placement, Worker, check_everywhere, place_local, pull_everywhere, pulled_model
 
 PULL_FIX = "dspark model pull"
@@ -98,9 +99,15 @@ def wanted_model(settings, environ: Mapping[str, str] | None = None) -> WantedMo
     streams = settings.dspark_model_copy_streams
     if is_local_folder(model):
         return WantedModel(model, "", None, streams)
-    source = hub_source(model, revision, settings.dspark_model_cache, environ,
-                        token_to_endpoint=settings.dspark_hub_token_to_endpoint,
-                        proxy=settings.dspark_hub_proxy, trusted_http=settings.dspark_hub_trusted_http_endpoint)
+    source = hub_source(
+        model,
+        revision,
+        settings.dspark_model_cache,
+        environ,
+        token_to_endpoint=settings.dspark_hub_token_to_endpoint,
+        proxy=settings.dspark_hub_proxy,
+        trusted_http=settings.dspark_hub_trusted_http_endpoint,
+    )
     return WantedModel(model, revision, source, streams)
 
 
@@ -109,8 +116,8 @@ def require_mounted(settings, spec) -> None:
     into every container (DSPARK_CONTAINER_MODEL_CACHE): ConfigError (exit 2) naming both settings."""
     if not spec.containers:
         return
-    from dspark_launch.node.safe_path import within
     from dspark_launch.errors import ConfigError
+    from dspark_launch.node.safe_path import within
 
     wanted = wanted_model(settings)
     field = "dspark_model" if wanted.local else "dspark_model_cache"
@@ -118,8 +125,10 @@ def require_mounted(settings, spec) -> None:
     mounted = os.path.abspath(spec.containers.model_cache)
     if not within(served, mounted):
         entry, mount = settings.entry(field), settings.source_of("dspark_container_model_cache")
-        raise ConfigError(f"{entry.name}={served} ({entry.source}) is not inside DSPARK_CONTAINER_MODEL_CACHE={mounted} "
-                          f"({mount}), the host folder mounted into the containers; allowed: a path inside it")
+        raise ConfigError(
+            f"{entry.name}={served} ({entry.source}) is not inside DSPARK_CONTAINER_MODEL_CACHE={mounted} "
+            f"({mount}), the host folder mounted into the containers; allowed: a path inside it"
+        )
 
 
 def node_ops(spec, reporter=None) -> list[AgentModelOps]:
@@ -144,8 +153,9 @@ def where_weights_live(spec, reporter=None) -> list[AgentModelOps]:
 
     transports = model_transports(spec)
     caches = model_caches(spec)
-    return [AgentModelOps(node.label, NodeAgent(node.label, transports[node.name], reporter), caches)
-            for node in spec.nodes]
+    return [
+        AgentModelOps(node.label, NodeAgent(node.label, transports[node.name], reporter), caches) for node in spec.nodes
+    ]
 
 
 def copy_target(node) -> SSHTarget:
@@ -167,10 +177,23 @@ def pull(wanted: WantedModel, spec, reporter=None, tqdm_class=None, verify: bool
 
     progress = PhaseLines(reporter) if reporter is not None else None
     if wanted.local:
-        return place_local(str(Path(wanted.name).expanduser()), ops[0], _workers(spec, ops), wanted.streams,
-                           rehash=verify, progress=progress)
-    return pull_everywhere(wanted.source, ops[0], _workers(spec, ops), wanted.streams, tqdm_class=tqdm_class,
-                           progress=progress, verify=verify)
+        return place_local(
+            str(Path(wanted.name).expanduser()),
+            ops[0],
+            _workers(spec, ops),
+            wanted.streams,
+            rehash=verify,
+            progress=progress,
+        )
+    return pull_everywhere(
+        wanted.source,
+        ops[0],
+        _workers(spec, ops),
+        wanted.streams,
+        tqdm_class=tqdm_class,
+        progress=progress,
+        verify=verify,
+    )
 
 
 def placed(wanted: WantedModel) -> tuple[ModelLocation, Manifest]:
@@ -179,14 +202,16 @@ def placed(wanted: WantedModel) -> tuple[ModelLocation, Manifest]:
         location = local_location(str(Path(wanted.name).expanduser()))
         manifest = read_manifest(Path(location.folder))
         if manifest is None:
-            raise ModelIncomplete(f"head: model folder {location.folder} was never placed on the nodes (no manifest); "
-                                  f"run `{PULL_FIX}`")
+            raise ModelIncomplete(
+                f"head: model folder {location.folder} was never placed on the nodes (no manifest); run `{PULL_FIX}`"
+            )
         return location, manifest
     found = pulled_model(wanted.source)
     if found is None:
         rev = f"@{wanted.revision}" if wanted.revision else ""
-        raise ModelIncomplete(f"head: model {wanted.name}{rev} was never pulled into {wanted.source.cache_dir}; "
-                              f"run `{PULL_FIX}`")
+        raise ModelIncomplete(
+            f"head: model {wanted.name}{rev} was never pulled into {wanted.source.cache_dir}; run `{PULL_FIX}`"
+        )
     return found
 
 
@@ -197,8 +222,9 @@ def check(wanted: WantedModel, spec, full: bool, reporter=None) -> list[tuple[st
     return _check_placed(location, manifest, where_weights_live(spec, reporter), full)
 
 
-def _check_placed(location: ModelLocation, manifest: Manifest, ops: list[AgentModelOps],
-                  full: bool) -> list[tuple[str, VerifyReport]]:
+def _check_placed(
+    location: ModelLocation, manifest: Manifest, ops: list[AgentModelOps], full: bool
+) -> list[tuple[str, VerifyReport]]:
     if full:
         return check_everywhere(location, manifest, ops, True)
     with ThreadPoolExecutor(max_workers=len(ops)) as pool:
@@ -216,8 +242,9 @@ def ready_to_serve(wanted: WantedModel, spec, full: bool = False, reporter=None)
     env = [("HF_HUB_OFFLINE", "1")]
     if not wanted.local:
         env.append(("HF_HUB_CACHE", wanted.source.cache_dir))
-    return ServingModel(location, manifest, tuple(env), "" if wanted.local else manifest.revision,
-                        tuple(reports), time.monotonic() - t0)
+    return ServingModel(
+        location, manifest, tuple(env), "" if wanted.local else manifest.revision, tuple(reports), time.monotonic() - t0
+    )
 
 
 def pulled_config(folder: str | None) -> str:

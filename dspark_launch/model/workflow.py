@@ -8,14 +8,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_launch.node.manifest import Manifest, read_manifest
+from dspark_launch.node.model_files import VerifyReport
+from dspark_launch.node.model_paths import path_problem
+
 from .copy import SSHTarget
 from .distribute import DiskCheck, DiskMargin, NodeModelOps, WorkerSync, check_disk, sync_worker
 from .hub import HubSource, list_model, pull
 from .local_model import prepare_local_counted
 from .location import ModelLocation, hub_cache_location
-from dspark_launch.node.manifest import Manifest, read_manifest
-from dspark_launch.node.model_files import VerifyReport
-from dspark_launch.node.model_paths import path_problem
 
 
 @dataclass(frozen=True)
@@ -34,27 +35,47 @@ class Placement:
     hashed_bytes: int = 0  # bytes the head hashed (0 on a re-pull of an unchanged model)
 
 
-def _sync_all(location: ModelLocation, manifest: Manifest, workers: Sequence[Worker], streams: int,
-              margin: DiskMargin, progress: Callable[[str], None] | None = None,
-              full: bool = False, checks: Sequence[DiskCheck] = (), checked_files: Manifest | None = None
-              ) -> tuple[WorkerSync, ...]:
+def _sync_all(
+    location: ModelLocation,
+    manifest: Manifest,
+    workers: Sequence[Worker],
+    streams: int,
+    margin: DiskMargin,
+    progress: Callable[[str], None] | None = None,
+    full: bool = False,
+    checks: Sequence[DiskCheck] = (),
+    checked_files: Manifest | None = None,
+) -> tuple[WorkerSync, ...]:
     """Every worker at once. `checks` (in worker order), the disk checks just made against
     `checked_files`, are reused when that lists the same files and sizes as `manifest` (else each
     worker is checked again)."""
     reuse = checked_files is not None and _same_files(checked_files, manifest) and len(checks) == len(workers)
     pairs = list(zip(workers, checks if reuse else [None] * len(workers)))
     with ThreadPoolExecutor(max_workers=max(1, len(workers))) as pool:
-        return tuple(pool.map(lambda pair: sync_worker(location, manifest, pair[0].target, pair[0].ops, streams,
-                                                       margin, progress, full, pair[1]), pairs))
+        return tuple(
+            pool.map(
+                lambda pair: sync_worker(
+                    location, manifest, pair[0].target, pair[0].ops, streams, margin, progress, full, pair[1]
+                ),
+                pairs,
+            )
+        )
 
 
 def _same_files(a: Manifest, b: Manifest) -> bool:
     return [(f.path, f.size) for f in a.files] == [(f.path, f.size) for f in b.files]
 
 
-def pull_everywhere(source: HubSource, head: NodeModelOps, workers: Sequence[Worker], streams: int = 4,
-                    margin: DiskMargin = DiskMargin(), tqdm_class=None,
-                    progress: Callable[[str], None] | None = None, verify: bool = False) -> Placement:
+def pull_everywhere(
+    source: HubSource,
+    head: NodeModelOps,
+    workers: Sequence[Worker],
+    streams: int = 4,
+    margin: DiskMargin = DiskMargin(),
+    tqdm_class=None,
+    progress: Callable[[str], None] | None = None,
+    verify: bool = False,
+) -> Placement:
     """List, check every node's disk (nothing written when one is short), download on the head,
     check against the hub, copy to every worker and verify there. `verify`: hash every file on every
     node, unchanged or not."""
@@ -63,22 +84,37 @@ def pull_everywhere(source: HubSource, head: NodeModelOps, workers: Sequence[Wor
     expected = listing.expected()
     disk = check_disk(location, expected, [head, *(w.ops for w in workers)], margin)
     pulled = pull(source, listing, tqdm_class, verify, progress)
-    return Placement(location, pulled.manifest, tuple(disk), pulled.refetched,
-                     _sync_all(location, pulled.manifest, workers, streams, margin, progress, verify, disk[1:],
-                               expected),
-                     pulled.hashed_bytes)
+    return Placement(
+        location,
+        pulled.manifest,
+        tuple(disk),
+        pulled.refetched,
+        _sync_all(location, pulled.manifest, workers, streams, margin, progress, verify, disk[1:], expected),
+        pulled.hashed_bytes,
+    )
 
 
-def place_local(folder: str, head: NodeModelOps, workers: Sequence[Worker], streams: int = 4,
-                margin: DiskMargin = DiskMargin(), rehash: bool = False,
-                progress: Callable[[str], None] | None = None) -> Placement:
+def place_local(
+    folder: str,
+    head: NodeModelOps,
+    workers: Sequence[Worker],
+    streams: int = 4,
+    margin: DiskMargin = DiskMargin(),
+    rehash: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Placement:
     """DSPARK_MODEL as a folder: the head's folder hashed into a manifest, copied and verified the same way
     (`rehash`: every file hashed on every node, unchanged or not)."""
     location, manifest, hashed = prepare_local_counted(folder, rehash, progress)
     disk = check_disk(location, manifest, [head, *(w.ops for w in workers)], margin)
-    return Placement(location, manifest, tuple(disk), (),
-                     _sync_all(location, manifest, workers, streams, margin, progress, rehash, disk[1:], manifest),
-                     hashed)
+    return Placement(
+        location,
+        manifest,
+        tuple(disk),
+        (),
+        _sync_all(location, manifest, workers, streams, margin, progress, rehash, disk[1:], manifest),
+        hashed,
+    )
 
 
 def pulled_model(source: HubSource) -> tuple[ModelLocation, Manifest] | None:
@@ -94,8 +130,9 @@ def pulled_model(source: HubSource) -> tuple[ModelLocation, Manifest] | None:
     return (location, manifest) if manifest is not None else None
 
 
-def check_everywhere(location: ModelLocation, manifest: Manifest, nodes: Sequence[NodeModelOps],
-                     full: bool) -> list[tuple[str, VerifyReport]]:
+def check_everywhere(
+    location: ModelLocation, manifest: Manifest, nodes: Sequence[NodeModelOps], full: bool
+) -> list[tuple[str, VerifyReport]]:
     """`dspark model verify` (full) or the per-node part of `status` (sizes); pair with
     distribute.require_ready for the start pre-flight, or agent.model_files.fast_check through the agent."""
     with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:

@@ -26,9 +26,11 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-_ENGINE_LINE = re.compile(r"\(EngineCore(?:_DP(?P<rank>\d+))? pid=(?P<pid>\d+)\) (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
-                          r"\d\d-\d\d \d\d:\d\d:\d\d \[(?:[^\]\s]*/)?(?P<file>[\w.-]+):\d+\] (?P<message>.*)",
-                          re.ASCII)
+_ENGINE_LINE = re.compile(
+    r"\(EngineCore(?:_DP(?P<rank>\d+))? pid=(?P<pid>\d+)\) (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+    r"\d\d-\d\d \d\d:\d\d:\d\d \[(?:[^\]\s]*/)?(?P<file>[\w.-]+):\d+\] (?P<message>.*)",
+    re.ASCII,
+)
 
 
 @dataclass(frozen=True)

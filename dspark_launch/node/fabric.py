@@ -18,10 +18,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_launch.errors import ConfigError, DsparkError
 from dspark_launch.node.module_lookup import installed
 from dspark_launch.node.nccl_hca import parse_hca_list
 from dspark_launch.node.values import FabricEnv, FabricRequest
-from dspark_launch.errors import ConfigError, DsparkError
 
 SYSFS_ROOT_VAR = "DSPARK_TEST_SYSFS_ROOT"  # tests only: a fake sysfs tree per node
 
@@ -40,12 +40,22 @@ FIXED_ENV: tuple[tuple[str, str], ...] = (
 # install (the executor's module present), as each node's agent computes its environment.
 CGRAPH_ENV: tuple[tuple[str, str], ...] = (("RAY_CGRAPH_get_timeout", "1800"),)
 CGRAPH_EXECUTOR = "vllm.v1.executor.ray_executor"
-ROCE_ENV: tuple[tuple[str, str], ...] = (("NCCL_NET", "IB"), ("NCCL_IB_DISABLE", "0"), ("NCCL_IB_ROCE_VERSION_NUM", "2"))
+ROCE_ENV: tuple[tuple[str, str], ...] = (
+    ("NCCL_NET", "IB"),
+    ("NCCL_IB_DISABLE", "0"),
+    ("NCCL_IB_ROCE_VERSION_NUM", "2"),
+)
 
 # Names whose value is a node's own: vLLM must not copy the head's over them.
 NON_CARRY_OVER: tuple[str, ...] = (
-    "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_NET", "NCCL_IB_DISABLE", "NCCL_IB_ROCE_VERSION_NUM",
-    "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME",
+    "NCCL_IB_HCA",
+    "NCCL_IB_GID_INDEX",
+    "NCCL_NET",
+    "NCCL_IB_DISABLE",
+    "NCCL_IB_ROCE_VERSION_NUM",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "TP_SOCKET_IFNAME",
     "VLLM_CONFIG_ROOT",  # the head's folder holding this very list: a path on the head only
 )
 NON_CARRY_OVER_FILE = "ray_non_carry_over_env_vars.json"  # vllm/ray/ray_env.py reads it from VLLM_CONFIG_ROOT
@@ -77,7 +87,7 @@ def _gid_of(ip: str) -> str:
     if address.version == 4:
         address = ipaddress.IPv6Address("::ffff:" + ip)
     packed = address.packed.hex()
-    return ":".join(packed[i:i + 4] for i in range(0, 32, 4))
+    return ":".join(packed[i : i + 4] for i in range(0, 32, 4))
 
 
 def _ipv4_of_gid(gid: str) -> str:
@@ -129,15 +139,21 @@ def _member(root: Path, hca: str, port: str) -> _Member:
     own = []
     for entry in sorted((folder / "gids").glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else -1):
         ip = _ipv4_of_gid(_read(entry))
-        if ip and "RoCE v2" in _read(folder / "gid_attrs" / "types" / entry.name) \
-                and netdev and _read(folder / "gid_attrs" / "ndevs" / entry.name) == netdev:
+        if (
+            ip
+            and "RoCE v2" in _read(folder / "gid_attrs" / "types" / entry.name)
+            and netdev
+            and _read(folder / "gid_attrs" / "ndevs" / entry.name) == netdev
+        ):
             own.append((entry.name, ip))
     return _Member(hca, port, netdev, _read(folder / "state"), _read(folder / "link_layer"), tuple(own))
 
 
 def _ports(root: Path, hca: str) -> list[str]:
-    return sorted((p.name for p in (root / "class" / "infiniband" / hca / "ports").glob("*")),
-                  key=lambda n: int(n) if n.isdigit() else 0)
+    return sorted(
+        (p.name for p in (root / "class" / "infiniband" / hca / "ports").glob("*")),
+        key=lambda n: int(n) if n.isdigit() else 0,
+    )
 
 
 def _twins(root: Path, hca: str) -> list[str]:
@@ -164,8 +180,11 @@ def _operator_members(root: Path, request: FabricRequest, known: list[str]) -> l
     if wanted.exclude:
         for hca in known:
             if not any(wanted.matches(e, hca) and not e.port for e in wanted.devices):
-                members += [_member(root, hca, port) for port in _ports(root, hca)
-                            if not any(wanted.matches(e, hca) and e.port == port for e in wanted.devices)]
+                members += [
+                    _member(root, hca, port)
+                    for port in _ports(root, hca)
+                    if not any(wanted.matches(e, hca) and e.port == port for e in wanted.devices)
+                ]
         if not members:
             raise ConfigError(f"{given}: excludes every RDMA device there; {allowed}")
         return members
@@ -186,18 +205,24 @@ def _mtu_warnings(root: Path, node: str, members: list[_Member]) -> list[str]:
     for netdev in dict.fromkeys(m.netdev for m in members if m.netdev):
         mtu = _read(root / "class" / "net" / netdev / "mtu")
         if mtu.isdigit() and int(mtu) < 9000:
-            warnings.append(f"{node}: MTU {mtu} on fabric member {netdev}, below 9000: RoCE runs with smaller "
-                            f"frames (set mtu 9000 on {netdev} on every node)")
+            warnings.append(
+                f"{node}: MTU {mtu} on fabric member {netdev}, below 9000: RoCE runs with smaller "
+                f"frames (set mtu 9000 on {netdev} on every node)"
+            )
     return warnings
 
 
 def executor_env() -> tuple[tuple[tuple[str, str], ...], str]:
     """The Ray executor's variables this node's vLLM reads (CGRAPH_ENV or none), and the note saying why."""
     if installed(CGRAPH_EXECUTOR):
-        return CGRAPH_ENV, (f"RAY_CGRAPH_get_timeout=1800: this vLLM has the compiled-graph Ray executor "
-                            f"({CGRAPH_EXECUTOR}, VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0), which reads it (300 s unset)")
-    return (), (f"RAY_CGRAPH_get_timeout not set: this vLLM has no {CGRAPH_EXECUTOR} (removed in 0.33), so nothing "
-                "reads it; its RayExecutorV2 times a step out at VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS")
+        return CGRAPH_ENV, (
+            f"RAY_CGRAPH_get_timeout=1800: this vLLM has the compiled-graph Ray executor "
+            f"({CGRAPH_EXECUTOR}, VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0), which reads it (300 s unset)"
+        )
+    return (), (
+        f"RAY_CGRAPH_get_timeout not set: this vLLM has no {CGRAPH_EXECUTOR} (removed in 0.33), so nothing "
+        "reads it; its RayExecutorV2 times a step out at VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"
+    )
 
 
 def fabric_env(request: FabricRequest, root: Path | None = None) -> FabricEnv:
@@ -206,44 +231,59 @@ def fabric_env(request: FabricRequest, root: Path | None = None) -> FabricEnv:
     start on it unless DSPARK_ALLOW_TCP_FABRIC=1)."""
     root = root or sysfs_root()
     known = sorted(p.name for p in (root / "class" / "infiniband").glob("*"))
-    socket_env = [(name, dict(request.socket_ifnames).get(name) or request.ifname)
-                  for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")]
+    socket_env = [
+        (name, dict(request.socket_ifnames).get(name) or request.ifname)
+        for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+    ]
     if request.hca_list:
         return _operator_fabric(root, request, known, socket_env)
     if not (root / "class" / "net" / request.ifname).exists():
         present = sorted(p.name for p in (root / "class" / "net").glob("*") if p.name != "lo")
-        return _tcp_only(request, socket_env, f"no interface {request.ifname} on this node (DSPARK_FABRIC_IFNAME; "
-                                              f"its interfaces: {', '.join(present) or 'only lo'})")
+        return _tcp_only(
+            request,
+            socket_env,
+            f"no interface {request.ifname} on this node (DSPARK_FABRIC_IFNAME; "
+            f"its interfaces: {', '.join(present) or 'only lo'})",
+        )
     behind = sorted(p.name for p in (root / "class" / "net" / request.ifname / "device" / "infiniband").glob("*"))
     if not behind:
         return _tcp_only(request, socket_env, f"no RDMA device behind {request.ifname}")
     notes = [f"RoCE device {behind[0]} behind {request.ifname}"]
-    primary = next((m for port in _ports(root, behind[0]) if not (m := _member(root, behind[0], port)).unusable),
-                   None)
+    primary = next((m for port in _ports(root, behind[0]) if not (m := _member(root, behind[0], port)).unusable), None)
     if primary is None:
         first = _ports(root, behind[0])
         why = _member(root, behind[0], first[0]).unusable if first else f"{behind[0]} has no port"
         return _tcp_only(request, socket_env, f"{request.ifname}: {why}")
     gid_index = request.gid_index or _fabric_ip_index(primary, request)
     _check_index(primary, gid_index, request, primary_member=True)
-    notes.append(f"NCCL_IB_GID_INDEX {gid_index}: " + ("the operator's" if request.gid_index else
-                                                       f"the RoCE v2 GID of {request.fabric_ip} on {primary.hca}"))
+    notes.append(
+        f"NCCL_IB_GID_INDEX {gid_index}: "
+        + ("the operator's" if request.gid_index else f"the RoCE v2 GID of {request.fabric_ip} on {primary.hca}")
+    )
     members, warnings = [primary], []
     for twin in _twins(root, primary.hca):
         candidate = _member(root, twin, primary.port)
         problem = candidate.unusable or (
-            "" if any(index == gid_index for index, _ in candidate.own_gids) else
-            f"no RoCE v2 GID of its own IPv4 address at index {gid_index}"
-            + (f" (its own at {', '.join(i for i, _ in candidate.own_gids)})" if candidate.own_gids else
-               f" ({candidate.netdev or 'its netdev'} carries no IPv4 address of its own)"))
+            ""
+            if any(index == gid_index for index, _ in candidate.own_gids)
+            else f"no RoCE v2 GID of its own IPv4 address at index {gid_index}"
+            + (
+                f" (its own at {', '.join(i for i, _ in candidate.own_gids)})"
+                if candidate.own_gids
+                else f" ({candidate.netdev or 'its netdev'} carries no IPv4 address of its own)"
+            )
+        )
         if problem:
             warnings.append(f"{request.node}: twin port {twin} left out of NCCL_IB_HCA: {problem}")
         else:
             members.append(candidate)
-            notes.append(f"twin port {twin}: same QSFP port, RoCE v2 GID of its own {_ip_at(candidate, gid_index)} "
-                         f"at index {gid_index}")
-    return _roce_env(request, socket_env, members, gid_index, notes, warnings + _mtu_warnings(root, request.node,
-                                                                                              members))
+            notes.append(
+                f"twin port {twin}: same QSFP port, RoCE v2 GID of its own {_ip_at(candidate, gid_index)} "
+                f"at index {gid_index}"
+            )
+    return _roce_env(
+        request, socket_env, members, gid_index, notes, warnings + _mtu_warnings(root, request.node, members)
+    )
 
 
 def _operator_fabric(root: Path, request: FabricRequest, known: list[str], socket_env) -> FabricEnv:
@@ -254,21 +294,27 @@ def _operator_fabric(root: Path, request: FabricRequest, known: list[str], socke
     for member in members:
         if member.unusable:
             if not parse_hca_list(request.hca_list).exclude:
-                raise ConfigError(f"NCCL_IB_HCA={request.hca_list} for {request.node}: {member.unusable}; "
-                                  "allowed: ACTIVE Ethernet (RoCE) ports only")
+                raise ConfigError(
+                    f"NCCL_IB_HCA={request.hca_list} for {request.node}: {member.unusable}; "
+                    "allowed: ACTIVE Ethernet (RoCE) ports only"
+                )
             notes.append(f"{member.unusable}: NCCL skips it")
     if not usable:
-        return _tcp_only(request, socket_env, f"{request.ifname}: no ACTIVE Ethernet port among NCCL_IB_HCA="
-                                              f"{request.hca_list}")
+        return _tcp_only(
+            request, socket_env, f"{request.ifname}: no ACTIVE Ethernet port among NCCL_IB_HCA={request.hca_list}"
+        )
     primary = next((m for m in usable if m.netdev == request.ifname), usable[0])
     gid_index = request.gid_index or _fabric_ip_index(primary, request)
     for member in usable:
         _check_index(member, gid_index, request, primary_member=member is primary)
-    notes.append(f"NCCL_IB_GID_INDEX {gid_index}: " + ("the operator's" if request.gid_index else
-                                                       f"the RoCE v2 GID of {request.fabric_ip} on {primary.hca}")
-                 + f", checked on {', '.join(m.hca for m in usable)}")
-    return _roce_env(request, socket_env, usable, gid_index, notes, _mtu_warnings(root, request.node, usable),
-                     request.hca_list)
+    notes.append(
+        f"NCCL_IB_GID_INDEX {gid_index}: "
+        + ("the operator's" if request.gid_index else f"the RoCE v2 GID of {request.fabric_ip} on {primary.hca}")
+        + f", checked on {', '.join(m.hca for m in usable)}"
+    )
+    return _roce_env(
+        request, socket_env, usable, gid_index, notes, _mtu_warnings(root, request.node, usable), request.hca_list
+    )
 
 
 def _ip_at(member: _Member, index: str) -> str:
@@ -278,9 +324,11 @@ def _ip_at(member: _Member, index: str) -> str:
 def _fabric_ip_index(member: _Member, request: FabricRequest) -> str:
     index = member.index_of(request.fabric_ip)
     if not index:
-        raise FabricError(f"{request.node}: no RoCE v2 GID carries the fabric IP {request.fabric_ip} on {member.hca} "
-                          f"(behind {member.netdev or request.ifname}); NCCL would hang at init: check the address on "
-                          f"{request.ifname}, or set this node's NCCL_IB_GID_INDEX in DSPARK_NODE_FABRIC")
+        raise FabricError(
+            f"{request.node}: no RoCE v2 GID carries the fabric IP {request.fabric_ip} on {member.hca} "
+            f"(behind {member.netdev or request.ifname}); NCCL would hang at init: check the address on "
+            f"{request.ifname}, or set this node's NCCL_IB_GID_INDEX in DSPARK_NODE_FABRIC"
+        )
     return index
 
 
@@ -291,24 +339,35 @@ def _check_index(member: _Member, index: str, request: FabricRequest, primary_me
     if ip and (ip == request.fabric_ip or not primary_member):
         return
     own = ", ".join(f"{i}: {a}" for i, a in member.own_gids) or "none"
-    raise FabricError(f"{request.node}: {member.label} has no RoCE v2 GID of "
-                      f"{'the fabric IP ' + request.fabric_ip if primary_member else 'its own IPv4 address'} at "
-                      f"index {index} (its own RoCE v2 IPv4 GIDs: {own}); NCCL uses one NCCL_IB_GID_INDEX for every "
-                      f"device and would hang at init: fix the address, or this node's NCCL_IB_HCA / "
-                      f"NCCL_IB_GID_INDEX in DSPARK_NODE_FABRIC")
+    raise FabricError(
+        f"{request.node}: {member.label} has no RoCE v2 GID of "
+        f"{'the fabric IP ' + request.fabric_ip if primary_member else 'its own IPv4 address'} at "
+        f"index {index} (its own RoCE v2 IPv4 GIDs: {own}); NCCL uses one NCCL_IB_GID_INDEX for every "
+        f"device and would hang at init: fix the address, or this node's NCCL_IB_HCA / "
+        f"NCCL_IB_GID_INDEX in DSPARK_NODE_FABRIC"
+    )
 
 
 def _tcp_only(request: FabricRequest, socket_env, missing: str) -> FabricEnv:
-    warning = (f"{request.node}: {missing}: NCCL falls back to TCP sockets (hazyumps measured ~12 against 30+ tok/s); "
-               "see docs/cluster.md")
+    warning = (
+        f"{request.node}: {missing}: NCCL falls back to TCP sockets (hazyumps measured ~12 against 30+ tok/s); "
+        "see docs/cluster.md"
+    )
     # NCCL_IB_DISABLE=1: NCCL goes straight to sockets instead of probing IB devices that cannot carry the fabric.
     executor, note = executor_env()
     env = socket_env + [("NCCL_IB_DISABLE", "1"), *FIXED_ENV, *executor]
     return FabricEnv(request.node, tuple(env), (), "", False, (note,), (warning,), missing)
 
 
-def _roce_env(request: FabricRequest, socket_env, members: list[_Member], gid_index: str, notes: list[str],
-              warnings: list[str], hca_value: str = "") -> FabricEnv:
+def _roce_env(
+    request: FabricRequest,
+    socket_env,
+    members: list[_Member],
+    gid_index: str,
+    notes: list[str],
+    warnings: list[str],
+    hca_value: str = "",
+) -> FabricEnv:
     hcas = tuple(dict.fromkeys(m.hca for m in members))
     value = hca_value or ",".join(hcas)
     executor, note = executor_env()

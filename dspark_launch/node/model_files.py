@@ -14,9 +14,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .manifest import MANIFEST_NAME, Manifest, ManifestFile, read_manifest
-from .values import (CORRUPT, MISSING, OVERSIZED, PARTIAL, SPECIAL, STALE, DiskSpace, NodePlacement,  # noqa: F401 (the values' home)
-                       FileProblem, VerifyReport)
 from .model_paths import check_all_inside, open_regular
+from .values import (  # noqa: F401 (the values' home)
+    CORRUPT,
+    MISSING,
+    OVERSIZED,
+    PARTIAL,
+    SPECIAL,
+    STALE,
+    DiskSpace,
+    FileProblem,
+    NodePlacement,
+    VerifyReport,
+)
 
 _CHUNK = 8 << 20
 # Pure tensor files (no code, no pickle): sized at every start, hashed by `dspark model verify`.
@@ -48,8 +58,12 @@ def hash_workers() -> int:
     return max(1, min(16, os.cpu_count() or 1))
 
 
-def hash_files(paths: Sequence[Path], workers: int = 0, on_bytes: Callable[[int], None] | None = None,
-               limits: Sequence[int] | None = None) -> list[str]:
+def hash_files(
+    paths: Sequence[Path],
+    workers: int = 0,
+    on_bytes: Callable[[int], None] | None = None,
+    limits: Sequence[int] | None = None,
+) -> list[str]:
     """sha256 of every path, several files at once (bounded by cores), in the order given; with
     `limits`, each read no further than its limit ("" for a file longer than that: see sha256_file)."""
     if not paths:
@@ -79,8 +93,10 @@ class HashProgress:
             if now - self._last >= self.every_s:
                 self._last = now
                 rate = self.done / max(now - self._started, 1e-6)
-                self.report(f"{self.node}: sha256 {self.done / (1 << 30):.2f} of {self.total_bytes / (1 << 30):.2f} GiB "
-                            f"({rate / 1e6:.0f} MB/s)")
+                self.report(
+                    f"{self.node}: sha256 {self.done / (1 << 30):.2f} of {self.total_bytes / (1 << 30):.2f} GiB "
+                    f"({rate / 1e6:.0f} MB/s)"
+                )
 
 
 def _size_problem(folder: Path, entry: ManifestFile) -> FileProblem | None:
@@ -98,7 +114,9 @@ def _size_problem(folder: Path, entry: ManifestFile) -> FileProblem | None:
     return None
 
 
-def _hash_problem(folder: Path, entry: ManifestFile, on_bytes: Callable[[int], None] | None = None) -> FileProblem | None:
+def _hash_problem(
+    folder: Path, entry: ManifestFile, on_bytes: Callable[[int], None] | None = None
+) -> FileProblem | None:
     try:
         digest = sha256_file(folder / entry.path, entry.size, on_bytes)
     except OSError:
@@ -106,8 +124,14 @@ def _hash_problem(folder: Path, entry: ManifestFile, on_bytes: Callable[[int], N
     return None if digest == entry.sha256 else FileProblem(entry.path, CORRUPT, entry.size, entry.size)
 
 
-def verify_model(folder: str, manifest: Manifest, full: bool = True, workers: int = 0,
-                 only: Sequence[str] | None = None, on_bytes: Callable[[int], None] | None = None) -> VerifyReport:
+def verify_model(
+    folder: str,
+    manifest: Manifest,
+    full: bool = True,
+    workers: int = 0,
+    only: Sequence[str] | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+) -> VerifyReport:
     """Every manifest file in `folder`: size, and with `full` its sha256 (several files hashed at once,
     bounded by cores); `only`: the sha256 of those files alone (what a copy just sent), sizes of all."""
     root = Path(folder)
@@ -144,8 +168,9 @@ def fast_check(folder: str, expected_stamp: str) -> VerifyReport:
 def placement(folder: str, root: str, manifest: Manifest) -> NodePlacement:
     """Before a copy: sizes (no reads of the weights), free space under `root`, this node's manifest stamp."""
     local = read_manifest(Path(folder))
-    return NodePlacement(verify_model(folder, manifest, full=False), free_space(root),
-                         local.stamp if local is not None else "")
+    return NodePlacement(
+        verify_model(folder, manifest, full=False), free_space(root), local.stamp if local is not None else ""
+    )
 
 
 def free_space(path: str) -> DiskSpace:

@@ -15,8 +15,15 @@ import os
 import stat
 from pathlib import Path
 
-from dspark_launch.node.safe_path import (CONTAINER_STATE_VAR, LogOwner, UnsafePath, check_ancestors, log_owner,
-                                             this_user, within)
+from dspark_launch.node.safe_path import (
+    CONTAINER_STATE_VAR,
+    LogOwner,
+    UnsafePath,
+    check_ancestors,
+    log_owner,
+    this_user,
+    within,
+)
 
 from .model_paths import model_root
 

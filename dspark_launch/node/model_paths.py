@@ -43,8 +43,10 @@ def require_relative(path: object, origin: str) -> str:
     """`path` when it is a safe relative name; else UnsafeModelPath naming it and where it came from."""
     problem = path_problem(path)
     if problem:
-        raise UnsafeModelPath(f"{origin}: file name {path!r} {problem}; allowed: a relative path inside the "
-                              f"model folder without '..', '\\', control characters or a leading '/'")
+        raise UnsafeModelPath(
+            f"{origin}: file name {path!r} {problem}; allowed: a relative path inside the "
+            f"model folder without '..', '\\', control characters or a leading '/'"
+        )
     return path  # type: ignore[return-value]
 
 
@@ -61,8 +63,10 @@ def resolve_inside(folder: Path, rel: str, origin: str = "manifest") -> Path:
     root = os.path.realpath(model_root(folder))
     real = os.path.realpath(Path(folder) / rel)
     if not within(real, root):
-        raise UnsafeModelPath(f"{origin}: {rel!r} in {folder} resolves to {real}, outside {root}; "
-                              f"refusing the whole list, nothing read or deleted")
+        raise UnsafeModelPath(
+            f"{origin}: {rel!r} in {folder} resolves to {real}, outside {root}; "
+            f"refusing the whole list, nothing read or deleted"
+        )
     return Path(real)
 
 

@@ -28,6 +28,9 @@ def installed(name: str) -> bool:
             return False
         dotted = ".".join(parts[:depth])
         loaded = sys.modules.get(dotted)
-        spec = loaded.__spec__ if loaded is not None else importlib.machinery.PathFinder.find_spec(
-            dotted, list(spec.submodule_search_locations))
+        spec = (
+            loaded.__spec__
+            if loaded is not None
+            else importlib.machinery.PathFinder.find_spec(dotted, list(spec.submodule_search_locations))
+        )
     return spec is not None

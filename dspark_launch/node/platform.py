@@ -64,6 +64,7 @@ def meminfo(roots: PlatformRoots) -> dict[str, int]:
 class Pressure:
     """The kernel's memory pressure (PSI): the share of the last 10 s in which some task (`some`) or every
     non-idle task (`full`) waited for memory, in percent."""
+
     some_avg10: float
     full_avg10: float
 
@@ -126,9 +127,17 @@ def _ports(root: Path) -> tuple[FabricPortFacts, ...]:
         mtu = _read(root / "class" / "net" / netdev / "mtu") if netdev else ""
         speed = _read(root / "class" / "net" / netdev / "speed") if netdev else ""
         for port in sorted((p.name for p in (devices / hca / "ports").glob("*")), key=lambda n: (len(n), n)):
-            found.append(FabricPortFacts(hca, port, firmware, _read(devices / hca / "ports" / port / "state"), netdev,
-                                         int(mtu) if mtu.isdigit() else None,
-                                         int(speed) if speed.isdigit() else None))
+            found.append(
+                FabricPortFacts(
+                    hca,
+                    port,
+                    firmware,
+                    _read(devices / hca / "ports" / port / "state"),
+                    netdev,
+                    int(mtu) if mtu.isdigit() else None,
+                    int(speed) if speed.isdigit() else None,
+                )
+            )
     return tuple(found)
 
 
@@ -148,7 +157,7 @@ def read_platform(roots: PlatformRoots, memlock: str) -> PlatformFacts:
 
 # ----------------------------------------------------------------------------------- judged across nodes
 
-CMA_REPORTS = ("eugr/spark-vllm-docker #389 and #392, MiaAI-Lab's DeepSeek-V4-Flash repository #259")
+CMA_REPORTS = "eugr/spark-vllm-docker #389 and #392, MiaAI-Lab's DeepSeek-V4-Flash repository #259"
 
 
 def _nvidia(facts: PlatformFacts) -> bool:
@@ -162,8 +171,11 @@ def module_state(facts: PlatformFacts) -> str:
         return "loaded"
     if not facts.nvidia_module_kernels:
         return "none installed"
-    return ("built for the running kernel" if facts.kernel in facts.nvidia_module_kernels
-            else "NOT built for the running kernel")
+    return (
+        "built for the running kernel"
+        if facts.kernel in facts.nvidia_module_kernels
+        else "NOT built for the running kernel"
+    )
 
 
 def modules_line(facts: PlatformFacts) -> str:
@@ -177,19 +189,28 @@ def node_refusals(label: str, facts: PlatformFacts) -> list[str]:
     """What this node's facts refuse (start and plan exit 2), each naming the node, the value and why."""
     refusals = []
     if _nvidia(facts) and facts.cma_total_kb == 0:
-        refusals.append(f"platform: {label}: CmaTotal 0 kB (kernel {facts.kernel or 'unknown'}): NCCL's memory "
-                        f"registration for RDMA fails (ibv_reg_mr ENOMEM; {CMA_REPORTS}); update the board firmware "
-                        "(NVIDIA's fix for kernel 7.0.0-1019) or boot the kernel before it")
-    if _nvidia(facts) and not facts.nvidia_loaded and facts.nvidia_module_kernels \
-            and facts.kernel not in facts.nvidia_module_kernels:
-        refusals.append(f"platform: {label}: the NVIDIA driver's kernel module is {modules_line(facts)}: CUDA cannot "
-                        f"reach the GPU; install the driver's modules for {facts.kernel} (DKMS, or the "
-                        f"linux-modules-nvidia package of this kernel) or boot {facts.nvidia_module_kernels[-1]}")
+        refusals.append(
+            f"platform: {label}: CmaTotal 0 kB (kernel {facts.kernel or 'unknown'}): NCCL's memory "
+            f"registration for RDMA fails (ibv_reg_mr ENOMEM; {CMA_REPORTS}); update the board firmware "
+            "(NVIDIA's fix for kernel 7.0.0-1019) or boot the kernel before it"
+        )
+    if (
+        _nvidia(facts)
+        and not facts.nvidia_loaded
+        and facts.nvidia_module_kernels
+        and facts.kernel not in facts.nvidia_module_kernels
+    ):
+        refusals.append(
+            f"platform: {label}: the NVIDIA driver's kernel module is {modules_line(facts)}: CUDA cannot "
+            f"reach the GPU; install the driver's modules for {facts.kernel} (DKMS, or the "
+            f"linux-modules-nvidia package of this kernel) or boot {facts.nvidia_module_kernels[-1]}"
+        )
     return refusals
 
 
 def compared(facts: PlatformFacts) -> dict[str, str]:
     """The facts compared across nodes (and with those at start), by name, as text."""
+
     def values(items) -> str:
         shown = sorted({str(item) for item in items if item not in (None, "")})
         return ", ".join(shown) or "none"
@@ -225,13 +246,18 @@ def judge(facts: dict[str, PlatformFacts]) -> PlatformVerdict:
         for name in next(iter(rows.values())):
             seen = {label: row[name] for label, row in rows.items()}
             if len(set(seen.values())) > 1:
-                warnings.append(f"platform: {name} differs between the nodes: "
-                                + "; ".join(f"{label} {value}" for label, value in seen.items()))
+                warnings.append(
+                    f"platform: {name} differs between the nodes: "
+                    + "; ".join(f"{label} {value}" for label, value in seen.items())
+                )
     return PlatformVerdict(tuple(refusals), tuple(warnings))
 
 
 def drift(at_start: dict[str, str], now: PlatformFacts) -> list[str]:
     """What changed on a node since start: `name before -> now` for each compared fact."""
     current = compared(now)
-    return [f"{name} {before} -> {current[name]}" for name, before in at_start.items()
-            if name in current and current[name] != before]
+    return [
+        f"{name} {before} -> {current[name]}"
+        for name, before in at_start.items()
+        if name in current and current[name] != before
+    ]

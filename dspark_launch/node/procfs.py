@@ -11,7 +11,7 @@ def stat_fields(pid: int) -> list[str] | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat[stat.rindex(")") + 2:].split()
+    return stat[stat.rindex(")") + 2 :].split()
 
 
 def state(pid: int) -> str | None:

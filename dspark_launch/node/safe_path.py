@@ -20,7 +20,6 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-
 WRITABLE_BY_OTHERS = 0o022
 PRIVATE = 0o077  # no access at all for group or others
 # Set on every node container (runtime.run_argv): the state folder mounted there at its host path.
@@ -117,8 +116,9 @@ def check_ancestors(path: Path, owner: LogOwner | None = None) -> None:
         if st.st_uid not in trusted:
             raise UnsafePath(f"{parent} (above {path}) is owned by uid {st.st_uid}: that user could replace {path}")
         if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-            raise UnsafePath(f"{parent} (above {path}) has mode {stat.S_IMODE(st.st_mode):04o}: "
-                             f"group or others could replace {path}")
+            raise UnsafePath(
+                f"{parent} (above {path}) has mode {stat.S_IMODE(st.st_mode):04o}: group or others could replace {path}"
+            )
 
 
 def make_dir(path: Path, forbidden: int = WRITABLE_BY_OTHERS, owner: LogOwner | None = None) -> bool:
@@ -212,8 +212,12 @@ def _open_in(folder: int, path: Path, rotate: bool, owner: LogOwner):
     except FileNotFoundError:
         pass
     try:
-        fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     0o600, dir_fd=folder)
+        fd = os.open(
+            name,
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            0o600,
+            dir_fd=folder,
+        )
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafePath(f"log {path} is a symbolic link (never followed)") from None
@@ -248,8 +252,11 @@ def read_private(path: Path, forbidden: int = WRITABLE_BY_OTHERS, limit: int | N
     with os.fdopen(fd, "rb") as handle:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & forbidden:
-            raise PermissionError(errno.EPERM, f"not a regular file of this user that only it can write "
-                                               f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})")
+            raise PermissionError(
+                errno.EPERM,
+                f"not a regular file of this user that only it can write "
+                f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})",
+            )
         data = handle.read() if limit is None else handle.read(limit + 1)
     if limit is not None and len(data) > limit:
         raise PermissionError(errno.EFBIG, f"{path} is larger than {limit} bytes")

@@ -44,8 +44,12 @@ ENGINE_CONFIG_IMPORTS = ("vllm.v1.executor.abstract", "ray", "ray.dag.compiled_d
 # executors (vllm/v1/executor/abstract.py Executor.get_class): RayExecutorV2 (0.32's default, from 0.33 the only
 # one) and 0.32's compiled-graph RayDistributedExecutor (VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0; removed in 0.33).
 # Preloaded where the installed vLLM has them (`engine_core_preload`).
-ENGINE_CORE_IMPORTS = ("dspark_launch.node.serve_entry", "vllm.v1.engine.core", "vllm.v1.executor.ray_executor_v2",
-                       "vllm.v1.executor.ray_executor")
+ENGINE_CORE_IMPORTS = (
+    "dspark_launch.node.serve_entry",
+    "vllm.v1.engine.core",
+    "vllm.v1.executor.ray_executor_v2",
+    "vllm.v1.executor.ray_executor",
+)
 NOT_PRELOADED = "DSPARK-WARM not preloaded, not in this vLLM:"  # the log line naming what the install lacks
 
 

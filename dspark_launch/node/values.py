@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass
 
 from dspark_launch.node.model_paths import require_relative  # checks a manifest's names as it is built
 
-
 # --- model weights: the manifest (written beside the weights as .dspark-manifest.json) -----------------
 
 MANIFEST_FORMAT = 1
@@ -48,24 +47,41 @@ class Manifest:
         """Identifies this exact content: equal stamps mean equal paths, sizes and hashes."""
         import hashlib  # here: every node-agent process imports these values, few compute a digest
 
-        canonical = json.dumps([self.source, self.revision, [[f.path, f.size, f.sha256] for f in self.files]],
-                               separators=(",", ":"))
+        canonical = json.dumps(
+            [self.source, self.revision, [[f.path, f.size, f.sha256] for f in self.files]], separators=(",", ":")
+        )
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
     def to_json(self) -> str:
-        return json.dumps({"format": MANIFEST_FORMAT, "source": self.source, "revision": self.revision, "stamp": self.stamp,
-                           "files": [{"path": f.path, "size": f.size, "sha256": f.sha256, "mtime_ns": f.mtime_ns,
-                                      "inode": f.inode} for f in self.files]},
-                          indent=1)
+        return json.dumps(
+            {
+                "format": MANIFEST_FORMAT,
+                "source": self.source,
+                "revision": self.revision,
+                "stamp": self.stamp,
+                "files": [
+                    {"path": f.path, "size": f.size, "sha256": f.sha256, "mtime_ns": f.mtime_ns, "inode": f.inode}
+                    for f in self.files
+                ],
+            },
+            indent=1,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> "Manifest":
         data = json.loads(text)
         if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
             raise ValueError(f"not a manifest of format {MANIFEST_FORMAT}")
-        manifest = cls(str(data["source"]), str(data["revision"]),
-                       tuple(ManifestFile(str(f["path"]), int(f["size"]), str(f["sha256"]), int(f.get("mtime_ns", 0)),
-                                          int(f.get("inode", 0))) for f in data["files"]))
+        manifest = cls(
+            str(data["source"]),
+            str(data["revision"]),
+            tuple(
+                ManifestFile(
+                    str(f["path"]), int(f["size"]), str(f["sha256"]), int(f.get("mtime_ns", 0)), int(f.get("inode", 0))
+                )
+                for f in data["files"]
+            ),
+        )
         if data.get("stamp") != manifest.stamp:
             raise ValueError("manifest stamp does not match its content")
         return manifest
@@ -130,6 +146,7 @@ class NodePlacement:
 
 # --- the fabric and the installed vLLM, as the nodes report them -------------------------------------
 
+
 @dataclass(frozen=True)
 class FabricRequest:
     """What one node needs to work out its fabric environment (built by the launcher, sent to the node's agent)."""
@@ -171,7 +188,7 @@ class OfferedFlag:
         forms = [f"--no-{stem}"]
         for on, off in (("enable-", "disable-"), ("disable-", "enable-")):
             if stem.startswith(on):
-                forms.append(f"--{off}{stem[len(on):]}")
+                forms.append(f"--{off}{stem[len(on) :]}")
         return next((form for form in forms if stem and form in self.option_strings), None)
 
 
@@ -275,33 +292,61 @@ class VllmOffer:
     @classmethod
     def from_json(cls, text: str) -> VllmOffer:
         data = json.loads(text)
-        flags = tuple(OfferedFlag(tuple(f["option_strings"]), f["dest"], bool(f["takes_value"]), tuple(f["choices"]))
-                      for f in data["flags"])
-        judgements = tuple(KvJudgement(j["capability"], j["attention"],
-                                       tuple(KvVerdict(v["dtype"], v["layout"], v.get("refusal", ""))
-                                             for v in j["verdicts"]))
-                           for j in data.get("kv_judgements", ()))
+        flags = tuple(
+            OfferedFlag(tuple(f["option_strings"]), f["dest"], bool(f["takes_value"]), tuple(f["choices"]))
+            for f in data["flags"]
+        )
+        judgements = tuple(
+            KvJudgement(
+                j["capability"],
+                j["attention"],
+                tuple(KvVerdict(v["dtype"], v["layout"], v.get("refusal", "")) for v in j["verdicts"]),
+            )
+            for j in data.get("kv_judgements", ())
+        )
         optional = {name: (None if data.get(name) is None else tuple(data[name])) for name in ("env_names", "modules")}
-        def backends(found: list[dict[str, str]]) -> tuple[BackendVerdict, ...]:
-            return tuple(BackendVerdict(v["value"], v.get("chosen", ""), v.get("refusal", ""), v.get("deep_gemm", ""))
-                         for v in found)
 
-        boots = tuple(BootJudgement(
-            b["capability"], b["attention"], b["moe_method"], backends(b["moe"]), backends(b["linear"]),
-            tuple(GraphVerdict(g["requested"], g["breakable"], g["effective"], g["why"]) for g in b["graphs"]),
-            tuple((str(name), str(why)) for name, why in b.get("unjudged", ())))
-            for b in data.get("boot_judgements", ()))
-        return cls(str(data["version"]), flags, tuple(data["speculative_methods"]),
-                   data.get("source", "a recorded description"), judgements, data.get("kv_judged_by", ""),
-                   optional["env_names"], optional["modules"], tuple(data.get("draft_sample_methods", ())),
-                   tuple(data.get("speculative_fields", ())), boots, data.get("booted_by", ""))
+        def backends(found: list[dict[str, str]]) -> tuple[BackendVerdict, ...]:
+            return tuple(
+                BackendVerdict(v["value"], v.get("chosen", ""), v.get("refusal", ""), v.get("deep_gemm", ""))
+                for v in found
+            )
+
+        boots = tuple(
+            BootJudgement(
+                b["capability"],
+                b["attention"],
+                b["moe_method"],
+                backends(b["moe"]),
+                backends(b["linear"]),
+                tuple(GraphVerdict(g["requested"], g["breakable"], g["effective"], g["why"]) for g in b["graphs"]),
+                tuple((str(name), str(why)) for name, why in b.get("unjudged", ())),
+            )
+            for b in data.get("boot_judgements", ())
+        )
+        return cls(
+            str(data["version"]),
+            flags,
+            tuple(data["speculative_methods"]),
+            data.get("source", "a recorded description"),
+            judgements,
+            data.get("kv_judged_by", ""),
+            optional["env_names"],
+            optional["modules"],
+            tuple(data.get("draft_sample_methods", ())),
+            tuple(data.get("speculative_fields", ())),
+            boots,
+            data.get("booted_by", ""),
+        )
 
 
 # --- a node's versions ------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class VersionRow:
     """One node's row of the version matrix; every field must be equal on all nodes."""
+
     python: str | None = None
     vllm: str | None = None
     ray: str | None = None
@@ -323,6 +368,7 @@ class VersionRow:
 class FabricPortFacts:
     """One RDMA device port as its sysfs shows it (node/platform.py): the ConnectX firmware, the port's state,
     and its network interface's MTU and link speed."""
+
     hca: str
     port: str
     firmware: str  # fw_ver ("28.45.1020"); "" unreadable
@@ -336,6 +382,7 @@ class FabricPortFacts:
 class PlatformFacts:
     """What a node's kernel, driver and fabric are, read from its procfs and sysfs (node/platform.py): the facts
     the platform pre-flight judges and compares across nodes, and `status` compares with those at start."""
+
     kernel: str  # /proc/sys/kernel/osrelease ("" unreadable)
     cma_total_kb: int | None  # CmaTotal of /proc/meminfo (None: the kernel shows none)
     nvidia_driver: str | None  # /proc/driver/nvidia/version, else /sys/module/nvidia/version (None: no driver loaded)

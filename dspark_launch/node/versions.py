@@ -91,8 +91,9 @@ def nvcc_version() -> str | None:
     import shutil
     import subprocess
 
-    candidates = [os.path.join(os.environ[var], "bin", "nvcc") for var in ("CUDA_HOME", "CUDA_PATH")
-                  if os.environ.get(var)] + ["/usr/local/cuda/bin/nvcc", shutil.which("nvcc") or ""]
+    candidates = [
+        os.path.join(os.environ[var], "bin", "nvcc") for var in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(var)
+    ] + ["/usr/local/cuda/bin/nvcc", shutil.which("nvcc") or ""]
     for path in candidates:
         if not path or not os.access(path, os.X_OK):
             continue
@@ -122,10 +123,14 @@ def gpu_node_problems(rows: dict[str, VersionRow], host_mode: bool) -> list[str]
         if not row.compute_capability:
             continue
         if row.nvcc is None:
-            problems.append(f"{node}: no nvcc (CUDA_HOME/bin, /usr/local/cuda/bin, PATH): DeepSeek-V4's attention "
-                            f"JIT-compiles DeepGEMM kernels with it; install the CUDA toolkit on every node")
+            problems.append(
+                f"{node}: no nvcc (CUDA_HOME/bin, /usr/local/cuda/bin, PATH): DeepSeek-V4's attention "
+                f"JIT-compiles DeepGEMM kernels with it; install the CUDA toolkit on every node"
+            )
         if host_mode and row.memlock not in (None, "unlimited") and int(row.memlock) < MEMLOCK_FLOOR:
-            problems.append(f"{node}: locked-memory limit {int(row.memlock) >> 10} KiB (ulimit -l): RDMA cannot "
-                            f"register NCCL's buffers; set `memlock unlimited` in /etc/security/limits.conf (or "
-                            f"LimitMEMLOCK=infinity in the unit)")
+            problems.append(
+                f"{node}: locked-memory limit {int(row.memlock) >> 10} KiB (ulimit -l): RDMA cannot "
+                f"register NCCL's buffers; set `memlock unlimited` in /etc/security/limits.conf (or "
+                f"LimitMEMLOCK=infinity in the unit)"
+            )
     return problems

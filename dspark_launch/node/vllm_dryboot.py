@@ -97,9 +97,10 @@ class _Capability:
         from vllm.platforms import PlatformEnum, current_platform
 
         cls = type(current_platform)
-        self.patches = [mock.patch.object(cls, "_enum", PlatformEnum.CUDA),
-                        mock.patch.object(cls, "get_device_capability",
-                                          classmethod(lambda _cls, device_id=0: capability))]
+        self.patches = [
+            mock.patch.object(cls, "_enum", PlatformEnum.CUDA),
+            mock.patch.object(cls, "get_device_capability", classmethod(lambda _cls, device_id=0: capability)),
+        ]
 
     def __enter__(self):
         for patch in self.patches:
@@ -118,9 +119,11 @@ def _libraries_present():
     from vllm.model_executor.layers.fused_moe import b12x as moe_b12x
 
     present = SimpleNamespace(is_supported=lambda *a, **k: True)
-    return [mock.patch.object(moe_b12x, "get_b12x_fused_moe", lambda: present),
-            mock.patch.object(linear_b12x, "_import_b12x_blockscaled", lambda: present),
-            mock.patch.object(flashinfer_utils, "has_flashinfer_sparse_mla_sm120", lambda: True)]
+    return [
+        mock.patch.object(moe_b12x, "get_b12x_fused_moe", lambda: present),
+        mock.patch.object(linear_b12x, "_import_b12x_blockscaled", lambda: present),
+        mock.patch.object(flashinfer_utils, "has_flashinfer_sparse_mla_sm120", lambda: True),
+    ]
 
 
 def _cuda_classmethod(name: str):
@@ -161,15 +164,19 @@ def _deep_gemm_as_on_gpu() -> list:
     def has_module(name: str) -> bool:
         return bool(shipped) if name in _DEEP_GEMM_MODULES else original(name)
 
-    patches = [mock.patch.object(import_utils, "_has_module", has_module),
-               mock.patch.object(type(current_platform), "support_deep_gemm", _cuda_classmethod("support_deep_gemm"))]
+    patches = [
+        mock.patch.object(import_utils, "_has_module", has_module),
+        mock.patch.object(type(current_platform), "support_deep_gemm", _cuda_classmethod("support_deep_gemm")),
+    ]
     try:
         from vllm.utils import deep_gemm as deep_gemm_utils
     except ImportError:
         return patches
     if hasattr(deep_gemm_utils, "_deep_gemm_nvcc_path"):  # 0.34: DeepGEMM's JIT needs nvcc (the GPU pre-flight's)
-        patches += [mock.patch.object(deep_gemm_utils, "_deep_gemm_nvcc_path", lambda: "nvcc"),
-                    mock.patch.object(deep_gemm_utils, "_nvcc_version", lambda nvcc: None)]
+        patches += [
+            mock.patch.object(deep_gemm_utils, "_deep_gemm_nvcc_path", lambda: "nvcc"),
+            mock.patch.object(deep_gemm_utils, "_nvcc_version", lambda nvcc: None),
+        ]
     return patches
 
 
@@ -205,7 +212,9 @@ def _moe_verdicts(hf: dict, values: tuple[str, ...], deep_gemm: str = "") -> tup
     from vllm.model_executor.layers.fused_moe import RoutedExperts
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.config import (
-        FusedMoEConfig, FusedMoEParallelConfig, RoutingMethodType,
+        FusedMoEConfig,
+        FusedMoEParallelConfig,
+        RoutingMethodType,
     )
     from vllm.models.deepseek_v4 import quant_config as dsv4_quant
 
@@ -218,12 +227,20 @@ def _moe_verdicts(hf: dict, values: tuple[str, ...], deep_gemm: str = "") -> tup
         # The fields every release has are passed as they are (a TypeError if one is gone: unjudged); the
         # optional ones only where this release's FusedMoEConfig takes them.
         moe = FusedMoEConfig(
-            num_experts=hf["n_routed_experts"], experts_per_token=hf["num_experts_per_tok"],
-            hidden_dim=hf["hidden_size"], intermediate_size=hf["moe_intermediate_size"],
-            num_local_experts=hf["n_routed_experts"], num_logical_experts=hf["n_routed_experts"],
-            activation=MoEActivation.SILU, device="cuda", routing_method=RoutingMethodType.DeepseekV4,
-            moe_parallel_config=parallel, in_dtype=torch.bfloat16, moe_backend=value,
-            **_accepted(FusedMoEConfig, {"swiglu_limit": hf.get("swiglu_limit"), "has_hash_routing": False}))
+            num_experts=hf["n_routed_experts"],
+            experts_per_token=hf["num_experts_per_tok"],
+            hidden_dim=hf["hidden_size"],
+            intermediate_size=hf["moe_intermediate_size"],
+            num_local_experts=hf["n_routed_experts"],
+            num_logical_experts=hf["n_routed_experts"],
+            activation=MoEActivation.SILU,
+            device="cuda",
+            routing_method=RoutingMethodType.DeepseekV4,
+            moe_parallel_config=parallel,
+            in_dtype=torch.bfloat16,
+            moe_backend=value,
+            **_accepted(FusedMoEConfig, {"swiglu_limit": hf.get("swiglu_limit"), "has_hash_routing": False}),
+        )
         layer = RoutedExperts.__new__(RoutedExperts)
         layer.__dict__["moe_config"] = moe
         quant = dsv4_quant.DeepseekV4FP8Config.from_config(dict(hf.get("quantization_config") or {}))
@@ -235,8 +252,9 @@ def _moe_verdicts(hf: dict, values: tuple[str, ...], deep_gemm: str = "") -> tup
                 continue
         chosen = getattr(method, "mxfp4_backend", None) or getattr(method, "nvfp4_backend", None)
         oracle = oracle or type(method).__name__
-        verdicts.append(BackendVerdict(value, getattr(chosen, "value", str(chosen or type(method).__name__)), "",
-                                       deep_gemm))
+        verdicts.append(
+            BackendVerdict(value, getattr(chosen, "value", str(chosen or type(method).__name__)), "", deep_gemm)
+        )
     return oracle, tuple(verdicts)
 
 
@@ -244,56 +262,75 @@ def _linear_verdicts(hf: dict, capability, values: tuple[str, ...], deep_gemm: s
     import torch
     from vllm.model_executor.kernels import linear
     from vllm.model_executor.layers.quantization.utils.quant_utils import (
-        kFp8Dynamic128Sym, kFp8Static128BlockSym,
+        kFp8Dynamic128Sym,
+        kFp8Static128BlockSym,
     )
 
     # The checkpoint's linears: FP8 weights in 128x128 blocks, activations quantized per 128 (fp8.py's
     # block path), e.g. the attention's q_lora projection hidden_size -> q_lora_rank.
     config = linear.FP8ScaledMMLinearLayerConfig(
-        weight_quant_key=kFp8Static128BlockSym, activation_quant_key=kFp8Dynamic128Sym,
-        input_dtype=torch.bfloat16, out_dtype=torch.bfloat16,
-        weight_shape=(hf.get("q_lora_rank") or hf["hidden_size"], hf["hidden_size"]))
+        weight_quant_key=kFp8Static128BlockSym,
+        activation_quant_key=kFp8Dynamic128Sym,
+        input_dtype=torch.bfloat16,
+        out_dtype=torch.bfloat16,
+        weight_shape=(hf.get("q_lora_rank") or hf["hidden_size"], hf["hidden_size"]),
+    )
     # A kernel's can_implement may read the served model's config (DeepGEMM's: its model type), as the MoE quant
     # method does: the checkpoint's, in every linear-kernel module that asks for it.
-    served = SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace(**hf),
-                                                          hf_text_config=SimpleNamespace(**hf)))
-    asking = [module for name, module in list(sys.modules.items())
-              if name.startswith(linear.__name__) and hasattr(module, "get_current_vllm_config")]
+    served = SimpleNamespace(
+        model_config=SimpleNamespace(hf_config=SimpleNamespace(**hf), hf_text_config=SimpleNamespace(**hf))
+    )
+    asking = [
+        module
+        for name, module in list(sys.modules.items())
+        if name.startswith(linear.__name__) and hasattr(module, "get_current_vllm_config")
+    ]
     verdicts = []
     for value in values:
         with ExitStack() as stack:
             for module in asking:
                 stack.enter_context(mock.patch.object(module, "get_current_vllm_config", lambda: served))
-            stack.enter_context(mock.patch.object(linear, "_get_linear_backend",
-                                                  lambda *, quantization, value=value: value))
+            stack.enter_context(
+                mock.patch.object(linear, "_get_linear_backend", lambda *, quantization, value=value: value)
+            )
             try:
                 kernel = linear.choose_scaled_mm_linear_kernel(
-                    config, linear._POSSIBLE_FP8_BLOCK_KERNELS, capability.major * 10 + capability.minor,
-                    quantization="fp8_block_w8a8")
+                    config,
+                    linear._POSSIBLE_FP8_BLOCK_KERNELS,
+                    capability.major * 10 + capability.minor,
+                    quantization="fp8_block_w8a8",
+                )
             except (ValueError, NotImplementedError) as exc:
                 verdicts.append(BackendVerdict(value, "", _first_line(exc), deep_gemm))
                 continue
         wanted = linear._LINEAR_BACKEND_KERNEL_MAP.get(value, set())
         if value != "auto" and kernel not in wanted:
             # vLLM falls back to automatic selection with a warning: the flag does nothing for these layers.
-            verdicts.append(BackendVerdict(value, "", f"no {value} kernel can run the block-FP8 linears here "
-                                                      f"(vLLM falls back to {kernel.__name__})", deep_gemm))
+            verdicts.append(
+                BackendVerdict(
+                    value,
+                    "",
+                    f"no {value} kernel can run the block-FP8 linears here (vLLM falls back to {kernel.__name__})",
+                    deep_gemm,
+                )
+            )
             continue
         verdicts.append(BackendVerdict(value, kernel.__name__, "", deep_gemm))
     return tuple(verdicts)
 
 
 def _graph_verdicts(layer, hf: dict, speculative_tokens: int) -> tuple[GraphVerdict, ...]:
+    from vllm.compilation.wrapper import TorchCompileWithNoGuardsWrapper
     from vllm.config.compilation import CompilationConfig, CUDAGraphMode
     from vllm.config.vllm import default_breakable_cudagraph_architectures
-    from vllm.compilation.wrapper import TorchCompileWithNoGuardsWrapper
     from vllm.models.deepseek_v4.nvidia import model as dsv4_model
 
     builders = [cls.get_builder_cls() for cls in (layer.backend_cls, getattr(layer, "swa_backend_cls", None)) if cls]
     support = min((b._cudagraph_support for b in builders), key=lambda s: s.value)
     lowest = next(b for b in builders if b._cudagraph_support == support).__name__
-    compiled = any(isinstance(obj, type) and issubclass(obj, TorchCompileWithNoGuardsWrapper)
-                   for obj in vars(dsv4_model).values())
+    compiled = any(
+        isinstance(obj, type) and issubclass(obj, TorchCompileWithNoGuardsWrapper) for obj in vars(dsv4_model).values()
+    )
     by_default = bool(set(hf.get("architectures") or ()) & default_breakable_cudagraph_architectures())
     verdicts = []
     for requested in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "PIECEWISE", "FULL", "NONE"):
@@ -303,19 +340,26 @@ def _graph_verdicts(layer, hf: dict, speculative_tokens: int) -> tuple[GraphVerd
             # As vLLM's model runner calls it (v1/worker/gpu/model_runner.py): the keywords this release's
             # signature has; without piecewise_capture_available the breakable-graph rule cannot be asked.
             resolve = config.resolve_cudagraph_mode_and_sizes
-            keywords = _accepted(resolve, {"uniform_decode_query_len": speculative_tokens + 1,
-                                           "use_v2_model_runner": True,
-                                           "piecewise_capture_available": on or compiled},
-                                 needed=("uniform_decode_query_len", "piecewise_capture_available"))
+            keywords = _accepted(
+                resolve,
+                {
+                    "uniform_decode_query_len": speculative_tokens + 1,
+                    "use_v2_model_runner": True,
+                    "piecewise_capture_available": on or compiled,
+                },
+                needed=("uniform_decode_query_len", "piecewise_capture_available"),
+            )
             try:
                 mode = resolve(support, lowest, **keywords)
             except (ValueError, AssertionError) as exc:
                 verdicts.append(GraphVerdict(requested, breakable, "", _first_line(exc)))
                 continue
-            why = (f"breakable CUDA graphs {'on' if on else 'off'}"
-                   f"{' (VllmConfig turns them on for ' + '/'.join(hf.get('architectures') or ()) + ')' if breakable == '' and by_default else ''}"
-                   f"; the model class {'is' if compiled else 'is not'} compiled; attention graph support "
-                   f"{support.name} ({lowest})")
+            why = (
+                f"breakable CUDA graphs {'on' if on else 'off'}"
+                f"{' (VllmConfig turns them on for ' + '/'.join(hf.get('architectures') or ()) + ')' if breakable == '' and by_default else ''}"
+                f"; the model class {'is' if compiled else 'is not'} compiled; attention graph support "
+                f"{support.name} ({lowest})"
+            )
             if mode.name != requested:
                 why += f": vLLM's resolution runs {mode.name}, not {requested}"
             verdicts.append(GraphVerdict(requested, breakable, mode.name, why))
@@ -352,8 +396,11 @@ def _judge(capability, text: str, hf: dict, names, speculative_tokens: int) -> B
         except Exception as exc:  # the platform or the kernel-library checks moved: nothing here is vLLM's answer
             why = f"the capability or kernel-library patches cannot be applied ({_first_line(exc)})"
             return BootJudgement(text, "", "", (), (), (), tuple((name, why) for name in DECISIONS))
-        layer = ask("attention", lambda: dsv4_model._select_dsv4_attn_cls(
-            SimpleNamespace(attention_config=SimpleNamespace(backend=None))), None)
+        layer = ask(
+            "attention",
+            lambda: dsv4_model._select_dsv4_attn_cls(SimpleNamespace(attention_config=SimpleNamespace(backend=None))),
+            None,
+        )
         attention = ask("attention", lambda: f"{layer.__name__} ({layer.backend_cls.get_name()})", "") if layer else ""
         deep_gemm_patches = ask("moe", _deep_gemm_as_on_gpu, None)
         if deep_gemm_patches is None:  # the same check decides the linear kernels
@@ -364,11 +411,19 @@ def _judge(capability, text: str, hf: dict, names, speculative_tokens: int) -> B
                 stack.enter_context(patch)
             oracle, moe_found, linear_parts = "", [], []
             for deep_gemm in DEEP_GEMM_VALUES:
-                oracle, found = ask("moe", lambda: _with_deep_gemm(deep_gemm, lambda: _moe_verdicts(
-                    hf, moe_values, deep_gemm)), (oracle, ()))
+                oracle, found = ask(
+                    "moe",
+                    lambda: _with_deep_gemm(deep_gemm, lambda: _moe_verdicts(hf, moe_values, deep_gemm)),
+                    (oracle, ()),
+                )
                 moe_found += found
-                linear_parts += ask("linear", lambda: _with_deep_gemm(deep_gemm, lambda: _linear_verdicts(
-                    hf, capability, linear_values, deep_gemm)), ())
+                linear_parts += ask(
+                    "linear",
+                    lambda: _with_deep_gemm(
+                        deep_gemm, lambda: _linear_verdicts(hf, capability, linear_values, deep_gemm)
+                    ),
+                    (),
+                )
             moe, linear_found = tuple(moe_found), tuple(linear_parts)
         if layer is None:
             unjudged.append(("graphs", "needs the attention layer, which could not be asked"))
@@ -377,12 +432,20 @@ def _judge(capability, text: str, hf: dict, names, speculative_tokens: int) -> B
             graphs = ask("graphs", lambda: _graph_verdicts(layer, hf, speculative_tokens), ())
     # One entry per decision, its first failure (the two VLLM_USE_DEEP_GEMM passes fail alike).
     first = {name: why for name, why in reversed(unjudged)}
-    return BootJudgement(text, attention, oracle, moe, linear_found, graphs,
-                         tuple((name, first[name]) for name in DECISIONS if name in first))
+    return BootJudgement(
+        text,
+        attention,
+        oracle,
+        moe,
+        linear_found,
+        graphs,
+        tuple((name, first[name]) for name in DECISIONS if name in first),
+    )
 
 
-def dry_boot(capabilities: tuple[str, ...], config_path: str | None = None, speculative_tokens: int = 5
-             ) -> tuple[tuple[BootJudgement, ...], str]:
+def dry_boot(
+    capabilities: tuple[str, ...], config_path: str | None = None, speculative_tokens: int = 5
+) -> tuple[tuple[BootJudgement, ...], str]:
     """The judgements for each capability, and what judged them; ((), why) when the config is not a DeepSeek-V4
     checkpoint's (or unreadable). When this vLLM's DeepSeek-V4 code cannot be imported, every decision of every
     capability is unjudged with the reason (a plan that needs one refuses)."""
@@ -392,26 +455,40 @@ def dry_boot(capabilities: tuple[str, ...], config_path: str | None = None, spec
         return (), f"no dry boot: the config cannot be read ({_first_line(exc)})"
     missing = [key for key in MOE_FIELDS if key not in hf]
     if hf.get("model_type") != "deepseek_v4" or missing:
-        return (), (f"no dry boot: {named} is not a DeepSeek-V4 checkpoint (model_type "
-                    f"{hf.get('model_type')!r}{', no ' + ', '.join(missing) if missing else ''})")
+        return (), (
+            f"no dry boot: {named} is not a DeepSeek-V4 checkpoint (model_type "
+            f"{hf.get('model_type')!r}{', no ' + ', '.join(missing) if missing else ''})"
+        )
     try:
         from vllm.config.kernel import LinearBackend, MoEBackend
         from vllm.models.deepseek_v4.nvidia import model as dsv4_model
         from vllm.platforms.interface import DeviceCapability
     except (ImportError, AttributeError) as exc:
         why = f"this vLLM's DeepSeek-V4 selection code cannot be imported ({_first_line(exc)})"
-        return (tuple(BootJudgement(text, "", "", (), (), (), tuple((name, why) for name in DECISIONS))
-                      for text in capabilities), f"no dry boot on {named}: {why}")
+        return (
+            tuple(
+                BootJudgement(text, "", "", (), (), (), tuple((name, why) for name in DECISIONS))
+                for text in capabilities
+            ),
+            f"no dry boot on {named}: {why}",
+        )
     names = (dsv4_model, tuple(_literal_values(MoEBackend)), tuple(_literal_values(LinearBackend)))
-    judgements = tuple(_judge(DeviceCapability(*(int(part) for part in text.split("."))), text, hf, names,
-                              speculative_tokens) for text in capabilities)
+    judgements = tuple(
+        _judge(DeviceCapability(*(int(part) for part in text.split("."))), text, hf, names, speculative_tokens)
+        for text in capabilities
+    )
     shipped = deep_gemm_shipped()
-    deep_gemm = (f"DeepGEMM shipped with this build ({shipped}), judged as on a GPU node (the CUDA platform's "
-                 f"support_deep_gemm, nvcc present)" if shipped else "no DeepGEMM in this build")
+    deep_gemm = (
+        f"DeepGEMM shipped with this build ({shipped}), judged as on a GPU node (the CUDA platform's "
+        f"support_deep_gemm, nvcc present)"
+        if shipped
+        else "no DeepGEMM in this build"
+    )
     failed = sorted({name for j in judgements for name, _ in j.unjudged})
-    return judgements, (f"the installed vLLM's own code on {named}: _select_dsv4_attn_cls, "
-                        "DeepseekV4FP8Config.get_quant_method -> the MoE oracle, "
-                        "choose_scaled_mm_linear_kernel, resolve_cudagraph_mode_and_sizes; MoE and linear with "
-                        f"VLLM_USE_DEEP_GEMM unset and 0; {deep_gemm}"
-                        + (f"; not judged: {', '.join(failed)} (each capability's unjudged says why)"
-                           if failed else ""))
+    return judgements, (
+        f"the installed vLLM's own code on {named}: _select_dsv4_attn_cls, "
+        "DeepseekV4FP8Config.get_quant_method -> the MoE oracle, "
+        "choose_scaled_mm_linear_kernel, resolve_cudagraph_mode_and_sizes; MoE and linear with "
+        f"VLLM_USE_DEEP_GEMM unset and 0; {deep_gemm}"
+        + (f"; not judged: {', '.join(failed)} (each capability's unjudged says why)" if failed else "")
+    )

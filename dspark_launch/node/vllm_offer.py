@@ -21,11 +21,15 @@ from __future__ import annotations
 import subprocess
 import sys
 import typing
-from dspark_launch.node.versions import OPTIONAL_PACKAGES
-from dspark_launch.node.values import (  # noqa: F401 (the values' home)
-    BootJudgement, KvJudgement, KvVerdict, OfferedFlag, VllmOffer,
-)
 
+from dspark_launch.node.values import (  # noqa: F401 (the values' home)
+    BootJudgement,
+    KvJudgement,
+    KvVerdict,
+    OfferedFlag,
+    VllmOffer,
+)
+from dspark_launch.node.versions import OPTIONAL_PACKAGES
 
 # GPU generations the KV judgement is run for (Hopper, Blackwell B200/B300, Thor, RTX Pro / GB10).
 JUDGED_CAPABILITIES = ("9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
@@ -72,8 +76,10 @@ def _judge_deepseek_v4_kv(dtypes: tuple[str, ...]) -> tuple[tuple[KvJudgement, .
         capability = DeviceCapability(*(int(part) for part in text.split(".")))
         platform = SimpleNamespace(get_device_capability=lambda capability=capability: capability)
         # The library check is the node's install, not the dtype rule: asked apart (`modules`).
-        with mock.patch.object(dsv4_model, "current_platform", platform), \
-                mock.patch.object(flashinfer_utils, "has_flashinfer_sparse_mla_sm120", lambda: True):
+        with (
+            mock.patch.object(dsv4_model, "current_platform", platform),
+            mock.patch.object(flashinfer_utils, "has_flashinfer_sparse_mla_sm120", lambda: True),
+        ):
             layer = select(no_backend)
             backend = layer.backend_cls
             verdicts = []
@@ -82,14 +88,17 @@ def _judge_deepseek_v4_kv(dtypes: tuple[str, ...]) -> tuple[tuple[KvJudgement, .
                     layout, refusal = layout_of(layer.use_fp8_ds_mla_layout, dtype, None)[0], ""
                 except ValueError as exc:
                     layout, refusal = "", str(exc).split(". ")[0]
-                reasons = backend.validate_configuration(512, torch.bfloat16, dtype, 256, True, True, True, False,
-                                                         False, capability, "decoder")
+                reasons = backend.validate_configuration(
+                    512, torch.bfloat16, dtype, 256, True, True, True, False, False, capability, "decoder"
+                )
                 if reasons and not refusal:
                     layout, refusal = "", f"{backend.get_name()}: {'; '.join(dict.fromkeys(reasons))}"
                 verdicts.append(KvVerdict(dtype, layout, refusal))
         judgements.append(KvJudgement(text, f"{layer.__name__} ({backend.get_name()})", tuple(verdicts)))
-    return tuple(judgements), ("the installed vLLM's DeepSeek-V4 code run for each capability: _select_dsv4_attn_cls, "
-                               "_resolve_dsv4_kv_cache_dtype, the backend's validate_configuration")
+    return tuple(judgements), (
+        "the installed vLLM's DeepSeek-V4 code run for each capability: _select_dsv4_attn_cls, "
+        "_resolve_dsv4_kv_cache_dtype, the backend's validate_configuration"
+    )
 
 
 def _optional_modules() -> tuple[str, ...]:
@@ -166,12 +175,19 @@ def describe_installed_vllm(config_path: str | None = None) -> VllmOffer:
         draft_sampling = tuple(_literal_values(DraftSampleMethod))
     except ImportError:
         draft_sampling = ()
-    return VllmOffer(str(vllm.__version__), tuple(flags), tuple(sorted(set(_literal_values(SpeculativeMethod)))),
-                     kv_judgements=judgements, kv_judged_by=judged_by,
-                     env_names=tuple(sorted(getattr(vllm.envs, "environment_variables", {}))),
-                     modules=_optional_modules(), draft_sample_methods=draft_sampling,
-                     speculative_fields=tuple(f.name for f in dataclasses.fields(SpeculativeConfig) if f.init),
-                     boot_judgements=boots, booted_by=booted_by)
+    return VllmOffer(
+        str(vllm.__version__),
+        tuple(flags),
+        tuple(sorted(set(_literal_values(SpeculativeMethod)))),
+        kv_judgements=judgements,
+        kv_judged_by=judged_by,
+        env_names=tuple(sorted(getattr(vllm.envs, "environment_variables", {}))),
+        modules=_optional_modules(),
+        draft_sample_methods=draft_sampling,
+        speculative_fields=tuple(f.name for f in dataclasses.fields(SpeculativeConfig) if f.init),
+        boot_judgements=boots,
+        booted_by=booted_by,
+    )
 
 
 _MARK = "DSPARK-VLLM-OFFER "
@@ -182,7 +198,7 @@ def probe_installed_vllm(python: str = sys.executable, timeout_s: int = 300) -> 
     from dspark_launch.errors import DsparkError
 
     proc = subprocess.run([python, "-m", __name__], capture_output=True, text=True, timeout=timeout_s)
-    answers = [line[len(_MARK):] for line in proc.stdout.splitlines() if line.startswith(_MARK)]
+    answers = [line[len(_MARK) :] for line in proc.stdout.splitlines() if line.startswith(_MARK)]
     if proc.returncode != 0 or not answers:
         detail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise DsparkError(f"cannot read the installed vLLM's serve flags with {python}: {detail}")

@@ -41,5 +41,7 @@ def untested_note(nodes: str, version: str) -> str | None:
     never a refusal by itself: the hotfix's own check decides whether start can serve it."""
     if not version or is_tested(version):
         return None
-    return (f"{nodes}: vLLM {version} is not a tested release ({policy_line()}); start serves it only if the "
-            "scheduler hotfix's check accepts it (or with DSPARK_HOTFIX=off)")
+    return (
+        f"{nodes}: vLLM {version} is not a tested release ({policy_line()}); start serves it only if the "
+        "scheduler hotfix's check accepts it (or with DSPARK_HOTFIX=off)"
+    )

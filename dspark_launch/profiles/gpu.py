@@ -30,7 +30,7 @@ class Capability:
 
 
 def parse_capability(text: str | None) -> Capability | None:
-    """"12.1" as a Capability; None for None, "" or anything else."""
+    """ "12.1" as a Capability; None for None, "" or anything else."""
     found = _CAPABILITY.match(text or "")
     return Capability(int(found.group(1)), int(found.group(2))) if found else None
 
@@ -70,13 +70,18 @@ def _cluster_packages(packages: Mapping[str, tuple[str, ...] | None]) -> tuple[t
     if not known:
         return None, ()
     common = set.intersection(*known.values())
-    lacking = tuple((module, tuple(node for node, found in known.items() if module not in found))
-                    for module in sorted(set.union(*known.values()) - common))
+    lacking = tuple(
+        (module, tuple(node for node, found in known.items() if module not in found))
+        for module in sorted(set.union(*known.values()) - common)
+    )
     return tuple(sorted(common)), lacking
 
 
-def gpu_target(reported: Mapping[str, str | None], drivers: Mapping[str, str | None] | None = None,
-               packages: Mapping[str, tuple[str, ...] | None] | None = None) -> GpuTarget:
+def gpu_target(
+    reported: Mapping[str, str | None],
+    drivers: Mapping[str, str | None] | None = None,
+    packages: Mapping[str, tuple[str, ...] | None] | None = None,
+) -> GpuTarget:
     """From each node's reported capability (node name -> "12.1" or None); nodes that were not asked are
     simply absent. Differing capabilities are not judged (the version matrix refuses them at start).
     `drivers`: each node's NVIDIA driver version (None: no driver): a node with a driver but no capability
@@ -92,20 +97,26 @@ def _capability_target(reported: Mapping[str, str | None], drivers: Mapping[str,
     blind = [node for node, cap in found.items() if cap is None and drivers.get(node)]
     if blind:
         listing = ", ".join(f"{node} (driver {drivers[node]})" for node in blind)
-        return GpuTarget(None, f"no compute capability from {', '.join(blind)}", refusal=(
-            f"{listing}: an NVIDIA driver but no GPU compute capability reported (nvidia-smi missing or failing "
-            f"in the agent's PATH or the node container): the GPU-specific flags cannot be judged; allowed: "
-            f"nvidia-smi working on every node, or `dspark plan --gpu CAP` to prepare without the nodes"))
+        return GpuTarget(
+            None,
+            f"no compute capability from {', '.join(blind)}",
+            refusal=(
+                f"{listing}: an NVIDIA driver but no GPU compute capability reported (nvidia-smi missing or failing "
+                f"in the agent's PATH or the node container): the GPU-specific flags cannot be judged; allowed: "
+                f"nvidia-smi working on every node, or `dspark plan --gpu CAP` to prepare without the nodes"
+            ),
+        )
     known = {node: cap for node, cap in found.items() if cap is not None}
     if not known:
         asked = ", ".join(reported) or "none"
-        return GpuTarget(None, f"no node reported a GPU compute capability (asked: {asked}; CPU-only or no "
-                               f"nvidia-smi)")
+        return GpuTarget(None, f"no node reported a GPU compute capability (asked: {asked}; CPU-only or no nvidia-smi)")
     distinct = sorted({str(cap) for cap in known.values()})
     if len(distinct) > 1:
         listing = ", ".join(f"{node} {cap}" for node, cap in known.items())
-        return GpuTarget(None, f"nodes differ in compute capability ({listing}): not judged; the version matrix "
-                               f"refuses this at start")
+        return GpuTarget(
+            None,
+            f"nodes differ in compute capability ({listing}): not judged; the version matrix refuses this at start",
+        )
     silent = [node for node, cap in found.items() if cap is None]
     basis = f"compute capability {distinct[0]} on {', '.join(known)}"
     if silent:

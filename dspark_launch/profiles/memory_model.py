@@ -75,8 +75,9 @@ def model_shape(config: Mapping[str, object]) -> ModelShape | None:
         if "kv_lora_rank" in config:  # DeepSeek V2/V3 MLA: latent + rotary key
             return ModelShape(layers, KvRow(int(config["kv_lora_rank"]), rope), dtype_bytes)
         if "compress_ratios" in config:  # DeepSeek V4: one head_dim row with the rotary part inside
-            return ModelShape(layers, replace(DEEPSEEK_V4_ROW, nope_dim=int(config["head_dim"]) - rope, rope_dim=rope),
-                              dtype_bytes)
+            return ModelShape(
+                layers, replace(DEEPSEEK_V4_ROW, nope_dim=int(config["head_dim"]) - rope, rope_dim=rope), dtype_bytes
+            )
         heads = int(config["num_attention_heads"])
         kv_heads = int(config.get("num_key_value_heads") or heads)
         head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
@@ -138,25 +139,34 @@ def memory_rule(vllm_version: str, extensible_off: str = "") -> MemoryRule:
     """The rule of vLLM `vllm_version` on a CUDA node; `extensible_off`: what in the serve arguments turns 0.34's
     extensible KV cache off ("" when nothing does). An unknown version gets the start-up gate."""
     key = release_key(vllm_version)
-    gate = ("free memory at start must reach utilization x total or vLLM refuses to start (v1/worker/utils.py "
-            "request_memory); the KV cache gets the budget left after the profiled non-KV memory "
-            "(v1/worker/gpu_worker.py determine_available_memory)")
+    gate = (
+        "free memory at start must reach utilization x total or vLLM refuses to start (v1/worker/utils.py "
+        "request_memory); the KV cache gets the budget left after the profiled non-KV memory "
+        "(v1/worker/gpu_worker.py determine_available_memory)"
+    )
     if key is None:
-        return MemoryRule(START_GATE, vllm_version, f"vLLM release not known: the start-up gate of 0.32/0.33 "
-                                                    f"assumed: {gate}")
+        return MemoryRule(
+            START_GATE, vllm_version, f"vLLM release not known: the start-up gate of 0.32/0.33 assumed: {gate}"
+        )
     if key < EXTENSIBLE_KV_FROM:
         return MemoryRule(START_GATE, vllm_version, f"vLLM {vllm_version}, the start-up gate: {gate}")
     if extensible_off:
-        return MemoryRule(START_GATE, vllm_version,
-                          f"vLLM {vllm_version} with {extensible_off}: the extensible KV cache is off "
-                          f"(config/vllm.py VllmConfig._resolve_extensible_kv_cache), so the start-up gate: {gate}")
-    return MemoryRule(EXTENSIBLE_KV, vllm_version,
-                      f"vLLM {vllm_version}, the extensible KV cache (on by default on CUDA: config/vllm.py "
-                      "VllmConfig._resolve_extensible_kv_cache): no start-up gate (v1/worker/utils.py request_memory "
-                      "skips it); after warmup the KV cache gets min(utilization x total, free memory at start less "
-                      f"a margin of at least {_gib(EXTENSIBLE_KV_MARGIN)}) less what the engine uses "
-                      "(v1/worker/extensible_kv_cache.py measure_kv_cache_bytes), and start fails when that cannot "
-                      "hold one MAX_MODEL_LEN sequence (v1/core/kv_cache_planning.py shrink_kv_cache_configs)")
+        return MemoryRule(
+            START_GATE,
+            vllm_version,
+            f"vLLM {vllm_version} with {extensible_off}: the extensible KV cache is off "
+            f"(config/vllm.py VllmConfig._resolve_extensible_kv_cache), so the start-up gate: {gate}",
+        )
+    return MemoryRule(
+        EXTENSIBLE_KV,
+        vllm_version,
+        f"vLLM {vllm_version}, the extensible KV cache (on by default on CUDA: config/vllm.py "
+        "VllmConfig._resolve_extensible_kv_cache): no start-up gate (v1/worker/utils.py request_memory "
+        "skips it); after warmup the KV cache gets min(utilization x total, free memory at start less "
+        f"a margin of at least {_gib(EXTENSIBLE_KV_MARGIN)}) less what the engine uses "
+        "(v1/worker/extensible_kv_cache.py measure_kv_cache_bytes), and start fails when that cannot "
+        "hold one MAX_MODEL_LEN sequence (v1/core/kv_cache_planning.py shrink_kv_cache_configs)",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,16 +205,19 @@ class MemoryEstimate:
         return all(f.fits for f in self.findings)
 
 
-def _kv_per_node(profile: Profile, shape: ModelShape | None, dtype: str, tokens: int, tp: int
-                 ) -> tuple[int | None, str]:
+def _kv_per_node(
+    profile: Profile, shape: ModelShape | None, dtype: str, tokens: int, tp: int
+) -> tuple[int | None, str]:
     anchor, row = profile.kv_anchor, (shape.row if shape else profile.kv_row)
     if anchor is not None and row is not None:
         mine, measured = row_bytes(row, dtype), row_bytes(row, anchor.kv_cache_dtype)
         if mine is None or measured is None:
             return None, f"no byte model for kv-cache-dtype {dtype}"
         per_token = anchor.bytes_per_node / anchor.context_tokens * mine / measured
-        basis = (f"{anchor.bytes_per_node / GIB:.2f} GiB for {anchor.context_tokens} tokens in "
-                 f"{anchor.kv_cache_dtype} ({anchor.source}), x {mine}/{measured} B per row for {dtype}")
+        basis = (
+            f"{anchor.bytes_per_node / GIB:.2f} GiB for {anchor.context_tokens} tokens in "
+            f"{anchor.kv_cache_dtype} ({anchor.source}), x {mine}/{measured} B per row for {dtype}"
+        )
         if shape is not None:
             factor = anchor.bytes_per_node / anchor.context_tokens / (shape.layers * measured)
             basis += f"; {factor:.3f} of {shape.layers} full layers (compression and window)"
@@ -215,8 +228,9 @@ def _kv_per_node(profile: Profile, shape: ModelShape | None, dtype: str, tokens:
     if per_layer is None:
         return None, f"no byte model for kv-cache-dtype {dtype} on this attention"
     split = tp if not shape.row.mla and shape.kv_heads % tp == 0 else 1
-    return (shape.layers * per_layer * tokens) // split, \
-        f"config.json: {shape.layers} layers x {per_layer} B per token{f' / TP {split}' if split > 1 else ''}"
+    return (
+        shape.layers * per_layer * tokens
+    ) // split, f"config.json: {shape.layers} layers x {per_layer} B per token{f' / TP {split}' if split > 1 else ''}"
 
 
 def _gib(value: int) -> str:
@@ -238,8 +252,11 @@ def _longest(sizes: _Sizes, room: int) -> str:
     if not sizes.kv:
         return ""
     longest = int(room / (sizes.kv / sizes.tokens)) // 1024 * 1024 if room > 0 else 0
-    return (f"lower MAX_MODEL_LEN to {longest} or less" if longest > 0
-            else "MAX_MODEL_LEN cannot fix it (weights and overhead alone exceed the budget)")
+    return (
+        f"lower MAX_MODEL_LEN to {longest} or less"
+        if longest > 0
+        else "MAX_MODEL_LEN cannot fix it (weights and overhead alone exceed the budget)"
+    )
 
 
 def _share_fix(sizes: _Sizes, node: NodeMemory, need: int, budget: int, reserve: int = 0) -> str:
@@ -251,10 +268,12 @@ def _share_fix(sizes: _Sizes, node: NodeMemory, need: int, budget: int, reserve:
         fixes.append(f"raise GPU_MEMORY_UTILIZATION to {wanted:.2f} (if the node's free memory allows it)")
     else:
         ceiling = math.floor((node.available_bytes - sizes.dip - reserve) / node.total_bytes * 100) / 100
-        fixes.append(f"raise GPU_MEMORY_UTILIZATION to {wanted:.2f} (the node's free memory allows up to {ceiling:.2f})"
-                     if wanted <= ceiling else
-                     f"GPU_MEMORY_UTILIZATION cannot fix it here ({wanted:.2f} needed, the node's free memory "
-                     f"allows up to {ceiling:.2f})")
+        fixes.append(
+            f"raise GPU_MEMORY_UTILIZATION to {wanted:.2f} (the node's free memory allows up to {ceiling:.2f})"
+            if wanted <= ceiling
+            else f"GPU_MEMORY_UTILIZATION cannot fix it here ({wanted:.2f} needed, the node's free memory "
+            f"allows up to {ceiling:.2f})"
+        )
     return "; ".join(f for f in fixes if f)
 
 
@@ -267,43 +286,76 @@ def _free_check(sizes: _Sizes, node: NodeMemory, budget: int, kv_size_fixed: str
     if node.available_bytes is None:
         return None, "", ""
     if not node.nvidia_gpu and kv_size_fixed:
-        return None, (f"{node.node}: no NVIDIA GPU: vLLM's CPU backend with a KV size fixed by {kv_size_fixed} "
-                      "has no free-memory gate"), ""
+        return (
+            None,
+            (
+                f"{node.node}: no NVIDIA GPU: vLLM's CPU backend with a KV size fixed by {kv_size_fixed} "
+                "has no free-memory gate"
+            ),
+            "",
+        )
     usable = node.available_bytes - sizes.dip
     ok = usable >= budget
-    line = (f"{node.node}: MemAvailable {_gib(node.available_bytes)}{_dip_clause(sizes)} "
-            f"{'>=' if ok else '<'} {node.total_bytes / GIB:.2f} GiB x GPU_MEMORY_UTILIZATION {sizes.utilization} "
-            f"= {_gib(budget)} (vLLM refuses to start when free memory is below utilization x total)")
+    line = (
+        f"{node.node}: MemAvailable {_gib(node.available_bytes)}{_dip_clause(sizes)} "
+        f"{'>=' if ok else '<'} {node.total_bytes / GIB:.2f} GiB x GPU_MEMORY_UTILIZATION {sizes.utilization} "
+        f"= {_gib(budget)} (vLLM refuses to start when free memory is below utilization x total)"
+    )
     if ok:
         return True, line, ""
     ceiling = math.floor(usable / node.total_bytes * 100) / 100
-    return False, line, (f"free memory on {node.node} (other processes, page cache held by them) or lower "
-                         f"GPU_MEMORY_UTILIZATION to {ceiling:.2f} or less")
+    return (
+        False,
+        line,
+        (
+            f"free memory on {node.node} (other processes, page cache held by them) or lower "
+            f"GPU_MEMORY_UTILIZATION to {ceiling:.2f} or less"
+        ),
+    )
 
 
-def _after_warmup_check(sizes: _Sizes, node: NodeMemory, need: int, rule: MemoryRule
-                        ) -> tuple[bool | None, str, str]:
+def _after_warmup_check(sizes: _Sizes, node: NodeMemory, need: int, rule: MemoryRule) -> tuple[bool | None, str, str]:
     """The extensible KV cache (0.34) on this node: the free side of its sizing must hold the share too, or the KV
     cache after warmup is short of one MAX_MODEL_LEN sequence: (passes, line, fix); (None, "", "") when unknown."""
     if node.available_bytes is None:
         return None, "", ""
     usable = node.available_bytes - sizes.dip - EXTENSIBLE_KV_MARGIN
     ok = usable >= need
-    line = (f"{node.node}: MemAvailable {_gib(node.available_bytes)}{_dip_clause(sizes)} less vLLM's "
-            f"{_gib(EXTENSIBLE_KV_MARGIN)} margin = {_gib(usable)} {'>=' if ok else '<'} {_gib(need)} needed "
-            f"(vLLM {rule.vllm_version} sizes the KV cache after warmup from this, capped at utilization x total, and "
-            "fails at start when it cannot hold one MAX_MODEL_LEN sequence; no start-up gate)")
+    line = (
+        f"{node.node}: MemAvailable {_gib(node.available_bytes)}{_dip_clause(sizes)} less vLLM's "
+        f"{_gib(EXTENSIBLE_KV_MARGIN)} margin = {_gib(usable)} {'>=' if ok else '<'} {_gib(need)} needed "
+        f"(vLLM {rule.vllm_version} sizes the KV cache after warmup from this, capped at utilization x total, and "
+        "fails at start when it cannot hold one MAX_MODEL_LEN sequence; no start-up gate)"
+    )
     if ok:
         return True, line, ""
-    fixes = [f"free memory on {node.node} (other processes, page cache held by them)",
-             _longest(sizes, usable - (sizes.weights or 0) - sizes.overhead)]
-    return False, line, (" or ".join(f for f in fixes if f) + " (a higher GPU_MEMORY_UTILIZATION does not help: "
-                         "the node's free memory, not the cap, limits the KV cache here)")
+    fixes = [
+        f"free memory on {node.node} (other processes, page cache held by them)",
+        _longest(sizes, usable - (sizes.weights or 0) - sizes.overhead),
+    ]
+    return (
+        False,
+        line,
+        (
+            " or ".join(f for f in fixes if f) + " (a higher GPU_MEMORY_UTILIZATION does not help: "
+            "the node's free memory, not the cap, limits the KV cache here)"
+        ),
+    )
 
 
-def estimate_memory(profile: Profile, kv_cache_dtype: str, context_tokens: int, tp: int, weights_bytes: int | None,
-                    shape: ModelShape | None, nodes: tuple[NodeMemory, ...], utilization: float,
-                    kv_size_fixed: str = "", vllm_version: str = "", extensible_off: str = "") -> MemoryEstimate:
+def estimate_memory(
+    profile: Profile,
+    kv_cache_dtype: str,
+    context_tokens: int,
+    tp: int,
+    weights_bytes: int | None,
+    shape: ModelShape | None,
+    nodes: tuple[NodeMemory, ...],
+    utilization: float,
+    kv_size_fixed: str = "",
+    vllm_version: str = "",
+    extensible_off: str = "",
+) -> MemoryEstimate:
     """Per node: weights / TP + the profile's measured non-KV overhead + KV for one `context_tokens` sequence,
     against memory x utilisation; and MemAvailable against the free-memory rule of vLLM `vllm_version`
     (`memory_rule`; "" when not known: the start-up gate). `kv_size_fixed`: what fixes the KV size on vLLM's CPU
@@ -315,17 +367,21 @@ def estimate_memory(profile: Profile, kv_cache_dtype: str, context_tokens: int, 
     notes = [f"memory rule: {rule.why}"] if gpus or not nodes else []
     weights = None if weights_bytes is None else weights_bytes // tp
     if measured is not None:
-        notes.append(f"measured per node: weights {_gib(measured.weights_per_node)}, non-KV overhead "
-                     f"{_gib(measured.non_kv_bytes)} (activations, non-torch memory, CUDA graphs, draft/indexer "
-                     f"scratch), free memory drop while weights load {_gib(measured.startup_free_dip)} "
-                     f"({measured.source})")
+        notes.append(
+            f"measured per node: weights {_gib(measured.weights_per_node)}, non-KV overhead "
+            f"{_gib(measured.non_kv_bytes)} (activations, non-torch memory, CUDA graphs, draft/indexer "
+            f"scratch), free memory drop while weights load {_gib(measured.startup_free_dip)} "
+            f"({measured.source})"
+        )
     if weights is None and measured is not None:
         weights = measured.weights_per_node
         notes.append(f"weights not placed on the head yet: the measured {_gib(weights)} per node counted")
     elif weights is not None and measured is not None and weights < measured.weights_per_node:
         # File size / TP ignores the tensors every rank holds in full (embeddings, norms, the MTP head ...).
-        notes.append(f"weights {_gib(weights)} per node by file size / TP {tp} is below the {_gib(measured.weights_per_node)} "
-                     f"measured per node (tensors every rank holds in full): the measured figure counted")
+        notes.append(
+            f"weights {_gib(weights)} per node by file size / TP {tp} is below the {_gib(measured.weights_per_node)} "
+            f"measured per node (tensors every rank holds in full): the measured figure counted"
+        )
         weights = measured.weights_per_node
     elif weights is None:
         notes.append("weights size unknown (never placed on the head: `dspark model pull`): weights not counted")
@@ -340,13 +396,17 @@ def estimate_memory(profile: Profile, kv_cache_dtype: str, context_tokens: int, 
     findings = []
     for node in nodes:
         budget = int(node.total_bytes * utilization)
-        parts = [f"weights {weights / GIB:.1f} GiB" if weights is not None else "",
-                 f"non-KV {_gib(overhead)}" if overhead else "",
-                 f"KV {kv / GIB:.2f} GiB for {context_tokens} tokens in {kv_cache_dtype}" if kv is not None else ""]
+        parts = [
+            f"weights {weights / GIB:.1f} GiB" if weights is not None else "",
+            f"non-KV {_gib(overhead)}" if overhead else "",
+            f"KV {kv / GIB:.2f} GiB for {context_tokens} tokens in {kv_cache_dtype}" if kv is not None else "",
+        ]
         share_fits = need <= budget
-        line = (f"{node.node}: {need / GIB:.1f} GiB ({', '.join(p for p in parts if p)}) "
-                f"{'fits' if share_fits else 'does not fit'} in {node.total_bytes / GIB:.1f} GiB x "
-                f"GPU_MEMORY_UTILIZATION {utilization} = {budget / GIB:.1f} GiB")
+        line = (
+            f"{node.node}: {need / GIB:.1f} GiB ({', '.join(p for p in parts if p)}) "
+            f"{'fits' if share_fits else 'does not fit'} in {node.total_bytes / GIB:.1f} GiB x "
+            f"GPU_MEMORY_UTILIZATION {utilization} = {budget / GIB:.1f} GiB"
+        )
         extensible = rule.extensible and node.nvidia_gpu  # vLLM's CPU backend has no extensible KV cache
         if extensible:
             free_fits, free_line, free_fix = _after_warmup_check(sizes, node, need, rule)
@@ -354,22 +414,47 @@ def estimate_memory(profile: Profile, kv_cache_dtype: str, context_tokens: int, 
             free_fits, free_line, free_fix = _free_check(sizes, node, budget, kv_size_fixed)
         fix = "" if share_fits else _share_fix(sizes, node, need, budget, EXTENSIBLE_KV_MARGIN if extensible else 0)
         fix = "; ".join(f for f in (fix, free_fix) if f)
-        findings.append(MemoryFinding(node=node.node, need_bytes=need, budget_bytes=budget, fits=share_fits and free_fits is not False, line=line,
-                                      free_line=free_line, fix=fix, share_fits=share_fits, free_fits=free_fits,
-                                      rule=EXTENSIBLE_KV if extensible else START_GATE))
+        findings.append(
+            MemoryFinding(
+                node=node.node,
+                need_bytes=need,
+                budget_bytes=budget,
+                fits=share_fits and free_fits is not False,
+                line=line,
+                free_line=free_line,
+                fix=fix,
+                share_fits=share_fits,
+                free_fits=free_fits,
+                rule=EXTENSIBLE_KV if extensible else START_GATE,
+            )
+        )
     if rule.extensible and gpus:
         notes.append(_fallback_note(sizes, gpus, utilization))
-    return MemoryEstimate(weights_per_node=weights, kv_per_node=kv, kv_cache_dtype=kv_cache_dtype, context_tokens=context_tokens, basis=basis, findings=tuple(findings), notes=tuple(notes),
-                          non_kv_bytes=overhead, rule=rule.name)
+    return MemoryEstimate(
+        weights_per_node=weights,
+        kv_per_node=kv,
+        kv_cache_dtype=kv_cache_dtype,
+        context_tokens=context_tokens,
+        basis=basis,
+        findings=tuple(findings),
+        notes=tuple(notes),
+        non_kv_bytes=overhead,
+        rule=rule.name,
+    )
 
 
 def _fallback_note(sizes: _Sizes, gpus: list[NodeMemory], utilization: float) -> str:
     """0.34 turns the extensible KV cache off on a driver without virtual memory management, and the start-up gate
     applies there: say so, and on which nodes that gate would refuse."""
-    refused = [line for ok, line, _ in (_free_check(sizes, node, int(node.total_bytes * utilization), "")
-                                        for node in gpus) if ok is False]
-    return ("the margin is vLLM's floor: it keeps 0.75 x the transient peak warmup measured when that is larger "
-            "(v1/worker/extensible_kv_cache.py measure_kv_cache_bytes); should a node's driver lack virtual memory "
-            "management, vLLM turns the extensible KV cache off (\"Disabling the extensible KV cache\" in its log: "
-            "v1/engine/core.py, executor.disable_extensible_kv_cache) and the start-up gate applies"
-            + (f": it would refuse here ({'; '.join(refused)})" if refused else ": every node here passes it"))
+    refused = [
+        line
+        for ok, line, _ in (_free_check(sizes, node, int(node.total_bytes * utilization), "") for node in gpus)
+        if ok is False
+    ]
+    return (
+        "the margin is vLLM's floor: it keeps 0.75 x the transient peak warmup measured when that is larger "
+        "(v1/worker/extensible_kv_cache.py measure_kv_cache_bytes); should a node's driver lack virtual memory "
+        'management, vLLM turns the extensible KV cache off ("Disabling the extensible KV cache" in its log: '
+        "v1/engine/core.py, executor.disable_extensible_kv_cache) and the start-up gate applies"
+        + (f": it would refuse here ({'; '.join(refused)})" if refused else ": every node here passes it")
+    )

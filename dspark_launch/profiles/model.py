@@ -36,8 +36,11 @@ class Switch:
     def why_on(self, vllm_version: str) -> str:
         """The reason as it applies on vLLM `vllm_version`: the newest of `releases` that version has reached."""
         installed = release_key(vllm_version)
-        reached = [why for release, why in self.releases
-                   if installed is not None and (key := release_key(release)) is not None and key <= installed]
+        reached = [
+            why
+            for release, why in self.releases
+            if installed is not None and (key := release_key(release)) is not None and key <= installed
+        ]
         return reached[-1] if reached else self.why
 
 
@@ -117,8 +120,11 @@ class SettingDefault:
     def for_release(self, vllm_version: str) -> SettingDefault:
         """This default as it applies on vLLM `vllm_version`: the newest of `releases` that version has reached."""
         installed = release_key(vllm_version)
-        reached = [r for r in self.releases
-                   if installed is not None and (key := release_key(r.release)) is not None and key <= installed]
+        reached = [
+            r
+            for r in self.releases
+            if installed is not None and (key := release_key(r.release)) is not None and key <= installed
+        ]
         if not reached:
             return self
         return SettingDefault(self.setting, reached[-1].value, reached[-1].why)

@@ -17,10 +17,9 @@ from urllib.parse import urlsplit
 
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.port_holder import bind_address, still_held
-from dspark_launch.errors import ClusterFailure
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import ServerRecord
-from dspark_launch.errors import DsparkError
+from dspark_launch.errors import ClusterFailure, DsparkError
 from dspark_launch.serve import http
 
 
@@ -33,21 +32,26 @@ def api_holder(spec: ClusterSpec, server: ServerRecord, ip: str = "", port: int 
     holds nothing."""
     address = urlsplit(server.url)
     process = server.process
-    query = p.PortHolderQuery(ip or bind_address(address.hostname or ""), port or address.port or 80,
-                              (process,) if process else ())
+    query = p.PortHolderQuery(
+        ip or bind_address(address.hostname or ""), port or address.port or 80, (process,) if process else ()
+    )
     try:
         return spec.head.agent().call(query, "server status")
     except ClusterFailure:
         if not spec.containers:
             raise
-        return p.PortHolderAnswer(p.PortHolderAnswer.GONE, False)  # the head's container is gone, and the server with it
+        return p.PortHolderAnswer(
+            p.PortHolderAnswer.GONE, False
+        )  # the head's container is gone, and the server with it
 
 
 def foreign_line(server: ServerRecord, holder: p.PortHolderAnswer) -> str:
     address = urlsplit(server.url)
     ours = f"vllm serve (pid {server.pid})" if server.pid else "vllm serve (not started)"
-    return (f"VLLM_PORT {address.port} on {address.hostname} is held by {holder.foreign}, not by {ours}; "
-            "the API key was not sent; stop that process, then `dspark restart`")
+    return (
+        f"VLLM_PORT {address.port} on {address.hostname} is held by {holder.foreign}, not by {ours}; "
+        "the API key was not sent; stop that process, then `dspark restart`"
+    )
 
 
 def require_ours(spec: ClusterSpec, server: ServerRecord) -> p.PortHolderAnswer:
@@ -93,7 +97,10 @@ def healthy(holder: p.PortHolderAnswer, url: str, key: http.Keyed, served_name: 
     """/health (without the key), then /v1/models listing the served name (with it), only on our port (a
     listener that took the port since is not healthy: the next `api_holder` names it)."""
     try:
-        return (holder.ours and http.request(f"{url}/health", timeout=timeout).status == 200
-                and served_name in http.served_models(url, key, timeout))
+        return (
+            holder.ours
+            and http.request(f"{url}/health", timeout=timeout).status == 200
+            and served_name in http.served_models(url, key, timeout)
+        )
     except ForeignApiListener:
         return False

@@ -35,6 +35,7 @@ POLL_S = 0.25
 @dataclass(frozen=True)
 class RequestCounts:
     """From the server's /metrics: requests in the engine, and those finished without an abort so far."""
+
     in_flight: int
     finished: int
 
@@ -54,10 +55,14 @@ class DrainReport:
         if not self.answered:
             return f"vllm serve did not answer /metrics; stopped in {self.seconds:.1f} s, nothing counted"
         if self.idle:
-            return (f"vllm serve was idle (nothing in flight): stopped in {self.seconds:.1f} s, no drain wait: "
-                    "0 request(s) finished, 0 cut")
-        return (f"vllm serve drained in {self.seconds:.1f} s (limit {self.timeout_s} s): "
-                f"{self.finished} request(s) finished, {self.cut} cut")
+            return (
+                f"vllm serve was idle (nothing in flight): stopped in {self.seconds:.1f} s, no drain wait: "
+                "0 request(s) finished, 0 cut"
+            )
+        return (
+            f"vllm serve drained in {self.seconds:.1f} s (limit {self.timeout_s} s): "
+            f"{self.finished} request(s) finished, {self.cut} cut"
+        )
 
 
 def drain_end(log: str, extra_args: str) -> DrainEnd:
@@ -65,9 +70,9 @@ def drain_end(log: str, extra_args: str) -> DrainEnd:
     return DrainEnd(log, DRAINED_LOG, BUSY_LOG, engine_count(extra_args))
 
 
-_SUCCESS = re.compile(r'^vllm:request_success_total\{([^}]*)\}\s+([0-9.eE+-]+)$')
+_SUCCESS = re.compile(r"^vllm:request_success_total\{([^}]*)\}\s+([0-9.eE+-]+)$")
 _REASON = re.compile(r'finished_reason="([^"]*)"')
-_IN_ENGINE = re.compile(r'^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})?\s+([0-9.eE+-]+)$')
+_IN_ENGINE = re.compile(r"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})?\s+([0-9.eE+-]+)$")
 
 
 def request_counts(base_url: str, timeout: float) -> RequestCounts | None:
@@ -90,8 +95,9 @@ def counts_from_metrics(body: str) -> RequestCounts:
     return RequestCounts(int(in_engine), int(finished))
 
 
-def drained_stop(stop: Callable[[], StopAnswer], base_url: str, timeout_s: int,
-                 probe_s: float) -> tuple[StopAnswer, DrainReport]:
+def drained_stop(
+    stop: Callable[[], StopAnswer], base_url: str, timeout_s: int, probe_s: float
+) -> tuple[StopAnswer, DrainReport]:
     """Runs `stop` (which blocks until the server's processes are gone, and says how its drain ended) while
     /metrics is read every POLL_S."""
     from dspark_launch.cluster.parallel import Background
@@ -108,8 +114,9 @@ def drained_stop(stop: Callable[[], StopAnswer], base_url: str, timeout_s: int,
     return answer, report(before, last, time.monotonic() - began, timeout_s, answer.drain)
 
 
-def report(before: RequestCounts | None, last: RequestCounts | None, seconds: float, timeout_s: int,
-           outcome: str) -> DrainReport:
+def report(
+    before: RequestCounts | None, last: RequestCounts | None, seconds: float, timeout_s: int, outcome: str
+) -> DrainReport:
     """`outcome`: the agent's StopAnswer.drain."""
     if before is None:
         return DrainReport(0, 0, 0, seconds, timeout_s, answered=False)

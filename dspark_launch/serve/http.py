@@ -53,6 +53,7 @@ class Keyed:
     `check(ip, port)`, the literal address the connection is then made to; True when the recorded server holds
     that port, False when nothing of it listens there (nothing is sent); it raises when another process holds
     it (serve/api_holder.py `ServerPort`). `unkeyed()`: the same check for a request without the key (/metrics)."""
+
     key: str = field(repr=False)
     check: Callable[[str, int], bool]
 
@@ -69,8 +70,9 @@ def pinned(url: str) -> tuple[str, str, int]:
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{host}:{port}")), ip, port
 
 
-def _prepared(url: str, key: Keyed | None, payload: dict | None, extra_headers: dict[str, str] | None = None
-              ) -> urllib.request.Request | None:
+def _prepared(
+    url: str, key: Keyed | None, payload: dict | None, extra_headers: dict[str, str] | None = None
+) -> urllib.request.Request | None:
     """The one place a request is built: to the literal address, after the key's check of that address;
     None when the check found nothing of the server's listening there (nothing is sent)."""
     if key is not None and not isinstance(key, Keyed):
@@ -85,8 +87,13 @@ def _prepared(url: str, key: Keyed | None, payload: dict | None, extra_headers: 
     return urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
 
 
-def request(url: str, key: Keyed | None = None, payload: dict | None = None, timeout: float = 5.0,
-            headers: dict[str, str] | None = None) -> Reply:
+def request(
+    url: str,
+    key: Keyed | None = None,
+    payload: dict | None = None,
+    timeout: float = 5.0,
+    headers: dict[str, str] | None = None,
+) -> Reply:
     """One request (no key when `key` is None); status 0 when nothing answered or nothing was sent."""
     try:
         req = _prepared(url, key, payload, headers)
@@ -113,22 +120,46 @@ def served_models(base_url: str, key: Keyed | None, timeout: float) -> list[str]
         return []
 
 
-def complete(base_url: str, key: Keyed | None, model: str, prompt: str, max_tokens: int, timeout: float,
-             headers: dict[str, str] | None = None) -> Reply:
-    return request(f"{base_url}/v1/completions", key,
-                   {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}, timeout, headers)
+def complete(
+    base_url: str,
+    key: Keyed | None,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    timeout: float,
+    headers: dict[str, str] | None = None,
+) -> Reply:
+    return request(
+        f"{base_url}/v1/completions",
+        key,
+        {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
+        timeout,
+        headers,
+    )
 
 
-def chat(base_url: str, key: Keyed | None, model: str, text: str, max_tokens: int, timeout: float,
-         headers: dict[str, str] | None = None) -> Reply:
-    return request(f"{base_url}/v1/chat/completions", key,
-                   {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-                    "temperature": 0}, timeout, headers)
+def chat(
+    base_url: str,
+    key: Keyed | None,
+    model: str,
+    text: str,
+    max_tokens: int,
+    timeout: float,
+    headers: dict[str, str] | None = None,
+) -> Reply:
+    return request(
+        f"{base_url}/v1/chat/completions",
+        key,
+        {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "temperature": 0},
+        timeout,
+        headers,
+    )
 
 
 @dataclass
 class Streamed:
     """One streamed completion as the client saw it: when each chunk with text arrived (monotonic seconds)."""
+
     status: int = 0  # HTTP status; 0: no answer
     sent: float = 0.0
     chunks: list[float] = field(default_factory=list)  # arrival of each chunk that carried text
@@ -138,8 +169,9 @@ class Streamed:
     error: str = ""  # why the stream ended without a usage chunk or a [DONE], "" when it ended well
 
 
-def stream(url: str, key: Keyed | None, payload: dict, timeout: float,
-           stop: Callable[[], bool] = lambda: False) -> Streamed:
+def stream(
+    url: str, key: Keyed | None, payload: dict, timeout: float, stop: Callable[[], bool] = lambda: False
+) -> Streamed:
     """A streamed (`"stream": true`) completion or chat completion, read as server-sent events through the
     same direct opener as `request`; `stop()` ends the read early (checked at each event)."""
     parts: list[str] = []
@@ -159,14 +191,17 @@ def stream(url: str, key: Keyed | None, payload: dict, timeout: float,
                 line = raw.decode(errors="replace").strip()
                 if not line.startswith("data:"):
                     continue
-                data = line[len("data:"):].strip()
+                data = line[len("data:") :].strip()
                 if data == "[DONE]":
                     done = True
                     break
                 chunk = json.loads(data)
                 if "error" in chunk:
-                    result.error = str(chunk["error"].get("message", chunk["error"])
-                                       if isinstance(chunk["error"], dict) else chunk["error"])[:200]
+                    result.error = str(
+                        chunk["error"].get("message", chunk["error"])
+                        if isinstance(chunk["error"], dict)
+                        else chunk["error"]
+                    )[:200]
                 for choice in chunk.get("choices") or []:
                     piece = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
                     if piece:
@@ -192,13 +227,17 @@ def stream(url: str, key: Keyed | None, payload: dict, timeout: float,
 
 _METRIC = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})?\s+([0-9.eE+-]+|NaN)$")
 # field of ServerMetrics -> the Prometheus gauge it is read from (the only place that names them)
-_GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
-           "kv_cache_usage": "vllm:kv_cache_usage_perc"}
+_GAUGES = {
+    "running": "vllm:num_requests_running",
+    "waiting": "vllm:num_requests_waiting",
+    "kv_cache_usage": "vllm:kv_cache_usage_perc",
+}
 
 
 @dataclass(frozen=True)
 class ServerMetrics:
     """The numbers `dspark status` shows from the server's /metrics; None: the server did not report it."""
+
     running: float | None = None  # requests in the model's batches
     waiting: float | None = None  # requests queued
     kv_cache_usage: float | None = None  # fraction of the KV cache in use, 0..1 (vLLM's `_perc` is a fraction)

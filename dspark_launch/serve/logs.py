@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.agent.client import NodeAgent
+from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import load_state
 from dspark_launch.errors import DsparkError

@@ -18,7 +18,8 @@ PHASES = (
     ("Starting vLLM server on", "API starting"),
 )
 KV_CACHE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens")
-# vLLM's own bar (model_loader/weight_utils.py _BAR_FORMAT): "Loading safetensors checkpoint shards: 45% Completed | 19/41"
+# vLLM's own bar (model_loader/weight_utils.py _BAR_FORMAT): "Loading safetensors checkpoint shards: 45% Completed |
+# 19/41"
 SHARDS = re.compile(r"Loading safetensors checkpoint shards[^:\n]*:\s*\d+% Completed \| (\d+)/(\d+)")
 HOTFIX_ACTIVE = ACTIVE_LOG_RE  # groups: patch version, cap, gate mode, step bound
 

@@ -51,16 +51,23 @@ class NodeMemory:
     @property
     def line(self) -> str:
         gib = 1 << 30
-        shown = (f"{self.available_bytes / gib:.1f} of {self.total_bytes / gib:.1f} GiB available"
-                 if self.available_bytes is not None and self.total_bytes else "MemAvailable unknown")
-        pressure = (f", pressure some {self.pressure_some:.1f}% full {self.pressure_full or 0:.1f}%"
-                    if self.pressure_some is not None else ", no PSI")
+        shown = (
+            f"{self.available_bytes / gib:.1f} of {self.total_bytes / gib:.1f} GiB available"
+            if self.available_bytes is not None and self.total_bytes
+            else "MemAvailable unknown"
+        )
+        pressure = (
+            f", pressure some {self.pressure_some:.1f}% full {self.pressure_full or 0:.1f}%"
+            if self.pressure_some is not None
+            else ", no PSI"
+        )
         return shown + pressure
 
 
 @dataclass(frozen=True)
 class GuardState:
     """The memory guard's admission switch: closed by it (since when, why); `mode` DSPARK_MEMORY_GUARD."""
+
     mode: str = "off"
     closed: bool = False
     since: float | None = None
@@ -70,6 +77,7 @@ class GuardState:
 @dataclass(frozen=True)
 class MemoryWatch:
     """What the supervisor saw last (`status --json`: `memory`)."""
+
     marker: str  # the server it watched
     at: float
     nodes: dict[str, NodeMemory] = field(default_factory=dict)  # by node label
@@ -97,29 +105,46 @@ def judge(nodes: dict[str, NodeMemory], closed: bool, floor_mib: int, pressure_p
     one opens only once every node is above REOPEN_FACTOR x the floor and below half the pressure."""
     floor = floor_mib << 20
     if not closed:
-        low = [f"{label}: MemAvailable {m.available_bytes >> 20} MiB below DSPARK_MEMORY_FLOOR_MIB "
-               f"{floor_mib}" for label, m in nodes.items() if m.available_bytes is not None and m.available_bytes < floor]
-        low += [f"{label}: memory pressure {m.pressure_some:.1f}% (PSI some avg10) at or above "
-                f"DSPARK_MEMORY_PRESSURE_PCT {pressure_pct:g}" for label, m in nodes.items()
-                if m.pressure_some is not None and m.pressure_some >= pressure_pct]
+        low = [
+            f"{label}: MemAvailable {m.available_bytes >> 20} MiB below DSPARK_MEMORY_FLOOR_MIB {floor_mib}"
+            for label, m in nodes.items()
+            if m.available_bytes is not None and m.available_bytes < floor
+        ]
+        low += [
+            f"{label}: memory pressure {m.pressure_some:.1f}% (PSI some avg10) at or above "
+            f"DSPARK_MEMORY_PRESSURE_PCT {pressure_pct:g}"
+            for label, m in nodes.items()
+            if m.pressure_some is not None and m.pressure_some >= pressure_pct
+        ]
         return bool(low), "; ".join(low)
-    still = [f"{label}: MemAvailable {m.available_bytes >> 20} MiB not yet above {int(floor_mib * REOPEN_FACTOR)}"
-             for label, m in nodes.items() if m.available_bytes is not None and m.available_bytes < floor * REOPEN_FACTOR]
-    still += [f"{label}: memory pressure {m.pressure_some:.1f}% not yet below {pressure_pct / 2:g}"
-              for label, m in nodes.items() if m.pressure_some is not None and m.pressure_some >= pressure_pct / 2]
+    still = [
+        f"{label}: MemAvailable {m.available_bytes >> 20} MiB not yet above {int(floor_mib * REOPEN_FACTOR)}"
+        for label, m in nodes.items()
+        if m.available_bytes is not None and m.available_bytes < floor * REOPEN_FACTOR
+    ]
+    still += [
+        f"{label}: memory pressure {m.pressure_some:.1f}% not yet below {pressure_pct / 2:g}"
+        for label, m in nodes.items()
+        if m.pressure_some is not None and m.pressure_some >= pressure_pct / 2
+    ]
     if still:
         return True, "; ".join(still)
-    return False, (f"every node above {int(floor_mib * REOPEN_FACTOR)} MiB available and below {pressure_pct / 2:g}% "
-                   "pressure")
+    return False, (
+        f"every node above {int(floor_mib * REOPEN_FACTOR)} MiB available and below {pressure_pct / 2:g}% pressure"
+    )
 
 
 def load(state_dir: Path) -> MemoryWatch | None:
     """The supervisor's last sample; None when there is none or it is not one."""
     try:
         data = json.loads(read_private(state_dir / WATCH_FILE, limit=1 << 20))
-        return MemoryWatch(str(data["marker"]), float(data["at"]),
-                           {label: NodeMemory(**node) for label, node in data["nodes"].items()},
-                           GuardState(**data["guard"]), int(data.get("pid", 0)))
+        return MemoryWatch(
+            str(data["marker"]),
+            float(data["at"]),
+            {label: NodeMemory(**node) for label, node in data["nodes"].items()},
+            GuardState(**data["guard"]),
+            int(data.get("pid", 0)),
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -170,10 +195,14 @@ def put_in_force(spec: ClusterSpec, server: ServerRecord, closed: bool) -> str:
     began, text = time.monotonic(), ""
     while time.monotonic() - began < CONFIRM_S:
         text += log.new_text()
-        for said in engine_lines(text[:text.rfind("\n") + 1], "scheduler.py"):
+        for said in engine_lines(text[: text.rfind("\n") + 1], "scheduler.py"):
             for line in contract.parse_live_lines(said.message):
-                if contract.shown(contract.LIVE[contract.ENV_ADMISSION],
-                                  line.values[contract.LIVE[contract.ENV_ADMISSION].key]) == wanted:
+                if (
+                    contract.shown(
+                        contract.LIVE[contract.ENV_ADMISSION], line.values[contract.LIVE[contract.ENV_ADMISSION].key]
+                    )
+                    == wanted
+                ):
                     return f"in force (the scheduler: {line.changes})"
         time.sleep(0.2)
     return "written; the scheduler takes it at its next step (it logs the change then)"
@@ -183,8 +212,14 @@ class Guard:
     """The supervisor's memory watch and guard for one run: `look()` at most every MEMORY_CHECK_S; `release()` opens
     what it closed (when supervision ends, or before a recovery replaces the server)."""
 
-    def __init__(self, settings: Settings, spec: ClusterSpec, tell: Callable[[str], None],
-                 note: Callable[[ServerRecord | None, str], None], clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        settings: Settings,
+        spec: ClusterSpec,
+        tell: Callable[[str], None],
+        note: Callable[[ServerRecord | None, str], None],
+        clock: Callable[[], float] = time.time,
+    ):
         import os
 
         self.settings, self.spec, self.tell, self.note, self.clock = settings, spec, tell, note, clock
@@ -200,8 +235,12 @@ class Guard:
         self.last = now
         nodes = sample(self.spec)
         if self.mode == "pause" and nodes:
-            closed, why = judge(nodes, self.state.closed, self.settings.dspark_memory_floor_mib,
-                                self.settings.dspark_memory_pressure_pct)
+            closed, why = judge(
+                nodes,
+                self.state.closed,
+                self.settings.dspark_memory_floor_mib,
+                self.settings.dspark_memory_pressure_pct,
+            )
             if closed != self.state.closed:
                 self._switch(server, closed, why)
         save(self.spec.state_dir, MemoryWatch(server.marker, now, nodes, self.state, self.pid))
@@ -210,11 +249,13 @@ class Guard:
         try:
             how = put_in_force(self.spec, server, closed)
         except (LockHeld, DsparkError) as error:
-            self.tell(f"memory guard: could not {'close' if closed else 'open'} admission now ({error}); "
-                      "trying again at the next look")
+            self.tell(
+                f"memory guard: could not {'close' if closed else 'open'} admission now ({error}); "
+                "trying again at the next look"
+            )
             return
         self.state = GuardState(self.mode, closed, self.clock(), why)
-        line = (f"memory guard: admission {'closed' if closed else 'open again'}: {why}: {how}")
+        line = f"memory guard: admission {'closed' if closed else 'open again'}: {why}: {how}"
         self.tell(line)
         self.note(server, line)
 

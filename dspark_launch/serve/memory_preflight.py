@@ -23,8 +23,13 @@ KV_SIZE_FLAG = "--kv-cache-memory-bytes"
 # What turns vLLM 0.34's extensible KV cache off on CUDA (config/vllm.py VllmConfig._resolve_extensible_kv_cache):
 # a fixed KV size or block count, the flag's negative, elastic EP; a KV connector may (legacy IPC, its own memory
 # pool, NIXL without an IMEX channel), so one counts as off: the start-up gate, the stricter rule at start.
-EXTENSIBLE_OFF_FLAGS = (KV_SIZE_FLAG, "--num-gpu-blocks-override", "--no-enable-extensible-kv-cache",
-                        "--enable-elastic-ep", "--kv-transfer-config")
+EXTENSIBLE_OFF_FLAGS = (
+    KV_SIZE_FLAG,
+    "--num-gpu-blocks-override",
+    "--no-enable-extensible-kv-cache",
+    "--enable-elastic-ep",
+    "--kv-transfer-config",
+)
 
 
 def _given(serve_args: tuple[str, ...], flag: str) -> bool:
@@ -46,16 +51,37 @@ def kv_size_fixed(serve_args: tuple[str, ...], env: dict[str, str]) -> str:
     return CPU_KV_SIZE_VAR if env.get(CPU_KV_SIZE_VAR, "") != "" else ""
 
 
-def estimate(profile: str, weights: ModelWeights | None, kv_cache_dtype: str, max_model_len: int, tp: int,
-             utilization: float, node_memory: Mapping[str, MemoryAnswer | None], fixed_kv: str = "",
-             vllm_version: str = "", serve_args: tuple[str, ...] = ()) -> MemoryEstimate:
+def estimate(
+    profile: str,
+    weights: ModelWeights | None,
+    kv_cache_dtype: str,
+    max_model_len: int,
+    tp: int,
+    utilization: float,
+    node_memory: Mapping[str, MemoryAnswer | None],
+    fixed_kv: str = "",
+    vllm_version: str = "",
+    serve_args: tuple[str, ...] = (),
+) -> MemoryEstimate:
     """Per node: weights / TP + overhead + KV for one MAX_MODEL_LEN sequence against memory x utilisation, and
     MemAvailable against the free-memory rule of vLLM `vllm_version` (the head's; the version matrix holds every
     node to it) with `serve_args`. `weights` None (never placed: only `dspark plan` sees that) leaves them to the
     profile's measured figure, if any; nodes whose memory is unknown are left out."""
-    nodes = tuple(NodeMemory(node, answer.total_bytes, answer.available_bytes, answer.nvidia_gpu)
-                  for node, answer in node_memory.items() if answer is not None and answer.total_bytes)
-    return estimate_memory(profile_named(profile), kv_cache_dtype, max_model_len, tp,
-                           weights.size_bytes if weights else None,
-                           read_model_shape(Path(weights.folder)) if weights else None,
-                           nodes, utilization, fixed_kv, vllm_version, extensible_off(serve_args))
+    nodes = tuple(
+        NodeMemory(node, answer.total_bytes, answer.available_bytes, answer.nvidia_gpu)
+        for node, answer in node_memory.items()
+        if answer is not None and answer.total_bytes
+    )
+    return estimate_memory(
+        profile_named(profile),
+        kv_cache_dtype,
+        max_model_len,
+        tp,
+        weights.size_bytes if weights else None,
+        read_model_shape(Path(weights.folder)) if weights else None,
+        nodes,
+        utilization,
+        fixed_kv,
+        vllm_version,
+        extensible_off(serve_args),
+    )

@@ -12,9 +12,9 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
+from dspark_launch.config.profile_resolve import Decision, ResolvedProfile
 from dspark_launch.config.settings import is_secret
 from dspark_launch.profiles.memory_model import MemoryEstimate, MemoryFinding
-from dspark_launch.config.profile_resolve import Decision, ResolvedProfile
 
 PLAN_SCHEMA = "dspark-plan/1"
 NOT_PROBED_EXAMPLE = "not probed: its address is a placeholder from the example file"
@@ -63,6 +63,7 @@ class Plan:
     def platform_refused(self) -> bool:
         """`dspark plan`'s exit code 2: a node's platform has a fact start refuses (node/platform.py)."""
         return any(line.startswith("platform: ") for line in self.refusals)
+
     judged_for: str = ""  # the GPU the profile was judged for ("compute capability 12.1 given by --gpu ...")
     cuda_graph_mode: str = ""  # the CUDA-graph mode vLLM will really run (the dry boot); "" when not judged
     hotfix: tuple[str, ...] = ()  # DSPARK_HOTFIX and what start does with it, then each probed node's check
@@ -70,8 +71,9 @@ class Plan:
 
     def to_json(self) -> str:
         body = asdict(self)
-        body["decisions"] = [{"subject": d.subject, "value": d.value, "reason": d.reason, "line": d.line}
-                             for d in self.decisions]
+        body["decisions"] = [
+            {"subject": d.subject, "value": d.value, "reason": d.reason, "line": d.line} for d in self.decisions
+        ]
         if self.memory is not None:
             body["memory"]["fits"] = self.memory.fits
         return json.dumps({"schema": PLAN_SCHEMA, **body}, indent=2)
@@ -88,8 +90,10 @@ def env_entries(pairs: Iterable[tuple[str, str]], origin: str) -> tuple[EnvEntry
 
 def profile_decisions(resolved: ResolvedProfile) -> tuple[Decision, ...]:
     """The head's vLLM version first, then each decision the profile's resolution made."""
-    return (Decision("vllm", resolved.vllm_version, f"installed on the head; profile {resolved.profile}"),
-            *resolved.decisions)
+    return (
+        Decision("vllm", resolved.vllm_version, f"installed on the head; profile {resolved.profile}"),
+        *resolved.decisions,
+    )
 
 
 def not_probed(node: str, address: str, reason: str = NOT_PROBED_EXAMPLE) -> NodePlan:

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from dspark_launch.report import Reporter
 from dspark_launch.cluster.parallel import Background
+from dspark_launch.report import Reporter
 from dspark_launch.serve.http import Reply
 
 Outcome = Literal["answered", "died", "refused", "no answer"]
@@ -51,8 +51,15 @@ class FirstAnswer:
     waited_s: float  # from the first request to the outcome
 
 
-def first_answer(ask: Callable[[float], Reply], alive: Callable[[], bool], what: str, started: float,
-                 timeout_s: float, reporter: Reporter, backoff: Backoff = Backoff()) -> FirstAnswer:
+def first_answer(
+    ask: Callable[[float], Reply],
+    alive: Callable[[], bool],
+    what: str,
+    started: float,
+    timeout_s: float,
+    reporter: Reporter,
+    backoff: Backoff = Backoff(),
+) -> FirstAnswer:
     """`ask(timeout)` until it answers, until `started` (a monotonic reading) + `timeout_s`, or until `alive()`
     says the server is gone; `what` names the request in progress lines."""
     deadline = started + timeout_s
@@ -97,6 +104,7 @@ def first_answer(ask: Callable[[float], Reply], alive: Callable[[], bool], what:
         pause = min(backoff.pause(attempt), max(0.0, deadline - time.monotonic()))
         got = f"HTTP {reply.status}" if reply.status else "no answer"
         reporter.phase(f"{what}: attempt {attempt}: {got} after {latency:.1f} s; retrying in {pause:.0f} s")
-        if not wait(pause, lambda within: time.sleep(within) or False,
-                    f"{what}: retrying (attempt {attempt + 1} next)"):
+        if not wait(
+            pause, lambda within: time.sleep(within) or False, f"{what}: retrying (attempt {attempt + 1} next)"
+        ):
             return outcome(DIED)

@@ -43,6 +43,7 @@ WINDOW_S = 3600.0
 @dataclass(frozen=True)
 class Recovery:
     """One recovery the supervisor began: when (wall clock), serve-only or full, and why."""
+
     at: float
     kind: str
     cause: str
@@ -80,6 +81,7 @@ def note_in_log(server: ServerRecord | None, line: str) -> None:
 class Ended:
     """Supervision over, not by an operator's command: why, whether the hourly limit ended it (exit 4) or recovery
     was off (exit 1), and the last server it watched (None: between servers)."""
+
     cause: str
     gave_up: bool
     server: ServerRecord | None
@@ -97,6 +99,7 @@ def engine_look(settings: Settings, spec: ClusterSpec, server: ServerRecord) -> 
     def look() -> stall.EngineWatch:
         text = stall.metrics_text(server.url, settings.health_timeout_s, check)
         return stall.look(spec.state_dir, server.marker, text, settings.dspark_stall_timeout_s)
+
     return look
 
 
@@ -115,8 +118,9 @@ def stop_own(spec: ClusterSpec, reporter: Reporter, marker: str | None, now: boo
         return True
 
 
-def _recover(lost: Lost, settings: Settings, spec: ClusterSpec, server: ServerRecord | None, force: bool,
-             reporter: Reporter) -> ServerRecord | None:
+def _recover(
+    lost: Lost, settings: Settings, spec: ClusterSpec, server: ServerRecord | None, force: bool, reporter: Reporter
+) -> ServerRecord | None:
     """The restart `lost` calls for; the new server, or TAKEN_OVER when the record no longer held this run."""
     from dspark_launch.serve.restart import restart_serve
     from dspark_launch.serve.start import start
@@ -153,9 +157,17 @@ def _cut(spec: ClusterSpec, server: ServerRecord, reporter: Reporter) -> bool:
     return True
 
 
-def supervise(settings: Settings, spec: ClusterSpec, server: ServerRecord, force: bool, reporter: Reporter,
-              tell: Callable[[str], None], on_server: Callable[[ServerRecord | None], None],
-              sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time) -> Ended | None:
+def supervise(
+    settings: Settings,
+    spec: ClusterSpec,
+    server: ServerRecord,
+    force: bool,
+    reporter: Reporter,
+    tell: Callable[[str], None],
+    on_server: Callable[[ServerRecord | None], None],
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.time,
+) -> Ended | None:
     """Watch `server`; recover from each loss within the hourly limit. TAKEN_OVER (None) when an operator's command
     took the run over; else how it ended. `tell`: a journal line; `on_server`: the server now watched (None while
     a recovery replaces it), for the signal handler that stops this run."""
@@ -178,9 +190,18 @@ def _recorded_server(spec: ClusterSpec) -> ServerRecord | None:
     return state.server if state else None
 
 
-def _supervise(settings: Settings, spec: ClusterSpec, server: ServerRecord, force: bool, reporter: Reporter,
-               tell: Callable[[str], None], on_server: Callable[[ServerRecord | None], None],
-               sleep: Callable[[float], None], clock: Callable[[], float], guard) -> Ended | None:
+def _supervise(
+    settings: Settings,
+    spec: ClusterSpec,
+    server: ServerRecord,
+    force: bool,
+    reporter: Reporter,
+    tell: Callable[[str], None],
+    on_server: Callable[[ServerRecord | None], None],
+    sleep: Callable[[float], None],
+    clock: Callable[[], float],
+    guard,
+) -> Ended | None:
     limit, backoff = settings.dspark_recovery_limit, settings.dspark_recovery_backoff_s
     current: ServerRecord | None = server
     lost = watch(spec, server, sleep, engine_look(settings, spec, server), guard.look)
@@ -191,13 +212,15 @@ def _supervise(settings: Settings, spec: ClusterSpec, server: ServerRecord, forc
             return Ended(lost.cause, False, current, lost.kind == "stalled")
         done = recent_recoveries(spec.state_dir, clock())
         if len(done) >= limit:
-            cause = (f"{lost.cause}; {len(done)} recoveries within the last hour already (DSPARK_RECOVERY_LIMIT="
-                     f"{limit}, the first at {time.strftime('%H:%M:%S', time.localtime(done[0].at))}): giving up")
+            cause = (
+                f"{lost.cause}; {len(done)} recoveries within the last hour already (DSPARK_RECOVERY_LIMIT="
+                f"{limit}, the first at {time.strftime('%H:%M:%S', time.localtime(done[0].at))}): giving up"
+            )
             note_in_log(current, cause)
             return Ended(cause, True, current, lost.kind == "stalled")
         kind = "serve-only restart" if lost.kind in ("stalled", "exited") and current is not None else "full restart"
         wait = backoff * 2 ** len(done)
-        line = (f"{lost.cause}; {kind} in {wait} s (recovery {len(done) + 1} of at most {limit} within an hour)")
+        line = f"{lost.cause}; {kind} in {wait} s (recovery {len(done) + 1} of at most {limit} within an hour)"
         tell(line)
         note_in_log(current, line)
         if not _backoff(spec, current, wait, sleep, clock):
@@ -218,8 +241,13 @@ def _supervise(settings: Settings, spec: ClusterSpec, server: ServerRecord, forc
         lost = watch(spec, current, sleep, engine_look(settings, spec, current), guard.look)
 
 
-def _backoff(spec: ClusterSpec, server: ServerRecord | None, wait: float, sleep: Callable[[float], None],
-             clock: Callable[[], float]) -> bool:
+def _backoff(
+    spec: ClusterSpec,
+    server: ServerRecord | None,
+    wait: float,
+    sleep: Callable[[float], None],
+    clock: Callable[[], float],
+) -> bool:
     """Wait `wait` s; False as soon as another command took the run over (checked each poll and at the end)."""
     marker = server.marker if server else None
     until = clock() + wait

@@ -34,6 +34,7 @@ class SettingChange:
 @dataclass(frozen=True)
 class ReloadChanges:
     """`dspark reload`: what changed since the running server's values (its live ones included)."""
+
     live: tuple[SettingChange, ...]  # the running scheduler takes them
     restart: tuple[SettingChange, ...]  # any other: only `dspark restart` applies them
 
@@ -42,10 +43,12 @@ def reload_changes(running: dict[str, str], now: dict[str, str], levels: Levels 
     """`running`: the public settings the server runs with (its start values, then what reload changed);
     `now`: the env file's public values; `levels`: the declared settings' levels."""
     live = frozenset(levels.live)
-    changed = [SettingChange(name, running.get(name), now.get(name))
-               for name in sorted(set(running) | set(now)) if running.get(name) != now.get(name)]
-    return ReloadChanges(tuple(c for c in changed if c.name in live),
-                         tuple(c for c in changed if c.name not in live))
+    changed = [
+        SettingChange(name, running.get(name), now.get(name))
+        for name in sorted(set(running) | set(now))
+        if running.get(name) != now.get(name)
+    ]
+    return ReloadChanges(tuple(c for c in changed if c.name in live), tuple(c for c in changed if c.name not in live))
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,9 @@ def _changes(names: list[str], running: dict[str, str], now: dict[str, str]) -> 
     return ", ".join(f"{name} {running.get(name)} -> {now.get(name)}" for name in names)
 
 
-def restart_kind(running: dict[str, str] | None, now: dict[str, str], ray_up: bool,
-                 levels: Levels = DECLARED) -> RestartKind:
+def restart_kind(
+    running: dict[str, str] | None, now: dict[str, str], ray_up: bool, levels: Levels = DECLARED
+) -> RestartKind:
     """`running`: the public settings the server was started with (None: no server recorded);
     `now`: the env file's public values; `ray_up`: every node's recorded Ray daemons alive;
     `levels`: the declared settings' levels."""

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from dspark_launch.cluster import ray_cluster as rc
-from dspark_launch.errors import ClusterFailure
 from dspark_launch.agent.protocol import AliveQuery, Tail
+from dspark_launch.cluster import ray_cluster as rc
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import Deployment, ServerRecord, load_state
-from dspark_launch.errors import DsparkError
+from dspark_launch.errors import ClusterFailure, DsparkError
 from dspark_launch.serve.api_holder import api_holder, healthy, keyed
 
 SERVER_LOG = "vllm-serve.log"
@@ -21,7 +20,6 @@ class ServeFailure(DsparkError):
         self.extra = extra or []
 
 
-
 def server_alive(spec: ClusterSpec, server: ServerRecord) -> bool:
     process = server.process
     return process is not None and all(spec.head.agent().call(AliveQuery((process,)), "server status").alive)
@@ -30,9 +28,9 @@ def server_alive(spec: ClusterSpec, server: ServerRecord) -> bool:
 def serving(spec: ClusterSpec, server: ServerRecord, client_key: str, timeout: float) -> bool:
     """The recorded server alive, holding its port (the key goes nowhere else), and answering."""
     holder = api_holder(spec, server)
-    return holder.recorded_alive and healthy(holder, server.url, keyed(spec, server, client_key, holder),
-                                             server.served_name, timeout)
-
+    return holder.recorded_alive and healthy(
+        holder, server.url, keyed(spec, server, client_key, holder), server.served_name, timeout
+    )
 
 
 def tails(spec: ClusterSpec, server: ServerRecord | None, state: Deployment | None, lines: int = 30) -> list[str]:
@@ -50,4 +48,3 @@ def tails(spec: ClusterSpec, server: ServerRecord | None, state: Deployment | No
         except ClusterFailure as exc:
             out.append(f"({exc})")
     return out
-

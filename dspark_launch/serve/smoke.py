@@ -43,8 +43,9 @@ def confirm_server(spec: ClusterSpec, server: ServerRecord, key: str) -> http.Ke
     return keyed(spec, server, key, holder)
 
 
-def smoke(server: ServerRecord, key: http.Keyed, concurrency: int, max_tokens: int,
-          timeout: float) -> Iterator[SmokeReply]:
+def smoke(
+    server: ServerRecord, key: http.Keyed, concurrency: int, max_tokens: int, timeout: float
+) -> Iterator[SmokeReply]:
     """`concurrency` requests sent at once (chat when the server serves a chat model), in order as they answer;
     each request's port check is made as it is sent (a foreign listener: ForeignApiListener, nothing sent)."""
     ask = http.chat if server.chat else http.complete

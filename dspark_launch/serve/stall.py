@@ -38,15 +38,20 @@ from dspark_launch.serve import http
 WATCH_FILE = "engine-watch.json"
 
 # field -> the Prometheus series it sums (one sample per engine: a data-parallel server has several)
-SERIES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
-          "generation_tokens": "vllm:generation_tokens_total", "prompt_tokens": "vllm:prompt_tokens_total",
-          "kv_cache_usage": "vllm:kv_cache_usage_perc"}
+SERIES = {
+    "running": "vllm:num_requests_running",
+    "waiting": "vllm:num_requests_waiting",
+    "generation_tokens": "vllm:generation_tokens_total",
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "kv_cache_usage": "vllm:kv_cache_usage_perc",
+}
 _SAMPLE = re.compile(r"^(vllm:[a-z_]+)(?:\{.*\})?\s+(\S+)(?:\s+\d+)?$")
 
 
 @dataclass(frozen=True)
 class EngineCounters:
     """The numbers a stall is judged from, each summed over the server's engines."""
+
     running: float
     waiting: float
     generation_tokens: float
@@ -73,13 +78,17 @@ class EngineCounters:
 
     def moved_since(self, before: EngineCounters) -> bool:
         """Whether the engine did anything between `before` and this: a token, a completed prompt, a KV block."""
-        return (self.generation_tokens != before.generation_tokens or self.prompt_tokens != before.prompt_tokens
-                or self.kv_cache_usage != before.kv_cache_usage)
+        return (
+            self.generation_tokens != before.generation_tokens
+            or self.prompt_tokens != before.prompt_tokens
+            or self.kv_cache_usage != before.kv_cache_usage
+        )
 
 
 @dataclass(frozen=True)
 class ProgressPoint:
     """When the engine of the server `marker` last moved (or was idle), and its numbers then."""
+
     marker: str
     at: float  # wall-clock seconds
     counters: EngineCounters
@@ -95,6 +104,7 @@ class EngineWatch:
     state: "idle" nothing running; "progress" the numbers moved since the last look; "quiet" requests running and
     nothing moved for `quiet_s` (< the timeout); "stalled" the same for at least `timeout_s`; "unknown" /metrics gave
     no numbers."""
+
     state: EngineState
     timeout_s: int  # DSPARK_STALL_TIMEOUT_S the server runs with (0: never judged stalled)
     quiet_s: int = 0  # seconds since the numbers last moved with requests running
@@ -111,8 +121,10 @@ class EngineWatch:
         if self.counters is None:
             return "engine: no numbers from /metrics"
         c = self.counters
-        numbers = (f"{c.running:g} running, {c.waiting:g} waiting; generated tokens {c.generation_tokens:g}, "
-                   f"prompt tokens {c.prompt_tokens:g}, KV cache use {100 * c.kv_cache_usage:.4g}%")
+        numbers = (
+            f"{c.running:g} running, {c.waiting:g} waiting; generated tokens {c.generation_tokens:g}, "
+            f"prompt tokens {c.prompt_tokens:g}, KV cache use {100 * c.kv_cache_usage:.4g}%"
+        )
         limit = f"DSPARK_STALL_TIMEOUT_S {self.timeout_s}" if self.timeout_s else "DSPARK_STALL_TIMEOUT_S 0: not judged"
         if self.state == "stalled":
             return f"engine: stalled for {self.quiet_s} s ({limit}): {numbers}, none moved since {_clock(self.since)}"
@@ -127,8 +139,9 @@ def _clock(at: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(at)) if at else "?"
 
 
-def judge(point: ProgressPoint | None, counters: EngineCounters | None, marker: str, now: float,
-          timeout_s: int) -> tuple[ProgressPoint | None, EngineWatch]:
+def judge(
+    point: ProgressPoint | None, counters: EngineCounters | None, marker: str, now: float, timeout_s: int
+) -> tuple[ProgressPoint | None, EngineWatch]:
     """The progress point after this look, and the verdict. A point of another server counts as none."""
     if counters is None:
         return point, EngineWatch("unknown", timeout_s)
@@ -136,8 +149,9 @@ def judge(point: ProgressPoint | None, counters: EngineCounters | None, marker: 
     if counters.running <= 0:
         return fresh, EngineWatch("idle", timeout_s, 0, now, counters)
     if point is None or point.marker != marker or counters.moved_since(point.counters):
-        return fresh, EngineWatch("progress" if point is not None and point.marker == marker else "quiet",
-                                  timeout_s, 0, now, counters)
+        return fresh, EngineWatch(
+            "progress" if point is not None and point.marker == marker else "quiet", timeout_s, 0, now, counters
+        )
     quiet = max(0, int(now - point.at))
     state: EngineState = "stalled" if timeout_s and quiet >= timeout_s else "quiet"
     return point, EngineWatch(state, timeout_s, quiet, point.at, counters)
@@ -160,8 +174,9 @@ def save_point(state_dir: Path, point: ProgressPoint) -> None:
         pass
 
 
-def look(state_dir: Path, marker: str, metrics_text: str | None, timeout_s: int,
-         now: float | None = None) -> EngineWatch:
+def look(
+    state_dir: Path, marker: str, metrics_text: str | None, timeout_s: int, now: float | None = None
+) -> EngineWatch:
     """One look at the engine: judged against the kept point, which is moved on when the engine moved or idles."""
     now = time.time() if now is None else now
     counters = EngineCounters.parse(metrics_text) if metrics_text else None

@@ -8,15 +8,16 @@ from typing import Any, Literal
 
 from dspark_launch.agent.codec import to_data
 from dspark_launch.cluster import lifecycle, platform_check
-from dspark_launch.errors import ClusterFailure
 from dspark_launch.cluster.parallel import Background
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import Deployment, ServerRecord, load_state
 from dspark_launch.config.secret_digest import compared_values
 from dspark_launch.config.settings import Settings, recorded_value
+from dspark_launch.errors import ClusterFailure
 from dspark_launch.node.vllm_releases import untested_note
 from dspark_launch.serve import http, stall
-from dspark_launch.serve.api_holder import api_holder, foreign_line, healthy as api_healthy, keyed
+from dspark_launch.serve.api_holder import api_holder, foreign_line, keyed
+from dspark_launch.serve.api_holder import healthy as api_healthy
 from dspark_launch.serve.memory_guard import MemoryWatch
 from dspark_launch.serve.recovery import Recovery, recent_recoveries
 
@@ -55,6 +56,7 @@ class ServerView:
 @dataclass(frozen=True)
 class ServiceStatus:
     """`dspark status`: the cluster view plus the server (JSON shape in docs/cluster.md)."""
+
     state: str
     ray_address: str
     config_digest: str | None
@@ -84,8 +86,9 @@ class ServiceStatus:
 
 def drift(started_with: dict[str, str], now: dict[str, str]) -> tuple[Drift, ...]:
     """Settings that differ between the running server and the env file now."""
-    return tuple(Drift(name, started_with.get(name), value) for name, value in now.items()
-                 if started_with.get(name) != value)
+    return tuple(
+        Drift(name, started_with.get(name), value) for name, value in now.items() if started_with.get(name) != value
+    )
 
 
 def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | None) -> ServerView:
@@ -102,15 +105,24 @@ def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | N
     healthy = alive and api_healthy(holder, server.url, key, server.served_name, probe)
     hotfix_off = recorded_value(server.settings, "dspark_hotfix") == "off"  # vLLM's own scheduler: no cap
     return ServerView(
-        state="up" if healthy else ("unhealthy" if alive else "dead"), pid=server.pid, url=server.url,
-        model=server.model, served_name=server.served_name,
-        uptime_s=round(time.time() - server.started_at) if alive else None, healthy=healthy,
+        state="up" if healthy else ("unhealthy" if alive else "dead"),
+        pid=server.pid,
+        url=server.url,
+        model=server.model,
+        served_name=server.served_name,
+        uptime_s=round(time.time() - server.started_at) if alive else None,
+        healthy=healthy,
         cap=None if hotfix_off else (server.scheduler_cap if server.scheduler_cap is not None else server.cap),
-        kv_cache_tokens=server.kv_cache_tokens, metrics=http.metrics(server.url, probe, key) if healthy else http.ServerMetrics(),
-        drift=drift(server.running_settings, compared_values(settings, server.secrets)), profile=server.profile,
-        decisions=tuple(server.decisions), live=dict(server.live), live_since=server.live_since,
+        kv_cache_tokens=server.kv_cache_tokens,
+        metrics=http.metrics(server.url, probe, key) if healthy else http.ServerMetrics(),
+        drift=drift(server.running_settings, compared_values(settings, server.secrets)),
+        profile=server.profile,
+        decisions=tuple(server.decisions),
+        live=dict(server.live),
+        live_since=server.live_since,
         listener=foreign_line(server, holder) if holder.verdict == holder.FOREIGN else "",
-        engine=_engine(spec, server, key, probe, settings.dspark_stall_timeout_s) if healthy else None)
+        engine=_engine(spec, server, key, probe, settings.dspark_stall_timeout_s) if healthy else None,
+    )
 
 
 def _engine(spec: ClusterSpec, server: ServerRecord, key: http.Keyed, probe: float, now_s: int) -> stall.EngineWatch:
@@ -148,23 +160,40 @@ def status(settings: Settings, spec: ClusterSpec, deep: bool = False) -> Service
         from dspark_launch.serve import logscan
 
         text = _server_log(spec, server)
-        problems.append(f"vllm serve (pid {server.pid}) is not running: {logscan.failure(text)}; "
-                        f"log {server.log}; `dspark restart` starts it again")
+        problems.append(
+            f"vllm serve (pid {server.pid}) is not running: {logscan.failure(text)}; "
+            f"log {server.log}; `dspark restart` starts it again"
+        )
     elif server and view.state == "unhealthy":
-        problems.append(f"vllm serve (pid {server.pid}) runs but {server.url}/health does not answer "
-                        f"within {settings.health_timeout_s} s; log {server.log}")
+        problems.append(
+            f"vllm serve (pid {server.pid}) runs but {server.url}/health does not answer "
+            f"within {settings.health_timeout_s} s; log {server.log}"
+        )
     engine = view.engine
     stalled = engine is not None and engine.stalled
     if server and engine is not None and engine.stalled:
-        problems.append(f"vllm serve (pid {server.pid}) answers but its {engine.line}; the supervisor (`start "
-                        "--foreground`, the systemd unit) restarts it; by hand: `dspark restart --now`")
+        problems.append(
+            f"vllm serve (pid {server.pid}) answers but its {engine.line}; the supervisor (`start "
+            "--foreground`, the systemd unit) restarts it; by hand: `dspark restart --now`"
+        )
     overall = "degraded" if server and data.state == "up" and (view.state != "up" or stalled) else data.state
     mode = hotfix_mode(state)
-    return ServiceStatus(overall, data.ray_address, data.config_digest, data.started_at, data.checked_at,
-                         tuple(problems), data.nodes, view,
-                         tuple(w for record in (state.nodes if state else ()) for w in record.fabric_warnings),
-                         (*record_notes(state, mode), *image_warnings(settings), *platform.result()), data.ray_source, mode,
-                         tuple(recent_recoveries(spec.state_dir)), _memory(spec, server))
+    return ServiceStatus(
+        overall,
+        data.ray_address,
+        data.config_digest,
+        data.started_at,
+        data.checked_at,
+        tuple(problems),
+        data.nodes,
+        view,
+        tuple(w for record in (state.nodes if state else ()) for w in record.fabric_warnings),
+        (*record_notes(state, mode), *image_warnings(settings), *platform.result()),
+        data.ray_source,
+        mode,
+        tuple(recent_recoveries(spec.state_dir)),
+        _memory(spec, server),
+    )
 
 
 def _memory(spec: ClusterSpec, server: ServerRecord | None) -> MemoryWatch | None:
@@ -188,10 +217,16 @@ def hotfix_mode(state: Deployment | None) -> str | None:
 
 def record_notes(state: Deployment | None, mode: str | None) -> tuple[str, ...]:
     """What the record says an operator should know: the hotfix off, a node on an untested vLLM release."""
-    notes = ["the scheduler hotfix is OFF on every node (DSPARK_HOTFIX=off at start): vLLM's own scheduler, without "
-             "the in-flight prefill cap"] if mode == "off" else []
+    notes = (
+        [
+            "the scheduler hotfix is OFF on every node (DSPARK_HOTFIX=off at start): vLLM's own scheduler, without "
+            "the in-flight prefill cap"
+        ]
+        if mode == "off"
+        else []
+    )
     by_version: dict[str, list[str]] = {}
-    for name, versions in (state.versions.items() if state else ()):
+    for name, versions in state.versions.items() if state else ():
         by_version.setdefault(versions.vllm or "", []).append(name)
     notes += [note for version, names in by_version.items() if (note := untested_note(", ".join(names), version))]
     return tuple(notes)

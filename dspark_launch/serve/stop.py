@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
-from dspark_launch.cluster import lifecycle
-from dspark_launch.errors import ClusterFailure
-from dspark_launch.report import Reporter
 from dspark_launch.agent.protocol import DrainEnd, Stop, StopAnswer
+from dspark_launch.cluster import lifecycle
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.cluster.state import Deployment, ServerRecord, save_state, wire_sessions
 from dspark_launch.config.settings import recorded_value
+from dspark_launch.errors import ClusterFailure
+from dspark_launch.report import Reporter
 
 
-def stop_server(spec: ClusterSpec, server: ServerRecord, grace_s: float = 15.0, drain_s: float = 0.0,
-                drain_end: DrainEnd | None = None) -> StopAnswer:
+def stop_server(
+    spec: ClusterSpec,
+    server: ServerRecord,
+    grace_s: float = 15.0,
+    drain_s: float = 0.0,
+    drain_end: DrainEnd | None = None,
+) -> StopAnswer:
     process = server.process
-    return spec.head.agent().call(Stop(server.marker, (process,) if process else (), wire_sessions(server.sessions), grace_s,
-                                       drain_s, drain_end), "stop server")
+    return spec.head.agent().call(
+        Stop(server.marker, (process,) if process else (), wire_sessions(server.sessions), grace_s, drain_s, drain_end),
+        "stop server",
+    )
 
 
 # After vLLM's own drain timeout: its API server's teardown (Ray executor, sockets) before the usual stop.
@@ -31,12 +38,17 @@ def drain_server(spec: ClusterSpec, server: ServerRecord, reporter: Reporter) ->
 
     if server.drain_s <= 0:
         return stop_server(spec, server)
-    reporter.phase(f"vllm serve: draining in-flight requests (up to {server.drain_s} s; new ones are refused; "
-                   "`dspark stop --now` aborts them)")
+    reporter.phase(
+        f"vllm serve: draining in-flight requests (up to {server.drain_s} s; new ones are refused; "
+        "`dspark stop --now` aborts them)"
+    )
     end = drain_end(server.log, recorded_value(server.settings, "vllm_extra_args"))
-    answer, report = drained_stop(lambda: stop_server(spec, server, drain_s=server.drain_s + DRAIN_TEARDOWN_S,
-                                                      drain_end=end),
-                                  server.url, server.drain_s, DRAIN_PROBE_S)
+    answer, report = drained_stop(
+        lambda: stop_server(spec, server, drain_s=server.drain_s + DRAIN_TEARDOWN_S, drain_end=end),
+        server.url,
+        server.drain_s,
+        DRAIN_PROBE_S,
+    )
     reporter.phase(report.line)
     return answer
 
@@ -65,8 +77,9 @@ def stop_run(spec: ClusterSpec, reporter: Reporter, marker: str, now: bool = Fal
         return True
 
 
-def stop_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None, now: bool = False,
-                remove: bool = False) -> list[str]:
+def stop_locked(
+    spec: ClusterSpec, reporter: Reporter, state: Deployment | None, now: bool = False, remove: bool = False
+) -> list[str]:
     if state and state.server:
         try:
             answer = abort_server(spec, state.server) if now else drain_server(spec, state.server, reporter)
@@ -78,5 +91,3 @@ def stop_locked(spec: ClusterSpec, reporter: Reporter, state: Deployment | None,
         state.server = None
         save_state(spec.state_dir, state)
     return lifecycle.cluster_down_locked(spec, reporter, state, remove)
-
-

@@ -31,6 +31,7 @@ LostKind = Literal["exited", "stalled", "ray", "failed"]
 class Lost:
     """Why watching a server ended: its process exited, its engine stalled, a node's Ray was lost (twice in a
     row), or (the recovery's own) a recovery failed; `cause` is the one line the journal and the log get."""
+
     kind: LostKind
     cause: str
 
@@ -42,8 +43,11 @@ def nodes_down(spec: ClusterSpec) -> dict[str, str]:
         return {}
     details: dict[str, str] = {}
     health = lifecycle.node_health(spec, state, details)
-    return {spec.node(name).label: (f"unreachable ({details[name]})" if name in details else h)
-            for name, h in health.items() if h != "alive"}
+    return {
+        spec.node(name).label: (f"unreachable ({details[name]})" if name in details else h)
+        for name, h in health.items()
+        if h != "alive"
+    }
 
 
 def still_ours(spec: ClusterSpec, marker: str | None, sleep: Callable[[float], None]) -> bool:
@@ -58,9 +62,13 @@ def still_ours(spec: ClusterSpec, marker: str | None, sleep: Callable[[float], N
     return state is not None and state.server is not None and state.server.marker == marker
 
 
-def watch(spec: ClusterSpec, server: ServerRecord, sleep: Callable[[float], None] = time.sleep,
-          engine: Callable[[], EngineWatch | None] | None = None,
-          nodes: Callable[[ServerRecord], None] | None = None) -> Lost | None:
+def watch(
+    spec: ClusterSpec,
+    server: ServerRecord,
+    sleep: Callable[[float], None] = time.sleep,
+    engine: Callable[[], EngineWatch | None] | None = None,
+    nodes: Callable[[ServerRecord], None] | None = None,
+) -> Lost | None:
     """Why supervision of `server` ended: it exited, its engine stalled (`engine`: one look at it, every poll), or a
     node's Ray was down twice in a row; TAKEN_OVER when an operator's command stopped or replaced this run. `nodes`:
     called every poll with the server (the memory watch, which keeps its own pace)."""
@@ -90,7 +98,11 @@ def watch(spec: ClusterSpec, server: ServerRecord, sleep: Callable[[float], None
             down = nodes_down(spec)
             lasting = {label: why for label, why in down.items() if label in down_before}
             if lasting:  # twice in a row: not a blip
-                return Lost("ray", "Ray " + ", ".join(f"on {label} is {why}" for label, why in lasting.items())
-                            + f" under vllm serve (pid {server.pid})")
+                return Lost(
+                    "ray",
+                    "Ray "
+                    + ", ".join(f"on {label} is {why}" for label, why in lasting.items())
+                    + f" under vllm serve (pid {server.pid})",
+                )
             down_before = down
         sleep(SERVER_CHECK_S)

@@ -47,8 +47,10 @@ def _one_line(label: str, text: str) -> None:
     of its own (`ExecStartPre=`): refused, with the text shown escaped."""
     hidden = hidden_character(text, "")
     if hidden:
-        raise ConfigError(f"{label} {ascii(text)} holds the control or invisible character {hidden}, which "
-                          "would add a line to the unit; allowed: a path without control characters")
+        raise ConfigError(
+            f"{label} {ascii(text)} holds the control or invisible character {hidden}, which "
+            "would add a line to the unit; allowed: a path without control characters"
+        )
 
 
 def unit_text(launcher: list[str], env_file: Path, user: str, drain_s: int = 0) -> str:
@@ -81,7 +83,8 @@ ExecReload={reload}
 # 3 = already running and healthy (e.g. started by hand before the unit); 143 = stopped by SIGTERM.
 # 0 = an operator's `dspark stop` or `dspark restart` took the run over: not restarted.
 SuccessExitStatus=3 143
-# {EXIT_GAVE_UP} = the supervisor recovered DSPARK_RECOVERY_LIMIT times within an hour and the next loss came: it stopped the
+# {EXIT_GAVE_UP} = the supervisor recovered DSPARK_RECOVERY_LIMIT times within an hour and the next loss came: it
+# stopped the
 # run; not restarted (`dspark status` and the journal say why). 1 (recovery off, or supervision failed): restarted.
 RestartPreventExitStatus={EXIT_GAVE_UP}
 Restart=on-failure

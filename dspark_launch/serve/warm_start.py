@@ -42,22 +42,33 @@ class WarmServer:
 
 
 def refused_error(reason: str, extra_args_source: str) -> ConfigError:
-    return ConfigError(f"vllm serve arguments refused by the installed vLLM: {reason} "
-                       f"(VLLM_EXTRA_ARGS from {extra_args_source}, or a knob); allowed: flags this vLLM knows")
+    return ConfigError(
+        f"vllm serve arguments refused by the installed vLLM: {reason} "
+        f"(VLLM_EXTRA_ARGS from {extra_args_source}, or a knob); allowed: flags this vLLM knows"
+    )
 
 
 def new_marker() -> str:
     return f"dspark-{secrets.token_hex(4)}-server"
 
 
-def start_warm(spec: ClusterSpec, serve_spec: ServeSpec, extra_args_source: str, reporter: Reporter,
-               beside: str, go_wait_s: float, marker: str = "") -> WarmServer:
+def start_warm(
+    spec: ClusterSpec,
+    serve_spec: ServeSpec,
+    extra_args_source: str,
+    reporter: Reporter,
+    beside: str,
+    go_wait_s: float,
+    marker: str = "",
+) -> WarmServer:
     """The new server started on the head (with `marker`, or a new one), its arguments accepted by its own
     vLLM; ConfigError (it has exited) when refused, ServeFailure when it died first. `beside`: what runs
     meanwhile, for the report; `go_wait_s`: how long it waits to be told to serve before it exits."""
     head = spec.head.agent(reporter)
-    reporter.phase("checking the vllm serve arguments with the installed vLLM, in the new server's own "
-                   f"process (it imports vLLM while {beside})")
+    reporter.phase(
+        "checking the vllm serve arguments with the installed vLLM, in the new server's own "
+        f"process (it imports vLLM while {beside})"
+    )
     head.call(NonCarryOver(serve_spec.config_root))  # vLLM reads it at import: the same list as a running server's
     marker = marker or new_marker()
     go_file = str(spec.state_dir / f"{marker}.go")
@@ -85,16 +96,20 @@ def _verdict(spec: ClusterSpec, warm: WarmServer, reporter: Reporter) -> str | N
         text = log.refresh()
         said = [line for line in text.splitlines() if line.startswith(VERDICT)]
         if said:
-            word = said[0][len(VERDICT):]
+            word = said[0][len(VERDICT) :]
             return None if word == "ok" else str(json.loads(word))
         if not head.call(AliveQuery((warm.process,))).alive[0]:
             if VERDICT in log.refresh():
                 continue
-            raise ServeFailure(f"the new vllm serve exited before its argument check: {logscan.failure(log.text)}; "
-                               f"log {warm.pending_log}")
+            raise ServeFailure(
+                f"the new vllm serve exited before its argument check: {logscan.failure(log.text)}; "
+                f"log {warm.pending_log}"
+            )
         if time.monotonic() - start > VERDICT_TIMEOUT_S:
-            raise ServeFailure(f"the new vllm serve did not check its arguments within {VERDICT_TIMEOUT_S:.0f} s; "
-                               f"log {warm.pending_log}")
+            raise ServeFailure(
+                f"the new vllm serve did not check its arguments within {VERDICT_TIMEOUT_S:.0f} s; "
+                f"log {warm.pending_log}"
+            )
         time.sleep(0.1)
 
 

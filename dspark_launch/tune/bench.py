@@ -20,6 +20,7 @@ SCHEMA = "dspark-bench/1"
 @dataclass(frozen=True)
 class Limits:
     """What bounds a run: requests in all (0: the workload's own count), seconds, and each reply's tokens."""
+
     requests: int = 0
     seconds: float = 300.0
     max_reply: int = 0
@@ -59,12 +60,14 @@ def served_values(settings: Settings, server: ServerRecord) -> dict[str, str]:
 
 def workload_for(settings: Settings, server: ServerRecord, limits: Limits) -> wl.Workload:
     operator = wl.read_prompts(limits.prompts) if limits.prompts else None
-    return wl.build(wl.Profile.of(served_values(settings, server)), operator, limits.requests, limits.max_reply,
-                    limits.seed)
+    return wl.build(
+        wl.Profile.of(served_values(settings, server)), operator, limits.requests, limits.max_reply, limits.seed
+    )
 
 
-def bench_once(target: Target, workload: wl.Workload, tokens_per_word: float, seconds: float,
-               progress=None, on_run=None) -> RunStats:
+def bench_once(
+    target: Target, workload: wl.Workload, tokens_per_word: float, seconds: float, progress=None, on_run=None
+) -> RunStats:
     """One pass; `on_run(run)` gets the Run before it starts (an interrupt handler can stop it)."""
     run = Run(target, workload, tokens_per_word, seconds, progress=progress)
     if on_run:
@@ -74,8 +77,11 @@ def bench_once(target: Target, workload: wl.Workload, tokens_per_word: float, se
 
 
 def bench_data(server: ServerRecord, workload: wl.Workload, tokens_per_word: float, stats: RunStats) -> dict:
-    return {"schema": SCHEMA, "server": {"url": server.url, "model": server.served_name},
-            "profile": vars(workload.profile), "tokens_per_word": round(tokens_per_word, 3),
-            "classes": {c.name: {"lanes": c.lanes, "requests": len(c.requests), "what": c.what}
-                        for c in workload.classes},
-            "result": stats.to_data()}
+    return {
+        "schema": SCHEMA,
+        "server": {"url": server.url, "model": server.served_name},
+        "profile": vars(workload.profile),
+        "tokens_per_word": round(tokens_per_word, 3),
+        "classes": {c.name: {"lanes": c.lanes, "requests": len(c.requests), "what": c.what} for c in workload.classes},
+        "result": stats.to_data(),
+    }

@@ -16,6 +16,7 @@ STEP_RE = re.compile(r"dspark-issue27 step=\d+ cap=(\d+) .*? mode=(\d+) ")
 @dataclass(frozen=True)
 class Evidence:
     """A round's check: the values in force when it began, and what the log said while it ran."""
+
     at_start: Point | None  # None: the log never said (no hotfix line read)
     changed_during: tuple[str, ...]  # `(live)` or start lines logged during the round
     steps: int  # diagnostic step lines during the round
@@ -26,8 +27,11 @@ class Evidence:
 
     def line(self, point: Point) -> str:
         if self.holds(point):
-            steps = f"; {self.steps} scheduler steps logged with cap={point.cap}, mode {point.gate_mode}" \
-                if self.steps else ""
+            steps = (
+                f"; {self.steps} scheduler steps logged with cap={point.cap}, mode {point.gate_mode}"
+                if self.steps
+                else ""
+            )
             return f"in force ({point.name}) from the engine log{steps}"
         if self.at_start != point:
             return f"NOT in force: the engine log showed {self.at_start.name if self.at_start else 'nothing'}"
@@ -36,8 +40,13 @@ class Evidence:
         return f"NOT in force throughout: {self.steps_other} of {self.steps} steps logged another cap or mode"
 
     def to_data(self, point: Point) -> dict:
-        return {"in_force": self.holds(point), "at_start": self.at_start.key if self.at_start else None,
-                "changed_during": list(self.changed_during), "steps": self.steps, "steps_other": self.steps_other}
+        return {
+            "in_force": self.holds(point),
+            "at_start": self.at_start.key if self.at_start else None,
+            "changed_during": list(self.changed_during),
+            "steps": self.steps,
+            "steps_other": self.steps_other,
+        }
 
 
 class EngineLog:
@@ -64,12 +73,12 @@ class EngineLog:
             live = contract.parse_live_lines(line)
             if live:
                 self.in_force = Point(int(live[0].cap), int(live[0].gate_mode), float(live[0].aging))
-                said.append(line[line.find("dspark-issue27"):][:160])
+                said.append(line[line.find("dspark-issue27") :][:160])
                 continue
             active = contract.parse_active_lines(line)
             if active:
                 self.in_force = Point(active[0].cap, active[0].gate_mode, self.start_aging)
-                said.append(line[line.find("dspark-issue27"):][:160])
+                said.append(line[line.find("dspark-issue27") :][:160])
         return said
 
     def mark(self) -> Point | None:

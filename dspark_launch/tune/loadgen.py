@@ -25,6 +25,7 @@ from dspark_launch.tune.workload import Request, RequestClass, Workload, words
 class Target:
     """Where and how to ask: the recorded server's URL, served name and API kind; the key stays in memory, with
     the port check each request passes before it is sent (`http.Keyed`; None: no key, no check)."""
+
     url: str
     model: str
     chat: bool
@@ -34,6 +35,7 @@ class Target:
 @dataclass(frozen=True, kw_only=True)
 class Outcome:
     """One request as measured by the client (monotonic seconds)."""
+
     klass: str
     index: int
     status: int
@@ -77,8 +79,15 @@ def calibrate(target: Target, timeout: float = 120.0) -> float:
 class Run:
     """One pass of the workload; `stop()` (an interrupt) ends it early like the deadline does."""
 
-    def __init__(self, target: Target, workload: Workload, tokens_per_word: float, seconds: float,
-                 request_timeout: float = 600.0, progress: Callable[[int, int], None] | None = None):
+    def __init__(
+        self,
+        target: Target,
+        workload: Workload,
+        tokens_per_word: float,
+        seconds: float,
+        request_timeout: float = 600.0,
+        progress: Callable[[int, int], None] | None = None,
+    ):
         self.target, self.workload = target, workload
         self.tokens_per_word = tokens_per_word
         self.seconds = seconds
@@ -109,7 +118,7 @@ class Run:
 
     def _lane(self, klass: RequestClass, lane: int, deadline: float) -> None:
         rng = random.Random(f"{self.workload.seed}-{klass.name}-{lane}")
-        mine = klass.requests if klass.turns else klass.requests[lane::klass.lanes]
+        mine = klass.requests if klass.turns else klass.requests[lane :: klass.lanes]
         history: list[dict] = []
         for request in mine:
             if self._stopped.is_set() or time.monotonic() >= deadline:
@@ -118,16 +127,30 @@ class Run:
             url, body = payload(self.target, messages, request.max_tokens)
             timed_out = lambda: self._stopped.is_set() or time.monotonic() >= deadline  # noqa: E731
             try:
-                got = http.stream(url, self.target.key, body,
-                                  min(self.request_timeout, max(1.0, deadline - time.monotonic())), stop=timed_out)
+                got = http.stream(
+                    url,
+                    self.target.key,
+                    body,
+                    min(self.request_timeout, max(1.0, deadline - time.monotonic())),
+                    stop=timed_out,
+                )
             except DsparkError as exc:  # the port is someone else's now: nothing was sent; the run ends
                 with self._lock:
                     self._refused.append(exc)
                 self.stop()
                 return
             cut = got.error == "stopped" or (bool(got.error) and timed_out())
-            outcome = Outcome(klass=klass.name, index=request.index, status=got.status, sent=got.sent, chunks=tuple(got.chunks), prompt_tokens=got.prompt_tokens,
-                              completion_tokens=got.completion_tokens, error="" if cut else got.error, cut=cut)
+            outcome = Outcome(
+                klass=klass.name,
+                index=request.index,
+                status=got.status,
+                sent=got.sent,
+                chunks=tuple(got.chunks),
+                prompt_tokens=got.prompt_tokens,
+                completion_tokens=got.completion_tokens,
+                error="" if cut else got.error,
+                cut=cut,
+            )
             with self._lock:
                 self.outcomes.append(outcome)
                 self.progress(len(self.outcomes), self.workload.requests)
@@ -141,9 +164,13 @@ class Run:
         main thread stays interruptible (Ctrl-C reaches it between short joins)."""
         self.began = time.monotonic()
         deadline = self.began + self.seconds
-        threads = [threading.Thread(target=self._lane, args=(klass, lane, deadline), daemon=True,
-                                    name=f"bench-{klass.name}-{lane}")
-                   for klass in self.workload.classes for lane in range(klass.lanes)]
+        threads = [
+            threading.Thread(
+                target=self._lane, args=(klass, lane, deadline), daemon=True, name=f"bench-{klass.name}-{lane}"
+            )
+            for klass in self.workload.classes
+            for lane in range(klass.lanes)
+        ]
         for thread in threads:
             thread.start()
         try:

@@ -82,8 +82,7 @@ def _balanced(rounds: dict[Point, list[RunStats]]) -> Metric:
         ratios = [part(stats) / ref for part, ref in zip(parts, best) if ref and part(stats)]
         return math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else None
 
-    return Metric("balanced score (1.0 = best at p99 inter-token time and every class's first token)", "x",
-                  True, score)
+    return Metric("balanced score (1.0 = best at p99 inter-token time and every class's first token)", "x", True, score)
 
 
 @dataclass(frozen=True)
@@ -94,8 +93,14 @@ class Recommendation:
     equal: tuple[Point, ...]  # the points equal to the best on the deciding metric
 
     def to_data(self) -> dict:
-        return {"point": self.point.key, "name": self.point.name, "values": self.point.values(), "favor": self.favor,
-                "reason": self.reason, "equal_on_deciding_metric": [p.key for p in self.equal]}
+        return {
+            "point": self.point.key,
+            "name": self.point.name,
+            "values": self.point.values(),
+            "favor": self.favor,
+            "reason": self.reason,
+            "equal_on_deciding_metric": [p.key for p in self.equal],
+        }
 
 
 def recommend(rounds: dict[Point, list[RunStats]], favor: str) -> Recommendation:
@@ -103,8 +108,11 @@ def recommend(rounds: dict[Point, list[RunStats]], favor: str) -> Recommendation
     rounds = {p: runs for p, runs in rounds.items() if runs}
     if not rounds:
         raise ValueError("no point has a verified round")
-    decide, then = {"latency": (TTFT, P99_ITL), "throughput": (TOKS, P99_ITL),
-                    "balanced": (_balanced(rounds), P99_ITL)}[favor]
+    decide, then = {
+        "latency": (TTFT, P99_ITL),
+        "throughput": (TOKS, P99_ITL),
+        "balanced": (_balanced(rounds), P99_ITL),
+    }[favor]
     spreads = {p: spread([decide.of(r) for r in runs]) for p, runs in rounds.items()}
     measured = {p: s for p, s in spreads.items() if s is not None}
     if not measured:  # nothing decided (every request failed): the lowest cap, said so
@@ -128,7 +136,9 @@ def recommend(rounds: dict[Point, list[RunStats]], favor: str) -> Recommendation
         if equal_too:
             pick = min([pick, *equal_too])  # equal on both: the lowest cap
     names = ", ".join(p.name for p in tied if p != pick)
-    reason = (f"{pick.name}: equal to {names} on {decide.name} (spreads overlap); "
-              f"{then.name} {tie[pick].shown(then) if tie[pick] else 'unmeasured'} decides"
-              + (" (equal there too: the lowest cap)" if pick != ranked[0] else ""))
+    reason = (
+        f"{pick.name}: equal to {names} on {decide.name} (spreads overlap); "
+        f"{then.name} {tie[pick].shown(then) if tie[pick] else 'unmeasured'} decides"
+        + (" (equal there too: the lowest cap)" if pick != ranked[0] else "")
+    )
     return Recommendation(pick, favor, reason, equal)

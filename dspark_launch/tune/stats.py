@@ -26,6 +26,7 @@ def _mean(values: Sequence[float]) -> float | None:
 @dataclass(frozen=True, kw_only=True)
 class ClassStats:
     """One class of one run. Seconds; None where no request of the class got that far."""
+
     requests: int  # sent
     ok: int
     errors: int
@@ -57,16 +58,26 @@ def class_stats(outcomes: Sequence[Outcome]) -> ClassStats:
     span = (max(o.chunks[-1] for o in done) - min(o.sent for o in done)) if done else 0.0
     prompts = [o.prompt_tokens for o in done if o.prompt_tokens is not None]
     return ClassStats(
-        requests=len(outcomes), ok=len(done), errors=sum(1 for o in outcomes if not o.ok and not o.cut),
-        cut=sum(1 for o in outcomes if o.cut), prompt_tokens_mean=_mean(prompts), completion_tokens=tokens,
-        ttft_mean_s=_mean(ttft), ttft_p90_s=percentile(ttft, 90), itl_p50_s=percentile(gaps, 50),
-        itl_p99_s=percentile(gaps, 99), itl_max_s=max(gaps) if gaps else None,
-        decode_tok_s_per_stream=_mean(per_stream), decode_tok_s=tokens / span if span > 0 else None)
+        requests=len(outcomes),
+        ok=len(done),
+        errors=sum(1 for o in outcomes if not o.ok and not o.cut),
+        cut=sum(1 for o in outcomes if o.cut),
+        prompt_tokens_mean=_mean(prompts),
+        completion_tokens=tokens,
+        ttft_mean_s=_mean(ttft),
+        ttft_p90_s=percentile(ttft, 90),
+        itl_p50_s=percentile(gaps, 50),
+        itl_p99_s=percentile(gaps, 99),
+        itl_max_s=max(gaps) if gaps else None,
+        decode_tok_s_per_stream=_mean(per_stream),
+        decode_tok_s=tokens / span if span > 0 else None,
+    )
 
 
 @dataclass(frozen=True)
 class RunStats:
     """A whole run: each class, and the streams of every class together."""
+
     classes: dict[str, ClassStats]
     all: ClassStats
     seconds: float
@@ -74,14 +85,27 @@ class RunStats:
     requests: tuple[dict, ...] = ()  # each request: class, index, status, tokens, first token, error
 
     def to_data(self) -> dict:
-        return {"seconds": round(self.seconds, 3), "classes": {k: v.to_data() for k, v in self.classes.items()},
-                "all": self.all.to_data(), "first_errors": list(self.first_errors), "requests": list(self.requests)}
+        return {
+            "seconds": round(self.seconds, 3),
+            "classes": {k: v.to_data() for k, v in self.classes.items()},
+            "all": self.all.to_data(),
+            "first_errors": list(self.first_errors),
+            "requests": list(self.requests),
+        }
 
 
 def request_data(o: Outcome) -> dict:
-    return {"class": o.klass, "index": o.index, "status": o.status, "prompt_tokens": o.prompt_tokens,
-            "completion_tokens": o.completion_tokens, "chunks": len(o.chunks),
-            "ttft_s": round(o.chunks[0] - o.sent, 4) if o.chunks else None, "error": o.error, "cut": o.cut}
+    return {
+        "class": o.klass,
+        "index": o.index,
+        "status": o.status,
+        "prompt_tokens": o.prompt_tokens,
+        "completion_tokens": o.completion_tokens,
+        "chunks": len(o.chunks),
+        "ttft_s": round(o.chunks[0] - o.sent, 4) if o.chunks else None,
+        "error": o.error,
+        "cut": o.cut,
+    }
 
 
 def run_stats(names: Sequence[str], outcomes: Sequence[Outcome], seconds: float) -> RunStats:
@@ -89,5 +113,10 @@ def run_stats(names: Sequence[str], outcomes: Sequence[Outcome], seconds: float)
     for o in outcomes:
         if o.error and o.error not in errors and len(errors) < 3:
             errors.append(o.error)
-    return RunStats({name: class_stats([o for o in outcomes if o.klass == name]) for name in names},
-                    class_stats(outcomes), seconds, tuple(errors), tuple(request_data(o) for o in outcomes))
+    return RunStats(
+        {name: class_stats([o for o in outcomes if o.klass == name]) for name in names},
+        class_stats(outcomes),
+        seconds,
+        tuple(errors),
+        tuple(request_data(o) for o in outcomes),
+    )

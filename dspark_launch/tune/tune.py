@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from dspark_launch.report import Reporter
 from dspark_launch.cluster.spec import ClusterSpec
 from dspark_launch.config.settings import Settings
 from dspark_launch.errors import EXIT_ALREADY_RUNNING, DsparkError
 from dspark_launch.hotfix import contract
+from dspark_launch.report import Reporter
 from dspark_launch.serve import http
 from dspark_launch.tune import bench
 from dspark_launch.tune.enginelog import EngineLog, Evidence
@@ -61,6 +61,7 @@ class Measured:
 @dataclass
 class Outcome:
     """What a tune produced; `files` were written, `applied` is set when --apply put the point in force."""
+
     runs: list[Measured] = field(default_factory=list)
     recommendation: Recommendation | None = None
     files: dict[str, Path] = field(default_factory=dict)
@@ -75,8 +76,15 @@ def estimate_s(options: Options) -> float:
 
 
 class Tuner:
-    def __init__(self, settings: Settings, spec: ClusterSpec, reporter: Reporter, options: Options,
-                 settings_with: Callable[[dict[str, str]], Settings], on_run: Callable[[Run], None] = lambda run: None):
+    def __init__(
+        self,
+        settings: Settings,
+        spec: ClusterSpec,
+        reporter: Reporter,
+        options: Options,
+        settings_with: Callable[[dict[str, str]], Settings],
+        on_run: Callable[[Run], None] = lambda run: None,
+    ):
         """`settings_with(values)`: the env file's settings with `values` (live names) on top, as the CLI
         would load them; `on_run` gets each Run before it starts."""
         self.settings, self.spec, self.reporter, self.options = settings, spec, reporter, options
@@ -117,8 +125,10 @@ class Tuner:
         if not options.while_serving:
             busy = bench.others_served(server, target)
             if busy:
-                raise Busy(f"tune: the server is serving other clients ({busy:g} request(s) running or waiting); "
-                           "tune would add load to theirs and measure theirs; --while-serving runs anyway")
+                raise Busy(
+                    f"tune: the server is serving other clients ({busy:g} request(s) running or waiting); "
+                    "tune would add load to theirs and measure theirs; --while-serving runs anyway"
+                )
         original = {name: server.running_settings[name] for name in TUNED if name in server.running_settings}
         self._refuse_early(server, original)
         workload = bench.workload_for(self.settings, server, options.limits)
@@ -126,12 +136,14 @@ class Tuner:
         self.reporter.phase(
             f"tune: {len(options.points)} points x {options.rounds} rounds = {total} runs of {workload.requests} "
             f"requests each (at most {options.limits.seconds:g} s a run, plus reload and warm-up): at most "
-            f"{estimate_s(options) / 60:.1f} min")
+            f"{estimate_s(options) / 60:.1f} min"
+        )
         from dspark_launch.report import SilentReporter
         from dspark_launch.serve.logfollow import LogReader
 
-        engine = EngineLog(LogReader(self.spec.head.agent(SilentReporter()), server.log),
-                           Point.of(server.settings).aging)
+        engine = EngineLog(
+            LogReader(self.spec.head.agent(SilentReporter()), server.log), Point.of(server.settings).aging
+        )
         try:
             tokens_per_word = calibrate(target)
             self._rounds(target, workload, tokens_per_word, engine, total)
@@ -157,17 +169,23 @@ class Tuner:
                 at_start = engine.mark()
 
                 def progress(finished: int, requests: int, started=time.monotonic()) -> None:
-                    self.reporter.waiting(f"tune [{done}/{total}] {point.name}: {finished}/{requests} requests",
-                                          time.monotonic() - started, options.limits.seconds)
+                    self.reporter.waiting(
+                        f"tune [{done}/{total}] {point.name}: {finished}/{requests} requests",
+                        time.monotonic() - started,
+                        options.limits.seconds,
+                    )
 
-                stats = bench.bench_once(target, workload, tokens_per_word, options.limits.seconds, progress,
-                                         self.on_run)
+                stats = bench.bench_once(
+                    target, workload, tokens_per_word, options.limits.seconds, progress, self.on_run
+                )
                 evidence = engine.evidence(at_start, point)
                 self.outcome.runs.append(Measured(point, round_no, place, stats, evidence))
                 left = (time.monotonic() - began) / done * (total - done)
                 errors = sum(c.errors for c in stats.classes.values())
-                self.reporter.phase(f"tune [{done}/{total}] {point.name}: {stats.seconds:.1f} s, {errors} error(s); "
-                                    f"{evidence.line(point)}; about {left / 60:.1f} min left")
+                self.reporter.phase(
+                    f"tune [{done}/{total}] {point.name}: {stats.seconds:.1f} s, {errors} error(s); "
+                    f"{evidence.line(point)}; about {left / 60:.1f} min left"
+                )
 
     def _finish(self, server, workload, tokens_per_word, original: dict[str, str]) -> None:
         options = self.options
@@ -194,30 +212,65 @@ class Tuner:
             good = verified[point]
             summary = {}
             for name in workload.names:
-                summary[name] = {metric: _spread_data([getattr(r.classes[name], metric) for r in good])
-                                 for metric in ("ttft_mean_s", "ttft_p90_s", "itl_p50_s", "itl_p99_s", "itl_max_s",
-                                                "decode_tok_s_per_stream", "decode_tok_s", "errors")}
-            summary["all"] = {metric: _spread_data([getattr(r.all, metric) for r in good])
-                              for metric in ("itl_p99_s", "decode_tok_s", "errors")}
-            points.append({"point": point.key, "name": point.name, "values": point.values(),
-                           "verified_rounds": len(good),
-                           "rounds": [{"round": m.round, "order": m.order, "engine_log": m.evidence.to_data(point),
-                                       **m.stats.to_data()} for m in runs],
-                           "summary": summary})
-        return {"schema": SCHEMA, "server": {"url": server.url, "model": server.served_name},
-                "profile": vars(workload.profile), "tokens_per_word": round(tokens_per_word, 3),
-                "classes": {c.name: {"lanes": c.lanes, "requests": len(c.requests), "what": c.what}
-                            for c in workload.classes},
-                "rounds": self.options.rounds, "seed": self.options.limits.seed,
-                "seconds_per_run": self.options.limits.seconds, "original": original,
-                "points": points, "recommendation": rec.to_data()}
+                summary[name] = {
+                    metric: _spread_data([getattr(r.classes[name], metric) for r in good])
+                    for metric in (
+                        "ttft_mean_s",
+                        "ttft_p90_s",
+                        "itl_p50_s",
+                        "itl_p99_s",
+                        "itl_max_s",
+                        "decode_tok_s_per_stream",
+                        "decode_tok_s",
+                        "errors",
+                    )
+                }
+            summary["all"] = {
+                metric: _spread_data([getattr(r.all, metric) for r in good])
+                for metric in ("itl_p99_s", "decode_tok_s", "errors")
+            }
+            points.append(
+                {
+                    "point": point.key,
+                    "name": point.name,
+                    "values": point.values(),
+                    "verified_rounds": len(good),
+                    "rounds": [
+                        {
+                            "round": m.round,
+                            "order": m.order,
+                            "engine_log": m.evidence.to_data(point),
+                            **m.stats.to_data(),
+                        }
+                        for m in runs
+                    ],
+                    "summary": summary,
+                }
+            )
+        return {
+            "schema": SCHEMA,
+            "server": {"url": server.url, "model": server.served_name},
+            "profile": vars(workload.profile),
+            "tokens_per_word": round(tokens_per_word, 3),
+            "classes": {
+                c.name: {"lanes": c.lanes, "requests": len(c.requests), "what": c.what} for c in workload.classes
+            },
+            "rounds": self.options.rounds,
+            "seed": self.options.limits.seed,
+            "seconds_per_run": self.options.limits.seconds,
+            "original": original,
+            "points": points,
+            "recommendation": rec.to_data(),
+        }
 
     def _write_files(self, verified, rec, names) -> None:
         out = self.options.out_dir or (self.spec.state_dir / "tune" / time.strftime("%Y%m%d-%H%M%S"))
         out.mkdir(parents=True, exist_ok=True, mode=0o700)
         itl = {p: spread([r.all.itl_p99_s for r in runs]) for p, runs in verified.items()}
-        ttft = {name: {p: spread([r.classes[name].ttft_mean_s for r in runs]) for p, runs in verified.items()}
-                for name in names}
+        ttft = {
+            name: {p: spread([r.classes[name].ttft_mean_s for r in runs]) for p, runs in verified.items()}
+            for name in names
+        }
         title = f"dspark tune: {self.options.rounds} round(s); whiskers = range over rounds; --favor {rec.favor}"
         (out / "tune.svg").write_text(svg(list(self.options.points), itl, ttft, rec.point, title))
         (out / "tune.json").write_text(json.dumps(self.outcome.data, indent=2) + "\n")
@@ -227,8 +280,10 @@ class Tuner:
         from dspark_launch.config.env_write import set_values, where_set
 
         path = self.settings.env_file
-        changes = {name: (value, where_set(path, name, self.settings.source_of(name.lower())))
-                   for name, value in rec.point.values().items()}
+        changes = {
+            name: (value, where_set(path, name, self.settings.source_of(name.lower())))
+            for name, value in rec.point.values().items()
+        }
         # the line numbers are those read when tune began: written only if the file is still what was read then
         set_values(path, changes, read_sha256=self.settings.env_file_sha256, note="set by dspark tune --apply")
         self.reporter.phase(f"tune: wrote {rec.point.name} into {path}; reloading")
@@ -242,9 +297,11 @@ class Tuner:
             self.reporter.phase(f"tune: restored the live values in force before: {self.outcome.restored}")
         except DsparkError as error:
             self.outcome.restored = ""
-            self.reporter.warn(f"tune: could not restore the live values in force before "
-                               f"({', '.join(f'{k}={v}' for k, v in original.items())}): {error}; "
-                               "`dspark reload` puts the env file's values back")
+            self.reporter.warn(
+                f"tune: could not restore the live values in force before "
+                f"({', '.join(f'{k}={v}' for k, v in original.items())}): {error}; "
+                "`dspark reload` puts the env file's values back"
+            )
             raise
 
 
@@ -270,8 +327,14 @@ def table_rows(outcome: Outcome, names: list[str]) -> tuple[list[str], list[list
 
         errors = sum(int((summary[n]["errors"] or {}).get("max", 0)) for n in names)
         mark = " *" if outcome.recommendation and entry["point"] == outcome.recommendation.point.key else ""
-        rows.append([entry["name"] + mark, f"{entry['verified_rounds']}/{len(entry['rounds'])}",
-                     *[cell(summary[n]["ttft_mean_s"]) for n in names], cell(summary["all"]["itl_p99_s"]),
-                     cell(summary["all"]["decode_tok_s"], ms=False), str(errors)])
+        rows.append(
+            [
+                entry["name"] + mark,
+                f"{entry['verified_rounds']}/{len(entry['rounds'])}",
+                *[cell(summary[n]["ttft_mean_s"]) for n in names],
+                cell(summary["all"]["itl_p99_s"]),
+                cell(summary["all"]["decode_tok_s"], ms=False),
+                str(errors),
+            ]
+        )
     return headers, rows
-

@@ -31,6 +31,7 @@ WORDS = (
 @dataclass(frozen=True)
 class Profile:
     """What the workload is sized from: the values the server was started with."""
+
     max_model_len: int
     budget: int  # MAX_NUM_BATCHED_TOKENS
     threshold: int  # LONG_PREFILL_TOKEN_THRESHOLD
@@ -45,13 +46,18 @@ class Profile:
                 return default
 
         budget = number("MAX_NUM_BATCHED_TOKENS", 8192)
-        return cls(number("MAX_MODEL_LEN", 65536), budget, number("LONG_PREFILL_TOKEN_THRESHOLD", budget // 8) or
-                   budget // 8, number("MAX_NUM_SEQS", 6))
+        return cls(
+            number("MAX_MODEL_LEN", 65536),
+            budget,
+            number("LONG_PREFILL_TOKEN_THRESHOLD", budget // 8) or budget // 8,
+            number("MAX_NUM_SEQS", 6),
+        )
 
 
 @dataclass(frozen=True)
 class Request:
     """One request of a class: a prompt of `prompt_tokens` (planned) or the operator's own text/messages."""
+
     klass: str
     index: int
     max_tokens: int
@@ -64,6 +70,7 @@ class Request:
 class RequestClass:
     """A named class: `lanes` streams of it at once, `requests` in all (an agent's turns run one after another
     in its lane, each resending the conversation so far)."""
+
     name: str
     lanes: int
     requests: tuple[Request, ...]
@@ -75,8 +82,9 @@ class RequestClass:
         return self.about.format(lanes=self.lanes, count=len(self.requests))
 
     def limited(self, count: int) -> "RequestClass":
-        return RequestClass(self.name, 1 if self.turns else min(self.lanes, count), self.requests[:count],
-                            self.about, self.turns)
+        return RequestClass(
+            self.name, 1 if self.turns else min(self.lanes, count), self.requests[:count], self.about, self.turns
+        )
 
 
 @dataclass(frozen=True)
@@ -100,8 +108,9 @@ def _clamp(value: int, low: int, high: int) -> int:
     return max(low, min(high, value))
 
 
-def build(profile: Profile, operator: list[Request] | None = None, max_requests: int = 0, max_reply: int = 0,
-          seed: int = 0) -> Workload:
+def build(
+    profile: Profile, operator: list[Request] | None = None, max_requests: int = 0, max_reply: int = 0, seed: int = 0
+) -> Workload:
     """The default classes for `profile`, the operator's prompts as a fourth, the whole cut to `max_requests`
     (each class keeps its share, at least one request) and every reply to `max_reply` tokens (0: as sized)."""
     room = profile.max_model_len
@@ -119,16 +128,27 @@ def build(profile: Profile, operator: list[Request] | None = None, max_requests:
     agent_turns = _clamp((int(room * 0.7) - agent_first) // (agent_step + agent_reply), 1, 6)
     chat_lanes = max(1, profile.max_num_seqs - 2)
     classes = [
-        RequestClass(CHAT, chat_lanes, tuple(Request(CHAT, i, chat_reply, chat_prompt) for i in range(2 * chat_lanes)),
-                     f"short chats: {chat_prompt}-token prompts, {chat_reply}-token replies, {{count}} requests, "
-                     "{lanes} at once"),
-        RequestClass(DOCUMENT, 1, tuple(Request(DOCUMENT, i, doc_reply, doc_prompt) for i in range(2)),
-                     f"a long cold document: {doc_prompt} uncached prompt tokens, {doc_reply}-token reply, "
-                     "{count} in a row"),
-        RequestClass(AGENT, 1, tuple(Request(AGENT, i, agent_reply, agent_first if i == 0 else agent_step)
-                                     for i in range(agent_turns)),
-                     f"cached agent turns: a {agent_first}-token conversation resent with {agent_step} new tokens "
-                     f"and the last reply each turn ({{count}} turns, {agent_reply}-token replies)", turns=True),
+        RequestClass(
+            CHAT,
+            chat_lanes,
+            tuple(Request(CHAT, i, chat_reply, chat_prompt) for i in range(2 * chat_lanes)),
+            f"short chats: {chat_prompt}-token prompts, {chat_reply}-token replies, {{count}} requests, "
+            "{lanes} at once",
+        ),
+        RequestClass(
+            DOCUMENT,
+            1,
+            tuple(Request(DOCUMENT, i, doc_reply, doc_prompt) for i in range(2)),
+            f"a long cold document: {doc_prompt} uncached prompt tokens, {doc_reply}-token reply, {{count}} in a row",
+        ),
+        RequestClass(
+            AGENT,
+            1,
+            tuple(Request(AGENT, i, agent_reply, agent_first if i == 0 else agent_step) for i in range(agent_turns)),
+            f"cached agent turns: a {agent_first}-token conversation resent with {agent_step} new tokens "
+            f"and the last reply each turn ({{count}} turns, {agent_reply}-token replies)",
+            turns=True,
+        ),
     ]
     if operator:
         lanes = _clamp(profile.max_num_seqs - 2, 1, 4)
@@ -169,14 +189,28 @@ def read_prompts(path: Path, default_max_tokens: int = 128, limit: int = 1000) -
         prompt, messages = row.get("prompt"), row.get("messages")
         if isinstance(prompt, str) and prompt and messages is None:
             found.append(Request(OPERATOR, len(found), max_tokens, text=prompt))
-        elif (isinstance(messages, list) and messages and prompt is None
-              and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                      for m in messages)):
-            found.append(Request(OPERATOR, len(found), max_tokens,
-                                 messages=tuple({"role": m["role"], "content": m["content"]} for m in messages)))
+        elif (
+            isinstance(messages, list)
+            and messages
+            and prompt is None
+            and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in messages
+            )
+        ):
+            found.append(
+                Request(
+                    OPERATOR,
+                    len(found),
+                    max_tokens,
+                    messages=tuple({"role": m["role"], "content": m["content"]} for m in messages),
+                )
+            )
         else:
-            raise ConfigError(f"--prompts {path}:{number}: neither a non-empty \"prompt\" string nor a \"messages\" "
-                              f"list of {{role, content}}; {allowed}")
+            raise ConfigError(
+                f'--prompts {path}:{number}: neither a non-empty "prompt" string nor a "messages" '
+                f"list of {{role, content}}; {allowed}"
+            )
         if len(found) > limit:
             raise ConfigError(f"--prompts {path}: more than {limit} prompts; allowed: at most {limit}")
     if not found:

@@ -44,8 +44,12 @@ def _registered_names(folder: Path, table: str) -> list[str]:
                 arg = node.args[0]
                 elts = arg.elts if isinstance(arg, (ast.List, ast.Tuple)) else [arg]
                 names.update(e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str))
-            if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-                    and node.targets[0].id == table and isinstance(node.value, ast.Dict)):
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == table
+                and isinstance(node.value, ast.Dict)
+            ):
                 names.update(k.value for k in node.value.keys if isinstance(k, ast.Constant))
     return sorted(names)
 
@@ -69,8 +73,15 @@ def derive(root: Path) -> dict:
     version = _assignments([vllm / "_version.py"])["__version__"]
     config_files = sorted((vllm / "config").rglob("*.py"))
     aliases = _assignments(config_files)
-    cli = next(p for p in (vllm / "entrypoints/common/cli_args.py", vllm / "entrypoints/launchers/cli_args.py",
-                           vllm / "entrypoints/openai/cli_args.py") if p.is_file())
+    cli = next(
+        p
+        for p in (
+            vllm / "entrypoints/common/cli_args.py",
+            vllm / "entrypoints/launchers/cli_args.py",
+            vllm / "entrypoints/openai/cli_args.py",
+        )
+        if p.is_file()
+    )
     flags = _dataclass_flags(vllm / "engine/arg_utils.py", ("EngineArgs", "AsyncEngineArgs"))
     flags += _dataclass_flags(cli, ("FrontendArgs", "BaseFrontendArgs"))
     tool_dirs = [p for p in (vllm / "tool_parsers", vllm / "entrypoints/openai/tool_parsers") if p.is_dir()]
@@ -82,9 +93,12 @@ def derive(root: Path) -> dict:
     }
     for flag in flags:
         flag["choices"] = choices.get(flag["dest"], [])
-    return {"version": ast.literal_eval(version), "flags": flags,
-            "speculative_methods": sorted(set(_literal_values(aliases["SpeculativeMethod"], aliases))),
-            "source": f"derived statically from the vllm {ast.literal_eval(version)} wheel by tests/data/derive_vllm_offer.py"}
+    return {
+        "version": ast.literal_eval(version),
+        "flags": flags,
+        "speculative_methods": sorted(set(_literal_values(aliases["SpeculativeMethod"], aliases))),
+        "source": f"derived statically from the vllm {ast.literal_eval(version)} wheel by tests/data/derive_vllm_offer.py",
+    }
 
 
 if __name__ == "__main__":

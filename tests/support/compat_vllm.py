@@ -30,11 +30,29 @@ VENVS = pathlib.Path(os.environ.get("DSPARK_COMPAT_VENVS", "/var/tmp/dspark-comp
 # The CUDA wheel's requirements left out: torch and its siblings (torchvision, torchaudio, torchcodec break
 # `import vllm.config` beside torch+cpu, see the Makefile) and the GPU kernel libraries, whose presence the
 # dry boot does not ask of the install (node/vllm_dryboot.py: assumed present, `modules` says it).
-GPU_ONLY = frozenset({
-    "torch", "torchaudio", "torchvision", "torchcodec", "pynvvideocodec", "flashinfer-python", "flashinfer-cubin",
-    "apache-tvm-ffi", "tilelang", "nvidia-cudnn-frontend", "nvtx", "fastsafetensors", "instanttensor",
-    "nvidia-cutlass-dsl", "quack-kernels", "tokenspeed-mla", "humming-kernels", "deep-gemm", "b12x",
-})
+GPU_ONLY = frozenset(
+    {
+        "torch",
+        "torchaudio",
+        "torchvision",
+        "torchcodec",
+        "pynvvideocodec",
+        "flashinfer-python",
+        "flashinfer-cubin",
+        "apache-tvm-ffi",
+        "tilelang",
+        "nvidia-cudnn-frontend",
+        "nvtx",
+        "fastsafetensors",
+        "instanttensor",
+        "nvidia-cutlass-dsl",
+        "quack-kernels",
+        "tokenspeed-mla",
+        "humming-kernels",
+        "deep-gemm",
+        "b12x",
+    }
+)
 _STAMP = ".dspark-compat-ready"
 
 
@@ -44,9 +62,20 @@ def wheel_for(version: str) -> pathlib.Path:
     found = sorted(WHEELS.glob(f"vllm-{version}-*.whl"))
     if not found:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-             f"vllm=={version}", "-d", str(WHEELS), "-q"],
-            check=True, timeout=1800,
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                f"vllm=={version}",
+                "-d",
+                str(WHEELS),
+                "-q",
+            ],
+            check=True,
+            timeout=1800,
         )
         found = sorted(WHEELS.glob(f"vllm-{version}-*.whl"))
     assert found, f"no wheel for vllm {version} in {WHEELS}"
@@ -71,7 +100,7 @@ def _requirements(wheel: pathlib.Path) -> list[str]:
     for line in lines:
         if not line.startswith("Requires-Dist: "):
             continue
-        req = Requirement(line[len("Requires-Dist: "):])
+        req = Requirement(line[len("Requires-Dist: ") :])
         if (req.marker and not req.marker.evaluate({"extra": ""})) or req.name.lower() in GPU_ONLY:
             continue
         req.marker = None

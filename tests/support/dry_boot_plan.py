@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from dspark_launch.node.vllm_offer import VllmOffer
 from dspark_launch.config.profile_resolve import resolve
 from dspark_launch.config.settings import resolve as load_settings
+from dspark_launch.node.vllm_offer import VllmOffer
 from dspark_launch.profiles.catalog import DEEPSEEK_V4_FLASH
 from dspark_launch.profiles.gpu import given_target
 from tests.support.paths import REPO
@@ -54,5 +54,6 @@ def line_of(resolved, subject: str) -> str:
 
 
 def plan_for(offer: VllmOffer, capability: str, modules: tuple[str, ...], environ: dict[str, str] | None = None):
-    return resolve(DEEPSEEK_V4_FLASH, dataclasses.replace(offer, modules=modules), settings(environ),
-                   given_target(capability))
+    return resolve(
+        DEEPSEEK_V4_FLASH, dataclasses.replace(offer, modules=modules), settings(environ), given_target(capability)
+    )

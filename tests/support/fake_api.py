@@ -66,8 +66,10 @@ class Api(BaseHTTPRequestHandler):
         action = self.actions[min(number, len(self.actions)) - 1]
         say(f"chat request {number}: {action}")
         if action == "ok":
-            self._send(200, {"choices": [{"message": {"role": "assistant", "content": "hi"}}],
-                             "usage": {"completion_tokens": 1}})
+            self._send(
+                200,
+                {"choices": [{"message": {"role": "assistant", "content": "hi"}}], "usage": {"completion_tokens": 1}},
+            )
         elif action == "hang":
             time.sleep(HANG_S)
         elif action == "orphan":

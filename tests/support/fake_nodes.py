@@ -11,10 +11,18 @@ from dspark_launch.cluster.spec import Node
 from dspark_launch.node.fabric import FabricEnv
 from dspark_launch.node.values import PlatformFacts
 
-ROW = p.VersionRow(python="3.11.7", vllm="0.32.0", ray="2.60.0", torch="2.13.0", dspark_launch="0.1",
-                   scheduler_sha256="a" * 64)
-PLATFORM = PlatformFacts(kernel="6.11.0-1016-nvidia", cma_total_kb=65536, nvidia_driver="580.95.05", nvidia_loaded=True,
-                         nvidia_module_kernels=("6.11.0-1016-nvidia",), ports=(), memlock="unlimited")
+ROW = p.VersionRow(
+    python="3.11.7", vllm="0.32.0", ray="2.60.0", torch="2.13.0", dspark_launch="0.1", scheduler_sha256="a" * 64
+)
+PLATFORM = PlatformFacts(
+    kernel="6.11.0-1016-nvidia",
+    cma_total_kb=65536,
+    nvidia_driver="580.95.05",
+    nvidia_loaded=True,
+    nvidia_module_kernels=("6.11.0-1016-nvidia",),
+    ports=(),
+    memlock="unlimited",
+)
 APPLIED = p.HotfixResult("apply", 0, "applied", "applied")
 VERIFIED = p.HotfixResult("status", 0, "applied", "verified")
 

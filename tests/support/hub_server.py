@@ -65,8 +65,11 @@ class HubRepo:
 
     @classmethod
     def from_folder(cls, repo_id: str, folder: Path, commit: str = "", gated_token: str = "") -> "HubRepo":
-        files = tuple(RepoFile(p.relative_to(folder).as_posix(), p.read_bytes(), p.name.endswith(LFS_SUFFIXES))
-                      for p in sorted(folder.rglob("*")) if p.is_file())
+        files = tuple(
+            RepoFile(p.relative_to(folder).as_posix(), p.read_bytes(), p.name.endswith(LFS_SUFFIXES))
+            for p in sorted(folder.rglob("*"))
+            if p.is_file()
+        )
         commit = commit or hashlib.sha1(b"".join(f.blob_id.encode() for f in files)).hexdigest()
         return cls(repo_id, commit, files, gated_token)
 
@@ -130,7 +133,9 @@ class HubServer:
         self._servers = [ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self)) for _ in range(2)]
         for httpd in self._servers:
             httpd.daemon_threads = True
-        self._threads = [threading.Thread(target=h.serve_forever, name="hub-server", daemon=True) for h in self._servers]
+        self._threads = [
+            threading.Thread(target=h.serve_forever, name="hub-server", daemon=True) for h in self._servers
+        ]
 
     @property
     def endpoint(self) -> str:
@@ -171,8 +176,11 @@ class HubServer:
 
     def downloads(self, path: str) -> list[Request]:
         """GETs that carried bytes of `path` (resolve of a small file, or the CDN for an LFS file)."""
-        return [r for r in self.requests if r.method == "GET" and r.path == path and r.kind in ("resolve", "cdn")
-                and r.status in (200, 206)]
+        return [
+            r
+            for r in self.requests
+            if r.method == "GET" and r.path == path and r.kind in ("resolve", "cdn") and r.status in (200, 206)
+        ]
 
 
 def _handler_for(hub: HubServer):
@@ -199,11 +207,11 @@ def _handler_for(hub: HubServer):
             repo = hub.repo
             api = f"/api/models/{repo.repo_id}"
             if path.startswith("/cdn/"):
-                return self._cdn(path[len("/cdn/"):], head)
+                return self._cdn(path[len("/cdn/") :], head)
             if path == api or path.startswith(api + "/"):
                 if not self._authorised("api", path):
                     return
-                rest = path[len(api):]
+                rest = path[len(api) :]
                 if rest == "" or re.fullmatch(r"/revision/[^/]+", rest):
                     rev = rest.split("/")[-1] if rest else "main"
                     return self._model_info(rev, blobs=query.get("blobs", ["false"])[0].lower() == "true")
@@ -212,7 +220,7 @@ def _handler_for(hub: HubServer):
                     return self._tree(m.group(1))
             prefix = f"/{repo.repo_id}/resolve/"
             if path.startswith(prefix):
-                rev, _, file_path = path[len(prefix):].partition("/")
+                rev, _, file_path = path[len(prefix) :].partition("/")
                 if not self._authorised("resolve", file_path):
                     return
                 return self._resolve(rev, file_path, head)
@@ -249,10 +257,21 @@ def _handler_for(hub: HubServer):
                         entry["lfs"] = {"sha256": f.sha256, "size": len(f.data), "pointerSize": 134}
                 siblings.append(entry)
             siblings += hub.extra_siblings
-            body = {"_id": "0" * 24, "id": repo.repo_id, "modelId": repo.repo_id, "sha": repo.commit,
-                    "private": False, "gated": "manual" if repo.gated_token else False, "disabled": False,
-                    "downloads": 0, "likes": 0, "tags": [], "siblings": siblings,
-                    "lastModified": "2026-07-31T00:00:00.000Z", "createdAt": "2026-07-31T00:00:00.000Z"}
+            body = {
+                "_id": "0" * 24,
+                "id": repo.repo_id,
+                "modelId": repo.repo_id,
+                "sha": repo.commit,
+                "private": False,
+                "gated": "manual" if repo.gated_token else False,
+                "disabled": False,
+                "downloads": 0,
+                "likes": 0,
+                "tags": [],
+                "siblings": siblings,
+                "lastModified": "2026-07-31T00:00:00.000Z",
+                "createdAt": "2026-07-31T00:00:00.000Z",
+            }
             self._json(body, "api", f"revision/{rev}")
 
         def _tree(self, rev: str) -> None:
@@ -276,9 +295,20 @@ def _handler_for(hub: HubServer):
             common = {"X-Repo-Commit": repo.commit, "Accept-Ranges": "bytes"}
             if f.lfs:
                 location = f"{hub.cdn}/cdn/{f.sha256}"
-                self._send(302, {**common, "Location": location, "ETag": f'"{f.blob_id}"',
-                                 "X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": str(len(f.data)),
-                                 "Content-Length": "0"}, b"", "resolve", file_path)
+                self._send(
+                    302,
+                    {
+                        **common,
+                        "Location": location,
+                        "ETag": f'"{f.blob_id}"',
+                        "X-Linked-Etag": f'"{f.sha256}"',
+                        "X-Linked-Size": str(len(f.data)),
+                        "Content-Length": "0",
+                    },
+                    b"",
+                    "resolve",
+                    file_path,
+                )
                 return
             self._file_body(f, {**common, "ETag": f'"{f.blob_id}"'}, head, "resolve")
 
@@ -295,9 +325,10 @@ def _handler_for(hub: HubServer):
                 start = int(m.group(1))
                 end = int(m.group(2)) if m.group(2) else len(f.data) - 1
                 if start >= len(f.data):
-                    return self._send(416, {"Content-Range": f"bytes */{len(f.data)}", "Content-Length": "0"},
-                                      b"", kind, f.path)
-                data, status = f.data[start:end + 1], 206
+                    return self._send(
+                        416, {"Content-Range": f"bytes */{len(f.data)}", "Content-Length": "0"}, b"", kind, f.path
+                    )
+                data, status = f.data[start : end + 1], 206
                 headers = {**headers, "Content-Range": f"bytes {start}-{start + len(data) - 1}/{len(f.data)}"}
             headers = {**headers, "Content-Length": str(len(data)), "Content-Type": "application/octet-stream"}
             if head:
@@ -320,8 +351,18 @@ def _handler_for(hub: HubServer):
 
         def _error(self, status: int, code: str, message: str, kind: str, path: str) -> None:
             raw = json.dumps({"error": message}).encode()
-            self._send(status, {"X-Error-Code": code, "X-Error-Message": message, "Content-Type": "application/json",
-                                "Content-Length": str(len(raw))}, raw if self.command != "HEAD" else b"", kind, path)
+            self._send(
+                status,
+                {
+                    "X-Error-Code": code,
+                    "X-Error-Message": message,
+                    "Content-Type": "application/json",
+                    "Content-Length": str(len(raw)),
+                },
+                raw if self.command != "HEAD" else b"",
+                kind,
+                path,
+            )
 
         def _send(self, status: int, headers: dict, body: bytes, kind: str, path: str, rng: str = "") -> None:
             hub.log(Request(self.command, path, kind, rng or self.headers.get("Range", ""), status))
@@ -343,7 +384,11 @@ if __name__ == "__main__":  # a quick manual check: python -m tests.support.hub_
     import sys
     import time
 
-    src = Path(sys.argv[1]) if len(sys.argv) > 1 else write_tiny_model(Path(os.environ.get("TMPDIR", "/tmp")) / "tiny-hub")
+    src = (
+        Path(sys.argv[1])
+        if len(sys.argv) > 1
+        else write_tiny_model(Path(os.environ.get("TMPDIR", "/tmp")) / "tiny-hub")
+    )
     with HubServer(HubRepo.from_folder("test-org/tiny", src)) as server:
         print(server.endpoint, flush=True)
         time.sleep(3600)

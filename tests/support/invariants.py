@@ -56,8 +56,9 @@ def _lengths(rng: random.Random, spec: h.SchedulerSpec) -> int:
     return rng.randint(threshold, 6 * threshold)
 
 
-def run_random_load(spec: h.SchedulerSpec, model_dir, seed: int, steps: int, control: pathlib.Path,
-                    drain_steps: int = 400) -> LoadReport:
+def run_random_load(
+    spec: h.SchedulerSpec, model_dir, seed: int, steps: int, control: pathlib.Path, drain_steps: int = 400
+) -> LoadReport:
     """Drive `spec`'s scheduler (patched specs read `control` as their control
     file) through `steps` steps of random events, then to completion."""
     from vllm.v1.request import RequestStatus
@@ -111,8 +112,9 @@ def run_random_load(spec: h.SchedulerSpec, model_dir, seed: int, steps: int, con
         length = min(length, spec.max_model_len - 64)
         groups.append((group, length))
         max_tokens[rid] = rng.choice((1, 2, 5, 16, 40))
-        req = h.RequestSpec(rid, step, length, max_tokens[rid], prefix_group=group, shared_prefix_len=length,
-                            priority=rng.randint(0, 3))
+        req = h.RequestSpec(
+            rid, step, length, max_tokens[rid], prefix_group=group, shared_prefix_len=length, priority=rng.randint(0, 3)
+        )
         sched.add_request(h.make_request(req, hasher))
 
     def abort() -> None:
@@ -123,9 +125,11 @@ def run_random_load(spec: h.SchedulerSpec, model_dir, seed: int, steps: int, con
             aborted.add(rid)
 
     def live_change() -> None:
-        values = {contract.ENV_CAP: str(rng.randint(1, contract.CAP_MAX)),
-                  contract.ENV_GATE_MODE: str(rng.choice(contract.GATE_MODES)),
-                  contract.ENV_AGING: str(rng.choice((0, 0.5, 2, 64)))}
+        values = {
+            contract.ENV_CAP: str(rng.randint(1, contract.CAP_MAX)),
+            contract.ENV_GATE_MODE: str(rng.choice(contract.GATE_MODES)),
+            contract.ENV_AGING: str(rng.choice((0, 0.5, 2, 64))),
+        }
         tmp = control.with_suffix(".new")
         tmp.write_text(contract.control_text(values))
         os.chmod(tmp, 0o600)
@@ -154,8 +158,11 @@ def run_random_load(spec: h.SchedulerSpec, model_dir, seed: int, steps: int, con
         zero = [rid for rid, n in scheduled.items() if n <= 0]
         if zero:
             raise InvariantError(f"{where(step)}: chunks of 0 tokens for {zero}")
-        padded = [rid for rid, toks in out.scheduled_spec_decode_tokens.items()
-                  if rid in {r.req_id for r in out.scheduled_new_reqs} and toks]
+        padded = [
+            rid
+            for rid, toks in out.scheduled_spec_decode_tokens.items()
+            if rid in {r.req_id for r in out.scheduled_new_reqs} and toks
+        ]
         report.padded += len(padded)
         preempted = set(out.preempted_req_ids or ())
         report.preemptions += len(preempted)
@@ -172,7 +179,8 @@ def run_random_load(spec: h.SchedulerSpec, model_dir, seed: int, steps: int, con
                 if rid in scheduled or request.is_finished() or rid not in sched.requests:
                     continue
                 done = request.num_computed_tokens + 2 - request.num_output_placeholders >= (
-                    request.num_prompt_tokens + request.max_tokens)
+                    request.num_prompt_tokens + request.max_tokens
+                )
                 if request.num_output_placeholders and done:
                     continue  # async scheduling: its last step is already in flight (vLLM skips it)
                 raise InvariantError(f"{where(step)}: decoding {rid} skipped with {budget - used} budget left")
@@ -186,7 +194,9 @@ def run_random_load(spec: h.SchedulerSpec, model_dir, seed: int, steps: int, con
     left = sent - finished - aborted
     if left:
         raise InvariantError(f"seed {seed} ({spec.label}): {len(left)} requests never finished: {sorted(left)[:8]}")
-    wrong = {rid: (produced.get(rid, 0), max_tokens[rid]) for rid in finished if produced.get(rid, 0) != max_tokens[rid]}
+    wrong = {
+        rid: (produced.get(rid, 0), max_tokens[rid]) for rid in finished if produced.get(rid, 0) != max_tokens[rid]
+    }
     if wrong:
         raise InvariantError(f"seed {seed} ({spec.label}): outputs counted wrong (got, wanted): {wrong}")
     report.finished, report.aborted = len(finished), len(aborted)
@@ -236,13 +246,24 @@ def main() -> None:
         spec = h.recipe_spec(scale, **fields)
         spec = dataclasses.replace(spec, num_blocks=18 * spec.long_prefill_token_threshold // spec.block_size)
         for seed in job["seeds"]:
-            out = {"vllm": vllm.__version__, "label": spec.label, "policy": spec.policy, "seed": seed,
-                   "async": spec.async_scheduling, "drafter": spec.speculative_method}
+            out = {
+                "vllm": vllm.__version__,
+                "label": spec.label,
+                "policy": spec.policy,
+                "seed": seed,
+                "async": spec.async_scheduling,
+                "drafter": spec.speculative_method,
+            }
             try:
-                out["report"] = dataclasses.asdict(run_random_load(spec, model_dir, seed, job["steps"],
-                                                                  work / "control"))
+                out["report"] = dataclasses.asdict(
+                    run_random_load(spec, model_dir, seed, job["steps"], work / "control")
+                )
             except AssertionError as error:
                 frame = traceback.extract_tb(error.__traceback__)[-1]
-                out["error"] = {"type": type(error).__name__, "invariant": isinstance(error, InvariantError),
-                                "message": str(error)[:400], "statement": frame.line}
+                out["error"] = {
+                    "type": type(error).__name__,
+                    "invariant": isinstance(error, InvariantError),
+                    "message": str(error)[:400],
+                    "statement": frame.line,
+                }
             print(json.dumps(out), flush=True)

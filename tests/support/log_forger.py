@@ -15,8 +15,9 @@ import time
 
 
 def send(host: str, port: int, forged: str) -> bool:
-    request = (f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\nX-Forwarded-For: {forged}\r\n"
-               "Connection: close\r\n\r\n").encode("latin-1")
+    request = (
+        f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\nX-Forwarded-For: {forged}\r\nConnection: close\r\n\r\n"
+    ).encode("latin-1")
     try:
         with socket.create_connection((host, port), timeout=5) as conn:
             conn.sendall(request)

@@ -12,8 +12,9 @@ from dataclasses import asdict, dataclass, field
 from dspark_launch.agent.client import NodeAgent
 from dspark_launch.agent.transport import LocalTransport, SSHTransport
 from dspark_launch.model.copy import SSHTarget
-from dspark_launch.node.model_files import FileProblem, VerifyReport
 from dspark_launch.model.onnodes import AgentModelOps
+from dspark_launch.node.model_files import FileProblem, VerifyReport
+
 
 @dataclass
 class CountedTransport:
@@ -44,8 +45,13 @@ def agent_calls(ops: AgentModelOps) -> list[str]:
 
 
 def report_from(data: dict) -> VerifyReport:
-    return VerifyReport(data["folder"], data["full"], data["files_checked"], data["bytes_checked"],
-                        tuple(FileProblem(**p) for p in data["problems"]))
+    return VerifyReport(
+        data["folder"],
+        data["full"],
+        data["files_checked"],
+        data["bytes_checked"],
+        tuple(FileProblem(**p) for p in data["problems"]),
+    )
 
 
 def head_ops(python: str, counted: bool = False) -> AgentModelOps:
@@ -56,8 +62,16 @@ def head_ops(python: str, counted: bool = False) -> AgentModelOps:
 
 def worker_ops(name: str, target: SSHTarget, python: str, counted: bool = False) -> AgentModelOps:
     """A worker's checks through its agent over SSH, with the same settings as the copy."""
-    transport = SSHTransport(target.host, python, target.port, target.user, target.key, target.host_key_check,
-                             target.connect_timeout, target.extra_options)
+    transport = SSHTransport(
+        target.host,
+        python,
+        target.port,
+        target.user,
+        target.key,
+        target.host_key_check,
+        target.connect_timeout,
+        target.extra_options,
+    )
     return AgentModelOps(name, NodeAgent(name, CountedTransport(transport) if counted else transport))
 
 

@@ -17,14 +17,14 @@ import sys
 from dataclasses import asdict
 
 from dspark_launch.errors import DsparkError
-from dspark_launch.model.copy import SSHTarget
 from dspark_launch.model import distribute
+from dspark_launch.model.copy import SSHTarget
 from dspark_launch.model.distribute import check_disk, sync_worker
 from dspark_launch.model.errors import ModelError
 from dspark_launch.model.hub import HubSource
 from dspark_launch.model.location import ModelLocation
-from dspark_launch.node.manifest import Manifest
 from dspark_launch.model.workflow import Worker, place_local, pull_everywhere
+from dspark_launch.node.manifest import Manifest
 from tests.support.model_nodes import agent_calls, head_ops, worker_ops
 
 RSYNC_RUNS: list[int] = []  # streams of each rsync_to call, in order
@@ -49,8 +49,9 @@ def handle(req: dict, head, worker) -> dict:
     location = ModelLocation(**req["location"])
     manifest = Manifest.from_json(req["manifest"])
     if req["op"] == "sync":
-        return asdict(sync_worker(location, manifest, target, worker, streams=req.get("streams", 4),
-                                  full=req.get("full", False)))
+        return asdict(
+            sync_worker(location, manifest, target, worker, streams=req.get("streams", 4), full=req.get("full", False))
+        )
     if req["op"] == "check_disk":
         return {"checks": [asdict(c) for c in check_disk(location, manifest, [head, worker])]}
     if req["op"] == "fast_check":

@@ -74,14 +74,21 @@ def environ(version: str, base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_python(version: str, code: str, *args: str, timeout: float = 900, env: dict[str, str] | None = None,
-               cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess[str]:
+def run_python(
+    version: str,
+    code: str,
+    *args: str,
+    timeout: float = 900,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+) -> subprocess.CompletedProcess[str]:
     """`python -c code args...` under vllm `version` (this checkout importable as well)."""
     repo = pathlib.Path(__file__).resolve().parents[2]
     full = environ(version, env)
     full["PYTHONPATH"] = os.pathsep.join((full["PYTHONPATH"], str(repo)))
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
-                          env=full, cwd=cwd or repo)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout, env=full, cwd=cwd or repo
+    )
 
 
 if __name__ == "__main__":  # `make test` unpacks the release before the workers start (one download, no race)

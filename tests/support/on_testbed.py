@@ -23,8 +23,12 @@ def write_env(tb, tmp_path: Path, **extra: str) -> Path:
 
 
 def serving_env(tb, tmp_path: Path, model: Path, **extra: str) -> Path:
-    values = {**serving_values(model), "DSPARK_ISSUE43_SCHED_DIAG": "1", "START_TIMEOUT_S": "400",
-              "VLLM_API_KEY": API_KEY}
+    values = {
+        **serving_values(model),
+        "DSPARK_ISSUE43_SCHED_DIAG": "1",
+        "START_TIMEOUT_S": "400",
+        "VLLM_API_KEY": API_KEY,
+    }
     return write_env(tb, tmp_path, **{**values, **extra})
 
 
@@ -46,14 +50,23 @@ def dspark(tb, env_file: Path, *args: str, timeout: float = 240) -> subprocess.C
 
 def run(tb, tmp_path: Path, env_file: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """`dspark ARGS --env-file ENV` in the head node, with the test plugin's environment."""
-    return tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
-                   env=launcher_env(scratch(tmp_path)), timeout=timeout)
+    return tb.exec(
+        "head",
+        [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
+        env=launcher_env(scratch(tmp_path)),
+        timeout=timeout,
+    )
 
 
 def popen(tb, tmp_path: Path, env_file: Path, *args: str, merge: bool = False) -> subprocess.Popen:
-    return tb.popen("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
-                    env=launcher_env(scratch(tmp_path)), stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True)
+    return tb.popen(
+        "head",
+        [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
+        env=launcher_env(scratch(tmp_path)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge else subprocess.PIPE,
+        text=True,
+    )
 
 
 def state(tmp_path: Path) -> dict:
@@ -71,7 +84,9 @@ def read_until_served(proc) -> list[str]:
     return seen
 
 
-def interrupt_after(proc: subprocess.Popen, marker: str, delay: float, sig: int, timeout: float) -> tuple[list[str], str]:
+def interrupt_after(
+    proc: subprocess.Popen, marker: str, delay: float, sig: int, timeout: float
+) -> tuple[list[str], str]:
     """Send `sig` to a running `dspark` `delay` s after `marker` appears on its stderr.
 
     Returns (stderr lines up to the marker, the rest of stderr); the process has ended."""
@@ -101,8 +116,13 @@ def ours_left(tb, unrelated: set[int]) -> set[int]:
 
 def spawn_lookalike(tb, node: str, title: str, *argv: str) -> tuple[int, int]:
     """An unrelated process shown as `title` (argv[0]) in its own session, running `argv`: (pid, start time)."""
-    proc = tb.popen(node, ["bash", "-c", 'exec -a "$0" "$@"', title, *argv], start_new_session=True,
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = tb.popen(
+        node,
+        ["bash", "-c", 'exec -a "$0" "$@"', title, *argv],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not cmdline(proc.pid).startswith(title):
         time.sleep(0.05)

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from dspark_launch.node import procfs
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.handlers.processes import terminate
+from dspark_launch.node import procfs
 
 proc_cmdline = procfs.cmdline
 

@@ -17,8 +17,13 @@ CLIENT = Path(__file__).parent / "stream_client.py"
 
 def relayed_streams(tb, max_tokens: int) -> subprocess.Popen:
     """Streams one after another until the server refuses one; returned once the first has its first token."""
-    client = tb.popen("head", [sys.executable, str(CLIENT), "http://127.0.0.1:8000", API_KEY, "tiny", "1",
-                               str(max_tokens), "relay"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = tb.popen(
+        "head",
+        [sys.executable, str(CLIENT), "http://127.0.0.1:8000", API_KEY, "tiny", "1", str(max_tokens), "relay"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         line = client.stdout.readline()
@@ -35,8 +40,7 @@ def drained_relay(client: subprocess.Popen, command_stderr: str) -> list[dict]:
     streamed, streamed_err = client.communicate(timeout=300)
     results = [json.loads(line) for line in streamed.splitlines() if line.startswith("{")]
     *served, refused = results
-    assert served and all((r["finish_reason"], r["error"]) == ("length", None) for r in served), (
-        streamed + streamed_err)
+    assert served and all((r["finish_reason"], r["error"]) == ("length", None) for r in served), streamed + streamed_err
     assert refused["error"] is not None and refused["tokens"] == 0, streamed + streamed_err
     drained = [line for line in command_stderr.splitlines() if "vllm serve drained in" in line]
     counted = re.search(r"(\d+) request\(s\) finished, 0 cut$", drained[0]) if drained else None

@@ -49,7 +49,9 @@ def http_get(url: str, timeout: float = 5.0, headers: dict[str, str] | None = No
         return e.code, e.read()
 
 
-def http_post_json(url: str, payload: dict, timeout: float = 60.0, headers: dict[str, str] | None = None) -> tuple[int, dict | str]:
+def http_post_json(
+    url: str, payload: dict, timeout: float = 60.0, headers: dict[str, str] | None = None
+) -> tuple[int, dict | str]:
     data = json.dumps(payload).encode()
     req = urllib.request.Request(
         url, data=data, headers={"Content-Type": "application/json", **(headers or {})}, method="POST"

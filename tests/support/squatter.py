@@ -37,8 +37,9 @@ def serve(conn: socket.socket, number: int) -> None:
     say(f"connection {number}: {got[:4000]!r}")
     body = json.dumps({"data": [{"id": "tiny"}], "choices": [{"message": {"content": "hi"}}]}).encode()
     try:
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                     % (len(body), body))
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
     except OSError:
         pass
     conn.close()

@@ -20,10 +20,22 @@ import urllib.request
 
 
 def one(url: str, key: str, model: str, index: int, max_tokens: int, results: list, lock: threading.Lock) -> None:
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": f"Tell a story ({index})."}],
-                       "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}).encode()
-    request = urllib.request.Request(f"{url}/v1/chat/completions", data=body, method="POST", headers={
-        "Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": f"Tell a story ({index})."}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
     result = {"index": index, "tokens": 0, "finish_reason": None, "status": 0, "error": None}
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
@@ -33,7 +45,7 @@ def one(url: str, key: str, model: str, index: int, max_tokens: int, results: li
                 line = raw.decode(errors="replace").strip()
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                chunk = json.loads(line[len("data: "):])
+                chunk = json.loads(line[len("data: ") :])
                 for choice in chunk.get("choices", []):
                     if choice.get("delta", {}).get("content"):
                         result["tokens"] += 1

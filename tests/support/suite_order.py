@@ -47,7 +47,8 @@ def module_table(seconds: dict[str, float], limit: int = 0) -> list[str]:
     rows = rows[:limit] if limit else rows
     total = sum(seconds.values())
     return [f"{secs:8.1f} s  {100 * secs / total if total else 0:5.1f} %  {module}" for module, secs in rows] + [
-        f"{total:8.1f} s  total over {len(seconds)} modules"]
+        f"{total:8.1f} s  total over {len(seconds)} modules"
+    ]
 
 
 def terminal_summary(terminalreporter) -> None:

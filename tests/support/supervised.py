@@ -45,8 +45,13 @@ class Journal:
 
 def one_stream(tb, max_tokens: int = 900) -> subprocess.Popen:
     """A long streaming chat inside the head node, returned once its first token came."""
-    client = tb.popen("head", [sys.executable, str(CLIENT), URL, API_KEY, "tiny", "1", str(max_tokens)],
-                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = tb.popen(
+        "head",
+        [sys.executable, str(CLIENT), URL, API_KEY, "tiny", "1", str(max_tokens)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = client.stdout.readline()
     assert line.startswith("first "), line + client.stderr.read()[-2000:]
     return client

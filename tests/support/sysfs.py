@@ -15,9 +15,17 @@ def ipv4_gid(ip: str) -> str:
     return f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
 
 
-def add_port(root: Path, pci: str, ifname: str, hca: str | None, gids: dict[int, tuple[str, str]],
-             state: str = ACTIVE, link_layer: str = "Ethernet", mtu: int = 9000,
-             ndevs: dict[int, str] | None = None) -> None:
+def add_port(
+    root: Path,
+    pci: str,
+    ifname: str,
+    hca: str | None,
+    gids: dict[int, tuple[str, str]],
+    state: str = ACTIVE,
+    link_layer: str = "Ethernet",
+    mtu: int = 9000,
+    ndevs: dict[int, str] | None = None,
+) -> None:
     """One PCIe function as sysfs shows it: its netdev (with its MTU), its RDMA device with port 1 (state, link
     layer, GIDs with their type and netdev: `ifname` unless `ndevs` says otherwise), the class links."""
     function = root / "devices" / f"pci{pci[:7]}" / pci

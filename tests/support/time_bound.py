@@ -23,22 +23,45 @@ def load(scale: Fraction) -> list[h.RequestSpec]:
         return max(2, int(tokens * scale))
 
     out = [h.RequestSpec(f"stream-{i}", 0, n(600), 2400) for i in range(3)]
-    out += [h.RequestSpec("doc-0", 0, n(24000), 8, arrival_ms=300.0),
-            h.RequestSpec("doc-1", 0, n(12000), 8, arrival_ms=6000.0)]
+    out += [
+        h.RequestSpec("doc-0", 0, n(24000), 8, arrival_ms=300.0),
+        h.RequestSpec("doc-1", 0, n(12000), 8, arrival_ms=6000.0),
+    ]
     out += [h.RequestSpec(f"short-{i}", 0, n(300 + 97 * i % 500), 16, arrival_ms=200.0 + 400.0 * i) for i in range(24)]
     return out
 
 
-def run(scale: Fraction, async_scheduling: bool, mtp: bool, target_ms: float, model_dir, *, factor_from: int = 0,
-        factor: float = 1.0, noise: float = 0.0, seed: int = 0, lag: int | None = None,
-        cost=None, workload: list[h.RequestSpec] | None = None, mode: int = 4, diag: bool = False) -> dict:
+def run(
+    scale: Fraction,
+    async_scheduling: bool,
+    mtp: bool,
+    target_ms: float,
+    model_dir,
+    *,
+    factor_from: int = 0,
+    factor: float = 1.0,
+    noise: float = 0.0,
+    seed: int = 0,
+    lag: int | None = None,
+    cost=None,
+    workload: list[h.RequestSpec] | None = None,
+    mode: int = 4,
+    diag: bool = False,
+) -> dict:
     """One mode-4 run. The modelled step cost is multiplied by `factor` from step `factor_from` on and by a
     seeded uniform noise of +-`noise`; `lag` overrides the scheduler's own (a wrong attribution, for the
     test that shows why it matters); `cost(record, scale)` replaces the mixed fit."""
     fields = {} if mtp else {"num_speculative_tokens": 0}
-    spec = h.recipe_spec(scale, async_scheduling=async_scheduling, **fields,
-                         extra_env=((contract.ENV_GATE_MODE, str(mode)), (contract.ENV_TARGET_STEP_MS, "%g" % target_ms),
-                                    (contract.ENV_DIAG, "1" if diag else "0")))
+    spec = h.recipe_spec(
+        scale,
+        async_scheduling=async_scheduling,
+        **fields,
+        extra_env=(
+            (contract.ENV_GATE_MODE, str(mode)),
+            (contract.ENV_TARGET_STEP_MS, "%g" % target_ms),
+            (contract.ENV_DIAG, "1" if diag else "0"),
+        ),
+    )
     sched = h.build_scheduler(spec, model_dir)
     if lag is not None:
         sched._dspark_lag = lag
@@ -56,20 +79,44 @@ def run(scale: Fraction, async_scheduling: bool, mtp: bool, target_ms: float, mo
     def before(s, step: int) -> None:  # the previous step's room, whether a fit held, samples so far
         state.append((s._dspark_time_room, s._dspark_fit is not None, len(s._dspark_samples)))
 
-    result = h.run_workload(spec, workload or load(scale), model_dir, scheduler=sched, step_time=step_time,
-                            clock=h.ModelledClock(), before_schedule=before)
+    result = h.run_workload(
+        spec,
+        workload or load(scale),
+        model_dir,
+        scheduler=sched,
+        step_time=step_time,
+        clock=h.ModelledClock(),
+        before_schedule=before,
+    )
     state = state[1:] + [(sched._dspark_time_room, sched._dspark_fit is not None, len(sched._dspark_samples))]
     steps = []
     for record, (room, fitted, samples) in zip(result.steps, state):
-        steps.append({"step": record.step, "ms": clean[record.step], "prefill": record.prefill_tokens,
-                      "decode": record.decode_tokens, "decoders": len(record.decode_active),
-                      "skipped": len(record.decode_skipped), "room": room, "fitted": fitted, "samples": samples,
-                      "waiting": bool(record.mid_prefill) or any(
-                          r not in record.scheduled for r in record.mid_prefill)})
-    return {"vllm": _version(), "finished": len(result.finished), "requests": len(result.workload),
-            "bound": sched._dspark_step_bound, "block": spec.block_size, "budget": spec.max_num_batched_tokens,
-            "fit": list(sched._dspark_fit or ()), "note": sched._dspark_fit_note, "lag": sched._dspark_lag,
-            "steps": steps}
+        steps.append(
+            {
+                "step": record.step,
+                "ms": clean[record.step],
+                "prefill": record.prefill_tokens,
+                "decode": record.decode_tokens,
+                "decoders": len(record.decode_active),
+                "skipped": len(record.decode_skipped),
+                "room": room,
+                "fitted": fitted,
+                "samples": samples,
+                "waiting": bool(record.mid_prefill) or any(r not in record.scheduled for r in record.mid_prefill),
+            }
+        )
+    return {
+        "vllm": _version(),
+        "finished": len(result.finished),
+        "requests": len(result.workload),
+        "bound": sched._dspark_step_bound,
+        "block": spec.block_size,
+        "budget": spec.max_num_batched_tokens,
+        "fit": list(sched._dspark_fit or ()),
+        "note": sched._dspark_fit_note,
+        "lag": sched._dspark_lag,
+        "steps": steps,
+    }
 
 
 def mixed(report: dict, after: int = 0) -> list[dict]:

@@ -156,11 +156,24 @@ def _build_tiny_model(dest: Path) -> Path:
 
     tokenizer = _build_tokenizer()
     vocab = len(tokenizer)
-    token_ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-                 "pad_token_id": tokenizer.pad_token_id}
-    config = LlamaConfig(vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=HEADS, head_dim=HEAD_DIM,
-                         max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-6, tie_word_embeddings=False, **token_ids)
+    token_ids = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        **token_ids,
+    )
     config.torch_dtype = "float32"
 
     torch.manual_seed(SEED)

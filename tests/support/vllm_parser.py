@@ -19,8 +19,13 @@ parser = serve_parser()
 def refusal(serve_args: list[str] | tuple[str, ...], python: str = sys.executable) -> str | None:
     """vLLM's reason for refusing `serve_args` (model first, as after `vllm serve`) under `python`, or None
     when accepted (the check a starting server runs on itself, node/serve_entry.py)."""
-    proc = subprocess.run([python, "-c", Path(serve_argcheck.__file__).read_text()],
-                          input=json.dumps(["--model", *serve_args]), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [python, "-c", Path(serve_argcheck.__file__).read_text()],
+        input=json.dumps(["--model", *serve_args]),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     verdicts = [line for line in proc.stdout.splitlines() if line.startswith(serve_argcheck.VERDICT)]
     if proc.returncode == 0 and verdicts == [serve_argcheck.verdict_line(None)]:
         return None

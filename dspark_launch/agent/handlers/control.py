@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 from dspark_launch.agent import protocol as p
-from dspark_launch.node.safe_path import UnsafePath, check_ancestors, check_dir, log_owner, write_private
 from dspark_launch.hotfix.contract import CONTROL_MAX_BYTES
+from dspark_launch.node.safe_path import UnsafePath, check_ancestors, check_dir, log_owner, write_private
 
 STEP = "scheduler control file"
 

@@ -9,10 +9,10 @@ import subprocess
 from pathlib import Path
 
 from dspark_launch.agent import protocol as p
-from dspark_launch.node.fabric import fabric_env as node_fabric_env
-from dspark_launch.node.fabric import sysfs_root, write_non_carry_over
 from dspark_launch.agent.protocol import Report
 from dspark_launch.errors import ConfigError, DsparkError
+from dspark_launch.node.fabric import fabric_env as node_fabric_env
+from dspark_launch.node.fabric import sysfs_root, write_non_carry_over
 
 
 def interface_query(req: p.InterfaceQuery, report: Report) -> p.InterfaceAnswer:

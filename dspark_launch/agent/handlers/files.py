@@ -38,7 +38,7 @@ def tail(req: p.Tail, report: Report) -> p.TailAnswer:
             with open(path, "rb") as handle:
                 handle.seek(0, os.SEEK_END)
                 handle.seek(max(0, handle.tell() - p.READ_CHUNK // max(1, len(req.paths))))
-                text = handle.read().decode(errors="replace").splitlines()[-req.lines:]
+                text = handle.read().decode(errors="replace").splitlines()[-req.lines :]
         except OSError:
             continue
         lines += [f"==> {path} <=="] + text

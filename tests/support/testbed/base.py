@@ -58,4 +58,3 @@ class Node:
     @property
     def ifname(self) -> str:
         return FABRIC_IF
-

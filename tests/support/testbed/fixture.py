@@ -32,7 +32,14 @@ import re
 import pytest
 
 from tests.support.processes import alive as _alive
-from tests.support.testbed.testbed import SSHD, Testbed, TestbedError, default_venv, ensure_openssh_server, requirements_met
+from tests.support.testbed.testbed import (
+    SSHD,
+    Testbed,
+    TestbedError,
+    default_venv,
+    ensure_openssh_server,
+    requirements_met,
+)
 
 # family -> (netns prefix + pid, state dir /tmp/<family>-<pid>)
 #   dspt: the session fixture's testbed; dspx: extra_testbed() (e.g. a 3-node run)

@@ -161,7 +161,9 @@ class NodeAccess:
             raise subprocess.CalledProcessError(r.returncode, list(argv), r.stdout, r.stderr)
         return r
 
-    def popen(self, node, argv: Sequence[str], env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None, **kw) -> subprocess.Popen:
+    def popen(
+        self, node, argv: Sequence[str], env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None, **kw
+    ) -> subprocess.Popen:
         """subprocess.Popen of argv inside the node (same env/cwd rules as exec)."""
         return subprocess.Popen(self._node_argv(node, list(argv), cwd), env=self._env(env), **kw)
 

@@ -62,9 +62,7 @@ class Overlays:
                  net=False, mnt=False)  # fmt: skip
         hosts = os.path.join(d, "hosts")
         Path(hosts).write_text(
-            "127.0.0.1\tlocalhost\n"
-            f"127.0.1.1\t{rec['hostname']}\n"
-            "::1\tlocalhost ip6-localhost ip6-loopback\n"
+            f"127.0.0.1\tlocalhost\n127.0.1.1\t{rec['hostname']}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
         )
         self._in(pid, ["mount", "--bind", hosts, "/etc/hosts"], net=False, uts=False)
         # sysfs of the node's own netns, keeping the host's cgroup tree (Ray reads limits there)
@@ -72,11 +70,18 @@ class Overlays:
         os.makedirs(stage, exist_ok=True)
         have_cgroup = os.path.ismount("/sys/fs/cgroup")
         if have_cgroup:
-            have_cgroup = self._in(pid, ["mount", "--rbind", "/sys/fs/cgroup", stage], check=False, uts=False).returncode == 0
+            have_cgroup = (
+                self._in(pid, ["mount", "--rbind", "/sys/fs/cgroup", stage], check=False, uts=False).returncode == 0
+            )
         self._in(pid, ["mount", "-t", "sysfs", "-o", "rw,nosuid,nodev,noexec", f"sysfs-{name}", "/sys"], uts=False)
         if have_cgroup:
             r = self._in(pid, ["mount", "--move", stage, "/sys/fs/cgroup"], check=False, uts=False)
             if r.returncode != 0:
                 self._in(pid, ["umount", "-l", stage], check=False, uts=False)
-        self._in(pid, ["mount", "-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", f"shm-{name}", "/dev/shm"], net=False, uts=False)
+        self._in(
+            pid,
+            ["mount", "-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", f"shm-{name}", "/dev/shm"],
+            net=False,
+            uts=False,
+        )
         self._mount_overlay(rec)

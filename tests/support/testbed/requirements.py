@@ -39,7 +39,11 @@ def requirements_met(venv: Optional[str] = None, probe: bool = True) -> Tuple[bo
         return False, "the testbed needs root (namespaces, mounts, sshd)"
     missing = _missing_tools()
     if missing:
-        hint = " (openssh-server: call ensure_openssh_server() or `python -m tests.support.testbed up`)" if SSHD in missing else ""
+        hint = (
+            " (openssh-server: call ensure_openssh_server() or `python -m tests.support.testbed up`)"
+            if SSHD in missing
+            else ""
+        )
         return False, "missing tools: " + ", ".join(missing) + hint
     try:
         with open("/proc/filesystems") as fh:
@@ -52,7 +56,10 @@ def requirements_met(venv: Optional[str] = None, probe: bool = True) -> Tuple[bo
             if "\toverlay\n" not in fh.read():
                 return False, "no overlayfs in this kernel (/proc/filesystems)"
     if _root_locked():
-        return False, "root's password is locked ('!' in /etc/shadow); sshd (UsePAM no) refuses it: run `usermod -p '*' root`"
+        return (
+            False,
+            "root's password is locked ('!' in /etc/shadow); sshd (UsePAM no) refuses it: run `usermod -p '*' root`",
+        )
     if venv is not None:
         if not os.path.isfile(os.path.join(venv, "bin", "python")):
             return False, f"no venv at {venv} (bin/python missing)"

@@ -36,8 +36,21 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 from dspark_launch.node import procfs
 from tests.support.processes import alive, terminate_pids
 from tests.support.testbed.base import (  # noqa: F401  (re-exported: the testbed's public names)
-    _NAME, _SAFE_PATH, BRIDGE_IF, DEFAULT_PREFIX, DEFAULT_STATE_DIR, DEFAULT_SUBNET, FABRIC_IF, MARKER_FILE, SSH_PORT,
-    SSHD, Node, TestbedError, default_venv, node_names)
+    _NAME,
+    _SAFE_PATH,
+    BRIDGE_IF,
+    DEFAULT_PREFIX,
+    DEFAULT_STATE_DIR,
+    DEFAULT_SUBNET,
+    FABRIC_IF,
+    MARKER_FILE,
+    SSH_PORT,
+    SSHD,
+    Node,
+    TestbedError,
+    default_venv,
+    node_names,
+)
 from tests.support.testbed.fabric import Fabric
 from tests.support.testbed.namespaces import file_ns_id, ns_id, pids_in_namespaces
 from tests.support.testbed.nodes import NodeAccess
@@ -84,7 +97,6 @@ class Testbed(NodeAccess, Sshd, Fabric, Overlays):
             raise TestbedError(f"subnet must look like 10.X.Y (a private /24), got {subnet!r}")
         if not _SAFE_PATH.match(self.state_dir) or len(self.state_dir) > 60:
             raise TestbedError(f"state dir {self.state_dir!r}: use a short path without , : = or blanks")
-
 
     def reset(self) -> None:
         """Back to a fresh testbed: no processes but ours, links up, sshd running, pristine venvs."""
@@ -227,8 +239,9 @@ class Testbed(NodeAccess, Sshd, Fabric, Overlays):
             self.start_sshd(rec["name"])
         state["up_seconds"] = round(time.monotonic() - t0, 2)
         self._write_state(state)
-        self._log(f"testbed up in {state['up_seconds']} s: " + ", ".join(f"{r['name']}={r['ip']}" for r in state["nodes"]))
-
+        self._log(
+            f"testbed up in {state['up_seconds']} s: " + ", ".join(f"{r['name']}={r['ip']}" for r in state["nodes"])
+        )
 
     # ----------------------------------------------------------------- down
 

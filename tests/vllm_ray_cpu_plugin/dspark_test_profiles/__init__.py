@@ -15,15 +15,33 @@ TINY_TEST = Profile(
     ),
     switches=(
         Switch("--no-such-switch-in-any-vllm", "proves an optional switch a build lacks is left out", "none"),
-        Switch("--enable-auto-tool-choice", "proves a switch goes when the flag it needs goes", "every vLLM",
-               needs="--tool-call-parser"),
+        Switch(
+            "--enable-auto-tool-choice",
+            "proves a switch goes when the flag it needs goes",
+            "every vLLM",
+            needs="--tool-call-parser",
+        ),
     ),
     preferences=(
-        Preference(flag="--kv-cache-dtype", values=("no_such_dtype", "auto"),
-                   why="proves the fallback: the first value is offered by no build", builds="auto: every vLLM"),
-        Preference(flag="--tokenizer-mode", values=("auto",), why="required and offered everywhere", builds="every vLLM", required=True),
-        Preference(flag="--tool-call-parser", values=("no_such_parser",), why="proves an optional flag with no offered value is "
-                   "left out (and --enable-auto-tool-choice with it)", builds="none"),
+        Preference(
+            flag="--kv-cache-dtype",
+            values=("no_such_dtype", "auto"),
+            why="proves the fallback: the first value is offered by no build",
+            builds="auto: every vLLM",
+        ),
+        Preference(
+            flag="--tokenizer-mode",
+            values=("auto",),
+            why="required and offered everywhere",
+            builds="every vLLM",
+            required=True,
+        ),
+        Preference(
+            flag="--tool-call-parser",
+            values=("no_such_parser",),
+            why="proves an optional flag with no offered value is left out (and --enable-auto-tool-choice with it)",
+            builds="none",
+        ),
     ),
     env=(EnvVar("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1", "as the DeepSeek profile; harmless here"),),
     chat=True,
