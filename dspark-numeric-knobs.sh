@@ -25,13 +25,13 @@
 # ---- the registry ----------------------------------------------------------
 _dspark_registry() {
 # Hotfix
-dspark_knob DSPARK_MAX_INFLIGHT_PREFILLS   int   1        1    3        soft "Requests allowed mid-prefill (partial prefill) at once; the scheduler hotfix caps it at 3"
+dspark_knob DSPARK_MAX_INFLIGHT_PREFILLS   int   1        1    3        soft "Prompts allowed mid-prefill (partial prefill) at once, capped at 3; 1 keeps decode steps smallest"
 dspark_knob_alias DSPARKMAXINFLIGHTPREFILLS DSPARK_MAX_INFLIGHT_PREFILLS
-dspark_knob DSPARK_PREFILL_GATE_MODE       int   3        0    4        hard "Scheduler hotfix gate: 0 counts in-flight prefills only; 1 also bounds a step's prefill tokens at (cap + 1/2) x threshold; 2 judges prompts after their prefix-cache hit and gives uncached prompts that finish in the step a quarter threshold of extra room; 3 (default) gives the step's bounded prefill room, running prompts included, to the least uncached work left first; 4 is mode 3 with the room sized in time (DSPARK_TARGET_STEP_MS)"
-dspark_knob DSPARK_PREFILL_AGING           float 2.0      0.0  64.0     hard "Gate mode 3: a prompt that has waited more than this many times its own solo prefill steps goes first (aging: nothing starves; 0 = oldest first)"
-dspark_knob DSPARK_ISSUE43_SCHED_DIAG      int   0        0    1        hard "1 logs one scheduler diagnostics line per step (prefill/decode tokens, in-flight prefills)"
-dspark_knob DSPARK_TARGET_STEP_MS          float 100.0    20.0 5000.0   hard "Gate mode 4: the predicted time in ms of a step that carries prefill beside decoding requests (per-token costs fitted from the engine's own step times; mode 3's bound until the fit holds)"
-dspark_knob DSPARK_ADMISSION_CLOSED        int   0        0    1        hard "1 closes admission of new prompts (running streams go on decoding; new prompts wait in vLLM's queue); the supervisor's memory guard (DSPARK_MEMORY_GUARD=pause) sets it on its own while memory is short"
+dspark_knob DSPARK_PREFILL_GATE_MODE       int   3        0    4        hard "Hotfix gate: 0 the cap alone; 1 also bounds a step's prefill at (cap + 1/2) x threshold tokens; 2 as 1, on uncached tokens; 3 least uncached work first within the bound; 4 as 3, the bound in time (docs/hotfix.md)"
+dspark_knob DSPARK_PREFILL_AGING           float 2.0      0.0  64.0     hard "Gate modes 3 and 4: a prompt waiting over this many times its solo prefill goes first, so none starves (0: oldest first)"
+dspark_knob DSPARK_ISSUE43_SCHED_DIAG      int   0        0    1        hard "1 logs one scheduler diagnostics line per step"
+dspark_knob DSPARK_TARGET_STEP_MS          float 100.0    20.0 5000.0   hard "Gate mode 4: the step time in ms prefill beside decoding is sized to, from per-token costs fitted to the engine's step times"
+dspark_knob DSPARK_ADMISSION_CLOSED        int   0        0    1        hard "1 holds new prompts in vLLM's queue while running streams decode; the memory guard (DSPARK_MEMORY_GUARD=pause) sets it while memory is short"
 # Serving
 dspark_knob MAX_NUM_SEQS                   int   6        1    1024     hard "vllm --max-num-seqs: requests running at once"
 dspark_knob MAX_NUM_BATCHED_TOKENS         int   8192     16   1048576  hard "vllm --max-num-batched-tokens: token budget of one scheduler step"
@@ -39,17 +39,17 @@ dspark_knob LONG_PREFILL_TOKEN_THRESHOLD   int   1024     0    1048576  hard "vl
 dspark_knob MAX_MODEL_LEN                  int   1048576  16   4194304  hard "vllm --max-model-len: longest context in tokens"
 dspark_knob GPU_MEMORY_UTILIZATION         float 0.835    0.05 0.95     hard "vllm --gpu-memory-utilization: share of (unified) memory vLLM may take"
 dspark_knob ENABLE_PREFIX_CACHING          int   1        0    1        hard "1 passes --enable-prefix-caching to vllm serve"
-dspark_knob HF_HUB_OFFLINE                 int   0        0    1        hard "1 forbids Hugging Face hub downloads (model must be in the local cache or a path)"
+dspark_knob HF_HUB_OFFLINE                 int   0        0    1        hard "1 forbids hub downloads (the model must be cached or a path)"
 dspark_knob VLLM_PORT                      int   8888     1    65535    hard "TCP port of the OpenAI-compatible API"
-dspark_knob START_TIMEOUT_S                int   1800     10   86400    hard "seconds to wait for vllm serve to answer after launch"
+dspark_knob START_TIMEOUT_S                int   1800     10   86400    hard "seconds vllm serve may take to answer after launch"
 dspark_knob HEALTH_TIMEOUT_S               int   5        1    600      hard "seconds one health or status probe may take"
-dspark_knob DSPARK_DRAIN_TIMEOUT_S         int   60       0    3600     hard "seconds dspark stop and restart let vllm serve finish in-flight requests (vllm --shutdown-timeout); 0 aborts them at once"
+dspark_knob DSPARK_DRAIN_TIMEOUT_S         int   60       0    3600     hard "seconds stop and restart let in-flight requests finish (vllm --shutdown-timeout); 0 aborts them"
 # Supervision
-dspark_knob DSPARK_STALL_TIMEOUT_S         int   600      0    86400    hard "seconds the engine may report running requests while none of its generated tokens, completed prompt tokens or KV cache use moves before it counts as stalled (start --foreground then restarts vllm serve); 0 = never judged stalled. 600: longer than a DeepSeek-V4 JIT compile mid-serving (over 300 s reported), as long as NCCL's own collective timeout, a third of the profile's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=1800"
-dspark_knob DSPARK_RECOVERY_LIMIT          int   3        0    60       hard "recoveries (vllm serve restarted after a stall or its exit; everything restarted after a node's Ray was lost) start --foreground makes within any hour; one more failure ends supervision (exit 4, the run stopped); 0 = no recovery: exit 1 at the first failure"
-dspark_knob DSPARK_RECOVERY_BACKOFF_S      int   30       0    3600     hard "seconds start --foreground waits before the first recovery within an hour; each next one waits twice as long"
-dspark_knob DSPARK_MEMORY_FLOOR_MIB        int   1024     256  1048576  hard "DSPARK_MEMORY_GUARD=pause: admission of new prompts closes when a node's MemAvailable falls below this many MiB, and opens again above 1.5 times it (a GB10 serving at utilization 0.87 keeps about 1.2 to 5.2 GiB)"
-dspark_knob DSPARK_MEMORY_PRESSURE_PCT     float 10.0     1.0  100.0    hard "DSPARK_MEMORY_GUARD=pause: admission also closes when a node's memory pressure (PSI some avg10, % of time some task waited for memory) reaches this, and opens again below half of it"
+dspark_knob DSPARK_STALL_TIMEOUT_S         int   600      0    86400    hard "seconds running requests may show no progress (tokens, KV cache use) before start --foreground restarts vllm serve; 0: never; 600 outlasts a mid-serving DeepSeek-V4 JIT compile (over 300 s)"
+dspark_knob DSPARK_RECOVERY_LIMIT          int   3        0    60       hard "recoveries start --foreground makes per hour (vllm serve after a stall or exit, all after a lost node); the next failure exits 4; 0: exit 1 at the first"
+dspark_knob DSPARK_RECOVERY_BACKOFF_S      int   30       0    3600     hard "seconds before the hour's first recovery, doubled for each next one"
+dspark_knob DSPARK_MEMORY_FLOOR_MIB        int   1024     256  1048576  hard "DSPARK_MEMORY_GUARD=pause: admission closes below this many MiB of a node's MemAvailable, opens above 1.5x it (a serving GB10 keeps 1.2 to 5.2 GiB)"
+dspark_knob DSPARK_MEMORY_PRESSURE_PCT     float 10.0     1.0  100.0    hard "DSPARK_MEMORY_GUARD=pause: admission also closes at this memory pressure (PSI some avg10, %), opens below half of it"
 # Cluster
 dspark_knob RAY_PORT                       int   6379     1    65535    hard "TCP port of the Ray head (GCS) on the fabric IP"
 dspark_knob RAY_OBJECT_STORE_MB            int   2048     80   1048576  hard "Ray object store per node, MiB (else Ray claims 30% of RAM)"
@@ -57,11 +57,11 @@ dspark_knob GPUS_PER_NODE                  int   1        1    8        hard "GP
 dspark_knob SSH_PORT                       int   22       1    65535    hard "SSH port of the worker nodes"
 dspark_knob SSH_CONNECT_TIMEOUT_S          int   10       1    300      hard "seconds before an SSH connection attempt fails"
 dspark_knob CLUSTER_JOIN_TIMEOUT_S         int   120      5    3600     hard "seconds to wait for every node to join Ray"
-dspark_knob DSPARK_ALLOW_TCP_FABRIC        int   0        0    1        hard "1 lets start go on (with a warning) when a node has no usable RoCE port behind its fabric interface: NCCL then runs over TCP sockets, about 12 against 30+ tok/s"
+dspark_knob DSPARK_ALLOW_TCP_FABRIC        int   0        0    1        hard "1 lets start go on with a warning when a node lacks usable RoCE: NCCL over TCP, about 12 against 30+ tok/s"
 # Security
-dspark_knob DSPARK_TRUSTED_NETWORK         int   0        0    1        hard "1 allows a VLLM_HOST other than loopback without an API key (a network you trust)"
+dspark_knob DSPARK_TRUSTED_NETWORK         int   0        0    1        hard "1 allows a non-loopback VLLM_HOST without an API key"
 dspark_knob DSPARK_HUB_TOKEN_TO_ENDPOINT   int   0        0    1        hard "1 sends the hub token to an HF_ENDPOINT other than https://huggingface.co (https only)"
-dspark_knob DSPARK_HUB_PROXY               int   0        0    1        hard "1 lets the model pull use the environment's proxy variables (they see the token); 0 connects directly"
+dspark_knob DSPARK_HUB_PROXY               int   0        0    1        hard "1 lets model pull use the environment's proxy (it sees the token); 0 connects directly"
 }
 
 # ---- validation (bash side) -------------------------------------------------

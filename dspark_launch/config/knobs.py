@@ -80,24 +80,21 @@ class NumericKnobs:
 
     # ---- hotfix
     dspark_max_inflight_prefills: int = live("DSPARK_MAX_INFLIGHT_PREFILLS", alias="DSPARKMAXINFLIGHTPREFILLS")
-    """Requests allowed mid-prefill (partial prefill) at once; the scheduler hotfix caps it at 3"""
+    """Prompts allowed mid-prefill (partial prefill) at once, capped at 3; 1 keeps decode steps smallest"""
     dspark_prefill_gate_mode: int = live("DSPARK_PREFILL_GATE_MODE")
-    """Scheduler hotfix gate: 0 counts in-flight prefills only; 1 also bounds a step's prefill tokens at
-    (cap + 1/2) x threshold; 2 judges prompts after their prefix-cache hit and gives uncached prompts that finish
-    in the step a quarter threshold of extra room; 3 (default) gives the step's bounded prefill room, running
-    prompts included, to the least uncached work left first; 4 is mode 3 with the room sized in time
-    (DSPARK_TARGET_STEP_MS)"""
+    """Hotfix gate: 0 the cap alone; 1 also bounds a step's prefill at (cap + 1/2) x threshold tokens; 2 as 1, on
+    uncached tokens; 3 least uncached work first within the bound; 4 as 3, the bound in time (docs/hotfix.md)"""
     dspark_prefill_aging: float = live("DSPARK_PREFILL_AGING")
-    """Gate mode 3: a prompt that has waited more than this many times its own solo prefill steps goes first
-    (aging: nothing starves; 0 = oldest first)"""
+    """Gate modes 3 and 4: a prompt waiting over this many times its solo prefill goes first, so none starves
+    (0: oldest first)"""
     dspark_issue43_sched_diag: bool = live("DSPARK_ISSUE43_SCHED_DIAG")
-    """1 logs one scheduler diagnostics line per step (prefill/decode tokens, in-flight prefills)"""
+    """1 logs one scheduler diagnostics line per step"""
     dspark_target_step_ms: float = live("DSPARK_TARGET_STEP_MS")
-    """Gate mode 4: the predicted time in ms of a step that carries prefill beside decoding requests (per-token
-    costs fitted from the engine's own step times; mode 3's bound until the fit holds)"""
+    """Gate mode 4: the step time in ms prefill beside decoding is sized to, from per-token costs fitted to the
+    engine's step times"""
     dspark_admission_closed: bool = live("DSPARK_ADMISSION_CLOSED")
-    """1 closes admission of new prompts (running streams go on decoding; new prompts wait in vLLM's queue); the
-    supervisor's memory guard (DSPARK_MEMORY_GUARD=pause) sets it on its own while memory is short"""
+    """1 holds new prompts in vLLM's queue while running streams decode; the memory guard
+    (DSPARK_MEMORY_GUARD=pause) sets it while memory is short"""
 
     # ---- serving
     max_num_seqs: int = knob(6, ge=1, le=1024, group="serving", level="serve", flag="--max-num-seqs")
@@ -129,37 +126,33 @@ class NumericKnobs:
     )
     """1 passes --enable-prefix-caching to vllm serve"""
     hf_hub_offline: bool = switch(False, group="serving")
-    """1 forbids Hugging Face hub downloads (model must be in the local cache or a path)"""
+    """1 forbids hub downloads (the model must be cached or a path)"""
     vllm_port: int = knob(8888, ge=1, le=65535, group="serving", level="serve", flag=owned("--port"))
     """TCP port of the OpenAI-compatible API"""
     start_timeout_s: int = knob(1800, ge=10, le=86400, group="serving", level="serve")
-    """seconds to wait for vllm serve to answer after launch"""
+    """seconds vllm serve may take to answer after launch"""
     health_timeout_s: int = knob(5, ge=1, le=600, group="serving", level="serve")
     """seconds one health or status probe may take"""
     dspark_drain_timeout_s: int = knob(
         60, ge=0, le=3600, group="serving", level="serve", flag=owned("--shutdown-timeout")
     )
-    """seconds dspark stop and restart let vllm serve finish in-flight requests (vllm --shutdown-timeout);
-    0 aborts them at once"""
+    """seconds stop and restart let in-flight requests finish (vllm --shutdown-timeout); 0 aborts them"""
 
     # ---- supervision
     dspark_stall_timeout_s: int = knob(600, ge=0, le=86400, group="supervision")
-    """seconds the engine may report running requests while none of its generated tokens, completed prompt tokens
-    or KV cache use moves before it counts as stalled (start --foreground then restarts vllm serve); 0 = never
-    judged stalled. 600: longer than a DeepSeek-V4 JIT compile mid-serving (over 300 s reported), as long as NCCL's
-    own collective timeout, a third of the profile's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=1800"""
+    """seconds running requests may show no progress (tokens, KV cache use) before start --foreground restarts
+    vllm serve; 0: never; 600 outlasts a mid-serving DeepSeek-V4 JIT compile (over 300 s)"""
     dspark_recovery_limit: int = knob(3, ge=0, le=60, group="supervision")
-    """recoveries (vllm serve restarted after a stall or its exit; everything restarted after a node's Ray was lost)
-    start --foreground makes within any hour; one more failure ends supervision (exit 4, the run stopped);
-    0 = no recovery: exit 1 at the first failure"""
+    """recoveries start --foreground makes per hour (vllm serve after a stall or exit, all after a lost node); the
+    next failure exits 4; 0: exit 1 at the first"""
     dspark_recovery_backoff_s: int = knob(30, ge=0, le=3600, group="supervision")
-    """seconds start --foreground waits before the first recovery within an hour; each next one waits twice as long"""
+    """seconds before the hour's first recovery, doubled for each next one"""
     dspark_memory_floor_mib: int = knob(1024, ge=256, le=1048576, group="supervision")
-    """DSPARK_MEMORY_GUARD=pause: admission of new prompts closes when a node's MemAvailable falls below this many
-    MiB, and opens again above 1.5 times it (a GB10 serving at utilization 0.87 keeps about 1.2 to 5.2 GiB)"""
+    """DSPARK_MEMORY_GUARD=pause: admission closes below this many MiB of a node's MemAvailable, opens above
+    1.5x it (a serving GB10 keeps 1.2 to 5.2 GiB)"""
     dspark_memory_pressure_pct: float = knob(10.0, ge=1.0, le=100.0, group="supervision")
-    """DSPARK_MEMORY_GUARD=pause: admission also closes when a node's memory pressure (PSI some avg10, % of time some
-    task waited for memory) reaches this, and opens again below half of it"""
+    """DSPARK_MEMORY_GUARD=pause: admission also closes at this memory pressure (PSI some avg10, %), opens below
+    half of it"""
 
     # ---- cluster
     ray_port: int = knob(6379, ge=1, le=65535, group="cluster")
@@ -181,16 +174,15 @@ class NumericKnobs:
     cluster_join_timeout_s: int = knob(120, ge=5, le=3600, group="cluster")
     """seconds to wait for every node to join Ray"""
     dspark_allow_tcp_fabric: bool = switch(False, group="cluster")
-    """1 lets start go on (with a warning) when a node has no usable RoCE port behind its fabric interface:
-    NCCL then runs over TCP sockets, about 12 against 30+ tok/s"""
+    """1 lets start go on with a warning when a node lacks usable RoCE: NCCL over TCP, about 12 against 30+ tok/s"""
 
     # ---- security
     dspark_trusted_network: bool = switch(False, group="security", level="serve")
-    """1 allows a VLLM_HOST other than loopback without an API key (a network you trust)"""
+    """1 allows a non-loopback VLLM_HOST without an API key"""
     dspark_hub_token_to_endpoint: bool = switch(False, group="security")
     """1 sends the hub token to an HF_ENDPOINT other than https://huggingface.co (https only)"""
     dspark_hub_proxy: bool = switch(False, group="security")
-    """1 lets the model pull use the environment's proxy variables (they see the token); 0 connects directly"""
+    """1 lets model pull use the environment's proxy (it sees the token); 0 connects directly"""
 
 
 def _canonical(kind: str, value: int | float | bool) -> str:
