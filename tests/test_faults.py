@@ -256,7 +256,8 @@ def test_worker_link_cut_then_restart_uses_its_env_snapshot(testbed_clean, tmp_p
 PHASES = {
     "pre-flight": ("pre-flight head", 0, signal.SIGINT),
     "hotfix": ("applying the scheduler hotfix on head", 0, signal.SIGTERM),
-    "serve-wait": ("vllm serve: starting", 2, signal.SIGINT),
+    # the phase line right before the wait for the server (its first wait line may already be a later phase)
+    "serve-wait": ("launching vllm serve on head", 2, signal.SIGINT),
 }
 
 
