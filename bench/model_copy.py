@@ -27,7 +27,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dspark_launch.model.copy import BULK_SSH_OPTIONS, CIPHER_PREFERENCE, SSHTarget, effective_streams, rsync_to  # noqa: E402
+from dspark_launch.model.copy import (  # noqa: E402
+    BULK_SSH_OPTIONS,
+    CIPHER_PREFERENCE,
+    SSHTarget,
+    effective_streams,
+    rsync_to,
+)
 from dspark_launch.model.local_model import local_manifest  # noqa: E402
 from dspark_launch.node.manifest import Manifest, ManifestFile, write_manifest  # noqa: E402
 from dspark_launch.node.model_files import fast_check, hash_files, sha256_file, verify_model  # noqa: E402

@@ -82,13 +82,15 @@ VARIANT_GATES: dict[str, tuple[str, str]] = {
     # a blocked long head is stepped over (at most 8 per step) so that a short
     # prompt queued behind it is not held back.
     "lane-skip": (
-        "count gate for prompts that stay partial, prompts finishing in the step pass while prefill tokens <= (cap+1) x threshold, up to 8 blocked long prompts per step stepped over",
+        "count gate for prompts that stay partial, prompts finishing in the step pass while prefill tokens <= "
+        "(cap+1) x threshold, up to 8 blocked long prompts per step stepped over",
         _VARIANT_PREAMBLE + "                if not _bench_free and (\n"
         "                    (_bench_partial_after and _dspark_partial >= self._dspark_max_inflight_prefills)\n"
         "                    or (_bench_thr > 0 and _bench_spent and _bench_spent + _bench_chunk\n"
         "                        > (self._dspark_max_inflight_prefills + 1) * _bench_thr)\n"
         "                ):\n"
-        "                    if _bench_skips >= 8 or not (_bench_partial_after and _dspark_partial >= self._dspark_max_inflight_prefills):\n"
+        "                    if _bench_skips >= 8 or not (_bench_partial_after and _dspark_partial >= "
+        "self._dspark_max_inflight_prefills):\n"
         "                        break\n"
         "                    _bench_skips += 1\n"
         "                    skip_request(request_queue)\n"
@@ -109,7 +111,8 @@ VARIANT_GATES: dict[str, tuple[str, str]] = {
     # over, 8 per step); prompts that finish within the step pass while the
     # step's prefill tokens stay <= (cap + 1/2) x threshold.
     "shortlane": (
-        "count gate for prompts that stay partial (blocked ones stepped over, 8 per step); prompts finishing within the step pass while prefill tokens <= (cap + 1/2) x threshold",
+        "count gate for prompts that stay partial (blocked ones stepped over, 8 per step); prompts finishing "
+        "within the step pass while prefill tokens <= (cap + 1/2) x threshold",
         _VARIANT_PREAMBLE + "                if not _bench_free:\n"
         "                    if _bench_partial_after:\n"
         "                        if _dspark_partial >= self._dspark_max_inflight_prefills:\n"
@@ -119,7 +122,8 @@ VARIANT_GATES: dict[str, tuple[str, str]] = {
         "                            skip_request(request_queue)\n"
         "                            continue\n"
         "                    elif _bench_thr > 0 and _bench_spent and (\n"
-        "                        _bench_spent + _bench_chunk > (self._dspark_max_inflight_prefills + 0.5) * _bench_thr\n"
+        "                        _bench_spent + _bench_chunk > (self._dspark_max_inflight_prefills + 0.5) * "
+        "_bench_thr\n"
         "                    ):\n"
         "                        break\n",
     ),
@@ -347,7 +351,8 @@ def candidate_policies() -> list[p.Policy]:
             + (
                 ""
                 if r.cached_half_chunks == r.half_chunks
-                else f", cached tails {'the budget' if r.cached_half_chunks is None else f'{r.cached_half_chunks} x threshold/2'}"
+                else f", cached tails "
+                f"{'the budget' if r.cached_half_chunks is None else f'{r.cached_half_chunks} x threshold/2'}"
             )
             + (f"; prompts up to {r.split_chunks} chunks exempt from the count" if r.split_chunks else "")
             + ("; shortest first among prompts that need the slot" if r.shortest_first else ""),

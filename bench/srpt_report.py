@@ -199,13 +199,15 @@ def tables(rows, tgt, shipped: str) -> str:
             if t["fit"] == fit:
                 met = "-" if t["met"] is None else ("yes" if t["met"] else "**no**")
                 lines.append(
-                    f"| {t['workload']} | {t['target']} | {t['value']} | {t['limit'] if t['limit'] is not None else '-'} | {met} |"
+                    f"| {t['workload']} | {t['target']} | {t['value']} | "
+                    f"{t['limit'] if t['limit'] is not None else '-'} | {met} |"
                 )
         lines += [
             "",
             f"## Every run, {fit}",
             "",
-            "| workload | policy | p99 ITL ms | mean TTFT ms | class means ms | preemptions | max prefill tokens in a step |",
+            "| workload | policy | p99 ITL ms | mean TTFT ms | class means ms | preemptions | max prefill "
+            "tokens in a step |",
             "|---|---|---|---|---|---|---|",
         ]
         for r in rows:
@@ -237,7 +239,8 @@ def main(argv=None) -> int:
     (args.out_dir / "srpt-tables.md").write_text(tables(rows, tgt, args.shipped))
     for t in tgt:
         print(
-            f"{t['fit']:9s} {t['workload'][:40]:40s} {t['target']:34s} {t['value']!s:>8s} <= {t['limit']!s:5s} {t['met']}"
+            f"{t['fit']:9s} {t['workload'][:40]:40s} {t['target']:34s} {t['value']!s:>8s} <= "
+            f"{t['limit']!s:5s} {t['met']}"
         )
     return 0
 

@@ -45,3 +45,16 @@ def test_json_is_one_switch_everywhere():
     for path, param in found.items():
         assert param.is_flag, path
     assert len({p.help for p in found.values()}) == 1, {k: p.help for k, p in found.items()}
+
+
+def test_a_wrapped_docstring_is_one_paragraph_in_the_help():
+    """Docstrings wrap at the source's 120 columns; the help joins each paragraph (cli/main.py `_unwrap_docstrings`),
+    so a wide terminal shows a command's sentence on one line."""
+    from dspark_launch.cli import service_cmd
+
+    assert "\n" in inspect.cleandoc(service_cmd.stop.__doc__)
+    command = typer.main.get_command(app)
+    for name, sub in command.commands.items():
+        assert "\n" not in (sub.help or "").split("\n\n")[0], name
+    result = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "300"})
+    assert "then Ray on every node; idempotent." in result.output

@@ -59,8 +59,14 @@ def _module_code(name: str) -> str:
     return "\n".join(kept).strip("\n") + "\n"
 
 
-def _injected_literal() -> str:
-    return f"_INJECTED_BODY = {injected_body()!r}\n\n\ndef injected_body() -> str:\n    return _INJECTED_BODY\n"
+def _injected_literal(width: int = 100) -> str:
+    """The body as adjacent string literals, one source line each (split where longer than `width`), so that the
+    script stays within the formatter's line length."""
+    pieces = []
+    for line in injected_body().splitlines(keepends=True):
+        pieces.extend(line[start : start + width] for start in range(0, len(line), width))
+    literals = "".join(f"    {piece!r}\n" for piece in pieces)
+    return f"_INJECTED_BODY = (\n{literals})\n\n\ndef injected_body() -> str:\n    return _INJECTED_BODY\n"
 
 
 def render() -> str:

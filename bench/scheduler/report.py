@@ -271,7 +271,8 @@ def _issue15_targets(result: dict, runs: dict, loads: dict, have: set, shipped: 
         out.append(
             {
                 "id": "p99-itl-vs-v2",
-                "text": f"p99 modelled inter-token time within {ITL_P99_VS_V2 - 1:.0%} of patch v2's ({v2}) on every workload",
+                "text": f"p99 modelled inter-token time within {ITL_P99_VS_V2 - 1:.0%} of patch v2's ({v2}) "
+                f"on every workload",
                 "met": itl[worst] <= ITL_P99_VS_V2,
                 "numbers": {"worst_ratio": itl[worst], "worst_workload": worst, "policy": shipped, "v2": v2},
             }
@@ -337,9 +338,15 @@ def table(rows: Iterable[list[str]], head: Sequence[str], markdown: bool) -> str
 def _workload_line(w: dict) -> str:
     p = w["params"]
     if w["kind"] == "wave":
-        what = f"{p['n_streams']} streams decoding, then {p['n_wave']} prompts of {p['prompt_tokens_full']:,} tokens at step {p['arrival_step']}"
+        what = (
+            f"{p['n_streams']} streams decoding, then {p['n_wave']} prompts of {p['prompt_tokens_full']:,} "
+            f"tokens at step {p['arrival_step']}"
+        )
     elif w["kind"] == "steady":
-        what = f"{p['n_streams']} streams; {p['n_prompts']} prompts, one every {p['every_ms_model']:g} ms of modelled time, sizes (K) {p['mix_k']}"
+        what = (
+            f"{p['n_streams']} streams; {p['n_prompts']} prompts, one every {p['every_ms_model']:g} ms of "
+            f"modelled time, sizes (K) {p['mix_k']}"
+        )
     elif w["kind"] == "agent":
         what = (
             f"{p['n_streams']} streams; {p['n_sessions']} agent sessions x {p['turns']} turns (one every "
@@ -349,7 +356,8 @@ def _workload_line(w: dict) -> str:
     elif w["kind"] == "short-stream":
         what = (
             f"{p['n_streams']} streams; {p['n_prompts']} short prompts (sizes K {p['mix_k']}), one every "
-            f"{p['every_ms_model']:g} ms, and one cold {p['long_tokens_full']:,}-token prompt at {p['long_at_ms_model']:g} ms"
+            f"{p['every_ms_model']:g} ms, and one cold {p['long_tokens_full']:,}-token prompt at "
+            f"{p['long_at_ms_model']:g} ms"
         )
     else:
         what = (
@@ -399,7 +407,8 @@ def summary_table(result: dict, scheduler: str = "Scheduler", markdown: bool = F
                 f"{s['p99_proxy_ratio_min']:.2f}..{s['p99_proxy_ratio_max']:.2f}",
                 f"{s['p99_itl_model_ratio_max']:.2f}",
                 f"{s['ttft_steps_ratio_geomean']:.2f}",
-                f"{s['ttft_model_ratio_geomean']:.2f} ({s['ttft_model_ratio_min']:.2f}..{s['ttft_model_ratio_max']:.2f})",
+                f"{s['ttft_model_ratio_geomean']:.2f} "
+                f"({s['ttft_model_ratio_min']:.2f}..{s['ttft_model_ratio_max']:.2f})",
                 str(s["preemptions_total"]),
                 str(s["longest_gap_steps_max"]),
                 str(s["max_mid_prefill"]),

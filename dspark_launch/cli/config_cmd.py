@@ -83,7 +83,8 @@ def check(
     env_file: EnvFileOption = None,
     strict: StrictOption = False,
 ) -> None:
-    """Exit 0 when the configuration is valid, 2 when it is not (one line naming the setting, its value, file:line and what is allowed; the example's placeholder hosts and interface included)."""
+    """Exit 0 when the configuration is valid, 2 when it is not (one line naming the setting, its value, file:line and
+    what is allowed; the example's placeholder hosts and interface included)."""
     from dspark_launch.config.placeholders import placeholder_error, placeholders
 
     settings = load_settings(env_file, strict=strict)
@@ -118,7 +119,8 @@ def init(
         ".env.dspark"
     ),
 ) -> None:
-    """Copy the example to .env.dspark with mode 0600; never overwrites. Then edit the lines `dspark config check` names."""
+    """Copy the example to .env.dspark with mode 0600; never overwrites. Then edit the lines `dspark config check`
+    names."""
     from dspark_launch.config.envfile import packaged_example
 
     try:

@@ -58,6 +58,23 @@ app.command()(tune_cmd.bench)
 app.command()(tune_cmd.tune)
 
 
+def _unwrap_docstrings(typer_app: typer.Typer) -> None:
+    """Commands' help comes from their docstrings, wrapped at the source's line length; Typer's rich help keeps a
+    docstring's line breaks, so each paragraph is joined into one line and the terminal wraps it."""
+    import inspect
+
+    for info in typer_app.registered_commands:
+        if info.help is None and info.callback is not None and info.callback.__doc__:
+            paragraphs = inspect.cleandoc(info.callback.__doc__).split("\n\n")
+            info.help = "\n\n".join(" ".join(paragraph.split()) for paragraph in paragraphs)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _unwrap_docstrings(group.typer_instance)
+
+
+_unwrap_docstrings(app)
+
+
 def _version(value: bool) -> None:
     if value:
         print(f"dspark-launch {__version__}")

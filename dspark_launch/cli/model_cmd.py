@@ -102,7 +102,8 @@ def pull(
 ) -> None:
     """Pull the model once on the head (the profile's pinned revision), copy it to every worker, verify there.
 
-    Free disk is checked on every node before the first byte; a rerun fetches only what is missing or bad, hashes only files changed since (size, mtime, inode) and verifies on a worker only what was sent."""
+    Free disk is checked on every node before the first byte; a rerun fetches only what is missing or bad, hashes only
+    files changed since (size, mtime, inode) and verifies on a worker only what was sent."""
     from dspark_launch.model import onnodes
 
     wanted, spec = _wanted(env_file)

@@ -220,7 +220,8 @@ def stop(
         ),
     ] = False,
 ) -> None:
-    """Stop the server (letting in-flight requests finish, up to DSPARK_DRAIN_TIMEOUT_S), then Ray on every node; idempotent."""
+    """Stop the server (letting in-flight requests finish, up to DSPARK_DRAIN_TIMEOUT_S), then Ray on every node;
+    idempotent."""
     from dspark_launch.serve.stop import stop as stop_everything
 
     _, spec = settings_and_spec(env_file)
@@ -240,7 +241,8 @@ def restart(
     strict: StrictOption = False,
     now: NowOption = False,
 ) -> None:
-    """Stop (drained unless --now), then start with the env file as it is now: only `vllm serve` when only serve-level settings changed (Ray kept up), else everything."""
+    """Stop (drained unless --now), then start with the env file as it is now: only `vllm serve` when only serve-level
+    settings changed (Ray kept up), else everything."""
     from dspark_launch.cluster.state import load_state
     from dspark_launch.serve.restart import restart_kind_of, restart_serve
     from dspark_launch.serve.stop import stop as stop_everything
@@ -357,7 +359,8 @@ def smoke(
     ] = 16,
     timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", help="Per request.")] = 120.0,
 ) -> None:
-    """N requests at once to the running server: chat completions when the profile serves a chat model, else completions; a line each; exit 1 if any fails."""
+    """N requests at once to the running server: chat completions when the profile serves a chat model, else
+    completions; a line each; exit 1 if any fails."""
     from dspark_launch.cluster.state import load_state
     from dspark_launch.serve.serve_spec import api_key
     from dspark_launch.serve.smoke import confirm_server
@@ -400,7 +403,8 @@ def plan(
 ) -> None:
     """What `start` would run on each node (argv, environment, profile decisions, memory); starts nothing.
 
-    A pre-flight for scripts: exit 0 when `start` would go ahead, 1 when it would refuse (each reason listed), 2 for a bad configuration."""
+    A pre-flight for scripts: exit 0 when `start` would go ahead, 1 when it would refuse (each reason listed), 2 for a
+    bad configuration."""
     from dspark_launch.cli.plan_view import render_plan
     from dspark_launch.config.load import serve_overrides
     from dspark_launch.profiles.gpu import given_target

@@ -88,7 +88,9 @@ def bench(
         typer.Option("--out", metavar="FILE", help="Also write the result here as JSON (schema dspark-bench/1)."),
     ] = None,
 ) -> None:
-    """Stream a workload of request classes (short chats, a long cold document, cached agent turns, and your prompts with --prompts) at the running server; per class: first token, inter-token time, decode rate, errors (docs/tune.md)."""
+    """Stream a workload of request classes (short chats, a long cold document, cached agent turns, and your prompts
+    with --prompts) at the running server; per class: first token, inter-token time, decode rate, errors
+    (docs/tune.md)."""
     from dspark_launch.tune import bench as b
     from dspark_launch.tune.loadgen import calibrate
 
@@ -212,7 +214,9 @@ def tune(
         typer.Option("--out", help="Folder for tune.json and tune.svg (default: STATE_DIR/tune/TIMESTAMP)."),
     ] = None,
 ) -> None:
-    """Measure candidate live settings (in-flight cap, gate mode, aging) on the running server with the same workload, each verified in force from the engine log; print a table, write JSON and an SVG plot, recommend one (--apply: into the env file, reloaded). The live values in force before are restored on exit."""
+    """Measure candidate live settings (in-flight cap, gate mode, aging) on the running server with the same workload,
+    each verified in force from the engine log; print a table, write JSON and an SVG plot, recommend one (--apply: into
+    the env file, reloaded). The live values in force before are restored on exit."""
     from dspark_launch.config.load import load_settings
     from dspark_launch.errors import ConfigError
     from dspark_launch.tune import bench as b

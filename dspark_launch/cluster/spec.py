@@ -104,7 +104,8 @@ def state_dir_of(settings: Settings) -> Path:
 
 
 def placeholder(settings: Settings, attr: str) -> bool:
-    """True when the setting in attribute `attr` still holds a placeholder: a documentation address, the example's interface beside one,
+    """True when the setting in attribute `attr` still holds a placeholder: a documentation address, the example's
+    interface beside one,
     or any value read from the example file itself (such an address is never dialled)."""
     from dspark_launch.config.placeholders import placeholders
 
@@ -155,8 +156,9 @@ def _refuse_the_token_folder(settings: Settings, cache: str) -> None:
     home = _hf_home()
     token = os.environ.get("HF_TOKEN_PATH") or os.path.join(home, "token")
     if within(os.path.abspath(os.path.expanduser(token)), os.path.abspath(os.path.expanduser(cache))):
+        where = settings.source_of("dspark_container_model_cache")
         raise ConfigError(
-            f"DSPARK_CONTAINER_MODEL_CACHE={cache} ({settings.source_of('dspark_container_model_cache')}) holds the hub login token "
+            f"DSPARK_CONTAINER_MODEL_CACHE={cache} ({where}) holds the hub login token "
             f"({token}), which every serving container would then read; allowed: the hub cache "
             f"({os.path.join(home, 'hub')}) or another folder of weights"
         )

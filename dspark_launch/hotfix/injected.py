@@ -700,9 +700,9 @@ def _dspark_hotfix_sample(sched, x, ms):
 def _dspark_hotfix_fit(sched):
     """Least squares over the window (a ridge of 1e-5 of each feature's own square sum on every feature but the
     constant: decode tokens and requests move together): ms per unit of each feature, or None while there are too few
-    samples or the fit
-    is implausible (a prefill token costing nothing or more than the contract's maximum, a threshold's chunk
-    costing less than its minimum, residuals above its share of the mean step time). `_dspark_fit_note` says which, for the diagnostics line."""
+    samples or the fit is implausible (a prefill token costing nothing or more than the contract's maximum, a
+    threshold's chunk costing less than its minimum, residuals above its share of the mean step time).
+    `_dspark_fit_note` says which, for the diagnostics line."""
     if not sched._dspark_fit_dirty:
         return sched._dspark_fit
     sched._dspark_fit_dirty = False

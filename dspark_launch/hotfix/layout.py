@@ -50,9 +50,8 @@ def _gate_code(skip: str, loads_only: bool = False) -> str:
     (0.34+), which take neither a seat nor budget: the gate stays out of it.
     First, with admission closed (DSPARK_ADMISSION_CLOSED), a new prompt is stepped over (async loads too)."""
     return (
-        "                if self._dspark_admission_closed and _dspark_hotfix_new_prompt(request_queue.peek_request()):  "
-        + _INJECT_TAG
-        + "\n"
+        "                if self._dspark_admission_closed"
+        " and _dspark_hotfix_new_prompt(request_queue.peek_request()):  " + _INJECT_TAG + "\n"
         "                    if _dspark_skips >= _DSPARK_HOTFIX_MAX_SKIPS:\n"
         "                        break\n"
         "                    _dspark_skips += 1\n" + skip + "                    continue\n"

@@ -354,9 +354,10 @@ def _graph_verdicts(layer, hf: dict, speculative_tokens: int) -> tuple[GraphVerd
             except (ValueError, AssertionError) as exc:
                 verdicts.append(GraphVerdict(requested, breakable, "", _first_line(exc)))
                 continue
+            turned_on_by = "/".join(hf.get("architectures") or ())
             why = (
                 f"breakable CUDA graphs {'on' if on else 'off'}"
-                f"{' (VllmConfig turns them on for ' + '/'.join(hf.get('architectures') or ()) + ')' if breakable == '' and by_default else ''}"
+                f"{f' (VllmConfig turns them on for {turned_on_by})' if breakable == '' and by_default else ''}"
                 f"; the model class {'is' if compiled else 'is not'} compiled; attention graph support "
                 f"{support.name} ({lowest})"
             )

@@ -111,7 +111,8 @@ class SettingDefault:
     setting: str
     """The setting's name (`MAX_MODEL_LEN`); it is checked like any value of that setting."""
     value: str | int | float
-    """Typed as the setting is declared (config/knobs.py, config/text_settings.py): `int` for an int setting (`MAX_MODEL_LEN`), `float` for a float one, `str` for text; the resolution refuses any other type."""
+    """Typed as the setting is declared (config/knobs.py, config/text_settings.py): `int` for an int setting
+    (`MAX_MODEL_LEN`), `float` for a float one, `str` for text; the resolution refuses any other type."""
     why: str
     releases: tuple[ReleaseDefault, ...] = ()
     """Values for later vLLM releases, oldest first; `value` and `why` hold below the first and when the
