@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
+import shlex
+import subprocess
 
 import pytest
 
@@ -34,10 +37,46 @@ def test_generated_files_are_fresh():
     assert generate.stale() == [], "stale: run `python -m tools.generate`"
 
 
-def test_the_bash_registry_parses_back_to_the_declarations():
-    parsed = load_registry()
-    assert [_rule_of(k) for k in parsed.knobs] == [_rule_of(k) for k in declared_knobs()]
-    assert parsed.aliases == declared_aliases()
+def _bash_view(registry_file):
+    """What bash itself holds after sourcing the registry (the start script's view): name -> rule, alias -> name."""
+    script = (
+        f"source {shlex.quote(str(registry_file))} || exit 9\n"
+        'for k in "${!_DSPARK_KNOB_SPEC[@]}"; do printf "knob %s %s\\n" "$k" "${_DSPARK_KNOB_SPEC[$k]}"; done\n'
+        'for a in "${!_DSPARK_KNOB_ALIAS[@]}"; do printf "alias %s %s\\n" "$a" "${_DSPARK_KNOB_ALIAS[$a]}"; done\n'
+    )
+    done = subprocess.run(
+        ["bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True
+    )
+    knobs, aliases = {}, {}
+    for line in done.stdout.splitlines():
+        kind, name, *rest = line.split()
+        if kind == "knob":
+            knobs[name] = tuple(rest)
+        else:
+            aliases[name] = rest[0]
+    return knobs, aliases
+
+
+def test_bash_holds_the_declared_knobs():
+    knobs, aliases = _bash_view(REPO / "dspark-numeric-knobs.sh")
+    declared = {k.name: (k.type, k.default, k.minimum, k.maximum, k.range_policy) for k in declared_knobs()}
+    assert knobs == declared
+    assert aliases == declared_aliases()
+    assert load_registry().by_name() == {k.name: k for k in declared_knobs()}
+
+
+def test_a_bound_edited_in_the_bash_file_fails_the_check(tmp_path):
+    text = (REPO / "dspark-numeric-knobs.sh").read_text()
+    edited = tmp_path / "dspark-numeric-knobs.sh"
+    edited.write_text(re.sub(r"(dspark_knob DSPARK_PREFILL_AGING +float +\S+ +\S+ +)\S+", r"\g<1>100", text))
+    knobs, _ = _bash_view(edited)
+    assert knobs["DSPARK_PREFILL_AGING"][3] == "100"
+    assert knobs["DSPARK_PREFILL_AGING"] != next(
+        (k.type, k.default, k.minimum, k.maximum, k.range_policy)
+        for k in declared_knobs()
+        if k.name == "DSPARK_PREFILL_AGING"
+    )
+    assert generate.render_registry(edited.read_text()) == text
 
 
 def test_the_packaged_registry_is_the_generated_one():

@@ -220,7 +220,6 @@ def declared_knobs(cls: type = NumericKnobs) -> tuple[Knob, ...]:
                 range_policy="soft" if rule.soft else "hard",
                 description=docs[field.name],
                 group=rule.group,
-                line=0,
             )
         )
     return tuple(knobs)
