@@ -16,7 +16,7 @@ from dspark_launch.serve import http
 from dspark_launch.tune import workload as wl
 from dspark_launch.tune.loadgen import Outcome
 from dspark_launch.tune.plot import svg
-from dspark_launch.tune.points import DEFAULT_SPACE, Point, parse_space
+from dspark_launch.tune.points import DEFAULT_SPACE, TARGET_SWEEP, Point, parse_space
 from dspark_launch.tune.recommend import recommend, spread
 from dspark_launch.tune.stats import class_stats, percentile, run_stats
 from tests.support.launcher_env import run_dspark
@@ -39,6 +39,8 @@ def test_the_default_space_has_six_points_over_the_three_caps():
         ("2:9", "out of range"),
         ("1:3:99", "out of range"),
         ("1:3 1:3", "1 point(s)"),
+        ("2:4:2:10 2:4:2:100", "out of range"),
+        ("2:3:2:100 2:4:2:100", "only gate mode 4 reads"),
     ],
 )
 def test_a_bad_space_names_the_point_and_what_is_allowed(text, why):
@@ -54,7 +56,20 @@ def test_aging_outside_mode_3_is_the_running_one_and_values_are_what_reload_writ
         "DSPARK_MAX_INFLIGHT_PREFILLS": "2",
         "DSPARK_PREFILL_GATE_MODE": "3",
         "DSPARK_PREFILL_AGING": "0.5",
+        "DSPARK_TARGET_STEP_MS": "100",
     }
+
+
+def test_the_target_sweep_is_mode_4_over_its_target_and_each_point_reloads_its_target():
+    points = parse_space(TARGET_SWEEP, default_aging=4.0, default_target_ms=150.0)
+    assert [p.target_ms for p in points] == [50.0, 100.0, 200.0] and {p.gate_mode for p in points} == {4}
+    assert [p.values()["DSPARK_TARGET_STEP_MS"] for p in points] == ["50", "100", "200"]
+    assert len({p.key for p in points}) == 3 and "target 50 ms" in points[0].name
+    # a point that leaves the target out keeps the running server's, as reload would
+    kept = parse_space("2:4 2:4:3", default_target_ms=150.0)
+    assert [p.target_ms for p in kept] == [150.0, 150.0] and kept[1].aging == 3.0
+    # the server's running values come back as the same point
+    assert Point.of(points[0].values()) == points[0]
 
 
 def outcome(klass, index, sent, first, gap, tokens, status=200):

@@ -17,6 +17,7 @@ from dspark_launch.cli.output import fail, printable, say
 from dspark_launch.cli.reporter import ConsoleReporter
 from dspark_launch.cli.signals import interruptible
 from dspark_launch.errors import DsparkError
+from dspark_launch.tune.points import TARGET_SWEEP
 
 PromptsOption = Annotated[
     Optional[Path],
@@ -177,8 +178,8 @@ def tune(
         Optional[str],
         typer.Option(
             "--space",
-            help="The candidates. Points CAP:MODE[:AGING] separated "
-            "by spaces or commas; default: 6 points (docs/tune.md).",
+            help="The candidates. Points CAP:MODE[:AGING[:TARGET_MS]] separated by spaces or commas; default: 6 points; "
+            f'"{TARGET_SWEEP}" sweeps gate mode 4\'s target step time (docs/tune.md).',
         ),
     ] = None,
     rounds: Annotated[
@@ -214,9 +215,9 @@ def tune(
         typer.Option("--out", help="Folder for tune.json and tune.svg (default: STATE_DIR/tune/TIMESTAMP)."),
     ] = None,
 ) -> None:
-    """Measure candidate live settings (in-flight cap, gate mode, aging) on the running server with the same workload,
-    each verified in force from the engine log; print a table, write JSON and an SVG plot, recommend one (--apply: into
-    the env file, reloaded). The live values in force before are restored on exit."""
+    """Measure candidate live settings (in-flight cap, gate mode, aging, target step time) on the running server with
+    the same workload, each verified in force from the engine log; print a table, write JSON and an SVG plot, recommend
+    one (--apply: into the env file, reloaded). The live values in force before are restored on exit."""
     from dspark_launch.config.load import load_settings
     from dspark_launch.errors import ConfigError
     from dspark_launch.tune import bench as b
@@ -228,8 +229,8 @@ def tune(
     try:
         if favor not in FAVORS:
             raise ConfigError(f"--favor={favor!r}: allowed: {' | '.join(FAVORS)}")
-        aging = Point.of(settings.public_values()).aging
-        points = tuple(parse_space(space if space is not None else DEFAULT_SPACE, aging))
+        running = Point.of(settings.public_values())
+        points = tuple(parse_space(space if space is not None else DEFAULT_SPACE, running.aging, running.target_ms))
     except DsparkError as error:
         raise fail(error) from None
     options = Options(
