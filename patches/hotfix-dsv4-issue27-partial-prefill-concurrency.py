@@ -22,7 +22,7 @@ import re
 
 #: Bumped whenever the injected text changes; a file patched by an older
 #: version reports `outdated` and `apply` re-patches it from its stored original.
-PATCH_VERSION = 7
+PATCH_VERSION = 8
 
 #: Patch v5 (`dspark reload`): the path of the control file a patched scheduler reads
 #: while it runs, given in the server's environment (unset: no live changes).
@@ -423,6 +423,7 @@ _INJECTED_BODY = (
     '            )\n'
     '    _dspark_hotfix_set(sched, values)\n'
     '    sched._dspark_diag_step = 0\n'
+    '    sched._dspark_diag_last = None\n'
     '    logger.info(\n'
     '        _DSPARK_HOTFIX_ACTIVE_LOG,\n'
     '        _DSPARK_HOTFIX_PATCH_VERSION,\n'
@@ -581,6 +582,14 @@ _INJECTED_BODY = (
     '\n'
     'def _dspark_hotfix_diag(sched, num_scheduled_tokens, inflight, spent=0):\n'
     '    sched._dspark_diag_step += 1\n'
+    "    # Patch v8: the time since the previous line (the previous `schedule()` call's end): while the e"
+    'ngine is busy,\n'
+    "    # one step's time, what gate mode 4's target bounds; the first line after a quiet spell shows th"
+    'e idle gap too.\n'
+    '    now = _dspark_hotfix_now()\n'
+    '    last = sched._dspark_diag_last\n'
+    '    sched._dspark_diag_last = now\n'
+    '    period = "-" if last is None else "%.1f" % ((now - last) * 1000.0)\n'
     '    prefill_tokens = decode_tokens = decode_reqs = 0\n'
     '    prefill_parts = []\n'
     '    skipped = []\n'
@@ -614,7 +623,8 @@ _INJECTED_BODY = (
     '    logger.info(\n'
     '        "dspark-issue27 step=%d cap=%d inflight=%d prefill_tokens=%d "\n'
     '        "decode_tokens=%d decode_reqs=%d decode_skipped=%d legacy_inflight=%s "\n'
-    '        "mode=%d bound=%s claimed=%d prefill=[%s] skipped=[%s] room=%s target_ms=%s fit=[%s]",\n'
+    '        "mode=%d bound=%s claimed=%d prefill=[%s] skipped=[%s] room=%s target_ms=%s fit=[%s] period_'
+    'ms=%s",\n'
     '        sched._dspark_diag_step,\n'
     '        sched._dspark_max_inflight_prefills,\n'
     '        inflight,\n'
@@ -632,6 +642,7 @@ _INJECTED_BODY = (
     ',\n'
     '        "%g" % sched._dspark_target_ms if sched._dspark_gate_mode == 4 else "-",\n'
     '        sched._dspark_fit_note if sched._dspark_gate_mode == 4 else "-",\n'
+    '        period,\n'
     '    )\n'
     '    if legacy_after is not None and legacy_after != inflight:\n'
     '        logger.warning(\n'

@@ -22,6 +22,7 @@ from dspark_launch.cluster.spec import Node, cluster_spec
 from dspark_launch.cluster.state import load_state, save_state
 from dspark_launch.config.settings import resolve
 from dspark_launch.errors import ClusterFailure, ConfigError
+from dspark_launch.hotfix.contract import PATCH_VERSION
 from dspark_launch.node.vllm_offer import VllmOffer
 from dspark_launch.node.vllm_releases import PIP_PIN, RECOMMENDED, TESTED, is_tested, policy_line, untested_note
 from dspark_launch.report import SilentReporter
@@ -30,7 +31,7 @@ from tests.support.paths import DATA, REPO
 
 HEAD_IP, WORKER_IP = "10.9.0.1", "10.9.0.2"
 GIB = 1 << 30
-CAN_APPLY = p.HotfixResult("check", 0, "not-applied", "can apply: all anchors found", "0.32.0", 7)
+CAN_APPLY = p.HotfixResult("check", 0, "not-applied", "can apply: all anchors found", "0.32.0", PATCH_VERSION)
 UNSUPPORTED = p.HotfixResult(
     "check",
     4,
@@ -138,8 +139,8 @@ def test_plan_checks_every_nodes_scheduler_and_names_the_policy(nodes):
     assert plan.vllm_policy == policy_line() and PIP_PIN in plan.vllm_policy
     assert plan.hotfix[0].startswith("scheduler hotfix: required (DSPARK_HOTFIX, default)")
     assert plan.hotfix[1:] == (
-        f"head ({HEAD_IP}): not-applied: start can apply patch v7 (vLLM 0.32.0)",
-        f"worker1 ({WORKER_IP}): not-applied: start can apply patch v7 (vLLM 0.32.0)",
+        f"head ({HEAD_IP}): not-applied: start can apply patch v{PATCH_VERSION} (vLLM 0.32.0)",
+        f"worker1 ({WORKER_IP}): not-applied: start can apply patch v{PATCH_VERSION} (vLLM 0.32.0)",
     )
 
 

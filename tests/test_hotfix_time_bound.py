@@ -130,9 +130,15 @@ def test_an_implausible_fit_falls_back_to_mode_3s_bound(model_dir):
 
 def test_the_diagnostics_line_shows_the_target_room_and_fit(model_dir, caplog):
     caplog.set_level(logging.INFO)
-    tb.run(Fraction(1, 16), False, False, TARGET, model_dir, diag=True)
+    report = tb.run(Fraction(1, 16), False, False, TARGET, model_dir, diag=True)
     lines = [r.getMessage() for r in caplog.records if "dspark-issue27 step=" in r.getMessage()]
     assert lines and all(" target_ms=250 " in line for line in lines)
+    # period_ms: with sync scheduling the time between two lines is the step scheduled in between
+    periods = [re.search(r" period_ms=(\S+)$", line).group(1) for line in lines]
+    assert periods[0] == "-" and len(periods) == len(report["steps"])
+    steps_ms = [step["ms"] for step in report["steps"]]
+    matched = sum(abs(float(p) - ms) <= 0.06 for p, ms in zip(periods[1:], steps_ms))
+    assert matched >= 0.9 * (len(periods) - 1), list(zip(periods[1:], steps_ms))[:20]
     assert any(
         re.search(r" room=\d+ target_ms=250 fit=\[n=\d+ base=[0-9.]+ms prefill=[0-9.e-]+ms/tok .* err=", line)
         for line in lines
@@ -150,7 +156,7 @@ def test_the_controller_reads_time_through_one_function():
         and callable(fn)
         and "_dspark_hotfix_now()" in inspect.getsource(fn)
     ]
-    assert timed == ["_dspark_hotfix_tick"]
+    assert sorted(timed) == ["_dspark_hotfix_diag", "_dspark_hotfix_tick"]
     assert body.count("_dspark_hotfix_time.monotonic()") == 2  # the clock function and the control file's period
     assert "return _dspark_hotfix_time.monotonic()" in inspect.getsource(injected._dspark_hotfix_now)
 

@@ -14,7 +14,7 @@ import re
 
 #: Bumped whenever the injected text changes; a file patched by an older
 #: version reports `outdated` and `apply` re-patches it from its stored original.
-PATCH_VERSION = 7
+PATCH_VERSION = 8
 
 #: Patch v5 (`dspark reload`): the path of the control file a patched scheduler reads
 #: while it runs, given in the server's environment (unset: no live changes).

@@ -114,6 +114,7 @@ def _dspark_hotfix_init(sched):
             )
     _dspark_hotfix_set(sched, values)
     sched._dspark_diag_step = 0
+    sched._dspark_diag_last = None
     logger.info(
         _DSPARK_HOTFIX_ACTIVE_LOG,
         _DSPARK_HOTFIX_PATCH_VERSION,
@@ -265,6 +266,12 @@ def _dspark_hotfix_holds_kv(request):
 
 def _dspark_hotfix_diag(sched, num_scheduled_tokens, inflight, spent=0):
     sched._dspark_diag_step += 1
+    # Patch v8: the time since the previous line (the previous `schedule()` call's end): while the engine is busy,
+    # one step's time, what gate mode 4's target bounds; the first line after a quiet spell shows the idle gap too.
+    now = _dspark_hotfix_now()
+    last = sched._dspark_diag_last
+    sched._dspark_diag_last = now
+    period = "-" if last is None else "%.1f" % ((now - last) * 1000.0)
     prefill_tokens = decode_tokens = decode_reqs = 0
     prefill_parts = []
     skipped = []
@@ -297,7 +304,7 @@ def _dspark_hotfix_diag(sched, num_scheduled_tokens, inflight, spent=0):
     logger.info(
         "dspark-issue27 step=%d cap=%d inflight=%d prefill_tokens=%d "
         "decode_tokens=%d decode_reqs=%d decode_skipped=%d legacy_inflight=%s "
-        "mode=%d bound=%s claimed=%d prefill=[%s] skipped=[%s] room=%s target_ms=%s fit=[%s]",
+        "mode=%d bound=%s claimed=%d prefill=[%s] skipped=[%s] room=%s target_ms=%s fit=[%s] period_ms=%s",
         sched._dspark_diag_step,
         sched._dspark_max_inflight_prefills,
         inflight,
@@ -314,6 +321,7 @@ def _dspark_hotfix_diag(sched, num_scheduled_tokens, inflight, spent=0):
         sched._dspark_room_now if sched._dspark_gate_mode >= 3 and sched._dspark_step_bound else "-",
         "%g" % sched._dspark_target_ms if sched._dspark_gate_mode == 4 else "-",
         sched._dspark_fit_note if sched._dspark_gate_mode == 4 else "-",
+        period,
     )
     if legacy_after is not None and legacy_after != inflight:
         logger.warning(
