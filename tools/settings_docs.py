@@ -11,8 +11,9 @@ from typing import Sequence
 from dspark_launch.config import forward_env, serve_flags, ssh_options
 from dspark_launch.config.checks import SECRET_WORDS
 from dspark_launch.config.declared import DECLARED
+from dspark_launch.config.knobs import Knob
 from dspark_launch.config.levels import Levels
-from dspark_launch.config.registry import Knob, load_registry
+from dspark_launch.config.registry import load_registry
 from dspark_launch.config.text_settings import RAY_TOKEN_MIN_LENGTH, TEXT_SETTINGS, TextSetting
 
 BEGIN = "<!-- BEGIN GENERATED: python -m tools.generate -->"

@@ -22,8 +22,21 @@ from typing import Any
 from dspark_launch.config import numbers
 from dspark_launch.config.field_docs import declared_docs
 from dspark_launch.config.levels import Level, ServeFlag, nature_metadata, owned
-from dspark_launch.config.registry import Knob
 from dspark_launch.hotfix.contract import LIVE
+
+
+@dataclass(frozen=True, kw_only=True)
+class Knob:
+    """One numeric knob as the registry holds it: canonical strings, as bash and config/numbers.py read them."""
+
+    name: str
+    type: str  # "int" or "float"
+    default: str
+    minimum: str
+    maximum: str
+    range_policy: str  # "hard": out of range is an error; "soft": warn and fall back
+    description: str
+    group: str
 
 
 @dataclass(frozen=True)

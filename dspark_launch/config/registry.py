@@ -1,4 +1,4 @@
-"""The numeric knobs' table as typed records (`Knob`, `Registry`).
+"""The numeric knobs' table (`Registry` of `Knob` records, config/knobs.py).
 
 Declared once in config/knobs.py; `dspark-numeric-knobs.sh` is generated from the
 same declarations for the start script's shell-side check and never read back.
@@ -11,20 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_launch.config import numbers
+from dspark_launch.config.knobs import Knob, declared_aliases, declared_knobs
 
 REGISTRY_FILENAME = "dspark-numeric-knobs.sh"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Knob:
-    name: str
-    type: str  # "int" or "float"
-    default: str
-    minimum: str
-    maximum: str
-    range_policy: str  # "hard": out of range is an error; "soft": warn and fall back
-    description: str
-    group: str
 
 
 @dataclass(frozen=True)
@@ -51,8 +40,6 @@ def load_registry() -> Registry:
     """The knob table as Python uses it: straight from the declarations (config/knobs.py). The bash file is
     generated from the same declarations for bash alone; Python never parses it back (tools.generate writes it,
     tests/test_settings_declared.py compares bash's own view of it with the declarations)."""
-    from dspark_launch.config.knobs import declared_aliases, declared_knobs
-
     knobs = declared_knobs()
     for knob in knobs:
         _check_rule(knob)

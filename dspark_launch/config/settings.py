@@ -21,8 +21,8 @@ from typing import Callable, Iterable, Mapping
 from dspark_launch.config import numbers
 from dspark_launch.config.checks import Refused, hidden_character, looks_secret, shell_words
 from dspark_launch.config.envfile import EnvFile, choose_env_file, group_or_world_readable, read_env_file
-from dspark_launch.config.knobs import NumericKnobs
-from dspark_launch.config.registry import Knob, Registry, load_registry
+from dspark_launch.config.knobs import Knob, NumericKnobs
+from dspark_launch.config.registry import Registry, load_registry
 from dspark_launch.config.serve_flags import check_extra_args
 from dspark_launch.config.text_settings import META_NAMES, TEXT_SETTINGS, TextSetting, TextSettings
 from dspark_launch.errors import ConfigError
