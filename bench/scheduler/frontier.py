@@ -12,8 +12,9 @@ harness's `ModelledClock`: steps run one after the other, each lasting the mixed
 (bench/scheduler/metrics.py: full-size equivalents), outputs wait for their step's end, arrivals come by that
 clock; gate mode 4 reads the same clock, so its fit sees the modelled step times. First token: a request's
 arrival to the end of the step that gave its first token; inter-token: between the ends of consecutive steps
-that gave a request tokens (with MTP a step gives 1 to 6). `prefill_schedule_interval` exists on vLLM 0.34
-only; this bench runs 0.32's scheduler and does not measure it (docs/hotfix.md says why that is no gap).
+that gave a request tokens (with MTP a step gives 1 to 6). `--vllm 0.34.0` runs the same on that release's own
+scheduler (its CUDA wheel's Python, tests/support/newest_vllm.py); where the scheduler has vLLM's
+`prefill_schedule_interval` (0.34), every stock budget x threshold is also run with the interval at 2.
 
 A stock point is dominated by one of ours when our p99 inter-token time of the decoding streams is equal or
 better and no class's mean first token is worse by more than 5 %.
@@ -25,6 +26,7 @@ import argparse
 import json
 import math
 import pathlib
+import sys
 import tempfile
 import time
 from fractions import Fraction
@@ -35,6 +37,8 @@ from tools import scheduler_harness as h
 
 BUDGETS = (8192, 4096, 2048, 1024)
 THRESHOLDS = (1024, 512)
+#: vLLM's own `prefill_schedule_interval` (0.34): 1 is its default; 2 schedules new prefills every other step.
+INTERVALS = (1, 2)
 TARGETS = (60.0, 80.0, 100.0, 150.0, 200.0, 250.0, 300.0, 400.0, 600.0)
 CLASSES = ("stream", "short", "cached", "document")
 #: How much worse a class's mean first token may be for a point of ours to still dominate a stock point.
@@ -90,6 +94,8 @@ def spec_for(point: dict, scale: Fraction) -> h.SchedulerSpec:
     if scale != 1:
         kw["num_speculative_tokens"] = 0
     if point["policy"] == "stock":
+        if point.get("interval", 1) != 1:
+            kw["scheduler_options"] = (("prefill_schedule_interval", point["interval"]),)
         return h.recipe_spec(
             scale,
             policy="stock",
@@ -103,9 +109,25 @@ def spec_for(point: dict, scale: Fraction) -> h.SchedulerSpec:
     return h.recipe_spec(scale, extra_env=tuple(env), **kw)
 
 
-def points() -> list[dict]:
+def has_prefill_schedule_interval() -> bool:
+    """Whether the installed vLLM's SchedulerConfig has `prefill_schedule_interval` (0.34 on)."""
+    import dataclasses
+
+    from vllm.config import SchedulerConfig
+
+    return any(f.name == "prefill_schedule_interval" for f in dataclasses.fields(SchedulerConfig))
+
+
+def points(intervals: tuple[int, ...] = (1,)) -> list[dict]:
     out = [
-        {"name": f"stock b{b} t{t}", "policy": "stock", "budget": b, "threshold": t}
+        {
+            "name": f"stock b{b} t{t}" + (f" i{i}" if i != 1 else ""),
+            "policy": "stock",
+            "budget": b,
+            "threshold": t,
+            "interval": i,
+        }
+        for i in intervals
         for b in BUDGETS
         for t in THRESHOLDS
     ]
@@ -279,11 +301,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--names", default="", help="comma-separated point names to run (default: every point)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/frontier.json"))
     parser.add_argument("--svg-dir", type=pathlib.Path, default=None, help="write one SVG per workload here")
+    parser.add_argument("--svg-suffix", default="", help="appended to each SVG's name (e.g. -vllm-0.34.0)")
+    parser.add_argument("--vllm", default="", help="run on this vLLM release's own scheduler (e.g. 0.34.0)")
     args = parser.parse_args(argv)
+    if args.vllm:
+        return _on_release(args.vllm, list(argv if argv is not None else sys.argv[1:]))
     scale = Fraction(args.scale)
     wanted = {n.strip() for n in args.names.split(",") if n.strip()}
     model_dir = h.prepare_environment(tempfile.mkdtemp(prefix="dspark-frontier-"))
+    import vllm
+
+    intervals = INTERVALS if has_prefill_schedule_interval() else (1,)
     doc: dict = {
+        "vllm": vllm.__version__,
         "scale": str(scale),
         "mtp": scale == 1,
         "config": {k: str(v) for k, v in vars(h.recipe_config()).items()},
@@ -293,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     for wname, load in workloads(scale).items():
         runs = []
-        for point in points():
+        for point in points(intervals):
             if wanted and point["name"] not in wanted:
                 continue
             run = measure(point, load, scale, model_dir)
@@ -316,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.svg_dir is not None:
             args.svg_dir.mkdir(parents=True, exist_ok=True)
             tag = "sixteenth" if scale != 1 else "recipe"
-            (args.svg_dir / f"frontier-{wname}-{tag}.svg").write_text(
+            (args.svg_dir / f"frontier-{wname}-{tag}{args.svg_suffix}.svg").write_text(
                 svg(f"{wname} at {'1/16' if scale != 1 else 'the recipe scale, MTP 5'}", runs), encoding="utf-8"
             )
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -325,6 +355,27 @@ def main(argv: list[str] | None = None) -> int:
         encoding="utf-8",
     )
     return 0
+
+
+def _on_release(version: str, argv: list[str]) -> int:
+    """This bench again in a child whose vLLM is `version`'s own Python (unpacked once)."""
+    import os
+    import subprocess
+
+    from tests.support import newest_vllm
+
+    rest, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--vllm":
+            skip = True
+        elif not arg.startswith("--vllm="):
+            rest.append(arg)
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    env = newest_vllm.environ(version)
+    env["PYTHONPATH"] = os.pathsep.join((env["PYTHONPATH"], str(repo)))
+    return subprocess.run([sys.executable, "-m", "bench.scheduler.frontier", *rest], env=env, cwd=repo).returncode
 
 
 if __name__ == "__main__":
