@@ -1,7 +1,7 @@
 """Gate mode 4 on the two-node testbed: the real CPU vLLM serving the tiny model under `dspark bench`'s mixed load,
 the step time read from the scheduler's own diagnostics lines (`period_ms`), per target step time.
 
-    python -m bench.time_bound_testbed [--targets 60,120] [--seconds 60] [--out FILE]
+    python -m bench.time_bound_testbed [--targets 40,80] [--runs 3] [--seconds 60] [--out FILE]
 
 Uses the running `make demo` (brings one up, and down again at the end, when none runs). For each point, gate mode 3
 (the token bound, for reference) and mode 4 at each target: the live settings reloaded (`dspark reload`, diagnostics
@@ -105,22 +105,40 @@ class Demo:
         )
         return done.stdout if capture else done.returncode
 
-    def set_live(self, values: dict[str, str]) -> None:
-        """The demo's own env file: the live lines replaced, then `dspark reload`."""
-        kept = [
-            line
-            for line in self.env_file.read_text().splitlines()
-            if not any(line.startswith(f"{name}=") for name in values)
-        ]
+    def _write(self, values: dict[str, str]) -> bool:
+        """The demo's own env file with `values` in it; whether anything changed (an unchanged file is left as it
+        is, so that `status` shows no drift)."""
+        lines = self.env_file.read_text().splitlines()
+        if all(f"{name}={value}" in lines for name, value in values.items()):
+            return False
+        kept = [line for line in lines if not any(line.startswith(f"{name}=") for name in values)]
         self.env_file.write_text("\n".join(kept + [f"{k}={v}" for k, v in values.items()]) + "\n")
+        return True
+
+    def serve_with(self, values: dict[str, str]) -> None:
+        """Restart-level settings (the bench's prompts need a longer context than the demo's 256 tokens)."""
+        self._write(values)
+        self.dspark("stop")  # then a fresh start: one server life with these values, whatever ran before
+        if self.dspark("start") != 0:
+            raise SystemExit(f"time_bound_testbed: start with {values} failed")
+
+    def set_live(self, values: dict[str, str]) -> None:
+        """The live lines replaced, then `dspark reload`."""
+        self._write(values)
         if self.dspark("reload") != 0:
             raise SystemExit(f"time_bound_testbed: reload of {values} failed")
 
-    def log(self) -> str:
-        return self.dspark("logs", "--tail", "1000000", capture=True) or ""
+    @property
+    def server_log(self) -> Path:
+        """The server log: the demo's state folder is on this machine's file system, as the head node sees it."""
+        return self.demo.WORK / "state" / "logs" / "vllm-serve.log"
 
 
-def run_point(demo: Demo, mode: int, target_ms: float, seconds: float, seed: int) -> dict:
+#: The tiny model's whole context (its max_position_embeddings), one step's budget of it.
+SERVING = {"MAX_MODEL_LEN": "1024", "MAX_NUM_BATCHED_TOKENS": "1024"}
+
+
+def run_point(demo: Demo, mode: int, target_ms: float, seconds: float, seed: int, runs: int) -> dict:
     demo.set_live(
         {
             contract.ENV_GATE_MODE: str(mode),
@@ -128,35 +146,44 @@ def run_point(demo: Demo, mode: int, target_ms: float, seconds: float, seed: int
             contract.ENV_DIAG: "1",
         }
     )
-    before = len(diag_lines(demo.log()))
-    with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch) / "bench.json"
-        started = time.monotonic()
-        code = demo.dspark("bench", "--seconds", f"{seconds:g}", "--seed", str(seed), "--out", str(out), quiet=True)
-        wall = time.monotonic() - started
-        bench = json.loads(out.read_text()) if out.exists() else {}
-    lines = diag_lines(demo.log())[before:]
+    before = demo.server_log.stat().st_size
+    codes, benches = [], []
+    started = time.monotonic()
+    for run in range(runs):
+        with tempfile.TemporaryDirectory() as scratch:
+            out = Path(scratch) / "bench.json"
+            argv = ["bench", "--seconds", f"{seconds:g}", "--seed", str(seed + run), "--out", str(out)]
+            codes.append(demo.dspark(*argv, quiet=True))
+            benches.append(json.loads(out.read_text()) if out.exists() else {})
+    wall = time.monotonic() - started
+    with demo.server_log.open("rb") as log:
+        log.seek(before)
+        lines = diag_lines(log.read().decode(errors="replace"))
     times = step_times(lines)
     p99 = times["mixed"]["p99_ms"]
     return {
         "gate_mode": mode,
         "target_ms": target_ms if mode == 4 else None,
-        "bench_exit": code,
+        "bench_exits": codes,
         "wall_s": round(wall, 1),
         "diag_lines": len(lines),
         **times,
         "mixed_p99_over_target": round(p99 / target_ms, 3) if (p99 is not None and mode == 4) else None,
-        "classes": {
-            name: {key: c.get(key) for key in ("requests", "ok", "errors", "cut", "ttft_mean_s", "itl_p99_s")}
-            for name, c in ((bench.get("result") or {}).get("classes") or {}).items()
-        },
+        "classes_per_run": [
+            {
+                name: {key: c.get(key) for key in ("requests", "ok", "errors", "cut", "ttft_mean_s", "itl_p99_s")}
+                for name, c in ((bench.get("result") or {}).get("classes") or {}).items()
+            }
+            for bench in benches
+        ],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--targets", default="60,120", help="mode 4's target step times, ms, comma-separated")
-    parser.add_argument("--seconds", type=float, default=60.0, help="each point's bench run")
+    parser.add_argument("--targets", default="40,80", help="mode 4's target step times, ms, comma-separated")
+    parser.add_argument("--seconds", type=float, default=60.0, help="at most this long each bench run")
+    parser.add_argument("--runs", type=int, default=3, help="bench runs per point")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here (default: stdout only)")
     args = parser.parse_args(argv)
@@ -164,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     demo = Demo()
     demo.ensure_up()
     try:
-        points = [run_point(demo, 3, contract.DEFAULT_TARGET_STEP_MS, args.seconds, args.seed)]
-        points += [run_point(demo, 4, target, args.seconds, args.seed) for target in targets]
+        demo.serve_with(SERVING)
+        points = [run_point(demo, 3, contract.DEFAULT_TARGET_STEP_MS, args.seconds, args.seed, args.runs)]
+        points += [run_point(demo, 4, target, args.seconds, args.seed, args.runs) for target in targets]
         demo.set_live({contract.ENV_GATE_MODE: str(contract.DEFAULT_GATE_MODE), contract.ENV_DIAG: "0"})
     finally:
         if demo.started:
@@ -174,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         "schema": SCHEMA,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "loadavg_end": os.getloadavg()},
-        "seconds_per_point": args.seconds,
+        "serving": SERVING,
+        "runs_per_point": args.runs,
         "points": points,
     }
     text = json.dumps(result, indent=2)
