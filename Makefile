@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (each with its own two-node testbed); 0 runs the suite in this process.
 PYTEST_WORKERS ?= 3
 
-.PHONY: test test-compat coverage demo demo-down bench-cli venv testbed-deps clean
+.PHONY: test test-stack test-compat coverage demo demo-down bench-cli venv testbed-deps clean
 
 venv: $(STAMP)
 
@@ -46,7 +46,12 @@ test: $(STAMP) testbed-deps
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	$(PY) -m tests.support.newest_vllm
-	$(PY) -m pytest -m "not compat" -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not compat and not stack" -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
+
+# The test stack alone (vLLM CPU, Ray and the test platform plugin serving TP 2 on 127.0.0.1, no launcher): what
+# every testbed life in `make test` runs too, so it is left out there; run it first when the testbed fails to serve.
+test-stack: $(STAMP)
+	$(PY) -m pytest -m stack $(PYTEST_ARGS)
 
 # Downloaded vLLM releases (not in `make test`): the hotfix against the wheels 0.25 to 0.34 ($DSPARK_COMPAT_CACHE,
 # default ~/.cache/dspark-compat, ~330 MB each), and the dry boot on 0.33 in a venv built once outside the checkout

@@ -1,7 +1,7 @@
 """Real serving on loopback: vLLM (CPU) with tensor parallel 2 over a one-node Ray cluster.
 
-The serving test starts a real Ray head (2 fake GPUs), the real vLLM API server
-with ``--distributed-executor-backend ray --tensor-parallel-size 2`` on the tiny
+The serving test (marker `stack`: `make test-stack`, not in `make test`) starts a real Ray
+head (2 fake GPUs), the real vLLM API server with ``--distributed-executor-backend ray --tensor-parallel-size 2`` on the tiny
 random model, sends a completion and a chat completion to 127.0.0.1, checks that
 both TP workers are Ray actors holding the 2 GPUs, and stops everything by pid.
 It needs the CPU test stack (``pip install -e '.[cpu,test]'``) and the test-only
@@ -119,6 +119,7 @@ PHASE_LINES = [
 ]
 
 
+@pytest.mark.stack
 @pytest.mark.serving
 @pytest.mark.loopback
 @needs_vllm
