@@ -361,11 +361,12 @@ def candidate_policies() -> list[p.Policy]:
     ]
 
 
-def experiment_policies(variants: bool = True) -> list[p.Policy]:
-    """Every policy of the experiment grid, in table order."""
+def experiment_policies(variants: bool = True, candidates: bool = True) -> list[p.Policy]:
+    """Every policy of the experiment grid, in table order (`candidates`: mode 2's room and split candidates)."""
     pols = p.stock_policies() + [p.community(c) for c in (1, 2, 3)]
     pols += [p.hotfix(c, m) for m in GATE_MODES for c in (1, 2, 3)]
-    pols += candidate_policies()
+    if candidates:
+        pols += candidate_policies()
     if variants:
         pols += [
             p.Policy(

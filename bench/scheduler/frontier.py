@@ -372,10 +372,11 @@ def _on_release(version: str, argv: list[str]) -> int:
             skip = True
         elif not arg.startswith("--vllm="):
             rest.append(arg)
-    repo = pathlib.Path(__file__).resolve().parents[2]
+    from tests.support.paths import REPO
+
     env = newest_vllm.environ(version)
-    env["PYTHONPATH"] = os.pathsep.join((env["PYTHONPATH"], str(repo)))
-    return subprocess.run([sys.executable, "-m", "bench.scheduler.frontier", *rest], env=env, cwd=repo).returncode
+    env["PYTHONPATH"] = os.pathsep.join((env["PYTHONPATH"], str(REPO)))
+    return subprocess.run([sys.executable, "-m", "bench.scheduler.frontier", *rest], env=env, cwd=REPO).returncode
 
 
 if __name__ == "__main__":
