@@ -235,11 +235,11 @@ def test_the_deployment_record_holds_its_own_types_not_wire_types():
 
 def test_state_from_another_launcher_version_loads_and_corrupt_state_is_named(tmp_path):
     record = Deployment(
-        "10.0.0.1:6379",
-        "d",
-        1.0,
-        __version__,
-        [
+        ray_address="10.0.0.1:6379",
+        config_digest="d",
+        started_at=1.0,
+        launcher_version=__version__,
+        nodes=[
             NodeRecord(
                 name="head",
                 ip="10.0.0.1",

@@ -225,7 +225,18 @@ def test_plan_and_status_warn_when_the_image_is_a_tag(clean_environ):
     assert warnings(DSPARK_RUNTIME="docker", DSPARK_IMAGE="nvcr.io/nvidia/vllm") != ()
     assert warnings(DSPARK_RUNTIME="podman", DSPARK_IMAGE=f"nvcr.io/nvidia/vllm:25.11-py3@{DIGEST_A}") == ()
     assert warnings(DSPARK_RUNTIME="host", DSPARK_IMAGE="nvcr.io/nvidia/vllm:25.11-py3") == ()
-    view = ServiceStatus("down", "", None, None, 0.0, (), (), ServerView("down"), (), tagged)
+    view = ServiceStatus(
+        state="down",
+        ray_address="",
+        config_digest=None,
+        started_at=None,
+        checked_at=0.0,
+        problems=(),
+        nodes=(),
+        server=ServerView(state="down"),
+        fabric_warnings=(),
+        warnings=tagged,
+    )
     assert to_data(view)["warnings"] == list(tagged)
 
 

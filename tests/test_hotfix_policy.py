@@ -337,7 +337,17 @@ def test_reload_refuses_a_server_started_with_the_hotfix_off(tmp_path):
         cap=1,
         control_file=str(state_dir / "scheduler-control"),
     )
-    save_state(state_dir, Deployment("127.0.0.1:6379", "", 0.0, "0", [], server=server))
+    save_state(
+        state_dir,
+        Deployment(
+            ray_address="127.0.0.1:6379",
+            config_digest="",
+            started_at=0.0,
+            launcher_version="0",
+            nodes=[],
+            server=server,
+        ),
+    )
     settings = settings_in(DSPARK_MAX_INFLIGHT_PREFILLS="2")
     with pytest.raises(DsparkError) as refused:
         reload(settings, cluster_spec(settings), SilentReporter())

@@ -122,8 +122,13 @@ def test_an_agent_in_a_container_keeps_nothing(agent, identity):
 
 
 def test_a_repeat_describe_is_answered_from_what_the_node_kept(agent, identity):
-    path = forget(identity)
-    first = agent.describe()
+    # The kept file is per install: another pytest worker's agent (same venv) may keep the offer between the
+    # forget and this describe, which then reads it. Forget again then (at most three tries).
+    for _ in range(3):
+        path = forget(identity)
+        first = agent.describe()
+        if first.imported_vllm:
+            break
     assert first.imported_vllm and READ in first.phases
     assert first.offer.version == "0.32.0" and first.offer.flag("--tensor-parallel-size")
     assert kept_content(path) == KeptOffer(identity, first.offer)

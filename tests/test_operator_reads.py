@@ -44,14 +44,14 @@ def node(name: str, ip: str, reachable: bool = True, alive: bool = True, reason:
 
 def service(state: str, nodes, server: ServerView, started_at: float | None, problems=()) -> ServiceStatus:
     return ServiceStatus(
-        state,
-        "10.213.0.1:6379",
-        "digest" if started_at else None,
-        started_at,
-        time.time(),
-        tuple(problems),
-        tuple(nodes),
-        server,
+        state=state,
+        ray_address="10.213.0.1:6379",
+        config_digest="digest" if started_at else None,
+        started_at=started_at,
+        checked_at=time.time(),
+        problems=tuple(problems),
+        nodes=tuple(nodes),
+        server=server,
     )
 
 
@@ -79,7 +79,7 @@ def test_status_with_nothing_deployed_says_so_with_the_env_file_and_each_no_with
                 reason="ssh: connect to host 10.213.0.2 port 22: No route to host",
             ),
         ],
-        ServerView("down"),
+        ServerView(state="down"),
         None,
     )
     assert not view.deployed
@@ -99,7 +99,7 @@ def test_status_with_nothing_deployed_says_so_with_the_env_file_and_each_no_with
 def test_status_on_80_columns_colours_the_state_words_and_fits():
     started = time.time() - (3 * 3600 + 12 * 60)
     server = ServerView(
-        "up",
+        state="up",
         pid=4242,
         url="http://10.213.0.1:8000",
         uptime_s=3 * 3600 + 12 * 60 + 3,
@@ -128,7 +128,7 @@ def test_status_without_a_terminal_is_plain_text_without_escapes():
     view = service(
         "up",
         [node("head", "10.213.0.1"), node("worker1", "10.213.0.2")],
-        ServerView("up", pid=7, url="http://127.0.0.1:8000", uptime_s=65, cap=2),
+        ServerView(state="up", pid=7, url="http://127.0.0.1:8000", uptime_s=65, cap=2),
         time.time() - 65,
     )
     printed: list[str] = []
@@ -152,7 +152,7 @@ vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
 def test_status_shows_the_servers_metrics_as_fields_and_its_json_keeps_the_gauge_names():
     metrics = ServerMetrics.from_prometheus(PROMETHEUS)
     assert metrics == ServerMetrics(running=3.0, waiting=1.0, kv_cache_usage=0.25) and metrics.in_engine == 4.0
-    server = ServerView("up", pid=7, url="http://127.0.0.1:8000", uptime_s=65, cap=2, metrics=metrics)
+    server = ServerView(state="up", pid=7, url="http://127.0.0.1:8000", uptime_s=65, cap=2, metrics=metrics)
     view = service("up", [node("head", "10.213.0.1")], server, time.time() - 65)
     printed: list[str] = []
     print_status(view, ".env.dspark", Console(file=io.StringIO(), force_terminal=False), printed.append)
@@ -163,7 +163,7 @@ def test_status_shows_the_servers_metrics_as_fields_and_its_json_keeps_the_gauge
         "vllm:kv_cache_usage_perc": 0.25,
     }
     quiet = service(
-        "up", [node("head", "10.213.0.1")], ServerView("up", pid=7, url="http://127.0.0.1:8000"), time.time() - 65
+        "up", [node("head", "10.213.0.1")], ServerView(state="up", pid=7, url="http://127.0.0.1:8000"), time.time() - 65
     )
     assert quiet.to_data()["server"]["metrics"] == {} and not ServerMetrics.from_prometheus("").reported
     printed.clear()

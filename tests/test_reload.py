@@ -49,7 +49,9 @@ def recorded_server(tmp_path) -> tuple[Deployment, ServerRecord]:
         cap=1,
         control_file=str(state_dir / "scheduler-control"),
     )
-    deployment = Deployment("127.0.0.1:6379", "", 0.0, "0", [], server=server)
+    deployment = Deployment(
+        ray_address="127.0.0.1:6379", config_digest="", started_at=0.0, launcher_version="0", nodes=[], server=server
+    )
     save_state(state_dir, deployment)
     return deployment, server
 

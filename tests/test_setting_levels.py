@@ -190,7 +190,9 @@ def test_the_plans_flags_follow_the_declared_flag(monkeypatch):
     settings = resolve(env_file=EXAMPLE, environ={})
     fake = Setting("FAKE_SERVE_KNOB", "8", "environment", "serving", "a fake serve-level knob")
     settings = dataclasses.replace(settings, entries=MappingProxyType({**settings.entries, fake.name: fake}))
-    args = list(profile_resolve.resolve(NONE, VllmOffer("", (), ()), settings).serve_args)
+    args = list(
+        profile_resolve.resolve(NONE, VllmOffer(version="", flags=(), speculative_methods=()), settings).serve_args
+    )
     flags = [a for a in args if a.startswith("--")]
     assert flags[:7] == ["--served-model-name", *(f for _, f in OLD_SETTING_FLAGS), "--fake-serve-flag"]
     assert args[args.index("--fake-serve-flag") + 1] == "8"

@@ -192,7 +192,7 @@ class ServerRecord:
         return Process(self.pid, self.start_time, self.pid, self.boot_id)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Deployment:
     """Everything one `start` (or `cluster up`) left running, as saved in state.json."""
 

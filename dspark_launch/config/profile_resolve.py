@@ -136,7 +136,7 @@ def profile_values(settings: Settings) -> tuple[ProfileValue, ...]:
     """The settings the selected profile replaces, by the rule `resolve` applies (for `config show`, which must
     stay fast: nothing is asked of vLLM)."""
     profile = profile_named(settings.dspark_profile)
-    run = _Resolution(profile, VllmOffer("", (), ()), settings)
+    run = _Resolution(profile, VllmOffer(version="", flags=(), speculative_methods=()), settings)
     model = run.setting("DSPARK_MODEL")
     found = []
     for default in profile.settings:
@@ -762,6 +762,8 @@ def resolve_selected(
 def served_model(settings: Settings) -> tuple[str, str]:
     """The model and revision the selected profile serves, by the same rule as `resolve` (the profile's
     pinned revision applies to its own model only), without asking vLLM: for `dspark model ...`."""
-    run = _Resolution(profile_named(settings.dspark_profile), VllmOffer("", (), ()), settings)
+    run = _Resolution(
+        profile_named(settings.dspark_profile), VllmOffer(version="", flags=(), speculative_methods=()), settings
+    )
     model = run.setting("DSPARK_MODEL")
     return model, run.setting("DSPARK_MODEL_REVISION", model)

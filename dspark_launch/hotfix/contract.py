@@ -28,7 +28,7 @@ LIVE_CHECK_PERIOD_S = 1.0
 CONTROL_MAX_BYTES = 4096
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class LiveSetting:
     """A setting the patched scheduler reads from its environment in `__init__` and takes live from the
     control file. Everything else is derived from these rows: the injected parsers and constants, the
@@ -54,14 +54,14 @@ class LiveSetting:
 #: Anything else keeps the default (at start, with a warning) or every current value (live, with a warning).
 LIVE_SETTINGS = (
     LiveSetting(
-        "DSPARK_MAX_INFLIGHT_PREFILLS",
-        "cap",
-        "count",
-        1,
-        1,
-        3,
-        "cap",
-        "_dspark_max_inflight_prefills",
+        name="DSPARK_MAX_INFLIGHT_PREFILLS",
+        key="cap",
+        kind="count",
+        default=1,
+        minimum=1,
+        maximum=3,
+        label="cap",
+        attribute="_dspark_max_inflight_prefills",
         config_default="max_num_partial_prefills",
     ),
     #: 0 the plain count of patch v1; 1 the count plus a per-step prefill token bound (patch v2); 2 (patch
@@ -71,12 +71,39 @@ LIVE_SETTINGS = (
     #: left first, with aging; 4 (patch v7) mode 3 with the room sized in time: while requests decode, the
     #: prefill tokens whose predicted step time (per-token costs fitted online from the engine's own step
     #: times) stays within DSPARK_TARGET_STEP_MS, mode 3's bound until the fit holds.
-    LiveSetting("DSPARK_PREFILL_GATE_MODE", "gate_mode", "choice", 3, 0, 4, "gate mode", "_dspark_gate_mode"),
+    LiveSetting(
+        name="DSPARK_PREFILL_GATE_MODE",
+        key="gate_mode",
+        kind="choice",
+        default=3,
+        minimum=0,
+        maximum=4,
+        label="gate mode",
+        attribute="_dspark_gate_mode",
+    ),
     #: Mode 3's aging knob k: a prompt that has waited more than k times its own solo prefill time (its
     #: uncached tokens in threshold-sized steps) goes first (0: every request is aged at once, i.e. oldest
     #: first inside the bound); the default is picked in docs/hotfix.md.
-    LiveSetting("DSPARK_PREFILL_AGING", "aging", "decimal", 2.0, 0.0, 64.0, "aging", "_dspark_aging"),
-    LiveSetting("DSPARK_ISSUE43_SCHED_DIAG", "diagnostics", "switch", False, 0, 1, "diagnostics", "_dspark_diag"),
+    LiveSetting(
+        name="DSPARK_PREFILL_AGING",
+        key="aging",
+        kind="decimal",
+        default=2.0,
+        minimum=0.0,
+        maximum=64.0,
+        label="aging",
+        attribute="_dspark_aging",
+    ),
+    LiveSetting(
+        name="DSPARK_ISSUE43_SCHED_DIAG",
+        key="diagnostics",
+        kind="switch",
+        default=False,
+        minimum=0,
+        maximum=1,
+        label="diagnostics",
+        attribute="_dspark_diag",
+    ),
     #: Gate mode 4's target: the predicted time of a step that carries prefill beside decoding requests, in
     #: milliseconds. Default 100: the best point of the measured frontier at the recipe's scale with MTP
     #: (bench/results/frontier-recipe.json, modelled GB10 step cost): streams' p99 inter-token time 0.64x to
@@ -84,20 +111,27 @@ LIVE_SETTINGS = (
     #: 1.08x to 1.25x (docs/hotfix.md, "Gate mode 4"); 20 (a decode step with MTP is 12 to 31 ms on two GB10s)
     #: to 5000 (a whole 8192-token step at 400K context is about 4.5 s).
     LiveSetting(
-        "DSPARK_TARGET_STEP_MS", "target_ms", "decimal", 100.0, 20.0, 5000.0, "target step ms", "_dspark_target_ms"
+        name="DSPARK_TARGET_STEP_MS",
+        key="target_ms",
+        kind="decimal",
+        default=100.0,
+        minimum=20.0,
+        maximum=5000.0,
+        label="target step ms",
+        attribute="_dspark_target_ms",
     ),
     #: Admission of new prompts closed (the supervisor's memory guard, serve/memory_guard.py, or an operator's
     #: `dspark reload`): the waiting loop admits no request that holds no KV blocks and was not preempted (a
     #: resumed stream still comes back), so running streams go on decoding and new prompts wait in vLLM's queue.
     LiveSetting(
-        "DSPARK_ADMISSION_CLOSED",
-        "admission_closed",
-        "switch",
-        False,
-        0,
-        1,
-        "admission closed",
-        "_dspark_admission_closed",
+        name="DSPARK_ADMISSION_CLOSED",
+        key="admission_closed",
+        kind="switch",
+        default=False,
+        minimum=0,
+        maximum=1,
+        label="admission closed",
+        attribute="_dspark_admission_closed",
     ),
 )
 LIVE = {setting.name: setting for setting in LIVE_SETTINGS}

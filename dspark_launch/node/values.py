@@ -258,7 +258,7 @@ class BootJudgement:
         return next((g for g in self.graphs if g.requested == requested and g.breakable == breakable), None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class VllmOffer:
     version: str
     flags: tuple[OfferedFlag, ...]
@@ -325,25 +325,25 @@ class VllmOffer:
             for b in data.get("boot_judgements", ())
         )
         return cls(
-            str(data["version"]),
-            flags,
-            tuple(data["speculative_methods"]),
-            data.get("source", "a recorded description"),
-            judgements,
-            data.get("kv_judged_by", ""),
-            optional["env_names"],
-            optional["modules"],
-            tuple(data.get("draft_sample_methods", ())),
-            tuple(data.get("speculative_fields", ())),
-            boots,
-            data.get("booted_by", ""),
+            version=str(data["version"]),
+            flags=flags,
+            speculative_methods=tuple(data["speculative_methods"]),
+            source=data.get("source", "a recorded description"),
+            kv_judgements=judgements,
+            kv_judged_by=data.get("kv_judged_by", ""),
+            env_names=optional["env_names"],
+            modules=optional["modules"],
+            draft_sample_methods=tuple(data.get("draft_sample_methods", ())),
+            speculative_fields=tuple(data.get("speculative_fields", ())),
+            boot_judgements=boots,
+            booted_by=data.get("booted_by", ""),
         )
 
 
 # --- a node's versions ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class VersionRow:
     """One node's row of the version matrix; every field must be equal on all nodes."""
 

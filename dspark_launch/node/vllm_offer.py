@@ -176,9 +176,9 @@ def describe_installed_vllm(config_path: str | None = None) -> VllmOffer:
     except ImportError:
         draft_sampling = ()
     return VllmOffer(
-        str(vllm.__version__),
-        tuple(flags),
-        tuple(sorted(set(_literal_values(SpeculativeMethod)))),
+        version=str(vllm.__version__),
+        flags=tuple(flags),
+        speculative_methods=tuple(sorted(set(_literal_values(SpeculativeMethod)))),
         kv_judgements=judgements,
         kv_judged_by=judged_by,
         env_names=tuple(sorted(getattr(vllm.envs, "environment_variables", {}))),

@@ -32,7 +32,7 @@ class Drift:
 ServerState = Literal["down", "up", "unhealthy", "dead"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ServerView:
     state: ServerState
     pid: int | None = None
@@ -53,7 +53,7 @@ class ServerView:
     engine: stall.EngineWatch | None = None  # is the engine producing (serve/stall.py); None: not asked
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ServiceStatus:
     """`dspark status`: the cluster view plus the server (JSON shape in docs/cluster.md)."""
 
@@ -97,7 +97,7 @@ def _server_view(settings: Settings, spec: ClusterSpec, server: ServerRecord | N
     from dspark_launch.serve.serve_spec import api_key
 
     if server is None:
-        return ServerView("down")
+        return ServerView(state="down")
     probe = settings.health_timeout_s
     holder = api_holder(spec, server)  # the key goes only to the recorded server's socket
     alive = holder.recorded_alive
@@ -179,20 +179,20 @@ def status(settings: Settings, spec: ClusterSpec, deep: bool = False) -> Service
     overall = "degraded" if server and data.state == "up" and (view.state != "up" or stalled) else data.state
     mode = hotfix_mode(state)
     return ServiceStatus(
-        overall,
-        data.ray_address,
-        data.config_digest,
-        data.started_at,
-        data.checked_at,
-        tuple(problems),
-        data.nodes,
-        view,
-        tuple(w for record in (state.nodes if state else ()) for w in record.fabric_warnings),
-        (*record_notes(state, mode), *image_warnings(settings), *platform.result()),
-        data.ray_source,
-        mode,
-        tuple(recent_recoveries(spec.state_dir)),
-        _memory(spec, server),
+        state=overall,
+        ray_address=data.ray_address,
+        config_digest=data.config_digest,
+        started_at=data.started_at,
+        checked_at=data.checked_at,
+        problems=tuple(problems),
+        nodes=data.nodes,
+        server=view,
+        fabric_warnings=tuple(w for record in (state.nodes if state else ()) for w in record.fabric_warnings),
+        warnings=(*record_notes(state, mode), *image_warnings(settings), *platform.result()),
+        ray_source=data.ray_source,
+        hotfix=mode,
+        recoveries=tuple(recent_recoveries(spec.state_dir)),
+        memory=_memory(spec, server),
     )
 
 
