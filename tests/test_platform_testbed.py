@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.launcher_env import FORWARDED, launcher_env, scratch
+from tests.support.launcher_env import FORWARDED, launcher_env, paced_extra_args, scratch
 from tests.support.on_testbed import VENV_BIN, our_pids, read_until_served, serving_env
 from tests.support.platform_trees import KERNEL, meminfo, spark_tree, write
 from tests.support.processes import describe
@@ -26,6 +26,9 @@ pytestmark = [pytest.mark.testbed, pytest.mark.serving]
 
 NEW_KERNEL = "7.0.0-1019-nvidia"
 AMPLE_KB = 100_000_000
+# The stream must decode while the guard closes admission, a prompt waits and status shows both: paced steps make
+# its 900 tokens last at least 900 x STEP_MS, however loaded the host (the test plugin's paced worker).
+STEP_MS = 150
 ROOTS = {"proc": "DSPARK_TEST_PROCFS_ROOT", "sys": "DSPARK_TEST_SYSFS_ROOT", "modules": "DSPARK_TEST_MODULES_ROOT"}
 
 
@@ -72,6 +75,7 @@ def test_platform_refusals_stop_plan_and_start_the_memory_guard_pauses_admission
         tiny_model,
         DSPARK_FORWARD_ENV=" ".join((*FORWARDED, *ROOTS.values())),
         MAX_MODEL_LEN="1024",
+        VLLM_EXTRA_ARGS=paced_extra_args(STEP_MS),
         DSPARK_MEMORY_GUARD="pause",
         DSPARK_MEMORY_FLOOR_MIB="2048",
         DSPARK_RECOVERY_LIMIT="0",

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dspark_ray_cpu_platform import MIN_STEP_KEY
+
 from tests.support.paths import REPO
 
 # Passed from the launcher to every node's Ray and to vllm serve (DSPARK_FORWARD_ENV; VLLM_CACHE_ROOT, a cache
@@ -51,6 +53,12 @@ def serving_values(model: Path) -> dict[str, str]:
         "VLLM_EXTRA_ARGS": "--enforce-eager",
         "DSPARK_FORWARD_ENV": " ".join(FORWARDED),
     }
+
+
+def paced_extra_args(min_step_ms: int) -> str:
+    """VLLM_EXTRA_ARGS for a life whose model steps last at least `min_step_ms` (the test plugin's paced worker):
+    a stream that must outlast a command lasts that long in fewer tokens, whatever the host's load."""
+    return f"{serving_values(Path())['VLLM_EXTRA_ARGS']} --additional-config.{MIN_STEP_KEY} {min_step_ms}"
 
 
 def launcher_env(scratch: Path) -> dict[str, str]:

