@@ -24,11 +24,11 @@ $(STAMP): pyproject.toml $(wildcard tests/vllm_ray_cpu_plugin/pyproject.toml)
 	touch $(STAMP)
 
 # The two-node testbed needs sshd (Debian openssh-server) when run as root, the model copy rsync, and the container
-# tests podman with runc (crun 1.8 refuses this cgroup v1/v2 hybrid host) and catatonit (--init).
-TESTBED_PACKAGES := openssh-server rsync podman runc catatonit
+# tests podman with runc (crun 1.8 refuses this cgroup v1/v2 hybrid host), catatonit (--init) and zstd (the image).
+TESTBED_PACKAGES := openssh-server rsync podman runc catatonit zstd
 testbed-deps:
 	@if [ "$$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || [ ! -x /usr/bin/rsync ] || [ ! -x /usr/bin/podman ] || [ ! -x /usr/bin/runc ] \
-			|| [ ! -x /usr/libexec/podman/catatonit ]; }; then \
+			|| [ ! -x /usr/libexec/podman/catatonit ] || [ ! -x /usr/bin/zstd ]; }; then \
 		printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d; \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(TESTBED_PACKAGES); \
 		rc=$$?; rm -f /usr/sbin/policy-rc.d; exit $$rc; \

@@ -224,12 +224,19 @@ def test_a_forged_x_forwarded_for_neither_fails_a_reload_nor_ends_a_drain(testbe
     in flight still lets it run to its length (1+ finished, 0 cut; before: "idle ... 0 finished, 0 cut" and the
     stream cut), and the server log holds none of the forged text."""
     from tests.support import log_forger
+    from tests.support.launcher_env import paced_extra_args
     from tests.support.on_testbed import run, serving_env, set_knob
-    from tests.support.relay_streams import drained_relay, relayed_streams
+    from tests.support.relay_streams import PACED_TOKENS, drained_relay, relayed_streams
 
     tb = testbed_clean
     env = serving_env(
-        tb, tmp_path, tiny_model, MAX_MODEL_LEN="1024", MAX_NUM_BATCHED_TOKENS="1024", DSPARK_DRAIN_TIMEOUT_S="300"
+        tb,
+        tmp_path,
+        tiny_model,
+        MAX_MODEL_LEN="1024",
+        MAX_NUM_BATCHED_TOKENS="1024",
+        DSPARK_DRAIN_TIMEOUT_S="300",
+        VLLM_EXTRA_ARGS=paced_extra_args(),
     )
     started = run(tb, tmp_path, env, "start")
     assert started.returncode == 0, started.stderr[-4000:]
@@ -257,7 +264,7 @@ def test_a_forged_x_forwarded_for_neither_fails_a_reload_nor_ends_a_drain(testbe
         assert reloaded.returncode == 0, reloaded.stdout + reloaded.stderr[-3000:]
         assert "DSPARK_MAX_INFLIGHT_PREFILLS 1 -> 2: in force" in reloaded.stdout, reloaded.stdout
 
-        client = relayed_streams(tb, 900)
+        client = relayed_streams(tb, PACED_TOKENS)
         stopped = run(tb, tmp_path, env, "stop")
         assert stopped.returncode == 0, stopped.stderr[-3000:]
         assert "idle" not in stopped.stderr, stopped.stderr[-3000:]

@@ -27,8 +27,8 @@ pytestmark = [pytest.mark.testbed, pytest.mark.serving]
 NEW_KERNEL = "7.0.0-1019-nvidia"
 AMPLE_KB = 100_000_000
 # The stream must decode while the guard closes admission, a prompt waits and status shows both: paced steps make
-# its 900 tokens last at least 900 x STEP_MS, however loaded the host (the test plugin's paced worker).
-STEP_MS = 150
+# its tokens last at least STREAM_TOKENS x PACED_STEP_MS (90 s), however loaded the host.
+STREAM_TOKENS = 900
 ROOTS = {"proc": "DSPARK_TEST_PROCFS_ROOT", "sys": "DSPARK_TEST_SYSFS_ROOT", "modules": "DSPARK_TEST_MODULES_ROOT"}
 
 
@@ -75,7 +75,7 @@ def test_platform_refusals_stop_plan_and_start_the_memory_guard_pauses_admission
         tiny_model,
         DSPARK_FORWARD_ENV=" ".join((*FORWARDED, *ROOTS.values())),
         MAX_MODEL_LEN="1024",
-        VLLM_EXTRA_ARGS=paced_extra_args(STEP_MS),
+        VLLM_EXTRA_ARGS=paced_extra_args(),
         DSPARK_MEMORY_GUARD="pause",
         DSPARK_MEMORY_FLOOR_MIB="2048",
         DSPARK_RECOVERY_LIMIT="0",
@@ -127,7 +127,7 @@ def test_platform_refusals_stop_plan_and_start_the_memory_guard_pauses_admission
 
         # The worker's MemAvailable below the floor with a stream running: admission closes (the engine says so),
         # the stream goes on decoding, a new prompt waits; back above 1.5 x the floor it opens and the prompt is served.
-        stream = one_stream(tb)
+        stream = one_stream(tb, STREAM_TOKENS)
         log = state_log(tmp_path)
         write(trees["worker1"] / "proc" / "meminfo", meminfo(1 << 20))  # 1 GiB
         journal.wait_for(

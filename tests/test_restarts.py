@@ -20,17 +20,19 @@ import pytest
 
 from dspark_launch.hotfix.contract import PATCH_VERSION
 from dspark_launch.node import procfs
+from tests.support.launcher_env import paced_extra_args
 from tests.support.on_testbed import API_KEY, our_pids, run, serving_env, set_knob, state, status
 from tests.support.processes import describe
-from tests.support.relay_streams import drained_relay, relayed_streams
+from tests.support.relay_streams import PACED_TOKENS, drained_relay, relayed_streams
 
 pytestmark = [pytest.mark.testbed, pytest.mark.serving]
 
 CLIENT = Path(__file__).parent / "support" / "stream_client.py"
 STREAMS = 4
-# Long enough that every stop or restart (which first checks the new plan) lands while the streams run;
-# the drain limit is raised to match so a drained stop never has to cut them.
-MAX_TOKENS = 900
+# Long enough that every stop or restart (which first checks the new plan) lands while the streams run: paced
+# steps (PACED_STEP_MS) make them last at least 30 s however loaded the host; the drain limit is raised to match so a
+# drained stop never has to cut them.
+MAX_TOKENS = PACED_TOKENS
 DRAIN_S = "300"
 
 
@@ -97,7 +99,13 @@ def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_n
     cuts streams and restarts Ray, a plain `stop` drains streams."""
     tb = testbed_clean
     env = serving_env(
-        tb, tmp_path, tiny_model, MAX_MODEL_LEN="1024", MAX_NUM_BATCHED_TOKENS="1024", DSPARK_DRAIN_TIMEOUT_S=DRAIN_S
+        tb,
+        tmp_path,
+        tiny_model,
+        MAX_MODEL_LEN="1024",
+        MAX_NUM_BATCHED_TOKENS="1024",
+        DSPARK_DRAIN_TIMEOUT_S=DRAIN_S,
+        VLLM_EXTRA_ARGS=paced_extra_args(),
     )
     started = run(tb, tmp_path, env, "start")
     assert started.returncode == 0, started.stderr[-4000:]
@@ -108,7 +116,7 @@ def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_n
     # (its process, its log not rotated), the new one (started warm to check them) gone
     log_path = tmp_path / "state" / "logs" / "vllm-serve.log"
     served_log = log_path.read_bytes()
-    set_knob(env, "VLLM_EXTRA_ARGS", "--enforce-eager --no-such-flag-in-vllm")
+    set_knob(env, "VLLM_EXTRA_ARGS", f"{paced_extra_args()} --no-such-flag-in-vllm")
     bad = run(tb, tmp_path, env, "restart")
     assert bad.returncode == 2, bad.stderr[-3000:]
     refusal = [line for line in bad.stderr.splitlines() if "refused by the installed vLLM" in line]
@@ -118,7 +126,7 @@ def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_n
     warm_log = (log_path.parent / "vllm-serve.next.log").read_text(errors="replace")
     assert "DSPARK-ARGCHECK " in warm_log and "no-such-flag-in-vllm" in warm_log
     assert serve_entries(tb) == {server_before}, "the refused server is gone, the old one serves"
-    set_knob(env, "VLLM_EXTRA_ARGS", "--enforce-eager")
+    set_knob(env, "VLLM_EXTRA_ARGS", paced_extra_args())
 
     # serve-only restart, drained: the streams finish, Ray's processes are the same ones
     set_knob(env, "MAX_NUM_SEQS", "4")

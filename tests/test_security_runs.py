@@ -23,7 +23,7 @@ import pytest
 
 from dspark_launch.node import procfs, ray_dirs
 from dspark_launch.serve.drain import BUSY_LOG, DRAINED_LOG
-from tests.support.launcher_env import launcher_env, scratch
+from tests.support.launcher_env import launcher_env, paced_extra_args, scratch
 from tests.support.on_testbed import (
     VENV_BIN,
     dspark,
@@ -35,7 +35,7 @@ from tests.support.on_testbed import (
     write_env,
 )
 from tests.support.processes import describe
-from tests.support.relay_streams import drained_relay, relayed_streams
+from tests.support.relay_streams import PACED_TOKENS, drained_relay, relayed_streams
 
 pytestmark = pytest.mark.testbed
 
@@ -143,7 +143,13 @@ def test_foreground_supervisor_leaves_an_operators_restart_and_stop_alone(testbe
     drains a stream, its new server checking its arguments in its own process (started warm), the idle stop after it does not wait."""
     tb = testbed_clean
     env = serving_env(
-        tb, tmp_path, tiny_model, MAX_MODEL_LEN="1024", MAX_NUM_BATCHED_TOKENS="1024", DSPARK_DRAIN_TIMEOUT_S="600"
+        tb,
+        tmp_path,
+        tiny_model,
+        MAX_MODEL_LEN="1024",
+        MAX_NUM_BATCHED_TOKENS="1024",
+        DSPARK_DRAIN_TIMEOUT_S="600",
+        VLLM_EXTRA_ARGS=paced_extra_args(),
     )
     lock_path = tmp_path / "state" / "lock"
     log = tmp_path / "state" / "logs" / "vllm-serve.log"
@@ -154,7 +160,7 @@ def test_foreground_supervisor_leaves_an_operators_restart_and_stop_alone(testbe
         # An operator's restart: the supervisor sees its server go, waits for the restart's lock, finds
         # another run in the record and exits 0 without stopping it.
         # Nothing changed: a serve-only restart, the new server started warm (no separate argument check).
-        client = relayed_streams(tb, 900)
+        client = relayed_streams(tb, PACED_TOKENS)
         restarted = run(tb, tmp_path, env, "restart")
         assert restarted.returncode == 0, restarted.stderr[-3000:]
         drained_relay(client, restarted.stderr)

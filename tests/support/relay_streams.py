@@ -13,6 +13,9 @@ from pathlib import Path
 from tests.support.on_testbed import API_KEY
 
 CLIENT = Path(__file__).parent / "stream_client.py"
+#: A stream's length in a paced life (launcher_env.paced_extra_args): at least 30 s of PACED_STEP_MS steps, about as
+#: long as the 900 unpaced tokens it replaces took on loaded cores, for a third of their CPU.
+PACED_TOKENS = 300
 
 
 def relayed_streams(tb, max_tokens: int) -> subprocess.Popen:
