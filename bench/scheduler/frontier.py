@@ -1,6 +1,6 @@
 """The trade-off between p99 inter-token time and first-token time, as a frontier: stock vLLM at every
 budget x threshold an operator would try, gate mode 3, and gate mode 4 (the time-bounded room) at several
-targets, per request class, on the real vLLM scheduler with a modelled clock.
+targets, at the recipe's threshold and at 512, per request class, on the real vLLM scheduler with a modelled clock.
 
     nice -n 10 .venv/bin/python -m bench.scheduler.frontier [--scale 1/16] [--full-points default]
         [--out bench/results/frontier.json] [--svg-dir bench/results]
@@ -40,6 +40,10 @@ THRESHOLDS = (1024, 512)
 #: vLLM's own `prefill_schedule_interval` (0.34): 1 is its default; 2 schedules new prefills every other step.
 INTERVALS = (1, 2)
 TARGETS = (60.0, 80.0, 100.0, 150.0, 200.0, 250.0, 300.0, 400.0, 600.0)
+#: Our points at vLLM's smaller threshold too (the hotfix bounds a step; vLLM's threshold still cuts each prompt's
+#: chunk): mode 3 and the targets that reach the lowest inter-token times.
+OUR_SMALL_THRESHOLD = 512
+SMALL_THRESHOLD_TARGETS = (60.0, 80.0, 100.0, 150.0)
 CLASSES = ("stream", "short", "cached", "document")
 #: How much worse a class's mean first token may be for a point of ours to still dominate a stock point.
 SLACK = 1.05
@@ -106,6 +110,8 @@ def spec_for(point: dict, scale: Fraction) -> h.SchedulerSpec:
     env = [(contract.ENV_GATE_MODE, str(point["mode"]))]
     if point["mode"] == 4:
         env.append((contract.ENV_TARGET_STEP_MS, "%g" % point["target_ms"]))
+    if "threshold" in point:
+        kw["long_prefill_token_threshold"] = max(1, int(point["threshold"] * scale))
     return h.recipe_spec(scale, extra_env=tuple(env), **kw)
 
 
@@ -133,6 +139,18 @@ def points(intervals: tuple[int, ...] = (1,)) -> list[dict]:
     ]
     out.append({"name": "mode 3", "policy": "patched", "mode": 3})
     out += [{"name": f"mode 4 @{t:g}ms", "policy": "patched", "mode": 4, "target_ms": t} for t in TARGETS]
+    small = f" t{OUR_SMALL_THRESHOLD}"
+    out.append({"name": "mode 3" + small, "policy": "patched", "mode": 3, "threshold": OUR_SMALL_THRESHOLD})
+    out += [
+        {
+            "name": f"mode 4 @{t:g}ms{small}",
+            "policy": "patched",
+            "mode": 4,
+            "target_ms": t,
+            "threshold": OUR_SMALL_THRESHOLD,
+        }
+        for t in SMALL_THRESHOLD_TARGETS
+    ]
     return out
 
 
