@@ -14,7 +14,7 @@ clock; gate mode 4 reads the same clock, so its fit sees the modelled step times
 arrival to the end of the step that gave its first token; inter-token: between the ends of consecutive steps
 that gave a request tokens (with MTP a step gives 1 to 6). `--vllm 0.34.0` runs the same on that release's own
 scheduler (its CUDA wheel's Python, tests/support/newest_vllm.py); where the scheduler has vLLM's
-`prefill_schedule_interval` (0.34), every stock budget x threshold is also run with the interval at 2.
+`prefill_schedule_interval` (0.32 and 0.34), every stock budget x threshold is also run with the interval at 2.
 
 A stock point is dominated by one of ours when our p99 inter-token time of the decoding streams is equal or
 better and no class's mean first token is worse by more than 5 %.
@@ -37,7 +37,7 @@ from tools import scheduler_harness as h
 
 BUDGETS = (8192, 4096, 2048, 1024)
 THRESHOLDS = (1024, 512)
-#: vLLM's own `prefill_schedule_interval` (0.34): 1 is its default; 2 schedules new prefills every other step.
+#: vLLM's own `prefill_schedule_interval` (0.32 and 0.34): 1 is its default; 2 schedules new prefills every other step.
 INTERVALS = (1, 2)
 TARGETS = (60.0, 80.0, 100.0, 150.0, 200.0, 250.0, 300.0, 400.0, 600.0)
 #: Our points at vLLM's smaller threshold too (the hotfix bounds a step; vLLM's threshold still cuts each prompt's
