@@ -116,7 +116,7 @@ def spec_for(point: dict, scale: Fraction) -> h.SchedulerSpec:
 
 
 def has_prefill_schedule_interval() -> bool:
-    """Whether the installed vLLM's SchedulerConfig has `prefill_schedule_interval` (0.34 on)."""
+    """Whether the installed vLLM's SchedulerConfig has `prefill_schedule_interval` (0.32 and 0.34 do)."""
     import dataclasses
 
     from vllm.config import SchedulerConfig
