@@ -37,6 +37,8 @@ def cluster_values(tb, state_dir: Path) -> dict[str, str]:
 # The tests' model profile: resolved against the head's vLLM like DeepSeek's (fallbacks, omissions, chat
 # readiness); a test passes DSPARK_PROFILE="none" for the generic serve.
 TEST_PROFILE = "tiny-test"
+# Eager mode: a life starts in about half the time.
+EAGER = "--enforce-eager"
 
 
 def serving_values(model: Path) -> dict[str, str]:
@@ -50,7 +52,7 @@ def serving_values(model: Path) -> dict[str, str]:
         "LONG_PREFILL_TOKEN_THRESHOLD": "32",
         "HF_HUB_OFFLINE": "1",
         "VLLM_PORT": "8000",
-        "VLLM_EXTRA_ARGS": "--enforce-eager",
+        "VLLM_EXTRA_ARGS": EAGER,
         "DSPARK_FORWARD_ENV": " ".join(FORWARDED),
     }
 
@@ -64,7 +66,7 @@ PACED_STEP_MS = 100
 def paced_extra_args(min_step_ms: int = PACED_STEP_MS) -> str:
     """VLLM_EXTRA_ARGS for a life whose model steps last at least `min_step_ms` (the test plugin's paced worker):
     a stream that must outlast a command lasts that long in fewer tokens, whatever the host's load."""
-    return f"{serving_values(Path())['VLLM_EXTRA_ARGS']} --additional-config.{MIN_STEP_KEY} {min_step_ms}"
+    return f"{EAGER} --additional-config.{MIN_STEP_KEY} {min_step_ms}"
 
 
 def launcher_env(scratch: Path) -> dict[str, str]:

@@ -27,6 +27,11 @@ PLATFORM_QUALNAME = "dspark_ray_cpu_platform.platform.RayCpuPlatform"
 MIN_STEP_KEY = "dspark_test_min_step_ms"
 
 
+def min_step_s(vllm_config) -> float:
+    """The least step duration `vllm_config` asks for, in seconds (absent or 0: none)."""
+    return float((vllm_config.additional_config or {}).get(MIN_STEP_KEY) or 0) / 1000.0
+
+
 def enabled() -> bool:
     return os.environ.get(ENV_VAR, "").strip() == "1"
 

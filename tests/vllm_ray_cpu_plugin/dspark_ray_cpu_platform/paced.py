@@ -13,12 +13,7 @@ import time
 
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from dspark_ray_cpu_platform import MIN_STEP_KEY
-
-
-def min_step_s(vllm_config) -> float:
-    """The pace asked for in `vllm_config` in seconds (absent or 0: none)."""
-    return float((vllm_config.additional_config or {}).get(MIN_STEP_KEY) or 0) / 1000.0
+from dspark_ray_cpu_platform import min_step_s
 
 
 class PacedCPUWorker(CPUWorker):

