@@ -6,18 +6,17 @@ is recovered too; a third stall past DSPARK_RECOVERY_LIMIT=2 ends supervision (e
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import signal
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from dspark_launch.serve.supervise import SERVER_CHECK_S
+from tests.support.launcher_env import paced_extra_args
 from tests.support.on_testbed import (
     our_pids,
     popen,
@@ -34,6 +33,8 @@ from tests.support.supervised import Journal, completion_argv, one_stream
 pytestmark = [pytest.mark.testbed, pytest.mark.serving]
 
 STALL_S = 6  # DSPARK_STALL_TIMEOUT_S here: the supervisor polls every 2 s
+BUDGET = 16  # tokens a step: a 990-token prompt's prefill takes 62 steps
+STEP_MS = 200  # each model step lasts at least this (the test plugin's paced worker): that prefill lasts >= 12.4 s
 
 
 def stop_and_wait_for_stall(tb, tmp_path: Path, env: Path, pid: int) -> float:
@@ -58,29 +59,6 @@ def stop_and_wait_for_stall(tb, tmp_path: Path, env: Path, pid: int) -> float:
         raise AssertionError(f"status never said stalled after SIGSTOP of {pid}")
     finally:
         client.kill()
-
-
-@contextlib.contextmanager
-def throttled(pid: int, stopped_s: float = 0.3, running_s: float = 0.03):
-    """`pid` stopped for `stopped_s` of every `stopped_s + running_s` while the block runs: a slow engine that still
-    makes progress."""
-    done = threading.Event()
-
-    def cycle() -> None:
-        while not done.is_set():
-            os.kill(pid, signal.SIGSTOP)
-            time.sleep(stopped_s)
-            os.kill(pid, signal.SIGCONT)
-            time.sleep(running_s)
-
-    thread = threading.Thread(target=cycle, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
-        os.kill(pid, signal.SIGCONT)
 
 
 def completion_in_head(tb, prompt: str) -> tuple[int, dict, float]:
@@ -109,14 +87,15 @@ def test_the_supervisor_leaves_idle_and_prefilling_engines_alone_and_restarts_st
     testbed_clean, tmp_path, tiny_model
 ):
     tb = testbed_clean
-    # 16 tokens a step: a lone 1,000-token prompt takes ~60 steps, longer than the stall timeout on these cores.
+    # 62 steps of at least 200 ms for a lone 990-token prompt: longer than the stall timeout however fast the host.
     env = serving_env(
         tb,
         tmp_path,
         tiny_model,
         MAX_MODEL_LEN="1024",
-        MAX_NUM_BATCHED_TOKENS="16",
-        LONG_PREFILL_TOKEN_THRESHOLD="16",
+        MAX_NUM_BATCHED_TOKENS=str(BUDGET),
+        LONG_PREFILL_TOKEN_THRESHOLD=str(BUDGET),
+        VLLM_EXTRA_ARGS=paced_extra_args(STEP_MS),
         DSPARK_ISSUE43_SCHED_DIAG="0",
         DSPARK_STALL_TIMEOUT_S=str(STALL_S),
         DSPARK_RECOVERY_LIMIT="2",
@@ -137,11 +116,9 @@ def test_the_supervisor_leaves_idle_and_prefilling_engines_alone_and_restarts_st
         assert not recoveries.exists() and state(tmp_path)["server"]["pid"] == first["pid"], journal.text()
 
         # One prompt whose chunked prefill outlasts the timeout: no token counter moves until its last chunk, but its
-        # KV blocks do each step; no action. The tiny model's 62 steps take 2 s here: the EngineCore is given 30 ms
-        # of every 330 ms (SIGSTOP/SIGCONT), about a step each, so the prefill takes longer than the timeout.
+        # KV blocks do each step; no action. Unpaced, the tiny model's 62 steps take about 2 s: paced, at least 12.4.
         words = " ".join(["the model token cluster node head worker spark serve request"] * 55)  # 990 tokens
-        with throttled(engine_core(tmp_path)):
-            code, reply, took = completion_in_head(tb, words)
+        code, reply, took = completion_in_head(tb, words)
         assert code == 200 and reply["usage"]["prompt_tokens"] >= 900, reply
         print(f"a {reply['usage']['prompt_tokens']}-token prefill took {took:.1f} s (stall timeout {STALL_S} s)")
         assert took > STALL_S + 2, f"the prefill took {took:.1f} s: too fast to show anything; a longer prompt needed"
