@@ -40,7 +40,7 @@ def model_dir(tmp_path_factory):
     in a subprocess, ~7 s)."""
     from tools import scheduler_harness as harness
 
-    base = tmp_path_factory.mktemp("issue27")
+    base = tmp_path_factory.mktemp("scheduler")
     with vllm_dirs_restored():
         path = harness.prepare_environment(base)
         harness.build_scheduler(harness.SchedulerSpec(), path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import sys
 import time
 from pathlib import Path
@@ -54,6 +55,18 @@ class Overlays:
         for mp in sorted(points, key=len, reverse=True):
             self._in(pid, ["umount", "-l", mp.encode().decode("unicode_escape")], check=False, net=False, uts=False)
 
+    def _mount_node_bashrc(self, pid: int, node_dir: str) -> None:
+        """The node's own ~/.bashrc for this user: bash reads it for every `ssh NODE COMMAND`, and this machine's
+        (pyenv's init: ~0.15 CPU-s and half a second a command on a loaded host, a dozen processes) is not a node's.
+        A DGX Spark's Ubuntu ~/.bashrc returns at once in a non-interactive shell; so does the node's."""
+        home_rc = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".bashrc"
+        if not home_rc.is_file():
+            return
+        rc = os.path.join(node_dir, "bashrc")
+        Path(rc).write_text("# the testbed node's ~/.bashrc: nothing for a non-interactive shell (as Ubuntu's)\n"
+                            "case $- in *i*) ;; *) return;; esac\n")  # fmt: skip
+        self._in(pid, ["mount", "--bind", rc, str(home_rc)], net=False, uts=False)
+
     def _setup_node(self, rec: dict) -> None:
         pid, name = rec["holder_pid"], rec["name"]
         d = self._p("nodes", name)
@@ -65,6 +78,7 @@ class Overlays:
             f"127.0.0.1\tlocalhost\n127.0.1.1\t{rec['hostname']}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
         )
         self._in(pid, ["mount", "--bind", hosts, "/etc/hosts"], net=False, uts=False)
+        self._mount_node_bashrc(pid, d)
         # sysfs of the node's own netns, keeping the host's cgroup tree (Ray reads limits there)
         stage = os.path.join(d, "cgroup-stage")
         os.makedirs(stage, exist_ok=True)
