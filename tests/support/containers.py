@@ -231,9 +231,7 @@ class ImageSources:
             if self.plugin_dir.is_dir()
             else []
         )
-        blob = json.dumps(
-            [BUILDER_VERSION, VENV_SKIPS, versions, str(self.venv), str(self.python_home), dists, plugin]
-        )
+        blob = json.dumps([BUILDER_VERSION, VENV_SKIPS, versions, str(self.venv), str(self.python_home), dists, plugin])
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def tar_paths(self) -> list[str]:
