@@ -47,7 +47,7 @@ def test_every_operation_has_a_handler_and_frozen_types():
     handlers/ module, its answer `<request less Query>Answer` (or a node value returned as it is), its types frozen."""
     from dspark_launch.agent.node_end import handler
 
-    assert len(p.OPERATIONS) == len(p.OPERATION_OF_REQUEST) == len(p._OPERATIONS)
+    assert len(p.OPERATIONS) == len(p._OPERATIONS)
     for name, operation in p.OPERATIONS.items():
         assert name == re.sub(r"(?<!^)(?=[A-Z])", "_", operation.request.__name__).lower()
         found = handler(name)
@@ -59,6 +59,38 @@ def test_every_operation_has_a_handler_and_frozen_types():
         ), (name, answer.__name__)
         assert operation.request.__dataclass_params__.frozen and operation.answer.__dataclass_params__.frozen
     assert p.OPERATIONS["read_log"].request is p.ReadLog and p.OPERATIONS["memory_query"].request is p.MemoryQuery
+    assert p.operation_of(p.Stop(marker="m")) is p.OPERATIONS["stop"]
+
+
+def test_each_message_is_declared_where_the_protocol_says_and_an_agent_defines_only_its_operations():
+    """`protocol.Name` names every dataclass of messages/ (and nothing else), from the module DECLARED_IN says, and
+    the type checker's imports in protocol.py say the same; a fresh interpreter that imports the protocol and
+    decodes one operation's request has defined that subject's messages alone."""
+    import ast
+    import dataclasses
+    import importlib
+    import pkgutil
+
+    from dspark_launch.agent import messages
+
+    declared: dict[str, str] = {}
+    for info in pkgutil.iter_modules(messages.__path__):
+        module = importlib.import_module(f"{messages.__name__}.{info.name}")
+        for name, value in vars(module).items():
+            if (dataclasses.is_dataclass(value) and value.__module__ == module.__name__) or name.isupper():
+                declared[name] = info.name
+    for name, subject in p.DECLARED_IN.items():
+        assert getattr(importlib.import_module(f"{messages.__name__}.{subject}"), name) is getattr(p, name), name
+    assert {n: s for n, s in p.DECLARED_IN.items() if n in declared} == declared
+    tree = ast.parse(Path(p.__file__).read_text())
+    (block,) = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
+    checked = {a.name: i.module.rsplit(".", 1)[1] for i in block.body for a in i.names}  # type: ignore[union-attr]
+    assert checked == p.DECLARED_IN
+    probe = "import sys; from dspark_launch.agent import protocol as p; p.OPERATIONS['memory_query'].request; " + (
+        "print(sorted(m for m in sys.modules if m.startswith('dspark_launch.agent.messages.')))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "['dspark_launch.agent.messages.processes']", loaded
 
 
 @pytest.mark.parametrize("agent_files", [(), ("__init__.py", "server.py")], ids=["no-agent-package", "agent-server-py"])

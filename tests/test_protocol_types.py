@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import sys
 import typing
 
 from mypy import api as mypy_api
@@ -15,7 +16,7 @@ from tests.support.paths import REPO
 def _declared_answer(request: type) -> type:
     (base,) = [b for b in request.__orig_bases__ if typing.get_origin(b) is p.Request]
     (answer,) = typing.get_args(base)
-    return answer if isinstance(answer, type) else vars(p)[answer.__forward_arg__]
+    return answer if isinstance(answer, type) else vars(sys.modules[request.__module__])[answer.__forward_arg__]
 
 
 def test_every_request_declares_the_answer_its_operation_decodes():
@@ -48,7 +49,9 @@ def test_mypy_sees_each_answer_type_and_refuses_a_state_outside_its_literal(tmp_
     monkeypatch.chdir(REPO)  # finds dspark_launch as `make test`'s mypy does (its cache too)
     out, err, _ = mypy_api.run(["--no-error-summary", "--hide-error-context", str(program)])
     lines = out.splitlines()
-    assert any('Revealed type is "dspark_launch.agent.protocol.ProbeAnswer"' in line for line in lines), out + err
+    assert any('Revealed type is "dspark_launch.agent.messages.processes.ProbeAnswer"' in line for line in lines), (
+        out + err
+    )
     assert any('Revealed type is "dspark_launch.node.values.VerifyReport"' in line for line in lines), out + err
     assert any('"HelloAnswer" has no attribute "no_such_field"' in line for line in lines), out
     for bad in ("Literal['sleeping']", "Literal['maybe']", "Literal['shout']"):

@@ -50,7 +50,7 @@ class NodeAgent:
     def call(self, request: p.Request[A], step: str = "", timeout: float | None = None) -> A:
         """Send `request` (a protocol dataclass); returns the answer type it declares (`Request[Answer]`,
         the same as its operation's in protocol.OPERATIONS). `step` and `timeout` default to the operation's."""
-        operation = p.OPERATION_OF_REQUEST[type(request)]
+        operation = p.operation_of(request)
         op, answer_type = operation.name, operation.answer
         step = step or operation.step
         if operation.in_process and self.runs_here:

