@@ -1,7 +1,4 @@
-"""The scheduler's live values: its control file (handlers/control.py; `dspark reload`).
-
-Declared here, re-exported by `protocol` (which imports this module on first use: the agent only its
-operation's); the registry in `protocol` pairs each request with its answer and handler."""
+"""The scheduler's live values: its control file (handlers/control.py; `dspark reload`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The fabric interface and its environment (handlers/fabric.py).
-
-Declared here, re-exported by `protocol` (which imports this module on first use: the agent only its
-operation's); the registry in `protocol` pairs each request with its answer and handler."""
+"""The fabric interface and its environment (handlers/fabric.py)."""
 
 from __future__ import annotations
 

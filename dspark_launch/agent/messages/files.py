@@ -1,7 +1,4 @@
-"""Log folders, logs and files on a node (handlers/files.py).
-
-Declared here, re-exported by `protocol` (which imports this module on first use: the agent only its
-operation's); the registry in `protocol` pairs each request with its answer and handler."""
+"""Log folders, logs and files on a node (handlers/files.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Each node's version row and the scheduler hotfix (handlers/hotfix.py).
-
-Declared here, re-exported by `protocol` (which imports this module on first use: the agent only its
-operation's); the registry in `protocol` pairs each request with its answer and handler."""
+"""Each node's version row and the scheduler hotfix (handlers/hotfix.py)."""
 
 from __future__ import annotations
 

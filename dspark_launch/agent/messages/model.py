@@ -1,7 +1,4 @@
-"""The model weights on a node (handlers/model.py).
-
-Declared here, re-exported by `protocol` (which imports this module on first use: the agent only its
-operation's); the registry in `protocol` pairs each request with its answer and handler."""
+"""The model weights on a node (handlers/model.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The node itself and the processes the launcher starts on it (handlers/processes.py).
-
-Declared here, re-exported by `protocol` (which imports this module on first use: the agent only its
-operation's); the registry in `protocol` pairs each request with its answer and handler."""
+"""The node itself and the processes the launcher starts on it (handlers/processes.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Ray's ports, temp folders and node table (handlers/ray.py; the head's node table imports Ray when asked).
-
-Declared here, re-exported by `protocol` (which imports this module on first use: the agent only its
-operation's); the registry in `protocol` pairs each request with its answer and handler."""
+"""Ray's ports, temp folders and node table (handlers/ray.py; the head's node table imports Ray when asked)."""
 
 from __future__ import annotations
 

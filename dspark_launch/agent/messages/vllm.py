@@ -1,7 +1,4 @@
-"""The installed vLLM's serve parser as data (handlers/vllm.py; imports vLLM when asked).
-
-Declared here, re-exported by `protocol` (which imports this module on first use: the agent only its
-operation's); the registry in `protocol` pairs each request with its answer and handler."""
+"""The installed vLLM's serve parser as data (handlers/vllm.py; imports vLLM when asked)."""
 
 from __future__ import annotations
 
