@@ -39,6 +39,8 @@ testbed-deps:
 # testbed life waits on sockets, SSH and process starts much of the time, the others fill it (measured on 2 cores:
 # pytest 1,715 s on two workers, 1,456 s on three, memory never the limit).
 # --durations: the 25 slowest tests at the end of every run; the seconds per module follow.
+# Byte-compiled first, as pip compiles an installed package: an editable install is not, and where the environment sets
+# PYTHONDONTWRITEBYTECODE (these sandboxes do) every CLI call would compile its modules again (~0.18 CPU-s a call).
 # The newest vLLM release's own Python (its CUDA wheel, ~240 MB once into ~/.cache/dspark-compat, unpacked beside it):
 # the hotfix and the dry boot run on its scheduler and config code too (tests/support/newest_vllm.py).
 test: $(STAMP) testbed-deps
@@ -46,6 +48,7 @@ test: $(STAMP) testbed-deps
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	$(PY) -m tests.support.newest_vllm
+	$(PY) -m compileall -q -j 0 dspark_launch tests/support tests/vllm_ray_cpu_plugin tools >/dev/null
 	$(PY) -m pytest -m "not compat and not stack" -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 # The test stack alone (vLLM CPU, Ray and the test platform plugin serving TP 2 on 127.0.0.1, no launcher): what
