@@ -69,8 +69,12 @@ def test_patch_applies_to_release(version, tmp_path, capsys):
     text = patched.decode()
     guard = "max_num_active_reqs" if version >= "0.31" else "max_num_running_reqs"
     gate_at = text.index("                if (  # dspark-issue27\n")
-    # The seat guard right before the gate; from 0.34 the loop's loads-only switch reads it a few lines up.
-    assert guard in text[gate_at - (1400 if version >= "0.34" else 400) : gate_at]
+    # The seat guard comes before the gate in the same waiting loop (no loop starts between them; from 0.34 the loop's
+    # loads-only switch reads it some lines up, and the admission check the patch puts first sits between).
+    seat = text.rfind(guard, 0, gate_at)
+    between = text[seat:gate_at].splitlines()[1:]
+    assert seat >= 0 and len(between) <= 30, (seat, len(between))
+    assert not any(line.lstrip().startswith(("while ", "for ")) for line in between), between
     assert patch.revert(target).code == 0
     assert target.read_bytes() == original
 
