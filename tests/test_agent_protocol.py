@@ -326,7 +326,7 @@ def test_the_version_row_comes_from_the_node_agent_without_importing_vllm():
     import hashlib
     import platform
 
-    from dspark_launch import hotfix
+    from dspark_launch.hotfix import patch_tool as hotfix
 
     row = NodeAgent("here", LocalTransport(sys.executable)).call(p.VersionQuery())
     target = hotfix.find_target()

@@ -377,9 +377,9 @@ def test_the_readme_names_the_pin_and_the_tested_releases():
 
 
 def test_hotfix_check_is_answered_by_a_real_agent_and_writes_nothing():
-    from dspark_launch import hotfix
     from dspark_launch.agent.client import NodeAgent
     from dspark_launch.agent.transport import LocalTransport
+    from dspark_launch.hotfix import patch_tool as hotfix
 
     target = hotfix.find_target()
     before = target.read_bytes()
@@ -389,8 +389,8 @@ def test_hotfix_check_is_answered_by_a_real_agent_and_writes_nothing():
 
 
 def test_no_vllm_is_the_tools_missing_answer(monkeypatch):
-    from dspark_launch import hotfix
     from dspark_launch.agent.handlers.hotfix import hotfix_check, hotfix_revert
+    from dspark_launch.hotfix import patch_tool as hotfix
 
     def nowhere():
         raise FileNotFoundError("vllm is not importable from this interpreter")

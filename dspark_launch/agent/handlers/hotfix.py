@@ -106,7 +106,7 @@ def nccl_version() -> str | None:
 
 def version_row() -> VersionRow:
     """Identity and the version matrix row of this node."""
-    from dspark_launch import hotfix
+    from dspark_launch.hotfix import patch_tool as hotfix
 
     capability, driver = gpu_row()
     try:
@@ -135,7 +135,7 @@ def version_row() -> VersionRow:
 
 def hotfix_report() -> p.HotfixApplyAnswer:
     """Apply the scheduler hotfix to this node's vLLM, then verify it with `status`."""
-    from dspark_launch import hotfix
+    from dspark_launch.hotfix import patch_tool as hotfix
 
     target = hotfix.find_target()
     applied = hotfix.apply(target)
@@ -162,7 +162,7 @@ def _missing(action: str, exc: FileNotFoundError) -> dict:
 
 def hotfix_check(req: p.HotfixCheck, report: p.Report) -> p.HotfixCheckAnswer:
     """The tool's check: nothing written, nothing imported."""
-    from dspark_launch import hotfix
+    from dspark_launch.hotfix import patch_tool as hotfix
 
     try:
         checked = hotfix.check(hotfix.find_target()).to_dict()
@@ -174,7 +174,7 @@ def hotfix_check(req: p.HotfixCheck, report: p.Report) -> p.HotfixCheckAnswer:
 def hotfix_revert(req: p.HotfixRevert, report: p.Report) -> p.HotfixRevertAnswer:
     """Our patch reverted where the file carries it (the tool's revert: from the original its marker keeps;
     a file without our marker is left as it is), then the file's status."""
-    from dspark_launch import hotfix
+    from dspark_launch.hotfix import patch_tool as hotfix
 
     try:
         target = hotfix.find_target()
