@@ -41,8 +41,10 @@ def stop_and_wait_for_stall(tb, tmp_path: Path, env: Path, pid: int, supervisor:
     """SIGSTOP `pid` while a stream runs, with the supervisor paused so that nothing acts on the stall: seconds from
     the SIGSTOP to the start of the `status` that said stalled (its JSON checked). Any `status` begun a timeout plus
     one poll after the SIGSTOP must say so (a status takes seconds on loaded cores: when it began is what counts). The
-    supervisor resumes on return; its own look is not raced against (it restarts a stalled server within a second)."""
-    assert "start" in Path(f"/proc/{supervisor}/cmdline").read_text()  # nsenter execs: the Popen is the supervisor
+    supervisor resumes on return and acts on the stall at its next look (the caller reads its journal); left running,
+    it would restart the server about a second after its own look and a later `status` would see no stall."""
+    argv = Path(f"/proc/{supervisor}/cmdline").read_text().split("\0")
+    assert "start" in argv and "--foreground" in argv, argv  # nsenter execs: the Popen's pid is the supervisor itself
     client = one_stream(tb)
     os.kill(supervisor, signal.SIGSTOP)
     os.kill(pid, signal.SIGSTOP)
