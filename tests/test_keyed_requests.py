@@ -10,7 +10,7 @@ Here, on loopback without the testbed, as root, the squatters as user `nobody` (
 - The port check before each keyed request (`http.Keyed`, `api_holder.ServerPort`): a bare string key is
   refused, the listener closed and the port taken by `nobody` between two requests stops the next one
   unsent; `smoke -c N`, the load generator and reload's nudge each check every request.
-The real start with these squatters: tests/test_keyed_requests_testbed.py.
+The real start with these squatters: tests/test_serving.py.
 """
 
 from __future__ import annotations

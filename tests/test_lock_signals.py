@@ -1,6 +1,8 @@
 """The deployment lock with real processes: a probe of who holds it (`status`, the `--foreground`
 supervisor) never makes a launcher fail, and a `dspark` command killed by SIGTERM while it holds the
-lock leaves the lock free, the record whole and the next command working (two-node testbed, heavy)."""
+lock leaves the lock free, the record whole and the next command working (two-node testbed, heavy). The
+`--foreground` supervisor signalled again while it holds the lock to stop its run: tests/test_platform_testbed.py,
+whose supervised life ends that way."""
 
 from __future__ import annotations
 
@@ -115,49 +117,3 @@ def test_sigterm_to_a_command_holding_the_lock(testbed_clean, tmp_path):
     assert down.returncode == 0, down.stderr[-3000:]
     left = our_pids(tb, "head") | our_pids(tb, "worker1")
     assert left == set(), describe(left)
-
-
-@pytest.mark.testbed
-@pytest.mark.serving
-def test_supervisor_sigterm_again_while_it_stops_its_run(testbed_clean, tmp_path, tiny_model):
-    """The systemd unit's `start --foreground` gets SIGTERM, takes the lock to stop its own run, and gets
-    SIGTERM again while it holds it (systemd, an impatient operator): the second is ignored, the stop
-    completes, exit 143; the lock is free, no record is left, and the next command works."""
-    from tests.support.launcher_env import launcher_env, scratch
-    from tests.support.on_testbed import VENV_BIN, dspark, our_pids, read_until_served, serving_env
-    from tests.support.processes import describe
-
-    tb = testbed_clean
-    env = serving_env(tb, tmp_path, tiny_model)
-    state_dir = tmp_path / "state"
-    supervisor = tb.popen(
-        "head",
-        [str(VENV_BIN / "dspark"), "start", "--foreground", "--env-file", str(env)],
-        env=launcher_env(scratch(tmp_path)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        read_until_served(supervisor)
-        supervisor.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while lock_holder(state_dir) != str(supervisor.pid):
-            assert supervisor.poll() is None and time.monotonic() < deadline, supervisor.communicate()
-            time.sleep(0.005)
-        supervisor.send_signal(signal.SIGTERM)
-        out, _ = supervisor.communicate(timeout=180)
-    finally:
-        if supervisor.poll() is None:
-            supervisor.kill()
-            supervisor.communicate()
-    assert supervisor.returncode == 143, out[-4000:]
-    assert "dspark: still stopping what this run started; please wait" in out, out[-4000:]
-    assert "interrupted; everything this run started was stopped (exit 143)" in out and "Traceback" not in out
-    assert lock_holder(state_dir) is None and load_state(state_dir) is None
-    assert [p.name for p in state_dir.iterdir() if p.name.startswith(f".{STATE_FILE}.")] == []
-    left = our_pids(tb, "head") | our_pids(tb, "worker1")
-    assert left == set(), describe(left)
-    up = dspark(tb, env, "cluster", "up")
-    down = dspark(tb, env, "cluster", "down")
-    assert up.returncode == 0 and down.returncode == 0, up.stderr[-3000:] + down.stderr[-3000:]

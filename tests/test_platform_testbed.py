@@ -3,7 +3,9 @@
 driver module not built for the worker's kernel make `plan` and `start` exit 2 naming both, with nothing started;
 with those fixed, the nodes' differing ConnectX firmware is a warning and the supervisor serves; the worker's
 MemAvailable below DSPARK_MEMORY_FLOOR_MIB closes admission (a stream goes on, a new prompt waits), back above it
-opens it, and supervision's end opens it too; a kernel changed on the worker since start is what `status` shows."""
+opens it, and supervision's end opens it too; a kernel changed on the worker since start is what `status` shows.
+The supervision ends as systemd may end it: SIGTERM, and SIGTERM again while the supervisor holds the deployment lock
+to stop its run (the second is ignored; the lock is left free, no record behind)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from dspark_launch.cluster.state import STATE_FILE, load_state, lock_holder
 from tests.support.launcher_env import FORWARDED, launcher_env, paced_extra_args, scratch
 from tests.support.on_testbed import VENV_BIN, our_pids, read_until_served, serving_env
 from tests.support.platform_trees import KERNEL, meminfo, spark_tree, write
@@ -81,6 +84,7 @@ def test_platform_refusals_stop_plan_and_start_the_memory_guard_pauses_admission
         DSPARK_RECOVERY_LIMIT="0",
     )
     cli_env = {**launcher_env(scratch(tmp_path)), **{var: str(mounted[name]) for name, var in ROOTS.items()}}
+    state_dir = tmp_path / "state"
 
     def dspark(*args: str):
         return tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], env=cli_env, timeout=600)
@@ -161,14 +165,26 @@ def test_platform_refusals_stop_plan_and_start_the_memory_guard_pauses_admission
         text = dspark("status")
         assert f"warning: platform: {worker} changed since start: kernel" in text.stdout
 
-        # Closed again, then supervision ends (SIGTERM): the guard opens it before the run is stopped.
+        # Closed again, then supervision ends: SIGTERM, and SIGTERM again while the supervisor holds the lock to stop
+        # its run (systemd, an impatient operator). The guard opens admission before the run is stopped, the second
+        # signal is ignored, the stop completes (exit 143), the lock is free and no record is left.
         write(trees["worker1"] / "proc" / "meminfo", meminfo(1 << 20))
         journal.wait_for(r"memory guard: admission closed: ", 120, count=2)
         supervisor.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while lock_holder(state_dir) != str(supervisor.pid):
+            assert supervisor.poll() is None and time.monotonic() < deadline, journal.text()[-3000:]
+            time.sleep(0.005)
+        supervisor.send_signal(signal.SIGTERM)
         supervisor.wait(timeout=300)
         journal.thread.join(timeout=10)
-        assert "memory guard: admission open again: supervision ended" in journal.text(), journal.text()[-3000:]
-        assert supervisor.returncode == 143, journal.text()[-3000:]
+        out = journal.text()
+        assert "memory guard: admission open again: supervision ended" in out, out[-3000:]
+        assert supervisor.returncode == 143, out[-3000:]
+        assert "dspark: still stopping what this run started; please wait" in out, out[-3000:]
+        assert "interrupted; everything this run started was stopped (exit 143)" in out and "Traceback" not in out
+        assert lock_holder(state_dir) is None and load_state(state_dir) is None
+        assert [p.name for p in state_dir.iterdir() if p.name.startswith(f".{STATE_FILE}.")] == []
     finally:
         if supervisor is not None and supervisor.poll() is None:
             supervisor.send_signal(signal.SIGTERM)

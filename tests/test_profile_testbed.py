@@ -1,8 +1,5 @@
-"""`dspark plan` with no network at all, and each node's own fabric values in vLLM's
-Ray workers on the two-node testbed (real SSH, Ray, vLLM CPU; the tiny-test profile).
-
-Heavy (one serve, about 3 min on 2 cores): run under the shared lock.
-"""
+"""`dspark plan` with no network at all, on the example file (the tiny-test profile's serve on the testbed, each
+node with its own fabric values in vLLM's Ray workers: tests/test_serving.py)."""
 
 from __future__ import annotations
 
@@ -14,14 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.launcher_env import FORWARDED, launcher_env, scratch, serving_values
-from tests.support.on_testbed import VENV_BIN, our_pids, write_env
+from tests.support.on_testbed import VENV_BIN
 from tests.support.paths import REPO
-from tests.support.processes import describe
-from tests.support.sysfs import V2, add_port, ipv4_gid
 
 EXAMPLE = REPO / ".env.dspark.example"
-RECORD_VAR = "DSPARK_TEST_ENV_RECORD_DIR"  # tests/vllm_ray_cpu_plugin: workers record their NCCL_* there
 
 
 def in_empty_netns(*args: str) -> subprocess.CompletedProcess:
@@ -116,90 +109,3 @@ def test_plan_gpu_12_1_json_is_judged_by_the_installed_vllm_for_gb10():
     assert "flashinfer_b12x" not in serve_argv
     bad = in_empty_netns("plan", "--gpu", "twelve", "--env-file", str(EXAMPLE))
     assert bad.returncode == 2 and "--gpu 'twelve' from the command line is not a compute capability" in bad.stderr
-
-
-def fake_spark(root: Path, ip: str, hca: str, twin: str | None, gid_index: int) -> Path:
-    """A node's sysfs: `fab0` on RDMA device `hca` (ACTIVE, Ethernet) whose RoCE v2 GID `gid_index` carries `ip`;
-    a twin port in PCI domain 0002 with its own address at the same index (a Spark's second PCIe link of the same
-    QSFP port)."""
-    link_local = ("fe80:0000:0000:0000:0000:0000:0000:0001", V2)
-    add_port(root, "0000:01:00.1", "fab0", hca, {0: link_local, gid_index: (ipv4_gid(ip), V2)})
-    if twin:  # its own address on its own link, at the same index
-        a, b, c, d = ip.split(".")
-        add_port(
-            root, "0002:01:00.1", "fab1", twin, {0: link_local, gid_index: (ipv4_gid(f"{a}.{b}.{int(c) + 1}.{d}"), V2)}
-        )
-    return root
-
-
-def environ_of(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
-
-
-@pytest.mark.testbed
-@pytest.mark.serving
-def test_each_node_serves_with_its_own_fabric_values(testbed_clean, tmp_path, tiny_model):
-    tb = testbed_clean
-    trees = {
-        "head": fake_spark(tmp_path / "head-sys", "10.213.0.1", "rocep1s0f1", "roceP2p1s0f1", 3),
-        "worker1": fake_spark(tmp_path / "worker-sys", "10.213.0.2", "mlx5_1", None, 5),
-    }
-    sysfs, records = tmp_path / "sys", tmp_path / "records"
-    sysfs.mkdir()
-    records.mkdir()
-    for node, tree in trees.items():  # one path, each node's own tree (each node has its own mount namespace)
-        tb.exec(node, ["mount", "--bind", str(tree), str(sysfs)], check=True)
-    model = tiny_model
-    forwarded = " ".join((*FORWARDED, "DSPARK_TEST_SYSFS_ROOT", RECORD_VAR))
-    env_file = write_env(
-        tb, tmp_path, **{**serving_values(model), "START_TIMEOUT_S": "400", "DSPARK_FORWARD_ENV": forwarded}
-    )
-    cli_env = {**launcher_env(scratch(tmp_path)), "DSPARK_TEST_SYSFS_ROOT": str(sysfs), RECORD_VAR: str(records)}
-
-    def dspark(*args: str) -> subprocess.CompletedProcess:
-        return tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], env=cli_env, timeout=600)
-
-    try:
-        planned = json.loads(dspark("plan", "--json").stdout)
-        assert [n["probed"] for n in planned["nodes"]] == [True, True]
-        fabric = {
-            n["node"]: {e["name"]: e["value"] for e in n["env"] if e["origin"] == "ray start: fabric (sysfs)"}
-            for n in planned["nodes"]
-        }
-        assert fabric["worker1"]["NCCL_IB_HCA"] == "mlx5_1" and fabric["worker1"]["NCCL_IB_GID_INDEX"] == "5"
-        assert fabric["head"]["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1"
-
-        started = dspark("start")
-        assert started.returncode == 0, started.stderr[-4000:]
-        assert "profile tiny-test on vLLM 0.32.0" in started.stderr
-        assert "tool-call-parser omitted: no_such_parser not offered" in started.stderr
-        assert "sending a one-token chat completion" in started.stderr
-
-        # What each vLLM worker's own os.environ held when it built its communicator (after vLLM's copy).
-        seen = [json.loads(p.read_text()) for p in records.glob("*.json")]
-        by_host = {r["hostname"]: r["env"] for r in seen}
-        assert set(by_host) == {"dspark-head", "dspark-worker1"}, seen
-        assert by_host["dspark-worker1"]["NCCL_IB_HCA"] == "mlx5_1"
-        assert by_host["dspark-worker1"]["NCCL_IB_GID_INDEX"] == "5"
-        assert "VLLM_CONFIG_ROOT" not in by_host["dspark-worker1"]  # the non-carry-over list was in force
-        assert by_host["dspark-head"]["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1"
-        assert by_host["dspark-head"]["NCCL_IB_GID_INDEX"] == "3"
-        # And the start environment the worker node's raylet gave its vLLM worker process.
-        worker_pid = next(r["pid"] for r in seen if r["hostname"] == "dspark-worker1")
-        environ = environ_of(worker_pid)
-        assert (environ["NCCL_IB_HCA"], environ["NCCL_IB_GID_INDEX"], environ["NCCL_NET"]) == ("mlx5_1", "5", "IB")
-
-        shown = dspark("status")
-        assert "profile tiny-test:" in shown.stdout and "kv-cache-dtype auto: no_such_dtype" in shown.stdout
-        data = json.loads(dspark("status", "--json").stdout)
-        assert data["server"]["profile"] == "tiny-test" and data["server"]["decisions"]
-        smoke = dspark("smoke", "--concurrency", "2")
-        assert smoke.returncode == 0 and "2 passed, 0 failed" in smoke.stdout, smoke.stdout + smoke.stderr
-    finally:
-        stopped = dspark("stop")
-        for node in trees:
-            tb.exec(node, ["umount", str(sysfs)])
-    assert stopped.returncode == 0, stopped.stderr
-    left = our_pids(tb, "head") | our_pids(tb, "worker1")
-    assert left == set(), describe(left)

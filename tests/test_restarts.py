@@ -2,8 +2,9 @@
 
 A drained `stop` or `restart` lets in-flight streams finish (vLLM's --shutdown-timeout), `--now` cuts
 them; a serve-only `restart` keeps the Ray processes, a cluster-level change restarts them; `reload` changes
-the cap of the running scheduler under load and refuses a change that needs a restart. One server life
-for all of it (the suite's time budget).
+the cap of the running scheduler under load and refuses a change that needs a restart. The first server is the
+systemd unit's `start --foreground`: the supervisor leaves the operator's refused restart alone and ends (exit 0)
+when the serve-only restart replaces its run. One server life for all of it (the suite's time budget).
 """
 
 from __future__ import annotations
@@ -21,7 +22,17 @@ import pytest
 from dspark_launch.hotfix.contract import PATCH_VERSION
 from dspark_launch.node import procfs
 from tests.support.launcher_env import paced_extra_args
-from tests.support.on_testbed import API_KEY, our_pids, run, serving_env, set_knob, state, status
+from tests.support.on_testbed import (
+    API_KEY,
+    our_pids,
+    popen,
+    read_until_served,
+    run,
+    serving_env,
+    set_knob,
+    state,
+    status,
+)
 from tests.support.processes import describe
 from tests.support.relay_streams import PACED_TOKENS, drained_relay, relayed_streams
 
@@ -107,8 +118,17 @@ def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_n
         DSPARK_DRAIN_TIMEOUT_S=DRAIN_S,
         VLLM_EXTRA_ARGS=paced_extra_args(),
     )
-    started = run(tb, tmp_path, env, "start")
-    assert started.returncode == 0, started.stderr[-4000:]
+    supervisor = popen(tb, tmp_path, env, "start", "--foreground", merge=True)
+    try:
+        read_until_served(supervisor)
+        restarts_beside_the_supervisor(tb, tmp_path, env, supervisor)
+    finally:
+        if supervisor.poll() is None:  # the testbed's reset stops what it leaves
+            supervisor.kill()
+            supervisor.communicate()
+
+
+def restarts_beside_the_supervisor(tb, tmp_path: Path, env: Path, supervisor: subprocess.Popen) -> None:
     ray_before, server_before = ray_pids(tmp_path), state(tmp_path)["server"]["pid"]
     assert all(ray_before.values()), ray_before
 
@@ -143,6 +163,14 @@ def test_restarts_keep_ray_when_they_can_reload_is_live_and_stops_drain_unless_n
     ) in serve_only.stderr
     # (the new plan is checked before the old server drains: the streams may have ended by then)
     assert " 0 cut" in serve_only.stderr, serve_only.stderr[-3000:]
+    # the new server checked its arguments in its own process, started warm while the old one still served
+    assert "in the new server's own process" in serve_only.stderr, serve_only.stderr[-3000:]
+    assert "(warm: vLLM imported, arguments checked)" in serve_only.stderr, serve_only.stderr[-3000:]
+    # The supervisor left the refused restart alone; it saw its server go, waited for the restart's lock, found
+    # another run in the record and ended without stopping it (exit 0: the unit does not restart it).
+    out, _ = supervisor.communicate(timeout=180)
+    assert supervisor.returncode == 0, out[-3000:]
+    assert "stopped or replaced by another dspark command" in out and "Traceback" not in out, out[-3000:]
     assert ray_pids(tmp_path) == ray_before and state(tmp_path)["server"]["pid"] != server_before
     # its EngineCore was forked from the fork server that imported vLLM's engine core during the warm wait,
     # not spawned by the API server after go

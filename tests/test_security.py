@@ -4,7 +4,8 @@ One full `dspark start --foreground` carries most assertions (listening sockets 
 API on 0.0.0.0, two API keys, no secret anywhere it should not be, a client without the
 Ray token refused), then loses Ray on the worker (fault matrix: the engine failure is
 reported and the launcher exits 1), and finally shows that processes we did not start
-survive. The dashboard is checked on a cluster-only `cluster up`.
+survive. Its launcher cannot import vLLM, Ray or torch (everything that touches them runs in
+a node's agent): the supervisor, `status` and `stop` work without them. The dashboard is checked on a cluster-only `cluster up`.
 
 Known wildcard listeners (Ray 2.60 and torch cannot bind these to the node IP; see
 docs/security.md): anything else listening on 0.0.0.0/::/* fails these tests.
@@ -25,6 +26,7 @@ import pytest
 from dspark_launch.node import procfs
 from tests.support.on_testbed import (
     dspark,
+    launcher_without_vllm,
     ours_left,
     popen,
     read_until_served,
@@ -168,10 +170,14 @@ def test_start_exposure_secrets_and_worker_ray_loss(testbed_clean, tmp_path, tin
     }
     unrelated_pids = {pid for pid, _ in unrelated.values()}
 
-    proc = popen(tb, tmp_path, env, "start", "--foreground", merge=True)
+    cli = launcher_without_vllm(tmp_path)
+    probe = tb.exec("head", [sys.executable, "-c", "import vllm"], env=cli)
+    assert probe.returncode != 0 and "not for the launcher" in probe.stderr
+    proc = popen(tb, tmp_path, env, "start", "--foreground", merge=True, launcher=cli)
     seen: list[str] = []
     try:
         seen = read_until_served(proc)
+        assert "hotfix worker1: applied" in "".join(seen)
         assert not any("RAY_AUTH_MODE=disabled" in l for l in seen)  # token auth is the default: no warning
         server = state(tmp_path)["server"]
         token_file = tmp_path / "state" / "ray-auth-token"
@@ -190,10 +196,11 @@ def test_start_exposure_secrets_and_worker_ray_loss(testbed_clean, tmp_path, tin
         assert http_from(tb, "head", f"http://127.0.0.1:{API_PORT}/v1/completions", KEY2, completion) == 200
         assert http_from(tb, "head", f"http://127.0.0.1:{API_PORT}/v1/completions", None, completion) == 401
 
-        status = run(tb, tmp_path, env, "status", "--json")
+        status = run(tb, tmp_path, env, "status", "--json", launcher=cli)
         assert status.returncode == 0, status.stdout + status.stderr
         data = json.loads(status.stdout)
         assert data["state"] == "up" and data["server"]["healthy"] and data["problems"] == []
+        assert [n["registered_ip"] for n in data["nodes"]] == [n["ip"] for n in data["nodes"]]
 
         # Listening sockets: nothing of ours on a wildcard address but what Ray/torch cannot bind,
         # and the API port, because VLLM_HOST=0.0.0.0 asked for it.
@@ -278,7 +285,7 @@ def test_start_exposure_secrets_and_worker_ray_loss(testbed_clean, tmp_path, tin
     assert wait_until(lambda: not ours_left(tb, unrelated_pids), 30), describe(ours_left(tb, unrelated_pids))
 
     # `dspark stop` afterwards has nothing left to stop, and what we did not start still runs.
-    stopped = run(tb, tmp_path, env, "stop")
+    stopped = run(tb, tmp_path, env, "stop", launcher=cli)
     assert stopped.returncode == 0, stopped.stderr
     for pid, started in unrelated.values():
         assert survives(pid, started), f"{pid} ({cmdline(pid)}) was killed"

@@ -48,25 +48,39 @@ def dspark(tb, env_file: Path, *args: str, timeout: float = 240) -> subprocess.C
     return tb.exec("head", [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)], timeout=timeout)
 
 
-def run(tb, tmp_path: Path, env_file: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`dspark ARGS --env-file ENV` in the head node, with the test plugin's environment."""
+def run(
+    tb, tmp_path: Path, env_file: Path, *args: str, timeout: float = 600, launcher: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`dspark ARGS --env-file ENV` in the head node, with the test plugin's environment (or `launcher`)."""
     return tb.exec(
         "head",
         [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
-        env=launcher_env(scratch(tmp_path)),
+        env=launcher or launcher_env(scratch(tmp_path)),
         timeout=timeout,
     )
 
 
-def popen(tb, tmp_path: Path, env_file: Path, *args: str, merge: bool = False) -> subprocess.Popen:
+def popen(
+    tb, tmp_path: Path, env_file: Path, *args: str, merge: bool = False, launcher: dict[str, str] | None = None
+) -> subprocess.Popen:
     return tb.popen(
         "head",
         [str(VENV_BIN / "dspark"), *args, "--env-file", str(env_file)],
-        env=launcher_env(scratch(tmp_path)),
+        env=launcher or launcher_env(scratch(tmp_path)),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT if merge else subprocess.PIPE,
         text=True,
     )
+
+
+def launcher_without_vllm(tmp_path: Path) -> dict[str, str]:
+    """The launcher's environment with vLLM, Ray and torch unimportable (a PYTHONPATH folder shadows each): whatever
+    touches them runs in a node's agent, whose interpreter has them; the launcher needs neither."""
+    blocked = tmp_path / "blocked"
+    for name in ("vllm", "ray", "torch"):
+        (blocked / name).mkdir(parents=True, exist_ok=True)
+        (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} is not for the launcher')\n")
+    return {**launcher_env(scratch(tmp_path)), "PYTHONPATH": str(blocked)}
 
 
 def state(tmp_path: Path) -> dict:
@@ -135,7 +149,7 @@ def processes_named(tb, node: str, needle: str) -> list[int]:
     return [pid for pid in tb.pids_in(node, include_infra=False) if needle in cmdline(pid)]
 
 
-def status(tb, tmp_path: Path, env_file: Path) -> tuple[int, dict]:
+def status(tb, tmp_path: Path, env_file: Path, launcher: dict[str, str] | None = None) -> tuple[int, dict]:
     """`dspark status --json` on the head: (exit code, the JSON)."""
-    proc = run(tb, tmp_path, env_file, "status", "--json")
+    proc = run(tb, tmp_path, env_file, "status", "--json", launcher=launcher)
     return proc.returncode, json.loads(proc.stdout)

@@ -31,6 +31,12 @@ def cmdline(pid: int) -> str:
 start_time = procfs.start_time
 
 
+def environ_of(pid: int) -> dict[str, str]:
+    """The environment `pid` started with (/proc/PID/environ)."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+
+
 def alive(pid: int, start: int | None = None) -> bool:
     """True if pid runs (not a zombie) and, when given, started at `start`."""
     started = procfs.start_time(pid)

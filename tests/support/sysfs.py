@@ -49,3 +49,17 @@ def add_port(
     (device / "device").symlink_to("../..")
     (root / "class" / "infiniband").mkdir(parents=True, exist_ok=True)
     (root / "class" / "infiniband" / hca).symlink_to(os.path.relpath(device, root / "class" / "infiniband"))
+
+
+def fake_spark(root: Path, ip: str, hca: str, twin: str | None, gid_index: int) -> Path:
+    """A node's sysfs: `fab0` on RDMA device `hca` (ACTIVE, Ethernet) whose RoCE v2 GID `gid_index` carries `ip`;
+    a twin port in PCI domain 0002 with its own address at the same index (a Spark's second PCIe link of the same
+    QSFP port)."""
+    link_local = ("fe80:0000:0000:0000:0000:0000:0000:0001", V2)
+    add_port(root, "0000:01:00.1", "fab0", hca, {0: link_local, gid_index: (ipv4_gid(ip), V2)})
+    if twin:  # its own address on its own link, at the same index
+        a, b, c, d = ip.split(".")
+        add_port(
+            root, "0002:01:00.1", "fab1", twin, {0: link_local, gid_index: (ipv4_gid(f"{a}.{b}.{int(c) + 1}.{d}"), V2)}
+        )
+    return root

@@ -25,6 +25,9 @@ PLATFORM_QUALNAME = "dspark_ray_cpu_platform.platform.RayCpuPlatform"
 #: The key in vLLM's `additional_config` (a dict every worker receives with the VllmConfig) that asks for a paced
 #: model step in milliseconds (paced.py): `vllm serve ... --additional-config.dspark_test_min_step_ms 100`.
 MIN_STEP_KEY = "dspark_test_min_step_ms"
+#: When set (and forwarded to the nodes), the folder where each vLLM worker records the NCCL_* values its own
+#: os.environ held when it built its communicator (platform.record_environment).
+ENV_RECORD_DIR = "DSPARK_TEST_ENV_RECORD_DIR"
 
 
 def min_step_s(vllm_config) -> float:

