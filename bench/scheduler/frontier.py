@@ -3,7 +3,7 @@ budget x threshold an operator would try, gate mode 3, and gate mode 4 (the time
 targets, at the recipe's threshold and at 512, per request class, on the real vLLM scheduler with a modelled clock.
 
     nice -n 10 .venv/bin/python -m bench.scheduler.frontier [--scale 1/16] [--full-points default]
-        [--out bench/results/frontier.json] [--svg-dir bench/results]
+        [--out bench/results/frontier.json] [--svg-dir bench/results] [--fit-min N]
 
 Real vLLM 0.32 `Scheduler`/`AsyncScheduler` (tools/scheduler_harness.py) in the recipe's configuration derived
 from the default profile (`recipe_spec`: async scheduling, 6 sequences, block 256, prefix caching; MTP with 5
@@ -321,9 +321,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--svg-dir", type=pathlib.Path, default=None, help="write one SVG per workload here")
     parser.add_argument("--svg-suffix", default="", help="appended to each SVG's name (e.g. -vllm-0.34.0)")
     parser.add_argument("--vllm", default="", help="run on this vLLM release's own scheduler (e.g. 0.34.0)")
+    parser.add_argument(
+        "--fit-min",
+        type=int,
+        default=0,
+        help="research: mode 4's warm-up (samples before its fit is used; the patch's is "
+        f"{contract.TIME_FIT_MIN_SAMPLES}) in the code this run patches in; the shipped patch is unchanged",
+    )
     args = parser.parse_args(argv)
     if args.vllm:
         return _on_release(args.vllm, list(argv if argv is not None else sys.argv[1:]))
+    if args.fit_min:
+        contract.TIME_FIT_MIN_SAMPLES = args.fit_min  # read when the harness patches the scheduler
     scale = Fraction(args.scale)
     wanted = {n.strip() for n in args.names.split(",") if n.strip()}
     model_dir = h.prepare_environment(tempfile.mkdtemp(prefix="dspark-frontier-"))
@@ -337,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {k: str(v) for k, v in vars(h.recipe_config()).items()},
         "step_time_model": MIXED_FIT.describe(),
         "slack": SLACK,
+        "fit_min_samples": contract.TIME_FIT_MIN_SAMPLES,
         "workloads": {},
     }
     for wname, load in workloads(scale).items():
