@@ -13,8 +13,6 @@ import json
 import os
 import re
 import stat
-import subprocess
-import sys
 import time
 
 import pytest
@@ -80,10 +78,7 @@ def stale_record(tb, state_dir) -> None:
 
 def squat(tb, tmp_path, host: str, port: int):
     log = tmp_path / f"squatter-{port}.log"
-    with log.open("w") as out:
-        proc = tb.popen("head", squatter.argv(sys.executable, host, port), stdout=out, stderr=subprocess.STDOUT)
-    squatter.wait_listening(log)
-    return proc, log
+    return squatter.in_node(tb, "head", log, host, port), log
 
 
 def test_squatters_on_the_ray_and_api_ports_get_nothing(testbed_clean, tmp_path, tiny_model):

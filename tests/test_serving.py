@@ -55,14 +55,9 @@ def files_containing(root: Path, needle: bytes) -> list[str]:
 
 
 def squat(tb, tmp_path: Path, host: str, v6only: bool = False) -> tuple[subprocess.Popen, Path]:
-    """`nobody` listening on host:API_PORT in the head node (tests/support/squatter.py), once it listens."""
+    """`nobody` listening on host:API_PORT in the head node, once it listens, and its log."""
     log = tmp_path / f"squatter-{host.strip(':') or 'any'}.log"
-    with log.open("w") as out:
-        proc = tb.popen(
-            "head", squatter.argv(sys.executable, host, API_PORT, v6only), stdout=out, stderr=subprocess.STDOUT
-        )
-    squatter.wait_listening(log)
-    return proc, log
+    return squatter.in_node(tb, "head", log, host, API_PORT, v6only), log
 
 
 def test_start_serve_drift_kill_stop(testbed_clean, tmp_path, tiny_model, step):

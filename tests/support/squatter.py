@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -85,6 +86,14 @@ def wait_listening(log, timeout: float = 30) -> int:
             return int(found.group(1))
         time.sleep(0.05)
     raise AssertionError(f"the squatter never listened: {log.read_text() if log.exists() else ''}")
+
+
+def in_node(tb, node: str, log, host: str, port: int, v6only: bool = False) -> subprocess.Popen:
+    """The squatter as user nobody inside a testbed node (its output in `log`, a Path), once it listens."""
+    with log.open("w") as out:
+        proc = tb.popen(node, argv(sys.executable, host, port, v6only), stdout=out, stderr=subprocess.STDOUT)
+    wait_listening(log)
+    return proc
 
 
 def connections(log) -> list[str]:
