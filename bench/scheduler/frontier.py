@@ -331,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.vllm:
         return _on_release(args.vllm, list(argv if argv is not None else sys.argv[1:]))
+    if args.fit_min < 0:
+        parser.error(f"--fit-min {args.fit_min}: a number of samples, at least 1 (0: the patch's own)")
     if args.fit_min:
         contract.TIME_FIT_MIN_SAMPLES = args.fit_min  # read when the harness patches the scheduler
     scale = Fraction(args.scale)
