@@ -22,7 +22,7 @@ import re
 
 #: Bumped whenever the injected text changes; a file patched by an older
 #: version reports `outdated` and `apply` re-patches it from its stored original.
-PATCH_VERSION = 8
+PATCH_VERSION = 9
 
 #: Patch v5 (`dspark reload`): the path of the control file a patched scheduler reads
 #: while it runs, given in the server's environment (unset: no live changes).
@@ -113,16 +113,16 @@ LIVE_SETTINGS = (
         attribute="_dspark_diag",
     ),
     #: Gate mode 4's target: the predicted time of a step that carries prefill beside decoding requests, in
-    #: milliseconds. Default 100: the best point of the measured frontier at the recipe's scale with MTP
-    #: (bench/results/frontier-recipe.json, modelled GB10 step cost): streams' p99 inter-token time 0.64x to
-    #: 0.68x stock vLLM's, short prompts' and cached turns' mean first token 0.67x to 0.98x, cold documents'
-    #: 1.08x to 1.25x (docs/hotfix.md, "Gate mode 4"); 20 (a decode step with MTP is 12 to 31 ms on two GB10s)
-    #: to 5000 (a whole 8192-token step at 400K context is about 4.5 s).
+    #: milliseconds. Default 80: the point of the measured frontier at the recipe's scale with MTP that halves
+    #: stock vLLM's p99 inter-token time (bench/results/frontier-recipe.json, modelled GB10 step cost; short
+    #: prompts and cached turns start sooner than stock's, cold documents later: docs/hotfix.md, "Gate mode 4");
+    #: 20 (a decode step with MTP is 12 to 31 ms on two GB10s) to 5000 (a whole 8192-token step at 400K context
+    #: is about 4.5 s).
     LiveSetting(
         name="DSPARK_TARGET_STEP_MS",
         key="target_ms",
         kind="decimal",
-        default=100.0,
+        default=80.0,
         minimum=20.0,
         maximum=5000.0,
         label="target step ms",
@@ -165,6 +165,7 @@ PLANNED_MODES = (3, 4)
 #: TIME_FIT_MAX_ERROR of the mean step time. Mode 3's bound applies then.
 TIME_FIT_WINDOW = 64
 TIME_FIT_MIN_SAMPLES = 16
+TIME_FIT_FIRST_SAMPLES = 4
 TIME_FIT_MAX_TOKEN_MS = 50.0
 TIME_FIT_MAX_ERROR = 0.5
 TIME_FIT_MIN_CHUNK_MS = 0.01
@@ -361,6 +362,7 @@ def injected_constants(patch_version: int = PATCH_VERSION) -> dict[str, object]:
         "_DSPARK_HOTFIX_LIVE_WARNING": LIVE_WARNING_FORMAT,
         "_DSPARK_HOTFIX_FIT_WINDOW": TIME_FIT_WINDOW,
         "_DSPARK_HOTFIX_FIT_MIN": TIME_FIT_MIN_SAMPLES,
+        "_DSPARK_HOTFIX_FIT_FIRST": TIME_FIT_FIRST_SAMPLES,
         "_DSPARK_HOTFIX_FIT_MAX_TOKEN_MS": TIME_FIT_MAX_TOKEN_MS,
         "_DSPARK_HOTFIX_FIT_MAX_ERROR": TIME_FIT_MAX_ERROR,
         "_DSPARK_HOTFIX_FIT_MIN_CHUNK_MS": TIME_FIT_MIN_CHUNK_MS,
@@ -700,6 +702,8 @@ _INJECTED_BODY = (
     '    sched._dspark_srpt_step = 0\n'
     '    sched._dspark_reserved = {}\n'
     '    sched._dspark_reserved_total = 0\n'
+    '    sched._dspark_lent = None  # the waiting request the plan lent a slot to (it finishes within two'
+    ' steps)\n'
     '    sched._dspark_cut = {}\n'
     '    sched._dspark_room_now = 0\n'
     '    sched._dspark_chunk_now = 0\n'
@@ -840,6 +844,7 @@ _INJECTED_BODY = (
     '    sched._dspark_cut = {}\n'
     '    sched._dspark_reserved = {}\n'
     '    sched._dspark_reserved_total = 0\n'
+    '    sched._dspark_lent = None\n'
     '    if sched._dspark_gate_mode < 3 or not sched._dspark_step_bound or not _dspark_hotfix_srpt_ok(sch'
     'ed):\n'
     '        return None\n'
@@ -914,26 +919,47 @@ _INJECTED_BODY = (
     '        room, chunk = _dspark_hotfix_timed_room(sched, candidates, decoders, room)\n'
     '    sched._dspark_room_now = room\n'
     '    sched._dspark_chunk_now = chunk\n'
-    '    for candidate in candidates:\n'
+    '    lent = None\n'
+    '    for index, candidate in enumerate(candidates):\n'
     '        running, need, request = candidate[5], candidate[6], candidate[7]\n'
     '        if running:\n'
     '            give = min(need, chunk, room)\n'
     '            plan[request.request_id] = give\n'
     '            room -= give\n'
-    '        elif seats > 0 and room > 0 and (need <= room or slots > 0):\n'
-    '            # Whole within the room, or a first chunk in a free slot.\n'
+    '        elif seats > 0 and room > 0:\n'
+    '            # Whole within the room, or a first chunk in a free slot, or (mode 4) in a slot lent by '
+    'a longer\n'
+    "            # prompt mid-prefill (it goes after this one) when this one finishes within two steps' r"
+    'oom: a time\n'
+    "            # room can be smaller than a prompt vLLM's own chunk takes whole, which the slot would o"
+    'therwise\n'
+    '            # keep waiting until the longer prompt finishes.\n'
+    '            lend = False\n'
+    '            if need > room and slots <= 0:\n'
+    '                lend = (\n'
+    '                    timed\n'
+    '                    and slots == 0\n'
+    '                    and lent is None\n'
+    '                    and need <= 2 * room\n'
+    '                    and any(later[5] for later in candidates[index + 1 :])\n'
+    '                )\n'
+    '                if not lend:\n'
+    '                    continue\n'
     '            give = need if need <= room else min(chunk, room)\n'
     '            if free is not None:\n'
     '                if give > free:\n'
     "                    continue  # admission's KV allocation would refuse it: no room kept for it\n"
     '                free -= give\n'
-    '            if give < need:\n'
+    '            if lend:\n'
+    '                lent = request.request_id\n'
+    '            elif give < need:\n'
     '                slots -= 1\n'
     '            seats -= 1\n'
     '            reserved[request.request_id] = give\n'
     '            room -= give\n'
     '    sched._dspark_reserved = reserved\n'
     '    sched._dspark_reserved_total = sum(reserved.values())\n'
+    '    sched._dspark_lent = lent\n'
     '    return plan\n'
     '\n'
     '\n'
@@ -988,7 +1014,7 @@ _INJECTED_BODY = (
     '    sched._dspark_sums_age = 0\n'
     "    sched._dspark_fit = None  # ms per unit of each feature, or None: mode 3's bound\n"
     '    sched._dspark_fit_dirty = False\n'
-    '    sched._dspark_fit_note = "warming 0/%d" % _DSPARK_HOTFIX_FIT_MIN\n'
+    '    sched._dspark_fit_note = "warming 0/%d" % _DSPARK_HOTFIX_FIT_FIRST\n'
     '    sched._dspark_fit_text = "none"  # the last fit computed, as the diagnostics line shows it\n'
     '    sched._dspark_time_room = None\n'
     '    sched._dspark_fit_top = 0.0  # the most prefill tokens a step of the window carried\n'
@@ -1089,15 +1115,19 @@ _INJECTED_BODY = (
     "    samples or the fit is implausible (a prefill token costing nothing or more than the contract's m"
     'aximum, a\n'
     "    threshold's chunk costing less than its minimum, residuals above its share of the mean step time"
-    ').\n'
-    '    `_dspark_fit_note` says which, for the diagnostics line."""\n'
+    '). From\n'
+    '    `_DSPARK_HOTFIX_FIT_FIRST` samples a first fit leaves the decode-token term out (its note: n=k/f'
+    'ull); from\n'
+    '    `_DSPARK_HOTFIX_FIT_MIN` every term is fitted. A window without prefill, or with one prefill siz'
+    'e only, keeps\n'
+    '    the last fit. `_dspark_fit_note` says which, for the diagnostics line."""\n'
     '    if not sched._dspark_fit_dirty:\n'
     '        return sched._dspark_fit\n'
     '    sched._dspark_fit_dirty = False\n'
     '    n = len(sched._dspark_samples)\n'
-    '    if n < _DSPARK_HOTFIX_FIT_MIN:\n'
+    '    if n < _DSPARK_HOTFIX_FIT_FIRST:\n'
     '        sched._dspark_fit = None\n'
-    '        sched._dspark_fit_note = "warming %d/%d" % (n, _DSPARK_HOTFIX_FIT_MIN)\n'
+    '        sched._dspark_fit_note = "warming %d/%d" % (n, _DSPARK_HOTFIX_FIT_FIRST)\n'
     '        return None\n'
     '    top = 0.0\n'
     '    for x, _ in sched._dspark_samples:\n'
@@ -1108,11 +1138,24 @@ _INJECTED_BODY = (
     '        return sched._dspark_fit\n'
     '    sched._dspark_fit_top = top * 1000.0\n'
     '    xtx, xty, yy = sched._dspark_sums\n'
-    '    size = len(xty)\n'
-    '    a = [xtx[i][:] + [xty[i]] for i in range(size)]\n'
-    "    for i in range(1, size):  # relative: the features' scales differ by orders of magnitude between"
+    "    if xtx[1][1] * n - xtx[0][1] ** 2 <= 1e-6 * xtx[1][1] * n:  # n^2 x the prefill feature's varian"
+    'ce\n'
+    "        # Every step of the window carried the same prefill (a target below one block's cost): the p"
+    'refill\n'
+    '        # cost cannot be told from the constant; the last fit stands.\n'
+    '        sched._dspark_fit_note = "kept (one prefill size in the window) " + sched._dspark_fit_text\n'
+    '        return sched._dspark_fit\n'
+    '    features = len(xty)\n'
+    "    # Below the full fit's samples, a first fit without the decode-token term (decode tokens and req"
+    'uests\n'
+    '    # move together): four terms from a few steps, so that the target holds from the first steps on.'
+    '\n'
+    '    used = range(features) if n >= _DSPARK_HOTFIX_FIT_MIN else (0, 1, 2, 4)\n'
+    '    size = len(used)\n'
+    '    a = [[xtx[i][j] for j in used] + [xty[i]] for i in used]\n'
+    "    for k in range(1, size):  # relative: the features' scales differ by orders of magnitude between"
     ' setups\n'
-    '        a[i][i] += 1e-5 * xtx[i][i] + 1e-12\n'
+    '        a[k][k] += 1e-5 * xtx[used[k]][used[k]] + 1e-12\n'
     '    for col in range(size):  # Gauss-Jordan with partial pivoting\n'
     '        pivot = max(range(col, size), key=lambda r: abs(a[r][col]))\n'
     '        if abs(a[pivot][col]) < 1e-12:\n'
@@ -1128,19 +1171,28 @@ _INJECTED_BODY = (
     '                row = a[r]\n'
     '                for c in range(col, size + 1):\n'
     '                    row[c] -= f * head[c]\n'
-    '    beta = [a[i][size] / a[i][i] for i in range(size)]\n'
+    '    beta = [0.0] * features\n'
+    '    for k, i in enumerate(used):\n'
+    '        beta[i] = a[k][size] / a[k][k]\n'
     '    sse = (\n'
-    '        yy\n'
-    '        - 2.0 * sum(beta[i] * xty[i] for i in range(size))\n'
-    '        + sum(beta[i] * beta[j] * xtx[i][j] for i in range(size) for j in range(size))\n'
+    '        yy - 2.0 * sum(beta[i] * xty[i] for i in used) + sum(beta[i] * beta[j] * xtx[i][j] for i in '
+    'used for j in used)\n'
     '    )\n'
     '    mean = xty[0] / n\n'
     '    error = (max(sse, 0.0) / n) ** 0.5 / mean if mean > 0 else float("inf")\n'
     '    per_token = beta[1] * 1e-3\n'
     '    sched._dspark_fit_note = sched._dspark_fit_text = (\n'
-    '        "n=%d base=%.1fms prefill=%.4gms/tok context=%.3gms/Mtok^2 decode=%.3gms/tok req=%.3gms err='
+    '        "n=%s base=%.1fms prefill=%.4gms/tok context=%.3gms/Mtok^2 decode=%.3gms/tok req=%.3gms err='
     '%.2f"\n'
-    '        % (n, beta[0], per_token, beta[2] * 0.1, beta[3] * 0.1, beta[4], error)\n'
+    '        % (\n'
+    '            n if size == features else "%d/%d" % (n, _DSPARK_HOTFIX_FIT_MIN),\n'
+    '            beta[0],\n'
+    '            per_token,\n'
+    '            beta[2] * 0.1,\n'
+    '            beta[3] * 0.1,\n'
+    '            beta[4],\n'
+    '            error,\n'
+    '        )\n'
     '    )\n'
     '    chunk = sched._dspark_chunk or sched.max_num_scheduled_tokens\n'
     '    chunk_ms = per_token * chunk + max(beta[2], 0.0) * 1e-7 * chunk * chunk * 0.5\n'
@@ -1237,7 +1289,8 @@ _INJECTED_BODY = (
     '        # chunk is everything left to compute (on layouts with bounded prefix\n'
     '        # replay that includes the replayed window, which `need` does not).\n'
     '        return request.num_tokens\n'
-    '    if partial >= sched._dspark_max_inflight_prefills or room <= 0:\n'
+    '    if room <= 0 or (partial >= sched._dspark_max_inflight_prefills and request.request_id != sched.'
+    '_dspark_lent):\n'
     '        return -1\n'
     '    return min(room, sched._dspark_chunk_now)\n'
     '\n'

@@ -36,7 +36,7 @@ def pressured(scale, async_scheduling, **kw) -> h.SchedulerSpec:
 
 
 @pytest.mark.parametrize(("scale", "async_scheduling"), CONFIGS)
-def test_patch_v6_keeps_the_invariants_under_a_random_load(model_dir, tmp_path, scale, async_scheduling):
+def test_the_patch_keeps_the_invariants_under_a_random_load(model_dir, tmp_path, scale, async_scheduling):
     reports = [
         invariants.run_random_load(pressured(scale, async_scheduling), model_dir, seed, STEPS, tmp_path / "control")
         for seed in SEEDS
@@ -77,7 +77,7 @@ def test_the_check_finds_patch_v5s_crash(model_dir, tmp_path, patch_v5, scale, a
 
 
 @pytest.mark.parametrize(("scale", "async_scheduling"), CONFIGS[1:3])
-def test_patch_v6_keeps_the_invariants_under_the_priority_policy(model_dir, tmp_path, scale, async_scheduling):
+def test_the_patch_keeps_the_invariants_under_the_priority_policy(model_dir, tmp_path, scale, async_scheduling):
     """`--scheduling-policy priority`: the plan reads the waiting heap from its root (random priorities 0-3)."""
     spec = pressured(scale, async_scheduling, scheduling_policy="priority")
     for seed in SEEDS:

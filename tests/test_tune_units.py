@@ -12,6 +12,7 @@ import pytest
 from dspark_launch.config.env_write import set_values, where_set
 from dspark_launch.config.settings import resolve
 from dspark_launch.errors import ConfigError
+from dspark_launch.hotfix import contract
 from dspark_launch.serve import http
 from dspark_launch.tune import workload as wl
 from dspark_launch.tune.loadgen import Outcome
@@ -56,7 +57,7 @@ def test_aging_outside_mode_3_is_the_running_one_and_values_are_what_reload_writ
         "DSPARK_MAX_INFLIGHT_PREFILLS": "2",
         "DSPARK_PREFILL_GATE_MODE": "3",
         "DSPARK_PREFILL_AGING": "0.5",
-        "DSPARK_TARGET_STEP_MS": "100",
+        "DSPARK_TARGET_STEP_MS": "%g" % contract.DEFAULT_TARGET_STEP_MS,
     }
 
 

@@ -44,6 +44,9 @@ TARGETS = (60.0, 80.0, 100.0, 150.0, 200.0, 250.0, 300.0, 400.0, 600.0)
 #: chunk): mode 3 and the targets that reach the lowest inter-token times.
 OUR_SMALL_THRESHOLD = 512
 SMALL_THRESHOLD_TARGETS = (60.0, 80.0, 100.0, 150.0)
+#: Mode 4 at the default target with a smaller aging knob k (DSPARK_PREFILL_AGING): documents go first sooner,
+#: at the short prompts' and cached turns' expense.
+AGING_POINTS = (1.0, 1.5)
 CLASSES = ("stream", "short", "cached", "document")
 #: How much worse a class's mean first token may be for a point of ours to still dominate a stock point.
 SLACK = 1.05
@@ -110,6 +113,8 @@ def spec_for(point: dict, scale: Fraction) -> h.SchedulerSpec:
     env = [(contract.ENV_GATE_MODE, str(point["mode"]))]
     if point["mode"] == 4:
         env.append((contract.ENV_TARGET_STEP_MS, "%g" % point["target_ms"]))
+    if "aging" in point:
+        env.append((contract.ENV_AGING, "%g" % point["aging"]))
     if "threshold" in point:
         kw["long_prefill_token_threshold"] = max(1, int(point["threshold"] * scale))
     return h.recipe_spec(scale, extra_env=tuple(env), **kw)
@@ -151,6 +156,11 @@ def points(intervals: tuple[int, ...] = (1,)) -> list[dict]:
         }
         for t in SMALL_THRESHOLD_TARGETS
     ]
+    default = contract.DEFAULT_TARGET_STEP_MS
+    out += [
+        {"name": f"mode 4 @{default:g}ms k{k:g}", "policy": "patched", "mode": 4, "target_ms": default, "aging": k}
+        for k in AGING_POINTS
+    ]
     return out
 
 
@@ -184,6 +194,11 @@ def measure(point: dict, load: list[h.RequestSpec], scale: Fraction, model_dir) 
             "itl_max_ms": round(max(itl), 1) if itl else None,
         }
     mixed = [MIXED_FIT.record_ms(r, float(scale)) for r in result.steps if r.decode_tokens and r.prefill_tokens]
+    documents = {
+        r.req_id: document_life(result, r.req_id, r.arrival_ms or 0.0, float(scale))
+        for r in load
+        if class_of(r.req_id) == "document" and result.token_steps.get(r.req_id)
+    }
     return {
         **point,
         "finished": len(result.finished),
@@ -193,7 +208,37 @@ def measure(point: dict, load: list[h.RequestSpec], scale: Fraction, model_dir) 
         "classes": classes,
         "mixed_step_ms_p99": _pct(mixed, 99),
         "mixed_step_ms_max": round(max(mixed), 1) if mixed else None,
+        "document_life": documents,
         "cpu_s": round(time.process_time() - started, 1),
+    }
+
+
+def document_life(result: h.RunResult, doc: str, arrival_ms: float, scale: float) -> dict:
+    """Where a document's wait for its first token went, in modelled ms over the steps scheduled from its
+    arrival to the step that gave its first token: its own prefill, the other prompts' prefill, and the rest
+    of each step (the constant and the decoding requests: what every step pays, so more, shorter steps pay
+    it more often)."""
+    first = result.token_steps[doc][0]
+    steps = [r for r in result.steps if r.step <= first and (r.scheduled_ms or 0.0) >= arrival_ms]
+    own = other = total = 0.0
+    inv = 1.0 / scale
+    for record in steps:
+        total += MIXED_FIT.record_ms(record, scale)
+        for rid, n in record.scheduled.items():
+            if rid in record.decode_active:
+                continue
+            start, full = record.start.get(rid, 0) * inv, n * inv
+            ms = full * (MIXED_FIT.alpha_ms + MIXED_FIT.beta_ms * (start + full / 2))
+            if rid == doc:
+                own += ms
+            else:
+                other += ms
+    return {
+        "steps": len(steps),
+        "span_ms": round(total, 1),
+        "own_prefill_ms": round(own, 1),
+        "other_prefill_ms": round(other, 1),
+        "per_step_ms": round(total - own - other, 1),
     }
 
 
@@ -295,7 +340,10 @@ def svg(title: str, runs: list[dict]) -> str:
             parts.append(f'<text x="{px(v) - 12:.1f}" y="{py(y0) + 14:.1f}">{v:.0f}</text>')
         for v in (y1 / 2, y1):
             parts.append(f'<text x="{ox + 4}" y="{py(v) + 3:.1f}">{v:.0f}</text>')
-        line = sorted((p for p in pts if p[2].get("mode") == 4), key=lambda p: p[2]["target_ms"])
+        line = sorted(
+            (p for p in pts if p[2].get("mode") == 4 and "aging" not in p[2] and "threshold" not in p[2]),
+            key=lambda p: p[2]["target_ms"],
+        )
         if len(line) > 1:
             path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y, _ in line)
             parts.append(f'<polyline points="{path}" fill="none" stroke="{colour[4]}" stroke-width="1"/>')
@@ -325,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fit-min",
         type=int,
         default=0,
-        help="research: mode 4's warm-up (samples before its fit is used; the patch's is "
+        help="research: mode 4's warm-up (samples before every term of its fit is used; the patch's is "
         f"{contract.TIME_FIT_MIN_SAMPLES}) in the code this run patches in; the shipped patch is unchanged",
     )
     args = parser.parse_args(argv)

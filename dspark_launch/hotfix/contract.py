@@ -14,7 +14,7 @@ import re
 
 #: Bumped whenever the injected text changes; a file patched by an older
 #: version reports `outdated` and `apply` re-patches it from its stored original.
-PATCH_VERSION = 8
+PATCH_VERSION = 9
 
 #: Patch v5 (`dspark reload`): the path of the control file a patched scheduler reads
 #: while it runs, given in the server's environment (unset: no live changes).
@@ -105,16 +105,16 @@ LIVE_SETTINGS = (
         attribute="_dspark_diag",
     ),
     #: Gate mode 4's target: the predicted time of a step that carries prefill beside decoding requests, in
-    #: milliseconds. Default 100: the best point of the measured frontier at the recipe's scale with MTP
-    #: (bench/results/frontier-recipe.json, modelled GB10 step cost): streams' p99 inter-token time 0.64x to
-    #: 0.68x stock vLLM's, short prompts' and cached turns' mean first token 0.67x to 0.98x, cold documents'
-    #: 1.08x to 1.25x (docs/hotfix.md, "Gate mode 4"); 20 (a decode step with MTP is 12 to 31 ms on two GB10s)
-    #: to 5000 (a whole 8192-token step at 400K context is about 4.5 s).
+    #: milliseconds. Default 80: the point of the measured frontier at the recipe's scale with MTP that halves
+    #: stock vLLM's p99 inter-token time (bench/results/frontier-recipe.json, modelled GB10 step cost; short
+    #: prompts and cached turns start sooner than stock's, cold documents later: docs/hotfix.md, "Gate mode 4");
+    #: 20 (a decode step with MTP is 12 to 31 ms on two GB10s) to 5000 (a whole 8192-token step at 400K context
+    #: is about 4.5 s).
     LiveSetting(
         name="DSPARK_TARGET_STEP_MS",
         key="target_ms",
         kind="decimal",
-        default=100.0,
+        default=80.0,
         minimum=20.0,
         maximum=5000.0,
         label="target step ms",
@@ -157,6 +157,7 @@ PLANNED_MODES = (3, 4)
 #: TIME_FIT_MAX_ERROR of the mean step time. Mode 3's bound applies then.
 TIME_FIT_WINDOW = 64
 TIME_FIT_MIN_SAMPLES = 16
+TIME_FIT_FIRST_SAMPLES = 4
 TIME_FIT_MAX_TOKEN_MS = 50.0
 TIME_FIT_MAX_ERROR = 0.5
 TIME_FIT_MIN_CHUNK_MS = 0.01
@@ -353,6 +354,7 @@ def injected_constants(patch_version: int = PATCH_VERSION) -> dict[str, object]:
         "_DSPARK_HOTFIX_LIVE_WARNING": LIVE_WARNING_FORMAT,
         "_DSPARK_HOTFIX_FIT_WINDOW": TIME_FIT_WINDOW,
         "_DSPARK_HOTFIX_FIT_MIN": TIME_FIT_MIN_SAMPLES,
+        "_DSPARK_HOTFIX_FIT_FIRST": TIME_FIT_FIRST_SAMPLES,
         "_DSPARK_HOTFIX_FIT_MAX_TOKEN_MS": TIME_FIT_MAX_TOKEN_MS,
         "_DSPARK_HOTFIX_FIT_MAX_ERROR": TIME_FIT_MAX_ERROR,
         "_DSPARK_HOTFIX_FIT_MIN_CHUNK_MS": TIME_FIT_MIN_CHUNK_MS,

@@ -28,6 +28,7 @@ _DSPARK_HOTFIX_LIVE_LOG = contract.LIVE_LOG_FORMAT
 _DSPARK_HOTFIX_LIVE_WARNING = contract.LIVE_WARNING_FORMAT
 _DSPARK_HOTFIX_FIT_WINDOW = contract.TIME_FIT_WINDOW
 _DSPARK_HOTFIX_FIT_MIN = contract.TIME_FIT_MIN_SAMPLES
+_DSPARK_HOTFIX_FIT_FIRST = contract.TIME_FIT_FIRST_SAMPLES
 _DSPARK_HOTFIX_FIT_MAX_TOKEN_MS = contract.TIME_FIT_MAX_TOKEN_MS
 _DSPARK_HOTFIX_FIT_MAX_ERROR = contract.TIME_FIT_MAX_ERROR
 _DSPARK_HOTFIX_FIT_MIN_CHUNK_MS = contract.TIME_FIT_MIN_CHUNK_MS
@@ -344,6 +345,7 @@ def _dspark_hotfix_init_srpt(sched):
     sched._dspark_srpt_step = 0
     sched._dspark_reserved = {}
     sched._dspark_reserved_total = 0
+    sched._dspark_lent = None  # the waiting request the plan lent a slot to (it finishes within two steps)
     sched._dspark_cut = {}
     sched._dspark_room_now = 0
     sched._dspark_chunk_now = 0
@@ -477,6 +479,7 @@ def _dspark_hotfix_plan(sched):
     sched._dspark_cut = {}
     sched._dspark_reserved = {}
     sched._dspark_reserved_total = 0
+    sched._dspark_lent = None
     if sched._dspark_gate_mode < 3 or not sched._dspark_step_bound or not _dspark_hotfix_srpt_ok(sched):
         return None
     timed = sched._dspark_gate_mode == 4
@@ -549,26 +552,44 @@ def _dspark_hotfix_plan(sched):
         room, chunk = _dspark_hotfix_timed_room(sched, candidates, decoders, room)
     sched._dspark_room_now = room
     sched._dspark_chunk_now = chunk
-    for candidate in candidates:
+    lent = None
+    for index, candidate in enumerate(candidates):
         running, need, request = candidate[5], candidate[6], candidate[7]
         if running:
             give = min(need, chunk, room)
             plan[request.request_id] = give
             room -= give
-        elif seats > 0 and room > 0 and (need <= room or slots > 0):
-            # Whole within the room, or a first chunk in a free slot.
+        elif seats > 0 and room > 0:
+            # Whole within the room, or a first chunk in a free slot, or (mode 4) in a slot lent by a longer
+            # prompt mid-prefill (it goes after this one) when this one finishes within two steps' room: a time
+            # room can be smaller than a prompt vLLM's own chunk takes whole, which the slot would otherwise
+            # keep waiting until the longer prompt finishes.
+            lend = False
+            if need > room and slots <= 0:
+                lend = (
+                    timed
+                    and slots == 0
+                    and lent is None
+                    and need <= 2 * room
+                    and any(later[5] for later in candidates[index + 1 :])
+                )
+                if not lend:
+                    continue
             give = need if need <= room else min(chunk, room)
             if free is not None:
                 if give > free:
                     continue  # admission's KV allocation would refuse it: no room kept for it
                 free -= give
-            if give < need:
+            if lend:
+                lent = request.request_id
+            elif give < need:
                 slots -= 1
             seats -= 1
             reserved[request.request_id] = give
             room -= give
     sched._dspark_reserved = reserved
     sched._dspark_reserved_total = sum(reserved.values())
+    sched._dspark_lent = lent
     return plan
 
 
@@ -619,7 +640,7 @@ def _dspark_hotfix_init_time(sched):
     sched._dspark_sums_age = 0
     sched._dspark_fit = None  # ms per unit of each feature, or None: mode 3's bound
     sched._dspark_fit_dirty = False
-    sched._dspark_fit_note = "warming 0/%d" % _DSPARK_HOTFIX_FIT_MIN
+    sched._dspark_fit_note = "warming 0/%d" % _DSPARK_HOTFIX_FIT_FIRST
     sched._dspark_fit_text = "none"  # the last fit computed, as the diagnostics line shows it
     sched._dspark_time_room = None
     sched._dspark_fit_top = 0.0  # the most prefill tokens a step of the window carried
@@ -709,15 +730,17 @@ def _dspark_hotfix_fit(sched):
     """Least squares over the window (a ridge of 1e-5 of each feature's own square sum on every feature but the
     constant: decode tokens and requests move together): ms per unit of each feature, or None while there are too few
     samples or the fit is implausible (a prefill token costing nothing or more than the contract's maximum, a
-    threshold's chunk costing less than its minimum, residuals above its share of the mean step time).
-    `_dspark_fit_note` says which, for the diagnostics line."""
+    threshold's chunk costing less than its minimum, residuals above its share of the mean step time). From
+    `_DSPARK_HOTFIX_FIT_FIRST` samples a first fit leaves the decode-token term out (its note: n=k/full); from
+    `_DSPARK_HOTFIX_FIT_MIN` every term is fitted. A window without prefill, or with one prefill size only, keeps
+    the last fit. `_dspark_fit_note` says which, for the diagnostics line."""
     if not sched._dspark_fit_dirty:
         return sched._dspark_fit
     sched._dspark_fit_dirty = False
     n = len(sched._dspark_samples)
-    if n < _DSPARK_HOTFIX_FIT_MIN:
+    if n < _DSPARK_HOTFIX_FIT_FIRST:
         sched._dspark_fit = None
-        sched._dspark_fit_note = "warming %d/%d" % (n, _DSPARK_HOTFIX_FIT_MIN)
+        sched._dspark_fit_note = "warming %d/%d" % (n, _DSPARK_HOTFIX_FIT_FIRST)
         return None
     top = 0.0
     for x, _ in sched._dspark_samples:
@@ -728,10 +751,19 @@ def _dspark_hotfix_fit(sched):
         return sched._dspark_fit
     sched._dspark_fit_top = top * 1000.0
     xtx, xty, yy = sched._dspark_sums
-    size = len(xty)
-    a = [xtx[i][:] + [xty[i]] for i in range(size)]
-    for i in range(1, size):  # relative: the features' scales differ by orders of magnitude between setups
-        a[i][i] += 1e-5 * xtx[i][i] + 1e-12
+    if xtx[1][1] * n - xtx[0][1] ** 2 <= 1e-6 * xtx[1][1] * n:  # n^2 x the prefill feature's variance
+        # Every step of the window carried the same prefill (a target below one block's cost): the prefill
+        # cost cannot be told from the constant; the last fit stands.
+        sched._dspark_fit_note = "kept (one prefill size in the window) " + sched._dspark_fit_text
+        return sched._dspark_fit
+    features = len(xty)
+    # Below the full fit's samples, a first fit without the decode-token term (decode tokens and requests
+    # move together): four terms from a few steps, so that the target holds from the first steps on.
+    used = range(features) if n >= _DSPARK_HOTFIX_FIT_MIN else (0, 1, 2, 4)
+    size = len(used)
+    a = [[xtx[i][j] for j in used] + [xty[i]] for i in used]
+    for k in range(1, size):  # relative: the features' scales differ by orders of magnitude between setups
+        a[k][k] += 1e-5 * xtx[used[k]][used[k]] + 1e-12
     for col in range(size):  # Gauss-Jordan with partial pivoting
         pivot = max(range(col, size), key=lambda r: abs(a[r][col]))
         if abs(a[pivot][col]) < 1e-12:
@@ -747,18 +779,26 @@ def _dspark_hotfix_fit(sched):
                 row = a[r]
                 for c in range(col, size + 1):
                     row[c] -= f * head[c]
-    beta = [a[i][size] / a[i][i] for i in range(size)]
+    beta = [0.0] * features
+    for k, i in enumerate(used):
+        beta[i] = a[k][size] / a[k][k]
     sse = (
-        yy
-        - 2.0 * sum(beta[i] * xty[i] for i in range(size))
-        + sum(beta[i] * beta[j] * xtx[i][j] for i in range(size) for j in range(size))
+        yy - 2.0 * sum(beta[i] * xty[i] for i in used) + sum(beta[i] * beta[j] * xtx[i][j] for i in used for j in used)
     )
     mean = xty[0] / n
     error = (max(sse, 0.0) / n) ** 0.5 / mean if mean > 0 else float("inf")
     per_token = beta[1] * 1e-3
     sched._dspark_fit_note = sched._dspark_fit_text = (
-        "n=%d base=%.1fms prefill=%.4gms/tok context=%.3gms/Mtok^2 decode=%.3gms/tok req=%.3gms err=%.2f"
-        % (n, beta[0], per_token, beta[2] * 0.1, beta[3] * 0.1, beta[4], error)
+        "n=%s base=%.1fms prefill=%.4gms/tok context=%.3gms/Mtok^2 decode=%.3gms/tok req=%.3gms err=%.2f"
+        % (
+            n if size == features else "%d/%d" % (n, _DSPARK_HOTFIX_FIT_MIN),
+            beta[0],
+            per_token,
+            beta[2] * 0.1,
+            beta[3] * 0.1,
+            beta[4],
+            error,
+        )
     )
     chunk = sched._dspark_chunk or sched.max_num_scheduled_tokens
     chunk_ms = per_token * chunk + max(beta[2], 0.0) * 1e-7 * chunk * chunk * 0.5
@@ -849,7 +889,7 @@ def _dspark_hotfix_admit_srpt(sched, request, computed, token_budget, partial, s
         # chunk is everything left to compute (on layouts with bounded prefix
         # replay that includes the replayed window, which `need` does not).
         return request.num_tokens
-    if partial >= sched._dspark_max_inflight_prefills or room <= 0:
+    if room <= 0 or (partial >= sched._dspark_max_inflight_prefills and request.request_id != sched._dspark_lent):
         return -1
     return min(room, sched._dspark_chunk_now)
 
