@@ -1,7 +1,7 @@
 """Gate mode 4 on the two-node testbed: the real CPU vLLM serving the tiny model under `dspark bench`'s mixed load,
 the step time read from the scheduler's own diagnostics lines (`period_ms`), per target step time.
 
-    python -m bench.time_bound_testbed [--targets 40,80] [--runs 3] [--seconds 60] [--out FILE]
+    python -m bench.time_bound_testbed [--targets 20,30,40] [--runs 3] [--seconds 60] [--out FILE]
 
 Uses the running `make demo` (brings one up, and down again at the end, when none runs). For each point, gate mode 3
 (the token bound, for reference) and mode 4 at each target: the live settings reloaded (`dspark reload`, diagnostics
@@ -181,7 +181,7 @@ def run_point(demo: Demo, mode: int, target_ms: float, seconds: float, seed: int
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--targets", default="40,80", help="mode 4's target step times, ms, comma-separated")
+    parser.add_argument("--targets", default="20,30,40", help="mode 4's target step times, ms, comma-separated")
     parser.add_argument("--seconds", type=float, default=60.0, help="at most this long each bench run")
     parser.add_argument("--runs", type=int, default=3, help="bench runs per point")
     parser.add_argument("--seed", type=int, default=0)
