@@ -30,7 +30,7 @@ dspark_knob_alias DSPARKMAXINFLIGHTPREFILLS DSPARK_MAX_INFLIGHT_PREFILLS
 dspark_knob DSPARK_PREFILL_GATE_MODE       int   3        0    4        hard "Hotfix gate: 0 the cap alone; 1 also bounds a step's prefill at (cap + 1/2) x threshold tokens; 2 as 1, on uncached tokens; 3 least uncached work first within the bound; 4 as 3, the bound in time (docs/hotfix.md)"
 dspark_knob DSPARK_PREFILL_AGING           float 2.0      0.0  64.0     hard "Gate modes 3 and 4: a prompt waiting over this many times its solo prefill goes first, so none starves (0: oldest first)"
 dspark_knob DSPARK_ISSUE43_SCHED_DIAG      int   0        0    1        hard "1 logs one scheduler diagnostics line per step"
-dspark_knob DSPARK_TARGET_STEP_MS          float 80.0     20.0 5000.0   hard "Gate mode 4: the step time in ms prefill beside decoding is sized to, from per-token costs fitted to the engine's step times"
+dspark_knob DSPARK_TARGET_STEP_MS          float 75.0     20.0 5000.0   hard "Gate mode 4: the step time in ms prefill beside decoding is sized to, from per-token costs fitted to the engine's step times"
 dspark_knob DSPARK_ADMISSION_CLOSED        int   0        0    1        hard "1 holds new prompts in vLLM's queue while running streams decode; the memory guard (DSPARK_MEMORY_GUARD=pause) sets it while memory is short"
 # Serving
 dspark_knob MAX_NUM_SEQS                   int   6        1    1024     hard "vllm --max-num-seqs: requests running at once"

@@ -113,16 +113,16 @@ LIVE_SETTINGS = (
         attribute="_dspark_diag",
     ),
     #: Gate mode 4's target: the predicted time of a step that carries prefill beside decoding requests, in
-    #: milliseconds. Default 80: the point of the measured frontier at the recipe's scale with MTP that halves
-    #: stock vLLM's p99 inter-token time (bench/results/frontier-recipe.json, modelled GB10 step cost; short
-    #: prompts and cached turns start sooner than stock's, cold documents later: docs/hotfix.md, "Gate mode 4");
+    #: milliseconds. Default 75: the point of the measured frontier at the recipe's scale with MTP that halves
+    #: stock vLLM's p99 inter-token time on 0.32 and 0.34 (bench/results/frontier-recipe*.json, modelled GB10 step
+    #: cost; short prompts and cached turns start sooner than stock's, cold documents later: docs/hotfix.md);
     #: 20 (a decode step with MTP is 12 to 31 ms on two GB10s) to 5000 (a whole 8192-token step at 400K context
     #: is about 4.5 s).
     LiveSetting(
         name="DSPARK_TARGET_STEP_MS",
         key="target_ms",
         kind="decimal",
-        default=80.0,
+        default=75.0,
         minimum=20.0,
         maximum=5000.0,
         label="target step ms",

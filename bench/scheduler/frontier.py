@@ -39,7 +39,7 @@ BUDGETS = (8192, 4096, 2048, 1024)
 THRESHOLDS = (1024, 512)
 #: vLLM's own `prefill_schedule_interval` (0.32 and 0.34): 1 is its default; 2 schedules new prefills every other step.
 INTERVALS = (1, 2)
-TARGETS = (60.0, 80.0, 100.0, 150.0, 200.0, 250.0, 300.0, 400.0, 600.0)
+TARGETS = (60.0, 75.0, 80.0, 100.0, 150.0, 200.0, 250.0, 300.0, 400.0, 600.0)
 #: Our points at vLLM's smaller threshold too (the hotfix bounds a step; vLLM's threshold still cuts each prompt's
 #: chunk): mode 3 and the targets that reach the lowest inter-token times.
 OUR_SMALL_THRESHOLD = 512
