@@ -167,11 +167,13 @@ def test_the_controller_reads_time_through_one_function():
 
 
 def test_the_newest_release_holds_the_target(tmp_path):
-    """The same controller on the newest vLLM release's scheduler (its own waiting loop), sync and async."""
+    """The same controller on the newest vLLM release's scheduler (its own waiting loop), sync and async, and the
+    slot lent to a turn that finishes within two steps."""
     from tests.support import newest_vllm
 
     release = newest_vllm.newest()
     cases = [{"scale": "1/16", "async_scheduling": asy, "mtp": False, "target_ms": TARGET} for asy in (False, True)]
+    cases.append({"scale": "1/16", "async_scheduling": False, "mtp": False, "target_ms": 80.0, "workload": "turns"})
     proc = newest_vllm.run_python(
         release,
         "from tests.support.time_bound import main; main()",
@@ -179,7 +181,12 @@ def test_the_newest_release_holds_the_target(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(reports) == 2
+    assert len(reports) == 3
+    lending = reports.pop()
+    assert lending["vllm"] == release and lending["finished"] == lending["requests"]
+    assert max(len(s["mid"]) for s in lending["steps"]) == 2  # the slot a document mid-prefill lends a turn
+    turns = tb.borrowed(lending)
+    assert len(turns) >= 3 and all(steps <= 2 and first for _, steps, first in turns), turns
     for report in reports:
         assert report["vllm"] == release and report["finished"] == report["requests"]
         steps = tb.mixed(report, tb.fitted_from(report))
@@ -192,33 +199,8 @@ def test_a_prompt_that_finishes_within_two_steps_borrows_the_slot_of_a_longer_on
     room at 80 ms but within two: each turn starts beside the document in the slot it lends (two prompts
     mid-prefill, never three) and has its first token two steps later, not once the document is done."""
     scale = Fraction(1, 16)
-
-    def n(tokens: int) -> int:
-        return int(tokens * scale)
-
-    history = n(6000)
-    load = [h.RequestSpec(f"stream-{i}", 0, n(600), 600) for i in range(3)]
-    load.append(h.RequestSpec("doc", 0, n(48000), 8, arrival_ms=300.0))
-    load += [
-        h.RequestSpec(f"turn-{i}", 0, history + i * n(800), 8, "conv", history + i * n(800), arrival_ms=200.0 + 900 * i)
-        for i in range(6)
-    ]
-    spec = h.recipe_spec(
-        scale,
-        num_speculative_tokens=0,
-        extra_env=((contract.ENV_GATE_MODE, "4"), (contract.ENV_TARGET_STEP_MS, "80")),
-    )
-    result = h.run_workload(
-        spec, load, model_dir, step_time=lambda r: tb.MIXED_FIT.record_ms(r, float(scale)), clock=h.ModelledClock()
-    )
-    assert result.effective_cap == 1 and result.finished == {r.req_id for r in load}
-    assert max(len(r.mid_prefill) for r in result.steps) == 2
-    doc_first = result.token_steps["doc"][0]
-    borrowed = 0
-    for turn in (r.req_id for r in load[5:]):
-        prefill = [r for r in result.steps if turn in r.scheduled and r.step < result.token_steps[turn][0]]
-        beside = [r for r in prefill if "doc" in r.mid_prefill and turn in r.mid_prefill]
-        if beside:
-            borrowed += 1
-            assert len(prefill) <= 2 and result.token_steps[turn][0] < doc_first, (turn, [r.step for r in prefill])
-    assert borrowed >= 3
+    report = tb.run(scale, False, False, 80.0, model_dir, workload=tb.turns_load(scale))
+    assert report["cap"] == 1 and report["finished"] == report["requests"]
+    assert max(len(s["mid"]) for s in report["steps"]) == 2
+    turns = tb.borrowed(report)
+    assert len(turns) >= 3 and all(steps <= 2 and first for _, steps, first in turns), turns

@@ -31,6 +31,35 @@ def load(scale: Fraction) -> list[h.RequestSpec]:
     return out
 
 
+def turns_load(scale: Fraction) -> list[h.RequestSpec]:
+    """Three streams, a 48K document from 300 ms, and a conversation's turns every 900 ms, each adding 800 tokens
+    to the shared history: at 80 ms a turn's uncached part is more than one step's room and less than two."""
+
+    def n(tokens: int) -> int:
+        return int(tokens * scale)
+
+    history = n(6000)
+    out = [h.RequestSpec(f"stream-{i}", 0, n(600), 600) for i in range(3)]
+    out.append(h.RequestSpec("doc", 0, n(48000), 8, arrival_ms=300.0))
+    out += [
+        h.RequestSpec(f"turn-{i}", 0, history + i * n(800), 8, "conv", history + i * n(800), arrival_ms=200.0 + 900 * i)
+        for i in range(6)
+    ]
+    return out
+
+
+def borrowed(report: dict, doc: str = "doc") -> list[tuple[str, int, bool]]:
+    """The turns that were mid-prefill beside `doc` (in a slot it lent): (turn, steps their prefill took, whether
+    their first token came before the document's)."""
+    first = report["first_token"]
+    out = []
+    for turn in sorted(t for t in first if t.startswith("turn-") and t != "turn-0"):
+        prefill = [s for s in report["steps"] if turn in s["ids"] and s["step"] < first[turn]]
+        if any(doc in s["mid"] and turn in s["mid"] for s in prefill):
+            out.append((turn, len(prefill), first[turn] < first[doc]))
+    return out
+
+
 def run(
     scale: Fraction,
     async_scheduling: bool,
@@ -103,6 +132,8 @@ def run(
                 "fitted": fitted,
                 "samples": samples,
                 "waiting": bool(record.mid_prefill) or any(r not in record.scheduled for r in record.mid_prefill),
+                "ids": sorted(record.scheduled),
+                "mid": sorted(record.mid_prefill),
             }
         )
     return {
@@ -115,6 +146,8 @@ def run(
         "fit": list(sched._dspark_fit or ()),
         "note": sched._dspark_fit_note,
         "lag": sched._dspark_lag,
+        "cap": sched._dspark_max_inflight_prefills,
+        "first_token": {rid: produced[0] for rid, produced in result.token_steps.items() if produced},
         "steps": steps,
     }
 
@@ -137,7 +170,7 @@ def _version() -> str:
 
 def main() -> None:
     """`python -c 'from tests.support.time_bound import main; main()' JOB`: JOB is JSON {"workdir", "cases":
-    [{"scale", "async_scheduling", "mtp", "target_ms"}, ...]}; one JSON line per case."""
+    [{"scale", "async_scheduling", "mtp", "target_ms"[, "workload": "turns"]}, ...]}; one JSON line per case."""
     import json
     import sys
 
@@ -146,7 +179,9 @@ def main() -> None:
     for case in job["cases"]:
         case = dict(case)
         scale = Fraction(case.pop("scale"))
+        if case.pop("workload", None) == "turns":
+            case["workload"] = turns_load(scale)
         print(json.dumps(run(scale, model_dir=model_dir, **case)), flush=True)
 
 
-__all__ = ["dataclasses", "fitted_from", "load", "main", "mixed", "run"]
+__all__ = ["borrowed", "dataclasses", "fitted_from", "load", "main", "mixed", "run", "turns_load"]
