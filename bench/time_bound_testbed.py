@@ -179,15 +179,31 @@ def run_point(demo: Demo, mode: int, target_ms: float, seconds: float, seed: int
     }
 
 
+def _targets(text: str) -> list[float]:
+    """`--targets`: each within DSPARK_TARGET_STEP_MS's declared range (argparse turns the error into exit 2)."""
+    setting = contract.LIVE[contract.ENV_TARGET_STEP_MS]
+    try:
+        values = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(setting.minimum <= v <= setting.maximum for v in values):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: comma-separated milliseconds, each {setting.minimum:g} to {setting.maximum:g}"
+        )
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--targets", default="20,30,40", help="mode 4's target step times, ms, comma-separated")
+    parser.add_argument(
+        "--targets", type=_targets, default="20,30,40", help="mode 4's target step times, ms, comma-separated"
+    )
     parser.add_argument("--seconds", type=float, default=60.0, help="at most this long each bench run")
     parser.add_argument("--runs", type=int, default=3, help="bench runs per point")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here (default: stdout only)")
     args = parser.parse_args(argv)
-    targets = [float(t) for t in args.targets.split(",") if t.strip()]
+    targets = args.targets
     demo = Demo()
     demo.ensure_up()
     try:

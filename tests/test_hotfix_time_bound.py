@@ -173,7 +173,8 @@ def test_the_newest_release_holds_the_target(tmp_path):
 
     release = newest_vllm.newest()
     cases = [{"scale": "1/16", "async_scheduling": asy, "mtp": False, "target_ms": TARGET} for asy in (False, True)]
-    cases.append({"scale": "1/16", "async_scheduling": False, "mtp": False, "target_ms": 80.0, "workload": "turns"})
+    # The slot lent to a turn, in the recipe's configuration (async scheduling, MTP 5, the recipe's scale).
+    cases.append({"scale": "1", "async_scheduling": True, "mtp": True, "target_ms": 80.0, "workload": "turns"})
     proc = newest_vllm.run_python(
         release,
         "from tests.support.time_bound import main; main()",
@@ -194,12 +195,12 @@ def test_the_newest_release_holds_the_target(tmp_path):
         assert max(s["prefill"] for s in steps) > report["bound"]
 
 
-def test_a_prompt_that_finishes_within_two_steps_borrows_the_slot_of_a_longer_one(model_dir):
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_a_prompt_that_finishes_within_two_steps_borrows_the_slot_of_a_longer_one(model_dir, case):
     """Cap 1, a document mid-prefill, and a conversation's turns whose uncached part is more than one step's
     room at 80 ms but within two: each turn starts beside the document in the slot it lends (two prompts
-    mid-prefill, never three) and has its first token two steps later, not once the document is done."""
-    scale = Fraction(1, 16)
-    report = tb.run(scale, False, False, 80.0, model_dir, workload=tb.turns_load(scale))
+    mid-prefill, never three) and has its first token within two steps, not once the document is done."""
+    report = tb.run(*case, 80.0, model_dir, workload=tb.turns_load(case[0]))
     assert report["cap"] == 1 and report["finished"] == report["requests"]
     assert max(len(s["mid"]) for s in report["steps"]) == 2
     turns = tb.borrowed(report)

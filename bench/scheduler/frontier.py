@@ -221,18 +221,11 @@ def document_life(result: h.RunResult, doc: str, arrival_ms: float, scale: float
     first = result.token_steps[doc][0]
     steps = [r for r in result.steps if r.step <= first and (r.scheduled_ms or 0.0) >= arrival_ms]
     own = other = total = 0.0
-    inv = 1.0 / scale
     for record in steps:
         total += MIXED_FIT.record_ms(record, scale)
-        for rid, n in record.scheduled.items():
-            if rid in record.decode_active:
-                continue
-            start, full = record.start.get(rid, 0) * inv, n * inv
-            ms = full * (MIXED_FIT.alpha_ms + MIXED_FIT.beta_ms * (start + full / 2))
-            if rid == doc:
-                own += ms
-            else:
-                other += ms
+        chunks = MIXED_FIT.chunks_ms(record, scale)
+        own += chunks.pop(doc, 0.0)
+        other += sum(chunks.values())
     return {
         "steps": len(steps),
         "span_ms": round(total, 1),

@@ -56,20 +56,20 @@ class StepTimeModel:
     def describe(self) -> dict:
         return dataclasses.asdict(self)
 
+    def chunks_ms(self, record: StepRecord, scale: float) -> dict[str, float]:
+        """Modelled time of each prefill chunk of one step, by request; counts are divided by `scale`."""
+        inv = 1.0 / scale
+        out = {}
+        for rid, n in record.scheduled.items():
+            if rid not in record.decode_active:
+                s, full = record.start.get(rid, 0) * inv, n * inv
+                out[rid] = full * (self.alpha_ms + self.beta_ms * (s + full / 2))
+        return out
+
     def record_ms(self, record: StepRecord, scale: float) -> float:
         """Modelled time of one step; counts are divided by `scale` (full size)."""
-        decode = 0
-        prefill = 0.0
-        inv = 1.0 / scale
-        start = record.start
-        for rid, n in record.scheduled.items():
-            if rid in record.decode_active:
-                decode += 1
-                continue
-            s = start.get(rid, 0) * inv
-            full = n * inv
-            prefill += full * (self.alpha_ms + self.beta_ms * (s + full / 2))
-        return self.t0_ms + self.t_decode_ms * decode + prefill
+        decode = sum(1 for rid in record.scheduled if rid in record.decode_active)
+        return self.t0_ms + self.t_decode_ms * decode + sum(self.chunks_ms(record, scale).values())
 
     def step_times(self, run: RunResult, scale: float) -> list[float]:
         return [self.record_ms(record, scale) for record in run.steps]

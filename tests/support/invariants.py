@@ -39,7 +39,6 @@ class LoadReport:
     padded: int  # admissions vLLM padded to 1 + num_spec_tokens rows
     live_changes: int
     max_partials: int
-    lent: int = 0  # steps with one prompt mid-prefill above the cap, in the slot gate mode 4 lent it
 
 
 def _lengths(rng: random.Random, spec: h.SchedulerSpec) -> int:
@@ -176,7 +175,6 @@ def run_random_load(
                 mid = {r.request_id for r in sched.running if r.is_prefill_chunk}
                 if not (sched._dspark_gate_mode == 4 and partials == cap + 1 and sched._dspark_lent in mid):
                     raise InvariantError(f"{where(step)}: {partials} prompts mid-prefill, cap {cap}")
-                report.lent += 1
         last_partials = partials
         used = sum(scheduled.values()) + draft_slots * len(scheduled)
         if not preempted and used + 1 + k + draft_slots <= budget:

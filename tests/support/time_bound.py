@@ -32,7 +32,7 @@ def load(scale: Fraction) -> list[h.RequestSpec]:
 
 
 def turns_load(scale: Fraction) -> list[h.RequestSpec]:
-    """Three streams, a 48K document from 300 ms, and a conversation's turns every 900 ms, each adding 800 tokens
+    """Three streams, a 24K document from 300 ms, and a conversation's turns every 600 ms, each adding 800 tokens
     to the shared history: at 80 ms a turn's uncached part is more than one step's room and less than two."""
 
     def n(tokens: int) -> int:
@@ -40,21 +40,21 @@ def turns_load(scale: Fraction) -> list[h.RequestSpec]:
 
     history = n(6000)
     out = [h.RequestSpec(f"stream-{i}", 0, n(600), 600) for i in range(3)]
-    out.append(h.RequestSpec("doc", 0, n(48000), 8, arrival_ms=300.0))
+    out.append(h.RequestSpec("doc", 0, n(24000), 8, arrival_ms=300.0))
     out += [
-        h.RequestSpec(f"turn-{i}", 0, history + i * n(800), 8, "conv", history + i * n(800), arrival_ms=200.0 + 900 * i)
+        h.RequestSpec(f"turn-{i}", 0, history + i * n(800), 8, "conv", history + i * n(800), arrival_ms=200.0 + 600 * i)
         for i in range(6)
     ]
     return out
 
 
 def borrowed(report: dict, doc: str = "doc") -> list[tuple[str, int, bool]]:
-    """The turns that were mid-prefill beside `doc` (in a slot it lent): (turn, steps their prefill took, whether
-    their first token came before the document's)."""
+    """The turns that were mid-prefill beside `doc` (in a slot it lent): (turn, steps their prefill took, the one
+    that gave the first token included, whether that first token came before the document's)."""
     first = report["first_token"]
     out = []
     for turn in sorted(t for t in first if t.startswith("turn-") and t != "turn-0"):
-        prefill = [s for s in report["steps"] if turn in s["ids"] and s["step"] < first[turn]]
+        prefill = [s for s in report["steps"] if turn in s["ids"] and s["step"] <= first[turn]]
         if any(doc in s["mid"] and turn in s["mid"] for s in prefill):
             out.append((turn, len(prefill), first[turn] < first[doc]))
     return out
