@@ -44,11 +44,14 @@ testbed-deps:
 # a serving test's 8 CLI calls 5.0 -> 4.4 CPU-s). Quiet (-q): it prints only a file it cannot compile.
 # The newest vLLM release's own Python (its CUDA wheel, ~240 MB once into ~/.cache/dspark-compat, unpacked beside it):
 # the hotfix and the dry boot run on its scheduler and config code too (tests/support/newest_vllm.py).
+# Then the room on disk for the rest (the container test image, the run's files): one line and exit 2 when short,
+# before a run that would fail late on ENOSPC (tests/support/disk_room.py).
 test: $(STAMP) testbed-deps
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	$(PY) -m tests.support.newest_vllm
+	$(PY) -m tests.support.disk_room
 	$(PY) -m compileall -q -j 0 dspark_launch tests/support tests/vllm_ray_cpu_plugin tools
 	$(PY) -m pytest -m "not compat and not stack" -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 

