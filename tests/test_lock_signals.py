@@ -69,11 +69,11 @@ def test_a_holder_probe_is_never_taken_for_a_holder(tmp_path):
 
 @pytest.mark.testbed
 def test_sigterm_to_a_command_holding_the_lock(testbed_clean, tmp_path):
-    """`dspark stop` is killed by SIGTERM as soon as it holds the lock (mid-stop: Ray runs on both nodes).
-    After it: the lock is free, state.json is absent or a whole record (no temporary file beside it),
+    """`dspark stop` gets SIGTERM as soon as it holds the lock (mid-stop: Ray runs on both nodes): it ends the
+    agents it was talking to and exits 143 with one line. After it: the lock is free, state.json is absent or a whole record (no temporary file beside it),
     and the next `stop`, `cluster up` and `cluster down` work, leaving nothing of ours behind."""
     from tests.support.on_testbed import VENV_BIN, dspark, our_pids, write_env
-    from tests.support.processes import describe
+    from tests.support.processes import describe, wait_until
 
     tb = testbed_clean
     env = write_env(tb, tmp_path)
@@ -96,7 +96,8 @@ def test_sigterm_to_a_command_holding_the_lock(testbed_clean, tmp_path):
             time.sleep(0.005)
         stopping.send_signal(signal.SIGTERM)
         out, err = stopping.communicate(timeout=120)
-        assert stopping.returncode in (143, -signal.SIGTERM), (stopping.returncode, err)
+        # It unwinds, its agents ended with it, rather than dying with them still at work behind the freed lock.
+        assert stopping.returncode == 143 and "dspark: interrupted while stopping; " in err, (stopping.returncode, err)
         assert "Traceback" not in err, err
 
         assert lock_holder(state_dir) is None
@@ -108,8 +109,11 @@ def test_sigterm_to_a_command_holding_the_lock(testbed_clean, tmp_path):
         again = dspark(tb, env, "stop")
         assert again.returncode == 0, again.stderr[-3000:]
         assert load_state(state_dir) is None
-        left = our_pids(tb, "head") | our_pids(tb, "worker1")
-        assert left == set(), describe(left)
+        # A worker's agent that had its request before the SSH client under it was ended finishes that one
+        # operation (sshd signals no session without a terminal); then nothing of ours is left.
+        assert wait_until(lambda: not (our_pids(tb, "head") | our_pids(tb, "worker1")), 30), describe(
+            our_pids(tb, "head") | our_pids(tb, "worker1")
+        )
         up = dspark(tb, env, "cluster", "up")
         assert up.returncode == 0, up.stderr[-3000:]
     finally:

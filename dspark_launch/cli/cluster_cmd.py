@@ -10,7 +10,7 @@ from dspark_launch.cli.loading import settings_and_spec
 from dspark_launch.cli.options import EnvFileOption
 from dspark_launch.cli.output import fail, say
 from dspark_launch.cli.reporter import ConsoleReporter
-from dspark_launch.cli.signals import interruptible
+from dspark_launch.cli.signals import interruptible, stop_interrupted
 from dspark_launch.errors import EXIT_FAILED, DsparkError
 
 app = typer.Typer(help="Bring the Ray cluster up or down across the nodes.", no_args_is_help=True)
@@ -69,10 +69,11 @@ def down(env_file: EnvFileOption = None) -> None:
 def run_down(spec) -> None:
     from dspark_launch.cluster.lifecycle import cluster_down
 
-    try:
-        unreachable = cluster_down(spec, ConsoleReporter())
-    except DsparkError as error:
-        raise fail(error) from None
+    with interruptible(stop_interrupted):
+        try:
+            unreachable = cluster_down(spec, ConsoleReporter())
+        except DsparkError as error:
+            raise fail(error) from None
     if unreachable:
         raise typer.Exit(EXIT_FAILED)
 

@@ -16,7 +16,7 @@ from dspark_launch.cli.loading import settings_and_spec, settings_or_exit
 from dspark_launch.cli.options import EnvFileOption, JsonOption, StrictOption
 from dspark_launch.cli.output import emit_json, fail, say
 from dspark_launch.cli.reporter import ConsoleReporter
-from dspark_launch.cli.signals import interruptible
+from dspark_launch.cli.signals import interruptible, stop_interrupted
 from dspark_launch.config.declared import DECLARED
 from dspark_launch.errors import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_GAVE_UP, ConfigError, DsparkError
 
@@ -225,10 +225,11 @@ def stop(
     from dspark_launch.serve.stop import stop as stop_everything
 
     _, spec = settings_and_spec(env_file)
-    try:
-        unreachable = stop_everything(spec, ConsoleReporter(), now, remove)
-    except DsparkError as error:
-        raise fail(error) from None
+    with interruptible(stop_interrupted):
+        try:
+            unreachable = stop_everything(spec, ConsoleReporter(), now, remove)
+        except DsparkError as error:
+            raise fail(error) from None
     if unreachable:
         raise typer.Exit(EXIT_FAILED)
 
@@ -258,10 +259,11 @@ def restart(
         marker = state.server.marker
         do_start(settings, spec, force, False, begin=functools.partial(restart_serve, now=now, marker=marker))
         return
-    try:
-        stop_everything(spec, ConsoleReporter(), now)
-    except DsparkError as error:
-        raise fail(error) from None
+    with interruptible(stop_interrupted):
+        try:
+            stop_everything(spec, ConsoleReporter(), now)
+        except DsparkError as error:
+            raise fail(error) from None
     do_start(settings, spec, force, False)
 
 

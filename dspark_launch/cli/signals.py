@@ -42,3 +42,12 @@ def interruptible(on_interrupt) -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def stop_interrupted(code: int) -> None:
+    """What a stopping command (`stop`, `cluster down`, a restart's stop) says when a signal ends it: its agents
+    were ended with it, so nothing it asked for goes on behind the freed lock."""
+    say(
+        f"dspark: interrupted while stopping; what was not stopped yet still runs: `dspark stop` stops it (exit {code})",
+        file=sys.stderr,
+    )

@@ -28,8 +28,15 @@ HANG_S = 600
 ORPHAN_AFTER_S = 3  # the request is in flight, and seen alive, before the server dies
 
 
+_SAYING = threading.Lock()
+
+
 def say(line: str) -> None:
-    print(line, flush=True)
+    # One write per line under a lock: print() writes the text and the newline apart, and two request threads
+    # saying at once gave "chat request 1: okchat request 2: ok".
+    with _SAYING:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 class Api(BaseHTTPRequestHandler):

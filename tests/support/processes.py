@@ -48,14 +48,19 @@ def survives(pid: int, started: int | None) -> bool:
 
 
 def describe(pids: Iterable[int]) -> str:
-    """One line per pid (state, parent, command) for an assertion message."""
+    """One line per pid (state, parent, age, command) for an assertion message: the age tells a process left
+    by an earlier command from one that started a moment ago."""
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    ticks = os.sysconf("SC_CLK_TCK")
     out = []
     for pid in sorted(pids):
-        state = procfs.state(pid)
+        state, started = procfs.state(pid), procfs.start_time(pid)
         if state is None:
             out.append(f"{pid} gone")
         else:
-            out.append(f"{pid} state={state} ppid={procfs.parent(pid)} {' '.join(procfs.cmdline(pid))[:150]}")
+            age = f"{uptime - started / ticks:.1f}s" if started is not None else "?"
+            cmd = " ".join(procfs.cmdline(pid))[:150]
+            out.append(f"{pid} state={state} ppid={procfs.parent(pid)} age={age} {cmd}")
     return "; ".join(out)
 
 

@@ -17,9 +17,15 @@ import sys
 import threading
 import time
 
+_SAYING = threading.Lock()
+
 
 def say(line: str) -> None:
-    print(line, flush=True)
+    # One write per line under a lock: print() writes the text and the newline apart, and connection threads
+    # interleave them (this script runs isolated, `-I`, so it cannot share fake_api's).
+    with _SAYING:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 def serve(conn: socket.socket, number: int) -> None:
