@@ -438,3 +438,54 @@ def test_rsync_progress_becomes_one_line_per_node_and_the_file_names_stay_apart(
     assert sorted(n for n in names if not n.endswith("/")) == ["b", "blobs/a"]
     assert lines and lines[-1].startswith("worker1 (10.213.0.2): copied 0.00 of 0.00 GiB, ")
     assert sum(meter._per_stream.values()) == (3 << 20) + 5 and "MB/s, ETA 0 s" in meter.line()
+
+
+# An ssh stand-in: the remote command runs here, in a mount namespace of its own in which SPY_DISK (the worker's
+# empty disk) is mounted over SPY_OVER, and each receiver notes whether the destination folder was there when it
+# started, and when it ended.
+_SSH_SPY = r"""#!/bin/bash
+while [ $# -gt 0 ] && [ "$1" != rsync ]; do shift; done
+[ $# -eq 0 ] && exit 0
+exec unshare --mount --propagation private sh -c '
+  mount --bind "$SPY_DISK" "$SPY_OVER" || exit 99
+  if [ -d "$SPY_DEST" ]; then echo "start found $$" >> "$SPY_LOG"; else echo "start missing $$" >> "$SPY_LOG"; fi
+  "$@"; rc=$?
+  echo "end $$" >> "$SPY_LOG"
+  exit $rc' sh "$@"
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts in a namespace of its own need root")
+def test_parallel_streams_find_the_destination_folder_made_before_them(tmp_path, monkeypatch):
+    """rsync's receiver makes a missing destination itself (stat, then mkdir), and two streams doing it at once
+    fail: `mkdir ... failed: File exists`, exit 11 (seen on the testbed). One rsync makes the folder and ends
+    before the streams start, so no stream's receiver has to make it."""
+    from dspark_launch.model.copy import SSHTarget, rsync_to
+
+    source = tmp_path / "models" / "m"
+    (source / "sub").mkdir(parents=True)
+    names = [f"sub/f{i}" for i in range(8)]
+    for i, name in enumerate(names):
+        (source / name).write_bytes(os.urandom(200_000 + i))
+    disk = tmp_path / "worker-disk"
+    disk.mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(_SSH_SPY)
+    (bin_dir / "ssh").chmod(0o755)
+    log = tmp_path / "receivers.log"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SPY_DISK", str(disk))
+    monkeypatch.setenv("SPY_OVER", str(tmp_path / "models"))
+    monkeypatch.setenv("SPY_DEST", str(source))
+    monkeypatch.setenv("SPY_LOG", str(log))
+
+    copied = rsync_to(SSHTarget("worker"), str(source), names, streams=4)
+
+    assert copied.streams == 4 and sorted(copied.files_sent) == names
+    assert sorted(p.relative_to(disk / "m").as_posix() for p in (disk / "m").rglob("f*")) == names
+    events = [line.split() for line in log.read_text().splitlines()]
+    starts = [e for e in events if e[0] == "start"]
+    assert [e[1] for e in starts] == ["missing"] + ["found"] * 4, events
+    maker = starts[0][2]
+    assert events.index(["end", maker]) < events.index(starts[1]), events  # it ended before any stream began

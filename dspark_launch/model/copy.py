@@ -213,6 +213,16 @@ def rsync_argv(target: SSHTarget, root: str, list_file: str, force: bool) -> lis
     return argv + ["--", root.rstrip("/") + "/", f"{host}:{root.rstrip('/')}/"]
 
 
+def _make_root(target: SSHTarget, root: str, tmp: str) -> None:
+    """The destination folder made by one rsync of nothing: each rsync's receiver makes a missing destination
+    itself (stat, then mkdir), and parallel ones racing to it fail ("mkdir ... failed: File exists", exit 11)."""
+    nothing = os.path.join(tmp, "nothing")
+    Path(nothing).write_text("")
+    made = subprocess.run(rsync_argv(target, root, nothing, False), capture_output=True, text=True)
+    if made.returncode != 0:
+        raise rsync_failure(target, made.returncode, made.stderr)
+
+
 def rsync_to(
     target: SSHTarget,
     root: str,
@@ -228,6 +238,8 @@ def rsync_to(
     if not shares:
         return CopyResult(target.host, (), 0, 0.0, 0)
     with tempfile.TemporaryDirectory(prefix="dspark-rsync-") as tmp:
+        if len(shares) > 1:
+            _make_root(target, root, tmp)
         procs, readers, names = [], [], [[] for _ in shares]
         for i, share in enumerate(shares):
             list_file = os.path.join(tmp, f"share{i}")
