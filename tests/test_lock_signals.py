@@ -70,8 +70,9 @@ def test_a_holder_probe_is_never_taken_for_a_holder(tmp_path):
 @pytest.mark.testbed
 def test_sigterm_to_a_command_holding_the_lock(testbed_clean, tmp_path):
     """`dspark stop` gets SIGTERM as soon as it holds the lock (mid-stop: Ray runs on both nodes): it ends the
-    agents it was talking to and exits 143 with one line. After it: the lock is free, state.json is absent or a whole record (no temporary file beside it),
-    and the next `stop`, `cluster up` and `cluster down` work, leaving nothing of ours behind."""
+    agents it was talking to and exits 143 with one line. After it: the lock is free, state.json is absent or a
+    whole record (no temporary file beside it), and the next `stop`, `cluster up` and `cluster down` work,
+    leaving nothing of ours behind."""
     from tests.support.on_testbed import VENV_BIN, dspark, our_pids, write_env
     from tests.support.processes import describe, wait_until
 

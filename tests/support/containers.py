@@ -273,16 +273,28 @@ class TestImage:
     build_seconds: float  # 0.0 when reused from an earlier run
 
 
-def build_test_image(venv: Path, repo: Path) -> TestImage:
-    """Build (or reuse) the test image in the shared store; returns its tag and id."""
-    sources = ImageSources.for_venv(venv, repo)
-    tag = f"{IMAGE_REPO}:{sources.content_key()}"
-    SHARED_STORE.mkdir(parents=True, exist_ok=True, mode=0o700)
+def image_tag(sources: ImageSources) -> str:
+    return f"{IMAGE_REPO}:{sources.content_key()}"
+
+
+def stored_image_id(tag: str) -> str:
+    """The id of `tag` in the shared store, "" when the store does not hold it (or there is no store yet)."""
+    if not SHARED_STORE.is_dir():
+        return ""
     found = subprocess.run(
         _store_podman("image", "inspect", "--format", "{{.Id}}", tag), capture_output=True, text=True
     )
-    if found.returncode == 0:
-        return TestImage(tag, found.stdout.strip(), 0.0)
+    return found.stdout.strip() if found.returncode == 0 else ""
+
+
+def build_test_image(venv: Path, repo: Path) -> TestImage:
+    """Build (or reuse) the test image in the shared store; returns its tag and id."""
+    sources = ImageSources.for_venv(venv, repo)
+    tag = image_tag(sources)
+    SHARED_STORE.mkdir(parents=True, exist_ok=True, mode=0o700)
+    found = stored_image_id(tag)
+    if found:
+        return TestImage(tag, found, 0.0)
     started = time.monotonic()
     paths = [p.lstrip("/") for p in sources.tar_paths()]
     stdlib = f"{str(sources.python_home).lstrip('/')}/lib/python3.11"
@@ -329,9 +341,9 @@ def build_test_image(venv: Path, repo: Path) -> TestImage:
     # tar 1: a file changed while read (caches)
     if tar.wait() not in (0, 1) or zstd.wait() != 0 or imp.returncode != 0:
         raise ContainerSupportError(f"podman import failed: {err.strip()[-400:]}")
-    image_id = subprocess.run(
-        _store_podman("image", "inspect", "--format", "{{.Id}}", tag), capture_output=True, text=True, check=True
-    ).stdout.strip()
+    image_id = stored_image_id(tag)
+    if not image_id:
+        raise ContainerSupportError(f"podman import reported success, but the store has no {tag}")
     _prune_other_tags(tag)
     return TestImage(tag, image_id, time.monotonic() - started)
 

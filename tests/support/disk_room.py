@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -42,13 +41,9 @@ def _existing(path: Path) -> Path:
 
 def image_present(venv: Path, repo: Path) -> bool:
     """Whether the shared store already holds the test image of this venv's content key."""
-    from tests.support import containers
+    from tests.support.containers import PODMAN, ImageSources, image_tag, stored_image_id
 
-    if not os.path.exists(containers.PODMAN) or not containers.SHARED_STORE.is_dir():
-        return False
-    tag = f"{containers.IMAGE_REPO}:{containers.ImageSources.for_venv(venv, repo).content_key()}"
-    found = subprocess.run(containers._store_podman("image", "exists", tag), capture_output=True)
-    return found.returncode == 0
+    return os.path.exists(PODMAN) and bool(stored_image_id(image_tag(ImageSources.for_venv(venv, repo))))
 
 
 def needs(venv: Path, repo: Path) -> list[Need]:
